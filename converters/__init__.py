@@ -1,0 +1,15 @@
+"""Source converters, one module per source kind, registered by name for `fastdata convert <name>`."""
+
+from __future__ import annotations
+
+import importlib
+
+#: name -> module; each module exposes `cli_command()` returning its click command.
+REGISTRY: dict[str, str] = {
+    "imagefolder": "fastdata.converters.imagefolder",
+}
+
+
+def load(name: str):
+    """Import the converter module registered as `name`."""
+    return importlib.import_module(REGISTRY[name])

@@ -1,0 +1,112 @@
+"""`fastdata` command line: convert | info | bench | demo. Errors print as one line, exit code 2
+(1 for --strict rejections), never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from fastdata import __version__
+from fastdata.errors import FastdataError, RejectedFileError
+
+
+class _ConvertGroup(click.Group):
+    """`fastdata convert <kind>`: one subcommand per registered converter, imported on demand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from fastdata.converters import REGISTRY
+
+        return sorted(REGISTRY)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        from fastdata.converters import REGISTRY, load
+
+        return load(name).cli_command() if name in REGISTRY else None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="fastdata")
+def cli() -> None:
+    """fastdata: pack image datasets into LMDB / WebDataset and load them at full speed.
+
+    \b
+    fastdata convert imagefolder train/ train.lmdb     # pack an ImageFolder tree
+    fastdata info train.lmdb                           # what is inside
+    fastdata bench train.lmdb --baseline-imagefolder train/
+    fastdata demo                                      # all of it on a built-in sample
+    """
+
+
+@cli.group(cls=_ConvertGroup)
+def convert() -> None:
+    """Convert a source dataset into a fastdata dataset (LMDB or WebDataset shards)."""
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+def info(path: Path) -> None:
+    """Show what the dataset at PATH holds: kind, format, counts, classes, bytes, options, files."""
+    from fastdata.info import describe
+
+    click.echo(describe(path))
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--baseline-imagefolder", type=click.Path(path_type=Path), default=None, metavar="SRC",
+              help="Also run torchvision ImageFolder + DataLoader over SRC with the same transform, and print "
+                   "the ratio.")
+@click.option("--epochs", default=2, show_default=True, help="Passes over the data per loader.")
+@click.option("--batch-size", default=128, show_default=True)
+@click.option("--image-size", default=224, show_default=True)
+@click.option("--augment", type=click.Choice(["train", "val"]), default="train", show_default=True)
+@click.option("--workers", type=int, default=None, help="Loader workers (both loaders). Default: all cores.")
+@click.option("--repeats", default=1, show_default=True, help="Run each loader this many times; medians.")
+def bench(path: Path, baseline_imagefolder: Path | None, epochs: int, batch_size: int, image_size: int,
+          augment: str, workers: int | None, repeats: int) -> None:
+    """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch)."""
+    from fastdata.bench import BenchConfig, format_table, run_bench
+
+    config = BenchConfig(epochs=epochs, batch_size=batch_size, image_size=image_size, augment=augment,
+                         workers=workers, repeats=repeats)
+    results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
+                        progress=lambda line: click.echo(line, err=True))
+    click.echo(format_table(results))
+
+
+@cli.command()
+@click.option("--dir", "directory", type=click.Path(path_type=Path), default=Path("fastdata-demo"),
+              show_default=True, help="Where the sample, the dataset and the results go.")
+@click.option("--images", default=1200, show_default=True, help="Images in the generated sample.")
+@click.option("--epochs", default=2, show_default=True)
+def demo(directory: Path, images: int, epochs: int) -> None:
+    """Make a sample ImageFolder of photos, convert it to LMDB and benchmark fastdata.loader against a
+    torchvision ImageFolder DataLoader on it."""
+    from fastdata.demo import run_demo
+
+    run_demo(directory, images=images, epochs=epochs, echo=click.echo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `fastdata` console script."""
+    try:
+        cli.main(args=argv, prog_name="fastdata", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except FastdataError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1 if isinstance(exc, RejectedFileError) else 2
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

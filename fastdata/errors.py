@@ -1,0 +1,35 @@
+"""One exception hierarchy for fastdata. Every message names the file/record and what to do about it."""
+
+from __future__ import annotations
+
+
+class FastdataError(Exception):
+    """Base class of every error fastdata raises on purpose (the CLI prints these as one line)."""
+
+
+class SourceError(FastdataError):
+    """The conversion source is missing, empty or not laid out as expected."""
+
+
+class OutputExistsError(FastdataError):
+    """The conversion output already exists (or holds leftovers of an interrupted conversion)."""
+
+
+class NotADatasetError(FastdataError):
+    """A path that was expected to hold a fastdata dataset does not."""
+
+
+class IncompleteDatasetError(NotADatasetError):
+    """A path holds an interrupted conversion, never a complete dataset."""
+
+
+class CorruptSampleError(FastdataError):
+    """A stored or source sample cannot be decoded."""
+
+
+class ConfigError(FastdataError, ValueError):
+    """An option has a value that cannot work."""
+
+
+class RejectedFileError(SourceError):
+    """A source file could not be used and the conversion was asked to be strict about it."""

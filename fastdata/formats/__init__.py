@@ -1,0 +1,1 @@
+"""Storage formats: one module per format, each with a writer and a reader of the same shape."""

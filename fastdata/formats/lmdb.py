@@ -1,0 +1,165 @@
+"""LMDB storage: one directory `OUT.lmdb/` holding LMDB's `data.mdb` and the manifest.
+
+Layout (no pickle; every value is raw bytes with a fixed layout):
+- sub-database `images`: key = sample index as 8-byte big-endian, value = the encoded image bytes;
+- sub-database `keys`: same key, value = the source-relative path (UTF-8);
+- sub-database `meta`: `labels`, `widths`, `heights` (little-endian int32 arrays), `codecs` (uint8 array).
+Sample i is the i-th image written, which the converter makes ImageFolder's sample i.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from fastdata.errors import CorruptSampleError, NotADatasetError
+from fastdata.formats.manifest import FileEntry, sha256_file
+from fastdata.formats.records import ImageRecord
+
+DATA_FILE = "data.mdb"
+_MAX_DBS = 4
+_COMMIT_EVERY = 2048
+_META_ARRAYS = {"labels": "<i4", "widths": "<i4", "heights": "<i4", "codecs": "u1"}
+
+
+def index_key(index: int) -> bytes:
+    return struct.pack(">Q", index)
+
+
+class LmdbWriter:
+    """Appends image records in index order into a new LMDB environment in `directory`."""
+
+    def __init__(self, directory: Path, map_size: int = 1 << 40) -> None:
+        import lmdb
+
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
+                              sync=False, metasync=False, writemap=False, meminit=False)
+        self._images = self._env.open_db(b"images")
+        self._keys = self._env.open_db(b"keys")
+        self._meta = self._env.open_db(b"meta")
+        self._txn = self._env.begin(write=True)
+        self._columns: dict[str, list[int]] = {name: [] for name in _META_ARRAYS}
+        self.count = 0
+
+    def add(self, record: ImageRecord) -> None:
+        key = index_key(self.count)
+        self._txn.put(key, record.data, db=self._images, append=True)
+        self._txn.put(key, record.key.encode("utf-8"), db=self._keys, append=True)
+        for name, value in (("labels", record.label), ("widths", record.width), ("heights", record.height),
+                            ("codecs", record.codec)):
+            self._columns[name].append(value)
+        self.count += 1
+        if self.count % _COMMIT_EVERY == 0:
+            self._txn.commit()
+            self._txn = self._env.begin(write=True)
+
+    def close(self) -> list[FileEntry]:
+        """Write the per-sample arrays, flush to disk and describe the data file."""
+        for name, dtype in _META_ARRAYS.items():
+            self._txn.put(name.encode(), np.asarray(self._columns[name], dtype=dtype).tobytes(), db=self._meta)
+        self._txn.commit()
+        self._env.sync(True)
+        self._env.close()
+        lock = self.directory / "lock.mdb"
+        if lock.exists():
+            lock.unlink()  # readers open with lock=False; a stale lock file only confuses
+        data = self.directory / DATA_FILE
+        return [FileEntry(DATA_FILE, data.stat().st_size, sha256_file(data), self.count)]
+
+    def abort(self) -> None:
+        try:
+            self._txn.abort()
+        finally:
+            self._env.close()
+
+
+class LmdbReader:
+    """Random access to an LMDB dataset. Opens the environment lazily, once per process (never before
+    DataLoader workers fork), read-only and without locking; safe to pickle for spawn."""
+
+    def __init__(self, directory: Path, num_samples: int) -> None:
+        self.directory = Path(directory)
+        self.num_samples = num_samples
+        self._env = None
+        self._pid = -1
+        self._arrays: dict[str, np.ndarray] | None = None
+        if not (self.directory / DATA_FILE).is_file():
+            raise NotADatasetError(f"{self.directory}: {DATA_FILE} is missing; the dataset is damaged")
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_env=None, _pid=-1)
+        return state
+
+    def _open(self):
+        if self._env is None or self._pid != os.getpid():
+            import lmdb
+
+            self._env = lmdb.open(str(self.directory), readonly=True, lock=False, readahead=False,
+                                  max_dbs=_MAX_DBS, subdir=True, max_readers=1024)
+            self._dbs = {name: self._env.open_db(name.encode(), create=False)
+                         for name in ("images", "keys", "meta")}
+            self._pid = os.getpid()
+        return self._env
+
+    def _array(self, name: str) -> np.ndarray:
+        if self._arrays is None:
+            env = self._open()
+            arrays = {}
+            with env.begin(buffers=False) as txn:
+                for array_name, dtype in _META_ARRAYS.items():
+                    raw = txn.get(array_name.encode(), db=self._dbs["meta"])
+                    if raw is None:
+                        raise NotADatasetError(f"{self.directory}: meta record {array_name!r} is missing")
+                    values = np.frombuffer(raw, dtype=dtype)
+                    if len(values) != self.num_samples:
+                        raise NotADatasetError(
+                            f"{self.directory}: meta record {array_name!r} holds {len(values)} entries, "
+                            f"the manifest says {self.num_samples} samples; the dataset is damaged")
+                    arrays[array_name] = values
+            self._arrays = arrays
+        return self._arrays[name]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._array("labels")
+
+    @property
+    def widths(self) -> np.ndarray:
+        return self._array("widths")
+
+    @property
+    def heights(self) -> np.ndarray:
+        return self._array("heights")
+
+    @property
+    def codecs(self) -> np.ndarray:
+        return self._array("codecs")
+
+    def _get(self, db: str, index: int) -> bytes:
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
+        env = self._open()
+        with env.begin() as txn:
+            value = txn.get(index_key(index), db=self._dbs[db])
+        if value is None:
+            raise CorruptSampleError(f"{self.directory}: record {index} is missing from '{db}'")
+        return value
+
+    def read(self, index: int) -> bytes:
+        """The encoded image bytes of sample `index`."""
+        return self._get("images", index)
+
+    def key(self, index: int) -> str:
+        """The source-relative path of sample `index`."""
+        return self._get("keys", index).decode("utf-8")
+
+    def all_keys(self) -> list[str]:
+        env = self._open()
+        with env.begin() as txn, txn.cursor(db=self._dbs["keys"]) as cursor:
+            return [bytes(v).decode("utf-8") for v in cursor.iternext(keys=False, values=True)]

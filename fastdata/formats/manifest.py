@@ -1,0 +1,140 @@
+"""The manifest: a JSON file beside the data that says what a dataset holds. Written last, so its presence
+means the conversion completed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastdata.errors import IncompleteDatasetError, NotADatasetError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+
+
+@dataclass
+class FileEntry:
+    """One data file of a dataset (the LMDB data file, or one WebDataset shard)."""
+
+    name: str
+    bytes: int
+    sha256: str
+    samples: int
+
+
+@dataclass
+class Manifest:
+    """What a converted dataset holds; JSON round-trip, no pickle."""
+
+    format: str  # "lmdb" | "wds"
+    kind: str  # "image"
+    num_samples: int
+    classes: list[str]
+    class_counts: list[int]
+    files: list[FileEntry]
+    options: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    fastdata_version: str = ""
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        data = dict(data)
+        data["files"] = [FileEntry(**f) for f in data.get("files", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def write(self, directory: Path) -> Path:
+        """Write atomically (temp file, fsync, rename) into `directory`."""
+        path = Path(directory) / MANIFEST_NAME
+        write_atomic(path, json.dumps(self.to_dict(), indent=2).encode() + b"\n")
+        return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves either the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def partial_path(out: Path) -> Path:
+    """Where a conversion into `out` writes until it is complete."""
+    out = Path(out)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read the manifest of the dataset at `path`, or say clearly why `path` is not a dataset."""
+    root = Path(path)
+    if not root.exists():
+        if partial_path(root).exists():
+            raise IncompleteDatasetError(
+                f"{root}: incomplete conversion (only {partial_path(root)} exists); "
+                "rerun the conversion with --overwrite"
+            )
+        raise NotADatasetError(f"{root}: no such file or directory")
+    if not root.is_dir():
+        raise NotADatasetError(
+            f"{root}: not a fastdata dataset (expected a directory holding {MANIFEST_NAME}; "
+            "create one with `fastdata convert imagefolder SRC OUT`)"
+        )
+    manifest_file = root / MANIFEST_NAME
+    if not manifest_file.is_file():
+        raise NotADatasetError(
+            f"{root}: not a fastdata dataset ({MANIFEST_NAME} is missing; "
+            "create one with `fastdata convert imagefolder SRC OUT`)"
+        )
+    try:
+        data = json.loads(manifest_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotADatasetError(f"{manifest_file}: unreadable manifest ({exc})") from exc
+    if not isinstance(data, dict) or "format" not in data or "format_version" not in data:
+        raise NotADatasetError(f"{manifest_file}: not a fastdata manifest (no 'format'/'format_version')")
+    if data["format_version"] > FORMAT_VERSION:
+        raise NotADatasetError(
+            f"{manifest_file}: format version {data['format_version']} is newer than this fastdata "
+            f"understands ({FORMAT_VERSION}); upgrade fastdata"
+        )
+    try:
+        return Manifest.from_dict(data)
+    except TypeError as exc:
+        raise NotADatasetError(f"{manifest_file}: malformed manifest ({exc})") from exc

@@ -1,0 +1,44 @@
+"""`fastdata info`: what a converted dataset holds, from its manifest."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fastdata.formats.manifest import Manifest, read_manifest
+
+
+def info(path: str | os.PathLike[str]) -> Manifest:
+    """The manifest of the dataset at `path` (raises NotADatasetError with the reason if it is none)."""
+    return read_manifest(Path(path))
+
+
+def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int = 10) -> str:
+    """A human-readable description of the dataset at `path`."""
+    m = info(path)
+    lines = [
+        f"{path}",
+        f"  kind        {m.kind}",
+        f"  format      {m.format} (format version {m.format_version}, written by fastdata {m.fastdata_version})",
+        f"  samples     {m.num_samples:,}",
+        f"  classes     {len(m.classes)}",
+    ]
+    for name, count in list(zip(m.classes, m.class_counts, strict=True))[:max_classes]:
+        lines.append(f"    {name:<24} {count:>10,}")
+    if len(m.classes) > max_classes:
+        lines.append(f"    ... {len(m.classes) - max_classes} more")
+    stats = m.stats
+    lines.append(f"  bytes       {m.data_bytes / 1e6:,.1f} MB stored"
+                 + (f" (from {stats['bytes_in'] / 1e6:,.1f} MB of source files)" if "bytes_in" in stats else ""))
+    options = ", ".join(f"{k}={v}" for k, v in m.options.items() if v is not None)
+    lines.append(f"  options     {options}")
+    lines.append(f"  source      {m.source.get('path', '?')} ({m.source.get('ignored', 0)} non-image files ignored)")
+    lines.append(f"  rejected    {len(m.rejected)}")
+    for r in m.rejected[:10]:
+        lines.append(f"    {r['path']}: {r['reason']}")
+    lines.append(f"  files       {len(m.files)}")
+    for f in m.files[:max_files]:
+        lines.append(f"    {f.name:<20} {f.bytes:>14,} B {f.samples:>9,} samples  sha256 {f.sha256[:16]}…")
+    if len(m.files) > max_files:
+        lines.append(f"    ... {len(m.files) - max_files} more")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""Composition root for reading: `dataset()` and `loader()` over a converted dataset."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata.config import available_cores
+from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsBatches, WdsImageDataset
+from fastdata.errors import ConfigError, NotADatasetError
+from fastdata.formats.manifest import read_manifest
+
+
+def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
+            on_error: str = "raise") -> LmdbImageDataset | WdsImageDataset:
+    """Open a converted dataset for your own DataLoader.
+
+    LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
+    `.class_to_idx`, `.samples` as torchvision's ImageFolder has them); WebDataset shards give an iterable
+    one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val",
+    an albumentations transform or a callable on an HWC uint8 array.
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    if manifest.kind != "image":
+        raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
+    cls = {"lmdb": LmdbImageDataset, "wds": WdsImageDataset}.get(manifest.format)
+    if cls is None:
+        raise NotADatasetError(f"{root}: unknown storage format {manifest.format!r} in the manifest")
+    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error)
+
+
+def _worker_init(_worker_id: int) -> None:
+    import cv2
+
+    cv2.setNumThreads(1)  # one decode per worker process; the workers are the parallelism
+
+
+class ImageLoader:
+    """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
+    images uint8 [B, 3, S, S], labels int64 [B]. Each new pass is the next epoch (reshuffled from
+    (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers."""
+
+    def __init__(self, data: LmdbImageDataset | WdsImageDataset, *, batch_size: int, shuffle: bool, seed: int,
+                 drop_last: bool, num_workers: int, pin_memory: bool, prefetch_factor: int | None,
+                 persistent_workers: bool, multiprocessing_context: Any) -> None:
+        self.dataset = data
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.skipped: list[tuple[str, str]] = []
+        self._epoch = 0
+        common = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
+                      worker_init_fn=_worker_init if num_workers else None,
+                      persistent_workers=persistent_workers and num_workers > 0,
+                      prefetch_factor=prefetch_factor if num_workers else None,
+                      multiprocessing_context=multiprocessing_context if num_workers else None)
+        if isinstance(data, LmdbImageDataset):
+            self._sampler: EpochBatchSampler | None = EpochBatchSampler(len(data), batch_size, shuffle, seed,
+                                                                        drop_last)
+            self._batches: LmdbBatches | WdsBatches = LmdbBatches(data)
+            self._loader = DataLoader(self._batches, sampler=self._sampler, **common)
+            self._len = len(self._sampler)
+        else:
+            self._sampler = None
+            self._batches = WdsBatches(data, batch_size, shuffle, seed, drop_last)
+            self._loader = DataLoader(self._batches, **common)
+            self._len = self._batches.num_batches(num_workers)
+
+    @property
+    def classes(self) -> list[str]:
+        return self.dataset.classes
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass will yield."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass yield epoch `epoch` (as DistributedSampler.set_epoch does)."""
+        self._epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self._epoch
+        self._epoch += 1
+        if self._sampler is not None:
+            self._sampler.epoch = epoch
+        else:
+            assert isinstance(self._batches, WdsBatches)
+            self._batches.epoch_cell.fill_(epoch)
+        for batch in self._loader:
+            if batch.skipped:
+                self.skipped.extend(batch.skipped)
+            if len(batch.labels):
+                yield batch.images, batch.labels
+
+
+def loader(
+    path: str | os.PathLike[str],
+    batch_size: int = 256,
+    augment: Any = "train",
+    image_size: int = 224,
+    shuffle: bool = True,
+    num_workers: int | None = None,
+    seed: int = 0,
+    drop_last: bool = False,
+    *,
+    pin_memory: bool | None = None,
+    prefetch_factor: int = 2,
+    persistent_workers: bool = True,
+    multiprocessing_context: Any = None,
+    on_error: str = "raise",
+) -> ImageLoader:
+    """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
+
+    Defaults: one worker per available core, persistent workers, pinned memory when CUDA is available,
+    whole batches decoded inside workers (JPEGs at the smallest DCT scale the crop allows).
+    `on_error="skip"` drops undecodable samples from their batch and lists them in `loader.skipped`.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+    workers = min(available_cores(), 16) if num_workers is None else num_workers
+    if workers < 0:
+        raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+    data = dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error)
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    return ImageLoader(data, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                       num_workers=workers, pin_memory=pin, prefetch_factor=prefetch_factor,
+                       persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)

@@ -1,0 +1,143 @@
+"""Per-sample read side: encoded bytes -> (decode at the scale the crop needs) -> augment -> uint8 pixels,
+and whole batches written straight into one preallocated buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdata.augment import apply_crop, make_preset, reduce_factor, wrap_custom
+from fastdata.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.order import sample_rng, sample_seed
+
+ON_ERROR = ("raise", "skip")
+
+
+@dataclass
+class EncodedSample:
+    """One stored sample as read from storage, before decoding."""
+
+    key: str
+    data: bytes
+    label: int
+    width: int
+    height: int
+    codec: int
+    position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
+
+
+@dataclass
+class Batch:
+    """A decoded batch as a worker hands it over: NCHW uint8 images, int64 labels, and skipped samples."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader's pin-memory thread."""
+        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
+
+
+class SamplePipeline:
+    """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily."""
+
+    def __init__(self, augment: Any, image_size: int, seed: int, source: str) -> None:
+        self.augment = augment
+        self.image_size = image_size
+        self.seed = seed
+        self.source = source
+        self.preset = make_preset(augment, image_size) if isinstance(augment, str) else None
+        self._custom = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_custom": None}
+
+    @property
+    def output_size(self) -> int | None:
+        """Side of the square output, when every sample has the same known size."""
+        return self.image_size if self.preset is not None else None
+
+    def _decode(self, sample: EncodedSample, reduce: int = 1) -> np.ndarray:
+        try:
+            return decode_rgb(sample.data, sample.codec, reduce)
+        except ValueError as exc:
+            raise CorruptSampleError(f"{self.source}: sample {sample.key!r}: {exc}") from exc
+
+    def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Decode and augment `sample` for `epoch`; with a preset, write into `out` (S x S x 3) if given."""
+        if self.preset is not None:
+            params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
+            reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
+            image = self._decode(sample, reduce)
+            if out is None:
+                out = np.empty((self.image_size, self.image_size, 3), np.uint8)
+            apply_crop(image, params, out, scale=sample.width / image.shape[1])
+            return out
+        image = self._decode(sample)
+        if self.augment is None:
+            return image
+        if self._custom is None:
+            self._custom = wrap_custom(self.augment)
+        return _as_hwc(self._custom(image, sample_seed(self.seed, epoch, *sample.position)), sample.key)
+
+    def to_tensor(self, image: np.ndarray) -> torch.Tensor:
+        """HWC array -> CHW tensor (contiguous)."""
+        return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+    def batch(self, samples: list[EncodedSample], epoch: int, on_error: str) -> Batch:
+        """Decode and augment `samples` into one batch. With a preset every image is resized straight into
+        a preallocated [B, S, S, 3] buffer; one transpose to NCHW at the end."""
+        skipped: list[tuple[str, str]] = []
+        labels: list[int] = []
+        size = self.output_size
+        buffer = np.empty((len(samples), size, size, 3), np.uint8) if size else None
+        images: list[np.ndarray] = []
+        for sample in samples:
+            try:
+                if buffer is not None:
+                    self.process(sample, epoch, buffer[len(labels)])
+                else:
+                    images.append(self.process(sample, epoch))
+            except CorruptSampleError as exc:
+                if on_error == "raise":
+                    raise
+                skipped.append((sample.key, str(exc)))
+                continue
+            labels.append(sample.label)
+        if buffer is not None:
+            stacked = buffer[: len(labels)]
+        else:
+            stacked = _stack(images, samples, self.source)
+        tensor = torch.from_numpy(np.ascontiguousarray(stacked.transpose(0, 3, 1, 2)))
+        return Batch(tensor, torch.tensor(labels, dtype=torch.int64), skipped)
+
+
+def _as_hwc(result: Any, key: str) -> np.ndarray:
+    if isinstance(result, torch.Tensor):
+        result = result.numpy()
+        if result.ndim == 3 and result.shape[0] in (1, 3) and result.shape[2] not in (1, 3):
+            result = result.transpose(1, 2, 0)
+    result = np.asarray(result)
+    if result.ndim == 2:
+        result = result[:, :, None]
+    if result.ndim != 3:
+        raise ConfigError(f"augment returned an array of shape {result.shape} for {key!r}; expected H x W x C")
+    return result
+
+
+def _stack(images: list[np.ndarray], samples: list[EncodedSample], source: str) -> np.ndarray:
+    if not images:
+        return np.empty((0, 0, 0, 3), np.uint8)
+    first = images[0].shape
+    for image, sample in zip(images, samples, strict=False):
+        if image.shape != first:
+            raise ConfigError(
+                f"{source}: cannot batch sample {sample.key!r} of shape {image.shape} with shape {first}: "
+                "images in a batch must have one size; use augment='train'/'val' (or a transform that ends "
+                "in a fixed-size crop or resize)")
+    return np.stack(images)
