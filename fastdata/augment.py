@@ -33,7 +33,9 @@ def _resize_into(src: np.ndarray, out: np.ndarray, size: int) -> None:
     import cv2
 
     h, w = src.shape[:2]
-    interp = cv2.INTER_AREA if (w > size and h > size) else cv2.INTER_LINEAR
+    # Bilinear is exact enough below a 2x shrink (the decoder's DCT scaling did the rest) and 3-4x faster
+    # than area averaging; larger shrinks (PNGs, no DCT scaling) average to avoid aliasing.
+    interp = cv2.INTER_AREA if (w >= 2 * size and h >= 2 * size) else cv2.INTER_LINEAR
     cv2.resize(src, (size, size), dst=out, interpolation=interp)
 
 
@@ -100,8 +102,8 @@ def apply_crop(image: np.ndarray, params: CropParams, out: np.ndarray, scale: fl
     h, w = image.shape[:2]
     x0 = min(max(int(params.left / scale), 0), w - 1)
     y0 = min(max(int(params.top / scale), 0), h - 1)
-    x1 = min(max(int(round((params.left + params.width) / scale)), x0 + 1), w)
-    y1 = min(max(int(round((params.top + params.height) / scale)), y0 + 1), h)
+    x1 = min(max(round((params.left + params.width) / scale), x0 + 1), w)
+    y1 = min(max(round((params.top + params.height) / scale), y0 + 1), h)
     _resize_into(image[y0:y1, x0:x1], out, out.shape[0])
     if params.flip:
         cv2.flip(out, 1, dst=out)

@@ -145,7 +145,8 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
 def format_table(results: list[LoaderResult]) -> str:
     """The results as a table; the first row is the baseline the ratios are taken against."""
     base = results[0].images_per_s
-    header = f"{'loader':<28} {'images/s':>10} {'MB/s':>8} {'1st batch s':>12} {'runs':>5} {'vs ' + results[0].name[:14]:>18}"
+    header = (f"{'loader':<28} {'images/s':>10} {'MB/s':>8} {'1st batch s':>12} {'runs':>5} "
+              f"{'vs ' + results[0].name[:14]:>18}")
     lines = [header, "-" * len(header)]
     for r in results:
         ratio = r.images_per_s / base if base > 0 else float("nan")

@@ -50,7 +50,8 @@ class ConversionSummary:
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  images    {self.images:,} in {self.classes} classes",
             f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
-            f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s, {self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s)",
+            f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s, "
+            f"{self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s)",
             f"  ignored   {self.ignored:,} non-image files",
             f"  rejected  {len(self.rejected):,} files",
         ]
@@ -199,7 +200,8 @@ def _write_all(writer, tasks, num_classes, workers, strict, progress):
             bytes_in += size
             if record is None:
                 if strict:
-                    raise RejectedFileError(f"{Path(tasks[0][0]) / relative_path}: {reason} (--strict: nothing written)")
+                    raise RejectedFileError(
+                        f"{Path(tasks[0][0]) / relative_path}: {reason} (--strict: nothing written)")
                 rejected.append({"path": relative_path, "reason": reason})
             else:
                 writer.add(record)

@@ -62,14 +62,21 @@ class SamplePipeline:
         """Side of the square output, when every sample has the same known size."""
         return self.image_size if self.preset is not None else None
 
+    @property
+    def bgr(self) -> bool:
+        """Presets work in OpenCV's BGR order (cheaper decode) and reorder once when building tensors;
+        custom transforms see RGB."""
+        return self.preset is not None
+
     def _decode(self, sample: EncodedSample, reduce: int = 1) -> np.ndarray:
         try:
-            return decode_rgb(sample.data, sample.codec, reduce)
+            return decode_rgb(sample.data, sample.codec, reduce, bgr=self.bgr)
         except ValueError as exc:
             raise CorruptSampleError(f"{self.source}: sample {sample.key!r}: {exc}") from exc
 
     def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Decode and augment `sample` for `epoch`; with a preset, write into `out` (S x S x 3) if given."""
+        """Decode and augment `sample` for `epoch` (HWC, BGR order when `self.bgr`); with a preset, write
+        into `out` (S x S x 3) if given."""
         if self.preset is not None:
             params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
             reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
@@ -86,7 +93,9 @@ class SamplePipeline:
         return _as_hwc(self._custom(image, sample_seed(self.seed, epoch, *sample.position)), sample.key)
 
     def to_tensor(self, image: np.ndarray) -> torch.Tensor:
-        """HWC array -> CHW tensor (contiguous)."""
+        """HWC array from `process` -> RGB CHW tensor (contiguous)."""
+        if self.bgr:
+            image = image[:, :, ::-1]
         return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def batch(self, samples: list[EncodedSample], epoch: int, on_error: str) -> Batch:
@@ -109,11 +118,10 @@ class SamplePipeline:
                 skipped.append((sample.key, str(exc)))
                 continue
             labels.append(sample.label)
-        if buffer is not None:
-            stacked = buffer[: len(labels)]
-        else:
-            stacked = _stack(images, samples, self.source)
-        tensor = torch.from_numpy(np.ascontiguousarray(stacked.transpose(0, 3, 1, 2)))
+        stacked = buffer[: len(labels)] if buffer is not None else _stack(images, samples, self.source)
+        if self.bgr:
+            stacked = stacked[..., ::-1]
+        tensor = torch.from_numpy(np.ascontiguousarray(stacked.transpose(0, 3, 1, 2)))  # one pass: NHWC -> NCHW
         return Batch(tensor, torch.tensor(labels, dtype=torch.int64), skipped)
 
 

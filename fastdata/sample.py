@@ -42,7 +42,8 @@ def _synthetic(rng: np.random.Generator, width: int, height: int):
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     image = np.zeros((height, width, 3), np.float32)
     for c in range(3):
-        fx, fy, phase = rng.uniform(0.002, 0.03, 2).tolist() + [rng.uniform(0, 6.3)]
+        fx, fy = rng.uniform(0.002, 0.03, 2).tolist()
+        phase = rng.uniform(0, 6.3)
         image[..., c] = 128 + 90 * np.sin(fx * x + fy * y + phase)
     for _ in range(12):
         cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(10, 120)
@@ -57,7 +58,7 @@ def _make_one(job: _Job) -> int:
 
     rng = np.random.default_rng(job.seed)
     width = int(rng.integers(400, 641))
-    height = int(round(width * rng.choice([0.75, 0.75, 0.75, 2 / 3, 1.0, 4 / 3])))
+    height = round(width * float(rng.choice([0.75, 0.75, 0.75, 2 / 3, 1.0, 4 / 3])))
     if job.source is None:
         im = _synthetic(rng, width, height)
     else:
@@ -66,15 +67,16 @@ def _make_one(job: _Job) -> int:
             sw, sh = src.size
             aspect = width / height
             area = sw * sh * rng.uniform(0.35, 1.0)
-            cw = min(sw, int(round((area * aspect) ** 0.5)))
-            ch = min(sh, int(round(cw / aspect)))
+            cw = min(sw, round((area * aspect) ** 0.5))
+            ch = min(sh, round(cw / aspect))
             left, top = int(rng.integers(0, sw - cw + 1)), int(rng.integers(0, sh - ch + 1))
             im = src.crop((left, top, left + cw, top + ch)).resize((width, height), Image.Resampling.BICUBIC)
     if rng.random() < 0.5:
         im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     im = ImageEnhance.Brightness(im).enhance(rng.uniform(0.8, 1.2))
     im = ImageEnhance.Color(im).enhance(rng.uniform(0.7, 1.3))
-    pixels = np.asarray(im, dtype=np.int16) + rng.normal(0, 3, (height, width, 1)).astype(np.int16)  # sensor noise
+    noise = rng.normal(0, 2, (height, width, 1)).astype(np.int16)  # a little sensor noise, as in real photos
+    pixels = np.asarray(im, dtype=np.int16) + noise
     im = Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
     kind = rng.random()
     out = io.BytesIO()

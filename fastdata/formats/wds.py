@@ -50,7 +50,7 @@ class WdsWriter:
 
     def _open_shard(self) -> None:
         name = SHARD_PATTERN.format(len(self._entries))
-        self._tar = tarfile.open(self.directory / name, mode="w", format=tarfile.PAX_FORMAT)
+        self._tar = tarfile.open(self.directory / name, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (spans many add() calls)
         self._shard_name = name
         self._shard_samples = 0
 
