@@ -172,11 +172,12 @@ class WdsBatches(IterableDataset):
         order = epoch_order(len(self.dataset.shards), self.seed, epoch, self.shuffle).tolist()
         return [order[w::num_workers] for w in range(num_workers)]
 
-    def num_batches(self, num_workers: int) -> int:
-        """Exact batches per epoch: each worker batches its own shards' samples."""
+    def num_batches(self, epoch: int, num_workers: int) -> int:
+        """Exact batches in `epoch`: each worker batches its own shards' samples, so the count depends on
+        which shards each worker gets (shards differ in size)."""
         files = self.dataset.manifest.files
         total = 0
-        for shard_ids in self.shard_assignment(0, max(1, num_workers)):
+        for shard_ids in self.shard_assignment(epoch, max(1, num_workers)):
             total += num_batches(sum(files[i].samples for i in shard_ids), self.batch_size, self.drop_last)
         return total
 

@@ -54,6 +54,7 @@ class ImageLoader:
         self.num_workers = num_workers
         self.skipped: list[tuple[str, str]] = []
         self._epoch = 0
+        self._iterating_epoch: int | None = None
         common = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                       worker_init_fn=_worker_init if num_workers else None,
                       persistent_workers=persistent_workers and num_workers > 0,
@@ -64,12 +65,10 @@ class ImageLoader:
                                                                         drop_last)
             self._batches: LmdbBatches | WdsBatches = LmdbBatches(data)
             self._loader = DataLoader(self._batches, sampler=self._sampler, **common)
-            self._len = len(self._sampler)
         else:
             self._sampler = None
             self._batches = WdsBatches(data, batch_size, shuffle, seed, drop_last)
             self._loader = DataLoader(self._batches, **common)
-            self._len = self._batches.num_batches(num_workers)
 
     @property
     def classes(self) -> list[str]:
@@ -85,7 +84,12 @@ class ImageLoader:
         self._epoch = int(epoch)
 
     def __len__(self) -> int:
-        return self._len
+        """Batches in the epoch being iterated (or, between passes, in the next one)."""
+        if self._sampler is not None:
+            return len(self._sampler)
+        assert isinstance(self._batches, WdsBatches)
+        epoch = self._epoch if self._iterating_epoch is None else self._iterating_epoch
+        return self._batches.num_batches(epoch, self.num_workers)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch = self._epoch
@@ -95,11 +99,15 @@ class ImageLoader:
         else:
             assert isinstance(self._batches, WdsBatches)
             self._batches.epoch_cell.fill_(epoch)
-        for batch in self._loader:
-            if batch.skipped:
-                self.skipped.extend(batch.skipped)
-            if len(batch.labels):
-                yield batch.images, batch.labels
+        self._iterating_epoch = epoch
+        try:
+            for batch in self._loader:
+                if batch.skipped:
+                    self.skipped.extend(batch.skipped)
+                if len(batch.labels):
+                    yield batch.images, batch.labels
+        finally:
+            self._iterating_epoch = None
 
 
 def loader(
