@@ -42,13 +42,18 @@ def decode_rgb(data: bytes | memoryview, codec: int = CODEC_PIL, reduce: int = 1
     `reduce` (1, 2, 4 or 8) asks for a JPEG decoded at 1/reduce scale (libjpeg's DCT scaling: far less work);
     it is honoured only for CODEC_CV_JPEG and ignored otherwise. Raises ValueError on undecodable bytes.
     """
+    if not len(data):
+        raise ValueError("empty image record (0 bytes)")
     if codec in (CODEC_CV_JPEG, CODEC_CV_OTHER):
         cv2 = _cv2()
         flags = (cv2.IMREAD_COLOR_BGR if bgr else cv2.IMREAD_COLOR_RGB) | cv2.IMREAD_IGNORE_ORIENTATION
         if codec == CODEC_CV_JPEG and reduce > 1:
             flags |= {2: cv2.IMREAD_REDUCED_GRAYSCALE_2, 4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
                       8: cv2.IMREAD_REDUCED_GRAYSCALE_8}[reduce]
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+        try:
+            image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+        except cv2.error as exc:
+            raise ValueError(f"OpenCV could not decode the image bytes: {exc}") from exc
         if image is None:
             raise ValueError("OpenCV could not decode the image bytes")
         return image

@@ -1,10 +1,10 @@
-"""Shared fixtures: tiny generated ImageFolder trees whose pixels encode the sample index, and their conversions.
+"""Shared fixtures: tiny generated ImageFolder trees whose pixels encode the sample index, and conversions.
 
 Two trees are used throughout:
 
-- the *tricky* tree: nested sub-folders (one with a dot in its name), mixed-case extensions, files with several
-  dots, two files with the same stem, JPEG (RGB, L, CMYK), PNG (RGB, L, P, RGBA, LA), BMP, and non-image
-  files that ImageFolder ignores;
+- the *tricky* tree: nested sub-folders (one with a dot in its name), mixed-case extensions, files with
+  several dots, two files with the same stem, JPEG (RGB, L, CMYK), PNG (RGB, L, P, RGBA, LA), BMP, and
+  non-image files that ImageFolder ignores;
 - the *solid* tree: 45 images in 3 classes whose green channel is a constant that encodes the sample id
   (`G = id * GREEN_STEP`) while red/blue are gradients, so that any crop, resize or flip still tells which
   sample it came from, while the augmentation itself is visible in red/blue.
@@ -12,7 +12,9 @@ Two trees are used throughout:
 
 from __future__ import annotations
 
+import gc
 import io
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import fastdata
 GREEN_STEP = 5
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # pixel patterns
 
 
@@ -50,7 +52,7 @@ def solid_pattern(sample_id: int, width: int, height: int) -> np.ndarray:
 def sample_id_of(image_chw) -> int:
     """The sample id encoded by `solid_pattern` in a CHW (tensor or array) image, however it was cropped."""
     green = np.asarray(image_chw)[1]
-    return int(round(float(np.median(green)) / GREEN_STEP))
+    return round(float(np.median(green)) / GREEN_STEP)
 
 
 def encode(array: np.ndarray, fmt: str, mode: str | None = None, **save_args) -> bytes:
@@ -74,7 +76,7 @@ def chw(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array.transpose(2, 0, 1))
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # tree builders
 
 
@@ -215,9 +217,11 @@ def truncated_jpeg(array: np.ndarray) -> bytes:
 def build_bad_tree(root: Path) -> Tree:
     """A small tree with good images plus a truncated JPEG, a .jpg holding text and an empty .png."""
     tree = Tree(root)
-    layout = [("good/g1.png", 25, 21), ("good/g2.jpg", 33, 27), ("more/m1.png", 21, 29), ("more/m2.png", 27, 23)]
+    layout = [("good/g1.png", 25, 21), ("good/g2.jpg", 33, 27), ("more/m1.png", 21, 29),
+              ("more/m2.png", 27, 23)]
     for index, (relative, width, height) in enumerate(layout):
-        write_image(root / relative, pattern(index, width, height), "jpeg" if relative.endswith("jpg") else "png")
+        kind = "jpeg" if relative.endswith("jpg") else "png"
+        write_image(root / relative, pattern(index, width, height), kind)
         tree.images.append(relative)
     (root / "good/truncated.jpg").write_bytes(truncated_jpeg(pattern(9, 61, 47)))
     (root / "more/text.jpg").write_text("this is not a JPEG at all\n")
@@ -230,7 +234,7 @@ def build_bad_tree(root: Path) -> Tree:
 BAD_FILES = ("good/truncated.jpg", "more/empty.png", "more/text.jpg")
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # fixtures
 
 
@@ -283,3 +287,15 @@ def solid_wds(solid_tree, tmp_path_factory) -> Path:
 @pytest.fixture
 def bad_tree(tmp_path) -> Tree:
     return build_bad_tree(tmp_path / "bad")
+
+
+@pytest.fixture(autouse=True)
+def _release_readers():
+    """Let each test start without LMDB readers left open by an earlier failed one (the failure's traceback,
+    kept in sys.last_traceback, holds its frames and with them its datasets)."""
+    yield
+    if getattr(sys, "last_traceback", None) is not None:
+        sys.last_type = sys.last_value = sys.last_traceback = None
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = None
+        gc.collect()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,30 @@ _META_ARRAYS = {"labels": "<i4", "widths": "<i4", "heights": "<i4", "codecs": "u
 
 def index_key(index: int) -> bytes:
     return struct.pack(">Q", index)
+
+
+# py-lmdb allows one open environment per path per process, and a forked child inherits the parent's (and can
+# read through it: the mapping is shared and read-only, and lock=False keeps the reader table out of it). So
+# every reader of a path in a process shares one environment: {real path: (data file identity, env, dbs)}.
+_OPEN_ENVIRONMENTS: dict[str, tuple[tuple[int, int, int], Any, dict[str, Any]]] = {}
+
+
+def _shared_environment(directory: Path) -> tuple[Any, dict[str, Any]]:
+    import lmdb
+
+    path = os.path.realpath(directory)
+    stat = os.stat(os.path.join(path, DATA_FILE))
+    identity = (stat.st_dev, stat.st_ino, stat.st_mtime_ns)
+    cached = _OPEN_ENVIRONMENTS.get(path)
+    if cached is not None:
+        if cached[0] == identity:
+            return cached[1], cached[2]
+        cached[1].close()  # the dataset was replaced on disk (e.g. converted again with --overwrite)
+    env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=True,
+                    max_readers=1024)
+    dbs = {name: env.open_db(name.encode(), create=False) for name in ("images", "keys", "meta")}
+    _OPEN_ENVIRONMENTS[path] = (identity, env, dbs)
+    return env, dbs
 
 
 class LmdbWriter:
@@ -93,17 +118,12 @@ class LmdbReader:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_env=None, _pid=-1)
+        state.update(_env=None, _dbs=None, _pid=-1)
         return state
 
     def _open(self):
         if self._env is None or self._pid != os.getpid():
-            import lmdb
-
-            self._env = lmdb.open(str(self.directory), readonly=True, lock=False, readahead=False,
-                                  max_dbs=_MAX_DBS, subdir=True, max_readers=1024)
-            self._dbs = {name: self._env.open_db(name.encode(), create=False)
-                         for name in ("images", "keys", "meta")}
+            self._env, self._dbs = _shared_environment(self.directory)
             self._pid = os.getpid()
         return self._env
 

@@ -1,0 +1,175 @@
+"""augment: the train/val presets' crop parameters, the JPEG reduce factor, and the pixels (apply_crop)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fastdata.augment import (
+    CropParams,
+    RandomResizedCropFlip,
+    ResizeCenterCrop,
+    apply_crop,
+    make_preset,
+    reduce_factor,
+    wrap_custom,
+)
+from fastdata.errors import ConfigError
+
+SIZES = [(67, 45), (21, 69), (33, 33), (400, 31), (31, 400), (1, 1), (640, 480)]
+
+
+@pytest.mark.parametrize(("width", "height"), SIZES)
+def test_random_resized_crop_stays_inside_the_image(width, height):
+    preset = RandomResizedCropFlip(16)
+    rng = np.random.default_rng(0)
+    flips = 0
+    for _ in range(1500):
+        p = preset.params(width, height, rng)
+        assert p.width > 0 and p.height > 0
+        assert p.left >= 0 and p.top >= 0
+        assert p.left + p.width <= width and p.top + p.height <= height
+        flips += p.flip
+    assert 0.43 < flips / 1500 < 0.57
+
+
+@pytest.mark.parametrize(
+    ("scale", "ratio"), [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.25, 0.5), (0.5, 2.0)), ((0.3, 0.6), (1.0, 1.0))]
+)
+def test_random_resized_crop_respects_scale_and_ratio(scale, ratio):
+    width, height = 640, 480  # large enough that rounding to whole pixels is below 1 %
+    preset = RandomResizedCropFlip(32, scale=scale, ratio=ratio)
+    rng = np.random.default_rng(1)
+    fallbacks = 0
+    areas = []
+    for _ in range(1500):
+        p = preset.params(width, height, rng)
+        assert p.left + p.width <= width and p.top + p.height <= height
+        area = p.width * p.height / (width * height)
+        aspect = p.width / p.height
+        in_bounds = (scale[0] * 0.98 <= area <= scale[1] * 1.02
+                     and ratio[0] * 0.98 <= aspect <= ratio[1] * 1.02)
+        if not in_bounds:  # torchvision's fallback: the central crop of the image at the nearest ratio
+            fallbacks += 1
+            assert (p.width == width or p.height == height), p
+            assert abs(p.left - (width - p.width) // 2) <= 1 and abs(p.top - (height - p.height) // 2) <= 1
+        areas.append(area)
+    assert fallbacks < 1500 * 0.2
+    # the area is drawn uniformly within the scale bounds
+    if scale == (0.08, 1.0):
+        assert np.mean(areas) == pytest.approx((0.08 + 1.0) / 2 * 0.9, rel=0.15)
+
+
+def test_random_resized_crop_is_a_function_of_the_rng():
+    preset = RandomResizedCropFlip(24)
+    a = [preset.params(67, 45, np.random.default_rng(7)) for _ in range(3)]
+    assert a[0] == a[1] == a[2]
+    draws = {preset.params(67, 45, np.random.default_rng(s)) for s in range(50)}
+    assert len(draws) > 40
+
+
+@pytest.mark.parametrize(("width", "height"), [(67, 45), (21, 69), (64, 64), (401, 300)])
+@pytest.mark.parametrize("size", [16, 224])
+def test_center_crop_is_a_centred_square(width, height, size):
+    p = ResizeCenterCrop(size).params(width, height)
+    side = min(width, height) * 0.875
+    assert p.width == pytest.approx(side) and p.height == pytest.approx(side)
+    assert p.left == pytest.approx((width - side) / 2) and p.top == pytest.approx((height - side) / 2)
+    assert p.left + p.width / 2 == pytest.approx(width / 2)
+    assert p.top + p.height / 2 == pytest.approx(height / 2)
+    assert p.flip is False
+    assert ResizeCenterCrop(size).params(width, height, np.random.default_rng(3)) == p
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "size", "factor"),
+    [(300, 200, 24, 8), (300, 200, 25, 8), (300, 200, 26, 4), (300, 200, 50, 4), (300, 200, 51, 2),
+     (300, 200, 100, 2), (300, 200, 101, 1), (200, 300, 26, 4), (16, 16, 16, 1), (15.9, 400, 2, 4)],
+)
+def test_reduce_factor_examples(width, height, size, factor):
+    assert reduce_factor(CropParams(0, 0, width, height), size) == factor
+
+
+def test_reduce_factor_is_the_largest_that_keeps_both_sides():
+    rng = np.random.default_rng(2)
+    for _ in range(500):
+        width, height = rng.uniform(1, 600, size=2)
+        size = int(rng.integers(1, 120))
+        got = reduce_factor(CropParams(3, 5, width, height), size)
+        ok = [f for f in (1, 2, 4, 8) if width / f >= size and height / f >= size]
+        assert got == (max(ok) if ok else 1)
+
+
+def _quadrants(width: int = 40, height: int = 30) -> np.ndarray:
+    image = np.zeros((height, width, 3), np.uint8)
+    image[: height // 2, : width // 2] = (255, 0, 0)
+    image[: height // 2, width // 2:] = (0, 255, 0)
+    image[height // 2:, : width // 2] = (0, 0, 255)
+    image[height // 2:, width // 2:] = (255, 255, 0)
+    return image
+
+
+def test_apply_crop_shape_dtype_and_content():
+    image = _quadrants()
+    out = np.zeros((8, 8, 3), np.uint8)
+    apply_crop(image, CropParams(0, 0, 20, 15), out)  # the top-left quadrant only
+    assert out.dtype == np.uint8 and out.shape == (8, 8, 3)
+    assert (out == (255, 0, 0)).all()
+    apply_crop(image, CropParams(20, 15, 20, 15), out)
+    assert (out == (255, 255, 0)).all()
+    big = np.zeros((24, 24, 3), np.uint8)
+    apply_crop(image, CropParams(0, 0, 40, 30), big)  # upscale-ish of the whole image keeps the layout
+    assert tuple(big[0, 0]) == (255, 0, 0) and tuple(big[0, -1]) == (0, 255, 0)
+    assert tuple(big[-1, 0]) == (0, 0, 255) and tuple(big[-1, -1]) == (255, 255, 0)
+
+
+@pytest.mark.parametrize(
+    "params", [CropParams(0, 0, 40, 30), CropParams(3, 2, 29, 21), CropParams(10.5, 4.25, 17, 17)]
+)
+def test_apply_crop_flip_mirrors(params):
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
+    plain = np.zeros((12, 12, 3), np.uint8)
+    mirrored = np.zeros((12, 12, 3), np.uint8)
+    apply_crop(image, params, plain)
+    apply_crop(image, CropParams(params.left, params.top, params.width, params.height, flip=True), mirrored)
+    assert np.array_equal(mirrored, plain[:, ::-1])
+    assert not np.array_equal(mirrored, plain)
+
+
+def test_apply_crop_scale_maps_source_coordinates():
+    image = _quadrants(80, 60)
+    half = image[::2, ::2].copy()  # the same picture decoded at 1/2 scale
+    out = np.zeros((6, 6, 3), np.uint8)
+    apply_crop(half, CropParams(40, 30, 40, 30), out, scale=2.0)  # bottom-right quadrant in source pixels
+    assert (out == (255, 255, 0)).all()
+
+
+def test_presets_by_name():
+    assert make_preset("train", 32) == RandomResizedCropFlip(32)
+    assert make_preset("val", 32) == ResizeCenterCrop(32)
+    with pytest.raises(ConfigError, match="preset"):
+        make_preset("test", 32)
+    with pytest.raises(ConfigError):
+        make_preset("train", 0)
+    with pytest.raises(ConfigError):
+        wrap_custom(42)
+
+
+def test_wrap_custom_plain_callable():
+    fn = wrap_custom(lambda image: image[::-1])
+    image = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    assert np.array_equal(fn(image, 123), image[::-1])
+
+
+def test_wrap_custom_albumentations_is_seeded():
+    import albumentations as A
+
+    fn = wrap_custom(A.RandomCrop(8, 8))
+    image = np.random.default_rng(0).integers(0, 256, size=(40, 40, 3), dtype=np.uint8)
+    assert np.array_equal(fn(image, 5), fn(image, 5))
+    assert len({fn(image, seed).tobytes() for seed in range(20)}) > 10
+    assert fn(image, 1).shape == (8, 8, 3)
+    assert not math.isnan(float(fn(image, 1).mean()))

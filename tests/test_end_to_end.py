@@ -1,0 +1,50 @@
+"""End to end: the documented path from an ImageFolder tree to training batches, and the demo."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from conftest import SOLID_COUNT, sample_id_of, solid_label
+
+import fastdata
+from fastdata.cli import main
+from fastdata.demo import run_demo
+
+
+def test_cli_convert_then_loader_is_a_drop_in_for_imagefolder(capsys, solid_tree, tmp_path):
+    out = tmp_path / "train.lmdb"
+    assert main(["convert", "imagefolder", str(solid_tree.root), str(out), "--workers", "2", "-q"]) == 0
+    capsys.readouterr()
+    loader = fastdata.loader(out, batch_size=10, image_size=20, num_workers=0, seed=0)
+    assert len(loader) == 5
+    seen = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 20, 20)
+        for image, label in zip(images, labels, strict=True):
+            seen.append(sample_id_of(image))
+            assert int(label) == solid_label(seen[-1])
+    assert sorted(seen) == list(range(SOLID_COUNT))
+
+
+def test_cli_convert_wds_then_loader(capsys, solid_tree, tmp_path):
+    out = tmp_path / "shards"
+    code = main(["convert", "imagefolder", str(solid_tree.root), str(out), "--format", "wds", "--shard-size",
+                 "8KB", "--workers", "1", "-q"])
+    assert code == 0, capsys.readouterr().err
+    loader = fastdata.loader(out, batch_size=10, image_size=20, num_workers=0, augment="val")
+    ids = [sample_id_of(image) for images, _ in loader for image in images]
+    assert sorted(ids) == list(range(SOLID_COUNT))
+
+
+def test_demo_runs_on_a_tiny_sample(tmp_path):
+    lines: list[str] = []
+    run_demo(tmp_path / "demo", images=8, epochs=1, batch_size=4, workers=1, echo=lines.append)
+    text = "\n".join(lines)
+    assert "wrote" in text
+    assert "torchvision ImageFolder" in text and "fastdata (lmdb)" in text
+    assert len(re.findall(r"\d+\.\d\dx$", text, flags=re.MULTILINE)) == 2  # a ratio per loader
+    assert len(fastdata.dataset(tmp_path / "demo" / "sample.lmdb")) == 8
+    # a second run reuses the sample and replaces the dataset
+    run_demo(tmp_path / "demo", images=8, epochs=1, batch_size=4, workers=1, echo=lines.append)
+    assert fastdata.info(tmp_path / "demo" / "sample.lmdb").num_samples == 8

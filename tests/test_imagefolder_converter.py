@@ -1,0 +1,354 @@
+"""ImageFolder conversion through the API: torchvision's classes/labels/order, pixels, stored bytes,
+--max-size, bad sources, existing outputs, rejected files, --strict and atomicity."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import BAD_FILES, build_solid_tree, chw, pattern, rgb_of_file, write_image
+from fastdata.converters import imagefolder as imagefolder_converter
+from PIL import Image
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS as TV_IMG_EXTENSIONS
+
+import fastdata
+from fastdata.errors import (
+    ConfigError,
+    FastdataError,
+    IncompleteDatasetError,
+    NotADatasetError,
+    OutputExistsError,
+    RejectedFileError,
+    SourceError,
+)
+
+
+def torchvision_view(root):
+    """(classes, class_to_idx, [(relative posix path, label)]) as torchvision's ImageFolder has them."""
+    folder = ImageFolder(str(root))
+    samples = [(Path(p).relative_to(root).as_posix(), label) for p, label in folder.samples]
+    return folder.classes, folder.class_to_idx, samples
+
+
+def test_img_extensions_equal_torchvision():
+    assert tuple(imagefolder_converter.IMG_EXTENSIONS) == tuple(TV_IMG_EXTENSIONS)
+
+
+def test_classes_labels_and_order_match_torchvision(tricky_tree, tricky_lmdb):
+    classes, class_to_idx, samples = torchvision_view(tricky_tree.root)
+    ds = fastdata.dataset(tricky_lmdb)
+    assert ds.classes == classes == ["Bird", "cat", "dog.v2"]
+    assert ds.class_to_idx == class_to_idx
+    assert ds.samples == samples
+    assert ds.targets == [label for _, label in samples]
+    assert len(ds) == len(samples) == len(tricky_tree.images)
+    # every image file of the tree is a sample, no ignored file is
+    assert sorted(p for p, _ in ds.samples) == sorted(tricky_tree.images)
+    manifest = fastdata.info(tricky_lmdb)
+    assert manifest.classes == classes
+    assert manifest.class_counts == [sum(1 for _, lab in samples if lab == i) for i in range(len(classes))]
+    assert manifest.num_samples == len(samples)
+
+
+def test_summary_counts_ignored_files(tricky_tree, tmp_path):
+    summary = fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out.lmdb", workers=1, progress=False)
+    assert summary.ignored == len(tricky_tree.ignored) == 5
+    assert summary.images == len(tricky_tree.images)
+    assert summary.classes == 3
+    assert summary.rejected == []
+    assert summary.format == "lmdb"
+    assert "5 non-image files" in str(summary)
+    manifest = fastdata.info(tmp_path / "out.lmdb")
+    assert manifest.source["ignored"] == 5
+    assert sorted(manifest.source["ignored_examples"]) == sorted(tricky_tree.ignored)
+
+
+def test_decoded_pixels_equal_pil_convert_rgb(tricky_tree, tricky_lmdb):
+    ds = fastdata.dataset(tricky_lmdb)
+    assert len(ds.samples) == len(tricky_tree.images)
+    for i, (relative, label) in enumerate(ds.samples):
+        image, got_label = ds[i]
+        assert isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+        assert isinstance(got_label, int) and got_label == label
+        expected = chw(rgb_of_file(tricky_tree.path(relative)))
+        assert tuple(image.shape) == expected.shape, relative
+        diff = np.abs(image.numpy().astype(np.int16) - expected.astype(np.int16)).max()
+        if relative in tricky_tree.exact:
+            assert diff == 0, relative
+        else:  # JPEG: OpenCV's and Pillow's libjpeg agree up to rounding (observed: exactly)
+            assert diff <= 1, (relative, diff)
+
+
+def test_stored_bytes_are_the_source_file_bytes(tricky_tree, tricky_lmdb):
+    ds = fastdata.dataset(tricky_lmdb)
+    for i, (relative, _) in enumerate(ds.samples):
+        assert bytes(ds.reader.read(i)) == tricky_tree.path(relative).read_bytes(), relative
+        assert ds.reader.key(i) == relative
+
+
+def test_max_size_reencodes_only_larger_images(tricky_tree, tmp_path):
+    out = tmp_path / "small.lmdb"
+    fastdata.convert_imagefolder(tricky_tree.root, out, max_size=40, quality=95, workers=1, progress=False)
+    ds = fastdata.dataset(out)
+    assert fastdata.info(out).options["max_size"] == 40
+    reencoded = 0
+    for i, (relative, _) in enumerate(ds.samples):
+        source = tricky_tree.path(relative)
+        with Image.open(source) as im:
+            width, height = im.size
+        stored = bytes(ds.reader.read(i))
+        image, _ = ds[i]
+        if max(width, height) > 40:
+            reencoded += 1
+            assert stored[:3] == b"\xff\xd8\xff", f"{relative} was not re-encoded to JPEG"
+            with Image.open(io.BytesIO(stored)) as im:
+                assert im.format == "JPEG"
+                assert max(im.size) == 40, (relative, im.size)
+                expected_size = im.size
+            assert tuple(image.shape) == (3, expected_size[1], expected_size[0])
+            # aspect ratio kept (to the pixel)
+            scale = 40 / max(width, height)
+            assert abs(expected_size[0] - width * scale) <= 1 and abs(expected_size[1] - height * scale) <= 1
+            # it is still the same picture: compare against PIL's own resize of the source
+            reference = rgb_of_file(source)
+            reference = np.asarray(Image.fromarray(reference).resize(expected_size, Image.Resampling.BICUBIC))
+            mean_diff = np.abs(image.numpy().transpose(1, 2, 0).astype(np.int16) - reference).mean()
+            assert mean_diff < 12, (relative, mean_diff)
+        else:
+            assert stored == source.read_bytes(), f"{relative} is small and must be stored untouched"
+    assert 0 < reencoded < len(ds)
+
+
+def test_conversion_with_workers_gives_the_same_dataset(tricky_tree, tricky_lmdb, tmp_path):
+    out = tmp_path / "parallel.lmdb"
+    fastdata.convert_imagefolder(tricky_tree.root, out, workers=2, progress=False)
+    one, two = fastdata.dataset(tricky_lmdb), fastdata.dataset(out)
+    assert one.samples == two.samples
+    for i in range(len(one)):
+        assert bytes(one.reader.read(i)) == bytes(two.reader.read(i))
+
+
+# ---------------------------------------------------------------------------------------------- bad sources
+
+
+def test_missing_source_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(SourceError, match="does not exist") as info:
+        fastdata.convert_imagefolder(missing, tmp_path / "out.lmdb", workers=1, progress=False)
+    assert str(missing) in str(info.value)
+    assert not (tmp_path / "out.lmdb").exists()
+
+
+def test_empty_source_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SourceError, match="empty") as info:
+        fastdata.convert_imagefolder(empty, tmp_path / "out.lmdb", workers=1, progress=False)
+    assert str(empty) in str(info.value)
+
+
+def test_source_with_files_but_no_class_folders(tmp_path):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    write_image(flat / "a.png", pattern(0, 21, 23), "png")
+    write_image(flat / "b.jpg", pattern(1, 21, 23), "jpeg")
+    with pytest.raises(SourceError, match="class folder") as info:
+        fastdata.convert_imagefolder(flat, tmp_path / "out.lmdb", workers=1, progress=False)
+    assert str(flat) in str(info.value)
+    assert not (tmp_path / "out.lmdb").exists()
+
+
+def test_source_with_class_folders_but_no_images(tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "notes.txt").write_text("x")
+    with pytest.raises(SourceError, match="no image files") as info:
+        fastdata.convert_imagefolder(src, tmp_path / "out.lmdb", workers=1, progress=False)
+    assert str(src) in str(info.value)
+
+
+def test_source_that_is_a_file(tmp_path):
+    src = tmp_path / "file.png"
+    write_image(src, pattern(0, 21, 21), "png")
+    with pytest.raises(SourceError, match="not a folder"):
+        fastdata.convert_imagefolder(src, tmp_path / "out.lmdb", workers=1, progress=False)
+
+
+def test_output_format_must_be_known(tricky_tree, tmp_path):
+    with pytest.raises(ConfigError, match=r"\.lmdb") as info:
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out", workers=1, progress=False)
+    assert str(tmp_path / "out") in str(info.value)
+    with pytest.raises(ConfigError, match="unknown format"):
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out", format="zip", workers=1,
+                                     progress=False)
+    with pytest.raises(ConfigError):
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out", format="wds", shard_size="lots",
+                                     workers=1, progress=False)
+    with pytest.raises(ConfigError):
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", workers=0, progress=False)
+    with pytest.raises(ConfigError):
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", quality=0, workers=1,
+                                     progress=False)
+    with pytest.raises(ConfigError):
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", max_size=0, workers=1,
+                                     progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_all_errors_are_fastdata_errors():
+    for cls in (SourceError, OutputExistsError, NotADatasetError, IncompleteDatasetError, ConfigError,
+                RejectedFileError):
+        assert issubclass(cls, FastdataError)
+    assert issubclass(RejectedFileError, SourceError)
+    assert issubclass(ConfigError, ValueError)
+
+
+# ----------------------------------------------------------------------------------------- existing outputs
+
+
+def test_existing_dataset_is_refused_and_overwrite_replaces_it(tmp_path):
+    small = build_solid_tree(tmp_path / "small", count=6)
+    large = build_solid_tree(tmp_path / "large", count=9)
+    out = tmp_path / "out.lmdb"
+    fastdata.convert_imagefolder(small.root, out, workers=1, progress=False)
+    with pytest.raises(OutputExistsError, match="overwrite") as info:
+        fastdata.convert_imagefolder(large.root, out, workers=1, progress=False)
+    assert str(out) in str(info.value)
+    assert fastdata.info(out).num_samples == 6  # untouched
+    fastdata.convert_imagefolder(large.root, out, overwrite=True, workers=1, progress=False)
+    assert fastdata.info(out).num_samples == 9
+    assert len(fastdata.dataset(out)) == 9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["large", "out.lmdb", "small"]  # no .old / .partial
+
+
+def test_existing_non_dataset_is_refused_even_with_overwrite(tricky_tree, tmp_path):
+    out = tmp_path / "precious.lmdb"
+    out.mkdir()
+    (out / "thesis.tex").write_text("do not delete")
+    file_out = tmp_path / "file.lmdb"
+    file_out.write_text("a file")
+    for target in (out, file_out):
+        for overwrite in (False, True):
+            with pytest.raises(OutputExistsError, match="not a fastdata dataset") as info:
+                fastdata.convert_imagefolder(tricky_tree.root, target, overwrite=overwrite, workers=1,
+                                             progress=False)
+            assert str(target) in str(info.value)
+    assert (out / "thesis.tex").read_text() == "do not delete"
+    assert file_out.read_text() == "a file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.lmdb", "precious.lmdb"]
+
+
+def test_empty_existing_directory_is_used(tmp_path):
+    src = build_solid_tree(tmp_path / "src", count=4)
+    out = tmp_path / "out.lmdb"
+    out.mkdir()
+    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    assert len(fastdata.dataset(out)) == 4
+
+
+def test_partial_leftovers_are_reported_and_overwrite_discards_them(tmp_path):
+    src = build_solid_tree(tmp_path / "src", count=5)
+    out = tmp_path / "out.lmdb"
+    partial = tmp_path / "out.lmdb.partial"
+    partial.mkdir()
+    (partial / "data.mdb").write_bytes(b"half a database")
+    with pytest.raises(OutputExistsError, match="interrupted") as info:
+        fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    assert str(partial) in str(info.value)
+    assert partial.exists() and not out.exists()
+    # the leftovers are not a dataset either
+    with pytest.raises(IncompleteDatasetError, match="incomplete"):
+        fastdata.dataset(out)
+    with pytest.raises(IncompleteDatasetError):
+        fastdata.info(out)
+    fastdata.convert_imagefolder(src.root, out, overwrite=True, workers=1, progress=False)
+    assert not partial.exists()
+    assert len(fastdata.dataset(out)) == 5
+
+
+def test_successful_conversion_leaves_no_partial(tricky_tree, tmp_path):
+    for name, fmt in (("a.lmdb", None), ("shards", "wds")):
+        out = tmp_path / name
+        fastdata.convert_imagefolder(tricky_tree.root, out, format=fmt, shard_size="8KB", workers=1,
+                                     progress=False)
+        assert (out / "manifest.json").is_file()
+        assert not (tmp_path / f"{name}.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lmdb", "shards"]
+
+
+def test_not_a_dataset_is_refused_by_dataset_and_info(tmp_path, tricky_tree):
+    for path in (tmp_path / "missing", tricky_tree.root, tricky_tree.path("Bird/a03.png")):
+        with pytest.raises(NotADatasetError) as info:
+            fastdata.dataset(path)
+        assert str(path) in str(info.value)
+        with pytest.raises(NotADatasetError):
+            fastdata.info(path)
+        with pytest.raises(NotADatasetError):
+            fastdata.loader(path, num_workers=0)
+
+
+# ------------------------------------------------------------------------------------------- rejected files
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_unusable_files_are_rejected_and_the_rest_is_written(bad_tree, tmp_path, fmt):
+    out = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
+    summary = fastdata.convert_imagefolder(bad_tree.root, out, format=fmt, workers=2, progress=False)
+    rejected = {r["path"]: r["reason"] for r in summary.rejected}
+    assert sorted(rejected) == sorted(BAD_FILES)
+    assert all(reason.strip() for reason in rejected.values())
+    assert "empty" in rejected["more/empty.png"]
+    assert "truncated" in rejected["good/truncated.jpg"]
+    text = str(summary)
+    for path in BAD_FILES:
+        assert path in text
+    assert "rejected  3 files" in text
+    assert summary.images == len(bad_tree.images) == 4
+    assert summary.ignored == 1
+    manifest = fastdata.info(out)
+    assert {r["path"]: r["reason"] for r in manifest.rejected} == rejected
+    assert manifest.num_samples == 4
+    assert sum(manifest.class_counts) == 4
+    ds = fastdata.dataset(out)
+    if fmt == "lmdb":
+        assert sorted(p for p, _ in ds.samples) == sorted(bad_tree.images)
+        for i, (relative, _) in enumerate(ds.samples):
+            assert np.array_equal(ds[i][0].numpy(), chw(rgb_of_file(bad_tree.path(relative))))
+    else:
+        assert len(list(ds)) == 4
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_strict_stops_at_the_first_rejected_file_and_writes_nothing(bad_tree, tmp_path, workers):
+    out = tmp_path / "out.lmdb"
+    with pytest.raises(RejectedFileError) as info:
+        fastdata.convert_imagefolder(bad_tree.root, out, strict=True, workers=workers, progress=False)
+    message = str(info.value)
+    assert any(str(bad_tree.path(p)) in message for p in BAD_FILES), message
+    assert not out.exists()
+    assert not (tmp_path / "out.lmdb.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+
+
+def test_strict_failure_keeps_an_existing_dataset(bad_tree, tmp_path):
+    good = build_solid_tree(tmp_path / "good", count=5)
+    out = tmp_path / "out.lmdb"
+    fastdata.convert_imagefolder(good.root, out, workers=1, progress=False)
+    with pytest.raises(RejectedFileError):
+        fastdata.convert_imagefolder(bad_tree.root, out, strict=True, overwrite=True, workers=1,
+                                     progress=False)
+    assert len(fastdata.dataset(out)) == 5
+    assert not (tmp_path / "out.lmdb.partial").exists()
+
+
+def test_strict_conversion_of_a_clean_tree_succeeds(tricky_tree, tmp_path):
+    summary = fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "x.lmdb", strict=True, workers=1,
+                                           progress=False)
+    assert summary.images == len(tricky_tree.images)
+    manifest = json.loads((tmp_path / "x.lmdb" / "manifest.json").read_text())
+    assert manifest["options"]["strict"] is True
