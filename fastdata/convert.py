@@ -6,11 +6,13 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +22,10 @@ from fastdata.config import available_cores, parse_size
 from fastdata.converters.imagefolder import EncodeOptions, ImageFolderListing, load_record, scan
 from fastdata.errors import ConfigError, OutputExistsError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, fsync_dir, partial_path
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
 from fastdata.formats.records import ImageRecord
-from fastdata.formats.wds import WdsWriter
+from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
+from fastdata.output import check_output, commit_output, fresh_partial
 
 DEFAULT_SHARD_SIZE = "256MB"
 FORMATS = ("lmdb", "wds")
@@ -43,10 +46,12 @@ class ConversionSummary:
     bytes_out: int
     seconds: float
     empty_classes: list[str] = field(default_factory=list)
+    resumed_at: int | None = None  # images already done by an interrupted run this one resumed
 
     def __str__(self) -> str:
         rate = self.images / self.seconds if self.seconds > 0 else float("inf")
-        lines = [
+        lines = [f"resumed an interrupted conversion after {self.resumed_at:,} images"] if self.resumed_at else []
+        lines += [
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  images    {self.images:,} in {self.classes} classes",
             f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
@@ -91,25 +96,6 @@ def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int) -> 
         yield from pool.imap(_work, tasks, chunksize=8)
 
 
-def _check_output(out: Path, overwrite: bool) -> None:
-    partial = partial_path(out)
-    if partial.exists() and not overwrite:
-        raise OutputExistsError(
-            f"{partial}: leftovers of an interrupted conversion into {out}; pass --overwrite to discard "
-            "them and convert again")
-    if not out.exists():
-        return
-    is_dataset = (out / MANIFEST_NAME).is_file()
-    is_empty_dir = out.is_dir() and not any(out.iterdir())
-    if is_empty_dir:
-        return
-    if not is_dataset:
-        raise OutputExistsError(f"{out}: already exists and is not a fastdata dataset; refusing to touch it "
-                                "(choose another OUT)")
-    if not overwrite:
-        raise OutputExistsError(f"{out}: already holds a dataset; pass --overwrite to replace it")
-
-
 def _resolve_format(out: Path, format: str | None) -> str:
     if format is None:
         if out.suffix.lower() == ".lmdb":
@@ -119,6 +105,86 @@ def _resolve_format(out: Path, format: str | None) -> str:
     if format not in FORMATS:
         raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     return format
+
+
+@dataclass
+class _Progress:
+    """Where a conversion stands at a checkpoint; stored with the data so that the two always agree."""
+
+    fingerprint: dict
+    next_task: int = 0
+    counts: list[int] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    bytes_in: int = 0
+    files: list[dict] = field(default_factory=list)  # finished WebDataset shards
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> _Progress | None:
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError):
+            return None
+
+
+def _fingerprint(fmt: str, options: dict, listing: ImageFolderListing) -> dict:
+    """What must not change between an interrupted conversion and its resumption."""
+    digest = hashlib.sha256()
+    for relative_path, label in listing.samples:
+        try:
+            stat = (listing.root / relative_path).stat()
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            size, mtime = -1, -1
+        digest.update(f"{relative_path}\t{label}\t{size}\t{mtime}\n".encode())
+    return {"format": fmt, "options": options,
+            "source": {"path": str(listing.root.resolve()), "files": len(listing.samples),
+                       "classes": len(listing.classes), "digest": digest.hexdigest()}}
+
+
+def _differences(saved: dict, wanted: dict) -> list[str]:
+    diffs = []
+    if saved.get("format") != wanted["format"]:
+        diffs.append(f"format {saved.get('format')} -> {wanted['format']}")
+    for key, value in wanted["options"].items():
+        if saved.get("options", {}).get(key) != value:
+            diffs.append(f"{key} {saved.get('options', {}).get(key)} -> {value}")
+    old, new = saved.get("source", {}), wanted["source"]
+    if old.get("path") != new["path"]:
+        diffs.append(f"source {old.get('path')} -> {new['path']}")
+    elif old.get("digest") != new["digest"]:
+        diffs.append(f"source files changed ({old.get('files')} -> {new['files']} images, or sizes/times differ)")
+    return diffs
+
+
+def _open_writer(fmt: str, out: Path, overwrite: bool, fingerprint: dict, shard_bytes: int,
+                 commit_every: int) -> tuple[LmdbWriter | WdsWriter, _Progress | None]:
+    """A writer in OUT.partial: resuming an interrupted conversion of the same source with the same options,
+    or starting afresh (always with `overwrite`)."""
+    partial = partial_path(out)
+    if partial.exists() and not overwrite:
+        try:
+            writer = _make_writer(fmt, partial, shard_bytes, commit_every)
+        except Exception:  # unreadable leftovers (killed while creating the environment): start afresh
+            return _make_writer(fmt, fresh_partial(out), shard_bytes, commit_every), None
+        saved = writer.saved_progress()
+        progress = _Progress.from_json(saved) if saved is not None else None
+        if progress is not None:
+            diffs = _differences(progress.fingerprint, fingerprint)
+            if diffs:
+                writer.abort()
+                raise OutputExistsError(
+                    f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
+                    "with its original source and options to resume, or pass --overwrite to start again")
+            return writer, progress
+        writer.abort()  # interrupted before its first checkpoint: nothing worth keeping
+    return _make_writer(fmt, fresh_partial(out), shard_bytes, commit_every), None
+
+
+def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int) -> LmdbWriter | WdsWriter:
+    return LmdbWriter(directory, commit_every=commit_every) if fmt == "lmdb" else WdsWriter(directory, shard_bytes)
 
 
 def convert_imagefolder(
@@ -134,11 +200,14 @@ def convert_imagefolder(
     overwrite: bool = False,
     strict: bool = False,
     progress: bool = True,
+    commit_every: int = 2048,
 ) -> ConversionSummary:
     """Pack the ImageFolder tree `src` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards).
 
     Unreadable or undecodable files are rejected, listed in the summary and the manifest, and the rest is
-    written; with `strict=True` the first one raises instead and nothing is written.
+    written; with `strict=True` the first one raises instead and nothing is written. An interrupted
+    conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its last
+    checkpoint (every `commit_every` images), WebDataset from its first unfinished shard.
     """
     src, out = Path(src), Path(out)
     fmt = _resolve_format(out, format)
@@ -151,84 +220,89 @@ def convert_imagefolder(
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     listing = scan(src)
-    _check_output(out, overwrite)
+    check_output(out, overwrite)
 
     order = np.arange(len(listing.samples))
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them
         order = np.random.default_rng(seed).permutation(len(listing.samples))
-    options = EncodeOptions(max_size=max_size, quality=quality)
-    tasks = [(str(listing.root), *listing.samples[i], options) for i in order]
-
+    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
+               "max_size": max_size, "quality": quality, "strict": strict}
+    encode = EncodeOptions(max_size=max_size, quality=quality)
+    tasks = [(str(listing.root), *listing.samples[i], encode) for i in order]
+    fingerprint = _fingerprint(fmt, options, listing)
+    writer, resumed = _open_writer(fmt, out, overwrite, fingerprint, shard_bytes, commit_every)
+    state = resumed or _Progress(fingerprint, counts=[0] * len(listing.classes))
+    if isinstance(writer, WdsWriter) and resumed is not None:
+        rejected_paths = {r["path"] for r in resumed.rejected}
+        written = [task[1] for task in tasks[: resumed.next_task] if task[1] not in rejected_paths]
+        writer.resume([FileEntry(**f) for f in resumed.files], written)
     partial = partial_path(out)
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    writer = LmdbWriter(partial) if fmt == "lmdb" else WdsWriter(partial, shard_bytes)
     started = time.perf_counter()
     try:
-        counts, rejected, bytes_in = _write_all(writer, tasks, len(listing.classes), workers, strict, progress)
-        files = writer.close()
-    except BaseException:
+        if resumed is None:
+            writer.checkpoint(state.to_json())  # records the fingerprint at once
+        _write_all(writer, tasks, state, workers, strict, progress)
+        if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
+            files = writer.close()
+            state.files = [asdict(entry) for entry in files]
+            writer.checkpoint(state.to_json())
+        else:
+            writer.checkpoint(state.to_json())
+            files = writer.close()
+    except RejectedFileError:
         writer.abort()
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    except BaseException:
+        writer.abort()  # the last checkpoint stays: rerunning the same command resumes from it
+        raise
     seconds = time.perf_counter() - started
     manifest = Manifest(
-        format=fmt, kind="image", num_samples=sum(counts), classes=listing.classes, class_counts=counts,
-        files=files, fastdata_version=__version__,
-        options={"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
-                 "max_size": max_size, "quality": quality, "strict": strict},
-        source=_source_info(listing), rejected=rejected,
-        stats={"bytes_in": bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3)},
+        format=fmt, kind="image", num_samples=sum(state.counts), classes=listing.classes,
+        class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
+        source=_source_info(listing), rejected=state.rejected,
+        stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
+               "resumed_at": resumed.next_task if resumed else None},
     )
-    _commit(manifest, partial, out)
-    return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, rejected,
-                             len(listing.ignored), bytes_in, manifest.stats["bytes_out"], seconds,
-                             listing.empty_classes)
+    commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
+    return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
+                             len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
+                             listing.empty_classes, resumed_at=resumed.next_task if resumed else None)
 
 
-def _write_all(writer, tasks, num_classes, workers, strict, progress):
+def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, workers: int, strict: bool,
+               progress: bool) -> None:
+    """Feed the tasks from `state.next_task` on through the pool into the writer, checkpointing `state`."""
     from tqdm import tqdm
 
-    counts = [0] * num_classes
-    rejected: list[dict[str, str]] = []
-    bytes_in = 0
-    last_postfix = time.perf_counter()
-    started = last_postfix
-    with tqdm(total=len(tasks), unit="img", desc="converting", disable=not progress, smoothing=0.1) as bar:
-        for relative_path, label, record, reason, size in _results(tasks, workers):
-            bytes_in += size
+    last_postfix = started = time.perf_counter()
+    bytes_at_start = state.bytes_in
+    with tqdm(total=len(tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
+              smoothing=0.1) as bar:
+        for relative_path, label, record, reason, size in _results(tasks[state.next_task:], workers):
+            state.bytes_in += size
+            state.next_task += 1
             if record is None:
                 if strict:
                     raise RejectedFileError(
                         f"{Path(tasks[0][0]) / relative_path}: {reason} (--strict: nothing written)")
-                rejected.append({"path": relative_path, "reason": reason})
+                state.rejected.append({"path": relative_path, "reason": reason})
             else:
                 writer.add(record)
-                counts[label] += 1
+                state.counts[label] += 1
+            if writer.checkpoint_due():
+                if isinstance(writer, WdsWriter):
+                    state.files = [asdict(entry) for entry in writer.finished_shards]
+                writer.checkpoint(state.to_json())
             bar.update()
             now = time.perf_counter()
             if now - last_postfix > 0.5:
-                bar.set_postfix_str(f"{bytes_in / 1e6 / (now - started):.1f} MB/s, {len(rejected)} rejected")
+                rate = (state.bytes_in - bytes_at_start) / 1e6 / (now - started)
+                bar.set_postfix_str(f"{rate:.1f} MB/s, {len(state.rejected)} rejected")
                 last_postfix = now
-    return counts, rejected, bytes_in
 
 
 def _source_info(listing: ImageFolderListing) -> dict:
     return {"kind": "imagefolder", "path": str(listing.root.resolve()), "files": len(listing.samples),
             "ignored": len(listing.ignored), "ignored_examples": listing.ignored[:20],
             "empty_classes": listing.empty_classes}
-
-
-def _commit(manifest: Manifest, partial: Path, out: Path) -> None:
-    """Manifest last, then one rename: `out` is either absent/old or complete."""
-    manifest.write(partial)
-    fsync_dir(partial)
-    old = None
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{time.time_ns()}")
-        out.rename(old)
-    partial.rename(out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()

@@ -251,22 +251,19 @@ def test_empty_existing_directory_is_used(tmp_path):
     assert len(fastdata.dataset(out)) == 4
 
 
-def test_partial_leftovers_are_reported_and_overwrite_discards_them(tmp_path):
+def test_partial_leftovers_are_reported_and_a_rerun_replaces_unusable_ones(tmp_path):
     src = build_solid_tree(tmp_path / "src", count=5)
     out = tmp_path / "out.lmdb"
     partial = tmp_path / "out.lmdb.partial"
     partial.mkdir()
     (partial / "data.mdb").write_bytes(b"half a database")
-    with pytest.raises(OutputExistsError, match="interrupted") as info:
-        fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
-    assert str(partial) in str(info.value)
-    assert partial.exists() and not out.exists()
-    # the leftovers are not a dataset either
-    with pytest.raises(IncompleteDatasetError, match="incomplete"):
+    # the leftovers are not a dataset
+    with pytest.raises(IncompleteDatasetError, match="incomplete conversion"):
         fastdata.dataset(out)
     with pytest.raises(IncompleteDatasetError):
         fastdata.info(out)
-    fastdata.convert_imagefolder(src.root, out, overwrite=True, workers=1, progress=False)
+    # nothing resumable in them (no checkpoint): the same command starts afresh
+    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
     assert not partial.exists()
     assert len(fastdata.dataset(out)) == 5
 

@@ -21,7 +21,7 @@ from fastdata.formats.manifest import FileEntry, sha256_file
 from fastdata.formats.records import ImageRecord
 
 DATA_FILE = "data.mdb"
-_MAX_DBS = 4
+_MAX_DBS = 5
 _COMMIT_EVERY = 2048
 _META_ARRAYS = {"labels": "<i4", "widths": "<i4", "heights": "<i4", "codecs": "u1"}
 
@@ -54,40 +54,99 @@ def _shared_environment(directory: Path) -> tuple[Any, dict[str, Any]]:
     return env, dbs
 
 
-class LmdbWriter:
-    """Appends image records in index order into a new LMDB environment in `directory`."""
+_RECORD_META = struct.Struct("<iiiB")  # label, width, height, codec of one record
+_INITIAL_MAP_SIZE = 1 << 30
 
-    def __init__(self, directory: Path, map_size: int = 1 << 40) -> None:
+
+class LmdbWriter:
+    """Appends image records in index order into an LMDB environment in `directory`.
+
+    Records are committed in transactions of `commit_every` records together with the caller's progress
+    record (`checkpoint`), so a killed conversion resumes from its last checkpoint with the data and the
+    progress always in agreement. The map grows as needed: a full map is enlarged and the transaction
+    replayed, so `MapFullError` never reaches the user."""
+
+    def __init__(self, directory: Path, commit_every: int = _COMMIT_EVERY,
+                 map_size: int = _INITIAL_MAP_SIZE) -> None:
         import lmdb
 
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.commit_every = commit_every
         self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                               sync=False, metasync=False, writemap=False, meminit=False)
-        self._images = self._env.open_db(b"images")
-        self._keys = self._env.open_db(b"keys")
-        self._meta = self._env.open_db(b"meta")
+        self._dbs = {name: self._env.open_db(name.encode()) for name in ("images", "keys", "meta", "records")}
+        with self._env.begin() as txn:
+            self.count = txn.stat(self._dbs["images"])["entries"]
+        self._pending: list[tuple[bytes, bytes, str]] = []  # (key, value, db) puts of the open transaction
         self._txn = self._env.begin(write=True)
-        self._columns: dict[str, list[int]] = {name: [] for name in _META_ARRAYS}
-        self.count = 0
+
+    def saved_progress(self) -> bytes | None:
+        """The progress record of the last checkpoint, if this environment holds one."""
+        with self._env.begin() as txn:
+            return txn.get(b"progress", db=self._dbs["meta"])
+
+    def _put(self, key: bytes, value: bytes, db: str, append: bool = False) -> None:
+        import lmdb
+
+        self._pending.append((key, value, db))
+        try:
+            self._txn.put(key, value, db=self._dbs[db], append=append)
+        except lmdb.MapFullError:
+            self._grow_and_replay()
+
+    def _grow_and_replay(self) -> None:
+        import lmdb
+
+        self._txn.abort()
+        while True:
+            self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            self._txn = self._env.begin(write=True)
+            try:
+                for key, value, db in self._pending:
+                    self._txn.put(key, value, db=self._dbs[db])
+                return
+            except lmdb.MapFullError:
+                self._txn.abort()
+
+    def _commit(self) -> None:
+        import lmdb
+
+        try:
+            self._txn.commit()
+        except lmdb.MapFullError:
+            self._grow_and_replay()
+            self._txn.commit()
+        self._pending.clear()
+        self._txn = self._env.begin(write=True)
 
     def add(self, record: ImageRecord) -> None:
         key = index_key(self.count)
-        self._txn.put(key, record.data, db=self._images, append=True)
-        self._txn.put(key, record.key.encode("utf-8"), db=self._keys, append=True)
-        for name, value in (("labels", record.label), ("widths", record.width), ("heights", record.height),
-                            ("codecs", record.codec)):
-            self._columns[name].append(value)
+        self._put(key, record.data, "images", append=True)
+        self._put(key, record.key.encode("utf-8"), "keys", append=True)
+        self._put(key, _RECORD_META.pack(record.label, record.width, record.height, record.codec), "records",
+                  append=True)
         self.count += 1
-        if self.count % _COMMIT_EVERY == 0:
-            self._txn.commit()
-            self._txn = self._env.begin(write=True)
+
+    def checkpoint_due(self) -> bool:
+        return len(self._pending) >= 3 * self.commit_every
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Commit the records added so far together with `progress` (what to resume from)."""
+        self._put(b"progress", progress, "meta")
+        self._commit()
 
     def close(self) -> list[FileEntry]:
         """Write the per-sample arrays, flush to disk and describe the data file."""
-        for name, dtype in _META_ARRAYS.items():
-            self._txn.put(name.encode(), np.asarray(self._columns[name], dtype=dtype).tobytes(), db=self._meta)
-        self._txn.commit()
+        self._commit()  # so that the records of the open transaction are read back below
+        columns = np.zeros((self.count, 4), dtype=np.int64)
+        with self._env.begin() as txn, txn.cursor(db=self._dbs["records"]) as cursor:
+            for i, value in enumerate(cursor.iternext(keys=False, values=True)):
+                columns[i] = _RECORD_META.unpack(value)
+        for i, (name, dtype) in enumerate(_META_ARRAYS.items()):
+            self._put(name.encode(), columns[: self.count, i].astype(dtype).tobytes(), "meta")
+        self._commit()
+        self._txn.abort()
         self._env.sync(True)
         self._env.close()
         lock = self.directory / "lock.mdb"
@@ -97,6 +156,7 @@ class LmdbWriter:
         return [FileEntry(DATA_FILE, data.stat().st_size, sha256_file(data), self.count)]
 
     def abort(self) -> None:
+        """Drop the uncommitted records (the last checkpoint stays) and close."""
         try:
             self._txn.abort()
         finally:

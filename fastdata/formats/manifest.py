@@ -32,7 +32,7 @@ class Manifest:
     """What a converted dataset holds; JSON round-trip, no pickle."""
 
     format: str  # "lmdb" | "wds"
-    kind: str  # "image"
+    kind: str  # "image" | "text"
     num_samples: int
     classes: list[str]
     class_counts: list[int]
@@ -43,6 +43,7 @@ class Manifest:
     stats: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     fastdata_version: str = ""
+    text: dict[str, Any] | None = None  # kind "text" only: token dtype, documents, total tokens, tokenizer, eos
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -109,7 +110,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         if partial_path(root).exists():
             raise IncompleteDatasetError(
                 f"{root}: incomplete conversion (only {partial_path(root)} exists); "
-                "rerun the conversion with --overwrite"
+                "rerun the same convert command to resume it"
             )
         raise NotADatasetError(f"{root}: no such file or directory")
     if not root.is_dir():

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from fastdata.errors import CorruptSampleError
-from fastdata.formats.manifest import FileEntry, sha256_file
+from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
 from fastdata.formats.records import ImageRecord
 
 SHARD_PATTERN = "shard-{:06d}.tar"
@@ -35,8 +36,15 @@ def split_member_name(name: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), (ext if dot else "")
 
 
+PROGRESS_FILE = "progress.json"
+
+
 class WdsWriter:
-    """Writes image records into tar shards of about `shard_size` bytes each, in the order given."""
+    """Writes image records into tar shards of about `shard_size` bytes each, in the order given.
+
+    A shard is written as `shard-N.tar.tmp` and renamed when complete (after fsync); `checkpoint()` after
+    each completed shard records the caller's progress (with the finished shards) in `progress.json`, so a
+    killed conversion resumes at the first unfinished shard and redoes nothing else."""
 
     def __init__(self, directory: Path, shard_size: int) -> None:
         self.directory = Path(directory)
@@ -46,22 +54,45 @@ class WdsWriter:
         self._entries: list[FileEntry] = []
         self._tar: tarfile.TarFile | None = None
         self._shard_samples = 0
+        self._shard_finished = False
         self.count = 0
 
+    def saved_progress(self) -> bytes | None:
+        """The progress record of the last checkpoint, if the directory holds one."""
+        path = self.directory / PROGRESS_FILE
+        return path.read_bytes() if path.is_file() else None
+
+    def resume(self, entries: list[FileEntry], written_paths: list[str]) -> None:
+        """Continue after the finished shards `entries` (from the saved progress), whose samples came from
+        `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else."""
+        self._entries = list(entries)
+        self.count = sum(e.samples for e in entries)
+        keep = {e.name for e in entries} | {PROGRESS_FILE}
+        for path in self.directory.iterdir():
+            if path.name not in keep:
+                path.unlink()
+        for relative_path in written_paths:
+            self._unique_key(relative_path)
+
     def _open_shard(self) -> None:
-        name = SHARD_PATTERN.format(len(self._entries))
-        self._tar = tarfile.open(self.directory / name, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (spans many add() calls)
-        self._shard_name = name
+        self._shard_name = SHARD_PATTERN.format(len(self._entries))
+        path = self.directory / (self._shard_name + ".tmp")
+        self._tar = tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (spans add() calls)
         self._shard_samples = 0
 
     def _close_shard(self) -> None:
         if self._tar is None:
             return
         self._tar.close()
+        tmp = self.directory / (self._shard_name + ".tmp")
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
         path = self.directory / self._shard_name
+        os.replace(tmp, path)
         self._entries.append(FileEntry(self._shard_name, path.stat().st_size, sha256_file(path),
                                        self._shard_samples))
         self._tar = None
+        self._shard_finished = True
 
     def _unique_key(self, relative_path: str) -> str:
         key = base = sanitize_key(relative_path)
@@ -95,11 +126,25 @@ class WdsWriter:
         if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
             self._close_shard()
 
+    def checkpoint_due(self) -> bool:
+        return self._shard_finished
+
+    @property
+    def finished_shards(self) -> list[FileEntry]:
+        return list(self._entries)
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Record `progress` (which must list `finished_shards`) as the point to resume from."""
+        write_atomic(self.directory / PROGRESS_FILE, progress)
+        self._shard_finished = False
+
     def close(self) -> list[FileEntry]:
+        """Finish the last shard; returns every shard. `progress.json` stays until the dataset is committed."""
         self._close_shard()
         return list(self._entries)
 
     def abort(self) -> None:
+        """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
         if self._tar is not None:
             self._tar.close()
             self._tar = None
