@@ -55,6 +55,22 @@ def info(path: Path) -> None:
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
+@click.option("--source", type=click.Path(path_type=Path), default=None, metavar="SRC",
+              help="Also check the samples against the ImageFolder tree they were converted from.")
+@click.option("--decode", is_flag=True, help="Also decode every image.")
+def verify(path: Path, source: Path | None, decode: bool) -> None:
+    """Check the dataset at PATH against its manifest (files, sizes, sha256, counts, labels); exit 1 if
+    anything is wrong, naming every problem."""
+    from fastdata.verify import verify as run_verify
+
+    report = run_verify(path, source=source, decode=decode)
+    click.echo(str(report))
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
 @click.option("--baseline-imagefolder", type=click.Path(path_type=Path), default=None, metavar="SRC",
               help="Also run torchvision ImageFolder + DataLoader over SRC with the same transform, and print "
                    "the ratio.")
@@ -92,7 +108,7 @@ def demo(directory: Path, images: int, epochs: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fastdata` console script."""
     try:
-        cli.main(args=argv, prog_name="fastdata", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="fastdata", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
@@ -105,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -64,10 +64,22 @@ class Manifest:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def write(self, directory: Path) -> Path:
-        """Write atomically (temp file, fsync, rename) into `directory`."""
+        """Write atomically (temp file, fsync, rename) into `directory`, with a checksum of its own content
+        so that a hand-edited manifest (a changed label map, say) is detected by `fastdata verify`."""
         path = Path(directory) / MANIFEST_NAME
-        write_atomic(path, json.dumps(self.to_dict(), indent=2).encode() + b"\n")
+        data = self.to_dict()
+        data[CHECKSUM_FIELD] = content_checksum(data)
+        write_atomic(path, json.dumps(data, indent=2).encode() + b"\n")
         return path
+
+
+CHECKSUM_FIELD = "manifest_sha256"
+
+
+def content_checksum(data: dict[str, Any]) -> str:
+    """sha256 of a manifest's content (canonical JSON, without the checksum field itself)."""
+    content = {k: v for k, v in data.items() if k != CHECKSUM_FIELD}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -1,0 +1,128 @@
+"""`fastdata verify`: every kind of damage is detected and named; an intact dataset passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import lmdb
+import pytest
+from conftest import build_solid_tree
+
+import fastdata
+from fastdata.cli import main
+from fastdata.formats.manifest import CHECKSUM_FIELD, content_checksum, sha256_file
+from fastdata.verify import verify
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return build_solid_tree(tmp_path_factory.mktemp("verify") / "src", count=24)
+
+
+@pytest.fixture
+def lmdb_copy(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("v") / "d.lmdb"
+    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture
+def wds_copy(tree, tmp_path_factory):
+    out = tmp_path_factory.mktemp("v") / "shards"
+    fastdata.convert_imagefolder(tree.root, out, format="wds", shard_size="4KB", workers=1, progress=False)
+    return out
+
+
+def rewrite_manifest(out, edit, keep_checksum_valid: bool) -> None:
+    path = out / "manifest.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    if keep_checksum_valid:
+        data[CHECKSUM_FIELD] = content_checksum(data)
+    path.write_text(json.dumps(data))
+
+
+def test_intact_datasets_pass_including_source_and_decode(tree, lmdb_copy, wds_copy, capsys):
+    for out in (lmdb_copy, wds_copy):
+        report = verify(out, source=tree.root, decode=True)
+        assert report.ok, report.problems
+        assert main(["verify", str(out), "--source", str(tree.root), "--decode"]) == 0
+        assert capsys.readouterr().out.startswith("OK:")
+
+
+def test_flipped_bit_is_detected(lmdb_copy, capsys):
+    data = lmdb_copy / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+    report = verify(lmdb_copy)
+    assert any("data.mdb" in p and "sha256" in p for p in report.problems)
+    assert main(["verify", str(lmdb_copy)]) == 1
+    assert "data.mdb" in capsys.readouterr().out
+
+
+def test_deleted_shard_and_extra_file_are_detected(wds_copy):
+    manifest = fastdata.info(wds_copy)
+    assert len(manifest.files) >= 3
+    (wds_copy / manifest.files[1].name).unlink()
+    (wds_copy / "stray.tar").write_bytes(b"x")
+    problems = verify(wds_copy).problems
+    assert any(manifest.files[1].name in p and "missing" in p for p in problems)
+    assert any("stray.tar" in p and "not part of the dataset" in p for p in problems)
+
+
+def test_truncated_shard_is_detected(wds_copy):
+    name = fastdata.info(wds_copy).files[0].name
+    path = wds_copy / name
+    path.write_bytes(path.read_bytes()[:-1024])
+    assert any(name in p and "bytes" in p for p in verify(wds_copy).problems)
+
+
+def test_edited_label_map_is_detected(lmdb_copy):
+    rewrite_manifest(lmdb_copy, lambda d: d["classes"].reverse(), keep_checksum_valid=False)
+    assert any("checksum" in p for p in verify(lmdb_copy).problems)
+
+
+def test_label_map_edited_with_a_valid_checksum_is_caught_by_the_source_and_counts(tree, lmdb_copy):
+    def swap(d):
+        d["classes"][0], d["classes"][1] = d["classes"][1], d["classes"][0]
+        d["class_counts"][0] += 1
+    rewrite_manifest(lmdb_copy, swap, keep_checksum_valid=True)
+    problems = verify(lmdb_copy, source=tree.root).problems
+    assert any("class list differs" in p for p in problems)
+    assert any("class_counts" in p or "per-class" in p for p in problems)
+
+
+def test_undecodable_sample_with_consistent_hashes_is_caught_by_decode(lmdb_copy):
+    env = lmdb.open(str(lmdb_copy), max_dbs=5)
+    images = env.open_db(b"images")  # outside the write transaction: open_db starts one of its own
+    with env.begin(write=True) as txn:
+        txn.put(struct.pack(">Q", 3), b"\xff\xd8 not really a jpeg", db=images)
+    env.close()
+    (lmdb_copy / "lock.mdb").unlink(missing_ok=True)
+
+    def rehash(d):
+        d["files"][0]["bytes"] = (lmdb_copy / "data.mdb").stat().st_size
+        d["files"][0]["sha256"] = sha256_file(lmdb_copy / "data.mdb")
+    rewrite_manifest(lmdb_copy, rehash, keep_checksum_valid=True)
+    assert verify(lmdb_copy).ok  # consistent files and labels ...
+    key = fastdata.dataset(lmdb_copy).reader.key(3)
+    problems = verify(lmdb_copy, decode=True).problems  # ... but one sample does not decode
+    assert len(problems) == 1 and key in problems[0]
+
+
+def test_source_differences_are_named(tree, lmdb_copy, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(tree.root, src)
+    moved = src / tree.images[0]
+    moved.rename(moved.with_name("renamed-" + moved.name))
+    problems = verify(lmdb_copy, source=src).problems
+    assert any("in the source but not in the dataset" in p and "renamed-" in p for p in problems)
+    assert any("in the dataset but not in the source" in p and tree.images[0] in p for p in problems)
+
+
+def test_not_a_dataset(tmp_path, capsys):
+    assert main(["verify", str(tmp_path)]) == 2
+    assert "not a fastdata dataset" in capsys.readouterr().err
