@@ -20,7 +20,7 @@ from torchvision.datasets import ImageFolder
 
 import fastdata
 from fastdata.errors import CorruptSampleError, NotADatasetError
-from fastdata.formats.manifest import FORMAT_VERSION, Manifest, read_manifest
+from fastdata.formats.manifest import FORMAT_VERSION, Manifest, content_checksum, read_manifest
 from fastdata.formats.wds import iter_shard, sanitize_key, split_member_name
 
 MANIFEST_KEYS = {"format_version", "kind", "format", "num_samples", "classes", "class_counts", "files",
@@ -56,6 +56,7 @@ def test_manifest_is_plain_json_with_the_documented_fields(request, tricky_tree,
         assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     manifest = fastdata.info(out)
     assert isinstance(manifest, Manifest)
+    assert raw.pop("manifest_sha256") == content_checksum(raw)  # the manifest's checksum of its own content
     assert manifest.to_dict() == raw
     assert Manifest.from_dict(raw) == manifest
     assert manifest.class_to_idx == {"Bird": 0, "cat": 1, "dog.v2": 2}
