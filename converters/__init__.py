@@ -7,6 +7,7 @@ import importlib
 #: name -> module; each module exposes `cli_command()` returning its click command.
 REGISTRY: dict[str, str] = {
     "imagefolder": "fastdata.converters.imagefolder",
+    "text": "fastdata.converters.text",
 }
 
 

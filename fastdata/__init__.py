@@ -7,5 +7,6 @@ __version__ = "0.1.0"
 from fastdata.convert import convert_imagefolder
 from fastdata.info import info
 from fastdata.loader import dataset, loader
+from fastdata.meter import meter
 
-__all__ = ["__version__", "convert_imagefolder", "dataset", "info", "loader"]
+__all__ = ["__version__", "convert_imagefolder", "dataset", "info", "loader", "meter"]

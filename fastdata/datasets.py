@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,12 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         return self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch)), sample.label
 
     def get_batch(self, indices: np.ndarray, epoch: int) -> Batch:
-        return self.pipeline.batch([self.encoded(int(i)) for i in indices], epoch, self.on_error)
+        started = perf_counter()
+        samples = [self.encoded(int(i)) for i in indices]
+        read_s = perf_counter() - started
+        batch = self.pipeline.batch(samples, epoch, self.on_error)
+        batch.times.read += read_s
+        return batch
 
 
 class LmdbBatches(Dataset):
@@ -203,10 +209,18 @@ class WdsBatches(IterableDataset):
         epoch = int(self.epoch_cell.item())
         shard_ids = self.shard_assignment(epoch, num_workers)[worker]
         pending: list[EncodedSample] = []
+        reading_since = perf_counter()  # reading = time spent pulling samples off the shards for this batch
         for sample in self._samples(epoch, shard_ids, worker):
             pending.append(sample)
             if len(pending) == self.batch_size:
-                yield self.dataset.pipeline.batch(pending, epoch, self.dataset.on_error)
+                read_s = perf_counter() - reading_since
+                batch = self.dataset.pipeline.batch(pending, epoch, self.dataset.on_error)
+                batch.times.read += read_s
+                yield batch
                 pending = []
+                reading_since = perf_counter()
         if pending and not self.drop_last:
-            yield self.dataset.pipeline.batch(pending, epoch, self.dataset.on_error)
+            read_s = perf_counter() - reading_since
+            batch = self.dataset.pipeline.batch(pending, epoch, self.dataset.on_error)
+            batch.times.read += read_s
+            yield batch

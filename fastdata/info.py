@@ -21,8 +21,11 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         f"  kind        {m.kind}",
         f"  format      {m.format} (format version {m.format_version}, written by fastdata {m.fastdata_version})",
         f"  samples     {m.num_samples:,}",
-        f"  classes     {len(m.classes)}",
     ]
+    if m.kind == "text" and m.text:
+        lines += _text_lines(m)
+    else:
+        lines.append(f"  classes     {len(m.classes)}")
     for name, count in list(zip(m.classes, m.class_counts, strict=True))[:max_classes]:
         lines.append(f"    {name:<24} {count:>10,}")
     if len(m.classes) > max_classes:
@@ -32,13 +35,34 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
                  + (f" (from {stats['bytes_in'] / 1e6:,.1f} MB of source files)" if "bytes_in" in stats else ""))
     options = ", ".join(f"{k}={v}" for k, v in m.options.items() if v is not None)
     lines.append(f"  options     {options}")
-    lines.append(f"  source      {m.source.get('path', '?')} ({m.source.get('ignored', 0)} non-image files ignored)")
-    lines.append(f"  rejected    {len(m.rejected)}")
+    if m.kind == "text":
+        paths = m.source.get("path", "?")
+        paths = ", ".join(paths) if isinstance(paths, list) else paths
+        lines.append(f"  source      {len(m.source.get('files', []))} file(s) from {paths}")
+    else:
+        lines.append(f"  source      {m.source.get('path', '?')} "
+                     f"({m.source.get('ignored', 0)} non-image files ignored)")
+    lines.append(f"  rejected    {m.stats.get('rejected_records', len(m.rejected))}")
     for r in m.rejected[:10]:
-        lines.append(f"    {r['path']}: {r['reason']}")
+        where = f"{r['path']}:{r['line']}" if r.get("line") else r["path"]
+        lines.append(f"    {where}: {r['reason']}")
     lines.append(f"  files       {len(m.files)}")
     for f in m.files[:max_files]:
         lines.append(f"    {f.name:<20} {f.bytes:>14,} B {f.samples:>9,} samples  sha256 {f.sha256[:16]}…")
     if len(m.files) > max_files:
         lines.append(f"    ... {len(m.files) - max_files} more")
     return "\n".join(lines)
+
+
+def _text_lines(m: Manifest) -> list[str]:
+    t = m.text or {}
+    eos = f"{t['eos_token']} (id {t['eos_token_id']})" if t.get("eos_token") is not None else "none"
+    documents = max(t.get("documents", 0), 1)
+    return [
+        f"  documents   {t.get('documents', 0):,}",
+        f"  tokens      {t.get('total_tokens', 0):,} ({t.get('dtype')}; {t.get('total_tokens', 0) / documents:,.1f} "
+        f"per document, longest {t.get('max_document_tokens', 0):,})",
+        f"  tokenizer   {t.get('tokenizer')} (vocabulary {t.get('vocab_size', 0):,}, "
+        f"sha256 {str(t.get('tokenizer_sha256'))[:16]}…)",
+        f"  eos         {eos}",
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -14,19 +14,30 @@ from fastdata.config import available_cores
 from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsBatches, WdsImageDataset
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
+from fastdata.stagetimes import StageTimes
+
+if TYPE_CHECKING:
+    from fastdata.text_dataset import TextDataset
+    from fastdata.text_loader import TextLoader
 
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
-            on_error: str = "raise") -> LmdbImageDataset | WdsImageDataset:
+            on_error: str = "raise") -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
     `.class_to_idx`, `.samples` as torchvision's ImageFolder has them); WebDataset shards give an iterable
     one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val",
     an albumentations transform or a callable on an HWC uint8 array.
+    A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
+    `.tokenizer`, `.total_tokens` (the image arguments do not apply).
     """
     root = Path(path)
     manifest = read_manifest(root)
+    if manifest.kind == "text":
+        from fastdata.text_dataset import TextDataset
+
+        return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
     cls = {"lmdb": LmdbImageDataset, "wds": WdsImageDataset}.get(manifest.format)
@@ -52,7 +63,9 @@ class ImageLoader:
         self.dataset = data
         self.batch_size = batch_size
         self.num_workers = num_workers
+        self.pin_memory = pin_memory
         self.skipped: list[tuple[str, str]] = []
+        self.stage_times = StageTimes()  # per-stage seconds summed over workers and batches (fastdata.meter reads it)
         self._epoch = 0
         self._iterating_epoch: int | None = None
         common = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
@@ -104,6 +117,8 @@ class ImageLoader:
             for batch in self._loader:
                 if batch.skipped:
                     self.skipped.extend(batch.skipped)
+                self.stage_times.add(batch.times)
+                self.stage_times.batches += 1
                 if len(batch.labels):
                     yield batch.images, batch.labels
         finally:
@@ -125,12 +140,22 @@ def loader(
     persistent_workers: bool = True,
     multiprocessing_context: Any = None,
     on_error: str = "raise",
-) -> ImageLoader:
+    seq_len: int | None = None,
+    packing: bool | None = None,
+    max_length: int | None = None,
+    bucketing: bool | None = None,
+    eos_token: str | None = None,
+) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
     Defaults: one worker per available core, persistent workers, pinned memory when CUDA is available,
     whole batches decoded inside workers (JPEGs at the smallest DCT scale the crop allows).
     `on_error="skip"` drops undecodable samples from their batch and lists them in `loader.skipped`.
+
+    Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
+    `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
+    to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
+    `eos_token` overrides the end-of-text token that follows each document. These apply to text only.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
@@ -139,6 +164,18 @@ def loader(
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     data = dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    text_options = {"seq_len": seq_len, "packing": packing, "max_length": max_length, "bucketing": bucketing,
+                    "eos_token": eos_token}
+    if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
+        from fastdata.text_loader import text_loader
+
+        return text_loader(data, batch_size=batch_size, shuffle=shuffle, num_workers=workers, seed=seed,
+                           drop_last=drop_last, pin_memory=pin, prefetch_factor=prefetch_factor,
+                           persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
+                           **text_options)
+    given = [name for name, value in text_options.items() if value is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: for text datasets only; {path} holds images")
     return ImageLoader(data, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                        num_workers=workers, pin_memory=pin, prefetch_factor=prefetch_factor,
                        persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)

@@ -3,7 +3,8 @@ and whole batches written straight into one preallocated buffer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from fastdata.augment import apply_crop, make_preset, reduce_factor, wrap_custom
 from fastdata.decode import CODEC_CV_JPEG, decode_rgb
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.order import sample_rng, sample_seed
+from fastdata.stagetimes import StageTimes
 
 ON_ERROR = ("raise", "skip")
 
@@ -32,15 +34,20 @@ class EncodedSample:
 
 @dataclass
 class Batch:
-    """A decoded batch as a worker hands it over: NCHW uint8 images, int64 labels, and skipped samples."""
+    """A decoded batch as a worker hands it over: NCHW uint8 images, int64 labels, skipped samples, and the
+    time each stage took to make it."""
 
     images: torch.Tensor
     labels: torch.Tensor
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    times: StageTimes = field(default_factory=StageTimes)
 
     def pin_memory(self) -> Batch:
-        """Called by DataLoader's pin-memory thread."""
-        return Batch(self.images.pin_memory(), self.labels.pin_memory(), self.skipped)
+        """Called by DataLoader's pin-memory thread; the pinning counts as the transfer stage."""
+        started = perf_counter()
+        images, labels = self.images.pin_memory(), self.labels.pin_memory()
+        times = replace(self.times, transfer=self.times.transfer + perf_counter() - started)
+        return Batch(images, labels, self.skipped, times)
 
 
 class SamplePipeline:
@@ -74,23 +81,34 @@ class SamplePipeline:
         except ValueError as exc:
             raise CorruptSampleError(f"{self.source}: sample {sample.key!r}: {exc}") from exc
 
-    def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None) -> np.ndarray:
+    def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None,
+                times: StageTimes | None = None) -> np.ndarray:
         """Decode and augment `sample` for `epoch` (HWC, BGR order when `self.bgr`); with a preset, write
-        into `out` (S x S x 3) if given."""
+        into `out` (S x S x 3) if given. Adds the decode and augment seconds to `times` if given."""
+        started = perf_counter()
         if self.preset is not None:
             params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
             reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
+            decode_started = perf_counter()
             image = self._decode(sample, reduce)
+            decode_s = perf_counter() - decode_started
             if out is None:
                 out = np.empty((self.image_size, self.image_size, 3), np.uint8)
             apply_crop(image, params, out, scale=sample.width / image.shape[1])
-            return out
-        image = self._decode(sample)
-        if self.augment is None:
-            return image
-        if self._custom is None:
-            self._custom = wrap_custom(self.augment)
-        return _as_hwc(self._custom(image, sample_seed(self.seed, epoch, *sample.position)), sample.key)
+            result = out
+        else:
+            image = self._decode(sample)
+            decode_s = perf_counter() - started
+            if self.augment is None:
+                result = image
+            else:
+                if self._custom is None:
+                    self._custom = wrap_custom(self.augment)
+                result = _as_hwc(self._custom(image, sample_seed(self.seed, epoch, *sample.position)), sample.key)
+        if times is not None:
+            times.decode += decode_s
+            times.augment += perf_counter() - started - decode_s
+        return result
 
     def to_tensor(self, image: np.ndarray) -> torch.Tensor:
         """HWC array from `process` -> RGB CHW tensor (contiguous)."""
@@ -106,23 +124,27 @@ class SamplePipeline:
         size = self.output_size
         buffer = np.empty((len(samples), size, size, 3), np.uint8) if size else None
         images: list[np.ndarray] = []
+        times = StageTimes()
         for sample in samples:
             try:
                 if buffer is not None:
-                    self.process(sample, epoch, buffer[len(labels)])
+                    self.process(sample, epoch, buffer[len(labels)], times=times)
                 else:
-                    images.append(self.process(sample, epoch))
+                    images.append(self.process(sample, epoch, times=times))
             except CorruptSampleError as exc:
                 if on_error == "raise":
                     raise
                 skipped.append((sample.key, str(exc)))
                 continue
             labels.append(sample.label)
+        collate_started = perf_counter()
         stacked = buffer[: len(labels)] if buffer is not None else _stack(images, samples, self.source)
         if self.bgr:
             stacked = stacked[..., ::-1]
         tensor = torch.from_numpy(np.ascontiguousarray(stacked.transpose(0, 3, 1, 2)))  # one pass: NHWC -> NCHW
-        return Batch(tensor, torch.tensor(labels, dtype=torch.int64), skipped)
+        label_tensor = torch.tensor(labels, dtype=torch.int64)
+        times.collate += perf_counter() - collate_started
+        return Batch(tensor, label_tensor, skipped, times)
 
 
 def _as_hwc(result: Any, key: str) -> np.ndarray:

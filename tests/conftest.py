@@ -299,3 +299,15 @@ def _release_readers():
         if hasattr(sys, "last_exc"):
             sys.last_exc = None
         gc.collect()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` run wherever a CUDA GPU is visible and are skipped (with the reason) elsewhere."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

@@ -1,0 +1,248 @@
+"""Text sources -> documents: `.jsonl` (`.jsonl.gz`, `.jsonl.zst`), `.txt` (one document per file, or per
+line) and `.parquet` files, or directories / glob patterns of them (sorted order).
+
+A record that cannot be used (a line that is not JSON, not an object, without the text field or with a
+non-string one, invalid UTF-8, a null parquet value) is reported with its file and line (or row) number and
+skipped; reading goes on. Files are streamed: memory is bounded by one line (one file for `.txt` in file
+mode, one record batch for parquet), not by the corpus.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from fastdata.errors import ConfigError, SourceError
+
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt", ".parquet")
+TXT_MODES = ("file", "line")
+_GLOB_CHARS = frozenset("*?[")
+_PARQUET_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Document:
+    """One source document: its text and where it came from (file as listed, 1-based line or row)."""
+
+    text: str
+    source: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that could not be used, and why."""
+
+    source: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.reason}" if self.line else f"{self.source}: {self.reason}"
+
+
+def source_suffix(path: Path) -> str | None:
+    """The supported suffix `path` ends with (case-insensitive), or None."""
+    name = path.name.lower()
+    return next((suffix for suffix in SUFFIXES if name.endswith(suffix)), None)
+
+
+def _files_under(directory: Path) -> list[Path]:
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(directory, followlinks=True):
+        found.extend(Path(dirpath, name) for name in filenames if source_suffix(Path(name)))
+    return sorted(found, key=lambda p: p.relative_to(directory).as_posix())
+
+
+def list_sources(sources: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The source files, each SRC expanded in sorted order (a directory recursively, a glob pattern by its
+    matches), SRCs in the order given, duplicates dropped."""
+    files: list[Path] = []
+    for src in sources:
+        path = Path(src)
+        if not path.exists() and _GLOB_CHARS & set(str(src)):
+            matches = sorted(Path(m) for m in glob.glob(str(src), recursive=True))
+            found = [m for m in matches if m.is_file() and source_suffix(m)]
+            if not found:
+                raise SourceError(f"{src}: pattern matches no {'/'.join(SUFFIXES)} file")
+        elif path.is_dir():
+            found = _files_under(path)
+            if not found:
+                raise SourceError(f"{path}: folder holds no {'/'.join(SUFFIXES)} file")
+        elif path.is_file():
+            if source_suffix(path) is None:
+                raise SourceError(f"{path}: unsupported source file (expected {', '.join(SUFFIXES)})")
+            found = [path]
+        else:
+            raise SourceError(f"{path}: no such file or directory")
+        files.extend(found)
+    return list(dict.fromkeys(files))
+
+
+def check_extras(files: Sequence[Path]) -> None:
+    """Fail early, naming the extra to install, when a source needs an optional package that is missing."""
+    needs = {".parquet": ("pyarrow", "parquet"), ".jsonl.zst": ("zstandard", "zstd")}
+    for suffix, (module, extra) in needs.items():
+        if any(source_suffix(f) == suffix for f in files):
+            try:
+                __import__(module)
+            except ImportError as exc:
+                raise ConfigError(f"reading {suffix} files needs the `{module}` package: "
+                                  f"pip install 'fastdata[{extra}]'") from exc
+
+
+class SourceReader:
+    """Streams the documents (and rejections) of one source file; `tell()` is the bytes of the file read so
+    far (compressed bytes for compressed files), for progress."""
+
+    def __init__(self, path: Path, field: str = "text", txt_mode: str = "file") -> None:
+        if txt_mode not in TXT_MODES:
+            raise ConfigError(f"txt_mode must be one of {TXT_MODES}, got {txt_mode!r}")
+        self.path = Path(path)
+        self.name = str(path)
+        self.field = field
+        self.txt_mode = txt_mode
+        self.suffix = source_suffix(self.path)
+        self._raw: io.BufferedReader | None = None
+        self._done = 0
+
+    def tell(self) -> int:
+        if self._raw is None or self._raw.closed:
+            return self._done
+        return self._raw.tell()
+
+    def __iter__(self) -> Iterator[Document | Rejected]:
+        try:
+            with open(self.path, "rb") as raw:
+                self._raw = raw
+                if self.suffix == ".parquet":
+                    yield from self._parquet()
+                elif self.suffix == ".txt" and self.txt_mode == "file":
+                    yield from self._txt_file(raw.read())
+                elif self.suffix == ".txt":
+                    yield from self._txt_lines(raw)
+                else:
+                    yield from self._jsonl(raw)
+                self._done = raw.tell()
+        except OSError as exc:
+            raise SourceError(f"{self.path}: unreadable ({exc.strerror or exc})") from exc
+
+    def _open_lines(self, raw: io.BufferedReader) -> io.BufferedIOBase:
+        if self.suffix == ".jsonl.gz":
+            return gzip.GzipFile(fileobj=raw, mode="rb")
+        if self.suffix == ".jsonl.zst":
+            import zstandard
+
+            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False))
+        return raw
+
+    def _jsonl(self, raw: io.BufferedReader) -> Iterator[Document | Rejected]:
+        number = 0
+        try:
+            for number, line in enumerate(self._open_lines(raw), 1):
+                if line.strip():
+                    yield self._record(line, number)
+        except (EOFError, OSError, ValueError) as exc:  # damaged gzip / zstd stream
+            if self.suffix == ".jsonl":
+                raise
+            yield Rejected(self.name, number + 1, f"damaged compressed file, rest of it skipped ({exc})")
+
+    def _record(self, line: bytes, number: int) -> Document | Rejected:
+        try:
+            obj = json.loads(line)
+        except UnicodeDecodeError as exc:
+            return Rejected(self.name, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+        except json.JSONDecodeError as exc:
+            return Rejected(self.name, number, f"not valid JSON ({exc.msg} at column {exc.colno})")
+        if not isinstance(obj, dict):
+            return Rejected(self.name, number, f"not a JSON object (a {type(obj).__name__})")
+        if self.field not in obj:
+            keys = ", ".join(list(obj)[:8]) or "none"
+            return Rejected(self.name, number, f"no field {self.field!r} (fields: {keys})")
+        text = obj[self.field]
+        if not isinstance(text, str):
+            return Rejected(self.name, number, f"field {self.field!r} is {type(text).__name__}, not a string")
+        return Document(text, self.name, number)
+
+    def _txt_file(self, data: bytes) -> Iterator[Document | Rejected]:
+        try:
+            yield Document(data.decode("utf-8"), self.name, 1)
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            yield Rejected(self.name, line, f"not valid UTF-8 ({exc.reason}); whole file skipped")
+
+    def _txt_lines(self, raw: io.BufferedReader) -> Iterator[Document | Rejected]:
+        for number, line in enumerate(raw, 1):
+            line = line.rstrip(b"\r\n")
+            if not line.strip():
+                continue
+            try:
+                yield Document(line.decode("utf-8"), self.name, number)
+            except UnicodeDecodeError as exc:
+                yield Rejected(self.name, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+
+    def _parquet(self) -> Iterator[Document | Rejected]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.ParquetFile(self.path)
+        except (pa.ArrowException, OSError) as exc:
+            yield Rejected(self.name, 0, f"not a readable parquet file ({exc})")
+            return
+        schema = table.schema_arrow
+        if self.field not in schema.names:
+            yield Rejected(self.name, 0, f"no column {self.field!r} (columns: {', '.join(schema.names[:8])})")
+            return
+        kind = schema.field(self.field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            yield Rejected(self.name, 0, f"column {self.field!r} is {kind}, not a string")
+            return
+        row = 0
+        for batch in table.iter_batches(batch_size=_PARQUET_ROWS, columns=[self.field]):
+            for text in batch.column(0).to_pylist():
+                row += 1
+                if text is None:
+                    yield Rejected(self.name, row, f"row {row}: column {self.field!r} is null")
+                else:
+                    yield Document(text, self.name, row)
+
+
+def cli_command() -> click.Command:
+    """`fastdata convert text SRC... OUT --tokenizer tokenizer.json ...`"""
+    from fastdata.cli_options import output_options
+
+    @click.command("text")
+    @click.argument("src", nargs=-1, required=True)
+    @click.argument("out", type=click.Path(path_type=Path))
+    @click.option("--tokenizer", required=True, type=click.Path(path_type=Path), metavar="PATH",
+                  help="A `tokenizers` tokenizer.json file (copied into OUT).")
+    @click.option("--field", default="text", show_default=True, help="JSONL field / parquet column of the text.")
+    @click.option("--txt-mode", type=click.Choice(TXT_MODES), default="file", show_default=True,
+                  help=".txt files: one document per file, or one per non-blank line.")
+    @click.option("--eos-token", default=None, metavar="TOKEN",
+                  help="End-of-text token appended to every document when packing. Default: found among the "
+                       "tokenizer's special tokens (<|endoftext|>, </s>, [SEP], ...).")
+    @click.option("--batch-size", default="4MB", show_default=True,
+                  help="Text per tokenizer batch (bounds memory): 4MB, 512KB, ...")
+    @output_options
+    def command(src: tuple[str, ...], out: Path, quiet: bool, **options) -> None:
+        """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, folders or quoted
+        glob patterns of them) into OUT.
+
+        OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
+        directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).
+        """
+        from fastdata.convert_text import convert_text
+
+        click.echo(str(convert_text(list(src), out, progress=not quiet, **options)))
+
+    return command

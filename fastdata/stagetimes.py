@@ -1,0 +1,45 @@
+"""Per-stage time of the read side (read, decode, augment, collate, transfer), recorded inside the workers
+with every batch and summed by the loader, so that `fastdata.meter` can say which stage is the wall."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+STAGES = ("read", "decode", "augment", "collate", "transfer")
+
+
+@dataclass
+class StageTimes:
+    """Seconds spent in each stage (summed over samples, batches and workers) and the batches counted.
+
+    read: storage to encoded bytes; decode: bytes to pixels; augment: crop/resize/flip or the custom transform;
+    collate: building the batch tensor; transfer: pinning it for the host-to-device copy (pin-memory thread).
+    """
+
+    read: float = 0.0
+    decode: float = 0.0
+    augment: float = 0.0
+    collate: float = 0.0
+    transfer: float = 0.0
+    batches: int = 0
+
+    def add(self, other: StageTimes) -> None:
+        """Add `other`'s figures to these (in place)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def minus(self, other: StageTimes) -> StageTimes:
+        """These figures less `other`'s (what happened since `other` was copied)."""
+        return StageTimes(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+    def copy(self) -> StageTimes:
+        return StageTimes(**asdict(self))
+
+    @property
+    def total(self) -> float:
+        """Seconds over all stages."""
+        return sum(getattr(self, name) for name in STAGES)
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per stage, in flow order."""
+        return {name: getattr(self, name) for name in STAGES}

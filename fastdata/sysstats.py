@@ -1,0 +1,265 @@
+"""Background system sampler for the meter: CPU (total, per core, iowait), disk reads, RSS and CPU of this
+process and its workers (psutil), GPU utilisation and memory (NVML). One sample per `interval` on a daemon
+thread, plus one at stop, so even a short run has figures. A figure that cannot be had is `None`, and
+`unavailable` says why."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from fastdata.config import available_cores
+
+FIGURES = ("cpu_percent", "cpu_per_core_percent", "iowait_percent", "disk_read_mb_s", "rss_mb", "workers",
+           "workers_cpu_cores", "main_cpu_cores", "gpu_util_percent", "gpu_util_per_gpu_percent",
+           "gpu_memory_used_mb")
+
+
+class _Mean:
+    """Time-weighted mean of a figure over the sampled intervals."""
+
+    __slots__ = ("total", "weight")
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.weight = 0.0
+
+    def add(self, value: float, dt: float) -> None:
+        self.total += value * dt
+        self.weight += dt
+
+    def value(self) -> float | None:
+        return self.total / self.weight if self.weight > 0 else None
+
+
+class SystemSampler:
+    """Samples system figures every `interval` seconds between `start()` and `stop()`.
+
+    `latest` holds the last sample (for live log lines); `summary()` the means (RSS and memory: maxima).
+    """
+
+    def __init__(self, interval: float = 1.0, gpu: bool = True, pid: int | None = None) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be positive, got {interval}")
+        self.interval = interval
+        self.pid = os.getpid() if pid is None else pid
+        self.latest: dict[str, float | None] = {}
+        self._want_gpu = gpu
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unavailable: dict[str, str] = {}
+        self._means: dict[str, _Mean] = {}
+        self._per_core: list[_Mean] = []
+        self._per_gpu: list[_Mean] = []
+        self._max: dict[str, float] = {}
+        self._samples = 0
+        self._psutil: Any = None
+        self._nvml: Any = None
+        self._prev: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Take the first reading and start the background thread (no-op if already running)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._open()
+        self._prev = self._read()
+        self._thread = threading.Thread(target=self._run, name="fastdata-meter-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Take a last reading and stop the thread."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self._tick()
+        if self._nvml is not None:
+            self._nvml.close()
+            self._nvml = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def summary(self) -> dict[str, Any]:
+        """The sampled figures: means over time (RSS, workers and GPU memory: maxima), `None` where unavailable,
+        with the reason in `unavailable`."""
+        with self._lock:
+            out: dict[str, Any] = {"interval_s": self.interval, "samples": self._samples, "cores": available_cores()}
+            for name in FIGURES:
+                out[name] = None
+            for name, mean in self._means.items():
+                value = mean.value()
+                out[name] = None if value is None else round(value, 3)
+            for name, value in self._max.items():
+                out[name] = round(value, 3)
+            if self._per_core and self._per_core[0].weight > 0:
+                out["cpu_per_core_percent"] = [round(m.value() or 0.0, 1) for m in self._per_core]
+            if self._per_gpu and self._per_gpu[0].weight > 0:
+                out["gpu_util_per_gpu_percent"] = [round(m.value() or 0.0, 1) for m in self._per_gpu]
+            if self._samples == 0:
+                reasons = {name: "no sample taken yet" for name in FIGURES if out[name] is None}
+            else:
+                reasons = {name: self._unavailable.get(name, "not sampled") for name in FIGURES if out[name] is None}
+            out["unavailable"] = reasons
+            return out
+
+    # ---------------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            psutil = None
+        self._psutil = psutil
+        if psutil is None:
+            for name in FIGURES:
+                if not name.startswith("gpu"):
+                    self._unavailable[name] = "psutil is not installed (pip install psutil)"
+        elif not sys.platform.startswith("linux"):
+            self._unavailable["iowait_percent"] = "iowait is only reported on Linux"
+        if self._want_gpu:
+            self._nvml, reason = _open_nvml()
+        else:
+            reason = "GPU sampling is off"
+        if reason:
+            for name in ("gpu_util_percent", "gpu_util_per_gpu_percent", "gpu_memory_used_mb"):
+                self._unavailable[name] = reason
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._tick()
+
+    def _tick(self) -> None:
+        now = self._read()
+        try:
+            self._account(self._prev, now)
+        finally:
+            self._prev = now
+
+    def _read(self) -> dict[str, Any]:
+        """One raw reading (cumulative counters), taken as close together as the calls allow."""
+        reading: dict[str, Any] = {"t": time.monotonic()}
+        ps = self._psutil
+        if ps is not None:
+            try:
+                reading["cpu"] = ps.cpu_times(percpu=True)
+            except Exception as exc:
+                self._unavailable["cpu_percent"] = f"psutil.cpu_times failed: {exc}"
+            try:
+                disk = ps.disk_io_counters(perdisk=False)
+                if disk is None:
+                    self._unavailable["disk_read_mb_s"] = "no disk counters visible (psutil.disk_io_counters)"
+                else:
+                    reading["disk"] = disk.read_bytes
+            except Exception as exc:
+                self._unavailable["disk_read_mb_s"] = f"psutil.disk_io_counters failed: {exc}"
+            reading["procs"] = self._read_processes(ps)
+        if self._nvml is not None:
+            reading["gpu"] = self._nvml.utilization()
+        return reading
+
+    def _read_processes(self, ps: Any) -> dict[str, Any] | None:
+        try:
+            main = ps.Process(self.pid)
+            with main.oneshot():
+                main_cpu = sum(main.cpu_times()[:2])
+                rss = main.memory_info().rss
+            children: dict[int, float] = {}
+            for child in main.children(recursive=True):
+                try:
+                    with child.oneshot():
+                        children[child.pid] = sum(child.cpu_times()[:2])
+                        rss += child.memory_info().rss
+                except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
+                    continue
+            return {"main_cpu": main_cpu, "children": children, "rss": rss}
+        except Exception as exc:
+            self._unavailable["rss_mb"] = f"could not read process {self.pid}: {exc}"
+            return None
+
+    def _account(self, prev: dict[str, Any], now: dict[str, Any]) -> None:
+        dt = now["t"] - prev["t"]
+        if dt <= 0.005:  # too short to say anything
+            return
+        with self._lock:
+            self._samples += 1
+            latest: dict[str, float | None] = {}
+            if "cpu" in prev and "cpu" in now:
+                self._account_cpu(prev["cpu"], now["cpu"], dt, latest)
+            if "disk" in prev and "disk" in now:
+                rate = max(0, now["disk"] - prev["disk"]) / dt / 1e6
+                self._mean("disk_read_mb_s").add(rate, dt)
+                latest["disk_read_mb_s"] = rate
+            if prev.get("procs") and now.get("procs"):
+                self._account_processes(prev["procs"], now["procs"], dt, latest)
+            if now.get("gpu"):
+                self._account_gpu(now["gpu"], dt, latest)
+            self.latest = latest
+
+    def _account_cpu(self, prev: list, now: list, dt: float, latest: dict) -> None:
+        busy_all = total_all = iowait_all = 0.0
+        if len(self._per_core) != len(now):
+            self._per_core = [_Mean() for _ in now]
+        for core, (a, b) in enumerate(zip(prev, now, strict=False)):
+            total = _cpu_total(b) - _cpu_total(a)
+            idle = (b.idle - a.idle) + (getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0))
+            if total <= 0:
+                continue
+            busy = max(0.0, total - idle)
+            self._per_core[core].add(100.0 * busy / total, dt)
+            busy_all += busy
+            total_all += total
+            iowait_all += getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0)
+        if total_all > 0:
+            cpu = 100.0 * busy_all / total_all
+            self._mean("cpu_percent").add(cpu, dt)
+            latest["cpu_percent"] = cpu
+            if sys.platform.startswith("linux"):
+                self._mean("iowait_percent").add(100.0 * max(0.0, iowait_all) / total_all, dt)
+
+    def _account_processes(self, prev: dict, now: dict, dt: float, latest: dict) -> None:
+        main = max(0.0, now["main_cpu"] - prev["main_cpu"]) / dt
+        workers = sum(max(0.0, cpu - prev["children"].get(pid, 0.0)) for pid, cpu in now["children"].items()) / dt
+        self._mean("main_cpu_cores").add(main, dt)
+        self._mean("workers_cpu_cores").add(workers, dt)
+        latest["workers_cpu_cores"] = workers
+        self._max["rss_mb"] = max(self._max.get("rss_mb", 0.0), now["rss"] / 2**20)
+        self._max["workers"] = max(self._max.get("workers", 0.0), float(len(now["children"])))
+
+    def _account_gpu(self, uses: list, dt: float, latest: dict) -> None:
+        if len(self._per_gpu) != len(uses):
+            self._per_gpu = [_Mean() for _ in uses]
+        seen = [u for u in uses if u is not None]
+        for mean, use in zip(self._per_gpu, uses, strict=True):
+            if use is not None:
+                mean.add(use.util_percent, dt)
+        if seen:
+            util = sum(u.util_percent for u in seen) / len(seen)
+            self._mean("gpu_util_percent").add(util, dt)
+            latest["gpu_util_percent"] = util
+            used = sum(u.memory_used_mb for u in seen)
+            self._max["gpu_memory_used_mb"] = max(self._max.get("gpu_memory_used_mb", 0.0), used)
+
+    def _mean(self, name: str) -> _Mean:
+        mean = self._means.get(name)
+        if mean is None:
+            mean = self._means[name] = _Mean()
+        return mean
+
+
+def _cpu_total(times: Any) -> float:
+    """All CPU time of a psutil cpu_times tuple; guest time is already inside user time on Linux."""
+    return sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+
+
+def _open_nvml() -> tuple[Any, str | None]:
+    from fastdata.gpuinfo import Nvml
+
+    return Nvml.open()

@@ -1,0 +1,372 @@
+"""fastdata.meter: verdicts from real timed loops (tiny sleeps, no absolute speed asserted), bad input, the
+report's shape, system figures (and their absence), per-stage attribution of fastdata's loader, and the
+diagnosis of each bottleneck from made-up figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastdata
+from fastdata.meter import _Timeline, infer_batch_size
+from fastdata.meter_report import LoaderFacts, diagnose
+from fastdata.stagetimes import STAGES
+
+
+def sleepy(count: int, delay: float, batch: int = 4):
+    """A loader that takes `delay` seconds per batch of `batch` samples."""
+    for i in range(count):
+        if delay:
+            time.sleep(delay)
+        yield torch.full((batch, 3), i), torch.arange(batch)
+
+
+def run(metered, step: float) -> None:
+    for _ in metered:
+        time.sleep(step)
+
+
+def test_loader_slower_than_step_is_input_bound():
+    m = fastdata.meter(sleepy(12, 0.02), interval=0.05)
+    run(m, 0.001)
+    r = m.report()
+    assert r.verdict == "input-bound", r
+    assert r.data_wait_fraction > 0.8
+    assert r.steps == 12 and r.samples == 48
+    assert r.measured_steps == 11 and r.warmup_steps == 1
+    assert r.samples_per_s > 0 and r.steps_per_s > 0
+    assert r.reasons[0].startswith("the loop waited for data")
+    assert r.suggestions
+
+
+def test_step_slower_than_loader_is_compute_bound():
+    m = fastdata.meter(sleepy(12, 0.0), interval=0.05)
+    run(m, 0.02)
+    r = m.report()
+    assert r.verdict == "compute-bound", r
+    assert r.data_wait_fraction < 0.2
+    assert "keeps up" in r.reasons[0]
+    assert any("speed up the step" in s for s in r.suggestions)
+
+
+def test_warm_up_batch_is_left_out_of_the_rates():
+    def slow_start():
+        time.sleep(0.15)
+        yield from sleepy(10, 0.0)
+
+    m = fastdata.meter(slow_start(), system=False)
+    run(m, 0.01)
+    r = m.report()
+    assert r.first_batch_s >= 0.15
+    assert r.verdict == "compute-bound", r
+    assert r.seconds > r.measured_seconds + 0.1
+
+
+def test_items_come_through_unchanged_over_several_passes():
+    items = [object(), {"x": np.zeros((2, 2))}, (1, 2), "text", None]
+    m = fastdata.meter(items, system=False)
+    assert len(m) == len(items)
+    for _ in range(2):
+        seen = list(m)
+        assert len(seen) == len(items) and all(a is b for a, b in zip(seen, items, strict=True))
+    r = m.report()
+    assert r.steps == 2 * len(items)
+
+
+@pytest.mark.parametrize("bad", [3, 4.5, object(), None])
+def test_not_iterable_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="needs an iterable"):
+        fastdata.meter(bad)
+
+
+def test_empty_iterable_says_no_steps_measured():
+    m = fastdata.meter([], system=False)
+    assert list(m) == []
+    r = m.report()
+    assert r.steps == 0 and r.verdict == "no steps measured" and r.verdict != "balanced"
+    assert "no steps measured" in str(r)
+    assert "no steps measured" in r.reasons[0]
+    json.dumps(r.to_dict())
+
+
+def test_report_before_any_iteration_says_no_steps_measured():
+    r = fastdata.meter(iter([1, 2]), system=False).report()
+    assert r.steps == 0 and r.verdict == "no steps measured"
+
+
+@pytest.mark.parametrize("bad", [{"log_every": 0}, {"warmup_steps": -1}, {"batch_size": 0}])
+def test_bad_options(bad):
+    with pytest.raises(ValueError):
+        fastdata.meter([1], **bad)
+
+
+@pytest.mark.parametrize(("item", "size"), [
+    (torch.zeros(7, 3), 7),
+    (np.zeros((5, 2)), 5),
+    ((torch.zeros(6, 3, 8, 8), torch.zeros(6)), 6),
+    ([np.zeros((3,)), "x"], 3),
+    ({"input_ids": torch.zeros(9, 4), "mask": torch.zeros(9, 4)}, 9),
+    ({"nested": (torch.zeros(2, 1),)}, 2),
+    (torch.tensor(3.0), None),
+    ("string", None),
+    ((), None),
+    (12, None),
+])
+def test_infer_batch_size(item, size):
+    assert infer_batch_size(item) == size
+
+
+def test_batch_size_given_or_unknown():
+    m = fastdata.meter(range(6), batch_size=32, system=False)
+    run(m, 0.0)
+    assert m.report().samples == 6 * 32
+    m = fastdata.meter(["ab", "cde"], batch_size=len, system=False)
+    run(m, 0.0)
+    assert m.report().samples == 5
+    m = fastdata.meter(range(4), system=False)
+    run(m, 0.001)
+    r = m.report()
+    assert r.samples is None and r.samples_per_s is None and r.steps == 4
+    assert "samples/s" not in str(r) and "steps/s" in str(r)
+
+
+def test_live_log_line():
+    lines: list[str] = []
+    m = fastdata.meter(sleepy(9, 0.002), log_every=4, log=lines.append, interval=0.05)
+    run(m, 0.001)
+    assert len(lines) == 2
+    assert lines[0].startswith("[fastdata.meter] step 4")
+    for part in ("steps/s", "samples/s", "data wait", "CPU", "GPU"):
+        assert part in lines[1]
+
+
+def test_report_to_dict_is_json_and_str_is_readable():
+    m = fastdata.meter(sleepy(8, 0.005), interval=0.05)
+    run(m, 0.001)
+    r = m.report()
+    d = json.loads(json.dumps(r.to_dict()))
+    for key in ("steps", "samples", "seconds", "samples_per_s", "data_wait_s", "data_wait_fraction", "verdict",
+                "reasons", "suggestions", "system", "timeline"):
+        assert key in d
+    assert d["verdict"] == r.verdict
+    assert sum(d["timeline"]["samples_per_s"]) > 0
+    text = str(r)
+    assert r.verdict in text and "data wait" in text and "why" in text
+
+
+def test_break_out_early_and_report_mid_loop():
+    m = fastdata.meter(sleepy(100, 0.001), interval=0.05)
+    for i, _ in enumerate(m):
+        if i == 3:
+            mid = m.report()
+            assert mid.steps == 4
+        if i == 5:
+            break
+    r = m.report()
+    assert r.steps == 6
+    assert not m._sampler.running  # the pass ended with the break
+
+
+def test_system_figures_are_sampled():
+    psutil = pytest.importorskip("psutil")  # a core dependency: always there
+    m = fastdata.meter(sleepy(10, 0.01), interval=0.05)
+    run(m, 0.002)
+    s = m.report().system
+    assert s["samples"] >= 1
+    assert 0 <= s["cpu_percent"] <= 100
+    assert len(s["cpu_per_core_percent"]) == psutil.cpu_count()
+    assert s["rss_mb"] > 1
+    assert s["main_cpu_cores"] is not None and s["workers_cpu_cores"] is not None
+    if sys.platform.startswith("linux"):
+        assert s["iowait_percent"] is not None
+    if not torch.cuda.is_available():
+        assert s["gpu_util_percent"] is None
+        assert s["unavailable"]["gpu_util_percent"]
+
+
+def test_without_psutil_figures_are_none_with_the_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
+    m = fastdata.meter(sleepy(5, 0.01), interval=0.05)
+    run(m, 0.001)
+    r = m.report()
+    assert r.system["cpu_percent"] is None and r.system["rss_mb"] is None
+    assert "psutil is not installed" in r.system["unavailable"]["cpu_percent"]
+    assert r.verdict == "input-bound"
+    assert "n/a" in str(r)
+
+
+def test_without_nvml_gpu_figures_are_none_with_the_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    m = fastdata.meter(sleepy(3, 0.0), interval=0.05)
+    run(m, 0.001)
+    r = m.report()
+    assert r.system["gpu_util_percent"] is None
+    assert "NVML is not installed" in r.system["unavailable"]["gpu_util_percent"]
+    assert any("no GPU figures" in reason for reason in r.reasons)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fastdata_loader_per_stage_attribution(solid_lmdb, workers):
+    loader = fastdata.loader(solid_lmdb, batch_size=8, image_size=32, num_workers=workers, pin_memory=False)
+    m = fastdata.meter(loader, interval=0.05)
+    for _ in range(2):
+        run(m, 0.0)
+    r = m.report()
+    assert r.loader["kind"] == "fastdata.loader" and r.loader["num_workers"] == workers
+    assert r.samples == 2 * len(loader.dataset)
+    stages = r.stages
+    assert set(stages["seconds"]) == set(STAGES)
+    assert stages["batches"] == 2 * len(loader)
+    assert stages["seconds"]["decode"] > 0 and stages["seconds"]["read"] > 0
+    assert stages["seconds"]["collate"] > 0 and stages["seconds"]["augment"] > 0
+    assert stages["seconds"]["transfer"] == 0  # nothing pinned
+    assert sum(stages["share"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert any(reason.startswith("worker time by stage") for reason in r.reasons)
+    assert "stages" in str(r)
+
+
+def test_torch_dataloader_facts():
+    data = torch.utils.data.TensorDataset(torch.zeros(10, 2), torch.zeros(10))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=0)
+    m = fastdata.meter(loader, system=False)
+    run(m, 0.0)
+    r = m.report()
+    assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
+                        "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False}
+    assert r.samples == 10 and r.stages is None
+
+
+def test_timeline_bins_stay_bounded_and_split_long_waits():
+    t = _Timeline(width=0.1, max_bins=8)
+    t.add(0.0, 0.25, 4)  # a wait over three bins
+    assert t.wait[:3] == pytest.approx([0.1, 0.1, 0.05])
+    assert t.samples[2] == 4
+    for i in range(1, 40):
+        t.add(i * 0.1, i * 0.1 + 0.01, 4)
+    assert len(t.steps) <= 8 and t.width > 0.1
+    assert sum(t.steps) == 40 and sum(t.samples) == 160
+    d = t.as_dict()
+    assert len(d["t"]) == len(d["samples_per_s"]) == len(d["data_wait_fraction"])
+    assert all(0 <= f <= 1 for f in d["data_wait_fraction"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# diagnosis from made-up figures
+
+FOLDER = LoaderFacts("torch DataLoader", "DataLoader", num_workers=2, pin_memory=False, batch_size=64,
+                     dataset="ImageFolder", folder_of_files=True)
+FASTDATA = LoaderFacts("fastdata.loader", "ImageLoader", num_workers=8, pin_memory=True, batch_size=256,
+                       dataset="fastdata lmdb")
+
+
+def system(**figures):
+    base = {"cores": 8, "cpu_percent": 40.0, "iowait_percent": 1.0, "disk_read_mb_s": 5.0, "workers": 2,
+            "workers_cpu_cores": 2.0, "main_cpu_cores": 0.5, "gpu_util_percent": None,
+            "unavailable": {"gpu_util_percent": "NVML sees no GPU"}}
+    return {**base, **figures}
+
+
+def stages(**shares):
+    share = {name: shares.get(name, 0.0) for name in STAGES}
+    return {"seconds": {k: v * 10 for k, v in share.items()}, "share": share, "worker_seconds": 10.0, "batches": 9}
+
+
+def judge(fraction, sysf, stage=None, loader=FOLDER, cuda=False):
+    return diagnose(steps=100, wait_fraction=fraction, wait_s=fraction * 10, seconds=10.0, system=sysf,
+                    stages=stage, loader=loader, cuda=cuda)
+
+
+def test_diagnose_decode_bound_as_in_the_issue():
+    verdict, reasons, suggestions = judge(0.63, system(cores=2, cpu_percent=98.0, workers_cpu_cores=2.0,
+                                                       main_cpu_cores=0.1))
+    assert verdict == "input-bound"
+    assert reasons[0].startswith("the loop waited for data 63% of the time")
+    assert "2 workers used 2.0 of 2 cores" in reasons[0] and "iowait 1%" in reasons[0]
+    assert reasons[0].endswith("decoding and augmenting on the CPU is the bottleneck (the CPU is saturated)")
+    assert any("fastdata convert imagefolder" in s for s in suggestions)
+    assert any("--max-size" in s for s in suggestions)
+
+
+def test_diagnose_names_the_stage_that_is_the_wall():
+    _, reasons, suggestions = judge(0.7, system(cpu_percent=97.0, workers_cpu_cores=7.8), loader=FASTDATA,
+                                    stage=stages(read=0.05, decode=0.7, augment=0.15, collate=0.1))
+    assert reasons[0].endswith("decoding is the bottleneck (70% of worker time)")
+    assert reasons[1].startswith("worker time by stage: decode 70%, augment 15%, collate 10%, read 5%")
+    assert not any("fastdata convert imagefolder SRC" in s for s in suggestions)  # already packed
+    assert any("--max-size" in s for s in suggestions)
+
+
+def test_diagnose_storage_bound():
+    verdict, reasons, suggestions = judge(0.5, system(iowait_percent=45.0, cpu_percent=30.0))
+    assert verdict == "input-bound"
+    assert "reading from storage is the bottleneck" in reasons[0]
+    assert any("LMDB" in s for s in suggestions)
+    _, reasons, suggestions = judge(0.5, system(iowait_percent=2.0), loader=FASTDATA, stage=stages(read=0.6,
+                                                                                                   decode=0.4))
+    assert "reading from storage" in reasons[0] and any("local SSD" in s for s in suggestions)
+
+
+def test_diagnose_too_few_workers_and_in_process():
+    _, reasons, suggestions = judge(0.6, system(cpu_percent=30.0, workers_cpu_cores=1.9))
+    assert "too few workers: 2 busy workers on 8 cores" in reasons[0]
+    assert any("raise num_workers from 2 to 8" in s for s in suggestions)
+    in_process = LoaderFacts("torch DataLoader", "DataLoader", num_workers=0, pin_memory=False)
+    _, reasons, suggestions = judge(0.6, system(cpu_percent=15.0, workers=0, workers_cpu_cores=0.0,
+                                                main_cpu_cores=1.0), loader=in_process)
+    assert "inside the training process" in reasons[0]
+    assert any("num_workers=8" in s for s in suggestions)
+
+
+def test_diagnose_contention_and_waiting_on_something_else():
+    _, reasons, _ = judge(0.6, system(cpu_percent=99.0, workers_cpu_cores=0.5, main_cpu_cores=0.2))
+    assert "saturated by other processes" in reasons[0]
+    plain = LoaderFacts("iterable", "generator")
+    _, reasons, _ = judge(0.9, system(cpu_percent=10.0, workers=0, workers_cpu_cores=0.0, main_cpu_cores=0.05),
+                          loader=plain)
+    assert "waits on something outside it" in reasons[0]
+
+
+def test_diagnose_compute_bound_with_an_idle_gpu_and_pin_memory():
+    verdict, reasons, suggestions = judge(0.02, system(gpu_util_percent=30.0), cuda=True)
+    assert verdict == "compute-bound" and "GPU 30% busy" in reasons[-1]
+    assert "torch.compile" in suggestions[0]
+    verdict, _, suggestions = judge(0.2, system(cpu_percent=20.0, workers_cpu_cores=1.9), cuda=True)
+    assert verdict == "balanced"
+    assert any(s.startswith("pin_memory=True") for s in suggestions)
+
+
+def test_diagnose_without_system_figures():
+    verdict, reasons, _ = judge(0.9, None, loader=LoaderFacts("iterable", "list"))
+    assert verdict == "input-bound"
+    assert reasons[0].startswith("the loop waited for data 90% of the time")
+
+
+@pytest.mark.cuda
+def test_cuda_events_time_the_gpu_view():
+    device = torch.device("cuda")
+    weights = torch.randn(2048, 2048, device=device)
+
+    def gpu_heavy_step(x):
+        for _ in range(20):
+            x = x @ weights
+        return x
+
+    batches = [torch.randn(8, 2048) for _ in range(30)]
+    m = fastdata.meter(batches, interval=0.05)  # sync=None: CUDA is in use by the first step's end
+    for batch in m:
+        gpu_heavy_step(batch.to(device, non_blocking=True))
+    r = m.report()
+    assert r.timed_on == "cuda-events"
+    assert r.verdict == "compute-bound" and r.data_wait_fraction < 0.2
+    assert r.system["gpu_util_percent"] is not None or r.system["unavailable"]["gpu_util_percent"]
+
+    m = fastdata.meter(sleepy(12, 0.02), sync=True)
+    for x, _ in m:
+        x.to(device).float().sum()
+    r = m.report()
+    assert r.timed_on == "cuda-events" and r.verdict == "input-bound" and r.data_wait_fraction > 0.8

@@ -1,0 +1,170 @@
+"""The text loader: packed blocks cover the EOS-separated stream exactly once per epoch, labels shifted by
+one; padded rows with masks; bucketing; order from (seed, epoch) whatever the worker count; both formats."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_text import make_corpus, reference_ids, train_bytelevel, write_jsonl
+
+import fastdata
+from fastdata.errors import ConfigError
+from fastdata.text_blocks import IGNORE_INDEX
+
+EOS, PAD = 0, 1
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return make_corpus(150, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, corpus) -> Path:
+    return train_bytelevel(tmp_path_factory.mktemp("tok") / "bpe.json", corpus)
+
+
+@pytest.fixture(scope="module", params=["lmdb", "wds"])
+def data(request, tmp_path_factory, corpus, tokenizer) -> Path:
+    root = tmp_path_factory.mktemp(f"loader_{request.param}")
+    out = root / ("d.lmdb" if request.param == "lmdb" else "d")
+    fastdata.convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
+                          shard_size="2KB", progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def documents(corpus, tokenizer) -> list[list[int]]:
+    return [reference_ids(tokenizer, text) for text in corpus]
+
+
+def stream_of(documents: list[list[int]]) -> np.ndarray:
+    return np.array([t for doc in documents for t in [*doc, EOS]], dtype=np.int64)
+
+
+def rows(loader) -> list[dict[str, torch.Tensor]]:
+    return [batch for batch in loader]
+
+
+@pytest.mark.parametrize("seq_len", [7, 32])
+def test_packed_blocks_cover_the_stream_exactly_once_per_epoch(data, documents, seq_len):
+    stream = stream_of(documents)
+    blocks = (len(stream) - 1) // seq_len
+    loader = fastdata.loader(data, seq_len=seq_len, batch_size=5, num_workers=0, seed=1)
+    assert len(loader) == -(-blocks // 5)
+    batches = rows(loader)
+    assert len(batches) == len(loader)
+    inputs = torch.cat([b["input_ids"] for b in batches]).numpy()
+    labels = torch.cat([b["labels"] for b in batches]).numpy()
+    assert inputs.shape == labels.shape == (blocks, seq_len) and inputs.dtype == np.int64
+    assert set(batches[0]) == {"input_ids", "labels"}
+    np.testing.assert_array_equal(inputs[:, 1:], labels[:, :-1])  # labels: the next token
+    got = [tuple(row) for row in np.concatenate([inputs, labels[:, -1:]], axis=1).tolist()]
+    expected = [tuple(stream[k * seq_len:k * seq_len + seq_len + 1].tolist()) for k in range(blocks)]
+    assert Counter(got) == Counter(expected)  # every block once: every stream token but the first is a label once
+    assert got != expected  # shuffled
+    assert Counter(labels.ravel().tolist()) == Counter(stream[1:blocks * seq_len + 1].tolist())
+
+
+def test_unshuffled_blocks_are_the_stream_in_order(data, documents):
+    stream = stream_of(documents)
+    loader = fastdata.loader(data, seq_len=16, batch_size=4, shuffle=False, num_workers=0, drop_last=True)
+    inputs = torch.cat([b["input_ids"] for b in loader]).numpy()
+    assert len(inputs) == ((len(stream) - 1) // 16) // 4 * 4
+    np.testing.assert_array_equal(inputs.ravel(), stream[:inputs.size])
+
+
+def test_order_depends_on_seed_and_epoch_only(data):
+    def epochs(num_workers: int, passes: int = 2, **kw) -> list[list[torch.Tensor]]:
+        loader = fastdata.loader(data, seq_len=8, batch_size=6, num_workers=num_workers, seed=7, **kw)
+        return [[b["input_ids"] for b in loader] for _ in range(passes)]
+
+    serial, parallel = epochs(0), epochs(2)
+    for a, b in zip(serial, parallel, strict=True):
+        assert len(a) == len(b)
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(serial[0], serial[1], strict=True))  # next pass, next epoch
+    loader = fastdata.loader(data, seq_len=8, batch_size=6, num_workers=0, seed=7)
+    loader.set_epoch(1)
+    assert loader.epoch == 1
+    assert all(torch.equal(x, y) for x, y in zip([b["input_ids"] for b in loader], serial[1], strict=True))
+    other_seed = fastdata.loader(data, seq_len=8, batch_size=6, num_workers=0, seed=8)
+    assert not torch.equal(next(iter(other_seed))["input_ids"], serial[0][0])
+
+
+def test_padded_rows_masks_and_labels(data, documents):
+    max_length = 12
+    loader = fastdata.loader(data, packing=False, max_length=max_length, batch_size=8, num_workers=2, seed=0)
+    assert len(loader) == -(-len(documents) // 8)
+    expected = Counter()
+    for doc in documents:
+        seq = [*doc, EOS][:max_length + 1]
+        expected[(tuple(seq[:-1]), tuple(seq[1:]))] += 1
+    got = Counter()
+    for batch in loader:
+        assert set(batch) == {"input_ids", "attention_mask", "labels"}
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        assert ids.shape == mask.shape == labels.shape and ids.dtype == mask.dtype == labels.dtype == torch.int64
+        lengths = mask.sum(1)
+        assert ids.shape[1] == max(1, int(lengths.max())) <= max_length
+        for row in range(len(ids)):
+            n = int(lengths[row])
+            assert mask[row, :n].eq(1).all() and mask[row, n:].eq(0).all()
+            assert ids[row, n:].eq(PAD).all() and labels[row, n:].eq(IGNORE_INDEX).all()
+            got[(tuple(ids[row, :n].tolist()), tuple(labels[row, :n].tolist()))] += 1
+    assert got == expected  # every document once per epoch, truncated, EOS as the last label
+
+
+def test_length_bucketing_cuts_padding_and_keeps_every_document(data, documents):
+    def padding(**kw) -> tuple[int, Counter]:
+        loader = fastdata.loader(data, packing=False, max_length=64, batch_size=8, num_workers=0, seed=2, **kw)
+        pads, seen = 0, Counter()
+        for batch in loader:
+            pads += int((batch["attention_mask"] == 0).sum())
+            for row, n in zip(batch["input_ids"], batch["attention_mask"].sum(1), strict=True):
+                seen[tuple(row[:int(n)].tolist())] += 1
+        return pads, seen
+
+    plain_pads, plain_seen = padding()
+    bucket_pads, bucket_seen = padding(bucketing=True)
+    assert bucket_seen == plain_seen
+    assert bucket_pads < plain_pads / 2
+    a = [b["input_ids"] for b in fastdata.loader(data, packing=False, bucketing=True, batch_size=8, num_workers=2)]
+    b = [b["input_ids"] for b in fastdata.loader(data, packing=False, bucketing=True, batch_size=8, num_workers=0)]
+    assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_no_end_of_text_token(tmp_path, corpus):
+    tokenizer = train_bytelevel(tmp_path / "t.json", corpus, vocab=300, specials=("<unk>",))
+    out = tmp_path / "n.lmdb"
+    summary = fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus[:20]), out, tokenizer=tokenizer,
+                                    progress=False)
+    assert summary.eos is None and "packed loading needs --eos-token" in str(summary)
+    with pytest.raises(ConfigError, match="--eos-token"):
+        fastdata.loader(out, seq_len=8, num_workers=0)
+    padded = next(iter(fastdata.loader(out, packing=False, max_length=8, batch_size=4, num_workers=0,
+                                       shuffle=False)))
+    assert padded["labels"][0, int(padded["attention_mask"][0].sum()) - 1] != IGNORE_INDEX
+    packed = fastdata.loader(out, seq_len=8, batch_size=4, num_workers=0, eos_token="<unk>", shuffle=False)
+    first = next(iter(packed))["input_ids"][0].tolist()
+    assert first[:len(reference_ids(tokenizer, corpus[0]))] == reference_ids(tokenizer, corpus[0])[:8]
+
+    given = tmp_path / "g.lmdb"
+    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus[:20]), given, tokenizer=tokenizer,
+                          eos_token="<unk>", progress=False)
+    assert fastdata.dataset(given).eos_token_id == 0
+
+
+def test_text_loader_option_errors(data):
+    with pytest.raises(ConfigError, match="packing=False"):
+        fastdata.loader(data, max_length=8, num_workers=0)
+    with pytest.raises(ConfigError, match="max_length"):
+        fastdata.loader(data, packing=False, seq_len=8, num_workers=0)
+    with pytest.raises(ConfigError, match="no whole block"):
+        fastdata.loader(data, seq_len=10**9, num_workers=0)
+    with pytest.raises(ConfigError, match="seq_len must be at least 1"):
+        fastdata.loader(data, seq_len=0, num_workers=0)
