@@ -74,12 +74,21 @@ def _ignored_files(root: Path, classes: list[str]) -> list[str]:
     return sorted(ignored)
 
 
+#: Default pixel-count limit (Pillow's own decompression-bomb warning level, about 89.5 megapixels).
+DEFAULT_MAX_PIXELS = 89_478_485
+
+
 @dataclass(frozen=True)
 class EncodeOptions:
     """Per-image options of a conversion."""
 
     max_size: int | None = None  # re-encode images whose longer side exceeds this to JPEG
     quality: int = 90
+    max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from their header, before any decoding
+
+
+class _Refused(Exception):
+    """An image refused on purpose (not a decoding failure)."""
 
 
 def load_record(root: Path, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
@@ -97,11 +106,16 @@ def load_record(root: Path, relative_path: str, label: int, options: EncodeOptio
     try:
         with Image.open(io.BytesIO(data)) as im:
             fmt, mode, (width, height) = im.format, im.mode, im.size
+            if width * height > options.max_pixels:
+                raise _Refused(f"refused: {width}x{height} = {width * height:,} pixels exceeds the limit of "
+                               f"{options.max_pixels:,} (--max-pixels); decompression bomb or unusually large image")
             if options.max_size is not None and max(width, height) > options.max_size:
                 return _downscaled(im, relative_path, label, options)
             if fmt == "JPEG":
                 im.draft(im.mode, (max(1, width // 8), max(1, height // 8)))
             im.load()
+    except _Refused as exc:
+        raise ValueError(str(exc)) from None
     except Image.DecompressionBombError as exc:
         raise ValueError(f"refused: too many pixels ({exc})") from exc
     except Exception as exc:  # Pillow raises many types for bad data

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from fastdata.convert import DEFAULT_SHARD_SIZE, FORMATS
+from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS
 
 
 def _storage_options() -> list[Callable]:
@@ -48,6 +49,8 @@ def convert_options(command: Callable) -> Callable:
                      help="Re-encode images whose longer side exceeds PX to JPEG (cuts IO and decode)."),
         click.option("--quality", default=90, show_default=True, type=int,
                      help="JPEG quality for images re-encoded by --max-size."),
+        click.option("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, show_default=True,
+                     help="Refuse images with more pixels than this, read from the header before decoding."),
         click.option("--workers", type=int, default=None, help="Worker processes. Default: all cores."),
     ]
     return _decorate(command, _storage_options() + options + _run_options())

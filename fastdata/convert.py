@@ -19,7 +19,7 @@ import numpy as np
 
 from fastdata import __version__
 from fastdata.config import available_cores, parse_size
-from fastdata.converters.imagefolder import EncodeOptions, ImageFolderListing, load_record, scan
+from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS, EncodeOptions, ImageFolderListing, load_record, scan
 from fastdata.errors import ConfigError, OutputExistsError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
@@ -196,6 +196,7 @@ def convert_imagefolder(
     seed: int = 0,
     max_size: int | None = None,
     quality: int = 90,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
     workers: int | None = None,
     overwrite: bool = False,
     strict: bool = False,
@@ -214,6 +215,8 @@ def convert_imagefolder(
     shard_bytes = parse_size(shard_size)
     if max_size is not None and max_size < 1:
         raise ConfigError(f"--max-size must be a positive number of pixels, got {max_size}")
+    if max_pixels < 1:
+        raise ConfigError(f"--max-pixels must be positive, got {max_pixels}")
     if not 1 <= quality <= 100:
         raise ConfigError(f"--quality must be within 1..100, got {quality}")
     workers = available_cores() if workers is None else workers
@@ -226,8 +229,8 @@ def convert_imagefolder(
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them
         order = np.random.default_rng(seed).permutation(len(listing.samples))
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
-               "max_size": max_size, "quality": quality, "strict": strict}
-    encode = EncodeOptions(max_size=max_size, quality=quality)
+               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict}
+    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels)
     tasks = [(str(listing.root), *listing.samples[i], encode) for i in order]
     fingerprint = _fingerprint(fmt, options, listing)
     writer, resumed = _open_writer(fmt, out, overwrite, fingerprint, shard_bytes, commit_every)

@@ -48,7 +48,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root = Path(root)
         self.manifest = manifest
-        self.reader = LmdbReader(self.root, manifest.num_samples)
+        self.reader = LmdbReader(self.root, manifest.num_samples, len(manifest.classes))
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
         self.on_error = on_error
         self.epoch = 0

@@ -31,5 +31,9 @@ class ConfigError(FastdataError, ValueError):
     """An option has a value that cannot work."""
 
 
+class WorkerError(FastdataError):
+    """A loader worker died or stopped answering; the message names the worker and what it was loading."""
+
+
 class RejectedFileError(SourceError):
     """A source file could not be used and the conversion was asked to be strict about it."""

@@ -12,8 +12,9 @@ from torch.utils.data import DataLoader
 
 from fastdata.config import available_cores
 from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsBatches, WdsImageDataset
-from fastdata.errors import ConfigError, NotADatasetError
+from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
+from fastdata.order import epoch_order
 from fastdata.stagetimes import StageTimes
 
 if TYPE_CHECKING:
@@ -59,8 +60,9 @@ class ImageLoader:
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, *, batch_size: int, shuffle: bool, seed: int,
                  drop_last: bool, num_workers: int, pin_memory: bool, prefetch_factor: int | None,
-                 persistent_workers: bool, multiprocessing_context: Any) -> None:
+                 persistent_workers: bool, multiprocessing_context: Any, timeout: float = 0) -> None:
         self.dataset = data
+        self.seed, self.shuffle = seed, shuffle
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -72,7 +74,8 @@ class ImageLoader:
                       worker_init_fn=_worker_init if num_workers else None,
                       persistent_workers=persistent_workers and num_workers > 0,
                       prefetch_factor=prefetch_factor if num_workers else None,
-                      multiprocessing_context=multiprocessing_context if num_workers else None)
+                      multiprocessing_context=multiprocessing_context if num_workers else None,
+                      timeout=timeout if num_workers else 0)
         if isinstance(data, LmdbImageDataset):
             self._sampler: EpochBatchSampler | None = EpochBatchSampler(len(data), batch_size, shuffle, seed,
                                                                         drop_last)
@@ -113,16 +116,37 @@ class ImageLoader:
             assert isinstance(self._batches, WdsBatches)
             self._batches.epoch_cell.fill_(epoch)
         self._iterating_epoch = epoch
+        received = 0
         try:
             for batch in self._loader:
+                received += 1
                 if batch.skipped:
                     self.skipped.extend(batch.skipped)
                 self.stage_times.add(batch.times)
                 self.stage_times.batches += 1
                 if len(batch.labels):
                     yield batch.images, batch.labels
+        except RuntimeError as exc:
+            message = str(exc)
+            if message.startswith("Caught ") or not ("DataLoader worker" in message or "timed out" in message):
+                raise  # an exception raised inside a worker keeps its own type and traceback
+            raise WorkerError(f"{self.dataset.root}: {message.strip()} — {self._waiting_for(epoch, received)}") \
+                from exc
         finally:
             self._iterating_epoch = None
+
+    def _waiting_for(self, epoch: int, batch_number: int) -> str:
+        """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
+        worker = batch_number % max(1, self.num_workers)
+        where = f"waiting for batch {batch_number} of epoch {epoch}, loaded by worker {worker}"
+        if isinstance(self.dataset, LmdbImageDataset):
+            order = epoch_order(len(self.dataset), self.seed, epoch, self.shuffle)
+            indices = order[batch_number * self.batch_size:(batch_number + 1) * self.batch_size][:4]
+            keys = [self.dataset.reader.key(int(i)) for i in indices]
+            return f"{where} (keys {', '.join(map(repr, keys))}, ...)"
+        assert isinstance(self._batches, WdsBatches)
+        shards = self._batches.shard_assignment(epoch, max(1, self.num_workers))[worker]
+        return f"{where} (shards {', '.join(self.dataset.manifest.files[i].name for i in shards)})"
 
 
 def loader(
@@ -140,6 +164,7 @@ def loader(
     persistent_workers: bool = True,
     multiprocessing_context: Any = None,
     on_error: str = "raise",
+    timeout: float = 0,
     seq_len: int | None = None,
     packing: bool | None = None,
     max_length: int | None = None,
@@ -151,6 +176,8 @@ def loader(
     Defaults: one worker per available core, persistent workers, pinned memory when CUDA is available,
     whole batches decoded inside workers (JPEGs at the smallest DCT scale the crop allows).
     `on_error="skip"` drops undecodable samples from their batch and lists them in `loader.skipped`.
+    A worker that dies (OOM killer) raises WorkerError naming the worker and the batch it was loading; with
+    `timeout` > 0, so does one that takes longer than `timeout` seconds for a batch.
 
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
@@ -178,4 +205,5 @@ def loader(
         raise ConfigError(f"{', '.join(given)}: for text datasets only; {path} holds images")
     return ImageLoader(data, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                        num_workers=workers, pin_memory=pin, prefetch_factor=prefetch_factor,
-                       persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context)
+                       persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
+                       timeout=timeout)

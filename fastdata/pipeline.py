@@ -136,6 +136,10 @@ class SamplePipeline:
                     raise
                 skipped.append((sample.key, str(exc)))
                 continue
+            except Exception as exc:  # a bug or an exhausted resource: keep its type, say which sample
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(f"fastdata: while decoding sample {sample.key!r} of {self.source}")
+                raise
             labels.append(sample.label)
         collate_started = perf_counter()
         stacked = buffer[: len(labels)] if buffer is not None else _stack(images, samples, self.source)

@@ -129,7 +129,7 @@ def test_sigkill_at_random_times(tree, reference, tmp_path):
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        if proc.returncode != 0:  # killed (maybe before it started writing): not a dataset until rerun
+        if not (out / "manifest.json").exists():  # killed before the commit: not a dataset until rerun
             with pytest.raises(NotADatasetError):
                 fastdata.dataset(out)
             fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdata.decode import CODEC_PIL
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
 from fastdata.formats.records import ImageRecord
@@ -167,9 +168,10 @@ class LmdbReader:
     """Random access to an LMDB dataset. Opens the environment lazily, once per process (never before
     DataLoader workers fork), read-only and without locking; safe to pickle for spawn."""
 
-    def __init__(self, directory: Path, num_samples: int) -> None:
+    def __init__(self, directory: Path, num_samples: int, num_classes: int | None = None) -> None:
         self.directory = Path(directory)
         self.num_samples = num_samples
+        self.num_classes = num_classes
         self._env = None
         self._pid = -1
         self._arrays: dict[str, np.ndarray] | None = None
@@ -202,8 +204,24 @@ class LmdbReader:
                             f"{self.directory}: meta record {array_name!r} holds {len(values)} entries, "
                             f"the manifest says {self.num_samples} samples; the dataset is damaged")
                     arrays[array_name] = values
+            self._check_bounds(arrays)
             self._arrays = arrays
         return self._arrays[name]
+
+    def _check_bounds(self, arrays: dict[str, np.ndarray]) -> None:
+        """Values from an untrusted file are range-checked once, before any is used."""
+        problems = []
+        if self.num_samples and (arrays["widths"].min() < 1 or arrays["heights"].min() < 1):
+            problems.append("non-positive image sizes")
+        if self.num_samples and arrays["codecs"].max() > CODEC_PIL:
+            problems.append("unknown codec ids")
+        labels = arrays["labels"]
+        if self.num_samples and (labels.min() < 0 or (self.num_classes is not None
+                                                      and labels.max() >= self.num_classes)):
+            problems.append(f"labels outside 0..{(self.num_classes or 1) - 1}")
+        if problems:
+            raise NotADatasetError(f"{self.directory}: the meta records hold {', '.join(problems)}; the dataset "
+                                   "is damaged or not a fastdata dataset")
 
     @property
     def labels(self) -> np.ndarray:

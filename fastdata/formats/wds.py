@@ -150,9 +150,35 @@ class WdsWriter:
             self._tar = None
 
 
-def iter_shard(path: Path) -> Iterator[tuple[str, bytes, str, dict]]:
+#: Member types that can execute code when loaded with pickle (webdataset's default decoders do): never read.
+PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib"})
+_USED_EXTS = IMAGE_EXTS | {"json", "cls"}
+
+
+def _unsafe_reason(ext: str, payload: bytes) -> str | None:
+    last = ext.lower().rsplit(".", 1)[-1]
+    if last in PICKLE_EXTS:
+        return f"a pickle-capable member (.{last}); fastdata never unpickles data"
+    if last == "npy":
+        import numpy as np
+
+        try:
+            stream = io.BytesIO(payload)
+            major, _ = np.lib.format.read_magic(stream)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            dtype = read_header(stream)[2]
+        except Exception:
+            return "an unreadable .npy member"
+        if dtype.hasobject:
+            return "an object-dtype .npy member (loading it needs pickle)"
+    return None
+
+
+def iter_shard(path: Path, unsafe_members: str = "error") -> Iterator[tuple[str, bytes, str, dict]]:
     """Stream one shard: yields (key, image bytes, image ext, metadata dict) per sample, in stored order.
-    Members that are not regular files, or whose names escape the shard, are refused by name."""
+    Members that are not regular files, or whose names escape the shard, are refused by name. Members that
+    could run code if loaded (pickles, object .npy) are refused too, or skipped with
+    `unsafe_members="ignore"`; other members fastdata does not use are skipped unread."""
     current_key: str | None = None
     parts: dict[str, bytes] = {}
 
@@ -182,6 +208,12 @@ def iter_shard(path: Path) -> Iterator[tuple[str, bytes, str, dict]]:
                     current_key, parts = key, {}
                 fileobj = tar.extractfile(member)
                 assert fileobj is not None
+                if ext.lower() not in _USED_EXTS:
+                    reason = _unsafe_reason(ext, fileobj.read(4096))
+                    if reason and unsafe_members == "error":
+                        raise CorruptSampleError(f"{path}: member {member.name!r} is {reason}; remove it from "
+                                                 "the shard")
+                    continue
                 parts[ext] = fileobj.read()
             if current_key is not None:
                 yield finish()
