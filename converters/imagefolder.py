@@ -116,8 +116,8 @@ def load_record(root: Path, relative_path: str, label: int, options: EncodeOptio
             im.load()
     except _Refused as exc:
         raise ValueError(str(exc)) from None
-    except Image.DecompressionBombError as exc:
-        raise ValueError(f"refused: too many pixels ({exc})") from exc
+    except Image.DecompressionBombError as exc:  # Pillow's own hard limit, checked while opening
+        raise ValueError(f"refused: {exc} (--max-pixels cannot go above Pillow's limit)") from None
     except Exception as exc:  # Pillow raises many types for bad data
         raise ValueError(f"not a decodable image ({exc})") from exc
     ext = _EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
