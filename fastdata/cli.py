@@ -1,4 +1,4 @@
-"""`fastdata` command line: convert | info | bench | demo. Errors print as one line, exit code 2
+"""`fastdata` command line: convert | info | verify | bench | doctor | demo. Errors print as one line, exit code 2
 (1 for --strict rejections), never a traceback."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def cli() -> None:
     fastdata convert imagefolder train/ train.lmdb     # pack an ImageFolder tree
     fastdata info train.lmdb                           # what is inside
     fastdata bench train.lmdb --baseline-imagefolder train/
+    fastdata doctor train.lmdb                         # check the machine and the data
     fastdata demo                                      # all of it on a built-in sample
     """
 
@@ -80,16 +81,51 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
 @click.option("--augment", type=click.Choice(["train", "val"]), default="train", show_default=True)
 @click.option("--workers", type=int, default=None, help="Loader workers (both loaders). Default: all cores.")
 @click.option("--repeats", default=1, show_default=True, help="Run each loader this many times; medians.")
+@click.option("--step", type=click.Choice(["to-device", "none"]), default="to-device", show_default=True,
+              help="What the loop does with each batch: copy it to the GPU (CPU without one) and make float "
+                   "images there, as a training step starts; or nothing (pure loader speed).")
+@click.option("--upper-bound/--no-upper-bound", default=True, show_default=True,
+              help="Also run the synthetic upper bound: fastdata's batches again from memory, same step.")
+@click.option("--plot", "plot", type=click.Path(path_type=Path), default=None, metavar="PATH.png",
+              help="Draw throughput and data wait over time for every loader, side by side (needs matplotlib).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
+              help="Write every figure (runs, timelines, system figures) as JSON.")
 def bench(path: Path, baseline_imagefolder: Path | None, epochs: int, batch_size: int, image_size: int,
-          augment: str, workers: int | None, repeats: int) -> None:
-    """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch)."""
-    from fastdata.bench import BenchConfig, format_table, run_bench
+          augment: str, workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
+          json_path: Path | None) -> None:
+    """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch, data
+    wait), against the ImageFolder baseline and the synthetic upper bound, in one run."""
+    from fastdata.bench import BenchConfig, format_summary, format_table, run_bench
+    from fastdata.bench_report import check_plotting, plot_runs, write_json
 
+    if plot is not None:
+        check_plotting()  # before the runs, not after
     config = BenchConfig(epochs=epochs, batch_size=batch_size, image_size=image_size, augment=augment,
-                         workers=workers, repeats=repeats)
+                         workers=workers, repeats=repeats, step=step)
     results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
-                        progress=lambda line: click.echo(line, err=True))
-    click.echo(format_table(results))
+                        progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound)
+    click.echo(format_table(results, data_wait=step != "none"))
+    summary = format_summary(results)
+    if summary:
+        click.echo("\n" + summary)
+    if json_path is not None:
+        click.echo(f"figures: {write_json(json_path, results, config, path, baseline_imagefolder)}", err=True)
+    if plot is not None:
+        title = f"fastdata bench {path.name}: batch {batch_size}, {config.num_workers} workers, step {step}"
+        click.echo(f"plot: {plot_runs(plot, results, title)}", err=True)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path), required=False)
+def doctor(path: Path | None) -> None:
+    """Check this machine before a long job (and the storage and dataset at PATH): torch / CUDA / driver /
+    GPU capability, cores and num_workers, RAM, /dev/shm, open files, pinned memory. Exit 1 if a check FAILs."""
+    from fastdata.doctor import exit_code, format_checks, run_checks
+
+    checks = run_checks(path)
+    click.echo(format_checks(checks))
+    if exit_code(checks):
+        raise click.exceptions.Exit(1)
 
 
 @cli.command()

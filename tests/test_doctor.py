@@ -1,0 +1,198 @@
+"""fastdata doctor: run here (no GPU: a WARN, never a crash) and check the rows it prints; every check's
+PASS / WARN / FAIL from made-up facts, including the failures this machine cannot show."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from conftest import build_solid_tree
+
+from fastdata.cli import main
+from fastdata.doctor import (
+    FAIL,
+    PASS,
+    WARN,
+    Check,
+    check_capability,
+    check_cores,
+    check_dataset,
+    check_driver,
+    check_free_space,
+    check_gpus,
+    check_interconnect,
+    check_memory,
+    check_open_files,
+    check_pinned,
+    check_shm,
+    check_storage,
+    check_torch,
+    exit_code,
+    format_checks,
+    recommended_workers,
+)
+from fastdata.storage import Mount, block_device, mount_of, scan_folder
+
+ROW = re.compile(r"^(PASS|WARN|FAIL)\s{2,}(\S.*?)\s{2,}(\S.*)$")
+GiB, MiB = 2**30, 2**20
+
+
+def rows(text: str) -> dict[str, tuple[str, str]]:
+    found = {}
+    for line in text.splitlines():
+        match = ROW.match(line)
+        if match:
+            found[match.group(2)] = (match.group(1), match.group(3))
+    return found
+
+
+def run_doctor(capsys, *args: str) -> tuple[int, str]:
+    code = main(["doctor", *args])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.out
+
+
+def test_doctor_runs_here_and_prints_its_rows(capsys, solid_lmdb):
+    code, out = run_doctor(capsys, str(solid_lmdb))
+    table = rows(out)
+    for name in ("torch", "GPU", "CPU cores", "RAM", "/dev/shm", "open files", "pinned memory", "storage",
+                 "free space", "dataset"):
+        assert name in table, out
+    assert code == (1 if any(status == FAIL for status, _ in table.values()) else 0)
+    assert table["dataset"][0] == PASS and "packed fastdata dataset (image, lmdb, 45 samples" in table["dataset"][1]
+    assert re.search(r"use num_workers=\d+", table["CPU cores"][1])
+    assert re.search(r"\d+ PASS, \d+ WARN, \d+ FAIL", out)
+    if not torch.cuda.is_available():
+        assert table["GPU"][0] == WARN and "no GPU visible" in table["GPU"][1]
+        assert table["pinned memory"][0] == WARN
+        assert "fix:" in out
+    else:  # pragma: no cover - on a GPU machine
+        assert table["GPU"][0] == PASS and "GPU 0 capability" in table
+
+
+def test_doctor_on_a_folder_of_small_files(capsys, tmp_path):
+    tree = build_solid_tree(tmp_path / "src", count=12)
+    _, out = run_doctor(capsys, str(tree.root))
+    status, detail = rows(out)["dataset"]
+    assert status == WARN and "a folder of 12 files (12 images" in detail
+    assert f"fix: fastdata convert imagefolder {tree.root} OUT.lmdb" in out
+
+
+def test_doctor_on_a_missing_path_fails(capsys, tmp_path):
+    code, out = run_doctor(capsys, str(tmp_path / "nope"))
+    assert code == 1
+    assert rows(out)["dataset"] == (FAIL, f"{tmp_path / 'nope'} does not exist")
+
+
+def test_doctor_without_path(capsys):
+    _, out = run_doctor(capsys)
+    table = rows(out)
+    assert "dataset" not in table and "storage" in table and str(Path.cwd()) in table["storage"][1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# every check from made-up facts
+
+
+def test_capability_mismatch_is_the_known_failure():
+    arch = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+    check = check_capability(0, "NVIDIA RTX PRO 6000", (12, 0), arch)
+    assert check.status == FAIL
+    assert "has capability (12, 0) but this torch supports (5,0) to (9,0)" in check.detail
+    assert "sm_120" in check.fix and "newer" in check.fix
+    assert check_capability(0, "A10", (8, 6), ["sm_80", "sm_90"]).status == PASS  # same major, lower minor
+    assert check_capability(0, "H100", (9, 0), ["sm_80", "sm_90a"]).status == PASS
+    ptx = check_capability(0, "B200", (10, 0), ["sm_80", "sm_90", "compute_90"])
+    assert ptx.status == WARN and "PTX" in ptx.detail
+    old = check_capability(0, "GTX 1080", (6, 1), ["sm_75", "sm_80"])
+    assert old.status == FAIL and "older torch" in old.fix
+
+
+def test_driver_against_the_cuda_build():
+    old = check_driver("13.0", (12, 2), "535.104", None)
+    assert old.status == FAIL and "supports CUDA up to 12.2; torch is built for CUDA 13.0" in old.detail
+    assert "cu122" in old.fix
+    assert check_driver("12.4", (12, 2), "535.104", None).status == WARN
+    assert check_driver("12.4", (13, 0), "580.1", None).status == PASS
+    assert check_driver(None, None, None, None).status == PASS
+    unknown = check_driver("12.4", None, None, "NVML is not installed")
+    assert unknown.status == WARN and "fastdata[gpu]" in unknown.fix
+
+
+def test_torch_gpus_and_interconnect():
+    assert check_torch("2.5.0", "12.4", 0).status == PASS
+    assert check_torch("2.5.0+cpu", None, 2).status == WARN
+    assert check_torch("2.5.0+cpu", None, 0).status == PASS
+    assert check_gpus(0, [], "NVML sees no GPU", "12.4").status == WARN
+    assert check_gpus(2, ["H100", "H100"], None, "12.4") == Check("GPU", PASS, "2 GPU(s): H100")
+    assert check_interconnect(1, [], None).status == PASS
+    assert check_interconnect(4, [18, 18, 18, 18], True).status == PASS
+    pcie = check_interconnect(2, [0, 0], False)
+    assert pcie.status == WARN and "PCIe" in pcie.detail
+
+
+def test_cores_and_workers():
+    assert recommended_workers(64, 4) == 16 and recommended_workers(8, 4) == 2 and recommended_workers(2, 0) == 2
+    few = check_cores(8, 4)
+    assert few.status == WARN and "num_workers=2" in few.detail and "--max-size" in few.fix
+    assert check_cores(64, 4).status == PASS
+    assert check_cores(1, 0).status == WARN
+
+
+def test_memory_shm_and_open_files():
+    assert check_memory(64 * GiB, 50 * GiB, 10 * GiB).detail.endswith("fits in the page cache")
+    assert check_memory(4 * GiB, 3 * GiB).status == WARN
+    assert check_memory(None, None).status == WARN
+    docker_default = check_shm(64 * MiB, True)
+    assert docker_default.status == FAIL and "--shm-size" in docker_default.fix
+    assert check_shm(1 * GiB, True).status == WARN
+    assert check_shm(16 * GiB, True).status == PASS
+    assert check_shm(None, False, platform="linux").status == FAIL
+    assert check_shm(None, False, platform="darwin").status == PASS
+    low = check_open_files(1024, 1_048_576)
+    assert low.status == WARN and "ulimit -n 65536" in low.fix
+    assert check_open_files(100, 100).status == FAIL
+    assert check_open_files(65536, -1).status == PASS and check_open_files(None, None).status == PASS
+
+
+def test_storage_free_space_and_pinning():
+    nfs = check_storage("/data", Mount("/data", "server:/export", "nfs4"), None, None)
+    assert nfs.status == WARN and "network filesystem" in nfs.detail and "fastdata convert" in nfs.fix
+    spinning = check_storage("/data", Mount("/", "/dev/sdb1", "ext4"), "sdb", True, packed=True)
+    assert spinning.status == WARN and "rotational" in spinning.detail and "convert" not in spinning.fix
+    assert check_storage("/data", Mount("/", "/dev/nvme0n1p1", "ext4"), "nvme0n1", False).status == PASS
+    assert check_free_space("/", 100 * MiB, 100 * GiB).status == FAIL
+    assert check_free_space("/", 5 * GiB, 100 * GiB).status == WARN
+    assert check_free_space("/", 500 * GiB, 1000 * GiB).status == PASS
+
+    def refuse():
+        raise RuntimeError("out of locked memory")
+
+    assert check_pinned(True, refuse).status == FAIL
+    assert check_pinned(True, lambda: 0.002) == Check("pinned memory", PASS, "pinned 64 MiB in 2.0 ms")
+    assert check_pinned(False).status == WARN
+
+
+def test_exit_code_and_table():
+    checks = [Check("a", PASS, "fine", "never shown"), Check("b", WARN, "hmm", "do this")]
+    assert exit_code(checks) == 0
+    assert exit_code([*checks, Check("c", FAIL, "broken", "fix that")]) == 1
+    text = format_checks(checks)
+    assert "never shown" not in text and "fix: do this" in text and "1 PASS, 1 WARN, 0 FAIL" in text
+
+
+def test_storage_facts_of_this_machine(tmp_path):
+    mount = mount_of(tmp_path)
+    assert mount is not None and mount.fstype and str(tmp_path).startswith(mount.mountpoint)
+    _disk, rotational = block_device(tmp_path)
+    assert rotational in (True, False, None)
+    for i in range(5):
+        (tmp_path / f"d{i % 2}").mkdir(exist_ok=True)
+        (tmp_path / f"d{i % 2}" / f"{i}.jpg").write_bytes(b"x" * 100)
+    (tmp_path / "shard.tar").write_bytes(b"t" * 50)
+    scan = scan_folder(tmp_path)
+    assert (scan.files, scan.bytes, scan.images, scan.tars, scan.truncated) == (6, 550, 5, 1, False)
+    assert scan_folder(tmp_path, limit=3).truncated
+    assert check_dataset(tmp_path / "shard.tar").status == PASS  # a single file
