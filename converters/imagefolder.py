@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from fastdata.decode import codec_for
+from fastdata.decode import DEFAULT_MAX_PIXELS, codec_for
 from fastdata.errors import SourceError
 from fastdata.formats.records import ImageRecord
 
@@ -73,9 +73,6 @@ def _ignored_files(root: Path, classes: list[str]) -> list[str]:
                     ignored.append(Path(dirpath, filename).relative_to(root).as_posix())
     return sorted(ignored)
 
-
-#: Default pixel-count limit (Pillow's own decompression-bomb warning level, about 89.5 megapixels).
-DEFAULT_MAX_PIXELS = 89_478_485
 
 
 @dataclass(frozen=True)

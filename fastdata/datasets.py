@@ -145,7 +145,8 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
             for offset, (key, data, _ext, meta) in enumerate(iter_shard(self.shards[shard_id])):
                 try:
                     yield EncodedSample(meta["path"], data, int(meta["label"]), int(meta["width"]),
-                                        int(meta["height"]), int(meta["codec"]), (shard_id, offset))
+                                        int(meta["height"]), int(meta["codec"]), (shard_id, offset),
+                                        self.shards[shard_id].name)
                 except (KeyError, TypeError, ValueError) as exc:
                     raise CorruptSampleError(f"{self.shards[shard_id]}: sample {key!r} has incomplete "
                                              f"metadata ({exc!r})") from exc

@@ -16,6 +16,9 @@ CODEC_CV_JPEG = 0  # JPEG in mode L or RGB: OpenCV, scaled decode allowed
 CODEC_CV_OTHER = 1  # 8-bit PNG / BMP in a mode OpenCV converts exactly like Pillow
 CODEC_PIL = 2  # anything else: Pillow
 
+#: Default pixel-count limit for decoding (Pillow's own decompression-bomb warning level, ~89.5 megapixels).
+DEFAULT_MAX_PIXELS = 89_478_485
+
 _CV_JPEG_MODES = frozenset({"L", "RGB"})
 _CV_PNG_MODES = frozenset({"L", "RGB", "RGBA", "LA", "P"})
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import apply_crop, make_preset, reduce_factor, wrap_custom
-from fastdata.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.decode import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, decode_rgb
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.order import sample_rng, sample_seed
 from fastdata.stagetimes import StageTimes
@@ -30,6 +30,7 @@ class EncodedSample:
     height: int
     codec: int
     position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
+    origin: str = ""  # the data file it was read from, when the dataset has several (a shard's name)
 
 
 @dataclass
@@ -53,7 +54,9 @@ class Batch:
 class SamplePipeline:
     """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily."""
 
-    def __init__(self, augment: Any, image_size: int, seed: int, source: str) -> None:
+    def __init__(self, augment: Any, image_size: int, seed: int, source: str,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        self.max_pixels = max_pixels
         self.augment = augment
         self.image_size = image_size
         self.seed = seed
@@ -76,10 +79,14 @@ class SamplePipeline:
         return self.preset is not None
 
     def _decode(self, sample: EncodedSample, reduce: int = 1) -> np.ndarray:
+        where = f"{self.source}/{sample.origin}" if sample.origin else self.source
+        if sample.width * sample.height > self.max_pixels:  # from the stored header facts, before decoding
+            raise CorruptSampleError(f"{where}: sample {sample.key!r}: refused: {sample.width}x{sample.height} "
+                                     f"pixels exceeds the limit of {self.max_pixels:,}")
         try:
             return decode_rgb(sample.data, sample.codec, reduce, bgr=self.bgr)
         except ValueError as exc:
-            raise CorruptSampleError(f"{self.source}: sample {sample.key!r}: {exc}") from exc
+            raise CorruptSampleError(f"{where}: sample {sample.key!r}: {exc}") from exc
 
     def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None,
                 times: StageTimes | None = None) -> np.ndarray:
