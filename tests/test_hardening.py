@@ -15,6 +15,7 @@ import tarfile
 import textwrap
 import time
 import zlib
+from pathlib import Path
 
 import lmdb
 import numpy as np
@@ -219,3 +220,28 @@ def test_two_loaders_with_several_workers_over_one_file(small_lmdb):
     for _ in range(2):
         seen = sum(len(labels) for _, labels in train) + sum(len(labels) for _, labels in val)
         assert seen == 24
+
+
+def _anon_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc status")
+
+
+def test_worker_heap_stays_flat_over_epochs(tmp_path):
+    import psutil
+
+    src = build_solid_tree(tmp_path / "src", count=150)
+    out = tmp_path / "m.lmdb"
+    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    loader = fastdata.loader(out, batch_size=8, augment="train", image_size=32, num_workers=2,
+                             multiprocessing_context="fork")
+    per_epoch = []
+    for _ in range(4):
+        assert sum(len(labels) for _, labels in loader) == 150
+        workers = psutil.Process().children(recursive=True)
+        assert len(workers) >= 2
+        per_epoch.append(sorted(_anon_rss_kb(w.pid) for w in workers))
+    for first, last in zip(per_epoch[0], per_epoch[-1], strict=True):
+        assert (last - first) / first < 0.05, per_epoch
