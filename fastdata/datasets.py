@@ -24,7 +24,22 @@ from fastdata.pipeline import ON_ERROR, Batch, EncodedSample, SamplePipeline
 
 
 class _ImageMetaMixin:
+    """What both image datasets share: the manifest's facts, the sample pipeline, the error policy, the epoch."""
+
     manifest: Manifest
+
+    def _setup(self, root: Path, manifest: Manifest, augment: Any, image_size: int, seed: int,
+               on_error: str) -> None:
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.root = Path(root)
+        self.manifest = manifest
+        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
+        self.on_error = on_error
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     @property
     def classes(self) -> list[str]:
@@ -44,17 +59,8 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: int = 224,
                  seed: int = 0, on_error: str = "raise") -> None:
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        self.root = Path(root)
-        self.manifest = manifest
+        self._setup(root, manifest, augment, image_size, seed, on_error)
         self.reader = LmdbReader(self.root, manifest.num_samples, len(manifest.classes))
-        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
-        self.on_error = on_error
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     @property
     def samples(self) -> list[tuple[str, int]]:
@@ -127,17 +133,8 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: int = 224,
                  seed: int = 0, on_error: str = "raise") -> None:
-        if on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        self.root = Path(root)
-        self.manifest = manifest
+        self._setup(root, manifest, augment, image_size, seed, on_error)
         self.shards = shard_paths(self.root, manifest.files)
-        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
-        self.on_error = on_error
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def encoded_samples(self, shard_ids: list[int]) -> Iterator[EncodedSample]:
         """Stream the stored samples of the given shards, in order."""
