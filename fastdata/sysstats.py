@@ -16,6 +16,7 @@ from fastdata.config import available_cores
 FIGURES = ("cpu_percent", "cpu_per_core_percent", "iowait_percent", "disk_read_mb_s", "rss_mb", "workers",
            "workers_cpu_cores", "main_cpu_cores", "gpu_util_percent", "gpu_util_per_gpu_percent",
            "gpu_memory_used_mb")
+RESCAN_EVERY = 5  # readings between two walks of the process table for new children
 
 
 class _Mean:
@@ -60,6 +61,10 @@ class SystemSampler:
         self._psutil: Any = None
         self._nvml: Any = None
         self._prev: dict[str, Any] = {}
+        self._main: Any = None  # psutil.Process of `pid`, and of its children (pid -> Process)
+        self._known: dict[int, Any] = {}
+        self._readings = 0
+        self._failure: str | None = None
 
     # ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -67,6 +72,7 @@ class SystemSampler:
         if self._thread is not None:
             return
         self._stop.clear()
+        self._readings = 0  # workers may have come or gone between passes
         self._open()
         self._prev = self._read()
         self._thread = threading.Thread(target=self._run, name="fastdata-meter-sampler", daemon=True)
@@ -107,7 +113,8 @@ class SystemSampler:
             if self._samples == 0:
                 reasons = {name: "no sample taken yet" for name in FIGURES if out[name] is None}
             else:
-                reasons = {name: self._unavailable.get(name, "not sampled") for name in FIGURES if out[name] is None}
+                reasons = {name: self._unavailable.get(name, self._failure or "not sampled") for name in FIGURES
+                           if out[name] is None}
             out["unavailable"] = reasons
             return out
 
@@ -137,15 +144,21 @@ class SystemSampler:
             self._tick()
 
     def _tick(self) -> None:
-        now = self._read()
+        try:
+            now = self._read()
+        except Exception as exc:  # a figure lost, never the training loop
+            self._failure = f"sampling failed: {exc!r}"
+            return
         try:
             self._account(self._prev, now)
+        except Exception as exc:
+            self._failure = f"sampling failed: {exc!r}"
         finally:
             self._prev = now
 
     def _read(self) -> dict[str, Any]:
         """One raw reading (cumulative counters), taken as close together as the calls allow."""
-        reading: dict[str, Any] = {"t": time.monotonic()}
+        reading: dict[str, Any] = {"t": time.monotonic(), "wall": time.time()}
         ps = self._psutil
         if ps is not None:
             try:
@@ -166,19 +179,27 @@ class SystemSampler:
         return reading
 
     def _read_processes(self, ps: Any) -> dict[str, Any] | None:
+        """CPU seconds and RSS of the process and its children. Listing the children walks every process on
+        the machine, so it is redone only every `RESCAN_EVERY` readings; known children are read directly."""
         try:
-            main = ps.Process(self.pid)
+            if self._main is None:
+                self._main = ps.Process(self.pid)
+            main = self._main
             with main.oneshot():
                 main_cpu = sum(main.cpu_times()[:2])
                 rss = main.memory_info().rss
-            children: dict[int, float] = {}
-            for child in main.children(recursive=True):
+            if self._readings < 3 or self._readings % RESCAN_EVERY == 0:  # workers start with the first steps
+                known = {child.pid: child for child in main.children(recursive=True)}
+                self._known = {pid: self._known.get(pid, child) for pid, child in known.items()}
+            self._readings += 1
+            children: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, start time)
+            for pid, child in list(self._known.items()):
                 try:
                     with child.oneshot():
-                        children[child.pid] = sum(child.cpu_times()[:2])
+                        children[pid] = (sum(child.cpu_times()[:2]), child.create_time())
                         rss += child.memory_info().rss
                 except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
-                    continue
+                    del self._known[pid]
             return {"main_cpu": main_cpu, "children": children, "rss": rss}
         except Exception as exc:
             self._unavailable["rss_mb"] = f"could not read process {self.pid}: {exc}"
@@ -198,7 +219,7 @@ class SystemSampler:
                 self._mean("disk_read_mb_s").add(rate, dt)
                 latest["disk_read_mb_s"] = rate
             if prev.get("procs") and now.get("procs"):
-                self._account_processes(prev["procs"], now["procs"], dt, latest)
+                self._account_processes(prev["procs"], now["procs"], prev["wall"], dt, latest)
             if now.get("gpu"):
                 self._account_gpu(now["gpu"], dt, latest)
             self.latest = latest
@@ -224,9 +245,16 @@ class SystemSampler:
             if sys.platform.startswith("linux"):
                 self._mean("iowait_percent").add(100.0 * max(0.0, iowait_all) / total_all, dt)
 
-    def _account_processes(self, prev: dict, now: dict, dt: float, latest: dict) -> None:
+    def _account_processes(self, prev: dict, now: dict, prev_wall: float, dt: float, latest: dict) -> None:
         main = max(0.0, now["main_cpu"] - prev["main_cpu"]) / dt
-        workers = sum(max(0.0, cpu - prev["children"].get(pid, 0.0)) for pid, cpu in now["children"].items()) / dt
+        used = 0.0
+        for pid, (cpu, started) in now["children"].items():
+            if pid in prev["children"]:
+                used += max(0.0, cpu - prev["children"][pid][0])
+            elif started >= prev_wall - 0.01:  # born in this interval: all its CPU time is in it
+                used += cpu
+            # else: first seen now but older (between walks of the process table): no baseline, skip once
+        workers = used / dt
         self._mean("main_cpu_cores").add(main, dt)
         self._mean("workers_cpu_cores").add(workers, dt)
         latest["workers_cpu_cores"] = workers

@@ -200,6 +200,21 @@ def test_without_psutil_figures_are_none_with_the_reason(monkeypatch):
     assert "n/a" in str(r)
 
 
+def test_a_failing_process_reading_loses_figures_not_the_loop(monkeypatch):
+    psutil = pytest.importorskip("psutil")
+
+    def refuse(self):
+        raise RuntimeError("no /proc for you")
+
+    monkeypatch.setattr(psutil.Process, "cpu_times", refuse)
+    m = fastdata.meter(sleepy(6, 0.01), interval=0.02)
+    run(m, 0.001)
+    r = m.report()
+    assert r.steps == 6 and r.verdict == "input-bound"
+    assert r.system["rss_mb"] is None and "could not read process" in r.system["unavailable"]["rss_mb"]
+    assert r.system["cpu_percent"] is not None  # the other figures still came
+
+
 def test_without_nvml_gpu_figures_are_none_with_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     m = fastdata.meter(sleepy(3, 0.0), interval=0.05)
@@ -228,6 +243,8 @@ def test_fastdata_loader_per_stage_attribution(solid_lmdb, workers):
     assert sum(stages["share"].values()) == pytest.approx(1.0, abs=1e-3)
     assert any(reason.startswith("worker time by stage") for reason in r.reasons)
     assert "stages" in str(r)
+    if workers:  # the sampler found the worker processes and their CPU time
+        assert r.system["workers"] >= workers and r.system["workers_cpu_cores"] > 0
 
 
 def test_torch_dataloader_facts():

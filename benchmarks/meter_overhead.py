@@ -1,0 +1,92 @@
+"""What `fastdata.meter` costs per step: a loop over batches already in memory, plain and metered, in the same
+run (alternating, medians of --repeats), so the difference is the meter's own work per step. Then a loop
+whose step takes 10 ms (busy wait, which is steadier than sleep), plain and metered, as a share of the step.
+
+    python benchmarks/meter_overhead.py --steps 200000 --repeats 5
+
+Targets (issue 6): under 50 us per step, and under 1% of a 10 ms step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+
+import fastdata
+
+
+def loop(iterable: Iterable, work: Callable[[], None] | None) -> float:
+    """Seconds for one pass over `iterable`, doing `work` per step."""
+    started = time.perf_counter()
+    if work is None:
+        for _batch in iterable:
+            pass
+    else:
+        for _batch in iterable:
+            work()
+    return time.perf_counter() - started
+
+
+def busy(seconds: float) -> Callable[[], None]:
+    def work() -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    return work
+
+
+def measure(batches: list, repeats: int, work: Callable[[], None] | None, **meter_options) -> tuple[float, float]:
+    """(median plain seconds per step, median metered seconds per step), runs alternating."""
+    plain, metered = [], []
+    for _ in range(repeats):
+        plain.append(loop(batches, work) / len(batches))
+        m = fastdata.meter(batches, **meter_options)
+        metered.append(loop(m, work) / len(batches))
+        m.report()  # as a user would; not timed
+    return statistics.median(plain), statistics.median(metered)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200_000, help="steps of the empty loop")
+    parser.add_argument("--slow-steps", type=int, default=300, help="steps of the 10 ms loop")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    images, labels = torch.zeros(256, 3, 8, 8, dtype=torch.uint8), torch.zeros(256, dtype=torch.int64)
+    batches = [(images, labels)] * args.steps
+    print(f"fastdata.meter overhead: medians of {args.repeats} alternating runs, torch {torch.__version__}, "
+          f"batches of (uint8 [256, 3, 8, 8], int64 [256])\n")
+    header = f"{'loop':<44} {'plain us/step':>14} {'metered us/step':>16} {'overhead us/step':>17}"
+    print(header)
+    print("-" * len(header))
+    cases = [("empty step, system sampler on (default)", {}),
+             ("empty step, system sampler off", {"system": False}),
+             ("empty step, live line every 1,000 steps", {"log_every": 1000, "log": lambda _line: None})]
+    worst = 0.0
+    for name, options in cases:
+        plain, metered = measure(batches, args.repeats, None, **options)
+        worst = max(worst, metered - plain)
+        print(f"{name:<44} {plain * 1e6:>14.3f} {metered * 1e6:>16.3f} {(metered - plain) * 1e6:>17.3f}")
+
+    passes = [loop(fastdata.meter([]), None) for _ in range(max(5, args.repeats))]
+    per_pass = statistics.median(passes)
+    print(f"{'fixed cost per pass (sampler start + stop)':<44} {'':>14} {'':>16} {per_pass * 1e6:>17.1f}")
+    slow = batches[: args.slow_steps]
+    plain, metered = measure(slow, args.repeats, busy(0.010))
+    print(f"{'10 ms step (busy wait), sampler on':<44} {plain * 1e6:>14.1f} {metered * 1e6:>16.1f} "
+          f"{(metered - plain) * 1e6:>17.1f}")
+    print()
+    print(f"worst overhead of the empty loops: {worst * 1e6:.2f} us per step (target < 50 us)")
+    print(f"as a share of a 10 ms step: {worst / 0.010:.4%} from the empty loop; "
+          f"{(metered - plain) / plain:+.4%} measured on the 10 ms loop itself, {args.slow_steps} steps per pass, "
+          f"the per-pass cost ({per_pass * 1e3:.1f} ms) included (target < 1%)")
+
+
+if __name__ == "__main__":
+    main()
