@@ -57,6 +57,7 @@ class SamplePipeline:
     def __init__(self, augment: Any, image_size: int, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.max_pixels = max_pixels
+        self.ship_encoded = False  # decode="device": workers hand over bytes + crop parameters, not pixels
         self.augment = augment
         self.image_size = image_size
         self.seed = seed
@@ -125,7 +126,12 @@ class SamplePipeline:
 
     def batch(self, samples: list[EncodedSample], epoch: int, on_error: str) -> Batch:
         """Decode and augment `samples` into one batch. With a preset every image is resized straight into
-        a preallocated [B, S, S, 3] buffer; one transpose to NCHW at the end."""
+        a preallocated [B, S, S, 3] buffer; one transpose to NCHW at the end. With `ship_encoded`, an
+        EncodedBatch instead (the device decodes it)."""
+        if self.ship_encoded:
+            from fastdata.device_decode import pack_encoded
+
+            return pack_encoded(self, samples, epoch)
         skipped: list[tuple[str, str]] = []
         labels: list[int] = []
         size = self.output_size
