@@ -7,7 +7,8 @@ over --repeats runs and printing medians and ratios measured in the same run:
 
 - conversion: `fastdata.convert_text` to LMDB and to WebDataset (whole runs: reading, JSON parsing,
   tokenizing, writing, hashing, manifest) vs `Tokenizer.encode_batch` / `encode_batch_fast` over the same
-  texts already in memory, and `encode` one document at a time. Each runs in a fresh process (peak RSS shown).
+  texts already in memory, and `encode` one document at a time. Each runs in a fresh process; the peak RSS
+  growth over the process after its imports is shown (the ceilings hold the whole corpus in memory).
 - loading: random blocks of --seq-len tokens (+1 for the labels), batches of --batch-size, as
   {"input_ids", "labels"} int64: `fastdata.loader` (LMDB, WebDataset) with --workers workers; a flat uint16
   memmap through a DataLoader one block per item (nanoGPT-style dataset) and with whole-batch fetches; and
@@ -46,11 +47,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 def _ceiling(corpus: str, tokenizer: str, method: str, batch_chars: int, limit_mb: float | None) -> dict:
     """Tokenize the corpus texts (loaded in memory first, not timed) with the tokenizer's own API."""
     from fastdata.text_tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
+    base = _rss_mb()
     texts = list(iter_texts(Path(corpus), limit_mb))
     batches, current, size = [], [], 0
     for text in texts:
@@ -71,7 +78,7 @@ def _ceiling(corpus: str, tokenizer: str, method: str, batch_chars: int, limit_m
             tokens += sum(len(e.ids) for e in encode(batch, add_special_tokens=False))
     seconds = time.perf_counter() - started
     return {"tokens": tokens, "seconds": seconds, "bytes": sum(len(t.encode()) for t in texts),
-            "rss_mb": _peak_rss_mb()}
+            "rss_mb": _peak_rss_mb() - base}
 
 
 def _fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
@@ -79,10 +86,11 @@ def _fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
 
     if Path(out).exists():
         shutil.rmtree(out)
+    base = _rss_mb()
     started = time.perf_counter()
     summary = fastdata.convert_text(corpus, out, tokenizer=tokenizer, format=fmt, progress=False)
     seconds = time.perf_counter() - started
-    return {"tokens": summary.tokens, "seconds": seconds, "bytes": summary.bytes_in, "rss_mb": _peak_rss_mb(),
+    return {"tokens": summary.tokens, "seconds": seconds, "bytes": summary.bytes_in, "rss_mb": _peak_rss_mb() - base,
             "documents": summary.documents}
 
 
@@ -194,8 +202,8 @@ def main() -> None:
 
     args.data.mkdir(parents=True, exist_ok=True)
     corpus = build_corpus(args.data / f"corpus-{args.mb:g}mb.jsonl", args.mb)
-    tokenizer = train_tokenizer(corpus, args.data / "bpe-32k.json")
-    outputs = {"lmdb": args.data / "corpus.lmdb", "wds": args.data / "corpus-wds"}
+    tokenizer = train_tokenizer(corpus, args.data / f"{corpus.stem}-bpe-32k.json")
+    outputs = {"lmdb": args.data / f"{corpus.stem}.lmdb", "wds": args.data / f"{corpus.stem}-wds"}
     cores = len(os.sched_getaffinity(0))
     print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:.1f} MB JSONL), tokenizer {tokenizer.name}, "
           f"{cores} cores, torch {torch.__version__}")
@@ -217,14 +225,14 @@ def main() -> None:
                 result = _in_fresh_process(fn, *fn_args)
                 conversions.setdefault(name, []).append(result)
                 print(f"  run {repeat + 1}: {name}: {result['tokens'] / result['seconds'] / 1e6:.3f} M tokens/s "
-                      f"({result['seconds']:.1f} s, peak RSS {result['rss_mb']:.0f} MB)", flush=True)
+                      f"({result['seconds']:.1f} s, peak RSS +{result['rss_mb']:.0f} MB)", flush=True)
         one = _in_fresh_process(_ceiling, str(corpus), str(tokenizer), "encode", 0, args.one_at_a_time_mb)
         conversions[f"`tokenizers` encode, one document at a time ({args.one_at_a_time_mb:g} MB)"] = [one]
         ceiling = statistics.median(r["tokens"] / r["seconds"] for r in conversions[next(iter(contenders))])
         first = conversions["fastdata convert text -> LMDB"][0]
         print(f"\nconversion: {first['documents']:,} documents, {first['tokens']:,} tokens, "
               f"{first['bytes'] / 1e6:.1f} MB in; medians of {args.repeats} (one-at-a-time: 1 run)\n")
-        print("| conversion | M tokens/s | range | vs encode_batch | MB/s | peak RSS MB |")
+        print("| conversion | M tokens/s | range | vs encode_batch | MB/s | peak RSS growth MB |")
         print("|---|---:|---:|---:|---:|---:|")
         for name, results in conversions.items():
             rates = [r["tokens"] / r["seconds"] for r in results]
@@ -237,7 +245,7 @@ def main() -> None:
     for fmt, out in outputs.items():  # tokenize in a child only: the loaders below fork this process
         if not (out / "manifest.json").is_file():
             _in_fresh_process(_fastdata_convert, str(corpus), str(tokenizer), str(out), fmt)
-    flat = write_flat_stream(outputs["lmdb"], args.data / "stream.u16")
+    flat = write_flat_stream(outputs["lmdb"], args.data / f"{corpus.stem}-stream.u16")
     blocks = MemmapBlocks(flat, args.seq_len)
     n, b, w = args.seq_len, args.batch_size, args.workers
     limit = min(args.load_batches, len(blocks) // b)

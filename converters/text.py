@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,24 +136,25 @@ class SourceReader:
         except OSError as exc:
             raise SourceError(f"{self.path}: unreadable ({exc.strerror or exc})") from exc
 
-    def _open_lines(self, raw: io.BufferedReader) -> io.BufferedIOBase:
+    def _open_lines(self, raw: io.BufferedReader) -> tuple[io.BufferedIOBase, tuple[type[BaseException], ...]]:
+        """The decompressed line stream, and the errors that mean the compressed data is damaged."""
         if self.suffix == ".jsonl.gz":
-            return gzip.GzipFile(fileobj=raw, mode="rb")
+            return gzip.GzipFile(fileobj=raw, mode="rb"), (EOFError, gzip.BadGzipFile, zlib.error)
         if self.suffix == ".jsonl.zst":
             import zstandard
 
-            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False))
-        return raw
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)
+            return io.BufferedReader(reader), (zstandard.ZstdError, EOFError)
+        return raw, ()
 
     def _jsonl(self, raw: io.BufferedReader) -> Iterator[Document | Rejected]:
         number = 0
+        lines, damaged = self._open_lines(raw)
         try:
-            for number, line in enumerate(self._open_lines(raw), 1):
+            for number, line in enumerate(lines, 1):
                 if line.strip():
                     yield self._record(line, number)
-        except (EOFError, OSError, ValueError) as exc:  # damaged gzip / zstd stream
-            if self.suffix == ".jsonl":
-                raise
+        except damaged as exc:
             yield Rejected(self.name, number + 1, f"damaged compressed file, rest of it skipped ({exc})")
 
     def _record(self, line: bytes, number: int) -> Document | Rejected:
@@ -231,8 +233,8 @@ def cli_command() -> click.Command:
     @click.option("--eos-token", default=None, metavar="TOKEN",
                   help="End-of-text token appended to every document when packing. Default: found among the "
                        "tokenizer's special tokens (<|endoftext|>, </s>, [SEP], ...).")
-    @click.option("--batch-size", default="4MB", show_default=True,
-                  help="Text per tokenizer batch (bounds memory): 4MB, 512KB, ...")
+    @click.option("--batch-size", default="1MB", show_default=True,
+                  help="Text per tokenizer batch (bounds memory): 1MB, 512KB, ...")
     @output_options
     def command(src: tuple[str, ...], out: Path, quiet: bool, **options) -> None:
         """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, folders or quoted

@@ -33,7 +33,7 @@ from fastdata.text_tokenizer import load_tokenizer, resolve_eos, resolve_pad, to
 from fastdata.text_wds import TextWdsWriter
 
 TOKENIZER_FILE = "tokenizer.json"
-DEFAULT_BATCH_SIZE = "4MB"
+DEFAULT_BATCH_SIZE = "1MB"
 MAX_LISTED_REJECTIONS = 10_000  # the manifest lists this many rejected records; all are counted
 _MAX_BATCH_DOCUMENTS = 4096
 _QUEUE_BATCHES = 3
@@ -120,20 +120,23 @@ def _in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
     stop = threading.Event()
     end = object()
 
+    def offer(entry: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():  # the consumer may have stopped: never block for good
+            try:
+                channel.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        channel.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not offer((item, None)):
                     return
-            channel.put((end, None))
+            offer((end, None))
         except BaseException as exc:  # handed to the consumer, raised there
-            channel.put((end, exc))
+            offer((end, exc))
 
     thread = threading.Thread(target=produce, name="fastdata-text-reader", daemon=True)
     thread.start()

@@ -1,6 +1,6 @@
 """Batches from stored documents: packed fixed-length blocks over the document stream, or one padded
 document per row; and the length-bucketing batch order. Pure numpy over a token store (anything with
-`ends`, `read(start, stop)`, `total_tokens`, `num_documents`), so each piece is testable without a loader.
+`ends`, `read` / `read_many`, `total_tokens`, `num_documents`), so each piece is testable without a loader.
 
 The packed stream is every document followed by the end-of-text token: doc0 EOS doc1 EOS ... Block k is
 stream tokens `[k*L, k*L + L]` (L + 1 tokens; consecutive blocks share one token), so every stream token but
@@ -9,7 +9,7 @@ the first is a label exactly once per epoch; the tail after the last whole block
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -17,7 +17,6 @@ import torch
 
 from fastdata.datasets import EpochBatchSampler
 from fastdata.errors import ConfigError
-from fastdata.order import epoch_order
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
@@ -32,6 +31,8 @@ class TokenStore(Protocol):
     def ends(self) -> np.ndarray: ...
 
     def read(self, start: int, stop: int) -> np.ndarray: ...
+
+    def read_many(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray: ...
 
 
 def num_blocks(stream_tokens: int, seq_len: int) -> int:
@@ -69,39 +70,59 @@ class PackedBlocks:
             self._eos_positions = ends + np.arange(len(ends), dtype=np.int64)
         return self._eos_positions
 
-    def block_into(self, k: int, out: np.ndarray) -> None:
-        """Write stream tokens `[k*L, k*L + L]` into `out` (L + 1 int64)."""
-        if not 0 <= k < len(self):
-            raise IndexError(f"block {k} out of range for {len(self)} blocks")
-        start, stop = k * self.seq_len, k * self.seq_len + self.seq_len + 1
+    def rows(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Blocks as rows of L + 1 stream tokens [len(blocks), L + 1] (int64, or written into `out`): all
+        blocks' token ranges read in one go, the end-of-text tokens placed with one vectorised scatter."""
+        ks = np.asarray(blocks, dtype=np.int64).reshape(-1)
+        if len(ks) and (ks.min() < 0 or ks.max() >= len(self)):
+            raise IndexError(f"block index out of range for {len(self)} blocks")
+        width = self.seq_len + 1
         eos = self.eos_positions
-        first, last = np.searchsorted(eos, (start, stop), side="left")
-        tokens = self.store.read(start - int(first), start - int(first) + (stop - start) - int(last - first))
-        if first == last:
-            out[:] = tokens
-            return
-        is_token = np.ones(stop - start, bool)
-        is_token[eos[first:last] - start] = False
-        out[is_token] = tokens
-        out[~is_token] = self.eos_id
+        starts = ks * self.seq_len
+        first = np.searchsorted(eos, starts, side="left")
+        per_row = np.searchsorted(eos, starts + width, side="left") - first  # end-of-text tokens in each block
+        tokens = self.store.read_many(starts - first, width - per_row)
+        rows = np.empty((len(ks), width), np.int64) if out is None else out
+        total = int(per_row.sum())
+        if total == 0:
+            rows.reshape(-1)[:] = tokens
+            return rows
+        row_of = np.repeat(np.arange(len(ks)), per_row)
+        nth = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        is_token = np.ones(rows.shape, bool)
+        is_token[row_of, eos[np.repeat(first, per_row) + nth] - starts[row_of]] = False
+        rows[is_token] = tokens
+        rows[~is_token] = self.eos_id
+        return rows
 
     def block(self, k: int) -> np.ndarray:
-        out = np.empty(self.seq_len + 1, np.int64)
-        self.block_into(k, out)
-        return out
+        """Stream tokens `[k*L, k*L + L]` (L + 1 int64)."""
+        return self.rows([k])[0]
 
-    def batch(self, blocks: Sequence[int]) -> dict[str, torch.Tensor]:
-        rows = np.empty((len(blocks), self.seq_len + 1), np.int64)
-        for row, k in zip(rows, blocks, strict=True):
-            self.block_into(int(k), row)
-        return {"input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :-1])),
-                "labels": torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))}
+    def transfer_array(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
+        """Write a batch in its compact hand-over form (rows of L + 1 tokens) into `out` (int32 [B, L + 1])."""
+        self.rows(blocks, out)
+
+    def transfer_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.seq_len + 1)
+
+    def to_batch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`{"input_ids", "labels"}` (contiguous int64 [B, L]) from rows of L + 1 tokens."""
+        shape = (rows.shape[0], self.seq_len)
+        input_ids = torch.empty(shape, dtype=torch.int64).copy_(rows[:, :-1])
+        labels = torch.empty(shape, dtype=torch.int64).copy_(rows[:, 1:])
+        return {"input_ids": input_ids, "labels": labels}
+
+    def batch(self, blocks: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        return self.to_batch(torch.from_numpy(self.rows(blocks)))
 
 
 class PaddedDocuments:
     """One document per row: `input_ids` = its first `max_length` tokens, `labels` = the next token at each
     position (the document's end-of-text token after its last one, when there is one), padded to the longest
     row of the batch with `pad_id` / IGNORE_INDEX, and `attention_mask` 1 on real tokens."""
+
+    keys = ("input_ids", "attention_mask", "labels")
 
     def __init__(self, store: TokenStore, max_length: int, eos_id: int | None, pad_id: int) -> None:
         if max_length < 1:
@@ -130,36 +151,49 @@ class PaddedDocuments:
             tokens = np.append(tokens, np.int64(self.eos_id))
         return tokens
 
-    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    def batch_array(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """`[input_ids, attention_mask, labels]` of a batch of documents as one int64 array [3, B, W], W the
+        longest row of the batch (at least 1); also the hand-over form (as int32)."""
         if any(not 0 <= int(i) < len(self) for i in indices):
             raise IndexError(f"document index out of range for {len(self)} documents")
         sequences = [self._sequence(int(i)) for i in indices]
         width = max([1, *(len(s) - 1 for s in sequences)])
-        input_ids = np.full((len(sequences), width), self.pad_id, np.int64)
-        labels = np.full((len(sequences), width), IGNORE_INDEX, np.int64)
-        mask = np.zeros((len(sequences), width), np.int64)
+        out = np.empty((3, len(sequences), width), np.int64)
+        input_ids, mask, labels = out
+        input_ids.fill(self.pad_id)
+        mask.fill(0)
+        labels.fill(IGNORE_INDEX)
         for row, tokens in enumerate(sequences):
             n = max(len(tokens) - 1, 0)
             input_ids[row, :n] = tokens[:n]
             labels[row, :n] = tokens[1:n + 1]
             mask[row, :n] = 1
-        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask),
-                "labels": torch.from_numpy(labels)}
+        return out
+
+    def to_batch(self, array: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch dict (contiguous int64 [B, W] each) from a [3, B, W] array."""
+        return dict(zip(self.keys, array.to(torch.int64).unbind(0), strict=True))
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        return self.to_batch(torch.from_numpy(self.batch_array(indices)))
 
 
 class BucketBatchSampler(EpochBatchSampler):
     """Like EpochBatchSampler, but batches hold documents of similar length: each window of
     `window_batches` batches of the epoch's order is sorted by length and cut into batches, and the batches
-    are then shuffled (from seed and epoch). Same batches for any number of workers; same length."""
+    are then shuffled (from seed and epoch). Same batches for any number of workers; same length. With several
+    ranks, each buckets its own part of the epoch."""
+
+    repartitions = False  # batches are not a prefix of the order: a mid-epoch state needs the same world size
 
     def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
-                 window_batches: int = 64) -> None:
-        super().__init__(len(lengths), batch_size, shuffle, seed, drop_last)
+                 window_batches: int = 64, rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
+        super().__init__(len(lengths), batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
         self.lengths = np.asarray(lengths)
         self.window = batch_size * window_batches
 
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
+    def epoch_batches(self) -> list[np.ndarray]:
+        order = self.rank_indices()
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         batches: list[np.ndarray] = []
         for start in range(0, stop, self.window):
@@ -169,6 +203,5 @@ class BucketBatchSampler(EpochBatchSampler):
         if self.shuffle:
             rng = np.random.default_rng((self.seed, self.epoch, 2))
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        for chunk in batches:
-            yield self.epoch, chunk
+        return batches
 

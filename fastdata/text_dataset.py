@@ -3,12 +3,13 @@ DataLoader adapter that builds whole batches inside the workers."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import Manifest
@@ -114,7 +115,10 @@ class TextDataset(Dataset):
 
 
 class TextBatches(Dataset):
-    """DataLoader adapter: item `(epoch, indices)` -> a whole batch dict, built inside the worker."""
+    """DataLoader adapter: item `(epoch, [indices, ...])` -> those whole batches, built inside the worker and
+    handed over in a compact form (int32; packed blocks as rows of L + 1 tokens) in one flat shared-memory
+    tensor plus each batch's shape: one small transfer per group is what makes moving batches between
+    processes cheap. `unpack_batches` turns an item back into batch dicts."""
 
     def __init__(self, batcher: PackedBlocks | PaddedDocuments) -> None:
         self.batcher = batcher
@@ -122,6 +126,29 @@ class TextBatches(Dataset):
     def __len__(self) -> int:
         return len(self.batcher)
 
-    def __getitem__(self, item: tuple[int, np.ndarray]) -> dict[str, torch.Tensor]:
-        _epoch, indices = item
-        return self.batcher.batch(indices)
+    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+        _epoch, group = item
+        if isinstance(self.batcher, PackedBlocks):
+            shapes = [self.batcher.transfer_shape(len(indices)) for indices in group]
+            flat = torch.empty(sum(int(np.prod(shape)) for shape in shapes), dtype=torch.int32)
+            if get_worker_info() is not None:  # filled in shared memory: nothing to copy when it is sent
+                flat.share_memory_()
+            view, pos = flat.numpy(), 0
+            for indices, shape in zip(group, shapes, strict=True):
+                size = int(np.prod(shape))
+                self.batcher.transfer_array(indices, view[pos:pos + size].reshape(shape))
+                pos += size
+            return flat, shapes
+        arrays = [self.batcher.batch_array(indices) for indices in group]
+        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.int32)
+        return torch.from_numpy(flat), [a.shape for a in arrays]
+
+
+def unpack_batches(flat: torch.Tensor, shapes: list[tuple[int, ...]], batcher: PackedBlocks | PaddedDocuments
+                   ) -> Iterator[dict[str, torch.Tensor]]:
+    """The batch dicts (contiguous int64 tensors) of one TextBatches item."""
+    pos = 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        yield batcher.to_batch(flat[pos:pos + size].view(shape))
+        pos += size

@@ -177,22 +177,28 @@ class TextLmdbReader:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens `[start, stop)` of the concatenated documents, as a new array of the stored dtype."""
-        if not 0 <= start <= stop <= self.total_tokens:
-            raise IndexError(f"token range [{start}, {stop}) out of range for {self.total_tokens} tokens")
-        out = np.empty(stop - start, self.dtype)
-        if stop == start:
-            return out
-        env, size = self._open(), self.chunk_tokens
-        first, last = start // size, (stop - 1) // size
+        return self.read_many(np.array([start], np.int64), np.array([stop - start], np.int64))
+
+    def read_many(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Token ranges `[starts[j], starts[j] + counts[j])`, concatenated, in one read transaction."""
+        stops = starts + counts
+        if len(starts) and (starts.min() < 0 or counts.min() < 0 or stops.max() > self.total_tokens):
+            raise IndexError(f"token ranges out of range for {self.total_tokens} tokens")
+        out = np.empty(int(counts.sum()), self.dtype)
+        env, size, itemsize, db = self._open(), self.chunk_tokens, self.dtype.itemsize, self._dbs["tokens"]
+        pos = 0
         with env.begin(buffers=True) as txn:
-            pos = 0
-            for number in range(first, last + 1):
-                value = txn.get(index_key(number), db=self._dbs["tokens"])
-                lo = start - number * size if number == first else 0
-                hi = stop - number * size if number == last else size
-                if value is None or len(value) < hi * self.dtype.itemsize:
-                    raise CorruptSampleError(f"{self.directory}: token chunk {number} is missing or short; "
-                                             "the dataset is damaged")
-                out[pos:pos + hi - lo] = np.frombuffer(value, self.dtype, hi - lo, lo * self.dtype.itemsize)
-                pos += hi - lo
+            for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+                if stop == start:
+                    continue
+                first, last = start // size, (stop - 1) // size
+                for number in range(first, last + 1):
+                    value = txn.get(index_key(number), db=db)
+                    lo = start - number * size if number == first else 0
+                    hi = stop - number * size if number == last else size
+                    if value is None or len(value) < hi * itemsize:
+                        raise CorruptSampleError(f"{self.directory}: token chunk {number} is missing or short; "
+                                                 "the dataset is damaged")
+                    out[pos:pos + hi - lo] = np.frombuffer(value, self.dtype, hi - lo, lo * itemsize)
+                    pos += hi - lo
         return out

@@ -129,21 +129,29 @@ class TextWdsReader:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens `[start, stop)` of the concatenated documents, as a new array of the stored dtype."""
-        if not 0 <= start <= stop <= self.total_tokens:
-            raise IndexError(f"token range [{start}, {stop}) out of range for {self.total_tokens} tokens")
-        out = np.empty(stop - start, self.dtype)
+        return self.read_many(np.array([start], np.int64), np.array([stop - start], np.int64))
+
+    def read_many(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Token ranges `[starts[j], starts[j] + counts[j])`, concatenated."""
+        stops = starts + counts
+        if len(starts) and (starts.min() < 0 or counts.min() < 0 or stops.max() > self.total_tokens):
+            raise IndexError(f"token ranges out of range for {self.total_tokens} tokens")
+        out = np.empty(int(counts.sum()), self.dtype)
         shards, offsets, ends = self._load_index()
-        doc = int(np.searchsorted(ends, start, side="right"))
-        pos, size = start, self.dtype.itemsize
-        while pos < stop:
-            doc_start = int(ends[doc - 1]) if doc else 0
-            hi = min(stop, int(ends[doc]))
-            if hi > pos:
-                target = out[pos - start:hi - start].view(np.uint8)
-                handle = self._handle(int(shards[doc]))
-                got = os.preadv(handle.fileno(), [target], int(offsets[doc]) + (pos - doc_start) * size)
-                if got != len(target):
-                    raise CorruptSampleError(f"{handle.name}: document {doc} is truncated; the dataset is damaged")
-                pos = hi
-            doc += 1
+        size, pos = self.dtype.itemsize, 0
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            doc = int(np.searchsorted(ends, start, side="right"))
+            while start < stop:
+                doc_start = int(ends[doc - 1]) if doc else 0
+                hi = min(stop, int(ends[doc]))
+                if hi > start:
+                    target = out[pos:pos + hi - start].view(np.uint8)
+                    handle = self._handle(int(shards[doc]))
+                    got = os.preadv(handle.fileno(), [target], int(offsets[doc]) + (start - doc_start) * size)
+                    if got != len(target):
+                        raise CorruptSampleError(f"{handle.name}: document {doc} is truncated; the dataset is "
+                                                 "damaged")
+                    pos += hi - start
+                    start = hi
+                doc += 1
         return out

@@ -307,6 +307,27 @@ def test_invalid_records_are_reported_with_file_and_line(tmp_path, bpe):
     assert ":2: not valid JSON" in describe(tmp_path / "out.lmdb")
 
 
+def test_damaged_compressed_files_are_reported_and_skipped(tmp_path, bpe):
+    import zstandard
+
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = "".join(json.dumps({"text": f"line {i} " + "x" * 50}) + "\n" for i in range(400))
+    gz = gzip.compress(lines.encode())
+    (src / "a.jsonl.gz").write_bytes(gz[:len(gz) // 2])  # truncated
+    zst = bytearray(zstandard.ZstdCompressor().compress(lines.encode()))
+    zst[len(zst) // 2:len(zst) // 2 + 16] = b"\xff" * 16  # corrupted
+    (src / "b.jsonl.zst").write_bytes(bytes(zst))
+    write_jsonl(src / "c.jsonl", ["after"])
+    summary = fastdata.convert_text(src, tmp_path / "o.lmdb", tokenizer=bpe, progress=False)
+    reasons = {Path(r.source).name: r.reason for r in summary.rejected}
+    assert set(reasons) == {"a.jsonl.gz", "b.jsonl.zst"}
+    assert all("damaged compressed file" in reason for reason in reasons.values())
+    ds = fastdata.dataset(tmp_path / "o.lmdb")
+    assert ds.tokenizer.decode(ds[len(ds) - 1]["input_ids"].tolist()) == "after"
+    assert 0 < len(ds) < 801
+
+
 def test_strict_stops_at_first_rejection_and_writes_nothing(tmp_path, bpe):
     src = tmp_path / "a.jsonl"
     src.write_text('{"text": "ok"}\n{"text": null}\n')
@@ -398,3 +419,31 @@ def test_cli_convert_text_and_info(tmp_path, capsys, bpe, corpus):
     for needle in ("--tokenizer", "--field", "--txt-mode", "--eos-token", "--format", "--shard-size",
                    "--overwrite", "--strict", "--batch-size"):
         assert needle in help_text
+
+
+def test_background_reader_stops_with_its_consumer_and_passes_errors_on():
+    import threading
+
+    from fastdata.convert_text import _in_background
+
+    def endless():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    before = threading.active_count()
+    stream = _in_background(endless(), 2)
+    assert [next(stream) for _ in range(5)] == [0, 1, 2, 3, 4]
+    stream.close()  # returns (does not hang on the full queue) and ends the thread
+    assert threading.active_count() == before
+
+    def failing():
+        yield "first"
+        raise SourceError("x.jsonl: unreadable")
+
+    received = []
+    with pytest.raises(SourceError, match=r"x\.jsonl"):
+        for item in _in_background(failing(), 1):
+            received.append(item)
+    assert received == ["first"]

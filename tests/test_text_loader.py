@@ -168,3 +168,13 @@ def test_text_loader_option_errors(data):
         fastdata.loader(data, seq_len=10**9, num_workers=0)
     with pytest.raises(ConfigError, match="seq_len must be at least 1"):
         fastdata.loader(data, seq_len=0, num_workers=0)
+
+
+def test_spawned_workers_give_the_same_batches(data):
+    spawned = fastdata.loader(data, seq_len=16, batch_size=8, num_workers=1, seed=4, multiprocessing_context="spawn")
+    serial = fastdata.loader(data, seq_len=16, batch_size=8, num_workers=0, seed=4)
+    a, b = list(spawned), list(serial)
+    assert len(a) == len(b) == len(serial)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["labels"], y["labels"])
+        assert x["input_ids"].is_contiguous() and x["labels"].is_contiguous()

@@ -1,0 +1,51 @@
+"""The README's text snippets (```py blocks of the "Text datasets" section) run as written, pointed at a
+tiny converted text dataset, with a stand-in `model`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from test_text import make_corpus, train_bytelevel, write_jsonl
+
+import fastdata
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def text_section() -> str:
+    return README.read_text().split("## Text datasets", 1)[1].split("\n## ", 1)[0]
+
+
+def text_blocks() -> list[str]:
+    return re.findall(r"```py\n(.*?)```", text_section(), flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def corpus_lmdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("readme_text")
+    docs = make_corpus(200, seed=9)
+    tokenizer = train_bytelevel(root / "tokenizer.json", docs)
+    out = root / "corpus.lmdb"
+    fastdata.convert_text(write_jsonl(root / "corpus.jsonl", docs), out, tokenizer=tokenizer, progress=False)
+    assert fastdata.dataset(out).total_tokens > 1025  # at least one whole block of the README's seq_len
+    return out
+
+
+def test_text_section_has_snippets_and_commands() -> None:
+    assert len(text_blocks()) >= 2
+    assert "fastdata convert text corpus.jsonl corpus.lmdb --tokenizer tokenizer.json" in text_section()
+
+
+@pytest.mark.parametrize("index", range(len(text_blocks())))
+def test_text_snippet_runs(index: int, corpus_lmdb: Path) -> None:
+    code = text_blocks()[index].replace('"corpus.lmdb"', repr(str(corpus_lmdb)))
+    vocab = fastdata.dataset(corpus_lmdb).tokenizer.get_vocab_size()
+    namespace: dict = {"model": lambda ids: torch.zeros(*ids.shape, vocab, requires_grad=True)}
+    exec(compile(code, f"README.md text snippet {index}", "exec"), namespace)
+    if "loss" in namespace:
+        assert namespace["input_ids"].shape[1] == 1024 and torch.isfinite(namespace["loss"])
+    if "text" in namespace:
+        assert namespace["text"] == make_corpus(200, seed=9)[0]
