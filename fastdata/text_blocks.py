@@ -1,6 +1,6 @@
 """Batches from stored documents: packed fixed-length blocks over the document stream, or one padded
-document per row; and the length-bucketing batch order. Pure numpy over a token store (anything with
-`ends`, `read` / `read_many`, `total_tokens`, `num_documents`), so each piece is testable without a loader.
+document per row; and the length-bucketing batch order. Pure numpy over a TokenReader (LMDB or WebDataset),
+so each piece is testable without a loader.
 
 The packed stream is every document followed by the end-of-text token: doc0 EOS doc1 EOS ... Block k is
 stream tokens `[k*L, k*L + L]` (L + 1 tokens; consecutive blocks share one token), so every stream token but
@@ -10,29 +10,15 @@ the first is a label exactly once per epoch; the tail after the last whole block
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from fastdata.datasets import EpochBatchSampler
 from fastdata.errors import ConfigError
+from fastdata.text_store import TokenReader
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
-
-
-class TokenStore(Protocol):
-    """What a batcher needs from a storage reader."""
-
-    num_documents: int
-    total_tokens: int
-
-    @property
-    def ends(self) -> np.ndarray: ...
-
-    def read(self, start: int, stop: int) -> np.ndarray: ...
-
-    def read_many(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray: ...
 
 
 def num_blocks(stream_tokens: int, seq_len: int) -> int:
@@ -44,7 +30,7 @@ class PackedBlocks:
     """Block k of the EOS-separated document stream; batches of blocks as `input_ids` / `labels` [B, L]
     int64, labels shifted by one."""
 
-    def __init__(self, store: TokenStore, seq_len: int, eos_id: int) -> None:
+    def __init__(self, store: TokenReader, seq_len: int, eos_id: int) -> None:
         if seq_len < 1:
             raise ConfigError(f"seq_len must be at least 1, got {seq_len}")
         self.store = store
@@ -124,7 +110,7 @@ class PaddedDocuments:
 
     keys = ("input_ids", "attention_mask", "labels")
 
-    def __init__(self, store: TokenStore, max_length: int, eos_id: int | None, pad_id: int) -> None:
+    def __init__(self, store: TokenReader, max_length: int, eos_id: int | None, pad_id: int) -> None:
         if max_length < 1:
             raise ConfigError(f"max_length must be at least 1, got {max_length}")
         self.store = store

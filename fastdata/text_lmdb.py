@@ -20,7 +20,7 @@ import numpy as np
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.lmdb import DATA_FILE, index_key
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.text_tokenizer import stored_dtype
+from fastdata.text_store import TokenReader
 
 CHUNK_TOKENS = 1 << 18
 ENDS_PER_CHUNK = 1 << 16
@@ -133,15 +133,14 @@ class TextLmdbWriter:
             self._env.close()
 
 
-class TextLmdbReader:
-    """Random access to the token stream of an LMDB text dataset. Opens the environment lazily, once per
-    process, read-only and unlocked; safe to pickle for spawn."""
+class TextLmdbReader(TokenReader):
+    """Random access to the token stream of an LMDB text dataset (all ranges of one `read_many` in one read
+    transaction). Opens the environment lazily, once per process, read-only and unlocked; safe to pickle
+    for spawn."""
 
     def __init__(self, directory: Path, text: dict[str, Any]) -> None:
+        super().__init__(text)
         self.directory = Path(directory)
-        self.dtype = stored_dtype(text["dtype"])
-        self.num_documents = int(text["documents"])
-        self.total_tokens = int(text["total_tokens"])
         self.chunk_tokens = int(text["chunk_tokens"])
         self._env: Any = None
         self._dbs: dict[str, Any] = {}
@@ -175,20 +174,11 @@ class TextLmdbReader:
             self._ends = ends
         return self._ends
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens `[start, stop)` of the concatenated documents, as a new array of the stored dtype."""
-        return self.read_many(np.array([start], np.int64), np.array([stop - start], np.int64))
-
-    def read_many(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Token ranges `[starts[j], starts[j] + counts[j])`, concatenated, in one read transaction."""
-        stops = starts + counts
-        if len(starts) and (starts.min() < 0 or counts.min() < 0 or stops.max() > self.total_tokens):
-            raise IndexError(f"token ranges out of range for {self.total_tokens} tokens")
-        out = np.empty(int(counts.sum()), self.dtype)
+    def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
         env, size, itemsize, db = self._open(), self.chunk_tokens, self.dtype.itemsize, self._dbs["tokens"]
         pos = 0
         with env.begin(buffers=True) as txn:
-            for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            for start, stop in zip(starts, stops, strict=True):
                 if stop == start:
                     continue
                 first, last = start // size, (stop - 1) // size
@@ -201,4 +191,3 @@ class TextLmdbReader:
                                                  "the dataset is damaged")
                     out[pos:pos + hi - lo] = np.frombuffer(value, self.dtype, hi - lo, lo * itemsize)
                     pos += hi - lo
-        return out

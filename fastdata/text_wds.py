@@ -20,7 +20,7 @@ import numpy as np
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
 from fastdata.formats.wds import WdsWriter
-from fastdata.text_tokenizer import stored_dtype
+from fastdata.text_store import TokenReader
 
 INDEX_SUFFIX = ".idx"
 _BLOCK = 512  # tar block size
@@ -73,16 +73,14 @@ class TextWdsWriter(WdsWriter):
         return super().close(), {"index_files": list(self._index_entries)}
 
 
-class TextWdsReader:
+class TextWdsReader(TokenReader):
     """Random access to the token stream of a WebDataset text dataset through the shard indexes; shards are
     opened lazily and read with `pread`, so one reader serves any process (safe to pickle for spawn)."""
 
     def __init__(self, directory: Path, files: list[FileEntry], text: dict[str, Any]) -> None:
+        super().__init__(text)
         self.directory = Path(directory)
         self.files = list(files)
-        self.dtype = stored_dtype(text["dtype"])
-        self.num_documents = int(text["documents"])
-        self.total_tokens = int(text["total_tokens"])
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._handles: dict[int, Any] = {}
         for entry in self.files:
@@ -127,19 +125,10 @@ class TextWdsReader:
             handle = self._handles[shard] = open(self.directory / self.files[shard].name, "rb", buffering=0)  # noqa: SIM115 (kept open for reuse)
         return handle
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens `[start, stop)` of the concatenated documents, as a new array of the stored dtype."""
-        return self.read_many(np.array([start], np.int64), np.array([stop - start], np.int64))
-
-    def read_many(self, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Token ranges `[starts[j], starts[j] + counts[j])`, concatenated."""
-        stops = starts + counts
-        if len(starts) and (starts.min() < 0 or counts.min() < 0 or stops.max() > self.total_tokens):
-            raise IndexError(f"token ranges out of range for {self.total_tokens} tokens")
-        out = np.empty(int(counts.sum()), self.dtype)
+    def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
         shards, offsets, ends = self._load_index()
         size, pos = self.dtype.itemsize, 0
-        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+        for start, stop in zip(starts, stops, strict=True):
             doc = int(np.searchsorted(ends, start, side="right"))
             while start < stop:
                 doc_start = int(ends[doc - 1]) if doc else 0
@@ -154,4 +143,3 @@ class TextWdsReader:
                     pos += hi - start
                     start = hi
                 doc += 1
-        return out
