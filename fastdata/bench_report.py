@@ -53,6 +53,30 @@ def check_plotting() -> None:
         raise ConfigError("--plot needs matplotlib: pip install 'fastdata[plot]'") from exc
 
 
+def smooth(timeline: dict[str, Any], points: int, min_steps: float = 4.0) -> dict[str, Any]:
+    """A meter timeline made readable: merged into at most `points` bins, then each point the mean over a
+    centred window of bins holding about `min_steps` steps (short runs have about one batch per bin)."""
+    timeline = coarsen(timeline, points)
+    steps = timeline.get("steps_per_s", [])
+    if not steps:
+        return timeline
+    bin_s = timeline.get("bin_s") or 0.0
+    per_bin = sum(steps) * bin_s / len(steps) if bin_s else 0.0
+    half = int(min_steps / per_bin) // 2 if per_bin > 0 else 0
+    if half < 1:
+        return timeline
+
+    def rolling(values: list[float]) -> list[float]:
+        out = []
+        for i in range(len(values)):
+            window = values[max(0, i - half):i + half + 1]
+            out.append(sum(window) / len(window))
+        return out
+
+    return {**timeline, **{key: rolling(timeline[key]) for key in ("samples_per_s", "steps_per_s",
+                                                                   "data_wait_fraction")}}
+
+
 def coarsen(timeline: dict[str, Any], points: int) -> dict[str, Any]:
     """A meter timeline merged into at most `points` bins (averages of neighbours), for a readable plot."""
     t = timeline.get("t", [])
@@ -69,7 +93,7 @@ def coarsen(timeline: dict[str, Any], points: int) -> dict[str, Any]:
 
 def plot_runs(path: str | os.PathLike[str], results: list[LoaderResult], title: str = "", points: int = 60) -> Path:
     """Throughput (left) and data wait (right) over time of each loader's median run, as a PNG at `path`
-    (each line smoothed to at most `points` points)."""
+    (each line at most `points` points, each a mean over about four steps)."""
     check_plotting()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -78,7 +102,7 @@ def plot_runs(path: str | os.PathLike[str], results: list[LoaderResult], title: 
     FigureCanvasAgg(figure)
     speed, wait = figure.subplots(1, 2)
     for r in results:
-        timeline = coarsen(r.median_run.timeline or {}, points)
+        timeline = smooth(r.median_run.timeline or {}, points)
         t = timeline.get("t", [])
         if not t:
             continue

@@ -189,8 +189,8 @@ def _system_facts(sysf: dict[str, Any], loader: LoaderFacts, cores: int) -> list
         facts.append(f"{loader.num_workers} workers used {workers:.1f} of {cores} cores")
     elif workers is not None and sysf.get("workers"):
         facts.append(f"worker processes used {workers:.1f} of {cores} cores")
-    elif main is not None:
-        facts.append(f"the training process used {main:.1f} of {cores} cores")
+    if main is not None and (main >= 0.5 or not facts):
+        facts.append(f"the training process itself used {main:.1f} cores")
     if sysf.get("cpu_percent") is not None:
         facts.append(f"CPU {sysf['cpu_percent']:.0f}% busy")
     if sysf.get("iowait_percent") is not None:
@@ -277,7 +277,7 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
             out.append("keep batches uint8 and normalise on the device (`.float().div_(255)` after `.to(device)`)")
         if workers is not None and workers < cores:
             out.append(f"raise num_workers from {workers} to {cores} (one per core)")
-        out.append("more CPU cores per GPU, or fewer / smaller images per step")
+        out.append("give loading more CPU cores (per GPU), or decode fewer / smaller images per step")
     elif cause == "in-process":
         if workers == 0:
             out.append(f"set num_workers={cores} (one per core) so batches are made in parallel, ahead of the step")

@@ -158,7 +158,7 @@ class SystemSampler:
 
     def _read(self) -> dict[str, Any]:
         """One raw reading (cumulative counters), taken as close together as the calls allow."""
-        reading: dict[str, Any] = {"t": time.monotonic(), "wall": time.time()}
+        reading: dict[str, Any] = {"t": time.monotonic()}
         ps = self._psutil
         if ps is not None:
             try:
@@ -186,21 +186,24 @@ class SystemSampler:
                 self._main = ps.Process(self.pid)
             main = self._main
             with main.oneshot():
-                main_cpu = sum(main.cpu_times()[:2])
+                times = main.cpu_times()
+                main_cpu = times.user + times.system
+                reaped = getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0)
                 rss = main.memory_info().rss
-            if self._readings < 3 or self._readings % RESCAN_EVERY == 0:  # workers start with the first steps
+            scanned = self._readings < 3 or self._readings % RESCAN_EVERY == 0  # workers start with the first steps
+            if scanned:
                 known = {child.pid: child for child in main.children(recursive=True)}
                 self._known = {pid: self._known.get(pid, child) for pid, child in known.items()}
             self._readings += 1
-            children: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, start time)
+            children: dict[int, float] = {}  # pid -> CPU seconds
             for pid, child in list(self._known.items()):
                 try:
                     with child.oneshot():
-                        children[pid] = (sum(child.cpu_times()[:2]), child.create_time())
+                        children[pid] = sum(child.cpu_times()[:2])
                         rss += child.memory_info().rss
                 except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess):
                     del self._known[pid]
-            return {"main_cpu": main_cpu, "children": children, "rss": rss}
+            return {"main_cpu": main_cpu, "children": children, "reaped": reaped, "rss": rss, "scanned": scanned}
         except Exception as exc:
             self._unavailable["rss_mb"] = f"could not read process {self.pid}: {exc}"
             return None
@@ -219,7 +222,7 @@ class SystemSampler:
                 self._mean("disk_read_mb_s").add(rate, dt)
                 latest["disk_read_mb_s"] = rate
             if prev.get("procs") and now.get("procs"):
-                self._account_processes(prev["procs"], now["procs"], prev["wall"], dt, latest)
+                self._account_processes(prev["procs"], now["procs"], dt, latest)
             if now.get("gpu"):
                 self._account_gpu(now["gpu"], dt, latest)
             self.latest = latest
@@ -245,15 +248,19 @@ class SystemSampler:
             if sys.platform.startswith("linux"):
                 self._mean("iowait_percent").add(100.0 * max(0.0, iowait_all) / total_all, dt)
 
-    def _account_processes(self, prev: dict, now: dict, prev_wall: float, dt: float, latest: dict) -> None:
+    def _account_processes(self, prev: dict, now: dict, dt: float, latest: dict) -> None:
         main = max(0.0, now["main_cpu"] - prev["main_cpu"]) / dt
         used = 0.0
-        for pid, (cpu, started) in now["children"].items():
+        for pid, cpu in now["children"].items():
             if pid in prev["children"]:
-                used += max(0.0, cpu - prev["children"][pid][0])
-            elif started >= prev_wall - 0.01:  # born in this interval: all its CPU time is in it
+                used += max(0.0, cpu - prev["children"][pid])
+            elif prev["scanned"]:  # not there when `prev` walked the process table: born since, all its CPU is new
                 used += cpu
-            # else: first seen now but older (between walks of the process table): no baseline, skip once
+            # else: older, first seen now (between walks of the process table): no baseline, skip once
+        # workers that ended since (a DataLoader's, at the end of each pass): the kernel adds their whole CPU
+        # time to ours as reaped children; what was not counted yet is that less what they had at `prev`
+        gone = sum(cpu for pid, cpu in prev["children"].items() if pid not in now["children"])
+        used += max(0.0, now["reaped"] - prev["reaped"] - gone)
         workers = used / dt
         self._mean("main_cpu_cores").add(main, dt)
         self._mean("workers_cpu_cores").add(workers, dt)

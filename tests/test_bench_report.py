@@ -23,7 +23,7 @@ from fastdata.bench import (
     make_step,
     run_bench,
 )
-from fastdata.bench_report import bench_dict, coarsen, plot_runs, write_json
+from fastdata.bench_report import bench_dict, coarsen, plot_runs, smooth, write_json
 from fastdata.cli import main
 from fastdata.errors import ConfigError
 
@@ -145,6 +145,21 @@ def test_coarsen_averages_neighbours():
     assert out["samples_per_s"] == [2, 6, 9] and out["data_wait_fraction"] == [0.5, 0.5, 0.5]
     assert out["bin_s"] == pytest.approx(0.2)
     assert coarsen(timeline, 10) is timeline
+
+
+def test_smooth_averages_over_about_four_steps():
+    n = 20  # one batch of 8 every other 0.1 s bin: 5 steps/s, jagged
+    timeline = {"bin_s": 0.1, "t": [0.05 + 0.1 * i for i in range(n)],
+                "samples_per_s": [80.0 if i % 2 == 0 else 0.0 for i in range(n)],
+                "steps_per_s": [10.0 if i % 2 == 0 else 0.0 for i in range(n)],
+                "data_wait_fraction": [0.0 if i % 2 == 0 else 1.0 for i in range(n)]}
+    out = smooth(timeline, points=60)
+    assert len(out["t"]) == n
+    middle = out["samples_per_s"][5:-5]
+    assert max(middle) - min(middle) < 20 and 30 < sum(middle) / len(middle) < 50
+    assert all(0.2 < f < 0.8 for f in out["data_wait_fraction"][5:-5])
+    busy = {**timeline, "steps_per_s": [100.0] * n}  # ten steps per bin: left as it is
+    assert smooth(busy, points=60)["samples_per_s"] == timeline["samples_per_s"]
 
 
 def test_bench_cli_plot_and_json(tmp_path, capsys, tiny):
