@@ -373,7 +373,7 @@ def test_cuda_events_time_the_gpu_view():
             x = x @ weights
         return x
 
-    batches = [torch.randn(8, 2048) for _ in range(30)]
+    batches = [torch.randn(512, 2048) for _ in range(30)]
     m = fastdata.meter(batches, interval=0.05)  # sync=None: CUDA is in use by the first step's end
     for batch in m:
         gpu_heavy_step(batch.to(device, non_blocking=True))
