@@ -30,34 +30,11 @@ _COMMIT_EVERY_CHUNKS = 32
 
 
 def _environment(directory: Path) -> tuple[Any, dict[str, Any]]:
-    """The process-wide read-only environment of `directory`, shared with the image readers' registry
-    (py-lmdb allows one environment per path per process), with the text sub-databases opened."""
-    import lmdb
+    """The process-wide read-only environment of `directory` (shared with the image readers' registry: py-lmdb
+    allows one environment per path per process), with the text sub-databases opened."""
+    from fastdata.formats.lmdb import shared_environment
 
-    from fastdata.formats import lmdb as lmdb_format
-
-    registry = lmdb_format._OPEN_ENVIRONMENTS
-    path = os.path.realpath(directory)
-    stat = os.stat(os.path.join(path, DATA_FILE))
-    identity = (stat.st_dev, stat.st_ino, stat.st_mtime_ns)
-    cached = registry.get(path)
-    if cached is not None and cached[0] == identity:
-        env, dbs = cached[1], cached[2]
-    else:
-        if cached is not None:
-            cached[1].close()  # the dataset was replaced on disk
-        env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=True,
-                        max_readers=1024)
-        dbs = {}
-        registry[path] = (identity, env, dbs)
-    for name in _DBS:
-        if name not in dbs:
-            try:
-                dbs[name] = env.open_db(name.encode(), create=False)
-            except lmdb.Error as exc:
-                raise NotADatasetError(f"{directory}: sub-database {name!r} is missing; not a text dataset "
-                                       f"or damaged ({exc})") from exc
-    return env, dbs
+    return shared_environment(directory, _DBS)
 
 
 class TextLmdbWriter:
@@ -153,7 +130,10 @@ class TextLmdbReader(TokenReader):
         return {**self.__dict__, "_env": None, "_dbs": {}, "_pid": -1, "_ends": None}
 
     def _open(self) -> Any:
-        if self._env is None or self._pid != os.getpid():
+        from fastdata.formats.lmdb import is_current
+
+        if (self._env is None or self._pid != os.getpid()
+                or not is_current(os.path.realpath(self.directory), self._env)):
             self._env, self._dbs = _environment(self.directory)
             self._pid = os.getpid()
         return self._env

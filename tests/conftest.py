@@ -294,6 +294,9 @@ def _release_readers():
     """Let each test start without LMDB readers left open by an earlier failed one (the failure's traceback,
     kept in sys.last_traceback, holds its frames and with them its datasets)."""
     yield
+    from fastdata.formats.lmdb import release_environments
+
+    release_environments()  # so that a later test may open a dataset's LMDB file directly
     if getattr(sys, "last_traceback", None) is not None:
         sys.last_type = sys.last_value = sys.last_traceback = None
         if hasattr(sys, "last_exc"):

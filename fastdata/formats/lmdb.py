@@ -37,22 +37,46 @@ def index_key(index: int) -> bytes:
 _OPEN_ENVIRONMENTS: dict[str, tuple[tuple[int, int, int], Any, dict[str, Any]]] = {}
 
 
-def _shared_environment(directory: Path) -> tuple[Any, dict[str, Any]]:
+def shared_environment(directory: Path, db_names: tuple[str, ...] = ("images", "keys", "meta")
+                       ) -> tuple[Any, dict[str, Any]]:
+    """The process-wide read-only environment of `directory` and its sub-databases `db_names` (opened on
+    first use). Raises NotADatasetError when a sub-database is missing."""
     import lmdb
 
     path = os.path.realpath(directory)
     stat = os.stat(os.path.join(path, DATA_FILE))
     identity = (stat.st_dev, stat.st_ino, stat.st_mtime_ns)
     cached = _OPEN_ENVIRONMENTS.get(path)
-    if cached is not None:
-        if cached[0] == identity:
-            return cached[1], cached[2]
+    if cached is not None and cached[0] != identity:
         cached[1].close()  # the dataset was replaced on disk (e.g. converted again with --overwrite)
-    env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=True,
-                    max_readers=1024)
-    dbs = {name: env.open_db(name.encode(), create=False) for name in ("images", "keys", "meta")}
-    _OPEN_ENVIRONMENTS[path] = (identity, env, dbs)
+        cached = None
+    if cached is None:
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=_MAX_DBS, subdir=True,
+                        max_readers=1024)
+        cached = _OPEN_ENVIRONMENTS[path] = (identity, env, {})
+    env, dbs = cached[1], cached[2]
+    for name in db_names:
+        if name not in dbs:
+            try:
+                dbs[name] = env.open_db(name.encode(), create=False)
+            except lmdb.Error as exc:
+                raise NotADatasetError(f"{directory}: sub-database {name!r} is missing; the dataset is damaged "
+                                       f"or of another kind ({exc})") from exc
     return env, dbs
+
+
+def is_current(directory_key: str, env: Any) -> bool:
+    """Whether `env` is still the shared environment of the real path `directory_key` (not released)."""
+    cached = _OPEN_ENVIRONMENTS.get(directory_key)
+    return cached is not None and cached[1] is env
+
+
+def release_environments() -> None:
+    """Close every environment this process holds for reading (readers reopen on their next read). Needed only
+    to write to a dataset's LMDB file directly from a process that has read it: py-lmdb refuses a second open."""
+    while _OPEN_ENVIRONMENTS:
+        _, (_, env, _) = _OPEN_ENVIRONMENTS.popitem()
+        env.close()
 
 
 _RECORD_META = struct.Struct("<iiiB")  # label, width, height, codec of one record
@@ -174,6 +198,7 @@ class LmdbReader:
         self.num_classes = num_classes
         self._env = None
         self._pid = -1
+        self._real_path = ""
         self._arrays: dict[str, np.ndarray] | None = None
         if not (self.directory / DATA_FILE).is_file():
             raise NotADatasetError(f"{self.directory}: {DATA_FILE} is missing; the dataset is damaged")
@@ -184,8 +209,9 @@ class LmdbReader:
         return state
 
     def _open(self):
-        if self._env is None or self._pid != os.getpid():
-            self._env, self._dbs = _shared_environment(self.directory)
+        if self._env is None or self._pid != os.getpid() or not is_current(self._real_path, self._env):
+            self._real_path = os.path.realpath(self.directory)
+            self._env, self._dbs = shared_environment(self.directory)
             self._pid = os.getpid()
         return self._env
 
