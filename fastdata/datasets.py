@@ -6,21 +6,22 @@ whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fas
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset
 
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import Manifest
-from fastdata.formats.wds import iter_shard, shard_paths
-from fastdata.order import epoch_order, num_batches
+from fastdata.formats.wds import LocalShards, read_shard
+from fastdata.order import epoch_order, num_batches, split_batches
 from fastdata.pipeline import ON_ERROR, Batch, EncodedSample, SamplePipeline
+from fastdata.sharding import check_not_empty, check_uneven, interleaved_part, rank_count
 
 
 class _ImageMetaMixin:
@@ -28,11 +29,11 @@ class _ImageMetaMixin:
 
     manifest: Manifest
 
-    def _setup(self, root: Path, manifest: Manifest, augment: Any, image_size: int, seed: int,
+    def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: int, seed: int,
                on_error: str) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        self.root = Path(root)
+        self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
         self.manifest = manifest
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
         self.on_error = on_error
@@ -108,45 +109,86 @@ class LmdbBatches(Dataset):
 
 class EpochBatchSampler:
     """Yields `(epoch, indices)` per batch of the current epoch; runs in the main process, so the epoch set
-    here reaches persistent workers with every item."""
+    here reaches persistent workers with every item.
 
-    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool) -> None:
+    With several ranks, each takes every world_size-th sample of the epoch's order (padded by wrapping or cut,
+    per `uneven`), so every rank yields the same number of batches. `start` (a position in the epoch's order)
+    and `skip` (batches of this rank's epoch) say where a resumed epoch continues; both apply to `epoch` only."""
+
+    #: Whether an epoch resumed on another world size can continue from its position in the order.
+    repartitions = True
+
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                 rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
         self.num_samples, self.batch_size = num_samples, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.rank, self.world_size, self.uneven = rank, world_size, check_uneven(uneven)
+        check_not_empty(num_samples, world_size, uneven, "the dataset")
         self.epoch = 0
+        self.start = 0
+        self.skip = 0
+
+    def rank_indices(self) -> np.ndarray:
+        """This rank's sample indices of the current epoch, in order (from `start` on)."""
+        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
+        return interleaved_part(order, self.rank, self.world_size, self.uneven, self.start)
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        """This rank's batches of the current epoch (from `start` on, before skipping)."""
+        return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            if len(chunk) < self.batch_size and self.drop_last:
-                return
-            yield self.epoch, chunk
+        epoch = self.epoch
+        for chunk in self.epoch_batches()[self.skip:]:
+            yield epoch, chunk
 
     def __len__(self) -> int:
-        return num_batches(self.num_samples, self.batch_size, self.drop_last)
+        """Batches per epoch on this rank (the same on every rank)."""
+        return self.pass_length(0)
+
+    def pass_length(self, start: int) -> int:
+        """Batches on this rank in an epoch that begins at position `start` of its order."""
+        return num_batches(rank_count(self.num_samples - start, self.world_size, self.uneven), self.batch_size,
+                           self.drop_last)
 
 
 class WdsImageDataset(_ImageMetaMixin, IterableDataset):
     """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` in stored order
-    (shards in manifest order, each read sequentially)."""
+    (shards in manifest order, each read sequentially). The shards are local files, or remote ones
+    (`fastdata.remote.RemoteShards`) given as `store`."""
 
-    def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: int = 224,
-                 seed: int = 0, on_error: str = "raise") -> None:
+    def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: int = 224,
+                 seed: int = 0, on_error: str = "raise", store: Any = None) -> None:
         self._setup(root, manifest, augment, image_size, seed, on_error)
-        self.shards = shard_paths(self.root, manifest.files)
+        self.store = store if store is not None else LocalShards(Path(root), manifest.files)
+        self.shards = self.store.locations
+
+    def shard_samples(self, shard_id: int, want: Callable[[int], bool] | None = None
+                      ) -> Iterator[tuple[int, EncodedSample | None]]:
+        """`(offset, sample)` for every stored sample of one shard, in order; None (bytes not read) for the
+        offsets `want` rejects."""
+        name = self.manifest.files[shard_id].name
+        where = self.shards[shard_id]
+        fileobj, seekable = self.store.open(shard_id)
+        with fileobj:
+            for offset, stored in read_shard(fileobj, where, want, seekable=seekable):
+                if stored is None:
+                    yield offset, None
+                    continue
+                key, data, _ext, meta = stored
+                try:
+                    sample = EncodedSample(meta["path"], data, int(meta["label"]), int(meta["width"]),
+                                           int(meta["height"]), int(meta["codec"]), (shard_id, offset), name)
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise CorruptSampleError(f"{where}: sample {key!r} has incomplete metadata ({exc!r})") from exc
+                yield offset, sample
 
     def encoded_samples(self, shard_ids: list[int]) -> Iterator[EncodedSample]:
         """Stream the stored samples of the given shards, in order."""
         for shard_id in shard_ids:
-            for offset, (key, data, _ext, meta) in enumerate(iter_shard(self.shards[shard_id])):
-                try:
-                    yield EncodedSample(meta["path"], data, int(meta["label"]), int(meta["width"]),
-                                        int(meta["height"]), int(meta["codec"]), (shard_id, offset),
-                                        self.shards[shard_id].name)
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise CorruptSampleError(f"{self.shards[shard_id]}: sample {key!r} has incomplete "
-                                             f"metadata ({exc!r})") from exc
+            for _offset, sample in self.shard_samples(shard_id):
+                assert sample is not None
+                yield sample
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         for sample in self.encoded_samples(list(range(len(self.shards)))):
@@ -157,68 +199,3 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                     raise
                 continue
             yield self.pipeline.to_tensor(image), sample.label
-
-
-class WdsBatches(IterableDataset):
-    """DataLoader adapter for shards: each worker takes every n-th shard of the epoch's shard order, mixes
-    samples through a seeded shuffle buffer, and yields whole decoded Batches. The epoch travels through a
-    shared-memory tensor so that persistent workers see it."""
-
-    def __init__(self, dataset: WdsImageDataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
-                 shuffle_buffer: int = 2048) -> None:
-        self.dataset = dataset
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.drop_last, self.shuffle_buffer = drop_last, shuffle_buffer
-        self.epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
-
-    def shard_assignment(self, epoch: int, num_workers: int) -> list[list[int]]:
-        """Shard ids each of `num_workers` workers reads in `epoch`."""
-        order = epoch_order(len(self.dataset.shards), self.seed, epoch, self.shuffle).tolist()
-        return [order[w::num_workers] for w in range(num_workers)]
-
-    def num_batches(self, epoch: int, num_workers: int) -> int:
-        """Exact batches in `epoch`: each worker batches its own shards' samples, so the count depends on
-        which shards each worker gets (shards differ in size)."""
-        files = self.dataset.manifest.files
-        total = 0
-        for shard_ids in self.shard_assignment(epoch, max(1, num_workers)):
-            total += num_batches(sum(files[i].samples for i in shard_ids), self.batch_size, self.drop_last)
-        return total
-
-    def _samples(self, epoch: int, shard_ids: list[int], worker: int) -> Iterator[EncodedSample]:
-        stream = self.dataset.encoded_samples(shard_ids)
-        if not self.shuffle:
-            yield from stream
-            return
-        rng = np.random.default_rng((self.seed, epoch, worker, 1))
-        buffer: list[EncodedSample] = []
-        for sample in stream:
-            buffer.append(sample)
-            if len(buffer) >= self.shuffle_buffer:
-                j = int(rng.integers(len(buffer)))
-                buffer[j], buffer[-1] = buffer[-1], buffer[j]
-                yield buffer.pop()
-        rng.shuffle(buffer)
-        yield from buffer
-
-    def __iter__(self) -> Iterator[Batch]:
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
-        epoch = int(self.epoch_cell.item())
-        shard_ids = self.shard_assignment(epoch, num_workers)[worker]
-        pending: list[EncodedSample] = []
-        reading_since = perf_counter()  # reading = time spent pulling samples off the shards for this batch
-        for sample in self._samples(epoch, shard_ids, worker):
-            pending.append(sample)
-            if len(pending) == self.batch_size:
-                read_s = perf_counter() - reading_since
-                batch = self.dataset.pipeline.batch(pending, epoch, self.dataset.on_error)
-                batch.times.read += read_s
-                yield batch
-                pending = []
-                reading_since = perf_counter()
-        if pending and not self.drop_last:
-            read_s = perf_counter() - reading_since
-            batch = self.dataset.pipeline.batch(pending, epoch, self.dataset.on_error)
-            batch.times.read += read_s
-            yield batch

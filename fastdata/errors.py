@@ -31,6 +31,15 @@ class ConfigError(FastdataError, ValueError):
     """An option has a value that cannot work."""
 
 
+class ResumeError(ConfigError):
+    """A loader state cannot be restored into this loader (another dataset, other options, a world size the
+    epoch cannot be split over again, or a state from another version)."""
+
+
+class RemoteError(FastdataError):
+    """A remote dataset could not be fetched (the message names the URL and the cause)."""
+
+
 class WorkerError(FastdataError):
     """A loader worker died or stopped answering; the message names the worker and what it was loading."""
 

@@ -10,12 +10,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import available_cores
-from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsBatches, WdsImageDataset
+from fastdata.config import available_cores, parse_size
+from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
-from fastdata.order import epoch_order
+from fastdata.remote import is_url, open_remote_dataset
+from fastdata.resume import ResumableLoader, dataset_fingerprint
+from fastdata.sharding import check_not_empty, check_uneven, resolve_world
 from fastdata.stagetimes import StageTimes
+from fastdata.wds_batches import WdsBatches
 
 if TYPE_CHECKING:
     from fastdata.text_dataset import TextDataset
@@ -23,7 +26,9 @@ if TYPE_CHECKING:
 
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
-            on_error: str = "raise") -> LmdbImageDataset | WdsImageDataset | TextDataset:
+            on_error: str = "raise", cache_dir: str | os.PathLike[str] | None = None,
+            cache_max_bytes: int | str | None = None, storage_options: dict[str, Any] | None = None
+            ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
@@ -32,7 +37,16 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: in
     an albumentations transform or a callable on an HWC uint8 array.
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply).
+    An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
+    the manifest as they stream in; `cache_dir` keeps them, bounded by `cache_max_bytes`; `storage_options`
+    go to fsspec).
     """
+    if is_url(path):
+        return open_remote_dataset(str(path), augment, image_size=image_size, seed=seed, on_error=on_error,
+                                   cache_dir=cache_dir, storage_options=storage_options,
+                                   cache_max_bytes=None if cache_max_bytes is None else parse_size(cache_max_bytes))
+    if cache_dir is not None or cache_max_bytes is not None or storage_options is not None:
+        raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)
     manifest = read_manifest(root)
     if manifest.kind == "text":
@@ -53,12 +67,15 @@ def _worker_init(_worker_id: int) -> None:
     cv2.setNumThreads(1)  # one decode per worker process; the workers are the parallelism
 
 
-class ImageLoader:
+class ImageLoader(ResumableLoader):
     """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
     images uint8 [B, 3, S, S], labels int64 [B]. Each new pass is the next epoch (reshuffled from
-    (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers."""
+    (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
+    Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
+    exactly in the middle of an epoch."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, *, batch_size: int, shuffle: bool, seed: int,
+                 rank: int = 0, world_size: int = 1, uneven: str = "pad",
                  drop_last: bool, num_workers: int, pin_memory: bool, prefetch_factor: int | None,
                  persistent_workers: bool, multiprocessing_context: Any, timeout: float = 0) -> None:
         self.dataset = data
@@ -68,7 +85,10 @@ class ImageLoader:
         self.pin_memory = pin_memory
         self.skipped: list[tuple[str, str]] = []
         self.stage_times = StageTimes()  # per-stage seconds summed over workers and batches (fastdata.meter reads it)
-        self._epoch = 0
+        self.drop_last, self.uneven = drop_last, check_uneven(uneven)
+        self.rank, self.world_size = rank, world_size
+        self._init_progress()
+        self._pass_skip = 0
         self._iterating_epoch: int | None = None
         common = dict(batch_size=None, num_workers=num_workers, pin_memory=pin_memory,
                       worker_init_fn=_worker_init if num_workers else None,
@@ -78,43 +98,55 @@ class ImageLoader:
                       timeout=timeout if num_workers else 0)
         if isinstance(data, LmdbImageDataset):
             self._sampler: EpochBatchSampler | None = EpochBatchSampler(len(data), batch_size, shuffle, seed,
-                                                                        drop_last)
+                                                                        drop_last, rank, world_size, uneven)
             self._batches: LmdbBatches | WdsBatches = LmdbBatches(data)
             self._loader = DataLoader(self._batches, sampler=self._sampler, **common)
         else:
+            check_not_empty(len(data), world_size, uneven, str(data.root))
             self._sampler = None
-            self._batches = WdsBatches(data, batch_size, shuffle, seed, drop_last)
+            self._batches = WdsBatches(data, batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
             self._loader = DataLoader(self._batches, **common)
+        self._repartitions = self._sampler is not None  # shard streams are split in contiguous parts per rank
 
     @property
     def classes(self) -> list[str]:
         return self.dataset.classes
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next pass will yield."""
-        return self._epoch
+    def _resume_config(self) -> dict[str, Any]:
+        config = {"format": self.dataset.manifest.format, "dataset": dataset_fingerprint(self.dataset.manifest),
+                  "samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
+                  "seed": self.seed, "drop_last": self.drop_last, "uneven": self.uneven}
+        if isinstance(self._batches, WdsBatches):
+            config["window"] = self._batches.planner.window
+        return config
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass yield epoch `epoch` (as DistributedSampler.set_epoch does)."""
-        self._epoch = int(epoch)
+    def _pass_length(self, start: int) -> int:
+        if self._sampler is not None:
+            return self._sampler.pass_length(start)
+        return len(self)
 
     def __len__(self) -> int:
-        """Batches in the epoch being iterated (or, between passes, in the next one)."""
+        """Batches per epoch on this rank (the same on every rank, for any number of workers)."""
         if self._sampler is not None:
             return len(self._sampler)
         assert isinstance(self._batches, WdsBatches)
-        epoch = self._epoch if self._iterating_epoch is None else self._iterating_epoch
-        return self._batches.num_batches(epoch, self.num_workers)
+        return self._batches.num_batches()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch = self._epoch
-        self._epoch += 1
+        here = self._begin_pass()
         if self._sampler is not None:
-            self._sampler.epoch = epoch
+            self._sampler.epoch, self._sampler.start, self._sampler.skip = here.epoch, here.start, here.skip
         else:
             assert isinstance(self._batches, WdsBatches)
-            self._batches.epoch_cell.fill_(epoch)
+            self._batches.start(here.epoch, here.skip)
+        self._pass_skip = here.skip
+        for images, labels in self._pass(here.epoch):
+            self._count_batch()
+            yield images, labels
+        self._end_pass()
+
+    def _pass(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of one pass as the workers deliver them, with worker failures named."""
         self._iterating_epoch = epoch
         received = 0
         try:
@@ -138,15 +170,16 @@ class ImageLoader:
     def _waiting_for(self, epoch: int, batch_number: int) -> str:
         """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
         worker = batch_number % max(1, self.num_workers)
+        batch_number += self._pass_skip
         where = f"waiting for batch {batch_number} of epoch {epoch}, loaded by worker {worker}"
-        if isinstance(self.dataset, LmdbImageDataset):
-            order = epoch_order(len(self.dataset), self.seed, epoch, self.shuffle)
-            indices = order[batch_number * self.batch_size:(batch_number + 1) * self.batch_size][:4]
+        if self._sampler is not None:
+            assert isinstance(self.dataset, LmdbImageDataset)
+            batches = self._sampler.epoch_batches()
+            indices = batches[batch_number][:4] if batch_number < len(batches) else []
             keys = [self.dataset.reader.key(int(i)) for i in indices]
             return f"{where} (keys {', '.join(map(repr, keys))}, ...)"
         assert isinstance(self._batches, WdsBatches)
-        shards = self._batches.shard_assignment(epoch, max(1, self.num_workers))[worker]
-        return f"{where} (shards {', '.join(self.dataset.manifest.files[i].name for i in shards)})"
+        return f"{where} (shards {', '.join(self._batches.batch_shards(epoch, batch_number))})"
 
 
 def loader(
@@ -165,6 +198,12 @@ def loader(
     multiprocessing_context: Any = None,
     on_error: str = "raise",
     timeout: float = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    uneven: str = "pad",
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_max_bytes: int | str | None = None,
+    storage_options: dict[str, Any] | None = None,
     seq_len: int | None = None,
     packing: bool | None = None,
     max_length: int | None = None,
@@ -179,6 +218,15 @@ def loader(
     A worker that dies (OOM killer) raises WorkerError naming the worker and the batch it was loading; with
     `timeout` > 0, so does one that takes longer than `timeout` seconds for a batch.
 
+    Distributed: each rank gets its own part of every epoch and every rank yields the same number of batches;
+    `rank` and `world_size` come from torch.distributed when it is initialised, or are given. `uneven="pad"`
+    repeats the first samples of the epoch's order to even it out (as DistributedSampler does), `"drop"`
+    leaves its last `n % world_size` samples out. `loader.state_dict()` / `load_state_dict()` resume exactly.
+
+    `path` may be the http(s):// or s3:// URL of a converted WebDataset directory: shards stream through
+    fsspec (`storage_options` go to the file system), are checked against the manifest's sha256 before use,
+    and are kept in `cache_dir` (at most `cache_max_bytes`, e.g. "20GB") when it is given.
+
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
     to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
@@ -189,7 +237,10 @@ def loader(
     workers = min(available_cores(), 16) if num_workers is None else num_workers
     if workers < 0:
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
-    data = dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error)
+    rank, world_size = resolve_world(rank, world_size)
+    check_uneven(uneven)
+    data = dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, cache_dir=cache_dir,
+                   cache_max_bytes=cache_max_bytes, storage_options=storage_options)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     text_options = {"seq_len": seq_len, "packing": packing, "max_length": max_length, "bucketing": bucketing,
                     "eos_token": eos_token}
@@ -197,6 +248,7 @@ def loader(
         from fastdata.text_loader import text_loader
 
         return text_loader(data, batch_size=batch_size, shuffle=shuffle, num_workers=workers, seed=seed,
+                           rank=rank, world_size=world_size, uneven=uneven,
                            drop_last=drop_last, pin_memory=pin, prefetch_factor=prefetch_factor,
                            persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
                            **text_options)
@@ -204,6 +256,7 @@ def loader(
     if given:
         raise ConfigError(f"{', '.join(given)}: for text datasets only; {path} holds images")
     return ImageLoader(data, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                       rank=rank, world_size=world_size, uneven=uneven,
                        num_workers=workers, pin_memory=pin, prefetch_factor=prefetch_factor,
                        persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
                        timeout=timeout)

@@ -137,17 +137,26 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
             "create one with `fastdata convert imagefolder SRC OUT`)"
         )
     try:
-        data = json.loads(manifest_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raw = manifest_file.read_bytes()
+    except OSError as exc:
         raise NotADatasetError(f"{manifest_file}: unreadable manifest ({exc})") from exc
+    return parse_manifest(raw, str(manifest_file))
+
+
+def parse_manifest(raw: bytes, where: str) -> Manifest:
+    """A manifest from its bytes (read from `where`, named in errors), or say clearly why it is not one."""
+    try:
+        data = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotADatasetError(f"{where}: unreadable manifest ({exc})") from exc
     if not isinstance(data, dict) or "format" not in data or "format_version" not in data:
-        raise NotADatasetError(f"{manifest_file}: not a fastdata manifest (no 'format'/'format_version')")
+        raise NotADatasetError(f"{where}: not a fastdata manifest (no 'format'/'format_version')")
     if data["format_version"] > FORMAT_VERSION:
         raise NotADatasetError(
-            f"{manifest_file}: format version {data['format_version']} is newer than this fastdata "
+            f"{where}: format version {data['format_version']} is newer than this fastdata "
             f"understands ({FORMAT_VERSION}); upgrade fastdata"
         )
     try:
         return Manifest.from_dict(data)
     except TypeError as exc:
-        raise NotADatasetError(f"{manifest_file}: malformed manifest ({exc})") from exc
+        raise NotADatasetError(f"{where}: malformed manifest ({exc})") from exc

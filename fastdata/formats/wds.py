@@ -12,8 +12,9 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from fastdata.errors import CorruptSampleError
 from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
@@ -179,47 +180,79 @@ def iter_shard(path: Path, unsafe_members: str = "error") -> Iterator[tuple[str,
     Members that are not regular files, or whose names escape the shard, are refused by name. Members that
     could run code if loaded (pickles, object .npy) are refused too, or skipped with
     `unsafe_members="ignore"`; other members fastdata does not use are skipped unread."""
+    with open(path, "rb") as f:
+        for _offset, sample in read_shard(f, path, unsafe_members=unsafe_members):
+            assert sample is not None
+            yield sample
+
+
+def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool] | None = None,
+               unsafe_members: str = "error", seekable: bool = False
+               ) -> Iterator[tuple[int, tuple[str, bytes, str, dict] | None]]:
+    """`(offset, sample)` for every sample of an open shard, in stored order (offset = its number in the
+    shard); `sample` is `(key, image bytes, image ext, metadata)` as `iter_shard` gives, or None for the
+    offsets `want` rejects: their member headers are still checked, their bytes are not read (skipped by
+    seeking when `seekable`, else read past in the stream). `where` names the shard in errors."""
     current_key: str | None = None
     parts: dict[str, bytes] = {}
+    offset, wanted = -1, False
 
-    def finish() -> tuple[str, bytes, str, dict]:
+    def finish() -> tuple[int, tuple[str, bytes, str, dict] | None]:
         assert current_key is not None
+        if not wanted:
+            return offset, None
         image_ext = next((ext for ext in parts if ext.lower() in IMAGE_EXTS), None)
         if image_ext is None or "json" not in parts:
-            raise CorruptSampleError(f"{path}: sample {current_key!r} lacks an image or .json member "
+            raise CorruptSampleError(f"{where}: sample {current_key!r} lacks an image or .json member "
                                      f"(has {sorted(parts)})")
         try:
             meta = json.loads(parts["json"])
         except ValueError as exc:
-            raise CorruptSampleError(f"{path}: sample {current_key!r} has unreadable .json ({exc})") from exc
-        return current_key, parts[image_ext], image_ext, meta
+            raise CorruptSampleError(f"{where}: sample {current_key!r} has unreadable .json ({exc})") from exc
+        return offset, (current_key, parts[image_ext], image_ext, meta)
 
     try:
-        with tarfile.open(path, mode="r|") as tar:
+        with tarfile.open(fileobj=fileobj, mode="r:" if seekable else "r|") as tar:
             for member in tar:
                 if not member.isfile():
-                    raise CorruptSampleError(f"{path}: member {member.name!r} is not a regular file")
+                    raise CorruptSampleError(f"{where}: member {member.name!r} is not a regular file")
                 if member.name.startswith("/") or ".." in member.name.split("/"):
-                    raise CorruptSampleError(f"{path}: member {member.name!r} has an unsafe path")
+                    raise CorruptSampleError(f"{where}: member {member.name!r} has an unsafe path")
                 key, ext = split_member_name(member.name)
                 if key != current_key:
                     if current_key is not None:
                         yield finish()
                     current_key, parts = key, {}
-                fileobj = tar.extractfile(member)
-                assert fileobj is not None
+                    offset += 1
+                    wanted = want is None or want(offset)
+                if not wanted:
+                    continue
+                member_file = tar.extractfile(member)
+                assert member_file is not None
                 if ext.lower() not in _USED_EXTS:
-                    reason = _unsafe_reason(ext, fileobj.read(4096))
+                    reason = _unsafe_reason(ext, member_file.read(4096))
                     if reason and unsafe_members == "error":
-                        raise CorruptSampleError(f"{path}: member {member.name!r} is {reason}; remove it from "
+                        raise CorruptSampleError(f"{where}: member {member.name!r} is {reason}; remove it from "
                                                  "the shard")
                     continue
-                parts[ext] = fileobj.read()
+                parts[ext] = member_file.read()
             if current_key is not None:
                 yield finish()
     except tarfile.TarError as exc:
-        raise CorruptSampleError(f"{path}: damaged shard ({exc})") from exc
+        raise CorruptSampleError(f"{where}: damaged shard ({exc})") from exc
 
 
 def shard_paths(directory: Path, entries: list[FileEntry]) -> list[Path]:
     return [Path(directory) / entry.name for entry in entries]
+
+
+class LocalShards:
+    """The shards of a dataset on a local file system: opened for seeking, so that samples a reader does not
+    want are skipped without reading their bytes."""
+
+    def __init__(self, directory: Path, entries: list[FileEntry]) -> None:
+        self.locations: list[Path] = shard_paths(directory, entries)
+
+    def open(self, shard_id: int) -> tuple[BinaryIO, bool]:
+        """(open binary file, whether it can seek) for shard `shard_id`."""
+        return open(self.locations[shard_id], "rb"), True  # the caller closes it
