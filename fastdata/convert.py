@@ -6,8 +6,6 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 
 from __future__ import annotations
 
-import hashlib
-import json
 import multiprocessing
 import shutil
 import time
@@ -20,12 +18,13 @@ import numpy as np
 from fastdata import __version__
 from fastdata.config import available_cores, parse_size
 from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS, EncodeOptions, ImageFolderListing, load_record, scan
-from fastdata.errors import ConfigError, OutputExistsError, RejectedFileError
+from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
 from fastdata.formats.records import ImageRecord
 from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
-from fastdata.output import check_output, commit_output, fresh_partial
+from fastdata.output import check_output, commit_output
+from fastdata.resume_progress import ProgressRecord, files_digest, fingerprint, open_or_resume
 
 DEFAULT_SHARD_SIZE = "256MB"
 FORMATS = ("lmdb", "wds")
@@ -108,79 +107,22 @@ def _resolve_format(out: Path, format: str | None) -> str:
 
 
 @dataclass
-class _Progress:
-    """Where a conversion stands at a checkpoint; stored with the data so that the two always agree."""
+class _Progress(ProgressRecord):
+    """Where an image conversion stands at a checkpoint; stored with the data so that the two always agree."""
 
-    fingerprint: dict
     next_task: int = 0
     counts: list[int] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     bytes_in: int = 0
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
 
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> _Progress | None:
-        try:
-            return cls(**json.loads(raw))
-        except (ValueError, TypeError):
-            return None
-
 
 def _fingerprint(fmt: str, options: dict, listing: ImageFolderListing) -> dict:
     """What must not change between an interrupted conversion and its resumption."""
-    digest = hashlib.sha256()
-    for relative_path, label in listing.samples:
-        try:
-            stat = (listing.root / relative_path).stat()
-            size, mtime = stat.st_size, stat.st_mtime_ns
-        except OSError:
-            size, mtime = -1, -1
-        digest.update(f"{relative_path}\t{label}\t{size}\t{mtime}\n".encode())
-    return {"format": fmt, "options": options,
-            "source": {"path": str(listing.root.resolve()), "files": len(listing.samples),
-                       "classes": len(listing.classes), "digest": digest.hexdigest()}}
-
-
-def _differences(saved: dict, wanted: dict) -> list[str]:
-    diffs = []
-    if saved.get("format") != wanted["format"]:
-        diffs.append(f"format {saved.get('format')} -> {wanted['format']}")
-    for key, value in wanted["options"].items():
-        if saved.get("options", {}).get(key) != value:
-            diffs.append(f"{key} {saved.get('options', {}).get(key)} -> {value}")
-    old, new = saved.get("source", {}), wanted["source"]
-    if old.get("path") != new["path"]:
-        diffs.append(f"source {old.get('path')} -> {new['path']}")
-    elif old.get("digest") != new["digest"]:
-        diffs.append(f"source files changed ({old.get('files')} -> {new['files']} images, or sizes/times differ)")
-    return diffs
-
-
-def _open_writer(fmt: str, out: Path, overwrite: bool, fingerprint: dict, shard_bytes: int,
-                 commit_every: int) -> tuple[LmdbWriter | WdsWriter, _Progress | None]:
-    """A writer in OUT.partial: resuming an interrupted conversion of the same source with the same options,
-    or starting afresh (always with `overwrite`)."""
-    partial = partial_path(out)
-    if partial.exists() and not overwrite:
-        try:
-            writer = _make_writer(fmt, partial, shard_bytes, commit_every)
-        except Exception:  # unreadable leftovers (killed while creating the environment): start afresh
-            return _make_writer(fmt, fresh_partial(out), shard_bytes, commit_every), None
-        saved = writer.saved_progress()
-        progress = _Progress.from_json(saved) if saved is not None else None
-        if progress is not None:
-            diffs = _differences(progress.fingerprint, fingerprint)
-            if diffs:
-                writer.abort()
-                raise OutputExistsError(
-                    f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
-                    "with its original source and options to resume, or pass --overwrite to start again")
-            return writer, progress
-        writer.abort()  # interrupted before its first checkpoint: nothing worth keeping
-    return _make_writer(fmt, fresh_partial(out), shard_bytes, commit_every), None
+    digest = files_digest((f"{relative_path}\t{label}", listing.root / relative_path)
+                          for relative_path, label in listing.samples)
+    return fingerprint(fmt, options, {"path": str(listing.root.resolve()), "files": len(listing.samples),
+                                      "classes": len(listing.classes), "digest": digest})
 
 
 def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int) -> LmdbWriter | WdsWriter:
@@ -232,9 +174,11 @@ def convert_imagefolder(
                "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict}
     encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels)
     tasks = [(str(listing.root), *listing.samples[i], encode) for i in order]
-    fingerprint = _fingerprint(fmt, options, listing)
-    writer, resumed = _open_writer(fmt, out, overwrite, fingerprint, shard_bytes, commit_every)
-    state = resumed or _Progress(fingerprint, counts=[0] * len(listing.classes))
+    wanted = _fingerprint(fmt, options, listing)
+    writer, resumed = open_or_resume(out, overwrite, wanted,
+                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
+                                     _Progress.from_json)
+    state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
     if isinstance(writer, WdsWriter) and resumed is not None:
         rejected_paths = {r["path"] for r in resumed.rejected}
         written = [task[1] for task in tasks[: resumed.next_task] if task[1] not in rejected_paths]

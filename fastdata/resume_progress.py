@@ -1,0 +1,112 @@
+"""Resumable conversion, shared by the image and text drivers: the progress record stored with the data at each
+checkpoint, the fingerprint of what must not change between an interrupted conversion and its resumption, and
+opening `OUT.partial` to resume it (or to start afresh)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from fastdata.errors import OutputExistsError
+from fastdata.formats.manifest import partial_path
+from fastdata.output import fresh_partial
+
+
+@dataclass
+class ProgressRecord:
+    """Where a conversion stands at a checkpoint (subclasses add their fields, all JSON-serialisable)."""
+
+    fingerprint: dict
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls: type[P], raw: bytes) -> P | None:
+        """The record in `raw`, or None when it is unreadable or of another shape."""
+        try:
+            return cls(**json.loads(raw))
+        except (ValueError, TypeError):
+            return None
+
+
+P = TypeVar("P", bound=ProgressRecord)
+
+
+def files_digest(files: Iterable[tuple[str, Path]]) -> str:
+    """sha256 over (name, size, mtime) of each `(name, path)`: changes when a file is added, removed, renamed,
+    resized or touched (a missing file counts as size and mtime -1)."""
+    digest = hashlib.sha256()
+    for name, path in files:
+        try:
+            stat = path.stat()
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:
+            size, mtime = -1, -1
+        digest.update(f"{name}\t{size}\t{mtime}\n".encode())
+    return digest.hexdigest()
+
+
+def fingerprint(fmt: str, options: dict, source: dict, **identity: str) -> dict:
+    """What must not change between an interrupted conversion and its resumption: format, options, the source
+    (`{"path", "files", "digest"}`) and any further `identity` values (e.g. a tokenizer's sha256)."""
+    return {"format": fmt, "options": options, "source": source, **identity}
+
+
+def differences(saved: dict, wanted: dict) -> list[str]:
+    """What differs between two fingerprints, in words ([] when a resume may go ahead)."""
+    diffs = []
+    if saved.get("format") != wanted["format"]:
+        diffs.append(f"format {saved.get('format')} -> {wanted['format']}")
+    for key, value in wanted["options"].items():
+        if saved.get("options", {}).get(key) != value:
+            diffs.append(f"{key} {saved.get('options', {}).get(key)} -> {value}")
+    old, new = saved.get("source", {}), wanted["source"]
+    if old.get("path") != new["path"]:
+        diffs.append(f"source {old.get('path')} -> {new['path']}")
+    elif old.get("digest") != new["digest"]:
+        diffs.append(f"source files changed ({old.get('files')} -> {new['files']} files, or names/sizes/times "
+                     "differ)")
+    for key, value in wanted.items():
+        if key not in ("format", "options", "source") and saved.get(key) != value:
+            diffs.append(f"{key} changed ({saved.get(key)} -> {value})")
+    return diffs
+
+
+class ResumableWriter(Protocol):
+    def saved_progress(self) -> bytes | None: ...
+
+    def abort(self) -> None: ...
+
+
+W = TypeVar("W", bound=ResumableWriter)
+
+
+def open_or_resume(out: Path, overwrite: bool, wanted: dict, make_writer: Callable[[Path], W],
+                   load: Callable[[bytes], P | None]) -> tuple[W, P | None]:
+    """A writer in OUT.partial (made by `make_writer(directory)`) and the progress it resumes from: the
+    leftovers of an interrupted conversion with the fingerprint `wanted` are resumed, leftovers without a
+    progress record are discarded, and leftovers of a conversion with other settings are refused with
+    OutputExistsError naming what differs. `overwrite` always starts afresh."""
+    partial = partial_path(out)
+    if partial.exists() and not overwrite:
+        try:
+            writer = make_writer(partial)
+        except Exception:  # unreadable leftovers (killed while creating the storage): start afresh
+            return make_writer(fresh_partial(out)), None
+        saved = writer.saved_progress()
+        progress = load(saved) if saved is not None else None
+        if progress is not None:
+            diffs = differences(progress.fingerprint, wanted)
+            if diffs:
+                writer.abort()
+                raise OutputExistsError(
+                    f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
+                    "with its original source and options to resume, or pass --overwrite to start again")
+            return writer, progress
+        writer.abort()  # interrupted before its first checkpoint: nothing worth keeping
+    return make_writer(fresh_partial(out)), None
