@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from fastdata.config import available_cores, parse_size
 from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
+from fastdata.device_decode import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
 from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
 from fastdata.remote import is_url, open_remote_dataset
@@ -77,8 +78,22 @@ class ImageLoader(ResumableLoader):
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, *, batch_size: int, shuffle: bool, seed: int,
                  rank: int = 0, world_size: int = 1, uneven: str = "pad",
                  drop_last: bool, num_workers: int, pin_memory: bool, prefetch_factor: int | None,
-                 persistent_workers: bool, multiprocessing_context: Any, timeout: float = 0) -> None:
+                 persistent_workers: bool, multiprocessing_context: Any, timeout: float = 0,
+                 device: torch.device | str | None = None, decode: str = "auto", dtype: torch.dtype | None = None,
+                 channels_last: bool = False) -> None:
         self.dataset = data
+        self.device = torch.device(device) if device is not None else None
+        self.decode = _resolve_decode(decode, self.device, data)
+        if self.decode == "device" and self.device is None:
+            self.device = torch.device("cpu")
+        self._device_decoder = None
+        if self.device is not None:
+            self._device_decoder = DeviceDecoder(self.device, data.pipeline.image_size, str(data.root), dtype=dtype,
+                                                 channels_last=channels_last, on_error=data.on_error,
+                                                 max_pixels=data.pipeline.max_pixels)
+        elif dtype is not None or channels_last:
+            raise ConfigError("dtype and channels_last apply to batches on a device: pass device= as well")
+        data.pipeline.ship_encoded = self.decode == "device"
         self.seed, self.shuffle = seed, shuffle
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -148,24 +163,50 @@ class ImageLoader(ResumableLoader):
     def _pass(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of one pass as the workers deliver them, with worker failures named."""
         self._iterating_epoch = epoch
-        received = 0
+        received = [0]
         try:
-            for batch in self._loader:
-                received += 1
-                if batch.skipped:
-                    self.skipped.extend(batch.skipped)
-                self.stage_times.add(batch.times)
-                self.stage_times.batches += 1
-                if len(batch.labels):
-                    yield batch.images, batch.labels
+            yield from self._batches_on_device(self._from_workers(received))
         except RuntimeError as exc:
             message = str(exc)
             if message.startswith("Caught ") or not ("DataLoader worker" in message or "timed out" in message):
                 raise  # an exception raised inside a worker keeps its own type and traceback
-            raise WorkerError(f"{self.dataset.root}: {message.strip()} — {self._waiting_for(epoch, received)}") \
+            raise WorkerError(f"{self.dataset.root}: {message.strip()} — {self._waiting_for(epoch, received[0])}") \
                 from exc
         finally:
             self._iterating_epoch = None
+
+    def _from_workers(self, received: list[int]) -> Iterator[Any]:
+        """The workers' batches (decoded Batch, or EncodedBatch on the device path), with their bookkeeping."""
+        for batch in self._loader:
+            received[0] += 1
+            if batch.skipped:
+                self.skipped.extend(batch.skipped)
+            self.stage_times.add(batch.times)
+            self.stage_times.batches += 1
+            yield batch
+
+    def _batches_on_device(self, batches: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """decode="device": decode + augment each batch on the device (next batch prepared on a side stream);
+        "worker" with a device: move the finished batch there and convert it; no device: as the workers made it."""
+        if self.decode == "device":
+            for images, labels, skipped in DevicePrefetcher(batches, self._device_decoder):
+                self.skipped.extend(skipped)
+                if len(labels):
+                    yield images, labels
+            return
+        for batch in batches:
+            if not len(batch.labels):
+                continue
+            if self.device is None:
+                yield batch.images, batch.labels
+            else:
+                images = batch.images.to(self.device, non_blocking=True)
+                yield self._device_decoder.finish(images), batch.labels.to(self.device, non_blocking=True)
+
+    @property
+    def device_fallbacks(self) -> int:
+        """Samples the device decoder could not take and the CPU decoded instead (decode="device")."""
+        return self._device_decoder.fallbacks if self._device_decoder is not None else 0
 
     def _waiting_for(self, epoch: int, batch_number: int) -> str:
         """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
@@ -180,6 +221,20 @@ class ImageLoader(ResumableLoader):
             return f"{where} (keys {', '.join(map(repr, keys))}, ...)"
         assert isinstance(self._batches, WdsBatches)
         return f"{where} (shards {', '.join(self._batches.batch_shards(epoch, batch_number))})"
+
+
+def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
+    """"auto" -> "device" when the target is a CUDA device whose nvjpeg works and the augment is a preset."""
+    if decode not in DECODE_MODES:
+        raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+    if decode == "device" and data.pipeline.preset is None:
+        raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
+                          "(decode='worker')")
+    if decode != "auto":
+        return decode
+    usable = (device is not None and device.type == "cuda" and data.pipeline.preset is not None
+              and device_decode_usable(device))
+    return "device" if usable else "worker"
 
 
 def loader(
@@ -204,6 +259,10 @@ def loader(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_max_bytes: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
+    device: torch.device | str | None = None,
+    decode: str = "auto",
+    dtype: torch.dtype | None = None,
+    channels_last: bool = False,
     seq_len: int | None = None,
     packing: bool | None = None,
     max_length: int | None = None,
@@ -217,6 +276,11 @@ def loader(
     `on_error="skip"` drops undecodable samples from their batch and lists them in `loader.skipped`.
     A worker that dies (OOM killer) raises WorkerError naming the worker and the batch it was loading; with
     `timeout` > 0, so does one that takes longer than `timeout` seconds for a batch.
+
+    With `device` (e.g. "cuda"), batches arrive on that device, as uint8 or, with a floating `dtype`, normalised
+    with the ImageNet mean/std (`channels_last` on request). `decode="device"` has the workers ship only the
+    compressed bytes and crop parameters and decodes whole batches on the device (nvjpeg on CUDA), overlapped
+    with the training step; `"worker"` decodes in the workers; `"auto"` picks "device" for CUDA when nvjpeg works.
 
     Distributed: each rank gets its own part of every epoch and every rank yields the same number of batches;
     `rank` and `world_size` come from torch.distributed when it is initialised, or are given. `uneven="pad"`
@@ -259,4 +323,4 @@ def loader(
                        rank=rank, world_size=world_size, uneven=uneven,
                        num_workers=workers, pin_memory=pin, prefetch_factor=prefetch_factor,
                        persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context,
-                       timeout=timeout)
+                       timeout=timeout, device=device, decode=decode, dtype=dtype, channels_last=channels_last)
