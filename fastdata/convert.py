@@ -179,6 +179,7 @@ def convert_imagefolder(
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
                                      _Progress.from_json)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
+    resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
     if isinstance(writer, WdsWriter) and resumed is not None:
         rejected_paths = {r["path"] for r in resumed.rejected}
         written = [task[1] for task in tasks[: resumed.next_task] if task[1] not in rejected_paths]
@@ -209,12 +210,12 @@ def convert_imagefolder(
         class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
         source=_source_info(listing), rejected=state.rejected,
         stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
-               "resumed_at": resumed.next_task if resumed else None},
+               "resumed_at": resumed_at},
     )
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
-                             listing.empty_classes, resumed_at=resumed.next_task if resumed else None)
+                             listing.empty_classes, resumed_at=resumed_at)
 
 
 def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, workers: int, strict: bool,

@@ -3,19 +3,20 @@
 
 A reader thread parses the sources while the tokenizer (which releases the GIL) encodes the previous batch,
 through a queue of a few batches, so memory stays bounded by the batch size, whatever the corpus size. The
-output is built under `OUT.partial` and renamed into place after the manifest (an interrupted text
-conversion starts again from the beginning when rerun).
+output is built under `OUT.partial` and renamed into place after the manifest; an interrupted conversion
+keeps its last checkpoint there and resumes from it when rerun (see `fastdata.resume_progress`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import queue
 import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from itertools import chain
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,13 @@ import numpy as np
 from fastdata import __version__
 from fastdata.config import parse_size
 from fastdata.convert import DEFAULT_SHARD_SIZE, _resolve_format
-from fastdata.converters.text import TXT_MODES, Rejected, SourceReader, check_extras, list_sources
+from fastdata.converters.text import TXT_MODES, Document, Rejected, SourceReader, check_extras, list_sources
 from fastdata.errors import ConfigError, RejectedFileError
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, write_atomic
-from fastdata.output import check_output, commit_output, fresh_partial
-from fastdata.text_lmdb import TextLmdbWriter
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.wds import PROGRESS_FILE
+from fastdata.output import check_output, commit_output
+from fastdata.resume_progress import ProgressRecord, files_digest, fingerprint, open_or_resume
+from fastdata.text_lmdb import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.text_tokenizer import load_tokenizer, resolve_eos, resolve_pad, token_dtype, vocab_size
 from fastdata.text_wds import TextWdsWriter
 
@@ -58,13 +61,15 @@ class TextConversionSummary:
     bytes_out: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    resumed_at: int | None = None  # source records already consumed by an interrupted run this one resumed
 
     def __str__(self) -> str:
         secs = max(self.seconds, 1e-9)
         mean = self.tokens / self.documents if self.documents else 0.0
         eos = (f"{self.eos[0]} (id {self.eos[1]})" if self.eos else
                "none found: packed loading needs --eos-token (or eos_token= in the loader)")
-        lines = [
+        lines = [f"resumed an interrupted conversion after {self.resumed_at:,} records"] if self.resumed_at else []
+        lines += [
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  documents {self.documents:,} from {self.source_files:,} source file"
             f"{'s' * (self.source_files != 1)}",
@@ -86,32 +91,35 @@ class TextConversionSummary:
 
 @dataclass
 class _Batch:
-    texts: list[str]
-    where: list[tuple[str, int]]
+    records: list[Document | Rejected]  # in source order
+    marks: list[tuple[int, int]]  # after each record: (source file number, records of that file consumed)
     position: int  # source bytes read once this batch was cut
 
 
-def _batches(files: Sequence[Path], field: str, txt_mode: str, batch_chars: int,
-             sizes: Sequence[int]) -> Iterator[_Batch | Rejected]:
-    """Documents cut into batches of about `batch_chars` characters, rejections in between, in source order."""
-    texts: list[str] = []
-    where: list[tuple[str, int]] = []
-    chars, done = 0, 0
-    for path, size in zip(files, sizes, strict=True):
-        reader = SourceReader(path, field, txt_mode)
-        for item in reader:
-            if isinstance(item, Rejected):
-                yield item
+def _batches(files: Sequence[Path], field: str, txt_mode: str, batch_chars: int, sizes: Sequence[int],
+             start: tuple[int, int] = (0, 0)) -> Iterator[_Batch]:
+    """The source records (documents and rejections) in source order, cut into batches of about `batch_chars`
+    characters of text, from `start` on: (file number, records of it already consumed), which are re-read and
+    skipped (files before it are not read)."""
+    records: list[Document | Rejected] = []
+    marks: list[tuple[int, int]] = []
+    chars, done = 0, sum(sizes[:start[0]])
+    for number in range(start[0], len(files)):
+        reader = SourceReader(files[number], field, txt_mode)
+        skip = start[1] if number == start[0] else 0
+        for consumed, item in enumerate(reader, 1):
+            if consumed <= skip:
                 continue
-            texts.append(item.text)
-            where.append((item.source, item.line))
-            chars += len(item.text)
-            if chars >= batch_chars or len(texts) >= _MAX_BATCH_DOCUMENTS:
-                yield _Batch(texts, where, done + reader.tell())
-                texts, where, chars = [], [], 0
-        done += size
-    if texts:
-        yield _Batch(texts, where, done)
+            records.append(item)
+            marks.append((number, consumed))
+            if isinstance(item, Document):
+                chars += len(item.text)
+            if chars >= batch_chars or len(records) >= _MAX_BATCH_DOCUMENTS:
+                yield _Batch(records, marks, done + reader.tell())
+                records, marks, chars = [], [], 0
+        done += sizes[number]
+    if records:
+        yield _Batch(records, marks, done)
 
 
 def _in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
@@ -169,58 +177,75 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[list[int] | str]:
 
 
 @dataclass
-class _Tally:
+class _TextProgress(ProgressRecord):
+    """Where a text conversion stands at a checkpoint; stored with the data so that the two always agree."""
+
+    next_file: int = 0  # source files before this one are consumed,
+    file_records: int = 0  # and this many records (documents and rejections) of it
+    records: int = 0  # records consumed in all
     documents: int = 0
     tokens: int = 0
     longest: int = 0
-    rejected: list[Rejected] = field(default_factory=list)
+    rejected: list[dict] = field(default_factory=list)  # the first MAX_LISTED_REJECTIONS, as in the manifest
     rejected_count: int = 0
+    files: list[dict] = field(default_factory=list)  # finished WebDataset shards
+    index_files: list[dict] = field(default_factory=list)  # and their indexes
 
     def reject(self, record: Rejected, strict: bool) -> None:
         if strict:
             raise RejectedFileError(f"{record} (--strict: nothing written)")
         self.rejected_count += 1
         if len(self.rejected) < MAX_LISTED_REJECTIONS:
-            self.rejected.append(record)
+            self.rejected.append({"path": record.source, "line": record.line, "reason": record.reason})
 
 
-def _tokenize_all(batches: Iterator[_Batch | Rejected], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
-                  dtype: np.dtype, strict: bool, total_bytes: int, progress: bool) -> _Tally:
+def _checkpoint(writer: TextLmdbWriter | TextWdsWriter, state: _TextProgress) -> None:
+    if isinstance(writer, TextWdsWriter):
+        state.files = [asdict(entry) for entry in writer.finished_shards]
+        state.index_files = writer.index_files
+    writer.checkpoint(state.to_json())
+
+
+def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
+                  dtype: np.dtype, strict: bool, state: _TextProgress, total_bytes: int, done_bytes: int,
+                  progress: bool) -> None:
+    """Tokenize and write the records of `batches` in order, counting them in `state` and checkpointing it
+    whenever the writer asks."""
     from tqdm import tqdm
 
-    tally = _Tally()
     started = last_postfix = time.perf_counter()
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not progress,
-              smoothing=0.1) as bar:
-        for item in _in_background(batches, _QUEUE_BATCHES):
-            if isinstance(item, Rejected):
-                tally.reject(item, strict)
-                continue
-            encoded = _encode(tokenizer, item.texts)
-            good = [ids for ids in encoded if not isinstance(ids, str)]
-            flat = np.fromiter(chain.from_iterable(good), dtype, count=sum(map(len, good)))
-            pos = 0
-            for ids, (source, line) in zip(encoded, item.where, strict=True):
-                if isinstance(ids, str):
-                    tally.reject(Rejected(source, line, ids), strict)
-                    continue
-                tokens = flat[pos:pos + len(ids)]
-                pos += len(ids)
-                if isinstance(writer, TextWdsWriter):
-                    writer.add(tokens, source, line)
+    documents_at_start, tokens_at_start = state.documents, state.tokens
+    with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
+              disable=not progress, smoothing=0.1) as bar:
+        for batch in _in_background(batches, _QUEUE_BATCHES):
+            encoded = iter(_encode(tokenizer, [r.text for r in batch.records if isinstance(r, Document)]))
+            for record, (file_number, consumed) in zip(batch.records, batch.marks, strict=True):
+                state.next_file, state.file_records = file_number, consumed
+                state.records += 1
+                ids = next(encoded) if isinstance(record, Document) else record
+                if isinstance(ids, Rejected):
+                    state.reject(ids, strict)
+                elif isinstance(ids, str):
+                    state.reject(Rejected(record.source, record.line, ids), strict)
                 else:
-                    writer.add(tokens)
-                tally.longest = max(tally.longest, len(ids))
-            tally.documents += len(good)
-            tally.tokens += pos
-            bar.update(item.position - bar.n)
+                    tokens = np.asarray(ids, dtype)
+                    if isinstance(writer, TextWdsWriter):
+                        writer.add(tokens, record.source, record.line)
+                    else:
+                        writer.add(tokens)
+                    state.documents += 1
+                    state.tokens += len(tokens)
+                    state.longest = max(state.longest, len(tokens))
+                if writer.checkpoint_due():
+                    _checkpoint(writer, state)
+            bar.update(max(0, batch.position - bar.n))
             now = time.perf_counter()
             if now - last_postfix > 0.5:
                 secs = now - started
-                bar.set_postfix_str(f"{tally.documents / secs:,.0f} docs/s, {tally.tokens / secs / 1e6:.2f} M tok/s, "
-                                    f"{tally.rejected_count} rejected")
+                bar.set_postfix_str(f"{(state.documents - documents_at_start) / secs:,.0f} docs/s, "
+                                    f"{(state.tokens - tokens_at_start) / secs / 1e6:.2f} M tok/s, "
+                                    f"{state.rejected_count} rejected")
                 last_postfix = now
-    return tally
 
 
 def convert_text(
@@ -237,13 +262,18 @@ def convert_text(
     overwrite: bool = False,
     strict: bool = False,
     progress: bool = True,
+    chunk_tokens: int = CHUNK_TOKENS,
+    commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
 ) -> TextConversionSummary:
     """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
     in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`.
 
     Each document is stored whole as `tokenizer.encode(text, add_special_tokens=False).ids` (truncation and
     padding off), as uint16 when the vocabulary fits, else uint32, in source order. Unusable records are
-    reported with file and line and skipped (`strict=True` raises at the first and writes nothing).
+    reported with file and line and skipped (`strict=True` raises at the first and writes nothing). An
+    interrupted conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its
+    last checkpoint (every `commit_every_chunks` chunks of `chunk_tokens` tokens), WebDataset from its first
+    unfinished shard; the source records consumed before are skipped without being tokenized again.
     """
     sources = [src] if isinstance(src, (str, Path)) else list(src)
     out, tokenizer_path = Path(out), Path(tokenizer)
@@ -251,7 +281,11 @@ def convert_text(
     shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
     if txt_mode not in TXT_MODES:
         raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
+    if chunk_tokens < 1 or commit_every_chunks < 1:
+        raise ConfigError(f"chunk_tokens and commit_every_chunks must be positive, got {chunk_tokens} and "
+                          f"{commit_every_chunks}")
     tok = load_tokenizer(tokenizer_path)
+    tokenizer_bytes = tokenizer_path.read_bytes()
     eos, pad = resolve_eos(tok, eos_token, str(tokenizer_path)), resolve_pad(tok)
     vocab = vocab_size(tok)
     dtype = token_dtype(vocab)
@@ -260,38 +294,64 @@ def convert_text(
     check_output(out, overwrite)
     sizes = [f.stat().st_size for f in files]
 
-    partial = fresh_partial(out)
-    writer = TextLmdbWriter(partial, dtype) if fmt == "lmdb" else TextWdsWriter(partial, shard_bytes, dtype)
+    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "field": field,
+               "txt_mode": txt_mode, "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
+               "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
+    wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in sources], "files": len(files),
+                                        "digest": files_digest((os.path.abspath(f), f) for f in files)},
+                         tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
+
+    def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
+        if fmt == "lmdb":
+            return TextLmdbWriter(directory, dtype, chunk_tokens, commit_every_chunks=commit_every_chunks)
+        return TextWdsWriter(directory, shard_bytes, dtype)
+
+    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.from_json)
+    state = resumed or _TextProgress(wanted)
+    resumed_at = resumed.records if resumed else None  # `state` moves on from here
+    if isinstance(writer, TextWdsWriter) and resumed is not None:
+        writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens)
+    partial = partial_path(out)
     started = time.perf_counter()
     try:
-        batches = _batches(files, field, txt_mode, batch_chars, sizes)
-        tally = _tokenize_all(batches, tok, writer, dtype, strict, sum(sizes), progress)
-        data_files, layout = writer.close()
-        write_atomic(partial / TOKENIZER_FILE, tokenizer_path.read_bytes())
-    except BaseException:
+        if resumed is None:
+            writer.checkpoint(state.to_json())  # records the fingerprint at once
+        write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
+        batches = _batches(files, field, txt_mode, batch_chars, sizes, (state.next_file, state.file_records))
+        _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
+                      progress)
+        if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
+            data_files, layout = writer.close()
+            _checkpoint(writer, state)
+        else:
+            writer.checkpoint(state.to_json())
+            data_files, layout = writer.close()
+    except RejectedFileError:
         writer.abort()
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    except BaseException:
+        writer.abort()  # the last checkpoint stays: rerunning the same command resumes from it
+        raise
     seconds = time.perf_counter() - started
     bytes_out = sum(f.bytes for f in data_files)
-    text = {"dtype": dtype.name, "documents": tally.documents, "total_tokens": tally.tokens,
-            "max_document_tokens": tally.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
+    text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
+            "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
             "tokenizer_sha256": sha256_file(partial / TOKENIZER_FILE),
             "eos_token": eos[0] if eos else None, "eos_token_id": eos[1] if eos else None,
             "pad_token": pad[0] if pad else None, "pad_token_id": pad[1] if pad else None, **layout}
     manifest = Manifest(
-        format=fmt, kind="text", num_samples=tally.documents, classes=[], class_counts=[], files=data_files,
-        fastdata_version=__version__, text=text,
-        options={"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "field": field,
-                 "txt_mode": txt_mode, "eos_token": eos_token, "batch_size": batch_chars, "strict": strict},
+        format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
+        fastdata_version=__version__, text=text, options=options,
         source={"kind": "text", "path": [str(s) for s in sources], "tokenizer": str(tokenizer_path.resolve()),
                 "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
-        rejected=[{"path": r.source, "line": r.line, "reason": r.reason} for r in tally.rejected],
+        rejected=state.rejected,
         stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
-               "rejected_records": tally.rejected_count},
+               "rejected_records": state.rejected_count, "resumed_at": resumed_at},
     )
-    commit_output(manifest, partial, out)
-    notes = [] if tally.documents else ["no documents were written"]
-    return TextConversionSummary(out, fmt, tally.documents, tally.tokens, dtype.name, tally.longest, len(files),
-                                 data_files, tally.rejected, tally.rejected_count, eos, sum(sizes), bytes_out,
-                                 seconds, notes)
+    commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
+    notes = [] if state.documents else ["no documents were written"]
+    rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
+    return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
+                                 data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,
+                                 seconds, notes, resumed_at=resumed_at)

@@ -5,7 +5,8 @@ Layout (no pickle; raw little-endian arrays):
   documents (source order, no separators), `chunk_tokens` ids per chunk (the last one shorter), in the
   manifest's token dtype;
 - sub-database `ends`: same keys, value = int64 array of the cumulative token count at the end of each
-  document, ENDS_PER_CHUNK documents per chunk (document i is tokens `[ends[i-1], ends[i])`).
+  document, ENDS_PER_CHUNK documents per chunk (document i is tokens `[ends[i-1], ends[i])`);
+- sub-database `meta`: `progress`, the converter's last checkpoint (JSON; what an interrupted run resumes from).
 Writing holds one chunk of each in memory, whatever the corpus size.
 """
 
@@ -26,7 +27,7 @@ CHUNK_TOKENS = 1 << 18
 ENDS_PER_CHUNK = 1 << 16
 _MAX_DBS = 4
 _DBS = ("tokens", "ends")
-_COMMIT_EVERY_CHUNKS = 32
+COMMIT_EVERY_CHUNKS = 32
 
 
 def _environment(directory: Path) -> tuple[Any, dict[str, Any]]:
@@ -38,61 +39,104 @@ def _environment(directory: Path) -> tuple[Any, dict[str, Any]]:
 
 
 class TextLmdbWriter:
-    """Appends documents (arrays of token ids) in order into a new LMDB environment in `directory`."""
+    """Appends documents (arrays of token ids) in order into an LMDB environment in `directory`.
+
+    Data is committed only by `checkpoint(progress)`, in one transaction with the caller's progress record
+    (sub-database `meta`, key `progress`) and the unfilled last chunks (stored under their own keys, completed
+    later), so a killed conversion leaves data and progress in agreement. Opening an environment that already
+    holds documents continues after them."""
 
     def __init__(self, directory: Path, dtype: np.dtype, chunk_tokens: int = CHUNK_TOKENS,
-                 map_size: int = 1 << 40) -> None:
+                 map_size: int = 1 << 40, commit_every_chunks: int = COMMIT_EVERY_CHUNKS) -> None:
         import lmdb
 
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.dtype = np.dtype(dtype)
         self.chunk_tokens = chunk_tokens
+        self.commit_every_chunks = commit_every_chunks
         self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                               sync=False, metasync=False, meminit=False)
-        self._dbs = {name: self._env.open_db(name.encode()) for name in _DBS}
+        self._dbs = {name: self._env.open_db(name.encode()) for name in (*_DBS, "meta")}
+        self._buffers = {"tokens": np.empty(chunk_tokens, self.dtype), "ends": np.empty(ENDS_PER_CHUNK, np.int64)}
+        self._filled = {"tokens": 0, "ends": 0}
+        self._chunks = {"tokens": 0, "ends": 0}  # full chunks stored
+        self._tail_stored = {"tokens": False, "ends": False}  # an unfilled chunk is stored under the next key
+        self._load_tails()
+        self.count = self._chunks["ends"] * ENDS_PER_CHUNK + self._filled["ends"]
+        self.total_tokens = self._chunks["tokens"] * chunk_tokens + self._filled["tokens"]
+        self._uncommitted_chunks = 0
         self._txn = self._env.begin(write=True)
-        self._tokens = np.empty(chunk_tokens, self.dtype)
-        self._filled = 0
-        self._ends = np.empty(ENDS_PER_CHUNK, np.int64)
-        self._ends_filled = 0
-        self._chunks = {"tokens": 0, "ends": 0}
-        self.count = 0
-        self.total_tokens = 0
 
-    def _put(self, db: str, data: np.ndarray) -> None:
-        number = self._chunks[db]
-        self._txn.put(index_key(number), data.tobytes(), db=self._dbs[db], append=True)
-        self._chunks[db] = number + 1
-        if (number + 1) % _COMMIT_EVERY_CHUNKS == 0:
-            self._txn.commit()
-            self._txn = self._env.begin(write=True)
+    def _load_tails(self) -> None:
+        """Continue after the chunks the environment holds: an unfilled last chunk is taken back into memory."""
+        with self._env.begin() as txn:
+            for db, buffer in self._buffers.items():
+                with txn.cursor(db=self._dbs[db]) as cursor:
+                    if not cursor.last():
+                        continue
+                    number = int.from_bytes(cursor.key(), "big")
+                    values = np.frombuffer(cursor.value(), buffer.dtype)
+                if len(values) < len(buffer):
+                    buffer[:len(values)] = values
+                    self._chunks[db], self._filled[db], self._tail_stored[db] = number, len(values), True
+                else:
+                    self._chunks[db] = number + 1
+
+    def saved_progress(self) -> bytes | None:
+        """The progress record of the last checkpoint, if this environment holds one."""
+        with self._env.begin() as txn:
+            return txn.get(b"progress", db=self._dbs["meta"])
+
+    def _store(self, db: str, full: bool) -> None:
+        """Put the chunk in memory of `db` under its key (a full one is final: the next chunk starts)."""
+        data = self._buffers[db][:self._filled[db]]
+        self._txn.put(index_key(self._chunks[db]), data.tobytes(), db=self._dbs[db],
+                      append=not self._tail_stored[db])  # a stored unfilled chunk is overwritten
+        self._tail_stored[db] = not full
+        if full:
+            self._chunks[db] += 1
+            self._filled[db] = 0
+            self._uncommitted_chunks += 1
 
     def add(self, ids: np.ndarray) -> None:
         """Append one document's token ids (already in the dataset's dtype)."""
-        pos, n = 0, len(ids)
+        tokens, pos, n = self._buffers["tokens"], 0, len(ids)
         while pos < n:
-            take = min(n - pos, self.chunk_tokens - self._filled)
-            self._tokens[self._filled:self._filled + take] = ids[pos:pos + take]
-            self._filled += take
+            filled = self._filled["tokens"]
+            take = min(n - pos, self.chunk_tokens - filled)
+            tokens[filled:filled + take] = ids[pos:pos + take]
+            self._filled["tokens"] = filled + take
             pos += take
-            if self._filled == self.chunk_tokens:
-                self._put("tokens", self._tokens)
-                self._filled = 0
+            if self._filled["tokens"] == self.chunk_tokens:
+                self._store("tokens", full=True)
         self.total_tokens += n
-        self._ends[self._ends_filled] = self.total_tokens
-        self._ends_filled += 1
+        self._buffers["ends"][self._filled["ends"]] = self.total_tokens
+        self._filled["ends"] += 1
         self.count += 1
-        if self._ends_filled == ENDS_PER_CHUNK:
-            self._put("ends", self._ends)
-            self._ends_filled = 0
+        if self._filled["ends"] == ENDS_PER_CHUNK:
+            self._store("ends", full=True)
+
+    def checkpoint_due(self) -> bool:
+        """Whether `commit_every_chunks` chunks were filled since the last checkpoint."""
+        return self._uncommitted_chunks >= self.commit_every_chunks
+
+    def _store_unfilled(self) -> None:
+        for db in _DBS:
+            if self._filled[db]:
+                self._store(db, full=False)
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Commit the documents added so far together with `progress` (what to resume from)."""
+        self._store_unfilled()
+        self._txn.put(b"progress", progress, db=self._dbs["meta"])
+        self._txn.commit()
+        self._txn = self._env.begin(write=True)
+        self._uncommitted_chunks = 0
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
         """Flush the last chunks and describe the data file; returns (files, layout facts for the manifest)."""
-        if self._filled:
-            self._put("tokens", self._tokens[:self._filled])
-        if self._ends_filled:
-            self._put("ends", self._ends[:self._ends_filled])
+        self._store_unfilled()
         self._txn.commit()
         self._env.sync(True)
         self._env.close()
@@ -104,6 +148,7 @@ class TextLmdbWriter:
                 {"chunk_tokens": self.chunk_tokens})
 
     def abort(self) -> None:
+        """Drop what was added since the last checkpoint (which stays) and close."""
         try:
             self._txn.abort()
         finally:

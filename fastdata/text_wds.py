@@ -68,6 +68,19 @@ class TextWdsWriter(WdsWriter):
         self._index_entries.append({"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
         super()._close_shard()
 
+    @property
+    def index_files(self) -> list[dict[str, Any]]:
+        """The index files of the finished shards (name, bytes, sha256)."""
+        return list(self._index_entries)
+
+    def resume(self, entries: list[FileEntry], index_files: list[dict[str, Any]],  # type: ignore[override]
+               total_tokens: int) -> None:
+        """Continue after the finished shards `entries` and their `index_files` (from the saved progress),
+        which hold `total_tokens` tokens: anything else in the directory is dropped."""
+        super().resume(entries, [], keep_files=[f["name"] for f in index_files])
+        self._index_entries = list(index_files)
+        self.total_tokens = total_tokens
+
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:  # type: ignore[override]
         """Finish the last shard; returns (shard files, layout facts for the manifest)."""
         return super().close(), {"index_files": list(self._index_entries)}

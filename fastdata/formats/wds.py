@@ -12,7 +12,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -63,12 +63,13 @@ class WdsWriter:
         path = self.directory / PROGRESS_FILE
         return path.read_bytes() if path.is_file() else None
 
-    def resume(self, entries: list[FileEntry], written_paths: list[str]) -> None:
+    def resume(self, entries: list[FileEntry], written_paths: list[str], keep_files: Iterable[str] = ()) -> None:
         """Continue after the finished shards `entries` (from the saved progress), whose samples came from
-        `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else."""
+        `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else
+        (but the files named in `keep_files`)."""
         self._entries = list(entries)
         self.count = sum(e.samples for e in entries)
-        keep = {e.name for e in entries} | {PROGRESS_FILE}
+        keep = {e.name for e in entries} | {PROGRESS_FILE} | set(keep_files)
         for path in self.directory.iterdir():
             if path.name not in keep:
                 path.unlink()
