@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import io
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,20 @@ from PIL import Image
 import fastdata
 
 GREEN_STEP = 5
+
+# Source of `kill_when(cls, method, condition)` for the scripts of conversions run in a child process: SIGKILLs the
+# process on a call of `cls.method` when `condition(self)` holds (a real, abrupt kill, placed deterministically).
+KILL_WHEN = textwrap.dedent("""
+    import os, signal
+
+    def kill_when(cls, method, condition):
+        original = getattr(cls, method)
+        def wrapped(self, *args, **kwargs):
+            if condition(self):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, *args, **kwargs)
+        setattr(cls, method, wrapped)
+""")
 
 
 # ----------------------------------------------------------------------------------------------------

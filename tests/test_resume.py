@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import build_solid_tree
+from conftest import KILL_WHEN, build_solid_tree
 
 import fastdata
 from fastdata.errors import IncompleteDatasetError, NotADatasetError, OutputExistsError
@@ -20,21 +20,13 @@ COUNT = 40
 
 # Runs a conversion in a child process that SIGKILLs itself at a chosen point inside the writer: a real,
 # abrupt kill (no cleanup, no atexit), placed deterministically.
-KILLER = textwrap.dedent("""
-    import os, signal, sys
+KILLER = KILL_WHEN + textwrap.dedent("""
+    import sys
     import fastdata
     from fastdata.formats import lmdb as L, wds as W
 
     src, out, fmt, where, at = sys.argv[1:6]
     at = int(at)
-
-    def kill_when(cls, method, condition):
-        original = getattr(cls, method)
-        def wrapped(self, *args, **kwargs):
-            if condition(self):
-                os.kill(os.getpid(), signal.SIGKILL)
-            return original(self, *args, **kwargs)
-        setattr(cls, method, wrapped)
 
     writer = L.LmdbWriter if fmt == "lmdb" else W.WdsWriter
     if where == "add":          # before the record number `at` is added

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import KILL_WHEN
 from test_text import make_corpus, train_bytelevel
 
 import fastdata
@@ -31,8 +32,8 @@ BAD_LINES = [b"not json at all", b'{"body": "wrong field"}', b'{"text": "lone \\
 
 # Runs a text conversion in a child process that SIGKILLs itself at a chosen point inside the writer: a real,
 # abrupt kill (no cleanup, no atexit), placed deterministically.
-KILLER = textwrap.dedent("""
-    import json, os, signal, sys
+KILLER = KILL_WHEN + textwrap.dedent("""
+    import json, sys
     import fastdata
     from fastdata.formats.manifest import Manifest
     from fastdata.text_lmdb import TextLmdbWriter
@@ -40,14 +41,6 @@ KILLER = textwrap.dedent("""
 
     sources, out, fmt, where, at, settings = json.loads(sys.argv[1])
     writer = TextLmdbWriter if fmt == "lmdb" else TextWdsWriter
-
-    def kill_when(cls, method, condition):
-        original = getattr(cls, method)
-        def wrapped(self, *args, **kwargs):
-            if condition(self):
-                os.kill(os.getpid(), signal.SIGKILL)
-            return original(self, *args, **kwargs)
-        setattr(cls, method, wrapped)
 
     if where == "add":           # before document number `at` is added
         kill_when(writer, "add", lambda self: self.count == at)
