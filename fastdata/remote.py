@@ -10,6 +10,7 @@ each reader spools the shards it needs to an anonymous temporary file.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -48,26 +49,7 @@ def _filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
 
 def read_remote_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """The manifest of the dataset at `url`, checked against its own checksum."""
-    from fastdata.formats.manifest import parse_manifest
-
-    fs, root = _filesystem(url, storage_options or {})
-    where = f"{url.rstrip('/')}/{MANIFEST_NAME}"
-    try:
-        raw = fs.cat_file(f"{root.rstrip('/')}/{MANIFEST_NAME}")
-    except FileNotFoundError as exc:
-        raise NotADatasetError(f"{url}: not a fastdata dataset ({MANIFEST_NAME} is missing)") from exc
-    except Exception as exc:
-        raise RemoteError(f"{where}: cannot be read ({type(exc).__name__}: {exc})") from exc
-    manifest = parse_manifest(raw, where)
-    import json
-
-    data = json.loads(raw)
-    if CHECKSUM_FIELD in data and data[CHECKSUM_FIELD] != content_checksum(data):
-        raise NotADatasetError(f"{where}: the manifest does not match its own checksum (changed or damaged)")
-    if manifest.kind != "image" or manifest.format != "wds":
-        raise NotADatasetError(f"{url}: holds a {manifest.kind} {manifest.format} dataset; remote loading reads "
-                               "WebDataset image datasets (convert with --format wds)")
-    return manifest
+    return RemoteShards(url, storage_options).manifest
 
 
 class RemoteShards:
@@ -75,31 +57,55 @@ class RemoteShards:
     (from the cache, downloading it on a miss; or a temporary file). Picklable for DataLoader workers; each
     process opens its own connections."""
 
-    def __init__(self, url: str, files: list[FileEntry], storage_options: dict[str, Any] | None = None,
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_max_bytes: int | None = None) -> None:
         self.url = url.rstrip("/")
-        self.files = files
         self.storage_options = dict(storage_options or {})
-        self.locations: list[str] = [f"{self.url}/{f.name}" for f in files]
+        self._fs: Any = None
+        self._root = ""
+        self._pid = -1
+        self._inherited: list[Any] = []
+        self.manifest = self._read_manifest()
+        self.files: list[FileEntry] = self.manifest.files
+        self.locations: list[str] = [f"{self.url}/{f.name}" for f in self.files]
         if cache_max_bytes is not None and cache_dir is None:
             raise ConfigError("cache_max_bytes bounds the cache: give cache_dir as well")
-        largest = max(files, key=lambda f: f.bytes, default=None)
+        largest = max(self.files, key=lambda f: f.bytes, default=None)
         if cache_max_bytes is not None and largest is not None and largest.bytes > cache_max_bytes:
             raise ConfigError(f"cache_max_bytes={cache_max_bytes:,} cannot hold {largest.name} "
                               f"({largest.bytes:,} bytes); give at least the size of the largest shard")
         self.cache = ShardCache(Path(cache_dir), cache_max_bytes) if cache_dir is not None else None
-        self._fs: Any = None
-        self._root = ""
-        self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None, "_pid": -1}
+        return {**self.__dict__, "_fs": None, "_pid": -1, "_inherited": []}
 
     def _connection(self) -> tuple[Any, str]:
         if self._fs is None or self._pid != os.getpid():
+            if self._fs is not None:  # the parent's, copied by fork: keep it from being collected here, where
+                self._inherited.append(self._fs)  # its finalizer would wait on the parent's event loop
             self._fs, self._root = _filesystem(self.url, self.storage_options)
             self._pid = os.getpid()
         return self._fs, self._root.rstrip("/")
+
+    def _read_manifest(self) -> Manifest:
+        from fastdata.formats.manifest import parse_manifest
+
+        fs, root = self._connection()
+        where = f"{self.url}/{MANIFEST_NAME}"
+        try:
+            raw = fs.cat_file(f"{root}/{MANIFEST_NAME}")
+        except FileNotFoundError as exc:
+            raise NotADatasetError(f"{self.url}: not a fastdata dataset ({MANIFEST_NAME} is missing)") from exc
+        except Exception as exc:
+            raise RemoteError(f"{where}: cannot be read ({type(exc).__name__}: {exc})") from exc
+        manifest = parse_manifest(raw, where)
+        data = json.loads(raw)
+        if CHECKSUM_FIELD in data and data[CHECKSUM_FIELD] != content_checksum(data):
+            raise NotADatasetError(f"{where}: the manifest does not match its own checksum (changed or damaged)")
+        if manifest.kind != "image" or manifest.format != "wds":
+            raise NotADatasetError(f"{self.url}: holds a {manifest.kind} {manifest.format} dataset; remote loading "
+                                   "reads WebDataset image datasets (convert with --format wds)")
+        return manifest
 
     def open(self, shard_id: int) -> tuple[BinaryIO, bool]:
         """(local binary file of the verified shard, seekable=True)."""
@@ -164,7 +170,6 @@ def open_remote_dataset(url: str, augment: Any = None, *, image_size: int = 224,
     """`fastdata.dataset(URL)`: the remote WebDataset image dataset at `url`."""
     from fastdata.datasets import WdsImageDataset
 
-    manifest = read_remote_manifest(url, storage_options)
-    store = RemoteShards(url, manifest.files, storage_options, cache_dir, cache_max_bytes)
-    return WdsImageDataset(url.rstrip("/"), manifest, augment=augment, image_size=image_size, seed=seed,
+    store = RemoteShards(url, storage_options, cache_dir, cache_max_bytes)
+    return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
                            on_error=on_error, store=store)

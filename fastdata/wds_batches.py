@@ -80,6 +80,9 @@ class _WorkerReader:
         try:
             for _, positions in batches:
                 started = perf_counter()
+                for position in np.unique(positions).tolist():  # in stream order: each shard is read once
+                    if position not in self.kept:
+                        self._read_until(position)
                 samples = [self._take(int(p)) for p in positions]
                 read_s = perf_counter() - started
                 batch = self.dataset.pipeline.batch(samples, self.epoch, self.dataset.on_error)

@@ -1,0 +1,111 @@
+"""Throughput of remote WebDataset loading (an HTTP server on 127.0.0.1) against the same shards on local disk.
+
+Generates the sample ImageFolder, converts it with --format wds, serves the shard directory with
+`python -m http.server` in its own process, and times `fastdata.loader` over the local directory and over the
+URL: without a cache (each worker downloads and verifies the shards it reads), with a cold cache (each shard
+downloaded once) and with a warm one. Same transform, batch size and workers; medians over --repeats runs.
+
+    python benchmarks/remote_vs_local.py --images 1000 --repeats 3
+
+The server is local, so this measures fastdata's own cost of remote reading (fetch, sha256 check, spooling or
+caching), not a network; over a real network add the transfer time of the shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import fastdata
+from fastdata.sample import make_sample_imagefolder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(path: str, args: argparse.Namespace, **options) -> tuple[float, float, float]:
+    """(seconds to the first batch, images/s after it, images/s end to end) over `args.epochs` epochs of a
+    fresh loader. Remote loading pays its downloads before the first batch of each epoch it downloads in."""
+    loader = fastdata.loader(path, batch_size=args.batch_size, augment="train", image_size=224,
+                             num_workers=args.workers, seed=0, **options)
+    started = time.perf_counter()
+    first = steady_from = 0.0
+    images = steady_images = 0
+    for epoch in range(args.epochs):
+        for n, (batch, _labels) in enumerate(loader):
+            images += len(batch)
+            if epoch == 0 and n == 0:
+                first = steady_from = time.perf_counter() - started
+            else:
+                steady_images += len(batch)
+    total = time.perf_counter() - started
+    del loader
+    gc.collect()  # the workers go now, not during the next contender's run
+    return first, steady_images / (total - steady_from), images / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--shard-size", default="16MB")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+
+    src = args.data / f"imagefolder-{args.images}"
+    if not src.is_dir():
+        print(f"generating {args.images} images in {src} ...")
+        make_sample_imagefolder(src.with_suffix(".tmp"), images=args.images, classes=20)
+        src.with_suffix(".tmp").rename(src)
+    shards = args.data / f"remote-{args.images}-{args.shard_size}.wds"
+    if not shards.exists():
+        fastdata.convert_imagefolder(src, shards, format="wds", shard_size=args.shard_size, progress=False)
+    files = fastdata.info(shards).files
+    print(f"{len(files)} shards, {sum(f.bytes for f in files) / 1e6:.1f} MB, {args.images} images; "
+          f"{args.workers} workers, batch {args.batch_size}, {args.epochs} epoch(s) per run")
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(shards.parent)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/{shards.name}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{url}/manifest.json", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        results: dict[str, list[tuple[float, float, float]]] = {
+            "local disk": [], "HTTP, no cache": [], "HTTP, cold cache": [], "HTTP, warm cache": []}
+        for _ in range(args.repeats):  # alternate the contenders so that drift hits them alike
+            results["local disk"].append(measure(str(shards), args))
+            results["HTTP, no cache"].append(measure(url, args))
+            with tempfile.TemporaryDirectory() as cache:
+                results["HTTP, cold cache"].append(measure(url, args, cache_dir=cache))
+                results["HTTP, warm cache"].append(measure(url, args, cache_dir=cache))
+    finally:
+        server.terminate()
+        server.wait()
+    medians = {name: [statistics.median(v[i] for v in values) for i in range(3)] for name, values in results.items()}
+    local = medians["local disk"][2]
+    print(f"\n{'loader':<18} {'first batch s':>13} {'images/s after':>14} {'images/s all':>12} {'vs local':>9}")
+    for name, (first, steady, overall) in medians.items():
+        print(f"{name:<18} {first:>13.2f} {steady:>14,.0f} {overall:>12,.0f} {overall / local:>8.2f}x")
+
+if __name__ == "__main__":
+    main()
