@@ -193,9 +193,12 @@ class ImageLoader(ResumableLoader):
                 self.skipped.extend(skipped)
                 if len(labels):
                     yield images, labels
+                else:
+                    self._count_batch()  # every sample skipped: nothing to yield, but the batch is done
             return
         for batch in batches:
             if not len(batch.labels):
+                self._count_batch()
                 continue
             if self.device is None:
                 yield batch.images, batch.labels

@@ -158,6 +158,8 @@ class SamplePipeline:
         stacked = buffer[: len(labels)] if buffer is not None else _stack(images, samples, self.source)
         if self.bgr:
             stacked = stacked[..., ::-1]
+        if not labels:  # every sample skipped: an empty view with negative strides would not convert
+            stacked = np.empty((0, *stacked.shape[1:]), np.uint8)
         tensor = torch.from_numpy(np.ascontiguousarray(stacked.transpose(0, 3, 1, 2)))  # one pass: NHWC -> NCHW
         label_tensor = torch.tensor(labels, dtype=torch.int64)
         times.collate += perf_counter() - collate_started
