@@ -52,6 +52,11 @@ def convert_options(command: Callable) -> Callable:
         click.option("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Refuse images with more pixels than this, read from the header before decoding."),
         click.option("--workers", type=int, default=None, help="Worker processes. Default: all cores."),
+        click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Where images are verified and encoded: local processes, or a Ray cluster "
+                          "(pip install 'fastdata[ray]'); the same dataset either way."),
+        click.option("--ray-address", default=None, metavar="ADDRESS",
+                     help="Ray cluster to use with --engine ray (default: start a local Ray instance)."),
     ]
     return _decorate(command, _storage_options() + options + _run_options())
 

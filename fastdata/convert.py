@@ -17,6 +17,7 @@ import numpy as np
 
 from fastdata import __version__
 from fastdata.config import available_cores, parse_size
+from fastdata.convert_ray import ENGINES
 from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS, EncodeOptions, ImageFolderListing, load_record, scan
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
@@ -87,7 +88,14 @@ def _worker_init() -> None:
     cv2.setNumThreads(1)
 
 
-def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int) -> Iterator[tuple]:
+def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, engine: str = "local",
+             ray_address: str | None = None, requested_workers: int | None = None) -> Iterator[tuple]:
+    if engine == "ray":
+        from fastdata.convert_ray import ray_results
+
+        yield from ray_results(_work, tasks, requested_workers if ray_address else workers, ray_address,
+                               _worker_init)
+        return
     if workers <= 1:
         yield from map(_work, tasks)
         return
@@ -144,6 +152,8 @@ def convert_imagefolder(
     strict: bool = False,
     progress: bool = True,
     commit_every: int = 2048,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> ConversionSummary:
     """Pack the ImageFolder tree `src` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards).
 
@@ -151,6 +161,8 @@ def convert_imagefolder(
     written; with `strict=True` the first one raises instead and nothing is written. An interrupted
     conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its last
     checkpoint (every `commit_every` images), WebDataset from its first unfinished shard.
+    `engine="ray"` verifies and encodes the images on a Ray cluster (`ray_address`, or a local Ray instance)
+    while this process writes them: the same dataset as the local engine makes.
     """
     src, out = Path(src), Path(out)
     fmt = _resolve_format(out, format)
@@ -161,6 +173,11 @@ def convert_imagefolder(
         raise ConfigError(f"--max-pixels must be positive, got {max_pixels}")
     if not 1 <= quality <= 100:
         raise ConfigError(f"--quality must be within 1..100, got {quality}")
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if ray_address is not None and engine != "ray":
+        raise ConfigError("--ray-address applies to --engine ray")
+    requested_workers = workers
     workers = available_cores() if workers is None else workers
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
@@ -189,7 +206,8 @@ def convert_imagefolder(
     try:
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
-        _write_all(writer, tasks, state, workers, strict, progress)
+        _write_all(writer, tasks, state, workers, strict, progress,
+                   engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers})
         if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
             files = writer.close()
             state.files = [asdict(entry) for entry in files]
@@ -219,7 +237,7 @@ def convert_imagefolder(
 
 
 def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, workers: int, strict: bool,
-               progress: bool) -> None:
+               progress: bool, engine: dict | None = None) -> None:
     """Feed the tasks from `state.next_task` on through the pool into the writer, checkpointing `state`."""
     from tqdm import tqdm
 
@@ -227,7 +245,8 @@ def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, wo
     bytes_at_start = state.bytes_in
     with tqdm(total=len(tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
               smoothing=0.1) as bar:
-        for relative_path, label, record, reason, size in _results(tasks[state.next_task:], workers):
+        for relative_path, label, record, reason, size in _results(tasks[state.next_task:], workers,
+                                                                   **(engine or {})):
             state.bytes_in += size
             state.next_task += 1
             if record is None:
