@@ -213,3 +213,28 @@ def test_a_batch_whose_samples_were_all_skipped_counts(solid_lmdb, tmp_path):
     resumed = make(path, **options)
     resumed.load_state_dict(states[1])
     assert same([clone(b) for b in resumed], batches[2:])
+
+
+@pytest.mark.parametrize("bucketing", [False, True])
+def test_text_ranks_split_every_epoch_evenly(text_data, bucketing):
+    """Text: each of 3 ranks gets its own part of the epoch, the same number of batches, together every block
+    (or document) once plus the documented padding; order the same for any number of workers."""
+    options = {"packing": False, "max_length": 24, "bucketing": True} if bucketing else {"seq_len": 16}
+
+    def rows_of(batches):  # padded rows trimmed to their real tokens (padding width depends on the batch)
+        return [tuple(row[:int(mask.sum())].tolist()) if "attention_mask" in b else tuple(row.tolist())
+                for b in batches for row, mask in zip(b["input_ids"], b.get("attention_mask", b["input_ids"]),
+                                                      strict=True)]
+
+    rows = []
+    counts = set()
+    for rank in range(3):
+        loader = make(text_data, batch_size=4, augment=None, rank=rank, world_size=3, **options)
+        batches = [clone(b) for b in loader]
+        counts.add((len(batches), len(loader)))
+        assert same(batches, [clone(b) for b in make(text_data, batch_size=4, augment=None, rank=rank,
+                                                      world_size=3, num_workers=2, **options)])
+        rows += rows_of(batches)
+    assert len(counts) == 1 and len({n for n, _ in counts} | {n for _, n in counts}) == 1
+    single = rows_of(make(text_data, batch_size=4, augment=None, **options))
+    assert set(rows) == set(single) and len(rows) - len(single) < 3
