@@ -7,7 +7,6 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 from __future__ import annotations
 
 import multiprocessing
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -25,7 +24,13 @@ from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partia
 from fastdata.formats.records import ImageRecord
 from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
 from fastdata.output import check_output, commit_output
-from fastdata.resume_progress import ProgressRecord, files_digest, fingerprint, open_or_resume
+from fastdata.resume_progress import (
+    ProgressRecord,
+    files_digest,
+    fingerprint,
+    keep_checkpoint_on_failure,
+    open_or_resume,
+)
 
 DEFAULT_SHARD_SIZE = "256MB"
 FORMATS = ("lmdb", "wds")
@@ -203,7 +208,7 @@ def convert_imagefolder(
         writer.resume([FileEntry(**f) for f in resumed.files], written)
     partial = partial_path(out)
     started = time.perf_counter()
-    try:
+    with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         _write_all(writer, tasks, state, workers, strict, progress,
@@ -215,13 +220,6 @@ def convert_imagefolder(
         else:
             writer.checkpoint(state.to_json())
             files = writer.close()
-    except RejectedFileError:
-        writer.abort()
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    except BaseException:
-        writer.abort()  # the last checkpoint stays: rerunning the same command resumes from it
-        raise
     seconds = time.perf_counter() - started
     manifest = Manifest(
         format=fmt, kind="image", num_samples=sum(state.counts), classes=listing.classes,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,13 @@ from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
 from fastdata.formats.wds import PROGRESS_FILE
 from fastdata.output import check_output, commit_output
-from fastdata.resume_progress import ProgressRecord, files_digest, fingerprint, open_or_resume
+from fastdata.resume_progress import (
+    ProgressRecord,
+    files_digest,
+    fingerprint,
+    keep_checkpoint_on_failure,
+    open_or_resume,
+)
 from fastdata.text_lmdb import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.text_tokenizer import load_tokenizer, resolve_eos, resolve_pad, token_dtype, vocab_size
 from fastdata.text_wds import TextWdsWriter
@@ -313,7 +318,7 @@ def convert_text(
         writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens)
     partial = partial_path(out)
     started = time.perf_counter()
-    try:
+    with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
@@ -326,13 +331,6 @@ def convert_text(
         else:
             writer.checkpoint(state.to_json())
             data_files, layout = writer.close()
-    except RejectedFileError:
-        writer.abort()
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    except BaseException:
-        writer.abort()  # the last checkpoint stays: rerunning the same command resumes from it
-        raise
     seconds = time.perf_counter() - started
     bytes_out = sum(f.bytes for f in data_files)
     text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from fastdata.errors import OutputExistsError
+from fastdata.errors import OutputExistsError, RejectedFileError
 from fastdata.formats.manifest import partial_path
 from fastdata.output import fresh_partial
 
@@ -110,3 +112,18 @@ def open_or_resume(out: Path, overwrite: bool, wanted: dict, make_writer: Callab
             return writer, progress
         writer.abort()  # interrupted before its first checkpoint: nothing worth keeping
     return make_writer(fresh_partial(out)), None
+
+
+@contextmanager
+def keep_checkpoint_on_failure(writer: Any, partial: Path) -> Iterator[None]:
+    """Around a conversion's writing: any failure (Ctrl-C and crashes included) drops only the uncommitted work,
+    so rerunning the same command resumes from the last checkpoint; a --strict rejection removes everything."""
+    try:
+        yield
+    except RejectedFileError:
+        writer.abort()
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except BaseException:
+        writer.abort()
+        raise
