@@ -24,11 +24,9 @@ import torch
 
 def sample(out: Path, images: int) -> tuple[Path, Path]:
     import fastdata
-    from fastdata.sample import make_sample_imagefolder
+    from fastdata.sample import cached_sample_imagefolder
 
-    src, lmdb = out / "src", out / "sample.lmdb"
-    if not src.is_dir():
-        make_sample_imagefolder(src, images=images, classes=20)
+    src, lmdb = cached_sample_imagefolder(out, images), out / f"sample-{images}.lmdb"
     if not lmdb.exists():
         fastdata.convert_imagefolder(src, lmdb, progress=False)
     return src, lmdb

@@ -21,14 +21,11 @@ import numpy as np
 import psutil
 
 import fastdata
-from fastdata.sample import make_sample_imagefolder
+from fastdata.sample import cached_sample_imagefolder
 
 
 def dataset_for(data: Path, images: int) -> Path:
-    src = data / f"imagefolder-{images}"
-    if not src.is_dir():
-        make_sample_imagefolder(src.with_suffix(".tmp"), images=images, classes=20)
-        src.with_suffix(".tmp").rename(src)
+    src = cached_sample_imagefolder(data, images)
     out = data / f"imagefolder-{images}.lmdb"
     if not out.exists():
         fastdata.convert_imagefolder(src, out, progress=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 from fastdata.bench import BenchConfig, LoaderResult, format_table, imagefolder_baseline, time_loader
 from fastdata.convert import convert_imagefolder
 from fastdata.loader import loader
-from fastdata.sample import make_sample_imagefolder
+from fastdata.sample import cached_sample_imagefolder
 
 
 def main() -> None:
@@ -34,11 +34,7 @@ def main() -> None:
     parser.add_argument("--augment", choices=["train", "val"], default="train")
     args = parser.parse_args()
 
-    src = args.data / f"imagefolder-{args.images}"
-    if not src.is_dir():
-        print(f"generating {args.images} images in {src} ...")
-        make_sample_imagefolder(src.with_suffix(".tmp"), images=args.images, classes=20)
-        src.with_suffix(".tmp").rename(src)
+    src = cached_sample_imagefolder(args.data, args.images)
     outputs = {"lmdb": args.data / f"imagefolder-{args.images}.lmdb",
                "wds": args.data / f"imagefolder-{args.images}.wds",
                "lmdb --max-size 256": args.data / f"imagefolder-{args.images}-256.lmdb"}

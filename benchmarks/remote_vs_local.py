@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import fastdata
-from fastdata.sample import make_sample_imagefolder
+from fastdata.sample import cached_sample_imagefolder
 
 
 def free_port() -> int:
@@ -66,11 +66,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    src = args.data / f"imagefolder-{args.images}"
-    if not src.is_dir():
-        print(f"generating {args.images} images in {src} ...")
-        make_sample_imagefolder(src.with_suffix(".tmp"), images=args.images, classes=20)
-        src.with_suffix(".tmp").rename(src)
+    src = cached_sample_imagefolder(args.data, args.images)
     shards = args.data / f"remote-{args.images}-{args.shard_size}.wds"
     if not shards.exists():
         fastdata.convert_imagefolder(src, shards, format="wds", shard_size=args.shard_size, progress=False)

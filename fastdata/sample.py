@@ -114,3 +114,20 @@ def make_sample_imagefolder(root: str | Path, images: int = 1200, classes: int =
         with multiprocessing.get_context().Pool(workers) as pool_:
             list(pool_.imap_unordered(_make_one, jobs, chunksize=16))
     return root
+
+
+def cached_sample_imagefolder(data: str | Path, images: int, classes: int = 20) -> Path:
+    """`data/imagefolder-<images>`, generated once (built under a temporary name, renamed when complete) and
+    reused by later runs: the benchmarks' shared sample."""
+    src = Path(data) / f"imagefolder-{images}"
+    if not src.is_dir():
+        print(f"generating {images} images in {src} ...")
+        tmp = src.with_suffix(".tmp")
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+        make_sample_imagefolder(tmp, images=images, classes=classes)
+        tmp.rename(src)
+    return src
+
