@@ -94,19 +94,31 @@ def reduce_factor(params: CropParams, size: int, allowed: tuple[int, ...] = (8, 
     return 1
 
 
-def apply_crop(image: np.ndarray, params: CropParams, out: np.ndarray, scale: float = 1.0) -> None:
-    """Crop `params` (given in source pixels; `image` is the source at 1/`scale`) and resize into `out`
-    (size x size x 3, uint8), mirrored if asked. One OpenCV resize, no float conversion."""
+def crop_box(params: CropParams, width: int, height: int, scale: float = 1.0) -> tuple[int, int, int, int]:
+    """The crop `params` (source pixels) as integer (x0, y0, x1, y1) in an image of `width` x `height` that is
+    the source at 1/`scale`; never empty, never outside the image."""
+    x0 = min(max(int(params.left / scale), 0), width - 1)
+    y0 = min(max(int(params.top / scale), 0), height - 1)
+    x1 = min(max(round((params.left + params.width) / scale), x0 + 1), width)
+    y1 = min(max(round((params.top + params.height) / scale), y0 + 1), height)
+    return x0, y0, x1, y1
+
+
+def resize_into(crop: np.ndarray, out: np.ndarray, flip: bool) -> None:
+    """Resize the already-cropped `crop` into `out` (size x size x 3, uint8), mirrored if `flip`: one OpenCV
+    resize (and an in-place flip), no float conversion."""
     import cv2
 
-    h, w = image.shape[:2]
-    x0 = min(max(int(params.left / scale), 0), w - 1)
-    y0 = min(max(int(params.top / scale), 0), h - 1)
-    x1 = min(max(round((params.left + params.width) / scale), x0 + 1), w)
-    y1 = min(max(round((params.top + params.height) / scale), y0 + 1), h)
-    _resize_into(image[y0:y1, x0:x1], out, out.shape[0])
-    if params.flip:
+    _resize_into(crop, out, out.shape[0])
+    if flip:
         cv2.flip(out, 1, dst=out)
+
+
+def apply_crop(image: np.ndarray, params: CropParams, out: np.ndarray, scale: float = 1.0) -> None:
+    """Crop `params` (given in source pixels; `image` is the source at 1/`scale`) and resize into `out`
+    (size x size x 3, uint8), mirrored if asked."""
+    x0, y0, x1, y1 = crop_box(params, image.shape[1], image.shape[0], scale)
+    resize_into(image[y0:y1, x0:x1], out, params.flip)
 
 
 def make_preset(name: str, image_size: int) -> Preset:

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.augment import apply_crop, make_preset, reduce_factor, wrap_custom
+from fastdata.augment import apply_crop, make_preset, reduce_factor, resize_into, wrap_custom
 from fastdata.decode import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, decode_rgb
 from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.jpeg_region import Region, RegionDecoder, plan_region, region_decoder
 from fastdata.order import sample_rng, sample_seed
 from fastdata.stagetimes import StageTimes
 
@@ -57,6 +58,9 @@ class SamplePipeline:
     def __init__(self, augment: Any, image_size: int, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.max_pixels = max_pixels
+        # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
+        # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
+        self.region_decode = True
         self.ship_encoded = False  # decode="device": workers hand over bytes + crop parameters, not pixels
         self.augment = augment
         self.image_size = image_size
@@ -79,15 +83,27 @@ class SamplePipeline:
         custom transforms see RGB."""
         return self.preset is not None
 
-    def _decode(self, sample: EncodedSample, reduce: int = 1) -> np.ndarray:
-        where = f"{self.source}/{sample.origin}" if sample.origin else self.source
+    def _where(self, sample: EncodedSample) -> str:
+        return f"{self.source}/{sample.origin}" if sample.origin else self.source
+
+    def _check_pixels(self, sample: EncodedSample) -> None:
         if sample.width * sample.height > self.max_pixels:  # from the stored header facts, before decoding
-            raise CorruptSampleError(f"{where}: sample {sample.key!r}: refused: {sample.width}x{sample.height} "
-                                     f"pixels exceeds the limit of {self.max_pixels:,}")
+            raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: refused: {sample.width}x"
+                                     f"{sample.height} pixels exceeds the limit of {self.max_pixels:,}")
+
+    def _decode(self, sample: EncodedSample, reduce: int = 1) -> np.ndarray:
+        self._check_pixels(sample)
         try:
             return decode_rgb(sample.data, sample.codec, reduce, bgr=self.bgr)
         except ValueError as exc:
-            raise CorruptSampleError(f"{where}: sample {sample.key!r}: {exc}") from exc
+            raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
+
+    def _decode_region(self, decoder: RegionDecoder, sample: EncodedSample, region: Region) -> np.ndarray:
+        self._check_pixels(sample)
+        try:
+            return decoder.decode(sample.data, region, bgr=self.bgr)
+        except ValueError as exc:
+            raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
 
     def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None,
                 times: StageTimes | None = None) -> np.ndarray:
@@ -96,13 +112,20 @@ class SamplePipeline:
         started = perf_counter()
         if self.preset is not None:
             params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
-            reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
-            decode_started = perf_counter()
-            image = self._decode(sample, reduce)
-            decode_s = perf_counter() - decode_started
             if out is None:
                 out = np.empty((self.image_size, self.image_size, 3), np.uint8)
-            apply_crop(image, params, out, scale=sample.width / image.shape[1])
+            decoder = region_decoder() if self.region_decode and sample.codec == CODEC_CV_JPEG else None
+            decode_started = perf_counter()
+            if decoder is not None:  # only the crop's rows/columns, at the smallest DCT scale that suffices
+                crop = self._decode_region(decoder, sample, plan_region(sample.width, sample.height, params,
+                                                                        self.image_size))
+                decode_s = perf_counter() - decode_started
+                resize_into(crop, out, params.flip)
+            else:
+                reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
+                image = self._decode(sample, reduce)
+                decode_s = perf_counter() - decode_started
+                apply_crop(image, params, out, scale=sample.width / image.shape[1])
             result = out
         else:
             image = self._decode(sample)

@@ -1,0 +1,292 @@
+/*
+ * fastdata._jpeg_region: decode only the region of a JPEG that a crop needs, at a reduced DCT scale.
+ *
+ * libjpeg-turbo can (a) scale while decoding (scale_num/8, 1 <= scale_num <= 8: the IDCT emits fewer pixels),
+ * (b) skip the IDCT, upsampling and colour conversion of the columns left and right of a region
+ * (jpeg_crop_scanline), (c) skip the IDCT and colour conversion of the rows above it (jpeg_skip_scanlines),
+ * and (d) stop after its last row. OpenCV, Pillow and torchvision expose none of (b)-(d). This module drives
+ * the libjpeg API for that, writing the region straight into a caller-owned uint8 H x W x 3 buffer, with the
+ * GIL released.
+ *
+ * It links to no library at build time (so it builds with a C compiler and Python's headers alone): `load()`
+ * dlopen()s a libjpeg-turbo that is already installed (Pillow's wheels ship one) and resolves the few entry
+ * points it needs. The headers in csrc/libjpeg-turbo are libjpeg-turbo's (libjpeg API/ABI 6.2, stable across
+ * libjpeg-turbo 1.5-3.x); jpeg_CreateDecompress() checks the struct size and version, so a mismatched library
+ * is refused with an error instead of misbehaving.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jpeglib.h"
+
+/* Columns decoded beyond the region's right edge (generous: an iMCU is at most 32 pixels wide, for 4:1:1). */
+#define EDGE_MARGIN 64
+
+typedef struct jpeg_error_mgr *(*std_error_fn)(struct jpeg_error_mgr *);
+typedef void (*create_fn)(j_decompress_ptr, int, size_t);
+typedef void (*destroy_fn)(j_decompress_ptr);
+typedef void (*mem_src_fn)(j_decompress_ptr, const unsigned char *, unsigned long);
+typedef int (*read_header_fn)(j_decompress_ptr, boolean);
+typedef boolean (*start_fn)(j_decompress_ptr);
+typedef void (*crop_fn)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
+typedef JDIMENSION (*skip_fn)(j_decompress_ptr, JDIMENSION);
+typedef JDIMENSION (*read_fn)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
+
+typedef struct {
+    void *handle;
+    std_error_fn std_error;
+    create_fn create;
+    destroy_fn destroy;
+    mem_src_fn mem_src;
+    read_header_fn read_header;
+    start_fn start;
+    crop_fn crop;
+    skip_fn skip;
+    read_fn read;
+} jpeg_api;
+
+/* Module state: the resolved entry points (set by load(); a later load() replaces them, leaving the earlier
+ * library mapped, since a decode in another thread may still be using it). */
+typedef struct {
+    jpeg_api api;
+    int loaded;
+} module_state;
+
+static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf escape;
+    char message[JMSG_LENGTH_MAX];
+} error_mgr;
+
+static void on_error_exit(j_common_ptr cinfo) {
+    error_mgr *err = (error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->escape, 1);
+}
+
+/* Warnings (e.g. "premature end of data segment") are not fatal, as with OpenCV and Pillow: every stored image
+ * was fully decoded once at conversion time. Stay silent instead of printing to stderr. */
+static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
+
+#define RESOLVE(field, type, name)                                    \
+    do {                                                              \
+        api.field = (type)dlsym(handle, name);                        \
+        if (api.field == NULL) {                                      \
+            dlclose(handle);                                          \
+            PyErr_Format(PyExc_OSError, "%s: no symbol %s", path, name); \
+            return NULL;                                              \
+        }                                                             \
+    } while (0)
+
+static PyObject *load(PyObject *module, PyObject *arg) {
+    module_state *state = get_state(module);
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL) return NULL;
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL) {
+        PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
+        return NULL;
+    }
+    jpeg_api api;
+    api.handle = handle;
+    RESOLVE(std_error, std_error_fn, "jpeg_std_error");
+    RESOLVE(create, create_fn, "jpeg_CreateDecompress");
+    RESOLVE(destroy, destroy_fn, "jpeg_destroy_decompress");
+    RESOLVE(mem_src, mem_src_fn, "jpeg_mem_src");
+    RESOLVE(read_header, read_header_fn, "jpeg_read_header");
+    RESOLVE(start, start_fn, "jpeg_start_decompress");
+    RESOLVE(crop, crop_fn, "jpeg_crop_scanline");
+    RESOLVE(skip, skip_fn, "jpeg_skip_scanlines");
+    RESOLVE(read, read_fn, "jpeg_read_scanlines");
+    state->api = api;
+    state->loaded = 1;
+    Py_RETURN_NONE;
+}
+
+/* The decode proper, without the GIL. Returns 0, or -1 with `message` set. */
+static int decode_region(const jpeg_api *api, const unsigned char *data, size_t size, int scale_num, int left,
+                         int top, int width, int height, int bgr, int fast, unsigned char *out, char *message) {
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    unsigned char *volatile row = NULL;
+
+    memset(&cinfo, 0, sizeof(cinfo));
+    cinfo.err = api->std_error(&err.pub);
+    err.pub.error_exit = on_error_exit;
+    err.pub.output_message = on_output_message;
+    err.message[0] = '\0';
+    if (setjmp(err.escape)) {
+        strncpy(message, err.message, JMSG_LENGTH_MAX - 1);
+        message[JMSG_LENGTH_MAX - 1] = '\0';
+        api->destroy(&cinfo);
+        free(row);
+        return -1;
+    }
+    api->create(&cinfo, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+    api->mem_src(&cinfo, data, (unsigned long)size);
+    api->read_header(&cinfo, TRUE);
+    if (cinfo.num_components != 1 && cinfo.num_components != 3) {
+        snprintf(message, JMSG_LENGTH_MAX, "unsupported JPEG with %d components (CMYK?)", cinfo.num_components);
+        api->destroy(&cinfo);
+        return -1;
+    }
+    cinfo.scale_num = (unsigned int)scale_num;
+    cinfo.scale_denom = 8;
+    cinfo.out_color_space = bgr ? JCS_EXT_BGR : JCS_EXT_RGB;
+    if (fast & 1) cinfo.dct_method = JDCT_IFAST;
+    if (fast & 2) cinfo.do_fancy_upsampling = FALSE;
+    api->start(&cinfo);
+    if (left < 0 || top < 0 || (JDIMENSION)(left + width) > cinfo.output_width ||
+        (JDIMENSION)(top + height) > cinfo.output_height) {
+        snprintf(message, JMSG_LENGTH_MAX, "region %dx%d at (%d, %d) outside the %ux%u image at scale %d/8",
+                 width, height, left, top, cinfo.output_width, cinfo.output_height, scale_num);
+        api->destroy(&cinfo);
+        return -1;
+    }
+    /* Decode a few columns beyond the region on each side: libjpeg widens the crop to the iMCU boundary at or
+     * left of its start, and chroma upsampling treats a crop's first and last columns as image edges, so the
+     * region's own edge columns would differ from a full decode if they lay on the crop's edges. */
+    JDIMENSION x_offset = left > 0 ? (JDIMENSION)left - 1 : 0;
+    JDIMENSION x_end = (JDIMENSION)(left + width) + EDGE_MARGIN;
+    if (x_end > cinfo.output_width) x_end = cinfo.output_width;
+    JDIMENSION crop_width = x_end - x_offset;
+    if (crop_width < cinfo.output_width) {
+        api->crop(&cinfo, &x_offset, &crop_width);  /* moves x_offset left to an iMCU boundary */
+    } else {
+        x_offset = 0;
+    }
+    size_t skip_bytes = (size_t)(left - (int)x_offset) * 3, row_bytes = (size_t)width * 3;
+    if (top > 0) api->skip(&cinfo, (JDIMENSION)top);
+    if (skip_bytes != 0 || crop_width != (JDIMENSION)width) {
+        row = malloc((size_t)crop_width * 3);
+        if (row == NULL) {
+            snprintf(message, JMSG_LENGTH_MAX, "out of memory for a %u-pixel row", crop_width);
+            api->destroy(&cinfo);
+            return -1;
+        }
+    }
+    for (int y = 0; y < height; y++) {
+        unsigned char *dest = out + (size_t)y * row_bytes;
+        JSAMPROW target = row != NULL ? row : dest;
+        if (api->read(&cinfo, &target, 1) != 1) {
+            snprintf(message, JMSG_LENGTH_MAX, "decoder stopped at row %d of %d", top + y, top + height);
+            api->destroy(&cinfo);
+            free(row);
+            return -1;
+        }
+        if (row != NULL) memcpy(dest, row + skip_bytes, row_bytes);
+    }
+    api->destroy(&cinfo);  /* the rows below the region are never decoded */
+    free(row);
+    return 0;
+}
+
+static PyObject *decode_into(PyObject *module, PyObject *args) {
+    module_state *state = get_state(module);
+    Py_buffer src, dst;
+    int scale_num, left, top, bgr, fast = 0;
+    if (!state->loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "libjpeg-turbo is not loaded: call load(path) first");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*w*iiip|i", &src, &dst, &scale_num, &left, &top, &bgr, &fast)) return NULL;
+    PyObject *result = NULL;
+    if (scale_num < 1 || scale_num > 8) {
+        PyErr_Format(PyExc_ValueError, "scale_num must be 1..8 (eighths), got %d", scale_num);
+        goto done;
+    }
+    PyObject *shape = PyObject_GetAttrString(PyTuple_GET_ITEM(args, 1), "shape");
+    if (shape == NULL) goto done;
+    int height = -1, width = -1, channels = -1;
+    int ok = PyArg_ParseTuple(shape, "iii", &height, &width, &channels);
+    Py_DECREF(shape);
+    if (!ok || channels != 3 || height < 1 || width < 1 || dst.len != (Py_ssize_t)height * width * 3 ||
+        !PyBuffer_IsContiguous(&dst, 'C')) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "out must be a C-contiguous uint8 array of shape (H, W, 3)");
+        goto done;
+    }
+    char message[JMSG_LENGTH_MAX];
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = decode_region(&state->api, (const unsigned char *)src.buf, (size_t)src.len, scale_num, left, top, width,
+                           height, bgr, fast, (unsigned char *)dst.buf, message);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", message);
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+static PyObject *header(PyObject *module, PyObject *args) {
+    module_state *state = get_state(module);
+    Py_buffer src;
+    int scale_num = 8;
+    if (!state->loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "libjpeg-turbo is not loaded: call load(path) first");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*|i", &src, &scale_num)) return NULL;
+    struct jpeg_decompress_struct cinfo;
+    error_mgr err;
+    const jpeg_api *api = &state->api;
+    memset(&cinfo, 0, sizeof(cinfo));
+    cinfo.err = api->std_error(&err.pub);
+    err.pub.error_exit = on_error_exit;
+    err.pub.output_message = on_output_message;
+    if (setjmp(err.escape)) {
+        api->destroy(&cinfo);
+        PyBuffer_Release(&src);
+        PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
+        return NULL;
+    }
+    api->create(&cinfo, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+    api->mem_src(&cinfo, (const unsigned char *)src.buf, (unsigned long)src.len);
+    api->read_header(&cinfo, TRUE);
+    cinfo.scale_num = (unsigned int)scale_num;
+    cinfo.scale_denom = 8;
+    cinfo.out_color_space = JCS_EXT_RGB;
+    /* jpeg_calc_output_dimensions is not resolved: start_decompress computes the same, and header() is for tests */
+    api->start(&cinfo);
+    PyObject *result = Py_BuildValue("(IIi)", cinfo.output_width, cinfo.output_height, cinfo.num_components);
+    api->destroy(&cinfo);
+    PyBuffer_Release(&src);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"load", load, METH_O, "load(path): dlopen a libjpeg-turbo (libjpeg API 6.2) and resolve its entry points."},
+    {"decode_into", decode_into, METH_VARARGS,
+     "decode_into(data, out, scale_num, left, top, bgr): decode the JPEG `data` at scale scale_num/8 and write the\n"
+     "region of out.shape[:2] at (left, top) of the scaled image into `out` (uint8 H x W x 3, RGB or BGR).\n"
+     "Releases the GIL. Raises ValueError on corrupt data or a region outside the image."},
+    {"header", header, METH_VARARGS,
+     "header(data, scale_num=8) -> (width, height, components) of the image decoded at scale_num/8."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "fastdata._jpeg_region",
+    "Region + DCT-scaled JPEG decoding through libjpeg-turbo (see fastdata.jpeg_region).",
+    sizeof(module_state), methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__jpeg_region(void) {
+    PyObject *module = PyModule_Create(&module_def);
+    if (module != NULL) memset(get_state(module), 0, sizeof(module_state));
+    return module;
+}
