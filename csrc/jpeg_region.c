@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "jpeglib.h"
+#include "jerror.h"
 
 /* Columns decoded beyond the region's right edge (generous: an iMCU is at most 32 pixels wide, for 4:1:1). */
 #define EDGE_MARGIN 64
@@ -72,8 +73,15 @@ static void on_error_exit(j_common_ptr cinfo) {
     longjmp(err->escape, 1);
 }
 
-/* Warnings (e.g. "premature end of data segment") are not fatal, as with OpenCV and Pillow: every stored image
- * was fully decoded once at conversion time. Stay silent instead of printing to stderr. */
+/* Warnings are not fatal (e.g. "extraneous bytes before marker", common in real files and accepted by OpenCV and
+ * Pillow), except running out of data: a truncated image is an error, as it is for OpenCV. Nothing is printed. */
+static void on_emit_message(j_common_ptr cinfo, int msg_level) {
+    if (msg_level < 0) {
+        if (cinfo->err->msg_code == JWRN_JPEG_EOF) on_error_exit(cinfo);
+        cinfo->err->num_warnings++;
+    }
+}
+
 static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
 #define RESOLVE(field, type, name)                                    \
@@ -122,6 +130,7 @@ static int decode_region(const jpeg_api *api, const unsigned char *data, size_t 
     cinfo.err = api->std_error(&err.pub);
     err.pub.error_exit = on_error_exit;
     err.pub.output_message = on_output_message;
+    err.pub.emit_message = on_emit_message;
     err.message[0] = '\0';
     if (setjmp(err.escape)) {
         strncpy(message, err.message, JMSG_LENGTH_MAX - 1);
@@ -248,6 +257,7 @@ static PyObject *header(PyObject *module, PyObject *args) {
     cinfo.err = api->std_error(&err.pub);
     err.pub.error_exit = on_error_exit;
     err.pub.output_message = on_output_message;
+    err.pub.emit_message = on_emit_message;
     if (setjmp(err.escape)) {
         api->destroy(&cinfo);
         PyBuffer_Release(&src);

@@ -29,16 +29,6 @@ class CropParams:
     flip: bool = False
 
 
-def _resize_into(src: np.ndarray, out: np.ndarray, size: int) -> None:
-    import cv2
-
-    h, w = src.shape[:2]
-    # Bilinear is exact enough below a 2x shrink (the decoder's DCT scaling did the rest) and 3-4x faster
-    # than area averaging; larger shrinks (PNGs, no DCT scaling) average to avoid aliasing.
-    interp = cv2.INTER_AREA if (w >= 2 * size and h >= 2 * size) else cv2.INTER_LINEAR
-    cv2.resize(src, (size, size), dst=out, interpolation=interp)
-
-
 @dataclass(frozen=True)
 class RandomResizedCropFlip:
     """torchvision's RandomResizedCrop (same sampling of area and log-aspect, 10 tries, central fallback)
@@ -94,31 +84,45 @@ def reduce_factor(params: CropParams, size: int, allowed: tuple[int, ...] = (8, 
     return 1
 
 
-def crop_box(params: CropParams, width: int, height: int, scale: float = 1.0) -> tuple[int, int, int, int]:
-    """The crop `params` (source pixels) as integer (x0, y0, x1, y1) in an image of `width` x `height` that is
-    the source at 1/`scale`; never empty, never outside the image."""
-    x0 = min(max(int(params.left / scale), 0), width - 1)
-    y0 = min(max(int(params.top / scale), 0), height - 1)
-    x1 = min(max(round((params.left + params.width) / scale), x0 + 1), width)
-    y1 = min(max(round((params.top + params.height) / scale), y0 + 1), height)
-    return x0, y0, x1, y1
+def crop_resize_flip(image: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray,
+                     flip: bool) -> None:
+    """Resize the box (left, top, width, height) of `image` (image pixels, fractional allowed) into `out`
+    (S x S x 3, uint8), mirrored if `flip`: crop, resize and flip in one OpenCV call, no float conversion.
 
-
-def resize_into(crop: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """Resize the already-cropped `crop` into `out` (size x size x 3, uint8), mirrored if `flip`: one OpenCV
-    resize (and an in-place flip), no float conversion."""
+    Bilinear, with sub-pixel box edges (an affine warp: pixel centres map exactly as in torchvision's
+    resized_crop), is accurate below a 2x shrink, which is where the decoder's DCT scaling leaves JPEG crops;
+    larger shrinks (PNGs, very large JPEGs) average over whole pixels (INTER_AREA) so as not to alias."""
     import cv2
 
-    _resize_into(crop, out, out.shape[0])
-    if flip:
-        cv2.flip(out, 1, dst=out)
+    if cv2.getNumThreads() != 1:
+        # warpAffine runs on OpenCV's thread pool, and a pool alive in a process that later forks DataLoader
+        # workers can deadlock them (seen: a worker stuck in cv2.setNumThreads). One image is small work; the
+        # parallelism is the worker processes. So any process that crops here runs OpenCV single-threaded.
+        cv2.setNumThreads(1)
+    left, top, width, height = box
+    out_h, out_w = out.shape[:2]
+    sx, sy = width / out_w, height / out_h
+    if max(sx, sy) >= 2:
+        x0 = min(max(int(left), 0), image.shape[1] - 1)
+        y0 = min(max(int(top), 0), image.shape[0] - 1)
+        x1 = min(max(round(left + width), x0 + 1), image.shape[1])
+        y1 = min(max(round(top + height), y0 + 1), image.shape[0])
+        cv2.resize(image[y0:y1, x0:x1], (out_w, out_h), dst=out, interpolation=cv2.INTER_AREA)
+        if flip:
+            cv2.flip(out, 1, dst=out)
+        return
+    # inverse map, output pixel centre -> source position: x_src = left + (x + 0.5) * sx - 0.5 (mirrored: x -> W-1-x)
+    row_x = (-sx, 0.0, left + (out_w - 0.5) * sx - 0.5) if flip else (sx, 0.0, left + 0.5 * sx - 0.5)
+    matrix = np.array([row_x, (0.0, sy, top + 0.5 * sy - 0.5)])
+    cv2.warpAffine(image, matrix, (out_w, out_h), dst=out, flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                   borderMode=cv2.BORDER_REPLICATE)
 
 
 def apply_crop(image: np.ndarray, params: CropParams, out: np.ndarray, scale: float = 1.0) -> None:
-    """Crop `params` (given in source pixels; `image` is the source at 1/`scale`) and resize into `out`
-    (size x size x 3, uint8), mirrored if asked."""
-    x0, y0, x1, y1 = crop_box(params, image.shape[1], image.shape[0], scale)
-    resize_into(image[y0:y1, x0:x1], out, params.flip)
+    """Crop `params` (given in source pixels; `image` is the source at 1/`scale`, e.g. a JPEG decoded at
+    1/`scale` by DCT scaling) and resize into `out` (size x size x 3, uint8), mirrored if asked."""
+    box = (params.left / scale, params.top / scale, params.width / scale, params.height / scale)
+    crop_resize_flip(image, box, out, params.flip)
 
 
 def make_preset(name: str, image_size: int) -> Preset:

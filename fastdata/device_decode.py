@@ -195,21 +195,35 @@ class DeviceDecoder:
 
 
 def _crop_resize(image: torch.Tensor, box: list[float], stored_size: list[int], size: int) -> torch.Tensor:
-    """Crop `box` (source pixels) out of a CHW uint8 image and resize it to size x size on its device:
-    bilinear, with area averaging when shrinking by 2x or more (as the worker path does)."""
+    """Crop `box` (source pixels, fractional allowed) out of a CHW uint8 image and resize it to size x size on its
+    device, as the worker path does: bilinear with sub-pixel box edges (an affine sampling grid) below a 2x
+    shrink, area averaging over whole pixels at 2x or more."""
+    import math
+
     import torch.nn.functional as F
 
     height, width = image.shape[-2:]
     scale = stored_size[0] / width  # 1 unless the image was stored smaller than its header said
     left, top, box_w, box_h = (v / scale for v in box)
-    x0 = min(max(int(left), 0), width - 1)
-    y0 = min(max(int(top), 0), height - 1)
-    x1 = min(max(round(left + box_w), x0 + 1), width)
-    y1 = min(max(round(top + box_h), y0 + 1), height)
-    crop = image[:, y0:y1, x0:x1].unsqueeze(0).float()
-    mode = "area" if (x1 - x0 >= 2 * size and y1 - y0 >= 2 * size) else "bilinear"
-    resized = F.interpolate(crop, size=(size, size), mode=mode,
-                            **({"align_corners": False} if mode == "bilinear" else {}))
+    if box_w >= 2 * size or box_h >= 2 * size:
+        x0 = min(max(int(left), 0), width - 1)
+        y0 = min(max(int(top), 0), height - 1)
+        x1 = min(max(round(left + box_w), x0 + 1), width)
+        y1 = min(max(round(top + box_h), y0 + 1), height)
+        resized = F.interpolate(image[:, y0:y1, x0:x1].unsqueeze(0).float(), size=(size, size), mode="area")
+    else:
+        x0 = min(max(math.floor(left), 0), width - 1)
+        y0 = min(max(math.floor(top), 0), height - 1)
+        x1 = min(max(math.ceil(left + box_w), x0 + 1), width)
+        y1 = min(max(math.ceil(top + box_h), y0 + 1), height)
+        crop_w, crop_h = x1 - x0, y1 - y0
+        # normalised output coordinates (align_corners=False) -> normalised coordinates in the crop
+        theta = torch.tensor([[box_w / crop_w, 0.0, (2 * (left - x0) + box_w) / crop_w - 1],
+                              [0.0, box_h / crop_h, (2 * (top - y0) + box_h) / crop_h - 1]],
+                             dtype=torch.float32, device=image.device)
+        grid = F.affine_grid(theta[None], [1, image.shape[0], size, size], align_corners=False)
+        resized = F.grid_sample(image[:, y0:y1, x0:x1].unsqueeze(0).float(), grid, mode="bilinear",
+                                padding_mode="border", align_corners=False)
     return resized.round_().clamp_(0, 255).to(torch.uint8)[0]
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import ctypes.util
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastdata.augment import CropParams, crop_box, reduce_factor
+from fastdata.augment import CropParams, reduce_factor
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,22 @@ def plan_region(width: int, height: int, params: CropParams, out_size: int) -> R
     """The part of a `width` x `height` JPEG to decode for the crop `params` (source pixels) that becomes
     `out_size` x `out_size`: the largest power-of-two DCT scale-down (1/2, 1/4, 1/8: libjpeg-turbo's SIMD IDCTs;
     3/8, 5/8, ... measured slower than a full-size decode) that leaves the crop at least `out_size` on both
-    sides, and the crop box at that scale, the same box as `apply_crop` takes from a whole decode at that scale."""
+    sides, and the whole pixels at that scale that the crop box touches."""
     scale_num = 8 // reduce_factor(params, out_size)
     scaled_w, scaled_h = scaled_size(width, scale_num), scaled_size(height, scale_num)
-    x0, y0, x1, y1 = crop_box(params, scaled_w, scaled_h, width / scaled_w)
+    factor = scale_num / 8
+    x0 = min(max(math.floor(params.left * factor), 0), scaled_w - 1)
+    y0 = min(max(math.floor(params.top * factor), 0), scaled_h - 1)
+    x1 = min(max(math.ceil((params.left + params.width) * factor), x0 + 1), scaled_w)
+    y1 = min(max(math.ceil((params.top + params.height) * factor), y0 + 1), scaled_h)
     return Region(scale_num, x0, y0, x1 - x0, y1 - y0)
+
+
+def box_in_region(params: CropParams, region: Region) -> tuple[float, float, float, float]:
+    """The crop box `params` (source pixels) in the pixels of the decoded `region`: (left, top, width, height)."""
+    factor = region.scale_num / 8
+    return (params.left * factor - region.left, params.top * factor - region.top,
+            params.width * factor, params.height * factor)
 
 
 class RegionDecoder:
@@ -61,6 +73,8 @@ class RegionDecoder:
         """Decode `region` of the JPEG `data` (into `out` if given). Raises ValueError on corrupt data."""
         if out is None:
             out = np.empty((region.height, region.width, 3), np.uint8)
+        elif out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be a C-contiguous, writeable uint8 array of shape (H, W, 3)")
         self._module.decode_into(data, out, region.scale_num, region.left, region.top, bgr)
         return out
 

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.augment import apply_crop, make_preset, reduce_factor, resize_into, wrap_custom
+from fastdata.augment import apply_crop, crop_resize_flip, make_preset, reduce_factor, wrap_custom
 from fastdata.decode import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, decode_rgb
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.jpeg_region import Region, RegionDecoder, plan_region, region_decoder
+from fastdata.jpeg_region import Region, RegionDecoder, box_in_region, plan_region, region_decoder
 from fastdata.order import sample_rng, sample_seed
 from fastdata.stagetimes import StageTimes
 
@@ -79,9 +79,9 @@ class SamplePipeline:
 
     @property
     def bgr(self) -> bool:
-        """Presets work in OpenCV's BGR order (cheaper decode) and reorder once when building tensors;
-        custom transforms see RGB."""
-        return self.preset is not None
+        """Presets decoding whole images with OpenCV work in its BGR order (cheaper decode) and reorder once when
+        building tensors; the region decoder writes RGB directly; custom transforms see RGB."""
+        return self.preset is not None and not (self.region_decode and region_decoder() is not None)
 
     def _where(self, sample: EncodedSample) -> str:
         return f"{self.source}/{sample.origin}" if sample.origin else self.source
@@ -117,15 +117,15 @@ class SamplePipeline:
             decoder = region_decoder() if self.region_decode and sample.codec == CODEC_CV_JPEG else None
             decode_started = perf_counter()
             if decoder is not None:  # only the crop's rows/columns, at the smallest DCT scale that suffices
-                crop = self._decode_region(decoder, sample, plan_region(sample.width, sample.height, params,
-                                                                        self.image_size))
+                region = plan_region(sample.width, sample.height, params, self.image_size)
+                pixels = self._decode_region(decoder, sample, region)
                 decode_s = perf_counter() - decode_started
-                resize_into(crop, out, params.flip)
+                crop_resize_flip(pixels, box_in_region(params, region), out, params.flip)
             else:
                 reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
                 image = self._decode(sample, reduce)
                 decode_s = perf_counter() - decode_started
-                apply_crop(image, params, out, scale=sample.width / image.shape[1])
+                apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
             result = out
         else:
             image = self._decode(sample)
