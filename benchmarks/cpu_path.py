@@ -202,7 +202,7 @@ def run_workload(title: str, contenders: list[tuple[str, Callable[[], Iterable]]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--images", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -211,7 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     workloads = set(args.workloads.split(","))
 
-    src = cached_sample_imagefolder(args.data, args.images)
+    src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)  # the workload: photo JPEGs
     full = args.data / f"cpu-path-{args.images}.lmdb"
     small = args.data / f"cpu-path-{args.images}-256.lmdb"
     for out, max_size in ((full, None), (small, 256)):

@@ -22,6 +22,7 @@ from fastdata.doctor import (
     check_free_space,
     check_gpus,
     check_interconnect,
+    check_jpeg_decoder,
     check_memory,
     check_open_files,
     check_pinned,
@@ -196,3 +197,18 @@ def test_storage_facts_of_this_machine(tmp_path):
     assert (scan.files, scan.bytes, scan.images, scan.tars, scan.truncated) == (6, 550, 5, 1, False)
     assert scan_folder(tmp_path, limit=3).truncated
     assert check_dataset(tmp_path / "shard.tar").status == PASS  # a single file
+
+
+def test_jpeg_decoder_verdicts():
+    found = check_jpeg_decoder("/x/pillow.libs/libjpeg-1.so.62", "")
+    assert found.status == PASS and "libjpeg-1.so.62" in found.detail and "crop-region" in found.detail
+    missing = check_jpeg_decoder(None, "the C extension fastdata._jpeg_region is not built")
+    assert missing.status == WARN and "not built" in missing.detail and "compiler" in missing.fix
+
+
+def test_doctor_reports_the_decoder_in_use_here():
+    from fastdata.doctor import run_checks
+    from fastdata.jpeg_region import region_decoder
+
+    row = next(c for c in run_checks() if c.name == "JPEG decoder")
+    assert row.status == PASS and region_decoder().library in row.detail
