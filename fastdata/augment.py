@@ -84,6 +84,19 @@ def reduce_factor(params: CropParams, size: int, allowed: tuple[int, ...] = (8, 
     return 1
 
 
+def pixel_box(left: float, top: float, width: float, height: float, image_w: int, image_h: int,
+              cover: bool = False) -> tuple[int, int, int, int]:
+    """The box (left, top, width, height), fractional, as whole pixels (x0, y0, x1, y1) of an image_w x image_h
+    image: never empty, never outside. `cover` takes every pixel the box touches (floor / ceil); otherwise the
+    start is truncated and the end rounded."""
+    start, end = (math.floor, math.ceil) if cover else (int, round)
+    x0 = min(max(start(left), 0), image_w - 1)
+    y0 = min(max(start(top), 0), image_h - 1)
+    x1 = min(max(end(left + width), x0 + 1), image_w)
+    y1 = min(max(end(top + height), y0 + 1), image_h)
+    return x0, y0, x1, y1
+
+
 def crop_resize_flip(image: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray,
                      flip: bool) -> None:
     """Resize the box (left, top, width, height) of `image` (image pixels, fractional allowed) into `out`
@@ -103,10 +116,7 @@ def crop_resize_flip(image: np.ndarray, box: tuple[float, float, float, float], 
     out_h, out_w = out.shape[:2]
     sx, sy = width / out_w, height / out_h
     if max(sx, sy) >= 2:
-        x0 = min(max(int(left), 0), image.shape[1] - 1)
-        y0 = min(max(int(top), 0), image.shape[0] - 1)
-        x1 = min(max(round(left + width), x0 + 1), image.shape[1])
-        y1 = min(max(round(top + height), y0 + 1), image.shape[0])
+        x0, y0, x1, y1 = pixel_box(left, top, width, height, image.shape[1], image.shape[0])
         cv2.resize(image[y0:y1, x0:x1], (out_w, out_h), dst=out, interpolation=cv2.INTER_AREA)
         if flip:
             cv2.flip(out, 1, dst=out)

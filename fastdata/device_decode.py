@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fastdata.augment import pixel_box
 from fastdata.decode import CODEC_CV_JPEG, decode_rgb
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.order import sample_rng
@@ -198,24 +199,16 @@ def _crop_resize(image: torch.Tensor, box: list[float], stored_size: list[int], 
     """Crop `box` (source pixels, fractional allowed) out of a CHW uint8 image and resize it to size x size on its
     device, as the worker path does: bilinear with sub-pixel box edges (an affine sampling grid) below a 2x
     shrink, area averaging over whole pixels at 2x or more."""
-    import math
-
     import torch.nn.functional as F
 
     height, width = image.shape[-2:]
     scale = stored_size[0] / width  # 1 unless the image was stored smaller than its header said
     left, top, box_w, box_h = (v / scale for v in box)
     if box_w >= 2 * size or box_h >= 2 * size:
-        x0 = min(max(int(left), 0), width - 1)
-        y0 = min(max(int(top), 0), height - 1)
-        x1 = min(max(round(left + box_w), x0 + 1), width)
-        y1 = min(max(round(top + box_h), y0 + 1), height)
+        x0, y0, x1, y1 = pixel_box(left, top, box_w, box_h, width, height)
         resized = F.interpolate(image[:, y0:y1, x0:x1].unsqueeze(0).float(), size=(size, size), mode="area")
     else:
-        x0 = min(max(math.floor(left), 0), width - 1)
-        y0 = min(max(math.floor(top), 0), height - 1)
-        x1 = min(max(math.ceil(left + box_w), x0 + 1), width)
-        y1 = min(max(math.ceil(top + box_h), y0 + 1), height)
+        x0, y0, x1, y1 = pixel_box(left, top, box_w, box_h, width, height, cover=True)
         crop_w, crop_h = x1 - x0, y1 - y0
         # normalised output coordinates (align_corners=False) -> normalised coordinates in the crop
         theta = torch.tensor([[box_w / crop_w, 0.0, (2 * (left - x0) + box_w) / crop_w - 1],

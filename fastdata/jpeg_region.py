@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import ctypes.util
 import functools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastdata.augment import CropParams, reduce_factor
+from fastdata.augment import CropParams, pixel_box, reduce_factor
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,8 @@ def plan_region(width: int, height: int, params: CropParams, out_size: int) -> R
     scale_num = 8 // reduce_factor(params, out_size)
     scaled_w, scaled_h = scaled_size(width, scale_num), scaled_size(height, scale_num)
     factor = scale_num / 8
-    x0 = min(max(math.floor(params.left * factor), 0), scaled_w - 1)
-    y0 = min(max(math.floor(params.top * factor), 0), scaled_h - 1)
-    x1 = min(max(math.ceil((params.left + params.width) * factor), x0 + 1), scaled_w)
-    y1 = min(max(math.ceil((params.top + params.height) * factor), y0 + 1), scaled_h)
+    x0, y0, x1, y1 = pixel_box(params.left * factor, params.top * factor, params.width * factor,
+                               params.height * factor, scaled_w, scaled_h, cover=True)
     return Region(scale_num, x0, y0, x1 - x0, y1 - y0)
 
 
