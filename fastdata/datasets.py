@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from fastdata.batch_buffers import BatchBuffers
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import Manifest
@@ -84,11 +85,11 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         sample = self.encoded(index)
         return self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch)), sample.label
 
-    def get_batch(self, indices: np.ndarray, epoch: int) -> Batch:
+    def get_batch(self, indices: np.ndarray, epoch: int, buffers: BatchBuffers | None = None) -> Batch:
         started = perf_counter()
         samples = [self.encoded(int(i)) for i in indices]
         read_s = perf_counter() - started
-        batch = self.pipeline.batch(samples, epoch, self.on_error)
+        batch = self.pipeline.batch(samples, epoch, self.on_error, buffers)
         batch.times.read += read_s
         return batch
 
@@ -96,15 +97,16 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
 class LmdbBatches(Dataset):
     """DataLoader adapter: item `(epoch, indices)` -> a whole decoded Batch, built inside the worker."""
 
-    def __init__(self, dataset: LmdbImageDataset) -> None:
+    def __init__(self, dataset: LmdbImageDataset, buffers: BatchBuffers | None = None) -> None:
         self.dataset = dataset
+        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.batch_buffers), owned by the loader
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, item: tuple[int, np.ndarray]) -> Batch:
         epoch, indices = item
-        return self.dataset.get_batch(indices, epoch)
+        return self.dataset.get_batch(indices, epoch, self.buffers)
 
 
 class EpochBatchSampler:

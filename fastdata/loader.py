@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
+from fastdata.batch_buffers import BatchBuffers
 from fastdata.config import available_cores, parse_size
 from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.device_decode import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
@@ -111,15 +112,21 @@ class ImageLoader(ResumableLoader):
                       prefetch_factor=prefetch_factor if num_workers else None,
                       multiprocessing_context=multiprocessing_context if num_workers else None,
                       timeout=timeout if num_workers else 0)
+        self._persistent = bool(common["persistent_workers"])
+        # workers reuse their shared-memory batch tensors once this process has let go of them
+        # (fastdata.batch_buffers): slots for the batches in flight, those waiting here and the user's
+        self._buffers = (BatchBuffers(num_workers, (prefetch_factor or 2) + 4)
+                         if num_workers and data.pipeline.output_size and not data.pipeline.ship_encoded else None)
         if isinstance(data, LmdbImageDataset):
             self._sampler: EpochBatchSampler | None = EpochBatchSampler(len(data), batch_size, shuffle, seed,
                                                                         drop_last, rank, world_size, uneven)
-            self._batches: LmdbBatches | WdsBatches = LmdbBatches(data)
+            self._batches: LmdbBatches | WdsBatches = LmdbBatches(data, self._buffers)
             self._loader = DataLoader(self._batches, sampler=self._sampler, **common)
         else:
             check_not_empty(len(data), world_size, uneven, str(data.root))
             self._sampler = None
-            self._batches = WdsBatches(data, batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
+            self._batches = WdsBatches(data, batch_size, shuffle, seed, drop_last, rank, world_size, uneven,
+                                       buffers=self._buffers)
             self._loader = DataLoader(self._batches, **common)
         self._repartitions = self._sampler is not None  # shard streams are split in contiguous parts per rank
 
@@ -155,6 +162,8 @@ class ImageLoader(ResumableLoader):
             assert isinstance(self._batches, WdsBatches)
             self._batches.start(here.epoch, here.skip)
         self._pass_skip = here.skip
+        if self._buffers is not None:
+            self._buffers.reset(new_workers=not self._persistent)
         for images, labels in self._pass(here.epoch):
             self._count_batch()
             yield images, labels
@@ -179,6 +188,8 @@ class ImageLoader(ResumableLoader):
         """The workers' batches (decoded Batch, or EncodedBatch on the device path), with their bookkeeping."""
         for batch in self._loader:
             received[0] += 1
+            if self._buffers is not None:  # None on the device path (EncodedBatch)
+                self._buffers.received(batch.slot, batch.images)
             if batch.skipped:
                 self.skipped.extend(batch.skipped)
             self.stage_times.add(batch.times)

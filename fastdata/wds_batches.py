@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from fastdata.batch_buffers import BatchBuffers
 from fastdata.errors import CorruptSampleError
 from fastdata.pipeline import Batch, EncodedSample
 from fastdata.shard_plan import DEFAULT_WINDOW, EpochPlan, StreamPlanner
@@ -26,8 +27,10 @@ class WdsBatches(IterableDataset):
     them."""
 
     def __init__(self, dataset: WdsImageDataset, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
-                 rank: int = 0, world_size: int = 1, uneven: str = "pad", window: int = DEFAULT_WINDOW) -> None:
+                 rank: int = 0, world_size: int = 1, uneven: str = "pad", window: int = DEFAULT_WINDOW,
+                 buffers: BatchBuffers | None = None) -> None:
         self.dataset = dataset
+        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.batch_buffers), owned by the loader
         self.batch_size = batch_size
         self.planner = StreamPlanner([f.samples for f in dataset.manifest.files], batch_size=batch_size,
                                      shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
@@ -59,15 +62,17 @@ class WdsBatches(IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         epoch, skip = (int(v) for v in self.cell.tolist())
         plan = self.plan(epoch)
-        yield from _WorkerReader(self.dataset, plan, epoch).batches(plan.worker_batches(skip, worker, num_workers))
+        reader = _WorkerReader(self.dataset, plan, epoch, self.buffers)
+        yield from reader.batches(plan.worker_batches(skip, worker, num_workers))
 
 
 class _WorkerReader:
     """Reads the samples of one worker's batches forward through the stream, keeping (undecoded) only those
     its batches need; samples of other workers' batches are skipped without decoding them."""
 
-    def __init__(self, dataset: WdsImageDataset, plan: EpochPlan, epoch: int) -> None:
-        self.dataset, self.plan, self.epoch = dataset, plan, epoch
+    def __init__(self, dataset: WdsImageDataset, plan: EpochPlan, epoch: int,
+                 buffers: BatchBuffers | None = None) -> None:
+        self.dataset, self.plan, self.epoch, self.buffers = dataset, plan, epoch, buffers
         self.wanted: Counter[int] = Counter()
         self.kept: dict[int, EncodedSample] = {}
         self._slot = -1  # the stream shard being read, and its samples from the next offset on
@@ -85,7 +90,7 @@ class _WorkerReader:
                         self._read_until(position)
                 samples = [self._take(int(p)) for p in positions]
                 read_s = perf_counter() - started
-                batch = self.dataset.pipeline.batch(samples, self.epoch, self.dataset.on_error)
+                batch = self.dataset.pipeline.batch(samples, self.epoch, self.dataset.on_error, self.buffers)
                 batch.times.read += read_s
                 yield batch
         finally:
