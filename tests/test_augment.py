@@ -212,3 +212,41 @@ def test_random_resized_crop_distribution_matches_torchvision(width, height):
     full = (ours[:, 2] == width) | (ours[:, 3] == height)
     full_ref = (theirs[:, 2] == width) | (theirs[:, 3] == height)
     assert abs(full.mean() - full_ref.mean()) < 0.015  # how often the crop spans a whole side (the fallback)
+
+
+@pytest.mark.parametrize(("box", "size"), [((0, 0, 1000, 800), 64), ((13.5, 7.25, 901, 653), 100),
+                                           ((3, 5, 480, 90), 224), ((100, 10, 333, 777), 32)])
+def test_large_shrinks_match_an_antialiased_resize(box, size):
+    """Shrinks of 2x and more (PNGs, JPEGs beyond the DCT scales) halve by pixel pairs until below 2x, then
+    warp: against torchvision's antialiased resized_crop on a smooth picture, within interpolation tolerance."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    from fastdata.augment import crop_resize_flip
+
+    y, x = np.mgrid[0:800, 0:1000].astype(np.float64)
+    image = np.stack([127 + 100 * np.sin(x / 37 + y / 53), 127 + 100 * np.cos(x / 29 - y / 41),
+                      (x + y) / 1800 * 255], axis=-1).round().astype(np.uint8)
+    for flip in (False, True):
+        out = np.empty((size, size, 3), np.uint8)
+        crop_resize_flip(image, box, out, flip)
+        left, top, width, height = box
+        reference = F.resized_crop(torch.from_numpy(image).permute(2, 0, 1), round(top), round(left), round(height),
+                                   round(width), [size, size], antialias=True).permute(1, 2, 0).numpy()
+        if flip:
+            reference = reference[:, ::-1]
+        diff = np.abs(out.astype(np.int16) - reference.astype(np.int16))
+        assert diff.mean() < 1.5 and np.percentile(diff, 99) <= 6, (box, size, diff.mean(), diff.max())
+
+
+def test_large_shrinks_do_not_alias():
+    """A one-pixel checkerboard shrunk 2x to 8x is flat grey; bilinear sampling alone would give back black and
+    white (it reads two of the four pixels under each output pixel)."""
+    from fastdata.augment import crop_resize_flip
+
+    board = (np.indices((480, 640)).sum(axis=0) % 2 * 255).astype(np.uint8)
+    image = np.repeat(board[:, :, None], 3, axis=2)
+    for factor in (2, 3, 4.5, 8):
+        out = np.empty((int(480 / factor), int(480 / factor), 3), np.uint8)
+        crop_resize_flip(image, (0.0, 0.0, out.shape[1] * factor, out.shape[0] * factor), out, False)
+        assert np.abs(out.astype(int) - 127.5).max() <= 4, (factor, out.min(), out.max())
