@@ -23,7 +23,7 @@ from torch.utils.data import get_worker_info
 
 FREE, LENT = 0, 1
 
-Slot = tuple[int, int]  # (worker id, slot number)
+Slot = tuple[int, int, int]  # (generation of the flags, worker id, slot number)
 
 
 def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
@@ -44,6 +44,7 @@ class BatchBuffers:
         if workers < 1 or slots < 1:
             raise ValueError(f"BatchBuffers needs at least one worker and one slot, got {workers} and {slots}")
         self.flags = torch.zeros((workers, slots), dtype=torch.uint8).share_memory_()
+        self.generation = 0  # which flags a worker's slots refer to: a new set for each set of new workers
         self.pooled = 0  # main process: batches received in a reused slot ...
         self.fresh = 0  # ... and in a fresh segment (no slot was free)
         self._segments: list[torch.Tensor | None] | None = None  # worker side: this process's slot storages
@@ -70,7 +71,7 @@ class BatchBuffers:
         if segment is None or segment.numel() < size:
             segment = self._segments[slot] = new_shared((size,))
         row[slot] = LENT
-        return segment[:size].view(shape), (info.id, slot)
+        return segment[:size].view(shape), (self.generation, info.id, slot)
 
     def received(self, slot: Slot | None, images: torch.Tensor) -> None:
         """In the main process: a batch arrived in `slot` (None: a fresh segment); frees the slots whose
@@ -79,7 +80,8 @@ class BatchBuffers:
             self.fresh += 1
         else:
             self.pooled += 1
-            self._held[slot] = StorageWeakRef(images.untyped_storage())
+            if slot[0] == self.generation:  # else from the workers of a pass since replaced: not our flags now
+                self._held[slot] = StorageWeakRef(images.untyped_storage())
         self.release_expired()
 
     def release_expired(self) -> None:
@@ -87,7 +89,7 @@ class BatchBuffers:
         flags = self.flags.numpy()
         for slot, ref in list(self._held.items()):
             if ref.expired():
-                flags[slot] = FREE
+                flags[slot[1:]] = FREE
                 del self._held[slot]
 
     def reset(self, new_workers: bool) -> None:
@@ -97,10 +99,11 @@ class BatchBuffers:
         free again, those it received and may still hold stay lent."""
         if new_workers:
             self.flags = torch.zeros_like(self.flags).share_memory_()
+            self.generation += 1
             self._held.clear()
             return
         self.release_expired()
         flags = self.flags.numpy()
-        for slot in np.argwhere(flags == LENT).tolist():
-            if tuple(slot) not in self._held:
-                flags[tuple(slot)] = FREE
+        for worker, slot in np.argwhere(flags == LENT).tolist():
+            if (self.generation, worker, slot) not in self._held:
+                flags[worker, slot] = FREE

@@ -64,6 +64,16 @@ def test_kept_batches_survive_passes_left_early(solid_lmdb):
     assert_same(kept(loader, epochs=4, stop_after=stops), reference)
 
 
+def test_interleaved_passes_keep_their_batches(solid_lmdb):
+    """Two passes at once (zip(loader, loader)), each with its own workers: the first pass's batches, let go,
+    never free the slots of the second's, kept."""
+    def interleaved(loader):
+        return [second for _, second in zip(loader, loader, strict=True)]
+
+    reference = interleaved(make_loader(solid_lmdb))
+    assert_same(interleaved(make_loader(solid_lmdb, num_workers=2, persistent_workers=False)), reference)
+
+
 def test_spawned_workers_reuse_slots_and_keep_kept_batches(solid_lmdb):
     reference = kept(make_loader(solid_lmdb), epochs=2)
     loader = make_loader(solid_lmdb, num_workers=2, persistent_workers=True, multiprocessing_context="spawn")
@@ -99,7 +109,7 @@ def test_slots_are_lent_until_the_main_process_lets_go():
     buffers = BatchBuffers(workers=1, slots=2)
     images = torch.zeros(4, dtype=torch.uint8)
     buffers.flags[0, 1] = LENT
-    buffers.received((0, 1), images)
+    buffers.received((0, 0, 1), images)
     assert int(buffers.flags[0, 1]) == LENT
     view = images[:2]
     del images
