@@ -112,7 +112,6 @@ class ImageLoader(ResumableLoader):
                       prefetch_factor=prefetch_factor if num_workers else None,
                       multiprocessing_context=multiprocessing_context if num_workers else None,
                       timeout=timeout if num_workers else 0)
-        self._persistent = bool(common["persistent_workers"])
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.batch_buffers): slots for the batches in flight, those waiting here and the user's
         self._buffers = (BatchBuffers(num_workers, (prefetch_factor or 2) + 4)
@@ -163,7 +162,7 @@ class ImageLoader(ResumableLoader):
             self._batches.start(here.epoch, here.skip)
         self._pass_skip = here.skip
         if self._buffers is not None:
-            self._buffers.reset(new_workers=not self._persistent)
+            self._buffers.reset(new_workers=not self._loader.persistent_workers)
         for images, labels in self._pass(here.epoch):
             self._count_batch()
             yield images, labels
