@@ -165,6 +165,29 @@ def make_preset(name: str, image_size: int) -> Preset:
                       "a callable on an HWC uint8 array, or None")
 
 
+def describe_augment(augment: Any, image_size: int) -> str | None:
+    """What a transform does, as stable text, so that a loader state taken with one transform is refused by a
+    loader with another: presets with every parameter (crop scale and ratio, flip, size); albumentations
+    pipelines as albumentations serialises them; other callables by their qualified name."""
+    if augment is None:
+        return None
+    if isinstance(augment, str):
+        return repr(make_preset(augment, image_size))
+    try:
+        import json
+
+        import albumentations as A
+
+        if isinstance(augment, A.BasicTransform | A.BaseCompose):
+            described = {k: v for k, v in A.to_dict(augment).items() if k != "__version__"}
+            return json.dumps(described, sort_keys=True, default=repr)
+    except (ImportError, NotImplementedError, TypeError, ValueError):  # not serialisable: fall back to its name
+        pass
+    kind = augment if callable(augment) and hasattr(augment, "__qualname__") else type(augment)
+    module = getattr(kind, "__module__", None) or type(augment).__module__
+    return f"{module}.{getattr(kind, '__qualname__', repr(kind))}"
+
+
 def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], np.ndarray]:
     """Adapt an albumentations transform (called as `t(image=...)["image"]`, reseeded per sample for
     reproducibility) or a plain callable `f(hwc_uint8) -> hwc_uint8` to `fn(image, sample_seed) -> image`."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
+from fastdata.augment import describe_augment
 from fastdata.batch_buffers import BatchBuffers
 from fastdata.config import available_cores, parse_size
 from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
@@ -137,6 +138,10 @@ class ImageLoader(ResumableLoader):
         config = {"format": self.dataset.manifest.format, "dataset": dataset_fingerprint(self.dataset.manifest),
                   "samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
                   "seed": self.seed, "drop_last": self.drop_last, "uneven": self.uneven}
+        pipeline = self.dataset.pipeline
+        config["augment"] = describe_augment(pipeline.augment, pipeline.image_size)
+        if pipeline.preset is not None:
+            config["image_size"] = pipeline.image_size
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         return config
@@ -155,6 +160,9 @@ class ImageLoader(ResumableLoader):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         here = self._begin_pass()
+        if here.complete:  # restored after the last batch of its epoch: nothing of it is left
+            self._end_pass()
+            return
         if self._sampler is not None:
             self._sampler.epoch, self._sampler.start, self._sampler.skip = here.epoch, here.start, here.skip
         else:

@@ -2,7 +2,10 @@
 versioned state, and the checks that refuse to restore it into a loader that would yield other batches.
 
 A loader's order is a pure function of (seed, epoch, rank, world size), so "epoch e, k batches done" is all it
-takes to continue exactly: the restored loader starts epoch e at its batch k. On another world size, an
+takes to continue exactly: the restored loader starts epoch e at its batch k. A state taken after the last batch
+of an epoch stays in that epoch, marked complete: the restored loader's next pass yields nothing more of it, and
+the pass after that is the next epoch, which is what the uninterrupted loop would see next whether it counts
+epochs itself (`set_epoch(saved_epoch)`) or follows `loader.epoch`. On another world size, an
 epoch over a map-style dataset continues from the same position in the epoch's order (ranks together have
 taken a prefix of it); where that cannot hold (shard streams, length buckets) the state is refused mid-epoch
 and accepted at an epoch boundary.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,13 +27,20 @@ STATE_VERSION = 1
 STATE_KIND = "fastdata.loader"
 
 
+#: Options added to the resume config after the first release of the state format: a state saved without them
+#: cannot be checked against them, so they are compared only when the state has them.
+CHECKED_WHEN_PRESENT = ("augment", "image_size")
+
+
 @dataclass(frozen=True)
 class Position:
-    """Where a pass starts: `epoch`, from position `start` of the epoch's order, after `skip` batches."""
+    """Where a pass starts: `epoch`, from position `start` of the epoch's order, after `skip` batches;
+    `complete` when every batch of the epoch has been yielded already (the pass yields nothing)."""
 
     epoch: int
     start: int = 0
     skip: int = 0
+    complete: bool = False
 
 
 def dataset_fingerprint(manifest: Manifest) -> str:
@@ -56,6 +67,7 @@ class ResumableLoader:
     def _init_progress(self) -> None:
         self._next = Position(0)
         self._current: list[int] | None = None  # [epoch, start, batches done] of the pass under way
+        self._restored = False  # `_next` came from load_state_dict and no pass has started since
 
     def _resume_config(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -70,16 +82,29 @@ class ResumableLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass yield epoch `epoch` (as DistributedSampler.set_epoch does). Setting the epoch a
-        restored state is in keeps its place in that epoch."""
+        restored state is in keeps its place in that epoch; setting another one drops the restored place, with a
+        warning (the usual cause is a loop that restored its own epoch counter from another checkpoint)."""
         epoch = int(epoch)
+        if self._restored and epoch != self._next.epoch:
+            where = self._next
+            done = "all its batches" if where.complete else f"{where.skip} batches"
+            warnings.warn(f"set_epoch({epoch}) drops the place restored by load_state_dict (epoch {where.epoch}, "
+                          f"after {done}): the next pass yields epoch {epoch} from its start. Call "
+                          f"set_epoch({where.epoch}) (or follow loader.epoch) to continue where the state was "
+                          "taken", stacklevel=2)
         if epoch != self._next.epoch or self._current is not None:
             self._next = Position(epoch)
+            self._restored = False
         self._current = None
 
     def _begin_pass(self) -> Position:
+        """Start a pass: where it begins. A `complete` position yields no batch (the loader skips the pass)."""
         here = self._next
         self._next = Position(here.epoch + 1)
         self._current = [here.epoch, here.start, here.skip]
+        self._restored = False
+        if here.complete:
+            self._current[2] = self._pass_length(here.start)
         return here
 
     def _count_batch(self) -> None:
@@ -95,13 +120,12 @@ class ResumableLoader:
         and JSON-serialisable; take it on any rank (all ranks of a DDP job are at the same batch)."""
         if self._current is not None:
             epoch, start, done = self._current
-            if done >= self._pass_length(start):  # the epoch is complete: the next batch is the next epoch's
-                epoch, start, done = epoch + 1, 0, 0
+            complete = done >= self._pass_length(start)  # after the last batch: the epoch stays, marked complete
         else:
-            epoch, start, done = self._next.epoch, self._next.start, self._next.skip
+            epoch, start, done, complete = self._next.epoch, self._next.start, self._next.skip, self._next.complete
         return {"kind": STATE_KIND, "version": STATE_VERSION, "epoch": epoch, "batches": done, "start": start,
-                "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
-                "config": self._resume_config()}
+                "complete": complete, "rank": self.rank, "world_size": self.world_size,
+                "num_workers": self.num_workers, "config": self._resume_config()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from `state` (from `state_dict()`): the next pass yields the rest of its epoch, and later
@@ -114,11 +138,12 @@ class ResumableLoader:
         try:
             epoch, done, start = int(state["epoch"]), int(state["batches"]), int(state["start"])
             saved_world, config = int(state["world_size"]), dict(state["config"])
+            complete = bool(state.get("complete", False))
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeError(f"damaged loader state: {exc!r}") from exc
         ours = self._resume_config()
         differences = [f"{key}={config.get(key)!r} in the state, {value!r} here" for key, value in ours.items()
-                       if config.get(key) != value]
+                       if config.get(key) != value and (key in config or key not in CHECKED_WHEN_PRESENT)]
         differences += [f"{key}={value!r} in the state, not set here" for key, value in config.items()
                         if key not in ours]
         if differences:
@@ -126,6 +151,10 @@ class ResumableLoader:
                               f"would not continue the same order: {'; '.join(differences)}")
         if min(epoch, done, start) < 0:
             raise ResumeError(f"damaged loader state: negative position (epoch {epoch}, batches {done})")
+        if complete:  # the end of an epoch continues on any world size: nothing of it is left
+            self._next = Position(epoch, complete=True)
+            self._current, self._restored = None, True
+            return
         if saved_world != self.world_size and (done or start):
             if not self._repartitions:
                 raise ResumeError(
@@ -135,4 +164,4 @@ class ResumableLoader:
                     f"world_size={saved_world}, or from a state taken at the end of an epoch")
             start, done = start + done * self.batch_size * saved_world, 0
         self._next = Position(epoch, start, done)
-        self._current = None
+        self._current, self._restored = None, True

@@ -94,6 +94,9 @@ class TextLoader(ResumableLoader):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         here = self._begin_pass()
+        if here.complete:  # restored after the last batch of its epoch: nothing of it is left
+            self._end_pass()
+            return
         self._sampler.epoch, self._sampler.start, self._sampler.skip = here.epoch, here.start, here.skip
         for batch in self._pass():
             self._count_batch()

@@ -62,11 +62,9 @@ def check_resumes(path, interrupts, workers, resume_workers=None, **options):
     for k in interrupts(len(first)):
         resumed = make(path, num_workers=workers if resume_workers is None else resume_workers, **options)
         resumed.load_state_dict(states[k])
-        rest = [clone(batch) for batch in resumed]
-        assert same(first[:k] + rest, first) if k < len(first) else same(rest, second), \
-            f"interrupted after {k} batches: the resumed run differs"
-        if k < len(first):
-            assert same([clone(batch) for batch in resumed], second), f"after {k}: the next epoch differs"
+        rest = [clone(batch) for batch in resumed]  # the rest of the state's epoch: nothing after its last batch
+        assert same(first[:k] + rest, first), f"interrupted after {k} batches: the resumed run differs"
+        assert same([clone(batch) for batch in resumed], second), f"after {k}: the next epoch differs"
 
 
 def image_interrupts(n: int) -> list[int]:
@@ -105,6 +103,65 @@ def test_text_resume_grid(text_data, mode, workers):
     check_resumes(text_data, lambda n: [0, 1, n // 2, n], workers, batch_size=4, augment=None, **options)
 
 
+def training_loop(make_loader, epochs: int, every: int, restore: tuple[int, dict] | None = None):
+    """A training loop that keeps its own epoch counter, calls `set_epoch(epoch)` and checkpoints (its epoch, the
+    loader's state) every `every` steps; resumed from `restore`, it starts at the saved epoch. Returns the batches
+    it saw and its checkpoints as (epoch, state, batches seen so far)."""
+    loader = make_loader()
+    start = 0
+    if restore is not None:
+        start, state = restore
+        loader.load_state_dict(state)
+    seen, checkpoints = [], []
+    for epoch in range(start, epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            seen.append(clone(batch))
+            if len(seen) % every == 0:
+                checkpoints.append((epoch, json.loads(json.dumps(loader.state_dict())), len(seen)))
+    return seen, checkpoints
+
+
+def check_checkpoint_loop(make_loader) -> None:
+    """Checkpoints every epoch-length steps land after the last batch of an epoch, before the iterator is
+    exhausted: the resumed loop must see nothing more of that epoch, then the next ones (not an extra epoch).
+    Every epoch-length minus one steps covers the other places."""
+    per_epoch = len(make_loader())
+    for every in (per_epoch, per_epoch - 1):
+        reference, checkpoints = training_loop(make_loader, 3, every)
+        assert len(reference) == 3 * per_epoch and checkpoints
+        for epoch, state, count in checkpoints:
+            resumed, _ = training_loop(make_loader, 3, every, restore=(epoch, state))
+            assert same(resumed, reference[count:]), \
+                f"resumed from the checkpoint after {count} batches (epoch {epoch}): the run differs"
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # set_epoch must keep the restored place: no "drops" warning
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_image_checkpoint_loop_sees_exactly_the_uninterrupted_run(fmt, workers, solid_lmdb, solid_wds):
+    check_checkpoint_loop(lambda: make(solid_lmdb if fmt == "lmdb" else solid_wds, num_workers=workers))
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_text_checkpoint_loop_sees_exactly_the_uninterrupted_run(text_data, workers):
+    check_checkpoint_loop(lambda: make(text_data, batch_size=4, augment=None, seq_len=16, num_workers=workers))
+
+
+def test_set_epoch_to_another_epoch_after_restore_warns(solid_lmdb):
+    loader = make(solid_lmdb)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    restored = make(solid_lmdb)
+    restored.load_state_dict(state)
+    with pytest.warns(UserWarning, match=r"set_epoch\(2\) drops the place restored by load_state_dict \(epoch 0, "
+                                         r"after 1 batches\)"):
+        restored.set_epoch(2)
+    assert restored.epoch == 2 and restored.state_dict()["batches"] == 0
+
+
 def test_state_is_small_versioned_json(solid_wds):
     loader = make(solid_wds)
     iterator = iter(loader)
@@ -132,7 +189,8 @@ def test_break_then_state_then_set_epoch(solid_lmdb):
     restored.set_epoch(0)  # a training loop calls set_epoch(epoch) first: the place in epoch 0 is kept
     assert restored.epoch == 0 and same([clone(b) for b in restored], full[3:])
     restored.load_state_dict(state)
-    restored.set_epoch(1)  # another epoch: from its beginning
+    with pytest.warns(UserWarning, match="drops the place"):
+        restored.set_epoch(1)  # another epoch: from its beginning, with a warning that the place was dropped
     assert restored.state_dict()["batches"] == 0 and len([clone(b) for b in restored]) == len(full)
 
 
@@ -146,10 +204,32 @@ def test_states_that_would_change_the_order_are_refused(solid_lmdb, solid_wds):
         make(solid_lmdb, seed=8).load_state_dict(state)
     with pytest.raises(ResumeError, match="format"):
         make(solid_wds).load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"image_size=16 in the state, 24 here"):
+        make(solid_lmdb, image_size=24).load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"augment=.*RandomResizedCropFlip.* in the state, .*ResizeCenterCrop"):
+        make(solid_lmdb, augment="val").load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"augment="):
+        make(solid_lmdb, augment=None).load_state_dict(state)
     with pytest.raises(ResumeError, match="version 99"):
         make(solid_lmdb).load_state_dict({**state, "version": 99})
     with pytest.raises(ResumeError, match="not a fastdata loader state"):
         make(solid_lmdb).load_state_dict({"epoch": 3})
+
+
+def test_states_taken_with_other_transform_parameters_are_refused(solid_lmdb):
+    import albumentations as A
+
+    def flips(p):
+        return A.Compose([A.HorizontalFlip(p=p), A.Resize(16, 16)])
+
+    loader = make(solid_lmdb, augment=flips(0.5))
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(ResumeError, match="augment="):
+        make(solid_lmdb, augment=flips(0.3)).load_state_dict(state)
+    make(solid_lmdb, augment=flips(0.5)).load_state_dict(state)  # the same pipeline, built again: accepted
+    old_state = {**state, "config": {k: v for k, v in state["config"].items() if k != "augment"}}
+    make(solid_lmdb, augment=flips(0.3)).load_state_dict(old_state)  # saved before transforms were recorded
 
 
 def ids(batches) -> list[int]:
