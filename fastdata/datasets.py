@@ -185,6 +185,17 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                     raise CorruptSampleError(f"{where}: sample {key!r} has incomplete metadata ({exc!r})") from exc
                 yield offset, sample
 
+    def sample_at(self, shard_id: int, offset: int) -> EncodedSample:
+        """One stored sample, read on its own (reads its shard up to it: for rare use, such as a borrowed sample)."""
+        samples = self.shard_samples(shard_id, want=lambda o: o == offset)
+        try:
+            for got, sample in samples:
+                if got == offset and sample is not None:
+                    return sample
+        finally:
+            samples.close()
+        raise CorruptSampleError(f"{self.shards[shard_id]}: shard has no sample {offset}")
+
     def encoded_samples(self, shard_ids: list[int]) -> Iterator[EncodedSample]:
         """Stream the stored samples of the given shards, in order."""
         for shard_id in shard_ids:

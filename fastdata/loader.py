@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from fastdata.augment import describe_augment
 from fastdata.batch_buffers import BatchBuffers
+from fastdata.borrow import borrow
 from fastdata.config import available_cores, parse_size
 from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.device_decode import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
 from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
+from fastdata.pipeline import EncodedSample
 from fastdata.remote import is_url, open_remote_dataset
 from fastdata.resume import ResumableLoader, dataset_fingerprint
 from fastdata.sharding import check_not_empty, check_uneven, resolve_world
@@ -100,7 +104,8 @@ class ImageLoader(ResumableLoader):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
-        self.skipped: list[tuple[str, str]] = []
+        self._skipped: dict[str, str] = {}  # key -> reason, each bad sample once however many epochs meet it
+        self.borrowed: list[tuple[int, int, str]] = []  # (epoch, batch, key lent to it): see fastdata.borrow
         self.stage_times = StageTimes()  # per-stage seconds summed over workers and batches (fastdata.meter reads it)
         self.drop_last, self.uneven = drop_last, check_uneven(uneven)
         self.rank, self.world_size = rank, world_size
@@ -133,6 +138,16 @@ class ImageLoader(ResumableLoader):
     @property
     def classes(self) -> list[str]:
         return self.dataset.classes
+
+    @property
+    def skipped(self) -> list[tuple[str, str]]:
+        """`(key, reason)` of every sample skipped so far (on_error="skip"), each listed once, in the order first
+        met, however many epochs meet it again."""
+        return list(self._skipped.items())
+
+    def _note_skipped(self, skipped: list[tuple[str, str]]) -> None:
+        for key, reason in skipped:
+            self._skipped.setdefault(key, reason)
 
     def _resume_config(self) -> dict[str, Any]:
         config = {"format": self.dataset.manifest.format, "dataset": dataset_fingerprint(self.dataset.manifest),
@@ -181,7 +196,7 @@ class ImageLoader(ResumableLoader):
         self._iterating_epoch = epoch
         received = [0]
         try:
-            yield from self._batches_on_device(self._from_workers(received))
+            yield from self._batches_on_device(self._from_workers(received), epoch)
         except RuntimeError as exc:
             message = str(exc)
             if message.startswith("Caught ") or not ("DataLoader worker" in message or "timed out" in message):
@@ -198,31 +213,65 @@ class ImageLoader(ResumableLoader):
             if self._buffers is not None:  # None on the device path (EncodedBatch)
                 self._buffers.received(batch.slot, batch.images)
             if batch.skipped:
-                self.skipped.extend(batch.skipped)
+                self._note_skipped(batch.skipped)
             self.stage_times.add(batch.times)
             self.stage_times.batches += 1
             yield batch
 
-    def _batches_on_device(self, batches: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches_on_device(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """decode="device": decode + augment each batch on the device (next batch prepared on a side stream);
-        "worker" with a device: move the finished batch there and convert it; no device: as the workers made it."""
+        "worker" with a device: move the finished batch there and convert it; no device: as the workers made it.
+        A batch whose samples were all skipped borrows one (fastdata.borrow), so every rank yields len(self)."""
         if self.decode == "device":
-            for images, labels, skipped in DevicePrefetcher(batches, self._device_decoder):
-                self.skipped.extend(skipped)
-                if len(labels):
-                    yield images, labels
-                else:
-                    self._count_batch()  # every sample skipped: nothing to yield, but the batch is done
+            prefetched = DevicePrefetcher(batches, self._device_decoder)
+            for number, (images, labels, skipped) in enumerate(prefetched, start=self._pass_skip):
+                self._note_skipped(skipped)
+                if not len(labels):
+                    images, labels = self._borrow(epoch, number)
+                    images = self._device_decoder.finish(images.to(self.device))
+                    labels = labels.to(self.device)
+                yield images, labels
             return
-        for batch in batches:
-            if not len(batch.labels):
-                self._count_batch()
-                continue
+        for number, batch in enumerate(batches, start=self._pass_skip):
+            images, labels = batch.images, batch.labels
+            if not len(labels):
+                images, labels = self._borrow(epoch, number)
             if self.device is None:
-                yield batch.images, batch.labels
+                yield images, labels
             else:
-                images = batch.images.to(self.device, non_blocking=True)
-                yield self._device_decoder.finish(images), batch.labels.to(self.device, non_blocking=True)
+                images = images.to(self.device, non_blocking=True)
+                yield self._device_decoder.finish(images), labels.to(self.device, non_blocking=True)
+
+    def _borrow(self, epoch: int, number: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch of one for batch `number` of `epoch`, whose samples were all skipped: the first later sample of
+        this rank's epoch that decodes (fastdata.borrow), made here, in the main process (a rare event)."""
+        pipeline = self.dataset.pipeline
+        if self._sampler is not None:
+            assert isinstance(self.dataset, LmdbImageDataset)
+            batches = self._sampler.epoch_batches()
+            read = self.dataset.encoded
+        else:
+            assert isinstance(self._batches, WdsBatches) and isinstance(self.dataset, WdsImageDataset)
+            plan = self._batches.plan(epoch)
+            batches = plan.batches
+
+            def read(position: int) -> EncodedSample:
+                slot, offset = (int(v[0]) for v in plan.locate(np.array([position])))
+                return self.dataset.sample_at(int(plan.shard_order[slot]), offset)
+
+        def make(position: int) -> tuple[EncodedSample, torch.Tensor]:
+            sample = read(position)
+            return sample, pipeline.to_tensor(pipeline.process(sample, epoch))
+
+        where = f"{self.dataset.root}: epoch {epoch}, rank {self.rank}"
+        sample, image = borrow(batches, number, make, where)
+        self.borrowed.append((epoch, number, sample.key))
+        if len(self.borrowed) == 1:
+            warnings.warn(f"{self.dataset.root}: every sample of batch {number} of epoch {epoch} was skipped; it "
+                          f"is replaced by one sample borrowed from later in the epoch ({sample.key!r}) so that "
+                          f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
+                          stacklevel=3)
+        return image[None], torch.tensor([sample.label], dtype=torch.int64)
 
     @property
     def device_fallbacks(self) -> int:

@@ -16,7 +16,7 @@ from conftest import SOLID_COUNT, sample_id_of, solid_id_of_path, solid_label
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.formats.wds import iter_shard
+from fastdata.formats.wds import IMAGE_EXTS, iter_shard
 
 SIZE = 16
 BATCH = 8
@@ -317,3 +317,80 @@ def test_worker_processes_after_the_main_process_read_the_dataset(solid_lmdb):
     batches = run(solid_lmdb, num_workers=2, shuffle=False, augment="val", multiprocessing_context="fork")[0]
     assert ids_of(batches)[0] == first_id
     assert sorted(ids_of(batches)) == list(range(SOLID_COUNT))
+
+
+def corrupt_ids_copy(path, tmp_path, sample_ids: set[int], payload: bytes = b"not an image"):
+    """A copy of a solid conversion (LMDB or WebDataset) whose samples with the given ids hold `payload` instead
+    of their image bytes (the WebDataset shards are rewritten member by member, in order)."""
+    import io
+    import tarfile
+
+    copy = tmp_path / f"corrupt-{path.name}"
+    shutil.copytree(path, copy)
+    if path.suffix == ".lmdb":
+        env = lmdb.open(str(copy), max_dbs=4, subdir=True, map_size=1 << 26)
+        try:
+            images, keys = env.open_db(b"images", create=False), env.open_db(b"keys", create=False)
+            with env.begin(write=True) as txn:
+                for index_bytes, key in list(txn.cursor(db=keys)):
+                    if solid_id_of_path(bytes(key).decode()) in sample_ids:
+                        txn.put(bytes(index_bytes), payload, db=images)
+        finally:
+            env.close()
+        (copy / "lock.mdb").unlink(missing_ok=True)
+        return copy
+    for shard in sorted(copy.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+        with tarfile.open(shard, "w") as tar:
+            for member, data in members:
+                if member.name.rsplit(".", 1)[-1] in IMAGE_EXTS and solid_id_of_path(member.name) in sample_ids:
+                    data = payload
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    return copy
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_every_rank_yields_len_batches_when_skips_empty_a_batch(fmt, num_workers, solid_lmdb, solid_wds, tmp_path):
+    """2 ranks, on_error="skip": rank 0's batch 1 loses every sample, its batch 2 loses one. Both ranks still
+    yield len(loader) batches; the empty batch borrows one sample (counted, warned once), the other is not
+    padded, and `skipped` lists exactly the corrupt samples."""
+    source = solid_lmdb if fmt == "lmdb" else solid_wds
+    options = dict(batch_size=3, shuffle=True, augment="val", world_size=2, num_workers=num_workers)
+    clean = [ids_of(epoch_batches(make_loader(source, rank=rank, **options))) for rank in range(2)]
+    rank0 = [clean[0][i:i + 3] for i in range(0, len(clean[0]), 3)]
+    emptied, thinned = set(rank0[1]), rank0[2][0]
+    path = corrupt_ids_copy(source, tmp_path, emptied | {thinned})
+    for rank in range(2):
+        loader = make_loader(path, rank=rank, on_error="skip", **options)
+        if rank == 0:
+            with pytest.warns(UserWarning, match=r"every sample of batch 1 of epoch 0 was skipped"):
+                batches = epoch_batches(loader)
+        else:
+            batches = epoch_batches(loader)
+        assert len(batches) == len(loader) == len(rank0)
+        got = [ids_of([batch]) for batch in batches]
+        if rank == 0:
+            lender = rank0[2][1]  # the first decodable sample after the emptied batch
+            assert got[1] == [lender] and loader.borrowed == [(0, 1, loader.borrowed[0][2])]
+            assert solid_id_of_path(loader.borrowed[0][2]) == lender
+            assert got[2] == rank0[2][1:]  # kept one sample short, not padded
+            assert sorted(solid_id_of_path(k) for k, _ in loader.skipped) == sorted(emptied | {thinned})
+            assert [x for i, ids in enumerate(got) if i != 1 for x in ids] == \
+                [x for x in clean[0] if x not in emptied | {thinned}]
+        else:
+            assert got == [clean[1][i:i + 3] for i in range(0, len(clean[1]), 3)] and not loader.borrowed
+        second = epoch_batches(loader)  # the next epoch (reshuffled) meets bad samples again: each listed once
+        assert len(second) == len(loader)
+        keys = [key for key, _ in loader.skipped]
+        assert len(keys) == len(set(keys)) and {solid_id_of_path(k) for k in keys} <= emptied | {thinned}
+        if rank == 0:
+            assert len(keys) == len(emptied) + 1
+
+
+def test_a_rank_with_nothing_decodable_raises(solid_lmdb, tmp_path):
+    path = corrupt_ids_copy(solid_lmdb, tmp_path, set(range(SOLID_COUNT)))
+    with pytest.raises(CorruptSampleError, match="nothing to train on"):
+        epoch_batches(make_loader(path, on_error="skip", augment="val"))
