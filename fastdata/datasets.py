@@ -6,6 +6,7 @@ whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fas
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from time import perf_counter
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastdata.batch_buffers import BatchBuffers
 from fastdata.errors import ConfigError, CorruptSampleError
@@ -22,7 +23,7 @@ from fastdata.formats.manifest import Manifest
 from fastdata.formats.wds import LocalShards, read_shard
 from fastdata.order import epoch_order, num_batches, split_batches
 from fastdata.pipeline import ON_ERROR, Batch, EncodedSample, SamplePipeline
-from fastdata.sharding import check_not_empty, check_uneven, interleaved_part, rank_count
+from fastdata.sharding import check_not_empty, check_uneven, contiguous_part, interleaved_part, rank_count
 
 
 class _ImageMetaMixin:
@@ -155,15 +156,37 @@ class EpochBatchSampler:
 
 
 class WdsImageDataset(_ImageMetaMixin, IterableDataset):
-    """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` in stored order
-    (shards in manifest order, each read sequentially). The shards are local files, or remote ones
-    (`fastdata.remote.RemoteShards`) given as `store`."""
+    """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` in stored order (shards in
+    manifest order, each read sequentially). The shards are local files, or remote ones
+    (`fastdata.remote.RemoteShards`) given as `store`.
+
+    Iterated by several DataLoader workers (and ranks, see `split`), each sample comes once: the stored stream
+    is cut into one contiguous part per rank (as `fastdata.loader` cuts an epoch's stream), and each rank's part
+    into one contiguous stretch per worker, which reads only the shards that stretch covers."""
 
     def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: int = 224,
                  seed: int = 0, on_error: str = "raise", store: Any = None) -> None:
         self._setup(root, manifest, augment, image_size, seed, on_error)
         self.store = store if store is not None else LocalShards(Path(root), manifest.files)
         self.shards = self.store.locations
+        self.rank, self.world_size, self.uneven = 0, 1, "pad"
+        self.skipped_count = 0  # samples skipped by this process's iterations (on_error="skip"; each warned)
+
+    def split(self, rank: int, world_size: int, uneven: str = "pad") -> WdsImageDataset:
+        """Iterate only rank `rank`'s part of the stream (of `world_size`, padded or cut as `uneven` says, as the
+        loader does); `len()` becomes that part's length."""
+        check_not_empty(self.manifest.num_samples, world_size, check_uneven(uneven), str(self.root))
+        self.rank, self.world_size, self.uneven = rank, world_size, uneven
+        return self
+
+    def __len__(self) -> int:
+        return rank_count(self.manifest.num_samples, self.world_size, self.uneven)
+
+    def stream_part(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
+        """The stored-stream positions that worker `worker` of `num_workers` of this rank yields, in order."""
+        stream = np.arange(self.manifest.num_samples, dtype=np.int64)
+        mine = contiguous_part(stream, self.rank, self.world_size, self.uneven)
+        return np.array_split(mine, max(1, num_workers))[worker]
 
     def shard_samples(self, shard_id: int, want: Callable[[int], bool] | None = None
                       ) -> Iterator[tuple[int, EncodedSample | None]]:
@@ -203,12 +226,39 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                 assert sample is not None
                 yield sample
 
+    def samples_at(self, positions: np.ndarray) -> Iterator[EncodedSample]:
+        """The stored samples at the given stream positions, in the order given, reading each ascending run of
+        positions in one pass over the shards it covers."""
+        starts = np.concatenate([[0], np.cumsum([f.samples for f in self.manifest.files])]).astype(np.int64)
+        shard_of = np.searchsorted(starts, positions, side="right") - 1
+        run_start = 0
+        for i in range(1, len(positions) + 1):
+            if i < len(positions) and shard_of[i] == shard_of[i - 1] and positions[i] > positions[i - 1]:
+                continue
+            shard_id = int(shard_of[run_start])
+            offsets = (positions[run_start:i] - starts[shard_id]).tolist()
+            wanted, last = set(offsets), offsets[-1]
+            stream = self.shard_samples(shard_id, want=lambda o, wanted=wanted: o in wanted)
+            try:
+                for offset, sample in stream:
+                    if sample is not None:
+                        yield sample
+                    if offset >= last:
+                        break
+            finally:
+                stream.close()
+            run_start = i
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
-        for sample in self.encoded_samples(list(range(len(self.shards)))):
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for sample in self.samples_at(self.stream_part(worker, num_workers)):
             try:
                 image = self.pipeline.process(sample, self.epoch)
-            except CorruptSampleError:
+            except CorruptSampleError as exc:
                 if self.on_error == "raise":
                     raise
+                self.skipped_count += 1
+                warnings.warn(f"skipped (on_error='skip'): {exc}", stacklevel=2)
                 continue
             yield self.pipeline.to_tensor(image), sample.label

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
             on_error: str = "raise", cache_dir: str | os.PathLike[str] | None = None,
-            cache_max_bytes: int | str | None = None, storage_options: dict[str, Any] | None = None
+            cache_max_bytes: int | str | None = None, storage_options: dict[str, Any] | None = None,
+            rank: int | None = None, world_size: int | None = None, uneven: str = "pad"
             ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
@@ -42,12 +43,34 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: in
     `.class_to_idx`, `.samples` as torchvision's ImageFolder has them); WebDataset shards give an iterable
     one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val",
     an albumentations transform or a callable on an HWC uint8 array.
+    The iterable WebDataset dataset splits its stream between the DataLoader workers that iterate it and between
+    ranks (`rank`/`world_size`, else torch.distributed's when initialised; `uneven` as for `loader`), so every
+    sample comes once per pass; `len()` is this rank's count. (A map-style LMDB dataset takes your sampler, e.g.
+    DistributedSampler, instead.)
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
     the manifest as they stream in; `cache_dir` keeps them, bounded by `cache_max_bytes`; `storage_options`
     go to fsspec).
     """
+    explicit_world = rank is not None or world_size is not None
+    rank, world_size = resolve_world(rank, world_size)
+    check_uneven(uneven)
+    data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, cache_dir=cache_dir,
+                         cache_max_bytes=cache_max_bytes, storage_options=storage_options)
+    if isinstance(data, WdsImageDataset):
+        return data.split(rank, world_size, uneven)
+    if explicit_world:
+        raise ConfigError(f"{path}: rank and world_size split iterable (WebDataset) datasets; this dataset is "
+                          "map-style: give your DataLoader a DistributedSampler, or use fastdata.loader")
+    return data
+
+
+def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
+                  on_error: str = "raise", cache_dir: str | os.PathLike[str] | None = None,
+                  cache_max_bytes: int | str | None = None, storage_options: dict[str, Any] | None = None
+                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+    """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if is_url(path):
         return open_remote_dataset(str(path), augment, image_size=image_size, seed=seed, on_error=on_error,
                                    cache_dir=cache_dir, storage_options=storage_options,
@@ -373,8 +396,8 @@ def loader(
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
-    data = dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, cache_dir=cache_dir,
-                   cache_max_bytes=cache_max_bytes, storage_options=storage_options)
+    data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, cache_dir=cache_dir,
+                         cache_max_bytes=cache_max_bytes, storage_options=storage_options)
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     text_options = {"seq_len": seq_len, "packing": packing, "max_length": max_length, "bucketing": bucketing,
                     "eos_token": eos_token}

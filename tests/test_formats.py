@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 import webdataset
-from conftest import chw, rgb_of_file
+from conftest import SOLID_COUNT, chw, rgb_of_file, sample_id_of
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
 import fastdata
-from fastdata.errors import CorruptSampleError, NotADatasetError
+from fastdata.errors import ConfigError, CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FORMAT_VERSION, Manifest, content_checksum, read_manifest
 from fastdata.formats.wds import iter_shard, sanitize_key, split_member_name
 
@@ -249,3 +249,35 @@ def test_wds_damaged_shard_is_named(tmp_path, tricky_wds):
     with pytest.raises(CorruptSampleError) as info:
         list(iter_shard(damaged))
     assert str(damaged) in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_wds_dataset_in_a_plain_dataloader_yields_every_sample_once(solid_wds, num_workers):
+    """torch's own DataLoader over fastdata.dataset(WDS): the workers split the stream, none reads it all."""
+    ds = fastdata.dataset(solid_wds, "val", image_size=16)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=num_workers)
+    ids = [sample_id_of(image) for images, _ in loader for image in images]
+    assert sorted(ids) == list(range(SOLID_COUNT)) and len(ds) == SOLID_COUNT
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_wds_dataset_splits_between_ranks_and_workers(solid_wds, uneven):
+    per_rank, seen = [], []
+    for rank in range(2):
+        ds = fastdata.dataset(solid_wds, "val", image_size=16, rank=rank, world_size=2, uneven=uneven)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        ids = [sample_id_of(image) for image, _ in loader]
+        assert len(ids) == len(ds)
+        per_rank.append(len(ids))
+        seen += ids
+    assert per_rank[0] == per_rank[1]
+    if uneven == "drop":
+        assert len(seen) == len(set(seen)) == SOLID_COUNT - 1
+    else:
+        assert set(seen) == set(range(SOLID_COUNT)) and len(seen) == SOLID_COUNT + 1
+
+
+def test_rank_arguments_are_refused_for_map_style_datasets(solid_lmdb):
+    with pytest.raises(ConfigError, match="DistributedSampler"):
+        fastdata.dataset(solid_lmdb, rank=0, world_size=2)
