@@ -190,7 +190,9 @@ def describe_augment(augment: Any, image_size: int) -> str | None:
 
 def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], np.ndarray]:
     """Adapt an albumentations transform (called as `t(image=...)["image"]`, reseeded per sample for
-    reproducibility) or a plain callable `f(hwc_uint8) -> hwc_uint8` to `fn(image, sample_seed) -> image`."""
+    reproducibility) or a plain callable `f(hwc_uint8) -> hwc_uint8` to `fn(image, sample_seed) -> image`. A callable
+    with an `rng` parameter is called as `f(image, rng=np.random.Generator)` seeded for the sample; any other runs
+    with the global RNGs (random, numpy, torch) seeded for the sample (`SeededGlobalRngs`)."""
     try:
         import albumentations as A
 
@@ -208,4 +210,58 @@ def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], np.ndarray]:
     if not callable(transform):
         raise ConfigError(f"augment must be 'train', 'val', None, an albumentations transform or a callable, "
                           f"got {type(transform).__name__}")
-    return lambda image, seed: transform(image)
+    if _takes_rng(transform):
+        return lambda image, seed: transform(image, rng=np.random.default_rng(seed))
+
+    def run_seeded(image: np.ndarray, seed: int) -> np.ndarray:
+        with SeededGlobalRngs(seed):
+            return transform(image)
+
+    return run_seeded
+
+
+def _takes_rng(transform: Callable) -> bool:
+    """Whether `transform` accepts an `rng` keyword (then it gets the sample's numpy Generator)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(transform).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return "rng" in parameters
+
+
+class SeededGlobalRngs:
+    """Seed Python's `random`, numpy's global RNG and torch's CPU RNG from one sample's seed for the duration of a
+    transform call, so that a plain callable drawing from the global RNGs gives the same result for the same
+    (seed, epoch, sample) whatever process runs it. Outside DataLoader workers (num_workers=0: the training
+    process) the states they had are put back afterwards, so the caller's own random streams are left as they
+    were (about 0.2 ms, mostly numpy's state copy; workers skip it: their global RNGs are theirs)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._saved: tuple[Any, Any, Any] | None = None
+
+    def __enter__(self) -> None:
+        import random
+
+        import torch
+
+        if torch.utils.data.get_worker_info() is None:
+            self._saved = (random.getstate(), np.random.get_state(), torch.default_generator.get_state())
+        random.seed(self.seed)
+        np.random.seed(self.seed)
+        torch.default_generator.manual_seed(self.seed)  # CPU only: torch.manual_seed also starts CUDA's RNGs
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is None:
+            return
+        import random
+
+        import torch
+
+        python_state, numpy_state, torch_state = self._saved
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        torch.default_generator.set_state(torch_state)
+        self._saved = None

@@ -183,6 +183,7 @@ class SamplePipeline:
             order = (2, 1, 0) if self.bgr else (0, 1, 2)
         else:
             images: list[np.ndarray] = []
+            kept: list[EncodedSample] = []  # the samples behind `images` (skipped ones left out)
             slot = None
         for sample in samples:
             try:
@@ -190,6 +191,7 @@ class SamplePipeline:
                     self.process(sample, epoch, image, times=times)
                 else:
                     images.append(self.process(sample, epoch, times=times))
+                    kept.append(sample)
             except CorruptSampleError as exc:
                 if on_error == "raise":
                     raise
@@ -210,7 +212,7 @@ class SamplePipeline:
         if size:
             tensor = tensor[: len(labels)]
         else:
-            stacked = _stack(images, samples, self.source)
+            stacked = _stack(images, kept, self.source)
             if not labels:
                 stacked = np.empty((0, *stacked.shape[1:]), np.uint8)
             tensor, slot = _output_tensor((stacked.shape[0], stacked.shape[3], stacked.shape[1], stacked.shape[2]),
@@ -249,7 +251,7 @@ def _stack(images: list[np.ndarray], samples: list[EncodedSample], source: str) 
     if not images:
         return np.empty((0, 0, 0, 3), np.uint8)
     first = images[0].shape
-    for image, sample in zip(images, samples, strict=False):
+    for image, sample in zip(images, samples, strict=True):
         if image.shape != first:
             raise ConfigError(
                 f"{source}: cannot batch sample {sample.key!r} of shape {image.shape} with shape {first}: "

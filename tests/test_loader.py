@@ -394,3 +394,60 @@ def test_a_rank_with_nothing_decodable_raises(solid_lmdb, tmp_path):
     path = corrupt_ids_copy(solid_lmdb, tmp_path, set(range(SOLID_COUNT)))
     with pytest.raises(CorruptSampleError, match="nothing to train on"):
         epoch_batches(make_loader(path, on_error="skip", augment="val"))
+
+
+def shifted_by_global_rngs(image):
+    """A plain callable that draws from all three global RNGs (as torchvision v1 transforms and ad-hoc code do)."""
+    import random
+
+    dx = np.random.randint(0, 4) + random.randint(0, 3) + int(torch.randint(0, 4, ()))
+    return np.ascontiguousarray(np.roll(image, dx, axis=1)[:SIZE, :SIZE])
+
+
+def global_rng_states():
+    import random
+
+    return random.getstate(), np.random.get_state(), torch.get_rng_state().clone()
+
+
+def test_plain_callable_gets_the_samples_seed_whatever_the_workers(solid_lmdb):
+    import random
+
+    start = global_rng_states()
+    run(solid_lmdb, epochs=2, augment=lambda image: np.ascontiguousarray(image[:SIZE, :SIZE]), num_workers=0)
+    expected = global_rng_states()  # what the loop itself draws (torch's DataLoader takes a base seed per pass)
+    random.setstate(start[0])
+    np.random.set_state(start[1])
+    torch.set_rng_state(start[2])
+    zero = run(solid_lmdb, epochs=2, augment=shifted_by_global_rngs, num_workers=0)
+    after = global_rng_states()  # the transform's seeding left the training process's own streams alone
+    assert after[0] == expected[0] and torch.equal(after[2], expected[2])
+    assert np.array_equal(after[1][1], expected[1][1]) and after[1][2:] == expected[1][2:]
+    two = run(solid_lmdb, epochs=2, augment=shifted_by_global_rngs, num_workers=2)
+    for a, b in zip(zero, two, strict=True):
+        assert_same_batches(a, b)
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(zero[0], zero[1], strict=True))  # epochs differ
+
+
+def test_callable_with_an_rng_parameter_gets_a_seeded_generator(solid_lmdb):
+    seen = []
+
+    def crop(image, rng):
+        seen.append(type(rng))
+        top = int(rng.integers(0, 3))
+        return np.ascontiguousarray(image[top:top + SIZE, :SIZE])
+
+    one, two = run(solid_lmdb, augment=crop)[0], run(solid_lmdb, augment=crop)[0]
+    assert_same_batches(one, two)
+    assert set(seen) == {np.random.Generator}
+
+
+def test_a_shape_error_after_a_skip_names_the_right_sample(solid_lmdb, tmp_path):
+    path, corrupt_key = corrupt_copy(solid_lmdb, tmp_path, 0, b"not an image")
+    ds = fastdata.dataset(solid_lmdb)
+    shapes = [tuple(ds[i][0].shape) for i in range(1, 8)]
+    odd = next(i for i in range(1, 8) if shapes[i - 1] != shapes[0])  # first sample sized unlike sample 1
+    loader = make_loader(path, augment=None, shuffle=False, on_error="skip", batch_size=odd + 1)
+    with pytest.raises(ConfigError) as error:
+        next(iter(loader))
+    assert corrupt_key not in str(error.value) and repr(ds.reader.key(odd)) in str(error.value)
