@@ -301,8 +301,10 @@ def loader(
 
     With `device` (e.g. "cuda"), batches arrive on that device, as uint8 or, with a floating `dtype`, normalised
     with the ImageNet mean/std (`channels_last` on request). `decode="device"` has the workers ship only the
-    compressed bytes and crop parameters and decodes whole batches on the device (nvjpeg on CUDA), overlapped
-    with the training step; `"worker"` decodes in the workers; `"auto"` picks "device" for CUDA when nvjpeg works.
+    JPEGs' compressed bytes and crop parameters (other images are decoded in the workers) and decodes whole batches
+    on the device (nvjpeg on CUDA), overlapped with the training step; `loader.device_fallbacks` and
+    `loader.device_errors` count what the device did not decode. `"worker"` decodes in the workers; `"auto"` picks
+    "device" for CUDA when nvjpeg works.
 
     Distributed: each rank gets its own part of every epoch and every rank yields the same number of batches;
     `rank` and `world_size` come from torch.distributed when it is initialised, or are given. `uneven="pad"`
