@@ -59,7 +59,6 @@ class EncodedBatch:
     boxes: torch.Tensor  # float64 [B, 4]: left, top, width, height of the crop in source pixels
     flips: torch.Tensor  # bool [B]: flip on the device (False for worker-decoded rows, flipped already)
     sizes: torch.Tensor  # int64 [B, 2]: stored width, height
-    codecs: torch.Tensor  # uint8 [B]
     labels: torch.Tensor  # int64 [B]
     worker_decoded: torch.Tensor  # bool [B]: decoded, cropped, resized and flipped in the worker
     pixels: torch.Tensor  # uint8 [sum(worker_decoded), 3, S, S]: those samples' images, in batch order
@@ -125,7 +124,6 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     batch = EncodedBatch(
         torch.from_numpy(data.copy()), torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.tensor([(s.width, s.height) for s, _ in kept], dtype=torch.int64).reshape(-1, 2),
-        torch.tensor([s.codec for s, _ in kept], dtype=torch.uint8),
         torch.tensor([s.label for s, _ in kept], dtype=torch.int64),
         torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times)
     batch.times.collate += perf_counter() - started
@@ -251,7 +249,7 @@ class DeviceDecoder:
         try:  # one batched call; torchvision takes the bytes from host memory for any device
             decoded = dict(zip(rows, self.decode_jpegs([chunks[i] for i in rows], self.device), strict=True))
         except Exception as exc:  # whatever the decoder raises: a bad stream, nvjpeg, CUDA
-            self._check_memory(exc, [batch.keys[i] for i in rows])
+            self._check_memory(exc, batch, chunks)
             decoded = self._decode_one_by_one(batch, chunks, exc, skipped)
         else:
             self._failing_batches = 0
@@ -262,14 +260,14 @@ class DeviceDecoder:
         """After a failed batched call: each JPEG alone on the device; one that fails there is decoded on the CPU
         (a device error) or, if the CPU fails too, follows on_error (corrupt)."""
         decoded: dict[int, torch.Tensor] = {}
-        errors: list[tuple[str, Exception]] = []
+        errors: list[tuple[str, Exception, str]] = []  # what failed, the error, what was done instead
         corrupt = 0
         for i, chunk in chunks.items():
             try:
                 decoded[i] = self.decode_jpegs([chunk], self.device)[0]
                 continue
             except Exception as exc:
-                self._check_memory(exc, [batch.keys[i]])
+                self._check_memory(exc, batch, chunks)
                 device_error = exc
             try:
                 array = decode_rgb(chunk.numpy().tobytes(), CODEC_CV_JPEG)
@@ -277,28 +275,30 @@ class DeviceDecoder:
                 corrupt += 1
                 self._fail(batch.keys[i], f"{exc} (the device decoder: {device_error})", skipped)
                 continue
-            errors.append((f"sample {batch.keys[i]!r}", device_error))
+            errors.append((f"sample {batch.keys[i]!r}", device_error, "decoded on the CPU in the main process"))
             decoded[i] = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1))).to(self.device)
         if not errors and not corrupt:  # the batched call failed although every sample decodes alone
-            errors.append((f"a batch of {len(chunks)} JPEGs ({_some_keys(batch.keys)})", batch_error))
+            errors.append((f"the batched call on the {len(chunks)} JPEGs of a batch ({_some_keys(batch.keys)})",
+                           batch_error,
+                           "decoded on the device one at a time"))
         self._count(errors, batch.keys)
         return decoded
 
-    def _check_memory(self, exc: Exception, keys: list[str]) -> None:
+    def _check_memory(self, exc: Exception, batch: EncodedBatch, chunks: dict[int, torch.Tensor]) -> None:
         if _out_of_memory(exc):
             raise DeviceDecodeError(
-                f"{self.source}: the device decoder ran out of memory on {self.device} decoding a batch of "
-                f"{len(keys)} JPEGs ({_some_keys(keys)}): {exc}. Lower batch_size, leave the loader more device "
-                "memory, or decode in the workers: decode='worker'") from exc
+                f"{self.source}: the device decoder ran out of memory on {self.device} decoding the {len(chunks)} "
+                f"JPEGs of a batch ({_some_keys(batch.keys)}): {exc}. Lower batch_size, leave the loader more "
+                "device memory, or decode in the workers: decode='worker'") from exc
 
-    def _count(self, errors: list[tuple[str, Exception]], keys: list[str]) -> None:
+    def _count(self, errors: list[tuple[str, Exception, str]], keys: list[str]) -> None:
         """Count this batch's device errors; warn on the first, raise after too many failing batches in a row."""
         if not errors:
             self._failing_batches = 0
             return
         self.errors += len(errors)
         self._failing_batches += 1
-        what, exc = errors[-1]
+        what, exc, instead = errors[-1]
         if self._failing_batches >= self.max_consecutive_errors:
             raise DeviceDecodeError(
                 f"{self.source}: the device decoder on {self.device} failed in {self._failing_batches} batches in a "
@@ -307,10 +307,10 @@ class DeviceDecoder:
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"{self.source}: the device decoder on {self.device} failed on {what}: {exc}; decoded on the CPU "
-                f"in the main process instead. Device errors are counted in loader.device_errors (this warning "
-                f"is shown once); {self.max_consecutive_errors} batches in a row with device errors raise "
-                "DeviceDecodeError", RuntimeWarning, stacklevel=2)
+                f"{self.source}: the device decoder on {self.device} failed on {what}: {exc}; {instead} instead. "
+                "Device errors are counted in loader.device_errors (this warning is shown once); "
+                f"{self.max_consecutive_errors} batches in a row with device errors raise DeviceDecodeError",
+                RuntimeWarning, stacklevel=2)
 
     def _fail(self, key: str, reason: str, skipped: list[tuple[str, str]]) -> None:
         message = f"{self.source}: sample {key!r}: {reason}"
