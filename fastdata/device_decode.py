@@ -279,8 +279,7 @@ class DeviceDecoder:
             decoded[i] = torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1))).to(self.device)
         if not errors and not corrupt:  # the batched call failed although every sample decodes alone
             errors.append((f"the batched call on the {len(chunks)} JPEGs of a batch ({_some_keys(batch.keys)})",
-                           batch_error,
-                           "decoded on the device one at a time"))
+                           batch_error, "decoded on the device one at a time"))
         self._count(errors, batch.keys)
         return decoded
 
