@@ -67,7 +67,7 @@ class SamplePipeline:
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
-        self.ship_encoded = False  # decode="device": workers hand over bytes + crop parameters, not pixels
+        self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
         self.augment = augment
         self.image_size = image_size
         self.seed = seed
