@@ -3,9 +3,9 @@
     python benchmarks/device_cpu_side.py [--images 3000] [--repeats 3]
 
 The "worker" path reads, decodes, crops and resizes in the workers; the "device" path's workers only read the
-bytes and draw the crop parameters (the GPU does the rest). This measures batches built per second by one
-worker process for each, in the same run (alternating, medians): the ratio says how many more images per
-second the same cores can feed a GPU.
+JPEGs' bytes and draw the crop parameters (the GPU does the rest; the few non-JPEGs are decoded in the worker).
+This measures batches built per second by one worker process for each, in the same run (alternating, medians):
+the ratio says how many more images per second the same cores can feed a GPU.
 """
 
 from __future__ import annotations

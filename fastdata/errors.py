@@ -27,6 +27,10 @@ class CorruptSampleError(FastdataError):
     """A stored or source sample cannot be decoded."""
 
 
+class DeviceDecodeError(FastdataError):
+    """The device decoder (decode="device") ran out of memory or keeps failing; the message names the batch."""
+
+
 class ConfigError(FastdataError, ValueError):
     """An option has a value that cannot work."""
 

@@ -298,8 +298,17 @@ class ImageLoader(ResumableLoader):
 
     @property
     def device_fallbacks(self) -> int:
-        """Samples the device decoder could not take and the CPU decoded instead (decode="device")."""
+        """decode="device": samples the device decoder does not take (PNG, CMYK and other non-baseline/progressive
+        JPEGs), decoded in the workers instead; expected, not an error."""
         return self._device_decoder.fallbacks if self._device_decoder is not None else 0
+
+    @property
+    def device_errors(self) -> int:
+        """decode="device": failures of the device decoder on bytes the CPU decodes (each failing sample, decoded
+        on the CPU in the main process instead; or a failed batched call whose samples then decode alone).
+        The first warns; out of memory, or errors in MAX_CONSECUTIVE_DEVICE_ERRORS batches in a row, raise
+        DeviceDecodeError."""
+        return self._device_decoder.errors if self._device_decoder is not None else 0
 
     def _waiting_for(self, epoch: int, batch_number: int) -> str:
         """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
@@ -372,8 +381,10 @@ def loader(
 
     With `device` (e.g. "cuda"), batches arrive on that device, as uint8 or, with a floating `dtype`, normalised
     with the ImageNet mean/std (`channels_last` on request). `decode="device"` has the workers ship only the
-    compressed bytes and crop parameters and decodes whole batches on the device (nvjpeg on CUDA), overlapped
-    with the training step; `"worker"` decodes in the workers; `"auto"` picks "device" for CUDA when nvjpeg works.
+    JPEGs' compressed bytes and crop parameters (other images are decoded in the workers) and decodes whole batches
+    on the device (nvjpeg on CUDA), overlapped with the training step; `loader.device_fallbacks` and
+    `loader.device_errors` count what the device did not decode. `"worker"` decodes in the workers; `"auto"` picks
+    "device" for CUDA when nvjpeg works.
 
     Distributed: each rank gets its own part of every epoch and every rank yields the same number of batches;
     `rank` and `world_size` come from torch.distributed when it is initialised, or are given. `uneven="pad"`

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.jpeg_region import Region, RegionDecoder, box_in_region, plan_region, region_decoder
 from fastdata.order import sample_rng, sample_seed
 from fastdata.stagetimes import StageTimes
+
+if TYPE_CHECKING:
+    from fastdata.device_decode import EncodedBatch
 
 ON_ERROR = ("raise", "skip")
 
@@ -64,7 +67,7 @@ class SamplePipeline:
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
-        self.ship_encoded = False  # decode="device": workers hand over bytes + crop parameters, not pixels
+        self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
         self.augment = augment
         self.image_size = image_size
         self.seed = seed
@@ -162,14 +165,20 @@ class SamplePipeline:
         return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def batch(self, samples: list[EncodedSample], epoch: int, on_error: str,
-              buffers: BatchBuffers | None = None) -> Batch:
-        """Decode and augment `samples` into one batch. With a preset every image is resized into a scratch
-        image whose planes go straight into the batch's preallocated NCHW tensor (in a reused shared-memory slot
-        of `buffers` when one is free). With `ship_encoded`, an EncodedBatch instead (the device decodes it)."""
+              buffers: BatchBuffers | None = None) -> Batch | EncodedBatch:
+        """One batch of `samples` as a worker hands it over: decoded (`decode_batch`) or, with `ship_encoded`,
+        an EncodedBatch (the device decodes its JPEGs; the worker the rest)."""
         if self.ship_encoded:
             from fastdata.device_decode import pack_encoded
 
-            return pack_encoded(self, samples, epoch)
+            return pack_encoded(self, samples, epoch, on_error)
+        return self.decode_batch(samples, epoch, on_error, buffers)
+
+    def decode_batch(self, samples: list[EncodedSample], epoch: int, on_error: str,
+                     buffers: BatchBuffers | None = None) -> Batch:
+        """Decode and augment `samples` into one batch. With a preset every image is resized into a scratch
+        image whose planes go straight into the batch's preallocated NCHW tensor (in a reused shared-memory slot
+        of `buffers` when one is free)."""
         skipped: list[tuple[str, str]] = []
         labels: list[int] = []
         size = self.output_size
