@@ -451,3 +451,17 @@ def test_a_shape_error_after_a_skip_names_the_right_sample(solid_lmdb, tmp_path)
     with pytest.raises(ConfigError) as error:
         next(iter(loader))
     assert corrupt_key not in str(error.value) and repr(ds.reader.key(odd)) in str(error.value)
+
+
+def test_an_emptied_batch_borrows_on_the_device_path_too(solid_lmdb, tmp_path):
+    """decode="device" (device="cpu" runs the same code): the emptied batch is found after the device decode
+    and still borrows, so the rank yields len(loader) batches."""
+    options = dict(batch_size=3, shuffle=False, augment="val", num_workers=2)
+    clean = ids_of(epoch_batches(make_loader(solid_lmdb, **options)))
+    emptied = set(clean[3:6])
+    path = corrupt_ids_copy(solid_lmdb, tmp_path, emptied)
+    loader = make_loader(path, on_error="skip", device="cpu", decode="device", **options)
+    with pytest.warns(UserWarning, match="borrowed"):
+        batches = epoch_batches(loader)
+    assert len(batches) == len(loader) and ids_of(batches[1:2]) == [clean[6]]
+    assert [solid_id_of_path(key) for _, _, key in loader.borrowed] == [clean[6]]
