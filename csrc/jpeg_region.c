@@ -10,11 +10,15 @@
  *
  * It links to no library at build time (so it builds with a C compiler and Python's headers alone): `load()`
  * dlopen()s a libjpeg-turbo that is already installed (Pillow's wheels ship one) and resolves the few entry
- * points it needs. The headers in csrc/libjpeg-turbo are libjpeg-turbo's (libjpeg API/ABI 6.2, stable across
+ * points it needs into a capsule that every call takes, so several libraries can be tried (and proved) side by
+ * side without one replacing another; `linked_library()` names the libjpeg an already loaded extension (Pillow's
+ * PIL._imaging) is linked against. Every decode checks the JPEG header's own width x height against a pixel limit
+ * before decoding anything: stored metadata may lie. The headers in csrc/libjpeg-turbo are libjpeg-turbo's (libjpeg API/ABI 6.2, stable across
  * libjpeg-turbo 1.5-3.x); jpeg_CreateDecompress() checks the struct size and version, so a mismatched library
  * is refused with an error instead of misbehaving.
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* dladdr */
 #include <Python.h>
 
 #include <dlfcn.h>
@@ -55,14 +59,14 @@ typedef struct {
     read_fn read;
 } jpeg_api;
 
-/* Module state: the resolved entry points (set by load(); a later load() replaces them, leaving the earlier
- * library mapped, since a decode in another thread may still be using it). */
-typedef struct {
-    jpeg_api api;
-    int loaded;
-} module_state;
+#define CAPSULE_NAME "fastdata._jpeg_region.api"
 
-static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
+/* The library is never dlclose()d: a decode in another thread may still be using it. */
+static void free_api(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, CAPSULE_NAME)); }
+
+static const jpeg_api *get_api(PyObject *capsule) {
+    return (const jpeg_api *)PyCapsule_GetPointer(capsule, CAPSULE_NAME);  /* sets TypeError if not one */
+}
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -98,7 +102,7 @@ static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
     } while (0)
 
 static PyObject *load(PyObject *module, PyObject *arg) {
-    module_state *state = get_state(module);
+    (void)module;
     const char *path = PyUnicode_AsUTF8(arg);
     if (path == NULL) return NULL;
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -117,14 +121,47 @@ static PyObject *load(PyObject *module, PyObject *arg) {
     RESOLVE(crop, crop_fn, "jpeg_crop_scanline");
     RESOLVE(skip, skip_fn, "jpeg_skip_scanlines");
     RESOLVE(read, read_fn, "jpeg_read_scanlines");
-    state->api = api;
-    state->loaded = 1;
-    Py_RETURN_NONE;
+    jpeg_api *copy = malloc(sizeof(jpeg_api));
+    if (copy == NULL) return PyErr_NoMemory();
+    *copy = api;
+    PyObject *capsule = PyCapsule_New(copy, CAPSULE_NAME, free_api);
+    if (capsule == NULL) free(copy);
+    return capsule;
+}
+
+/* The file of the library that provides `symbol` to the already loaded shared object `path` (itself or one of the
+ * libraries it is linked against, searched as the dynamic linker does), or None. */
+static PyObject *linked_library(PyObject *module, PyObject *args) {
+    (void)module;
+    const char *path, *symbol;
+    if (!PyArg_ParseTuple(args, "ss", &path, &symbol)) return NULL;
+    void *handle = dlopen(path, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);  /* only if loaded: never loads it */
+    if (handle == NULL) Py_RETURN_NONE;
+    void *address = dlsym(handle, symbol);
+    Dl_info info;
+    PyObject *result = NULL;
+    if (address != NULL && dladdr(address, &info) && info.dli_fname != NULL)
+        result = PyUnicode_DecodeFSDefault(info.dli_fname);
+    dlclose(handle);  /* drops the reference dlopen just took */
+    if (result == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return result;
+}
+
+/* `n` >= 0 with thousands separators ("89,478,485"), as the Python side writes the limit. */
+static void format_count(long long n, char *out, size_t size) {
+    char digits[32];
+    int len = snprintf(digits, sizeof(digits), "%lld", n), j = 0;
+    for (int i = 0; i < len && (size_t)j + 2 < size; i++) {
+        if (i > 0 && (len - i) % 3 == 0) out[j++] = ',';
+        out[j++] = digits[i];
+    }
+    out[j] = '\0';
 }
 
 /* The decode proper, without the GIL. Returns 0, or -1 with `message` set. */
 static int decode_region(const jpeg_api *api, const unsigned char *data, size_t size, int scale_num, int left,
-                         int top, int width, int height, int bgr, int fast, unsigned char *out, char *message) {
+                         int top, int width, int height, int bgr, long long max_pixels, int fast,
+                         unsigned char *out, char *message) {
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
     unsigned char *volatile row = NULL;
@@ -136,8 +173,7 @@ static int decode_region(const jpeg_api *api, const unsigned char *data, size_t 
     err.pub.emit_message = on_emit_message;
     err.message[0] = '\0';
     if (setjmp(err.escape)) {
-        strncpy(message, err.message, JMSG_LENGTH_MAX - 1);
-        message[JMSG_LENGTH_MAX - 1] = '\0';
+        snprintf(message, JMSG_LENGTH_MAX, "libjpeg-turbo: %s", err.message);
         api->destroy(&cinfo);
         free(row);
         return -1;
@@ -145,6 +181,15 @@ static int decode_region(const jpeg_api *api, const unsigned char *data, size_t 
     api->create(&cinfo, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
     api->mem_src(&cinfo, data, (unsigned long)size);
     api->read_header(&cinfo, TRUE);
+    /* the header's own size, before anything is allocated for the image (the caller's was the stored one) */
+    if ((long long)cinfo.image_width * (long long)cinfo.image_height > max_pixels) {
+        char limit[40];
+        format_count(max_pixels, limit, sizeof(limit));
+        snprintf(message, JMSG_LENGTH_MAX, "refused: the JPEG header says %ux%u pixels, over the limit of %s",
+                 cinfo.image_width, cinfo.image_height, limit);
+        api->destroy(&cinfo);
+        return -1;
+    }
     if (cinfo.num_components != 1 && cinfo.num_components != 3) {
         snprintf(message, JMSG_LENGTH_MAX, "unsupported JPEG with %d components (CMYK?)", cinfo.num_components);
         api->destroy(&cinfo);
@@ -212,20 +257,22 @@ static int decode_region(const jpeg_api *api, const unsigned char *data, size_t 
 }
 
 static PyObject *decode_into(PyObject *module, PyObject *args) {
-    module_state *state = get_state(module);
+    (void)module;
+    PyObject *capsule;
     Py_buffer src, dst;
     int scale_num, left, top, bgr, fast = 0;
-    if (!state->loaded) {
-        PyErr_SetString(PyExc_RuntimeError, "libjpeg-turbo is not loaded: call load(path) first");
+    long long max_pixels;
+    if (!PyArg_ParseTuple(args, "Oy*w*iiipL|i", &capsule, &src, &dst, &scale_num, &left, &top, &bgr, &max_pixels,
+                          &fast))
         return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "y*w*iiip|i", &src, &dst, &scale_num, &left, &top, &bgr, &fast)) return NULL;
     PyObject *result = NULL;
+    const jpeg_api *api = get_api(capsule);
+    if (api == NULL) goto done;
     if (scale_num < 1 || scale_num > 8) {
         PyErr_Format(PyExc_ValueError, "scale_num must be 1..8 (eighths), got %d", scale_num);
         goto done;
     }
-    PyObject *shape = PyObject_GetAttrString(PyTuple_GET_ITEM(args, 1), "shape");
+    PyObject *shape = PyObject_GetAttrString(PyTuple_GET_ITEM(args, 2), "shape");
     if (shape == NULL) goto done;
     int height = -1, width = -1, channels = -1;
     int ok = PyArg_ParseTuple(shape, "iii", &height, &width, &channels);
@@ -239,11 +286,11 @@ static PyObject *decode_into(PyObject *module, PyObject *args) {
     char message[JMSG_LENGTH_MAX];
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = decode_region(&state->api, (const unsigned char *)src.buf, (size_t)src.len, scale_num, left, top, width,
-                           height, bgr, fast, (unsigned char *)dst.buf, message);
+    status = decode_region(api, (const unsigned char *)src.buf, (size_t)src.len, scale_num, left, top, width,
+                           height, bgr, max_pixels, fast, (unsigned char *)dst.buf, message);
     Py_END_ALLOW_THREADS
     if (status != 0) {
-        PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", message);
+        PyErr_SetString(PyExc_ValueError, message);
         goto done;
     }
     result = Py_None;
@@ -255,17 +302,18 @@ done:
 }
 
 static PyObject *header(PyObject *module, PyObject *args) {
-    module_state *state = get_state(module);
+    (void)module;
+    PyObject *capsule;
     Py_buffer src;
     int scale_num = 8;
-    if (!state->loaded) {
-        PyErr_SetString(PyExc_RuntimeError, "libjpeg-turbo is not loaded: call load(path) first");
+    if (!PyArg_ParseTuple(args, "Oy*|i", &capsule, &src, &scale_num)) return NULL;
+    const jpeg_api *api = get_api(capsule);
+    if (api == NULL) {
+        PyBuffer_Release(&src);
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*|i", &src, &scale_num)) return NULL;
     struct jpeg_decompress_struct cinfo;
     error_mgr err;
-    const jpeg_api *api = &state->api;
     memset(&cinfo, 0, sizeof(cinfo));
     cinfo.err = api->std_error(&err.pub);
     err.pub.error_exit = on_error_exit;
@@ -292,24 +340,24 @@ static PyObject *header(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"load", load, METH_O, "load(path): dlopen a libjpeg-turbo (libjpeg API 6.2) and resolve its entry points."},
+    {"load", load, METH_O,
+     "load(path) -> api: dlopen a libjpeg-turbo (libjpeg API 6.2) and resolve its entry points (a capsule)."},
+    {"linked_library", linked_library, METH_VARARGS,
+     "linked_library(path, symbol) -> the file of the library providing `symbol` to the loaded object `path`, or None."},
     {"decode_into", decode_into, METH_VARARGS,
-     "decode_into(data, out, scale_num, left, top, bgr): decode the JPEG `data` at scale scale_num/8 and write the\n"
-     "region of out.shape[:2] at (left, top) of the scaled image into `out` (uint8 H x W x 3, RGB or BGR).\n"
-     "Releases the GIL. Raises ValueError on corrupt data or a region outside the image."},
+     "decode_into(api, data, out, scale_num, left, top, bgr, max_pixels): decode the JPEG `data` at scale\n"
+     "scale_num/8 and write the region of out.shape[:2] at (left, top) of the scaled image into `out` (uint8\n"
+     "H x W x 3, RGB or BGR). Releases the GIL. Raises ValueError on corrupt data, a region outside the image, or\n"
+     "a header whose width x height is over max_pixels (checked before decoding)."},
     {"header", header, METH_VARARGS,
-     "header(data, scale_num=8) -> (width, height, components) of the image decoded at scale_num/8."},
+     "header(api, data, scale_num=8) -> (width, height, components) of the image decoded at scale_num/8."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "fastdata._jpeg_region",
     "Region + DCT-scaled JPEG decoding through libjpeg-turbo (see fastdata.jpeg_region).",
-    sizeof(module_state), methods, NULL, NULL, NULL, NULL,
+    0, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__jpeg_region(void) {
-    PyObject *module = PyModule_Create(&module_def);
-    if (module != NULL) memset(get_state(module), 0, sizeof(module_state));
-    return module;
-}
+PyMODINIT_FUNC PyInit__jpeg_region(void) { return PyModule_Create(&module_def); }

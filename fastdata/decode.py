@@ -12,6 +12,8 @@ import io
 
 import numpy as np
 
+from fastdata.image_header import image_size
+
 CODEC_CV_JPEG = 0  # JPEG in mode L or RGB: OpenCV, scaled decode allowed
 CODEC_CV_OTHER = 1  # 8-bit PNG / BMP in a mode OpenCV converts exactly like Pillow
 CODEC_PIL = 2  # anything else: Pillow
@@ -38,15 +40,28 @@ def _cv2():
     return cv2
 
 
-def decode_rgb(data: bytes | memoryview, codec: int = CODEC_PIL, reduce: int = 1, bgr: bool = False) -> np.ndarray:
+def check_header_pixels(format_name: str, size: tuple[int, int], max_pixels: int | None) -> None:
+    """Raise ValueError if the image's own header `size` (width, height) is over `max_pixels` (None: no limit)."""
+    if max_pixels is not None and size[0] * size[1] > max_pixels:
+        raise ValueError(f"refused: the {format_name} header says {size[0]}x{size[1]} pixels, over the limit of "
+                         f"{max_pixels:,}")
+
+
+def decode_rgb(data: bytes | memoryview, codec: int = CODEC_PIL, reduce: int = 1, bgr: bool = False,
+               max_pixels: int | None = None) -> np.ndarray:
     """Decode image bytes to an RGB uint8 array of shape (H, W, 3) (BGR order if `bgr`: OpenCV's native
     order, about 8% cheaper to decode; channel-agnostic pipelines reorder once, at the end).
 
     `reduce` (1, 2, 4 or 8) asks for a JPEG decoded at 1/reduce scale (libjpeg's DCT scaling: far less work);
-    it is honoured only for CODEC_CV_JPEG and ignored otherwise. Raises ValueError on undecodable bytes.
+    it is honoured only for CODEC_CV_JPEG and ignored otherwise. With `max_pixels`, an image whose own header
+    says more pixels is refused before decoding. Raises ValueError on undecodable or refused bytes.
     """
     if not len(data):
         raise ValueError("empty image record (0 bytes)")
+    # the bytes' own size, not the stored one (for Pillow's other formats, _decode_pil checks what it opens)
+    header = image_size(data, pillow=codec != CODEC_PIL) if max_pixels is not None else None
+    if header is not None:
+        check_header_pixels(*header, max_pixels)
     if codec in (CODEC_CV_JPEG, CODEC_CV_OTHER):
         cv2 = _cv2()
         flags = (cv2.IMREAD_COLOR_BGR if bgr else cv2.IMREAD_COLOR_RGB) | cv2.IMREAD_IGNORE_ORIENTATION
@@ -60,15 +75,20 @@ def decode_rgb(data: bytes | memoryview, codec: int = CODEC_PIL, reduce: int = 1
         if image is None:
             raise ValueError("OpenCV could not decode the image bytes")
         return image
-    image = _decode_pil(data)
+    image = _decode_pil(data, max_pixels)
     return np.ascontiguousarray(image[:, :, ::-1]) if bgr else image
 
 
-def _decode_pil(data: bytes | memoryview) -> np.ndarray:
+def _decode_pil(data: bytes | memoryview, max_pixels: int | None = None) -> np.ndarray:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            return np.asarray(im.convert("RGB"))
+        im = Image.open(io.BytesIO(data))  # reads the header only
     except Exception as exc:  # Pillow raises many types for bad data
         raise ValueError(f"Pillow could not decode the image bytes: {exc}") from exc
+    with im:
+        check_header_pixels(im.format or "image", im.size, max_pixels)
+        try:
+            return np.asarray(im.convert("RGB"))
+        except Exception as exc:
+            raise ValueError(f"Pillow could not decode the image bytes: {exc}") from exc

@@ -15,7 +15,15 @@ from fastdata.augment import apply_crop, crop_resize_flip, make_preset, reduce_f
 from fastdata.batch_buffers import BatchBuffers, Slot, new_shared
 from fastdata.decode import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, decode_rgb
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.jpeg_region import Region, RegionDecoder, box_in_region, plan_region, region_decoder
+from fastdata.jpeg_region import (
+    Region,
+    RegionDecoder,
+    box_in_region,
+    plan_region,
+    region_decoder,
+    unavailable_reason,
+    warn_fallback,
+)
 from fastdata.order import sample_rng, sample_seed
 from fastdata.stagetimes import StageTimes
 
@@ -62,11 +70,12 @@ class SamplePipeline:
     """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily."""
 
     def __init__(self, augment: Any, image_size: int, seed: int, source: str,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None) -> None:
         self.max_pixels = max_pixels
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
+        self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
         self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
         self.augment = augment
         self.image_size = image_size
@@ -98,27 +107,39 @@ class SamplePipeline:
     def bgr(self) -> bool:
         """Presets decoding whole images with OpenCV work in its BGR order (cheaper decode) and reorder once when
         building tensors; the region decoder writes RGB directly; custom transforms see RGB."""
-        return self.preset is not None and not (self.region_decode and region_decoder() is not None)
+        by_region = self.region_decode and region_decoder(self.jpeg_libraries) is not None
+        return self.preset is not None and not by_region
+
+    def _region_decoder(self) -> RegionDecoder | None:
+        """The region decoder for a JPEG with a preset, or None: whole-image OpenCV decode, with a warning (once per
+        process) when it is because no region decoder is available."""
+        if self.preset is None or not self.region_decode:
+            return None
+        decoder = region_decoder(self.jpeg_libraries)
+        if decoder is None:
+            warn_fallback(unavailable_reason(self.jpeg_libraries))
+        return decoder
 
     def _where(self, sample: EncodedSample) -> str:
         return f"{self.source}/{sample.origin}" if sample.origin else self.source
 
     def _check_pixels(self, sample: EncodedSample) -> None:
-        if sample.width * sample.height > self.max_pixels:  # from the stored header facts, before decoding
+        # from the stored header facts, before decoding; both decoders check the bytes' own header too
+        if sample.width * sample.height > self.max_pixels:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: refused: {sample.width}x"
                                      f"{sample.height} pixels exceeds the limit of {self.max_pixels:,}")
 
     def _decode(self, sample: EncodedSample, reduce: int = 1) -> np.ndarray:
         self._check_pixels(sample)
         try:
-            return decode_rgb(sample.data, sample.codec, reduce, bgr=self.bgr)
+            return decode_rgb(sample.data, sample.codec, reduce, bgr=self.bgr, max_pixels=self.max_pixels)
         except ValueError as exc:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
 
     def _decode_region(self, decoder: RegionDecoder, sample: EncodedSample, region: Region) -> np.ndarray:
         self._check_pixels(sample)
         try:
-            return decoder.decode(sample.data, region, bgr=self.bgr)
+            return decoder.decode(sample.data, region, bgr=self.bgr, max_pixels=self.max_pixels)
         except ValueError as exc:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
 
@@ -131,7 +152,7 @@ class SamplePipeline:
             params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
             if out is None:
                 out = np.empty((self.image_size, self.image_size, 3), np.uint8)
-            decoder = region_decoder() if self.region_decode and sample.codec == CODEC_CV_JPEG else None
+            decoder = self._region_decoder() if sample.codec == CODEC_CV_JPEG else None
             decode_started = perf_counter()
             if decoder is not None:  # only the crop's rows/columns, at the smallest DCT scale that suffices
                 region = plan_region(sample.width, sample.height, params, self.image_size)

@@ -224,6 +224,15 @@ def solid_id_of_path(relative: str) -> int:
     return int(Path(relative).stem[1:])
 
 
+def with_size(data: bytes, width: int, height: int) -> bytes:
+    """`data` (a JPEG or PNG) with the width and height in its header replaced: a tampered file. The bytes after
+    the header are the original's, so a decoder that believed the header would allocate for it, then fail."""
+    if data.startswith(b"\x89PNG"):
+        return data[:16] + width.to_bytes(4, "big") + height.to_bytes(4, "big") + data[24:]
+    sof = next(data.index(marker) for marker in (b"\xff\xc0", b"\xff\xc2") if marker in data)
+    return data[:sof + 5] + height.to_bytes(2, "big") + width.to_bytes(2, "big") + data[sof + 9:]
+
+
 def truncated_jpeg(array: np.ndarray) -> bytes:
     data = encode(array, "JPEG", quality=95)
     return data[: len(data) // 2]

@@ -1,4 +1,5 @@
-"""decode: codec choice, pixel equality with PIL's convert("RGB"), DCT-scaled JPEG decode, errors."""
+"""decode: codec choice, pixel equality with PIL's convert("RGB"), DCT-scaled JPEG decode, errors, and the refusal
+of images whose own header says more pixels than the limit (image_header)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import io
 
 import numpy as np
 import pytest
-from conftest import encode, pattern
+from conftest import encode, pattern, with_size
 from PIL import Image
 
-from fastdata.decode import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, codec_for, decode_rgb
+from fastdata.decode import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for, decode_rgb
+from fastdata.image_header import image_size, jpeg_size, png_size
 
 W, H = 67, 45
 
@@ -143,3 +145,57 @@ GARBAGE_IDS = ["empty", "text", "jpeg-header", "png-header", "truncated-jpeg"]
 def test_garbage_bytes_raise_value_error(codec, data):
     with pytest.raises(ValueError):
         decode_rgb(data, codec)
+
+
+# ---------------------------------------------------------------------------------------------- header sizes
+
+
+def _with_extras(data: bytes) -> bytes:
+    """A JPEG with what real files carry before the frame header: fill bytes, and junk between segments."""
+    return data[:2] + b"\xff\xff" + data[2:20] + b"\x00junk" + data[20:]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_header_size_equals_pils_for_every_kind(kind):
+    data = _image_bytes(kind)
+    with Image.open(io.BytesIO(data)) as im:
+        assert image_size(data) == (im.format, im.size) == (im.format, (W, H))
+    assert image_size(memoryview(data)) == image_size(data)
+
+
+def test_jpeg_header_size_through_exif_restart_markers_fill_bytes_and_junk():
+    array = pattern(3, W, H)
+    exif = Image.Exif()
+    exif[0x010E] = "x" * 3000  # ImageDescription: a long APP1 segment before the frame header
+    for data in [encode(array, "JPEG", exif=exif.tobytes()), encode(array, "JPEG", restart_marker_rows=1),
+                 _with_extras(encode(array, "JPEG", quality=90))]:
+        assert jpeg_size(data) == (W, H)
+        assert decode_rgb(data, CODEC_CV_JPEG).shape == (H, W, 3)  # libjpeg accepts it too
+
+
+@pytest.mark.parametrize("data", GARBAGE, ids=GARBAGE_IDS)
+def test_header_size_of_garbage_is_none_or_what_the_header_says(data):
+    assert png_size(data) is None
+    assert jpeg_size(data) in (None, (61, 47))  # the truncated JPEG still has its frame header
+    assert image_size(data) in (None, ("JPEG", (61, 47)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_refuses_an_image_whose_own_header_is_over_the_limit(kind):
+    data = _image_bytes(kind)
+    codec = _codec(data)
+    assert decode_rgb(data, codec, max_pixels=W * H).shape == (H, W, 3)
+    with pytest.raises(ValueError, match=rf"^refused: the \w+ header says {W}x{H} pixels, over the limit of 3,014$"):
+        decode_rgb(data, codec, max_pixels=W * H - 1)
+
+
+@pytest.mark.parametrize("kind", ["jpeg-rgb", "jpeg-progressive", "png-rgb"])
+@pytest.mark.parametrize("codec", [CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL])
+def test_a_tampered_header_is_refused_before_anything_is_allocated(kind, codec):
+    """Whatever codec the dataset stores for it (OpenCV decodes what the bytes are): a header saying 20000 x 20000
+    over the default limit is refused from the header; believed, it would cost 1.2 GB before failing."""
+    data = with_size(_image_bytes(kind), 20_000, 20_000)
+    name = "PNG" if kind.startswith("png") else "JPEG"
+    with pytest.raises(ValueError, match=f"^refused: the {name} header says 20000x20000 pixels, over the limit of "
+                                         f"{DEFAULT_MAX_PIXELS:,}$"):
+        decode_rgb(data, codec, max_pixels=DEFAULT_MAX_PIXELS)

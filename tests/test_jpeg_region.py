@@ -1,16 +1,23 @@
 """jpeg_region: the region decoder equals a whole decode cropped, bit for bit, at every scale it uses; it refuses bad
-input with ValueError; the pipeline's output is the same with and without it; and its pixels match a full-size
-decode + crop + antialiased resize within interpolation tolerance."""
+input with ValueError, and a JPEG whose own header says more pixels than the limit before decoding; the pipeline's
+output is the same with and without it; and its pixels match a full-size decode + crop + antialiased resize within
+interpolation tolerance. Both decode paths refuse a dataset whose stored sizes lie."""
 
 from __future__ import annotations
 
 import io
+import shutil
+import struct
 import threading
+from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
+from conftest import SOLID_COUNT, with_size
 from PIL import Image
 
+import fastdata
 from fastdata.augment import (
     CropParams,
     RandomResizedCropFlip,
@@ -20,6 +27,7 @@ from fastdata.augment import (
     reduce_factor,
 )
 from fastdata.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.errors import CorruptSampleError
 from fastdata.jpeg_region import (
     Region,
     box_in_region,
@@ -262,3 +270,75 @@ def test_workers_fork_cleanly_after_decoding_in_the_main_process(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------- pixel limit
+
+
+def test_the_region_decoder_refuses_a_header_over_the_pixel_limit_before_decoding(decoder):
+    data = image_bytes("420")
+    assert decoder.decode(data, Region(8, 0, 0, 10, 10), max_pixels=233 * 171).shape == (10, 10, 3)
+    with pytest.raises(ValueError, match=r"^refused: the JPEG header says 233x171 pixels, over the limit of 39,842$"):
+        decoder.decode(data, Region(8, 0, 0, 10, 10), max_pixels=233 * 171 - 1)
+    tampered = with_size(data, 20_000, 20_000)  # believed, 1.2 GB of pixels; the stored size says 233 x 171
+    with pytest.raises(ValueError, match=r"^refused: the JPEG header says 20000x20000 pixels, over the limit of "
+                                         r"89,478,485$"):
+        decoder.decode(tampered, Region(8, 0, 0, 233, 171))
+
+
+def tampered_copy(solid_lmdb, tmp_path, payload_for) -> tuple[Path, str, tuple[int, int]]:
+    """A copy of the solid LMDB dataset whose first JPEG record holds `payload_for(its bytes)`, its stored
+    metadata (width, height, codec) unchanged; returns (path, the record's key, its stored width and height)."""
+    copy = tmp_path / "tampered.lmdb"
+    shutil.copytree(solid_lmdb, copy)
+    env = lmdb.open(str(copy), max_dbs=5, subdir=True, map_size=1 << 26)
+    try:
+        images, keys, meta = (env.open_db(name, create=False) for name in (b"images", b"keys", b"meta"))
+        with env.begin(write=True) as txn:
+            widths = np.frombuffer(txn.get(b"widths", db=meta), "<i4")
+            heights = np.frombuffer(txn.get(b"heights", db=meta), "<i4")
+            index = next(i for i in range(len(widths))
+                         if bytes(txn.get(struct.pack(">Q", i), db=keys)).endswith(b".jpg"))
+            key = bytes(txn.get(struct.pack(">Q", index), db=keys)).decode()
+            original = bytes(txn.get(struct.pack(">Q", index), db=images))
+            txn.put(struct.pack(">Q", index), payload_for(original), db=images)
+            stored = int(widths[index]), int(heights[index])
+    finally:
+        env.close()
+    (copy / "lock.mdb").unlink(missing_ok=True)
+    return copy, key, stored
+
+
+def _loader(path, on_error, region, max_pixels=None):
+    loader = fastdata.loader(path, batch_size=8, image_size=16, num_workers=0, on_error=on_error)
+    loader.dataset.pipeline.region_decode = region
+    if max_pixels is not None:
+        loader.dataset.pipeline.max_pixels = max_pixels
+    return loader
+
+
+@pytest.mark.parametrize("region", [True, False], ids=["region", "opencv"])
+def test_a_dataset_whose_stored_size_lies_is_refused_from_the_jpeg_header(decoder, solid_lmdb, tmp_path, region):
+    """Stored metadata says the record's own small size; its bytes say 20000 x 20000 (default limit)."""
+    path, key, _ = tampered_copy(solid_lmdb, tmp_path, lambda data: with_size(data, 20_000, 20_000))
+    with pytest.raises(CorruptSampleError, match=rf"sample {key!r}: refused: the JPEG header says 20000x20000"):
+        list(_loader(path, "raise", region))
+    loader = _loader(path, "skip", region)
+    assert sum(len(labels) for _, labels in loader) == SOLID_COUNT - 1
+    assert [k for k, _ in loader.skipped] == [key]
+    assert "header says 20000x20000 pixels" in loader.skipped[0][1]
+
+
+@pytest.mark.parametrize("region", [True, False], ids=["region", "opencv"])
+def test_a_real_jpeg_larger_than_its_stored_size_is_refused_over_the_limit(decoder, solid_lmdb, tmp_path, region):
+    """A real, decodable JPEG of 150 x 150 where the stored size says the original's (at most 69 x 69): with the
+    limit between the two, only the header can tell (unchecked, the region decoder decodes it without a word)."""
+    path, key, stored = tampered_copy(solid_lmdb, tmp_path, lambda _: jpeg(photo_like(150, 150), quality=90))
+    assert stored[0] * stored[1] <= 69 * 69 < 150 * 150
+    with pytest.raises(CorruptSampleError, match=rf"sample {key!r}: refused: the JPEG header says 150x150 pixels, "
+                                                 r"over the limit of 4,761"):
+        list(_loader(path, "raise", region, max_pixels=69 * 69))
+    loader = _loader(path, "skip", region, max_pixels=69 * 69)
+    assert sum(len(labels) for _, labels in loader) == SOLID_COUNT - 1
+    assert [k for k, _ in loader.skipped] == [key]
+    assert len(list(_loader(path, "raise", region))) == -(-SOLID_COUNT // 8)  # under the default limit: decoded
