@@ -12,35 +12,16 @@ from __future__ import annotations
 import io
 import struct
 
-_NO_LENGTH = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})  # TEM, SOI, RST0-7: markers without a length field
-_SOF = frozenset({*range(0xC0, 0xD0)} - {0xC4, 0xC8, 0xCC})  # start of frame (DHT, JPG and DAC are not)
-_SOS, _EOI = 0xDA, 0xD9
+from fastdata.jpeg_header import read_frame
+
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a JPEG's start-of-frame marker, or None where the bytes are not a JPEG or end (or
-    start the scan) before one: the decoder then says what is wrong."""
-    size = len(data)
-    if size < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
-    i = 2
-    while i + 4 <= size:
-        marker = data[i + 1]
-        if data[i] != 0xFF or marker == 0xFF:  # extraneous bytes before a marker (libjpeg skips them), fill bytes
-            i += 1
-        elif marker in _NO_LENGTH:
-            i += 2
-        elif marker in _SOF:
-            if i + 9 > size:
-                return None
-            height, width = struct.unpack_from(">HH", data, i + 5)  # length, precision, then Y, X
-            return width, height
-        elif marker in (_SOS, _EOI):
-            return None
-        else:
-            i += 2 + ((data[i + 2] << 8) | data[i + 3])
-    return None
+    start the scan) before a whole one: the decoder then says what is wrong."""
+    frame = read_frame(data)
+    return None if frame is None else (frame.width, frame.height)
 
 
 def png_size(data: bytes | memoryview) -> tuple[int, int] | None:

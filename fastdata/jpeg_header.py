@@ -9,36 +9,38 @@ from dataclasses import dataclass
 
 # SOFn markers: 0xC0..0xCF except DHT (C4), JPG (C8) and DAC (CC)
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn and TEM carry no length
+_NO_LENGTH = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})  # TEM, SOI, RST0-7: markers without a length field
 _SOS, _EOI = 0xDA, 0xD9
 
 
 @dataclass(frozen=True)
 class JpegFrame:
     """What the SOF segment says: the marker (0xC0 baseline, 0xC1 extended sequential, 0xC2 progressive, 0xC3
-    lossless, 0xC9.. arithmetic coding, ...), the bits per sample and each component's (horizontal, vertical)
-    sampling factors, luma first."""
+    lossless, 0xC9.. arithmetic coding, ...), the bits per sample, the image's width and height, and each
+    component's (horizontal, vertical) sampling factors, luma first."""
 
     marker: int
     precision: int
+    width: int
+    height: int
     sampling: tuple[tuple[int, int], ...]
 
 
 def read_frame(data: bytes | memoryview) -> JpegFrame | None:
     """The frame header of the JPEG stream `data`, or None when it has none before the scan (not a JPEG, or
-    truncated or damaged before its frame header)."""
-    view = memoryview(data)
-    if len(view) < 4 or view[0] != 0xFF or view[1] != 0xD8:
+    truncated or damaged before its frame header). Like libjpeg, stray bytes and fill bytes before a marker are
+    passed over."""
+    view = data if isinstance(data, bytes) else memoryview(data)
+    size = len(view)
+    if size < 4 or view[0] != 0xFF or view[1] != 0xD8:
         return None
     pos = 2
-    while pos + 4 <= len(view):
-        if view[pos] != 0xFF:
-            return None
+    while pos + 4 <= size:
         marker = view[pos + 1]
-        if marker == 0xFF:  # fill byte before a marker
+        if view[pos] != 0xFF or marker == 0xFF:  # extraneous bytes before a marker (libjpeg skips them), fill bytes
             pos += 1
             continue
-        if marker in _STANDALONE:
+        if marker in _NO_LENGTH:
             pos += 2
             continue
         if marker in (_SOS, _EOI):
@@ -52,6 +54,7 @@ def read_frame(data: bytes | memoryview) -> JpegFrame | None:
             if len(segment) < 6 + 3 * components:
                 return None
             sampling = tuple((segment[6 + 3 * c + 1] >> 4, segment[6 + 3 * c + 1] & 15) for c in range(components))
-            return JpegFrame(marker, segment[0], sampling)
+            height, width = (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4]
+            return JpegFrame(marker, segment[0], width, height, sampling)
         pos += 2 + length
     return None
