@@ -74,15 +74,18 @@ class EncodedBatch:
         return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory())
 
 
-def device_takes(sample: EncodedSample) -> bool:
+def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
     """Whether the device decoder takes `sample`: a JPEG of codec CODEC_CV_JPEG (greyscale or YCbCr) that is
     8-bit baseline or progressive Huffman-coded with a chroma subsampling nvjpeg knows (read from its frame
-    header). Everything else (PNG, CMYK, arithmetic-coded or lossless JPEGs, unusual subsampling, a damaged
-    header) is decoded in the worker."""
+    header), and whose header says no more than `max_pixels` pixels. Everything else (PNG, CMYK, arithmetic-coded
+    or lossless JPEGs, unusual subsampling, a damaged header, a header over the limit, which the worker then
+    refuses before decoding) goes to the worker."""
     if sample.codec != CODEC_CV_JPEG:
         return False
     frame = read_frame(sample.data)
     if frame is None or frame.marker not in (_BASELINE, _PROGRESSIVE) or frame.precision != 8:
+        return False
+    if max_pixels is not None and frame.width * frame.height > max_pixels:
         return False
     if len(frame.sampling) == 1:
         return True
@@ -98,7 +101,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     if pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val' (custom transforms run on the CPU "
                           "path: decode='worker')")
-    takes = [device_takes(s) for s in samples]
+    takes = [device_takes(s, pipeline.max_pixels) for s in samples]
     elsewhere = [s for s, t in zip(samples, takes, strict=True) if not t]
     if elsewhere:
         decoded = pipeline.decode_batch(elsewhere, epoch, on_error)

@@ -2,7 +2,7 @@
 check against the pixel limit first (a dataset's stored width/height may lie: tampered, or remote and untrusted).
 
 JPEG and PNG headers are parsed here rather than with Pillow because this runs for every sample OpenCV decodes:
-about 1 us for a JPEG, where `PIL.Image.open(...).size` took about 70 us (a tenth of the decode of a 500x375 JPEG)
+about 3 us for a JPEG, where `PIL.Image.open(...).size` took about 70 us (a tenth of the decode of a 500x375 JPEG)
 on the development machine. Anything else, which OpenCV would decode too (it sniffs the bytes, whatever the stored
 codec says), is left to Pillow's header parsing.
 """

@@ -310,14 +310,15 @@ def tampered_copy(solid_lmdb, tmp_path, payload_for) -> tuple[Path, str, tuple[i
 
 
 def _loader(path, on_error, region, max_pixels=None):
-    loader = fastdata.loader(path, batch_size=8, image_size=16, num_workers=0, on_error=on_error)
-    loader.dataset.pipeline.region_decode = region
+    device = dict(device="cpu", decode="device") if region == "device" else {}
+    loader = fastdata.loader(path, batch_size=8, image_size=16, num_workers=0, on_error=on_error, **device)
+    loader.dataset.pipeline.region_decode = region is True
     if max_pixels is not None:
         loader.dataset.pipeline.max_pixels = max_pixels
     return loader
 
 
-@pytest.mark.parametrize("region", [True, False], ids=["region", "opencv"])
+@pytest.mark.parametrize("region", [True, False, "device"], ids=["region", "opencv", "device"])
 def test_a_dataset_whose_stored_size_lies_is_refused_from_the_jpeg_header(decoder, solid_lmdb, tmp_path, region):
     """Stored metadata says the record's own small size; its bytes say 20000 x 20000 (default limit)."""
     path, key, _ = tampered_copy(solid_lmdb, tmp_path, lambda data: with_size(data, 20_000, 20_000))
@@ -329,7 +330,7 @@ def test_a_dataset_whose_stored_size_lies_is_refused_from_the_jpeg_header(decode
     assert "header says 20000x20000 pixels" in loader.skipped[0][1]
 
 
-@pytest.mark.parametrize("region", [True, False], ids=["region", "opencv"])
+@pytest.mark.parametrize("region", [True, False, "device"], ids=["region", "opencv", "device"])
 def test_a_real_jpeg_larger_than_its_stored_size_is_refused_over_the_limit(decoder, solid_lmdb, tmp_path, region):
     """A real, decodable JPEG of 150 x 150 where the stored size says the original's (at most 69 x 69): with the
     limit between the two, only the header can tell (unchecked, the region decoder decodes it without a word)."""
