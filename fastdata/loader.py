@@ -123,6 +123,10 @@ class ImageLoader(ResumableLoader):
         elif dtype is not None or channels_last:
             raise ConfigError("dtype and channels_last apply to batches on a device: pass device= as well")
         data.pipeline.ship_encoded = self.decode == "device"
+        if data.pipeline.preset is not None:
+            # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
+            # this process, before the workers fork (they inherit the warned state)
+            data.pipeline.region_decoder_for_presets()
         self.seed, self.shuffle = seed, shuffle
         self.batch_size = batch_size
         self.num_workers = num_workers

@@ -110,7 +110,7 @@ class SamplePipeline:
         by_region = self.region_decode and region_decoder(self.jpeg_libraries) is not None
         return self.preset is not None and not by_region
 
-    def _region_decoder(self) -> RegionDecoder | None:
+    def region_decoder_for_presets(self) -> RegionDecoder | None:
         """The region decoder for a JPEG with a preset, or None: whole-image OpenCV decode, with a warning (once per
         process) when it is because no region decoder is available."""
         if self.preset is None or not self.region_decode:
@@ -152,7 +152,7 @@ class SamplePipeline:
             params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
             if out is None:
                 out = np.empty((self.image_size, self.image_size, 3), np.uint8)
-            decoder = self._region_decoder() if sample.codec == CODEC_CV_JPEG else None
+            decoder = self.region_decoder_for_presets() if sample.codec == CODEC_CV_JPEG else None
             decode_started = perf_counter()
             if decoder is not None:  # only the crop's rows/columns, at the smallest DCT scale that suffices
                 region = plan_region(sample.width, sample.height, params, self.image_size)
