@@ -33,8 +33,9 @@ from fastdata.bench_fair import (
 from fastdata.errors import ConfigError
 from fastdata.formats.manifest import read_manifest
 
-__all__ = ["UPPER_BOUND", "BenchConfig", "LoaderResult", "RunResult", "format_summary", "format_table",
-           "imagefolder_baseline", "run_bench", "time_loader"]
+__all__ = ["UPPER_BOUND", "BenchConfig", "Contender", "LoaderResult", "RunResult", "baseline_contender",
+           "fastdata_contender", "format_summary", "format_table", "imagefolder_baseline", "run_bench",
+           "run_contenders", "time_loader"]
 
 STEPS = ("none", "to-device")
 UPPER_BOUND = "synthetic upper bound"
@@ -269,51 +270,73 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
     results say "different inputs")."""
     manifest = read_manifest(path)
     say = progress or (lambda _line: None)
-    settings = config.settings
     with ExitStack() as stack:
         contenders: list[Contender] = []
         if baseline_imagefolder is not None:
             if export_dir is None:
                 export_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-bench-"))) / "export"
             baseline = choose_baseline(Path(path), Path(baseline_imagefolder), baseline_source, export_dir, say)
-            contenders.append(_baseline_contender(baseline, config))
+            contenders.append(baseline_contender(baseline, config))
             for note in baseline.notes():
                 say(f"bench: {note}")
 
-        def make_fastdata() -> Iterable:
-            from fastdata.loader import loader
-
-            return loader(path, batch_size=config.batch_size, augment=config.augment, image_size=config.image_size,
-                          **settings.loader_kwargs())
-
-        stored_bytes = manifest.data_bytes / max(1, manifest.num_samples)
-        files = dataset_files(path)
-        contenders.append(Contender(LoaderResult(f"fastdata ({manifest.format})"), make_fastdata, stored_bytes, files))
+        fast = fastdata_contender(path, config)
+        contenders.append(fast)
         if upper_bound:
             say(f"bench: holding up to {config.upper_bound_mb} MB of fastdata's batches in memory for the "
                 "synthetic upper bound")
-            batches, per_pass = collect_batches(make_fastdata(), config.upper_bound_mb * 10**6)
+            batches, per_pass = collect_batches(fast.make(), config.upper_bound_mb * 10**6)
             contenders.append(Contender(LoaderResult(UPPER_BOUND, role="upper-bound"),
-                                        lambda: MemoryBatches(batches, per_pass), stored_bytes, []))
-        if config.page_cache == "warm":
-            read = warm_page_cache(f for c in contenders for f in c.files)
-            say(f"bench: read every loader's files once before timing ({read / 1e6:,.1f} MB into the page cache)")
-
-        def run(contender: Contender, repeat: int) -> None:
-            result = contender.result
-            say(f"bench: {result.name}, run {repeat + 1}/{config.repeats} ({config.warmup_passes} untimed + "
-                f"{config.epochs} timed passes over {manifest.num_samples:,} images, step: {config.step})")
-            evict = (lambda: evict_page_cache(contender.files)) if config.page_cache == "cold" else None
-            result.runs.append(time_loader(result.name, contender.make, config.epochs, contender.bytes_per_image,
-                                           step=config.step, warmup_passes=config.warmup_passes,
-                                           before_timing=evict))
-
-        alternate(contenders, config.repeats, run)
-        return [c.result for c in contenders]
+                                        lambda: MemoryBatches(batches, per_pass), fast.bytes_per_image, []))
+        return run_contenders(contenders, config, say, f"{manifest.num_samples:,} images")
 
 
-def _baseline_contender(baseline: Baseline, config: BenchConfig) -> Contender:
-    name = "torchvision ImageFolder" + (" (original files)" if baseline.different_inputs else "")
+def run_contenders(contenders: list[Contender], config: BenchConfig, progress: Callable[[str], None] | None = None,
+                   what: str = "the data") -> list[LoaderResult]:
+    """Run every contender `config.repeats` times, alternating, each run `config.warmup_passes` untimed passes
+    then `config.epochs` timed ones over a freshly built loader; the files of every contender are read once
+    before any timing ("warm") or evicted before each timed run ("cold"). The one loop every bench and
+    benchmark script goes through, so that no contender is treated differently."""
+    say = progress or (lambda _line: None)
+    if config.page_cache == "warm":
+        read = warm_page_cache(f for c in contenders for f in c.files)
+        say(f"bench: read every loader's files once before timing ({read / 1e6:,.1f} MB into the page cache)")
+
+    def run(contender: Contender, repeat: int) -> None:
+        result = contender.result
+        say(f"bench: {result.name}, run {repeat + 1}/{config.repeats} ({config.warmup_passes} untimed + "
+            f"{config.epochs} timed passes over {what}, step: {config.step})")
+        evict = (lambda: evict_page_cache(contender.files)) if config.page_cache == "cold" else None
+        result.runs.append(time_loader(result.name, contender.make, config.epochs, contender.bytes_per_image,
+                                       step=config.step, warmup_passes=config.warmup_passes, before_timing=evict))
+
+    alternate(contenders, config.repeats, run)
+    return [c.result for c in contenders]
+
+
+def fastdata_contender(path: Path, config: BenchConfig, name: str | None = None,
+                       adjust: Callable[[Any], None] | None = None) -> Contender:
+    """fastdata.loader over the dataset at `path` with the bench's settings (`adjust(loader)` may change it
+    after it is built, e.g. to compare a variant of the pipeline)."""
+    manifest = read_manifest(path)
+    settings = config.settings
+
+    def make() -> Iterable:
+        from fastdata.loader import loader
+
+        built = loader(path, batch_size=config.batch_size, augment=config.augment, image_size=config.image_size,
+                       **settings.loader_kwargs())
+        if adjust is not None:
+            adjust(built)
+        return built
+
+    return Contender(LoaderResult(name or f"fastdata ({manifest.format})"), make,
+                     manifest.data_bytes / max(1, manifest.num_samples), dataset_files(path))
+
+
+def baseline_contender(baseline: Baseline, config: BenchConfig, name: str | None = None) -> Contender:
+    """The torchvision ImageFolder baseline over what `baseline` says it reads."""
+    name = name or "torchvision ImageFolder" + (" (original files)" if baseline.different_inputs else "")
     result = LoaderResult(name, role="baseline", inputs=baseline.inputs, notes=baseline.notes(),
                           different_inputs=baseline.different_inputs)
     per_image = sum(f.stat().st_size for f in baseline.files) / max(1, len(baseline.files))
