@@ -56,6 +56,8 @@ class BenchConfig:
     upper_bound_mb: int = 512  # memory the synthetic upper bound may hold batches in
     warmup_passes: int = WARMUP_PASSES  # untimed passes over each freshly built loader before the timed ones
     page_cache: str = "warm"  # "warm": every contender's files read once before timing; "cold": evicted per run
+    metered: bool = True  # time through fastdata.meter (timeline, data wait); False: a bare loop, for loops whose
+    # steps take microseconds, where the meter's own ~2 us a step and ~3 ms a pass would show
 
     def __post_init__(self) -> None:
         if self.step not in STEPS:
@@ -143,11 +145,12 @@ Step = Callable[[Any, Any], Any]
 
 def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_image: float,
                 step: str | Step | None = None, warmup_passes: int = WARMUP_PASSES,
-                before_timing: Callable[[], Any] | None = None) -> RunResult:
+                before_timing: Callable[[], Any] | None = None, metered: bool = True) -> RunResult:
     """Build a loader with `make()`, run `warmup_passes` untimed passes over it, then time `epochs` passes,
     doing `step` (a name from STEPS or a function of `(images, labels)`) with every batch of both. Without
     warm-up passes the clock starts before `make()`, so worker start-up is timed. `before_timing` runs
-    between the two (e.g. to evict the page cache). `first_batch_s`: from `make()` to the first batch."""
+    between the two (e.g. to evict the page cache). `first_batch_s`: from `make()` to the first batch. With
+    `metered`, the timed passes go through fastdata.meter (data wait, timeline, system figures)."""
     from fastdata.meter import meter
 
     work, finish = make_step(step)
@@ -172,10 +175,10 @@ def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_
     if before_timing is not None:
         before_timing()
     measure_from = time.perf_counter() if warmup_passes else started
-    metered = meter(loader, interval=0.5)
+    timed = meter(loader, interval=0.5) if metered else loader
     counted = 0
     for _ in range(epochs):
-        for images, labels in metered:
+        for images, labels in timed:
             if work is not None:
                 work(images, labels)
             first_batch_seen()
@@ -183,8 +186,10 @@ def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_
     if finish is not None:
         finish()
     seconds = time.perf_counter() - measure_from
-    report = metered.report()
-    del loader, metered
+    report = timed.report() if metered else None
+    del loader, timed
+    if report is None:
+        return RunResult(name, counted, seconds, first_batch_s or 0.0, bytes_per_image)
     return RunResult(name, counted, seconds, first_batch_s or 0.0, bytes_per_image,
                      data_wait_fraction=report.data_wait_fraction, timeline=report.timeline, system=report.system)
 
@@ -308,7 +313,8 @@ def run_contenders(contenders: list[Contender], config: BenchConfig, progress: C
             f"{config.epochs} timed passes over {what}, step: {config.step})")
         evict = (lambda: evict_page_cache(contender.files)) if config.page_cache == "cold" else None
         result.runs.append(time_loader(result.name, contender.make, config.epochs, contender.bytes_per_image,
-                                       step=config.step, warmup_passes=config.warmup_passes, before_timing=evict))
+                                       step=config.step, warmup_passes=config.warmup_passes, before_timing=evict,
+                                       metered=config.metered))
 
     alternate(contenders, config.repeats, run)
     return [c.result for c in contenders]

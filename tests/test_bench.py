@@ -166,6 +166,10 @@ def test_warmup_passes_are_untimed_and_alike():
     passes.clear()
     run = time_loader("x", Passes, epochs=2, bytes_per_image=1.0, warmup_passes=0)
     assert len(passes) == 2 and run.images == 2 * 6 and run.first_batch_s > 0
+    assert run.data_wait_fraction is not None  # timed through fastdata.meter
+    passes.clear()
+    run = time_loader("x", Passes, epochs=1, bytes_per_image=1.0, metered=False)  # a bare loop
+    assert len(passes) == 2 and run.images == 6 and run.data_wait_fraction is None and run.timeline == {}
 
 
 def test_page_cache_helpers(tmp_path):
