@@ -3,7 +3,8 @@
 run, so the ratio is measured, not guessed; optionally a synthetic upper bound (the same batches served from
 memory through the same step), so that the distance to "data loading costs nothing" is measured too. The
 fairness rules (settings, warm-up, page cache, alternating repeats, median of per-run ratios) are
-`fastdata.bench_fair`'s. Every run goes through `fastdata.meter`, whose timeline feeds `--plot` and `--json`
+`fastdata.bench_fair`'s; `run_contenders` applies them, here and in every script in benchmarks/. Every run
+goes through `fastdata.meter` (unless `metered=False`), whose timeline feeds `--plot` and `--json`
 (`fastdata.bench_report`)."""
 
 from __future__ import annotations
