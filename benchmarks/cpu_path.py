@@ -191,7 +191,7 @@ def run_workload(title: str, contenders: list[Contender], config: BenchConfig, c
           f"{config.batch_size}, {config.num_workers} workers, {config.repeats} alternating runs")
     results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True))
     baseline = results[0]
-    width = max(len(r.name) for r in results) + 2
+    width = max(len(name) for name in [*(r.name for r in results), f"decode-only ceiling: {ceiling_name}"])
     print(f"\n| {'loader':<{width}} | images/s | vs baseline | of ceiling | first batch s | peak RSS MB |")
     print(f"|{'-' * (width + 2)}|---------:|------------:|-----------:|--------------:|------------:|")
     for r in results:
