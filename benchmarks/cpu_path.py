@@ -1,19 +1,25 @@
 """The CPU path against its peers and against the decode ceiling, on the same stored bytes, in one run.
 
 Workloads (2 workers = the machine's cores by default, batch 128, uint8 [B, 3, 224, 224] out):
-  1. full-size stored JPEGs (the ImageFolder's own files; the LMDB holds the same bytes), train preset
-     (RandomResizedCrop 224 + flip): torchvision ImageFolder + PIL transforms (the baseline), torchvision.io decode +
-     v2 transforms (the fastest existing pipeline), fastdata (region decode), fastdata with whole-image OpenCV decode
-     (what region decoding buys), and the decode-only ceiling: the fastest whole-image decoder of four (OpenCV,
-     torchvision.io, Pillow, libjpeg-turbo through fastdata's extension), timed alone on one core, then run on all
-     cores over every image in memory, with nothing else to do;
+  1. full-size stored JPEGs (the ImageFolder's own files, less any the conversion rejected; the LMDB holds the
+     same bytes), train preset (RandomResizedCrop 224 + flip): torchvision ImageFolder + PIL transforms (the
+     baseline), torchvision.io decode + v2 transforms, fastdata (region decode), fastdata with whole-image OpenCV
+     decode (what region decoding buys), the optional peers FFCV and NVIDIA DALI (CPU operators), and the
+     decode-only ceiling: the fastest whole-image decoder of four (OpenCV, torchvision.io, Pillow, libjpeg-turbo
+     through fastdata's extension), timed alone on one core, then run on all cores over every image in memory,
+     with nothing else to do;
   2. the same, val preset (resize to 256, centre crop 224);
-  3. stored at max side 256 as JPEG q90 (`fastdata convert --max-size 256`): the baseline and torchvision.io run on
-     an ImageFolder of those very bytes.
-Each contender runs `--repeats` times, alternating; the table gives medians, the median per-run ratio to the
-baseline run beside it, the share of the decode ceiling, time to first batch and peak RSS (loader + workers).
+  3. stored at max side 256 as JPEG q90 (`fastdata convert --max-size 256`): the baseline, torchvision.io and DALI
+     read an ImageFolder exported from that dataset (its very bytes); FFCV reads the .beton its own writer made
+     with max_resolution=256 from the same source files.
+FFCV always stores what its writer re-encodes (JPEG q90), so its rows read FFCV's bytes, not the others': the row
+says so. Every contender gets fastdata.loader's DataLoader settings (FFCV and DALI: as many threads as workers),
+one untimed pass, the page cache warmed with its files, and `--repeats` alternating runs
+(`fastdata.bench.run_contenders`); the table gives medians, the median per-run ratio to the baseline, the share
+of the decode ceiling, time to first batch and peak RSS (loader + workers). A peer that cannot be imported is left
+out, with the reason printed (install: benchmarks/README.md).
 
-    flock -x /tmp/cpu.lock python benchmarks/cpu_path.py --images 3000 --repeats 3
+    flock -x /tmp/cpu.lock python benchmarks/cpu_path.py --images 4000 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """
@@ -23,33 +29,44 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing
-import shutil
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
-from fastdata.bench import BenchConfig, RunResult, imagefolder_baseline, time_loader
+from fastdata.bench import (
+    BenchConfig,
+    Contender,
+    LoaderResult,
+    RunResult,
+    baseline_contender,
+    fastdata_contender,
+    run_contenders,
+)
+from fastdata.bench_baseline import Baseline, choose_baseline, source_baseline
 from fastdata.convert import convert_imagefolder
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.jpeg_region import Region, region_decoder
-from fastdata.loader import loader
 from fastdata.sample import cached_sample_imagefolder
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_contender
 
 # ---------------------------------------------------------------------------------------------- peers
 
 
-def torchvision_io_v2(src: Path, config: BenchConfig) -> Callable[[], Iterable]:
-    """ImageFolder files read with torchvision.io, decoded to uint8 tensors, transformed by transforms.v2."""
+def torchvision_io_v2(source: Baseline, config: BenchConfig) -> Contender:
+    """The baseline's files read with torchvision.io, decoded to uint8 tensors, transformed by transforms.v2."""
     import torch
     from torchvision import datasets
     from torchvision.io import ImageReadMode, decode_image, read_file
     from torchvision.transforms import v2
 
-    size = config.image_size
+    size, settings, skip = config.image_size, config.settings, source.excluded_paths
     if config.augment == "train":
         transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
     else:
@@ -58,28 +75,22 @@ def torchvision_io_v2(src: Path, config: BenchConfig) -> Callable[[], Iterable]:
     def load(path: str):
         return decode_image(read_file(path), mode=ImageReadMode.RGB)
 
+    def valid(path: str) -> bool:
+        return path.lower().endswith((".jpg", ".jpeg", ".png")) and \
+            Path(path).relative_to(source.root).as_posix() not in skip
+
     def make() -> Iterable:
-        data = datasets.DatasetFolder(str(src), loader=load, extensions=(".jpg", ".jpeg", ".png"),
-                                      transform=transform)
+        data = datasets.DatasetFolder(str(source.root), loader=load, is_valid_file=valid, transform=transform,
+                                      allow_empty=True)
         return torch.utils.data.DataLoader(data, batch_size=config.batch_size, shuffle=True,
-                                           num_workers=config.num_workers, worker_init_fn=_one_thread)
+                                           **settings.dataloader_kwargs())
 
-    return make
-
-
-def _one_thread(_worker_id: int) -> None:
-    import torch
-
-    torch.set_num_threads(1)
+    per_image = sum(p.stat().st_size for p in source.files) / max(1, len(source.files))
+    return Contender(LoaderResult("torchvision.io decode + v2 transforms"), make, per_image, list(source.files))
 
 
-def fastdata_loader(path: Path, config: BenchConfig, region: bool = True) -> Callable[[], Iterable]:
-    def make() -> Iterable:
-        batches = loader(path, batch_size=config.batch_size, augment=config.augment, num_workers=config.num_workers)
-        batches.dataset.pipeline.region_decode = region  # False: the whole-image OpenCV decode, for comparison
-        return batches
-
-    return make
+def whole_image_decode(loader) -> None:
+    loader.dataset.pipeline.region_decode = False  # the whole-image OpenCV decode, for comparison
 
 
 # ---------------------------------------------------------------------------------------------- decode ceiling
@@ -159,44 +170,37 @@ def stored_bytes(path: Path) -> tuple[list[bytes], list[str]]:
     return [reader.read(i) for i in range(manifest.num_samples)], [reader.key(i) for i in range(manifest.num_samples)]
 
 
-def as_imagefolder(path: Path, out: Path) -> Path:
-    """An ImageFolder tree of the LMDB's stored bytes (so that the peers read exactly what fastdata reads)."""
-    if out.exists():
-        shutil.rmtree(out)
-    datas, keys = stored_bytes(path)
-    for data, key in zip(datas, keys, strict=True):
-        target = out / Path(key).with_suffix(".jpg")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    return out
-
-
 def peak_rss_mb(run: RunResult) -> float:
     return float((run.system or {}).get("rss_mb") or float("nan"))
 
 
-def run_workload(title: str, contenders: list[tuple[str, Callable[[], Iterable]]], config: BenchConfig,
-                 ceiling: float, ceiling_name: str) -> None:
-    runs: dict[str, list[RunResult]] = {name: [] for name, _ in contenders}
-    print(f"\n## {title}: {config.epochs} epochs per run, batch {config.batch_size}, {config.num_workers} workers, "
-          f"{config.repeats} alternating runs")
-    for repeat in range(config.repeats):
-        for name, make in contenders:
-            run = time_loader(name, make, config.epochs, 0.0)
-            runs[name].append(run)
-            print(f"  run {repeat + 1}: {name:<50} {run.images_per_s:8,.0f} images/s")
-    baseline = [r.images_per_s for r in runs[contenders[0][0]]]
-    print(f"\n| {'loader':<50} | images/s | vs baseline | of ceiling | first batch s | peak RSS MB |")
-    print(f"|{'-' * 52}|---------:|------------:|-----------:|--------------:|------------:|")
-    for name, _ in contenders:
-        rates = [r.images_per_s for r in runs[name]]
-        ratio = statistics.median(rate / base for rate, base in zip(rates, baseline, strict=True))
-        median = statistics.median(rates)
-        print(f"| {name:<50} | {median:8,.0f} | {ratio:10.2f}x | {median / ceiling:9.0%} | "
-              f"{statistics.median(r.first_batch_s for r in runs[name]):13.2f} | "
-              f"{statistics.median(peak_rss_mb(r) for r in runs[name]):11,.0f} |")
-    print(f"| {'decode-only ceiling: ' + ceiling_name:<50} | {ceiling:8,.0f} | "
-          f"{statistics.median(ceiling / b for b in baseline):10.2f}x | {1:9.0%} | {'':>13} | {'':>11} |")
+def with_peers(contenders: list[Contender], peers: list[Callable[[], Contender]]) -> list[Contender]:
+    """`contenders` plus each peer that can be built here; a peer that cannot is left out, with the reason."""
+    out = list(contenders)
+    for build in peers:
+        try:
+            out.append(build())
+        except PeerUnavailable as exc:
+            print(f"  (row left out: {exc})")
+    return out
+
+
+def run_workload(title: str, contenders: list[Contender], config: BenchConfig, ceiling: float,
+                 ceiling_name: str) -> None:
+    print(f"\n## {title}: {config.warmup_passes} untimed + {config.epochs} timed passes per run, batch "
+          f"{config.batch_size}, {config.num_workers} workers, {config.repeats} alternating runs")
+    results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True))
+    baseline = results[0]
+    width = max(len(name) for name in [*(r.name for r in results), f"decode-only ceiling: {ceiling_name}"])
+    print(f"\n| {'loader':<{width}} | images/s | vs baseline | of ceiling | first batch s | peak RSS MB |")
+    print(f"|{'-' * (width + 2)}|---------:|------------:|-----------:|--------------:|------------:|")
+    for r in results:
+        print(f"| {r.name:<{width}} | {r.images_per_s:8,.0f} | {r.ratio_to(baseline):10.2f}x | "
+              f"{r.images_per_s / ceiling:9.0%} | {r.first_batch_s:13.2f} | "
+              f"{statistics.median(peak_rss_mb(run) for run in r.runs):11,.0f} |")
+    base_rates = [run.images_per_s for run in baseline.runs]
+    print(f"| {'decode-only ceiling: ' + ceiling_name:<{width}} | {ceiling:8,.0f} | "
+          f"{statistics.median(ceiling / b for b in base_rates):10.2f}x | {1:9.0%} | {'':>13} | {'':>11} |")
 
 
 def main() -> None:
@@ -208,6 +212,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=None, help="default: the usable cores")
     parser.add_argument("--workloads", default="train,val,256", help="comma-separated subset of train,val,256")
+    parser.add_argument("--no-peers", action="store_true", help="leave FFCV and DALI out")
     args = parser.parse_args()
     workloads = set(args.workloads.split(","))
 
@@ -217,14 +222,19 @@ def main() -> None:
     for out, max_size in ((full, None), (small, 256)):
         if not out.exists():
             convert_imagefolder(src, out, progress=False, max_size=max_size, quality=90)
-    small_src = as_imagefolder(small, args.data / f"cpu-path-{args.images}-256-imagefolder")
+    full_source = source_baseline(src, read_manifest(full))  # the stored bytes are the source's own
+    small_source = choose_baseline(small, src, export_dir=args.data / f"cpu-path-{args.images}-256-export",
+                                   progress=print)  # an ImageFolder of the 256 dataset's stored bytes
+    for line in full_source.notes() + small_source.notes():
+        print(line)
 
     train = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment="train", workers=args.workers,
                         repeats=args.repeats)
     val = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment="val", workers=args.workers,
                       repeats=args.repeats)
-    processes = train.num_workers
-    print(f"{args.images} images; {processes} processes for loaders and the decode ceiling")
+    processes = max(1, train.num_workers)
+    print(f"{args.images} images; {processes} processes for loaders and the decode ceiling; DataLoader settings "
+          f"{train.settings}")
 
     ceilings = {}
     for label, path in (("full-size", full), ("max side 256", small)):
@@ -238,25 +248,43 @@ def main() -> None:
         ceilings[label] = (decode_ceiling(fastest, datas, processes), f"{fastest} x{processes}")
         print(f"  ceiling: {fastest} on {processes} processes: {ceilings[label][0]:,.0f} images/s")
 
+    betons: dict[str, Path] = {}
+
+    def beton(max_resolution: int | None) -> Path:
+        key = f"ffcv-{args.images}-{max_resolution or 'full'}"
+        if key not in betons:
+            betons[key] = ffcv_beton(full_source, args.data / f"{key}.beton", max_resolution, processes)
+        return betons[key]
+
+    def peers(source: Baseline, config: BenchConfig, max_resolution: int | None) -> list[Callable[[], Contender]]:
+        if args.no_peers:
+            return []
+        stored = f"its writer's .beton, max_resolution={max_resolution}" if max_resolution else \
+            "its writer's .beton, full size"
+        return [lambda: ffcv_contender(beton(max_resolution), config, f"FFCV ({stored}, re-encoded JPEG q90)"),
+                lambda: dali_contender(source, config, "NVIDIA DALI, CPU operators" + (
+                    " (ROI decode)" if config.augment == "train" else ""))]
+
+    baseline = "torchvision ImageFolder + PIL (baseline)"
     if "train" in workloads:
-        run_workload("full-size stored JPEGs, train preset (RandomResizedCrop 224 + flip)", [
-            ("torchvision ImageFolder + PIL (baseline)", imagefolder_baseline(src, train)),
-            ("torchvision.io decode + v2 transforms", torchvision_io_v2(src, train)),
-            ("fastdata (region decode)", fastdata_loader(full, train)),
-            ("fastdata (whole-image OpenCV decode)", fastdata_loader(full, train, region=False)),
-        ], train, *ceilings["full-size"])
+        run_workload("full-size stored JPEGs, train preset (RandomResizedCrop 224 + flip)", with_peers([
+            baseline_contender(full_source, train, baseline),
+            torchvision_io_v2(full_source, train),
+            fastdata_contender(full, train, "fastdata (region decode)"),
+            fastdata_contender(full, train, "fastdata (whole-image OpenCV decode)", adjust=whole_image_decode),
+        ], peers(full_source, train, None)), train, *ceilings["full-size"])
     if "val" in workloads:
-        run_workload("full-size stored JPEGs, val preset (resize 256 + centre crop 224)", [
-            ("torchvision ImageFolder + PIL (baseline)", imagefolder_baseline(src, val)),
-            ("torchvision.io decode + v2 transforms", torchvision_io_v2(src, val)),
-            ("fastdata (region decode)", fastdata_loader(full, val)),
-        ], val, *ceilings["full-size"])
+        run_workload("full-size stored JPEGs, val preset (resize 256 + centre crop 224)", with_peers([
+            baseline_contender(full_source, val, baseline),
+            torchvision_io_v2(full_source, val),
+            fastdata_contender(full, val, "fastdata (region decode)"),
+        ], peers(full_source, val, None)), val, *ceilings["full-size"])
     if "256" in workloads:
-        run_workload("stored at max side 256, JPEG q90 (--max-size 256), train preset", [
-            ("torchvision ImageFolder + PIL (baseline)", imagefolder_baseline(small_src, train)),
-            ("torchvision.io decode + v2 transforms", torchvision_io_v2(small_src, train)),
-            ("fastdata (region decode)", fastdata_loader(small, train)),
-        ], train, *ceilings["max side 256"])
+        run_workload("stored at max side 256, JPEG q90 (--max-size 256), train preset", with_peers([
+            baseline_contender(small_source, train, baseline),
+            torchvision_io_v2(small_source, train),
+            fastdata_contender(small, train, "fastdata (region decode)"),
+        ], peers(small_source, train, 256)), train, *ceilings["max side 256"])
 
 
 if __name__ == "__main__":

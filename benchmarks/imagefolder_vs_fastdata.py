@@ -1,8 +1,18 @@
-"""Reproducible throughput benchmark: torchvision ImageFolder + DataLoader vs fastdata.loader, same run.
+"""Reproducible throughput benchmark: torchvision ImageFolder + DataLoader vs fastdata.loader, same run, same bytes.
 
 Generates an ImageNet-like ImageFolder (photo crops of about 500x375, some progressive / grayscale / PNG)
-under benchmarks/data/, converts it to LMDB and WebDataset, and times every loader with the same transform,
-batch size and workers, alternating them over --repeats runs; prints medians and ratios to the baseline.
+under benchmarks/data/, converts it to LMDB, to WebDataset and to LMDB with `--max-size 256`, and times the
+loaders in two tables, each on one set of stored bytes:
+
+1. full size: the ImageFolder's own files (less any the conversion rejected) against fastdata's LMDB and
+   WebDataset conversions, which store those very bytes;
+2. `--max-size 256`: an ImageFolder exported from the 256 dataset (its stored bytes, written out as files)
+   against fastdata's LMDB of them. (Comparing the 256 dataset with the full-size source would time different
+   inputs; `fastdata bench --baseline-source` does that on request, and says so.)
+
+Every contender gets fastdata.loader's DataLoader settings, the same transform and batch size, one untimed pass,
+its files read once before timing, and --repeats alternating runs (`fastdata.bench.run_contenders`); the tables
+give medians, and ratios that are medians of the per-run ratios.
 
     python benchmarks/imagefolder_vs_fastdata.py --images 3000 --repeats 3
 
@@ -13,21 +23,34 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import time
 from pathlib import Path
 
-from fastdata.bench import BenchConfig, LoaderResult, format_table, imagefolder_baseline, time_loader
+from fastdata.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
+from fastdata.bench_baseline import choose_baseline
+from fastdata.bench_fair import DEFAULT_REPEATS
 from fastdata.convert import convert_imagefolder
-from fastdata.loader import loader
 from fastdata.sample import cached_sample_imagefolder
+
+
+def print_table(title: str, results: list[LoaderResult]) -> None:
+    base = results[0]
+    print(f"\n{title}\n")
+    print("| loader | images/s | vs ImageFolder | MB/s | first batch s |")
+    print("|---|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r.name} | {r.images_per_s:,.0f} | {r.ratio_to(base):.2f}x | {r.mb_per_s:,.1f} | "
+              f"{r.first_batch_s:.2f} |")
+    for r in results[1:]:
+        ratios = [run.images_per_s / b.images_per_s for run, b in zip(r.runs, base.runs, strict=True)]
+        print(f"  per-run ratios, {r.name}: {', '.join(f'{x:.2f}' for x in ratios)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
     parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=None)
@@ -51,27 +74,30 @@ def main() -> None:
 
     config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment=args.augment,
                          workers=args.workers, repeats=args.repeats)
-    bytes_per_image = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()) / args.images
-    contenders = [(LoaderResult("torchvision ImageFolder"), imagefolder_baseline(src, config), bytes_per_image)]
-    for name, out in outputs.items():
-        def make(out: Path = out):
-            return loader(out, batch_size=config.batch_size, augment=config.augment, num_workers=config.num_workers)
-        stored = sum(p.stat().st_size for p in out.iterdir()) / args.images
-        contenders.append((LoaderResult(f"fastdata {name}"), make, stored))
-    print(f"\n{args.epochs} epochs x {args.images} images, batch {config.batch_size}, {config.num_workers} workers, "
-          f"augment={config.augment}, {config.repeats} alternating runs each")
-    for repeat in range(config.repeats):
-        for result, make, bpi in contenders:
-            run = time_loader(result.name, make, config.epochs, bpi)
-            result.runs.append(run)
-            print(f"  run {repeat + 1}: {result.name:<30} {run.images_per_s:8,.0f} images/s")
-    print()
-    print(format_table([r for r, _, _ in contenders]))
-    base = [r.images_per_s for r in contenders[0][0].runs]
-    for result, _, _ in contenders[1:]:
-        ratios = [r.images_per_s / b for r, b in zip(result.runs, base, strict=True)]
-        print(f"per-run ratio {result.name:<30} median {statistics.median(ratios):.2f}x  "
-              f"({', '.join(f'{x:.2f}' for x in ratios)})")
+    small = outputs["lmdb --max-size 256"]
+    export = args.data / f"imagefolder-{args.images}-256-export"
+    if export.exists():
+        shutil.rmtree(export)  # the dataset was just rebuilt: so is its export
+    full_source = choose_baseline(outputs["lmdb"], src)
+    small_source = choose_baseline(small, src, export_dir=export, progress=print)
+    print(f"\n{config.warmup_passes} untimed + {config.epochs} timed passes x {args.images} images per run, batch "
+          f"{config.batch_size}, augment={config.augment}, {config.repeats} alternating runs each, DataLoader "
+          f"settings {config.settings}")
+    for line in full_source.notes() + small_source.notes():
+        print(line)
+
+    def progress(line: str) -> None:
+        print(f"  {line}", flush=True)
+
+    full = run_contenders([baseline_contender(full_source, config, "torchvision ImageFolder + DataLoader (PIL)"),
+                           fastdata_contender(outputs["lmdb"], config, "`fastdata.loader`, LMDB"),
+                           fastdata_contender(outputs["wds"], config, "`fastdata.loader`, WebDataset")],
+                          config, progress)
+    resized = run_contenders([baseline_contender(small_source, config, "torchvision ImageFolder + DataLoader (PIL), "
+                                                                       "exported from the 256 dataset"),
+                              fastdata_contender(small, config, "`fastdata.loader`, LMDB")], config, progress)
+    print_table("full size: the source's own bytes", full)
+    print_table("stored at max side 256 (`--max-size 256`, JPEG q90): the same stored bytes for both", resized)
 
 
 if __name__ == "__main__":

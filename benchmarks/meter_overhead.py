@@ -1,6 +1,7 @@
 """What `fastdata.meter` costs per step: a loop over batches already in memory, plain and metered, in the same
-run (alternating, medians of --repeats), so the difference is the meter's own work per step. Then a loop
-whose step takes 10 ms (busy wait, which is steadier than sleep), plain and metered, as a share of the step.
+run (one untimed pass each, then --repeats alternating runs; the overhead is the median of the per-run
+differences), so the difference is the meter's own work per step. Then a loop whose step takes 10 ms (busy
+wait, which is steadier than sleep), plain and metered, as a share of the step.
 
     python benchmarks/meter_overhead.py --steps 200000 --repeats 5
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 import fastdata
+from fastdata.bench_fair import alternate
 
 
 def loop(iterable: Iterable, work: Callable[[], None] | None) -> float:
@@ -41,14 +43,24 @@ def busy(seconds: float) -> Callable[[], None]:
 
 
 def measure(batches: list, repeats: int, work: Callable[[], None] | None, **meter_options) -> tuple[float, float]:
-    """(median plain seconds per step, median metered seconds per step), runs alternating."""
-    plain, metered = [], []
-    for _ in range(repeats):
-        plain.append(loop(batches, work) / len(batches))
+    """(median plain seconds per step, that + the median of the per-run overheads), after one untimed pass
+    each, runs alternating."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+
+    def run(metered: bool, _repeat: int) -> None:
+        if not metered:
+            times[False].append(loop(batches, work) / len(batches))
+            return
         m = fastdata.meter(batches, **meter_options)
-        metered.append(loop(m, work) / len(batches))
+        times[True].append(loop(m, work) / len(batches))
         m.report()  # as a user would; not timed
-    return statistics.median(plain), statistics.median(metered)
+
+    alternate([False, True], 1, run)  # the warm-up pass of each
+    times[False].clear()
+    times[True].clear()
+    alternate([False, True], repeats, run)
+    plain = statistics.median(times[False])
+    return plain, plain + statistics.median(m - p for p, m in zip(times[False], times[True], strict=True))
 
 
 def main() -> None:

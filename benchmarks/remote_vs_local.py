@@ -3,7 +3,10 @@
 Generates the sample ImageFolder, converts it with --format wds, serves the shard directory with
 `python -m http.server` in its own process, and times `fastdata.loader` over the local directory and over the
 URL: without a cache (each worker downloads and verifies the shards it reads), with a cold cache (each shard
-downloaded once) and with a warm one. Same transform, batch size and workers; medians over --repeats runs.
+downloaded once) and with a warm one. Same transform, batch size and DataLoader settings (fastdata.loader's,
+`fastdata.bench_fair.loader_settings`); the shard files are read once before timing (the server reads the same
+files); no warm-up pass for any contender, since the first epoch's downloads are what is measured; --repeats
+alternating runs, medians, and "vs local" as the median of the per-run ratios.
 
     python benchmarks/remote_vs_local.py --images 1000 --repeats 3
 
@@ -25,6 +28,14 @@ import urllib.request
 from pathlib import Path
 
 import fastdata
+from fastdata.bench_fair import (
+    DEFAULT_REPEATS,
+    alternate,
+    dataset_files,
+    loader_settings,
+    median_ratio,
+    warm_page_cache,
+)
 from fastdata.sample import cached_sample_imagefolder
 
 
@@ -37,8 +48,8 @@ def free_port() -> int:
 def measure(path: str, args: argparse.Namespace, **options) -> tuple[float, float, float]:
     """(seconds to the first batch, images/s after it, images/s end to end) over `args.epochs` epochs of a
     fresh loader. Remote loading pays its downloads before the first batch of each epoch it downloads in."""
-    loader = fastdata.loader(path, batch_size=args.batch_size, augment="train", image_size=224,
-                             num_workers=args.workers, seed=0, **options)
+    loader = fastdata.loader(path, batch_size=args.batch_size, augment="train", image_size=224, seed=0,
+                             **loader_settings(args.workers).loader_kwargs(), **options)
     started = time.perf_counter()
     first = steady_from = 0.0
     images = steady_images = 0
@@ -60,7 +71,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--shard-size", default="16MB")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2)
@@ -88,20 +99,28 @@ def main() -> None:
                 time.sleep(0.1)
         results: dict[str, list[tuple[float, float, float]]] = {
             "local disk": [], "HTTP, no cache": [], "HTTP, cold cache": [], "HTTP, warm cache": []}
-        for _ in range(args.repeats):  # alternate the contenders so that drift hits them alike
-            results["local disk"].append(measure(str(shards), args))
-            results["HTTP, no cache"].append(measure(url, args))
-            with tempfile.TemporaryDirectory() as cache:
-                results["HTTP, cold cache"].append(measure(url, args, cache_dir=cache))
-                results["HTTP, warm cache"].append(measure(url, args, cache_dir=cache))
+        warm_page_cache(dataset_files(shards))
+
+        def run(contender: str, _repeat: int) -> None:
+            if contender == "local":
+                results["local disk"].append(measure(str(shards), args))
+            elif contender == "no cache":
+                results["HTTP, no cache"].append(measure(url, args))
+            else:  # the same cache directory, first cold, then warm
+                with tempfile.TemporaryDirectory() as cache:
+                    results["HTTP, cold cache"].append(measure(url, args, cache_dir=cache))
+                    results["HTTP, warm cache"].append(measure(url, args, cache_dir=cache))
+
+        alternate(["local", "no cache", "cache"], args.repeats, run)  # so that drift hits them alike
     finally:
         server.terminate()
         server.wait()
-    medians = {name: [statistics.median(v[i] for v in values) for i in range(3)] for name, values in results.items()}
-    local = medians["local disk"][2]
+    local = [overall for _, _, overall in results["local disk"]]
     print(f"\n{'loader':<18} {'first batch s':>13} {'images/s after':>14} {'images/s all':>12} {'vs local':>9}")
-    for name, (first, steady, overall) in medians.items():
-        print(f"{name:<18} {first:>13.2f} {steady:>14,.0f} {overall:>12,.0f} {overall / local:>8.2f}x")
+    for name, values in results.items():
+        first, steady, overall = (statistics.median(v[i] for v in values) for i in range(3))
+        ratio = median_ratio([v[2] for v in values], local)
+        print(f"{name:<18} {first:>13.2f} {steady:>14,.0f} {overall:>12,.0f} {ratio:>8.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -1,18 +1,23 @@
-"""Reproducible text benchmark: conversion tokens/s against `tokenizers`' own batched encoder (the ceiling),
-and packed-block loading tokens/s against random blocks read from a flat `np.memmap` of the same tokens.
+"""Reproducible text benchmark: conversion tokens/s against `tokenizers`' fastest batched encoder (the ceiling),
+and packed-block loading tokens/s against in-process slicing of a flat `np.memmap` of the same tokens.
 
 Builds (once, under benchmarks/data/text/) a corpus of real English text from files on this machine and a
 32k byte-level BPE tokenizer trained on part of it (see text_corpus.py). Then, alternating the contenders
-over --repeats runs and printing medians and ratios measured in the same run:
+over --repeats runs and printing medians and medians of per-run ratios measured in the same run:
 
-- conversion: `fastdata.convert_text` to LMDB and to WebDataset (whole runs: reading, JSON parsing,
-  tokenizing, writing, hashing, manifest) vs `Tokenizer.encode_batch` / `encode_batch_fast` over the same
-  texts already in memory, and `encode` one document at a time. Each runs in a fresh process; the peak RSS
-  growth over the process after its imports is shown (the ceilings hold the whole corpus in memory).
-- loading: random blocks of --seq-len tokens (+1 for the labels), batches of --batch-size, as
-  {"input_ids", "labels"} int64: `fastdata.loader` (LMDB, WebDataset) with --workers workers; a flat uint16
-  memmap through a DataLoader one block per item (nanoGPT-style dataset) and with whole-batch fetches; and
-  in-process memmap slicing without a DataLoader (the ceiling).
+- conversion: `Tokenizer.encode_batch_fast` over the texts already in memory (the ceiling: the tokenizer's
+  fastest batched call, the one fastdata uses), `encode_batch` (same ids, with offsets), `fastdata.convert_text`
+  to LMDB and to WebDataset (whole runs: reading, JSON parsing, tokenizing, writing, hashing, manifest), and
+  `encode` one document at a time (on the first --one-at-a-time-mb of the corpus). Each runs in a fresh
+  process (no warm-up for any); the corpus file is read once before the runs; the peak RSS growth over the
+  process after its imports is shown (the in-memory rows hold the whole corpus).
+- loading: one epoch of random blocks of --seq-len tokens (+1 for the labels), batches of --batch-size, as
+  int64 {"input_ids", "labels"} (text_loaders.py): in-process memmap slicing without a DataLoader (the ceiling);
+  nanoGPT's own `get_batch` (in-process, random offsets, no DataLoader); a map-style Dataset over the memmap
+  through a DataLoader, one block per item and one batch per item; HF `datasets` through a DataLoader (optional:
+  left out, with the reason, when `datasets` is not installed); `fastdata.loader` (LMDB, WebDataset). Every
+  DataLoader gets fastdata.loader's settings with --workers workers, every loader one untimed epoch first,
+  and every file is read once before timing (`fastdata.bench.run_contenders`).
 
     python benchmarks/text_throughput.py --mb 80 --repeats 3
 
@@ -30,15 +35,18 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+
+from fastdata.bench import BenchConfig, Contender, LoaderResult, run_contenders
+from fastdata.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 from text_corpus import build_corpus, iter_texts, train_tokenizer
+from text_loaders import fastdata_contender, hf_blocks, hf_contender, memmap_contenders
 
 # ------------------------------------------------------------------------------------------ conversion
 
@@ -102,68 +110,6 @@ def _in_fresh_process(fn: Callable, *args) -> dict:
 # --------------------------------------------------------------------------------------------- loading
 
 
-class MemmapBlocks(Dataset):
-    """nanoGPT-style: item k = block k of the flat token file, as int64 input/labels."""
-
-    def __init__(self, path: Path, seq_len: int) -> None:
-        self.path, self.seq_len = path, seq_len
-        self.blocks = (path.stat().st_size // 2 - 1) // seq_len
-        self._data: np.ndarray | None = None
-
-    def _tokens(self) -> np.ndarray:
-        if self._data is None:
-            self._data = np.memmap(self.path, dtype=np.uint16, mode="r")
-        return self._data
-
-    def __len__(self) -> int:
-        return self.blocks
-
-    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
-        block = torch.from_numpy(self._tokens()[k * self.seq_len:(k + 1) * self.seq_len + 1].astype(np.int64))
-        return {"input_ids": block[:-1], "labels": block[1:]}
-
-    def batch(self, ks: list[int]) -> dict[str, torch.Tensor]:
-        data, n = self._tokens(), self.seq_len
-        rows = np.stack([data[k * n:(k + 1) * n + 1] for k in ks]).astype(np.int64)
-        return {"input_ids": torch.from_numpy(np.ascontiguousarray(rows[:, :-1])),
-                "labels": torch.from_numpy(np.ascontiguousarray(rows[:, 1:]))}
-
-
-class MemmapBatches(Dataset):
-    """Whole-batch fetches: item = list of block indices -> one batch (HF datasets' batched __getitems__)."""
-
-    def __init__(self, blocks: MemmapBlocks) -> None:
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, ks: list[int]) -> dict[str, torch.Tensor]:
-        return self.blocks.batch(ks)
-
-
-def _memmap_ceiling(blocks: MemmapBlocks, batch_size: int, seed: int) -> Iterator[dict[str, torch.Tensor]]:
-    order = np.random.default_rng(seed).permutation(len(blocks))
-    for start in range(0, len(order) - batch_size + 1, batch_size):
-        yield blocks.batch(order[start:start + batch_size].tolist())
-
-
-def _time_batches(batches: Iterator[dict[str, torch.Tensor]], limit: int) -> tuple[float, float]:
-    """(tokens/s after the first batch, seconds to the first batch) over at most `limit` batches."""
-    started = time.perf_counter()
-    first_at, tokens = None, 0
-    for count, batch in enumerate(batches, 1):
-        if first_at is None:
-            first_at = time.perf_counter()
-        else:
-            tokens += batch["input_ids"].numel()
-        if count >= limit:
-            break
-    end = time.perf_counter()
-    assert first_at is not None
-    return tokens / (end - first_at), first_at - started
-
-
 def write_flat_stream(dataset_path: Path, out: Path) -> Path:
     """The dataset's documents, each followed by its end-of-text token, as one flat uint16 file."""
     import fastdata
@@ -180,24 +126,73 @@ def write_flat_stream(dataset_path: Path, out: Path) -> Path:
 # ------------------------------------------------------------------------------------------------ main
 
 
-def _row(name: str, values: list[float], baseline: float, unit_scale: float = 1e6, extra: str = "") -> str:
-    median = statistics.median(values)
-    return (f"| {name} | {median / unit_scale:,.2f} | {min(values) / unit_scale:,.2f}-{max(values) / unit_scale:,.2f} "
-            f"| {median / baseline:.2f}x |{extra}")
+def conversion_table(corpus: Path, tokenizer: Path, outputs: dict[str, Path], repeats: int, one_mb: float) -> None:
+    ceiling = "`tokenizers` `encode_batch_fast` on the texts in memory (the ceiling)"
+    contenders: dict[str, tuple] = {
+        ceiling: (_ceiling, str(corpus), str(tokenizer), "encode_batch_fast", 4_000_000, None),
+        "`tokenizers` `encode_batch` on the texts in memory (same ids, with offsets)":
+            (_ceiling, str(corpus), str(tokenizer), "encode_batch", 4_000_000, None),
+        "`fastdata convert text` -> LMDB": (_fastdata_convert, str(corpus), str(tokenizer), str(outputs["lmdb"]),
+                                            "lmdb"),
+        "`fastdata convert text` -> WebDataset": (_fastdata_convert, str(corpus), str(tokenizer),
+                                                  str(outputs["wds"]), "wds"),
+        f"`tokenizers` `encode`, one document at a time (first {one_mb:g} MB)":
+            (_ceiling, str(corpus), str(tokenizer), "encode", 0, one_mb),
+    }
+    warm_page_cache([corpus])
+    results: dict[str, list[dict]] = {name: [] for name in contenders}
+
+    def run(name: str, repeat: int) -> None:
+        fn, *fn_args = contenders[name]
+        result = _in_fresh_process(fn, *fn_args)
+        results[name].append(result)
+        print(f"  run {repeat + 1}: {name}: {result['tokens'] / result['seconds'] / 1e6:.3f} M tokens/s "
+              f"({result['seconds']:.1f} s, peak RSS +{result['rss_mb']:.0f} MB)", flush=True)
+
+    alternate(list(contenders), repeats, run)
+    first = results["`fastdata convert text` -> LMDB"][0]
+    print(f"\nconversion: {first['documents']:,} documents, {first['tokens']:,} tokens, "
+          f"{first['bytes'] / 1e6:.1f} MB in; medians of {repeats} alternating runs, ratios medians of per-run "
+          "ratios\n")
+    print("| conversion | M tokens/s | range | vs `encode_batch_fast` | MB/s | peak RSS growth MB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    base = [r["tokens"] / r["seconds"] for r in results[ceiling]]
+    for name, runs in results.items():
+        rates = [r["tokens"] / r["seconds"] for r in runs]
+        mbs = statistics.median(r["bytes"] / r["seconds"] / 1e6 for r in runs)
+        rss = statistics.median(r["rss_mb"] for r in runs)
+        print(f"| {name} | {statistics.median(rates) / 1e6:,.2f} | {min(rates) / 1e6:,.2f}-{max(rates) / 1e6:,.2f} "
+              f"| {median_ratio(rates, base):.2f}x | {mbs:,.2f} | {rss:,.0f} |")
+
+
+def loading_table(results: list[LoaderResult], seq_len: int, config: BenchConfig) -> None:
+    ceiling, items = results[0], results[2]  # the ceiling; the DataLoader over the memmap, one block per item
+    print(f"\npacked loading: {config.warmup_passes} untimed + {config.epochs} timed epochs per run, blocks of "
+          f"{seq_len}+1 tokens, batches of {config.batch_size}; medians of {config.repeats} alternating runs, "
+          "ratios medians of per-run ratios\n")
+    print("| loader | M tokens/s | range | vs ceiling | vs memmap 1-per-item | first batch s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        rates = [run.images_per_s * seq_len for run in r.runs]  # rows/s x tokens per row
+        print(f"| {r.name} | {statistics.median(rates) / 1e6:,.2f} | {min(rates) / 1e6:,.2f}-"
+              f"{max(rates) / 1e6:,.2f} | {r.ratio_to(ceiling):.2f}x | {r.ratio_to(items):.2f}x | "
+              f"{r.first_batch_s:.2f} |")
+    print(json.dumps({"load_rates": {r.name: r.images_per_s * seq_len for r in results}}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "text")
     parser.add_argument("--mb", type=float, default=80, help="Corpus size in MB of UTF-8 text.")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--load-batches", type=int, default=600, help="Batches timed per loading run.")
+    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per loading run (after one untimed).")
     parser.add_argument("--one-at-a-time-mb", type=float, default=8,
                         help="Corpus MB for the one-document-at-a-time encode row (it is slow).")
     parser.add_argument("--skip-conversion", action="store_true")
+    parser.add_argument("--no-peers", action="store_true", help="leave HF datasets out")
     args = parser.parse_args()
 
     args.data.mkdir(parents=True, exist_ok=True)
@@ -207,89 +202,30 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:.1f} MB JSONL), tokenizer {tokenizer.name}, "
           f"{cores} cores, torch {torch.__version__}")
-
     if not args.skip_conversion:
-        conversions: dict[str, list[dict]] = {}
-        contenders = {
-            "`tokenizers` encode_batch (ceiling)": (_ceiling, str(corpus), str(tokenizer), "encode_batch", 4_000_000,
-                                                    None),
-            "`tokenizers` encode_batch_fast": (_ceiling, str(corpus), str(tokenizer), "encode_batch_fast", 4_000_000,
-                                               None),
-            "fastdata convert text -> LMDB": (_fastdata_convert, str(corpus), str(tokenizer), str(outputs["lmdb"]),
-                                              "lmdb"),
-            "fastdata convert text -> WebDataset": (_fastdata_convert, str(corpus), str(tokenizer),
-                                                    str(outputs["wds"]), "wds"),
-        }
-        for repeat in range(args.repeats):
-            for name, (fn, *fn_args) in contenders.items():
-                result = _in_fresh_process(fn, *fn_args)
-                conversions.setdefault(name, []).append(result)
-                print(f"  run {repeat + 1}: {name}: {result['tokens'] / result['seconds'] / 1e6:.3f} M tokens/s "
-                      f"({result['seconds']:.1f} s, peak RSS +{result['rss_mb']:.0f} MB)", flush=True)
-        one = _in_fresh_process(_ceiling, str(corpus), str(tokenizer), "encode", 0, args.one_at_a_time_mb)
-        conversions[f"`tokenizers` encode, one document at a time ({args.one_at_a_time_mb:g} MB)"] = [one]
-        ceiling = statistics.median(r["tokens"] / r["seconds"] for r in conversions[next(iter(contenders))])
-        first = conversions["fastdata convert text -> LMDB"][0]
-        print(f"\nconversion: {first['documents']:,} documents, {first['tokens']:,} tokens, "
-              f"{first['bytes'] / 1e6:.1f} MB in; medians of {args.repeats} (one-at-a-time: 1 run)\n")
-        print("| conversion | M tokens/s | range | vs encode_batch | MB/s | peak RSS growth MB |")
-        print("|---|---:|---:|---:|---:|---:|")
-        for name, results in conversions.items():
-            rates = [r["tokens"] / r["seconds"] for r in results]
-            mbs = statistics.median(r["bytes"] / r["seconds"] / 1e6 for r in results)
-            rss = statistics.median(r["rss_mb"] for r in results)
-            print(_row(name, rates, ceiling, extra=f" {mbs:,.2f} | {rss:,.0f} |"))
-
-    import fastdata
+        conversion_table(corpus, tokenizer, outputs, args.repeats, args.one_at_a_time_mb)
 
     for fmt, out in outputs.items():  # tokenize in a child only: the loaders below fork this process
         if not (out / "manifest.json").is_file():
             _in_fresh_process(_fastdata_convert, str(corpus), str(tokenizer), str(out), fmt)
     flat = write_flat_stream(outputs["lmdb"], args.data / f"{corpus.stem}-stream.u16")
-    blocks = MemmapBlocks(flat, args.seq_len)
-    n, b, w = args.seq_len, args.batch_size, args.workers
-    limit = min(args.load_batches, len(blocks) // b)
-
-    def fastdata_loader(out: Path) -> Callable[[int], Iterator]:
-        def make(seed: int) -> Iterator:
-            return iter(fastdata.loader(out, seq_len=n, batch_size=b, num_workers=w, seed=seed,
-                                        persistent_workers=False))
-        return make
-
-    def memmap_items(seed: int) -> Iterator:
-        sampler = RandomSampler(blocks, generator=torch.Generator().manual_seed(seed))
-        return iter(DataLoader(blocks, batch_size=b, sampler=sampler, num_workers=w, drop_last=True))
-
-    def memmap_batches(seed: int) -> Iterator:
-        sampler = BatchSampler(RandomSampler(blocks, generator=torch.Generator().manual_seed(seed)), b, True)
-        return iter(DataLoader(MemmapBatches(blocks), sampler=sampler, batch_size=None, num_workers=w))
-
-    loaders = {
-        "in-process memmap slicing, no DataLoader (ceiling)": lambda seed: _memmap_ceiling(blocks, b, seed),
-        f"flat np.memmap, one block per item, DataLoader {w} workers": memmap_items,
-        f"flat np.memmap, whole-batch fetches, DataLoader {w} workers": memmap_batches,
-        f"`fastdata.loader`, LMDB, {w} workers": fastdata_loader(outputs["lmdb"]),
-        f"`fastdata.loader`, WebDataset, {w} workers": fastdata_loader(outputs["wds"]),
-    }
-    rates: dict[str, list[float]] = {name: [] for name in loaders}
-    firsts: dict[str, list[float]] = {name: [] for name in loaders}
-    for repeat in range(args.repeats):
-        for name, make in loaders.items():
-            rate, first = _time_batches(make(repeat), limit)
-            rates[name].append(rate)
-            firsts[name].append(first)
-        print(f"  loading run {repeat + 1} done", flush=True)
-    ceiling = statistics.median(rates[next(iter(loaders))])
-    baseline = statistics.median(rates[f"flat np.memmap, one block per item, DataLoader {w} workers"])
-    print(f"\npacked loading: {len(blocks):,} blocks of {n}+1 tokens, batches of {b}, {limit} batches per run "
-          f"(first batch timed apart), medians of {args.repeats}\n")
-    print("| loader | M tokens/s | range | vs ceiling | vs memmap 1-per-item | first batch s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in loaders:
-        median = statistics.median(rates[name])
-        print(_row(name, rates[name], ceiling, extra=f" {median / baseline:.2f}x | "
-                   f"{statistics.median(firsts[name]):.2f} |"))
-    print(json.dumps({"load_rates": {k: statistics.median(v) for k, v in rates.items()}}))
+    n = args.seq_len
+    config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, workers=args.workers, repeats=args.repeats,
+                         metered=False)  # a bare loop: the ceiling's steps take ~0.2 ms
+    print(f"DataLoader settings for every DataLoader and fastdata.loader: {config.settings}")
+    contenders = memmap_contenders(flat, config, n)
+    peers: list[Callable[[], Contender]] = [] if args.no_peers else [
+        lambda: hf_contender(hf_blocks(flat, n, args.data / f"{corpus.stem}-hf-{n}"), config)]
+    for build in peers:
+        try:
+            contenders.append(build())
+        except ImportError as exc:
+            print(f"  (HF datasets row left out: {exc}; pip install datasets, see benchmarks/README.md)")
+    contenders += [fastdata_contender(outputs["lmdb"], config, n, "LMDB"),
+                   fastdata_contender(outputs["wds"], config, n, "WebDataset")]
+    results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True),
+                             what="the epoch")
+    loading_table(results, n, config)
 
 
 if __name__ == "__main__":

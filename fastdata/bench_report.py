@@ -25,11 +25,12 @@ def bench_dict(results: list[LoaderResult], config: BenchConfig, dataset: str | 
         loaders.append({
             "name": r.name, "role": r.role, "images_per_s": r.images_per_s, "mb_per_s": r.mb_per_s,
             "first_batch_s": r.first_batch_s, "data_wait_fraction": r.data_wait_fraction,
-            "vs_baseline": r.images_per_s / base.images_per_s if base and base.images_per_s > 0 else None,
-            "of_upper_bound": r.images_per_s / upper.images_per_s if upper and upper.images_per_s > 0 else None,
+            "vs_baseline": r.ratio_to(base) if base else None,  # medians of the per-run ratios
+            "of_upper_bound": r.ratio_to(upper) if upper else None,
+            "inputs": r.inputs, "notes": r.notes, "different_inputs": r.different_inputs,
             "runs": [{**asdict(run), "images_per_s": run.images_per_s, "mb_per_s": run.mb_per_s} for run in r.runs],
         })
-    return {"config": {**asdict(config), "num_workers": config.num_workers},
+    return {"config": {**asdict(config), "num_workers": config.num_workers, "settings": asdict(config.settings)},
             "dataset": None if dataset is None else str(dataset),
             "baseline_imagefolder": None if baseline is None else str(baseline),
             "machine": _machine(), "loaders": loaders}

@@ -73,14 +73,29 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--baseline-imagefolder", type=click.Path(path_type=Path), default=None, metavar="SRC",
-              help="Also run torchvision ImageFolder + DataLoader over SRC with the same transform, and print "
-                   "the ratio.")
-@click.option("--epochs", default=2, show_default=True, help="Passes over the data per loader.")
+              help="Also run torchvision ImageFolder + DataLoader (same transform and DataLoader settings) and "
+                   "print the ratio. SRC is the tree PATH was converted from; the files the conversion rejected "
+                   "are left out. If PATH was re-encoded at conversion (--max-size), the baseline reads an "
+                   "ImageFolder exported from PATH instead: the same stored bytes.")
+@click.option("--baseline-source", is_flag=True,
+              help="With a re-encoded PATH: time the baseline on SRC's original files anyway (marked "
+                   "'different inputs').")
+@click.option("--export-dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Where to export a re-encoded dataset's stored bytes for the baseline, kept and reused "
+                   "(default: a temporary directory, removed afterwards).")
+@click.option("--epochs", default=2, show_default=True, help="Timed passes over the data per run.")
+@click.option("--warmup-passes", default=1, show_default=True,
+              help="Untimed passes over each freshly built loader before the timed ones (every loader alike); "
+                   "0 times everything from building the loader on.")
+@click.option("--page-cache", type=click.Choice(["warm", "cold"]), default="warm", show_default=True,
+              help="warm: read every loader's files once before timing; cold: evict each loader's files from "
+                   "the page cache before each timed run (posix_fadvise).")
 @click.option("--batch-size", default=128, show_default=True)
 @click.option("--image-size", default=224, show_default=True)
 @click.option("--augment", type=click.Choice(["train", "val"]), default="train", show_default=True)
-@click.option("--workers", type=int, default=None, help="Loader workers (both loaders). Default: all cores.")
-@click.option("--repeats", default=1, show_default=True, help="Run each loader this many times; medians.")
+@click.option("--workers", type=int, default=None, help="Loader workers (every loader). Default: all cores.")
+@click.option("--repeats", default=3, show_default=True,
+              help="Runs of each loader, alternating; figures are medians, ratios medians of per-run ratios.")
 @click.option("--step", type=click.Choice(["to-device", "none"]), default="to-device", show_default=True,
               help="What the loop does with each batch: copy it to the GPU (CPU without one) and make float "
                    "images there, as a training step starts; or nothing (pure loader speed).")
@@ -90,20 +105,27 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
               help="Draw throughput and data wait over time for every loader, side by side (needs matplotlib).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="Write every figure (runs, timelines, system figures) as JSON.")
-def bench(path: Path, baseline_imagefolder: Path | None, epochs: int, batch_size: int, image_size: int,
-          augment: str, workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
+def bench(path: Path, baseline_imagefolder: Path | None, baseline_source: bool, export_dir: Path | None,
+          epochs: int, warmup_passes: int, page_cache: str, batch_size: int, image_size: int, augment: str,
+          workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
           json_path: Path | None) -> None:
     """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch, data
-    wait), against the ImageFolder baseline and the synthetic upper bound, in one run."""
+    wait), against the ImageFolder baseline and the synthetic upper bound, in one run. Every loader gets
+    fastdata.loader's DataLoader settings, the same warm-up and the same page-cache treatment."""
     from fastdata.bench import BenchConfig, format_summary, format_table, run_bench
     from fastdata.bench_report import check_plotting, plot_runs, write_json
+    from fastdata.errors import ConfigError
 
     if plot is not None:
         check_plotting()  # before the runs, not after
+    if baseline_imagefolder is None and (baseline_source or export_dir is not None):
+        raise ConfigError("--baseline-source and --export-dir apply to --baseline-imagefolder SRC")
     config = BenchConfig(epochs=epochs, batch_size=batch_size, image_size=image_size, augment=augment,
-                         workers=workers, repeats=repeats, step=step)
+                         workers=workers, repeats=repeats, step=step, warmup_passes=warmup_passes,
+                         page_cache=page_cache)
     results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
-                        progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound)
+                        progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound,
+                        baseline_source=baseline_source, export_dir=export_dir)
     click.echo(format_table(results, data_wait=step != "none"))
     summary = format_summary(results)
     if summary:

@@ -33,7 +33,7 @@ def run_demo(directory: Path, images: int = 1200, epochs: int = 2, batch_size: i
     echo(f"\n$ fastdata convert imagefolder {src} {out}")
     echo(str(convert_imagefolder(src, out, overwrite=True, workers=workers)))
     echo(f"\n$ fastdata bench {out} --baseline-imagefolder {src}")
-    config = BenchConfig(epochs=epochs, batch_size=batch_size, workers=workers)
+    config = BenchConfig(epochs=epochs, batch_size=batch_size, workers=workers, repeats=1)  # a quick look
     results = run_bench(out, config, baseline_imagefolder=src, progress=echo)
     echo("")
     echo(format_table(results))

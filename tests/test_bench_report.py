@@ -41,13 +41,13 @@ def tiny(tmp_path_factory):
 
 def test_baseline_fastdata_and_upper_bound_in_one_run(tiny):
     src, lmdb = tiny
-    config = BenchConfig(epochs=2, batch_size=4, image_size=24, workers=0, step="to-device")
+    config = BenchConfig(epochs=2, batch_size=4, image_size=24, workers=0, step="to-device", repeats=1)
     results = run_bench(lmdb, config, baseline_imagefolder=src, upper_bound=True)
     assert [(r.name, r.role) for r in results] == [("torchvision ImageFolder", "baseline"),
                                                     ("fastdata (lmdb)", "loader"), (UPPER_BOUND, "upper-bound")]
     for r in results:
         run = r.runs[0]
-        assert run.images == 2 * COUNT - 4  # the same batches, first one left out
+        assert run.images == 2 * COUNT  # the same timed passes, after one untimed pass each
         assert 0 <= run.data_wait_fraction <= 1
         assert run.timeline["t"] and len(run.timeline["t"]) == len(run.timeline["samples_per_s"])
         assert run.system is not None and "cpu_percent" in run.system
@@ -167,7 +167,7 @@ def test_bench_cli_plot_and_json(tmp_path, capsys, tiny):
     src, lmdb = tiny
     plot, data = tmp_path / "bench.png", tmp_path / "bench.json"
     code = main(["bench", str(lmdb), "--baseline-imagefolder", str(src), "--epochs", "2", "--batch-size", "4",
-                 "--workers", "0", "--image-size", "24", "--plot", str(plot), "--json", str(data)])
+                 "--workers", "0", "--image-size", "24", "--repeats", "1", "--plot", str(plot), "--json", str(data)])
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "data wait" in out.out.splitlines()[0]
@@ -177,12 +177,15 @@ def test_bench_cli_plot_and_json(tmp_path, capsys, tiny):
     figures = json.loads(data.read_text())
     assert [x["role"] for x in figures["loaders"]] == ["baseline", "loader", "upper-bound"]
     assert figures["config"]["step"] == "to-device"
+    assert figures["config"]["warmup_passes"] == 1 and figures["config"]["page_cache"] == "warm"
+    assert figures["config"]["settings"]["num_workers"] == 0
+    assert "the bytes the dataset stores" in figures["loaders"][0]["inputs"]
 
 
 def test_bench_cli_without_upper_bound_or_step(capsys, tiny):
     _, lmdb = tiny
     code = main(["bench", str(lmdb), "--epochs", "1", "--batch-size", "4", "--workers", "0", "--image-size", "16",
-                 "--no-upper-bound", "--step", "none"])
+                 "--repeats", "1", "--no-upper-bound", "--step", "none"])
     out = capsys.readouterr().out
     assert code == 0
     assert UPPER_BOUND not in out and "data wait" not in out
