@@ -55,7 +55,8 @@ class ConversionSummary:
 
     def __str__(self) -> str:
         rate = self.images / self.seconds if self.seconds > 0 else float("inf")
-        lines = [f"resumed an interrupted conversion after {self.resumed_at:,} images"] if self.resumed_at else []
+        lines = [] if self.resumed_at is None else [f"resumed an interrupted conversion after {self.resumed_at:,} "
+                                                    "images"]
         lines += [
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  images    {self.images:,} in {self.classes} classes",

@@ -19,6 +19,7 @@ from conftest import KILL_WHEN
 from test_text import make_corpus, train_bytelevel
 
 import fastdata
+from fastdata.cli import main
 from fastdata.convert_text import TextConversionSummary, _TextProgress
 from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError
 from fastdata.formats.manifest import partial_path, read_manifest
@@ -59,9 +60,10 @@ def convert(sources: list[Path], out: Path, fmt: str, **overrides) -> TextConver
     return fastdata.convert_text([str(s) for s in sources], out, format=fmt, **{**SETTINGS, **overrides})
 
 
-def killed_conversion(sources: list[Path], out: Path, fmt: str, where: str, at: int, tokenizer: Path) -> None:
+def killed_conversion(sources: list[Path], out: Path, fmt: str, where: str, at: int, tokenizer: Path,
+                      **overrides) -> None:
     args = json.dumps([[str(s) for s in sources], str(out), fmt, where, at,
-                       {**SETTINGS, "tokenizer": str(tokenizer)}])
+                       {**SETTINGS, "tokenizer": str(tokenizer), **overrides}])
     proc = subprocess.run([sys.executable, "-c", KILLER, args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not out.exists()
@@ -248,3 +250,57 @@ def test_lmdb_writer_reopens_after_its_last_checkpoint(tmp_path):
     assert reader.ends.tolist() == np.cumsum([len(d) for d in docs]).tolist()
     for start in range(len(stream) + 1):
         np.testing.assert_array_equal(reader.read(start, len(stream)), stream[start:])
+
+
+# Default chunk, commit and shard sizes: the whole corpus is one chunk group or one shard, so that only
+# `checkpoint_every` (source bytes read) makes checkpoints.
+CADENCE = {"batch_size": "2KB", "checkpoint_every": "4KB", "progress": False}
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_checkpoints_follow_the_source_read_and_the_rerun_says_how_many_documents_it_kept(
+        corpus_files, tmp_path, capsys, fmt):
+    """A corpus far smaller than a chunk group or a shard still gets checkpoints every `checkpoint_every` of
+    source: killed after some of them, the rerun resumes after N > 0 documents, says so (summary and CLI), and
+    gives what an uninterrupted conversion gives (WebDataset: the same shard bytes, the unfinished shard
+    continued where its last checkpoint left it)."""
+    sources, tokenizer = corpus_files
+    reference = fastdata.convert_text([str(s) for s in sources], tmp_path / "ref", tokenizer=tokenizer,
+                                      format=fmt, **CADENCE)
+    assert len(reference.files) == 1  # no shard was finished, no chunk group filled: no other checkpoint
+    out = tmp_path / ("out.lmdb" if fmt == "lmdb" else "shards")
+    args = json.dumps([[str(s) for s in sources], str(out), fmt, "checkpoint", 4,
+                       {**CADENCE, "tokenizer": str(tokenizer)}])
+    proc = subprocess.run([sys.executable, "-c", KILLER, args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # killed at the 4th checkpoint: 3 were recorded
+    saved = saved_progress(out, fmt)
+    assert 0 < saved.documents < reference.documents
+    if fmt == "wds":
+        assert saved.open_shard is not None and saved.open_shard["documents"] == saved.documents
+
+    code = main(["convert", "text", *map(str, sources), str(out), "--tokenizer", str(tokenizer), "--format", fmt,
+                 "--batch-size", CADENCE["batch_size"], "--checkpoint-every", "1MB", "-q"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert f"resumed an interrupted conversion after {saved.documents:,} documents ({saved.records:,} source " \
+           "records)" in printed
+    assert documents(out) == documents(tmp_path / "ref")
+    if fmt == "wds":
+        assert [(f.name, f.sha256) for f in read_manifest(out).files] == \
+            [(f.name, f.sha256) for f in read_manifest(tmp_path / "ref").files]
+
+
+@pytest.mark.parametrize("at", range(3, 9))
+def test_wds_checkpoints_inside_and_between_shards_resume_to_the_same_shards(corpus_files, reference, tmp_path,
+                                                                             at):
+    """Small shards and checkpoints inside them: a kill at any checkpoint (inside a shard, or right after a shard
+    was finished while the last recorded checkpoint was inside it) resumes to the very same shard bytes."""
+    sources, tokenizer = corpus_files
+    out = tmp_path / "shards"
+    killed_conversion(sources, out, "wds", "checkpoint", at, tokenizer, checkpoint_every="3KB")
+    saved = saved_progress(out, "wds")
+    summary = convert(sources, out, "wds", tokenizer=tokenizer)
+    assert summary.resumed_documents == saved.documents > 0
+    ref = read_manifest(reference["wds"])
+    assert [(f.name, f.sha256) for f in read_manifest(out).files] == [(f.name, f.sha256) for f in ref.files]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference["wds"].iterdir())

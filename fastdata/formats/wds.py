@@ -76,19 +76,28 @@ class WdsWriter:
         for relative_path in written_paths:
             self._unique_key(relative_path)
 
-    def _open_shard(self) -> None:
+    def _open_shard(self, file: BinaryIO | None = None) -> None:
+        """Start the next shard as `shard-N.tar.tmp`, or continue it in `file` (open for writing at the end of
+        its last complete member: a resumed shard)."""
         self._shard_name = SHARD_PATTERN.format(len(self._entries))
-        path = self.directory / (self._shard_name + ".tmp")
-        self._tar = tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (spans add() calls)
+        if file is None:
+            file = open(self.directory / (self._shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
+        self._shard_file = file
+        self._tar = tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (same)
         self._shard_samples = 0
+
+    def _sync_shard(self) -> None:
+        """Put what the open shard holds so far on disk."""
+        self._shard_file.flush()
+        os.fsync(self._shard_file.fileno())
 
     def _close_shard(self) -> None:
         if self._tar is None:
             return
         self._tar.close()
+        self._sync_shard()
+        self._shard_file.close()
         tmp = self.directory / (self._shard_name + ".tmp")
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
         path = self.directory / self._shard_name
         os.replace(tmp, path)
         self._entries.append(FileEntry(self._shard_name, path.stat().st_size, sha256_file(path),
@@ -149,6 +158,7 @@ class WdsWriter:
         """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
         if self._tar is not None:
             self._tar.close()
+            self._shard_file.close()
             self._tar = None
 
 
