@@ -206,7 +206,7 @@ def convert_imagefolder(
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
-                                     _Progress.from_json)
+                                     _Progress.parse)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
     resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
     if isinstance(writer, WdsWriter) and resumed is not None:

@@ -332,7 +332,7 @@ def convert_text(
             return TextLmdbWriter(directory, dtype, chunk_tokens, commit_every_chunks=commit_every_chunks)
         return TextWdsWriter(directory, shard_bytes, dtype)
 
-    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.from_json)
+    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.parse)
     state = resumed or _TextProgress(wanted)
     resumed_at = resumed.records if resumed else None  # `state` moves on from here
     resumed_documents = resumed.documents if resumed else None

@@ -20,7 +20,7 @@ import numpy as np
 
 from fastdata.errors import START_AGAIN, CorruptSampleError, NotADatasetError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.wds import WdsWriter
+from fastdata.formats.wds import WdsWriter, check_kept_files
 from fastdata.text_store import TokenReader
 
 INDEX_SUFFIX = ".idx"
@@ -95,6 +95,7 @@ class TextWdsWriter(WdsWriter):
         which with the documents of `open_shard` (the unfinished shard as `open_shard` described it) hold
         `total_tokens` tokens: that shard is cut back to those documents and continued, anything else in the
         directory is dropped. Raises StagingDamagedError when the unfinished shard is not there as recorded."""
+        check_kept_files(self.directory, [(f["name"], f["bytes"]) for f in index_files], "shard index")
         tmp = None
         if open_shard is not None:
             tmp = self.directory / (open_shard["name"] + ".tmp")

@@ -4,6 +4,7 @@ a dataset, and rerunning the same command resumes and gives what an uninterrupte
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import KILL_WHEN, Tree, build_large_tree, build_solid_tree
+from test_cli import assert_one_line_error, cli
 
 import fastdata
-from fastdata.errors import IncompleteDatasetError, OutputExistsError
+from fastdata.errors import IncompleteDatasetError, OutputExistsError, StagingDamagedError
 from fastdata.formats.manifest import partial_path
 
 COUNT = 40
@@ -196,3 +198,42 @@ def test_resume_with_other_options_or_source_is_refused(tree, tmp_path):
     # --overwrite starts again instead
     summary = fastdata.convert_imagefolder(tree.root, out, max_size=16, overwrite=True, workers=1, progress=False)
     assert summary.images == COUNT and not summary.resumed_at
+
+
+def test_leftovers_that_cannot_be_reopened_are_an_error_never_a_silent_restart(tree, reference, tmp_path, capsys):
+    """A damaged interrupted conversion (LMDB data file, WebDataset progress record, a finished shard gone) is
+    refused with the cause and the way out named; nothing is discarded until --overwrite says so."""
+    lmdb_out = tmp_path / "out.lmdb"
+    killed_conversion(tree.root, lmdb_out, "lmdb", "add", 9)  # two checkpoints recorded
+    data = partial_path(lmdb_out) / "data.mdb"
+    raw = data.read_bytes()
+    data.write_bytes(b"\xff" * 8192 + raw[8192:])  # both LMDB meta pages overwritten
+    with pytest.raises(StagingDamagedError, match=r"out\.lmdb\.partial: an interrupted conversion whose data cannot "
+                                                  r"be reopened \(.+\); .*pass --overwrite to start it again"):
+        fastdata.convert_imagefolder(tree.root, lmdb_out, workers=1, commit_every=4, progress=False)
+    assert data.read_bytes()[8192:] == raw[8192:]  # left as it was
+    code, _, err = cli(capsys, "convert", "imagefolder", tree.root, lmdb_out, "-q")
+    assert code == 2
+    assert_one_line_error(err, "cannot be reopened", "--overwrite")
+    summary = fastdata.convert_imagefolder(tree.root, lmdb_out, workers=1, commit_every=4, progress=False,
+                                           overwrite=True)
+    assert summary.resumed_at is None and contents(lmdb_out) == contents(reference["lmdb"])
+
+    wds_out = tmp_path / "shards"
+    killed_conversion(tree.root, wds_out, "wds", "checkpoint", 3)  # finished shards and their progress
+    progress = partial_path(wds_out) / "progress.json"
+    saved = progress.read_bytes()
+    progress.write_bytes(saved[: len(saved) // 2])  # cut short
+    with pytest.raises(StagingDamagedError, match=r"the progress record of an interrupted conversion cannot be "
+                                                  r"read \(ValueError: not JSON .+\); .*--overwrite"):
+        fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
+                                     commit_every=4, progress=False)
+    progress.write_bytes(saved)
+    finished = json.loads(saved)["files"]
+    assert finished, "the kill came after a shard was recorded as finished"
+    (partial_path(wds_out) / finished[0]["name"]).unlink()
+    with pytest.raises(StagingDamagedError, match=rf"{finished[0]['name']}: a finished shard of the last "
+                                                  "checkpoint is missing; .*--overwrite"):
+        fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
+                                     commit_every=4, progress=False)
+    assert progress.read_bytes() == saved  # nothing discarded

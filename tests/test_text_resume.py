@@ -21,7 +21,7 @@ from test_text import make_corpus, train_bytelevel
 import fastdata
 from fastdata.cli import main
 from fastdata.convert_text import TextConversionSummary, _TextProgress
-from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError
+from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError, StagingDamagedError
 from fastdata.formats.manifest import partial_path, read_manifest
 from fastdata.formats.wds import PROGRESS_FILE
 from fastdata.text_lmdb import TextLmdbWriter
@@ -304,3 +304,36 @@ def test_wds_checkpoints_inside_and_between_shards_resume_to_the_same_shards(cor
     ref = read_manifest(reference["wds"])
     assert [(f.name, f.sha256) for f in read_manifest(out).files] == [(f.name, f.sha256) for f in ref.files]
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference["wds"].iterdir())
+
+
+def test_damaged_text_leftovers_are_an_error_never_a_silent_restart(corpus_files, reference, tmp_path):
+    """The progress record inside the LMDB file damaged, or the unfinished shard cut shorter than its last
+    checkpoint recorded: refused with the cause and --overwrite named, the leftovers kept."""
+    sources, tokenizer = corpus_files
+    out = tmp_path / "out.lmdb"
+    killed_conversion(sources, out, "lmdb", "checkpoint", 4, tokenizer)
+    saved = TextLmdbWriter(partial_path(out), np.dtype("uint16"))
+    record = saved.saved_progress()
+    saved.abort()
+    data = partial_path(out) / "data.mdb"
+    raw = data.read_bytes()
+    assert record and raw.count(record) >= 1
+    data.write_bytes(raw.replace(record, b"\xff" * 16 + record[16:]))  # its first bytes, in the file itself
+    with pytest.raises(StagingDamagedError, match=r"the progress record of an interrupted conversion cannot be "
+                                                  r"read \(ValueError: not JSON .+\); .*--overwrite"):
+        convert(sources, out, "lmdb", tokenizer=tokenizer)
+    assert data.is_file()
+    summary = convert(sources, out, "lmdb", tokenizer=tokenizer, overwrite=True)
+    assert summary.resumed_at is None and documents(out) == documents(reference["lmdb"])
+
+    out = tmp_path / "shards"
+    killed_conversion(sources, out, "wds", "checkpoint", 4, tokenizer, checkpoint_every="3KB", shard_size="1MB")
+    open_shard = saved_progress(out, "wds").open_shard  # one shard for the corpus: every checkpoint is inside it
+    assert open_shard is not None
+    tmp = partial_path(out) / (open_shard["name"] + ".tmp")
+    os.truncate(tmp, open_shard["bytes"] - 512)
+    with pytest.raises(StagingDamagedError, match=rf"{open_shard['name']}\.tmp: holds {open_shard['bytes'] - 512:,} "
+                                                  rf"bytes, the last checkpoint recorded {open_shard['bytes']:,}; "
+                                                  ".*--overwrite"):
+        convert(sources, out, "wds", tokenizer=tokenizer, shard_size="1MB")
+    assert tmp.is_file()

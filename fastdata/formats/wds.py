@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from fastdata.errors import CorruptSampleError
+from fastdata.errors import START_AGAIN, CorruptSampleError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
 from fastdata.formats.records import ImageRecord
 
@@ -38,6 +38,18 @@ def split_member_name(name: str) -> tuple[str, str]:
 
 
 PROGRESS_FILE = "progress.json"
+
+
+def check_kept_files(directory: Path, files: list[tuple[str, int]], what: str) -> None:
+    """Raise StagingDamagedError naming the first of `files` ((name, bytes) a checkpoint recorded in the staging
+    `directory`) that is missing or of another size: resuming over it would commit a broken dataset."""
+    for name, size in files:
+        path = directory / name
+        if not path.is_file():
+            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint is missing; {START_AGAIN}")
+        if path.stat().st_size != size:
+            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint holds {path.stat().st_size:,} bytes, "
+                                      f"it had {size:,}; {START_AGAIN}")
 
 
 class WdsWriter:
@@ -66,7 +78,9 @@ class WdsWriter:
     def resume(self, entries: list[FileEntry], written_paths: list[str], keep_files: Iterable[str] = ()) -> None:
         """Continue after the finished shards `entries` (from the saved progress), whose samples came from
         `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else
-        (but the files named in `keep_files`)."""
+        (but the files named in `keep_files`). Raises StagingDamagedError when a finished shard is not there as
+        the progress recorded it."""
+        check_kept_files(self.directory, [(entry.name, entry.bytes) for entry in entries], "finished shard")
         self._entries = list(entries)
         self.count = sum(e.samples for e in entries)
         keep = {e.name for e in entries} | {PROGRESS_FILE} | set(keep_files)
