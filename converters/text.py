@@ -235,6 +235,9 @@ def cli_command() -> click.Command:
                        "tokenizer's special tokens (<|endoftext|>, </s>, [SEP], ...).")
     @click.option("--batch-size", default="1MB", show_default=True,
                   help="Text per tokenizer batch (bounds memory): 1MB, 512KB, ...")
+    @click.option("--checkpoint-every", default="4MB", show_default=True, metavar="SIZE",
+                  help="Source read between checkpoints: an interrupted conversion resumes from its last one "
+                       "(rerun the same command). Does not change the dataset.")
     @output_options
     def command(src: tuple[str, ...], out: Path, quiet: bool, **options) -> None:
         """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, folders or quoted

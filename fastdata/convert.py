@@ -16,7 +16,7 @@ import numpy as np
 
 from fastdata import __version__
 from fastdata.config import available_cores, parse_size
-from fastdata.convert_ray import ENGINES
+from fastdata.convert_ray import ENGINES, RayWork
 from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS, EncodeOptions, ImageFolderListing, load_record, scan
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
@@ -52,10 +52,13 @@ class ConversionSummary:
     seconds: float
     empty_classes: list[str] = field(default_factory=list)
     resumed_at: int | None = None  # images already done by an interrupted run this one resumed
+    engine: str = "local"
+    ray: RayWork | None = None  # with engine="ray": the Ray tasks and actors that ran the work, as Ray told them
 
     def __str__(self) -> str:
         rate = self.images / self.seconds if self.seconds > 0 else float("inf")
-        lines = [f"resumed an interrupted conversion after {self.resumed_at:,} images"] if self.resumed_at else []
+        lines = [] if self.resumed_at is None else [f"resumed an interrupted conversion after {self.resumed_at:,} "
+                                                    "images"]
         lines += [
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  images    {self.images:,} in {self.classes} classes",
@@ -70,6 +73,9 @@ class ConversionSummary:
             lines.append(f"    ... and {len(self.rejected) - 50} more (all listed in {MANIFEST_NAME})")
         if self.empty_classes:
             lines.append(f"  warning   classes with no images: {', '.join(self.empty_classes)}")
+        if self.ray is not None:
+            lines.append(f"  engine    ray: {len(self.ray.task_ids):,} Ray tasks on {len(self.ray.actor_ids):,} Ray "
+                         "workers")
         return "\n".join(lines)
 
 
@@ -94,12 +100,13 @@ def _worker_init() -> None:
 
 
 def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, engine: str = "local",
-             ray_address: str | None = None, requested_workers: int | None = None) -> Iterator[tuple]:
+             ray_address: str | None = None, requested_workers: int | None = None,
+             ray_seen: RayWork | None = None) -> Iterator[tuple]:
     if engine == "ray":
         from fastdata.convert_ray import ray_results
 
         yield from ray_results(_work, tasks, requested_workers if ray_address else workers, ray_address,
-                               _worker_init)
+                               _worker_init, ray_seen)
         return
     if workers <= 1:
         yield from map(_work, tasks)
@@ -199,7 +206,7 @@ def convert_imagefolder(
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
-                                     _Progress.from_json)
+                                     _Progress.parse)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
     resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
     if isinstance(writer, WdsWriter) and resumed is not None:
@@ -207,12 +214,14 @@ def convert_imagefolder(
         written = [task[1] for task in tasks[: resumed.next_task] if task[1] not in rejected_paths]
         writer.resume([FileEntry(**f) for f in resumed.files], written)
     partial = partial_path(out)
+    ray_seen = RayWork() if engine == "ray" else None
     started = time.perf_counter()
     with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         _write_all(writer, tasks, state, workers, strict, progress,
-                   engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers})
+                   engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers,
+                           "ray_seen": ray_seen})
         if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
             files = writer.close()
             state.files = [asdict(entry) for entry in files]
@@ -231,7 +240,7 @@ def convert_imagefolder(
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
-                             listing.empty_classes, resumed_at=resumed_at)
+                             listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen)
 
 
 def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, workers: int, strict: bool,

@@ -11,6 +11,7 @@ and have fastdata installed.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata.errors import ConfigError
@@ -18,11 +19,32 @@ from fastdata.errors import ConfigError
 ENGINES = ("local", "ray")
 
 
+@dataclass
+class RayWork:
+    """Where Ray ran the work, as Ray itself tells each worker (`ray.get_runtime_context()`): the ids of the Ray
+    tasks that ran it and of the Ray actors (pool workers) that ran those tasks."""
+
+    task_ids: set[str] = field(default_factory=set)
+    actor_ids: set[str] = field(default_factory=set)
+    outside_ray: int = 0  # items whose work ran outside any Ray actor (none: the pool runs in actors)
+
+
+def _in_ray_context(work: Callable[[Any], Any]) -> Callable[[Any], tuple[str | None, str | None, Any]]:
+    """`work`, returning with its result the Ray task and actor that ran it."""
+    def run(task: Any) -> tuple[str | None, str | None, Any]:
+        import ray
+
+        context = ray.get_runtime_context()
+        return context.get_task_id(), context.get_actor_id(), work(task)
+
+    return run
+
+
 def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | None, address: str | None,
-                initializer: Callable[[], None]) -> Iterator[Any]:
+                initializer: Callable[[], None], seen: RayWork | None = None) -> Iterator[Any]:
     """`work(task)` for every task, in task order, over a pool of `workers` Ray processes (None: every CPU
     of the cluster). Starts a local Ray instance (or connects to `address`) unless Ray is already initialised,
-    and shuts down only what it started."""
+    and shuts down only what it started. `seen` collects the Ray tasks and actors that ran the work."""
     try:
         import ray
         from ray.util.multiprocessing import Pool
@@ -34,7 +56,15 @@ def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | Non
                  log_to_driver=False, configure_logging=False)
     try:
         with Pool(processes=workers, initializer=initializer) as pool:
-            yield from pool.imap(work, tasks, chunksize=8)
+            for task_id, actor_id, result in pool.imap(_in_ray_context(work), tasks, chunksize=8):
+                if seen is not None:
+                    if actor_id is None:
+                        seen.outside_ray += 1
+                    else:
+                        seen.actor_ids.add(actor_id)
+                    if task_id is not None:
+                        seen.task_ids.add(task_id)
+                yield result
     finally:
         if started_here:
             ray.shutdown()

@@ -42,6 +42,9 @@ from fastdata.text_wds import TextWdsWriter
 
 TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_BATCH_SIZE = "1MB"
+# A checkpoint at least this often (source bytes read), whatever the chunk and shard sizes: an interruption loses
+# at most this much tokenizing (plus one batch).
+DEFAULT_CHECKPOINT_EVERY = "4MB"
 MAX_LISTED_REJECTIONS = 10_000  # the manifest lists this many rejected records; all are counted
 _MAX_BATCH_DOCUMENTS = 4096
 _QUEUE_BATCHES = 3
@@ -67,13 +70,17 @@ class TextConversionSummary:
     seconds: float
     notes: list[str] = field(default_factory=list)
     resumed_at: int | None = None  # source records already consumed by an interrupted run this one resumed
+    resumed_documents: int | None = None  # and the documents it had written
 
     def __str__(self) -> str:
         secs = max(self.seconds, 1e-9)
         mean = self.tokens / self.documents if self.documents else 0.0
         eos = (f"{self.eos[0]} (id {self.eos[1]})" if self.eos else
                "none found: packed loading needs --eos-token (or eos_token= in the loader)")
-        lines = [f"resumed an interrupted conversion after {self.resumed_at:,} records"] if self.resumed_at else []
+        lines = []
+        if self.resumed_at is not None:
+            lines.append(f"resumed an interrupted conversion after {self.resumed_documents or 0:,} documents "
+                         f"({self.resumed_at:,} source records)")
         lines += [
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  documents {self.documents:,} from {self.source_files:,} source file"
@@ -195,6 +202,7 @@ class _TextProgress(ProgressRecord):
     rejected_count: int = 0
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
     index_files: list[dict] = field(default_factory=list)  # and their indexes
+    open_shard: dict | None = None  # the unfinished WebDataset shard (TextWdsWriter.open_shard)
 
     def reject(self, record: Rejected, strict: bool) -> None:
         if strict:
@@ -208,16 +216,19 @@ def _checkpoint(writer: TextLmdbWriter | TextWdsWriter, state: _TextProgress) ->
     if isinstance(writer, TextWdsWriter):
         state.files = [asdict(entry) for entry in writer.finished_shards]
         state.index_files = writer.index_files
+        state.open_shard = writer.open_shard
     writer.checkpoint(state.to_json())
 
 
 def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
                   dtype: np.dtype, strict: bool, state: _TextProgress, total_bytes: int, done_bytes: int,
-                  progress: bool) -> None:
+                  progress: bool, checkpoint_bytes: int) -> None:
     """Tokenize and write the records of `batches` in order, counting them in `state` and checkpointing it
-    whenever the writer asks."""
+    whenever the writer asks (a filled LMDB chunk group, a finished shard) and after the batch that takes the
+    source read past `checkpoint_bytes` more since the last byte-driven checkpoint."""
     from tqdm import tqdm
 
+    checkpointed_at = done_bytes
     started = last_postfix = time.perf_counter()
     documents_at_start, tokens_at_start = state.documents, state.tokens
     with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
@@ -243,6 +254,9 @@ def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWri
                     state.longest = max(state.longest, len(tokens))
                 if writer.checkpoint_due():
                     _checkpoint(writer, state)
+            if batch.position - checkpointed_at >= checkpoint_bytes:
+                _checkpoint(writer, state)
+                checkpointed_at = batch.position
             bar.update(max(0, batch.position - bar.n))
             now = time.perf_counter()
             if now - last_postfix > 0.5:
@@ -269,6 +283,7 @@ def convert_text(
     progress: bool = True,
     chunk_tokens: int = CHUNK_TOKENS,
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
+    checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
 ) -> TextConversionSummary:
     """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
     in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`.
@@ -276,14 +291,20 @@ def convert_text(
     Each document is stored whole as `tokenizer.encode(text, add_special_tokens=False).ids` (truncation and
     padding off), as uint16 when the vocabulary fits, else uint32, in source order. Unusable records are
     reported with file and line and skipped (`strict=True` raises at the first and writes nothing). An
-    interrupted conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its
-    last checkpoint (every `commit_every_chunks` chunks of `chunk_tokens` tokens), WebDataset from its first
-    unfinished shard; the source records consumed before are skipped without being tokenized again.
+    interrupted conversion (killed, crashed, Ctrl-C) resumes when the same call is made again, from its last
+    checkpoint: one after every `checkpoint_every` of source read (default 4MB; LMDB also every
+    `commit_every_chunks` chunks of `chunk_tokens` tokens, WebDataset after each shard, and a WebDataset
+    checkpoint inside a shard keeps that shard's documents so far); the source records consumed before are
+    skipped without being tokenized again. `checkpoint_every` does not change the dataset, so a rerun may pass
+    another value.
     """
     sources = [src] if isinstance(src, (str, Path)) else list(src)
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = _resolve_format(out, format)
     shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
+    checkpoint_bytes = parse_size(checkpoint_every)
+    if checkpoint_bytes < 1:
+        raise ConfigError(f"--checkpoint-every must be a positive size, got {checkpoint_every!r}")
     if txt_mode not in TXT_MODES:
         raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
     if chunk_tokens < 1 or commit_every_chunks < 1:
@@ -311,11 +332,17 @@ def convert_text(
             return TextLmdbWriter(directory, dtype, chunk_tokens, commit_every_chunks=commit_every_chunks)
         return TextWdsWriter(directory, shard_bytes, dtype)
 
-    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.from_json)
+    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.parse)
     state = resumed or _TextProgress(wanted)
     resumed_at = resumed.records if resumed else None  # `state` moves on from here
+    resumed_documents = resumed.documents if resumed else None
     if isinstance(writer, TextWdsWriter) and resumed is not None:
-        writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens)
+        try:
+            writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens,
+                          resumed.open_shard)
+        except BaseException:
+            writer.abort()
+            raise
     partial = partial_path(out)
     started = time.perf_counter()
     with keep_checkpoint_on_failure(writer, partial):
@@ -324,7 +351,7 @@ def convert_text(
         write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
         batches = _batches(files, field, txt_mode, batch_chars, sizes, (state.next_file, state.file_records))
         _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
-                      progress)
+                      progress, checkpoint_bytes)
         if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
             data_files, layout = writer.close()
             _checkpoint(writer, state)
@@ -352,4 +379,4 @@ def convert_text(
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
                                  data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,
-                                 seconds, notes, resumed_at=resumed_at)
+                                 seconds, notes, resumed_at=resumed_at, resumed_documents=resumed_documents)

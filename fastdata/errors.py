@@ -15,6 +15,15 @@ class OutputExistsError(FastdataError):
     """The conversion output already exists (or holds leftovers of an interrupted conversion)."""
 
 
+#: The remedy every StagingDamagedError message ends with.
+START_AGAIN = "the interrupted conversion cannot be resumed: pass --overwrite to start it again"
+
+
+class StagingDamagedError(OutputExistsError):
+    """The leftovers of an interrupted conversion (`OUT.partial`) cannot be resumed: damaged or unreadable. Never
+    discarded silently: the message names the cause, and `--overwrite` starts the conversion again."""
+
+
 class NotADatasetError(FastdataError):
     """A path that was expected to hold a fastdata dataset does not."""
 

@@ -330,8 +330,9 @@ class Meter(Generic[T]):
         self._log("[fastdata.meter] " + " | ".join(parts))
 
     def report(self) -> MeterReport:
-        """What was measured so far, with a verdict (`input-bound`, `compute-bound`, `balanced`, or
-        `no steps measured`), the reasons behind it and what to try."""
+        """What was measured so far, with a verdict (`input-bound`, `compute-bound`, `cpu-contended` (the data is
+        there but other processes took the CPU), `balanced`, or `no steps measured`), the reasons behind it and
+        what to try."""
         c = self._counts
         seconds = self._measured_seconds()
         warm = self._warm if (self._warm is not None and c.steps > self.warmup_steps) else None

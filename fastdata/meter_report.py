@@ -14,7 +14,9 @@ from fastdata.stagetimes import STAGES, StageTimes
 
 INPUT_BOUND_AT = 0.30  # data wait fraction from which the loop is input-bound
 COMPUTE_BOUND_BELOW = 0.10  # ... and below which it is compute-bound (balanced in between)
-VERDICTS = ("input-bound", "compute-bound", "balanced", "no steps measured")
+SATURATED_AT = 85.0  # CPU busy percent from which the machine has no core to spare
+CONTENDED_SHARE = 0.25  # other processes' share of the machine's cores from which they slow a saturated job
+VERDICTS = ("input-bound", "compute-bound", "cpu-contended", "balanced", "no steps measured")
 NO_STEPS = "no steps measured"
 _STAGE_WORDS = {"read": "reading from storage", "decode": "decoding", "augment": "augmentation",
                 "collate": "collating batches", "transfer": "pinning / transfer"}
@@ -155,16 +157,20 @@ def diagnose(*, steps: int, wait_fraction: float, wait_s: float, seconds: float,
             "batch, or a generator already used up all yield nothing"]
     sysf = system or {}
     cores = sysf.get("cores") or available_cores()
+    contended = _contention(sysf, cores)
     if wait_fraction >= INPUT_BOUND_AT:
         verdict = "input-bound"
-    elif wait_fraction < COMPUTE_BOUND_BELOW:
-        verdict = "compute-bound"
+    elif wait_fraction < COMPUTE_BOUND_BELOW:  # the step sets the pace: its own work, or CPU taken from it
+        verdict = "cpu-contended" if contended else "compute-bound"
     else:
         verdict = "balanced"
     facts = [f"the loop waited for data {wait_fraction:.0%} of the time ({wait_s:.2f} s of {seconds:.2f} s)"]
     facts += _system_facts(sysf, loader, cores)
     if verdict == "compute-bound":
         cause_key, cause = "none", "the loader keeps up; the step itself sets the pace"
+    elif verdict == "cpu-contended":
+        cause_key, cause = "contention", (f"the loader keeps up, but {contended}: the step is slowed by them, so "
+                                          "its pace says little about the model or the loader")
     else:
         cause_key, cause = _cause(sysf, stages, loader, cores)
     reasons = ["; ".join(facts) + ": " + cause]
@@ -191,6 +197,9 @@ def _system_facts(sysf: dict[str, Any], loader: LoaderFacts, cores: int) -> list
         facts.append(f"worker processes used {workers:.1f} of {cores} cores")
     if main is not None and (main >= 0.5 or not facts):
         facts.append(f"the training process itself used {main:.1f} cores")
+    others = sysf.get("others_cpu_cores")
+    if others is not None and others >= 0.05 * _machine_cores(sysf, cores):
+        facts.append(f"other processes used {others:.1f} cores")
     if sysf.get("cpu_percent") is not None:
         facts.append(f"CPU {sysf['cpu_percent']:.0f}% busy")
     if sysf.get("iowait_percent") is not None:
@@ -209,7 +218,6 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
     iowait, cpu = sysf.get("iowait_percent"), sysf.get("cpu_percent")
     workers = loader.num_workers
     used, main = sysf.get("workers_cpu_cores"), sysf.get("main_cpu_cores")
-    own = None if used is None and main is None else (used or 0.0) + (main or 0.0)
     in_process = workers == 0 or (loader.kind == "iterable" and not sysf.get("workers"))
     of_worker_time = f" ({share:.0%} of worker time)" if wall else ""
     if (iowait is not None and iowait >= 20) or (wall == "read" and share >= 0.4):
@@ -217,10 +225,10 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
                                                                   if wall == "read" else "")
     if wall == "transfer" and share >= 0.4:
         return "transfer", f"pinning / transfer is the bottleneck{of_worker_time}"
-    if cpu is not None and cpu >= 85:
-        if own is not None and own < 0.5 * cores:
-            return "contention", (f"the CPU is saturated by other processes: this job used {own:.1f} of {cores} "
-                                  "cores")
+    contended = _contention(sysf, cores)
+    if contended:
+        return "contention", f"the CPU is saturated, mostly by others: {contended}"
+    if cpu is not None and cpu >= SATURATED_AT:
         if wall in ("decode", "augment", "collate"):
             return wall, f"{_STAGE_WORDS[wall]} is the bottleneck{of_worker_time}"
         if not in_process:
@@ -240,9 +248,35 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
                      "(network storage, a lock, or work in the training process)")
 
 
+def _machine_cores(sysf: dict[str, Any], cores: int) -> int:
+    """The CPUs the busy percentage covers (every CPU of the machine), else the cores this job may use."""
+    return len(sysf.get("cpu_per_core_percent") or []) or cores
+
+
+def _contention(sysf: dict[str, Any], cores: int) -> str | None:
+    """Words naming the CPU other processes took, when the machine was saturated and they took a large share
+    of it (so they slowed this job); None otherwise or without the figures."""
+    others, cpu = sysf.get("others_cpu_cores"), sysf.get("cpu_percent")
+    used, main = sysf.get("workers_cpu_cores"), sysf.get("main_cpu_cores")
+    machine = _machine_cores(sysf, cores)
+    if cpu is None or (used is None and main is None):
+        return None
+    own = (used or 0.0) + (main or 0.0)
+    if others is None:  # figures without the sampled one: the busy cores less ours
+        others = max(0.0, cpu / 100 * machine - own)
+    if cpu < SATURATED_AT or others < CONTENDED_SHARE * machine:
+        return None
+    return (f"other processes took {others:.1f} of the machine's {machine} cores (CPU {cpu:.0f}% busy) while this "
+            f"job used {own:.1f}")
+
+
 def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[str, Any] | None,
                  loader: LoaderFacts, cuda: bool, cores: int) -> list[str]:
     out: list[str] = []
+    if verdict == "cpu-contended":
+        out.append("measure again where the job has the cores to itself (or with less running beside it) before "
+                   "tuning the model or the loader: other processes took the CPU this loop needed")
+        return out
     if verdict == "compute-bound":
         gpu = sysf.get("gpu_util_percent")
         if gpu is not None and gpu < 50:
@@ -352,5 +386,6 @@ def _system_line(s: dict[str, Any]) -> str:
              f"disk {fmt('disk_read_mb_s', '{:.1f} MB/s')}",
              f"RSS {fmt('rss_mb', '{:,.0f} MB')}",
              f"workers {fmt('workers_cpu_cores', '{:.1f} cores')}",
+             f"other processes {fmt('others_cpu_cores', '{:.1f} cores')}",
              f"GPU {fmt('gpu_util_percent', '{:.0f}%')}"]
     return ", ".join(parts)

@@ -1,6 +1,7 @@
 """Resumable conversion, shared by the image and text drivers: the progress record stored with the data at each
 checkpoint, the fingerprint of what must not change between an interrupted conversion and its resumption, and
-opening `OUT.partial` to resume it (or to start afresh)."""
+opening `OUT.partial` to resume it (or to start afresh). Leftovers that cannot be reopened are never discarded
+silently: that is an error naming the cause, and `--overwrite` starts again."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fastdata.errors import OutputExistsError, RejectedFileError
+from fastdata.errors import START_AGAIN, OutputExistsError, RejectedFileError, StagingDamagedError
 from fastdata.formats.manifest import partial_path
 from fastdata.output import fresh_partial
 
@@ -31,9 +32,26 @@ class ProgressRecord:
     def from_json(cls: type[P], raw: bytes) -> P | None:
         """The record in `raw`, or None when it is unreadable or of another shape."""
         try:
-            return cls(**json.loads(raw))
-        except (ValueError, TypeError):
+            return cls.parse(raw)
+        except ValueError:
             return None
+
+    @classmethod
+    def parse(cls: type[P], raw: bytes) -> P:
+        """The record in `raw`; ValueError saying what is wrong when it is unreadable or of another shape."""
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"not a JSON object but {type(data).__name__}")
+        try:
+            record = cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"not a progress record of this fastdata version ({exc})") from None
+        if not isinstance(record.fingerprint, dict):
+            raise ValueError("its fingerprint is not a JSON object")
+        return record
 
 
 P = TypeVar("P", bound=ProgressRecord)
@@ -89,28 +107,37 @@ W = TypeVar("W", bound=ResumableWriter)
 
 
 def open_or_resume(out: Path, overwrite: bool, wanted: dict, make_writer: Callable[[Path], W],
-                   load: Callable[[bytes], P | None]) -> tuple[W, P | None]:
-    """A writer in OUT.partial (made by `make_writer(directory)`) and the progress it resumes from: the
-    leftovers of an interrupted conversion with the fingerprint `wanted` are resumed, leftovers without a
-    progress record are discarded, and leftovers of a conversion with other settings are refused with
-    OutputExistsError naming what differs. `overwrite` always starts afresh."""
+                   parse: Callable[[bytes], P]) -> tuple[W, P | None]:
+    """A writer in OUT.partial (made by `make_writer(directory)`) and the progress it resumes from (read by
+    `parse`, which raises ValueError on a damaged record): the leftovers of an interrupted conversion with the
+    fingerprint `wanted` are resumed; leftovers without a progress record (killed before its first checkpoint:
+    nothing was kept) are discarded; leftovers of a conversion with other settings are refused with
+    OutputExistsError naming what differs; leftovers that cannot be reopened (damaged storage or progress
+    record) raise StagingDamagedError naming the cause. `overwrite` always starts afresh."""
     partial = partial_path(out)
     if partial.exists() and not overwrite:
         try:
             writer = make_writer(partial)
-        except Exception:  # unreadable leftovers (killed while creating the storage): start afresh
+        except Exception as exc:  # whatever the storage library raises on damaged files: named, never dropped
+            raise StagingDamagedError(f"{partial}: an interrupted conversion whose data cannot be reopened "
+                                      f"({type(exc).__name__}: {exc}); {START_AGAIN}") from exc
+        try:
+            saved = writer.saved_progress()
+            progress = None if saved is None else parse(saved)
+        except Exception as exc:
+            writer.abort()
+            raise StagingDamagedError(f"{partial}: the progress record of an interrupted conversion cannot be read "
+                                      f"({type(exc).__name__}: {exc}); {START_AGAIN}") from exc
+        if progress is None:
+            writer.abort()  # interrupted before its first checkpoint: nothing was kept
             return make_writer(fresh_partial(out)), None
-        saved = writer.saved_progress()
-        progress = load(saved) if saved is not None else None
-        if progress is not None:
-            diffs = differences(progress.fingerprint, wanted)
-            if diffs:
-                writer.abort()
-                raise OutputExistsError(
-                    f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
-                    "with its original source and options to resume, or pass --overwrite to start again")
-            return writer, progress
-        writer.abort()  # interrupted before its first checkpoint: nothing worth keeping
+        diffs = differences(progress.fingerprint, wanted)
+        if diffs:
+            writer.abort()
+            raise OutputExistsError(
+                f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
+                "with its original source and options to resume, or pass --overwrite to start again")
+        return writer, progress
     return make_writer(fresh_partial(out)), None
 
 

@@ -1,5 +1,7 @@
 """Background system sampler for the meter: CPU (total, per core, iowait), disk reads, RSS and CPU of this
-process and its workers (psutil), GPU utilisation and memory (NVML). One sample per `interval` on a daemon
+process and its workers (psutil), the CPU every other process on the machine took meanwhile (busy cores less
+ours: a job slowed by another one is told apart from one slowed by its own work), GPU utilisation and memory
+(NVML). One sample per `interval` on a daemon
 thread, plus one at stop, so even a short run has figures. A figure that cannot be had is `None`, and
 `unavailable` says why."""
 
@@ -14,7 +16,7 @@ from typing import Any
 from fastdata.config import available_cores
 
 FIGURES = ("cpu_percent", "cpu_per_core_percent", "iowait_percent", "disk_read_mb_s", "rss_mb", "workers",
-           "workers_cpu_cores", "main_cpu_cores", "gpu_util_percent", "gpu_util_per_gpu_percent",
+           "workers_cpu_cores", "main_cpu_cores", "others_cpu_cores", "gpu_util_percent", "gpu_util_per_gpu_percent",
            "gpu_memory_used_mb")
 RESCAN_EVERY = 5  # readings between two walks of the process table for new children
 
@@ -215,19 +217,25 @@ class SystemSampler:
         with self._lock:
             self._samples += 1
             latest: dict[str, float | None] = {}
+            busy = own = None
             if "cpu" in prev and "cpu" in now:
-                self._account_cpu(prev["cpu"], now["cpu"], dt, latest)
+                busy = self._account_cpu(prev["cpu"], now["cpu"], dt, latest)
             if "disk" in prev and "disk" in now:
                 rate = max(0, now["disk"] - prev["disk"]) / dt / 1e6
                 self._mean("disk_read_mb_s").add(rate, dt)
                 latest["disk_read_mb_s"] = rate
             if prev.get("procs") and now.get("procs"):
-                self._account_processes(prev["procs"], now["procs"], dt, latest)
+                own = self._account_processes(prev["procs"], now["procs"], dt, latest)
+            if busy is not None and own is not None:  # what the rest of the machine took meanwhile
+                others = max(0.0, busy - own)
+                self._mean("others_cpu_cores").add(others, dt)
+                latest["others_cpu_cores"] = others
             if now.get("gpu"):
                 self._account_gpu(now["gpu"], dt, latest)
             self.latest = latest
 
-    def _account_cpu(self, prev: list, now: list, dt: float, latest: dict) -> None:
+    def _account_cpu(self, prev: list, now: list, dt: float, latest: dict) -> float | None:
+        """Account one interval of the machine's CPU; returns its busy cores (None without a figure)."""
         busy_all = total_all = iowait_all = 0.0
         if len(self._per_core) != len(now):
             self._per_core = [_Mean() for _ in now]
@@ -247,8 +255,11 @@ class SystemSampler:
             latest["cpu_percent"] = cpu
             if sys.platform.startswith("linux"):
                 self._mean("iowait_percent").add(100.0 * max(0.0, iowait_all) / total_all, dt)
+            return busy_all / total_all * len(now)  # busy CPU-seconds over all CPU-seconds, in cores
+        return None
 
-    def _account_processes(self, prev: dict, now: dict, dt: float, latest: dict) -> None:
+    def _account_processes(self, prev: dict, now: dict, dt: float, latest: dict) -> float:
+        """Account one interval of this process and its workers; returns the cores they used together."""
         main = max(0.0, now["main_cpu"] - prev["main_cpu"]) / dt
         used = 0.0
         for pid, cpu in now["children"].items():
@@ -267,6 +278,7 @@ class SystemSampler:
         latest["workers_cpu_cores"] = workers
         self._max["rss_mb"] = max(self._max.get("rss_mb", 0.0), now["rss"] / 2**20)
         self._max["workers"] = max(self._max.get("workers", 0.0), float(len(now["children"])))
+        return main + workers
 
     def _account_gpu(self, uses: list, dt: float, latest: dict) -> None:
         if len(self._per_gpu) != len(uses):

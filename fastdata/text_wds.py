@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastdata.errors import CorruptSampleError, NotADatasetError
+from fastdata.errors import START_AGAIN, CorruptSampleError, NotADatasetError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.wds import WdsWriter
+from fastdata.formats.wds import WdsWriter, check_kept_files
 from fastdata.text_store import TokenReader
 
 INDEX_SUFFIX = ".idx"
@@ -73,13 +74,72 @@ class TextWdsWriter(WdsWriter):
         """The index files of the finished shards (name, bytes, sha256)."""
         return list(self._index_entries)
 
+    @property
+    def open_shard(self) -> dict[str, Any] | None:
+        """Where the unfinished shard stands (name, bytes of complete members, documents), None without one:
+        a checkpoint records it, so that a resumed conversion continues inside that shard."""
+        if self._tar is None or not self._shard_samples:
+            return None
+        return {"name": self._shard_name, "bytes": self._tar.offset, "documents": self._shard_samples}
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Record `progress` (which must list `finished_shards`, `index_files` and `open_shard`) as the point to
+        resume from; the unfinished shard's documents so far are put on disk first."""
+        if self._tar is not None:
+            self._sync_shard()
+        super().checkpoint(progress)
+
     def resume(self, entries: list[FileEntry], index_files: list[dict[str, Any]],  # type: ignore[override]
-               total_tokens: int) -> None:
+               total_tokens: int, open_shard: dict[str, Any] | None = None) -> None:
         """Continue after the finished shards `entries` and their `index_files` (from the saved progress),
-        which hold `total_tokens` tokens: anything else in the directory is dropped."""
-        super().resume(entries, [], keep_files=[f["name"] for f in index_files])
+        which with the documents of `open_shard` (the unfinished shard as `open_shard` described it) hold
+        `total_tokens` tokens: that shard is cut back to those documents and continued, anything else in the
+        directory is dropped. Raises StagingDamagedError when the unfinished shard is not there as recorded."""
+        check_kept_files(self.directory, [(f["name"], f["bytes"]) for f in index_files], "shard index")
+        tmp = None
+        if open_shard is not None:
+            tmp = self.directory / (open_shard["name"] + ".tmp")
+            finished = self.directory / open_shard["name"]
+            if not tmp.exists() and finished.is_file():  # completed after the checkpoint, before the next one
+                os.replace(finished, tmp)
+        super().resume(entries, [], keep_files=[f["name"] for f in index_files] + ([tmp.name] if tmp else []))
         self._index_entries = list(index_files)
         self.total_tokens = total_tokens
+        if tmp is not None and open_shard is not None:
+            self._continue_shard(tmp, open_shard["bytes"], open_shard["documents"])
+
+    def _continue_shard(self, tmp: Path, size: int, documents: int) -> None:
+        """Reopen the unfinished shard `tmp` at its first `size` bytes (`documents` documents), rebuilding its
+        index from the tar, and append to it from there: the same bytes as if it had never stopped."""
+        try:
+            file = open(tmp, "r+b")  # noqa: SIM115 (the shard's file until it is closed)
+        except OSError as exc:
+            raise StagingDamagedError(f"{tmp}: the unfinished shard of the last checkpoint cannot be opened "
+                                      f"({exc.strerror or exc}); {START_AGAIN}") from exc
+        try:
+            if os.fstat(file.fileno()).st_size < size:
+                raise StagingDamagedError(f"{tmp}: holds {os.fstat(file.fileno()).st_size:,} bytes, the last "
+                                          f"checkpoint recorded {size:,}; {START_AGAIN}")
+            file.truncate(size)
+            index = []
+            with tarfile.open(fileobj=file, mode="r:") as tar:
+                for member in tar:
+                    if member.name.endswith(".ids"):
+                        index.append((member.offset_data, member.size // self.dtype.itemsize))
+            if len(index) != documents:
+                raise StagingDamagedError(f"{tmp}: holds {len(index):,} documents in its first {size:,} bytes, "
+                                          f"the last checkpoint recorded {documents:,}; {START_AGAIN}")
+        except tarfile.TarError as exc:
+            file.close()
+            raise StagingDamagedError(f"{tmp}: the unfinished shard is damaged ({exc}); {START_AGAIN}") from exc
+        except BaseException:
+            file.close()
+            raise
+        file.seek(size)
+        self._open_shard(file)
+        self._index = index
+        self._shard_samples = documents
+        self.count += documents
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:  # type: ignore[override]
         """Finish the last shard; returns (shard files, layout facts for the manifest)."""

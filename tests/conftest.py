@@ -220,6 +220,19 @@ def build_solid_tree(root: Path, count: int = SOLID_COUNT) -> Tree:
     return tree
 
 
+def build_large_tree(root: Path, count: int, width: int = 700, height: int = 600) -> Tree:
+    """`count` large PNGs (solid pattern, 3 classes): each takes milliseconds to verify, so that a conversion of
+    the tree lasts long enough to be killed in its middle. Saved with fast compression to build quickly."""
+    tree = Tree(root)
+    for sample_id in range(count):
+        relative = f"{SOLID_CLASSES[solid_label(sample_id)]}/l{sample_id:03d}.png"
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(solid_pattern(sample_id, width + sample_id, height)).save(root / relative, compress_level=1)
+        tree.images.append(relative)
+        tree.exact.add(relative)
+    return tree
+
+
 def solid_id_of_path(relative: str) -> int:
     return int(Path(relative).stem[1:])
 

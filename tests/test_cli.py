@@ -216,7 +216,19 @@ def test_partial_leftovers(capsys, tmp_path):
     code, _, err = cli(capsys, "info", out)
     assert code == 2
     assert_one_line_error(err, str(out), "incomplete conversion", "rerun the same convert command")
-    # leftovers with nothing to resume (killed before its first checkpoint) are replaced by a fresh run
+    # leftovers that cannot be reopened are not discarded behind the user's back ...
+    code, _, err = convert(capsys, src.root, out)
+    assert code == 2
+    assert_one_line_error(err, str(partial), "cannot be reopened", "MDB_INVALID", "--overwrite")
+    assert (partial / "data.mdb").read_bytes() == b"\0" * 100
+    code, _, err = convert(capsys, src.root, out, "--overwrite")  # ... until asked
+    assert code == 0, err
+    assert fastdata.info(out).num_samples == 4
+    # leftovers with nothing to resume (killed before the storage was written) are replaced by a fresh run
+    out = tmp_path / "again.lmdb"
+    partial = tmp_path / "again.lmdb.partial"
+    partial.mkdir()
+    (partial / "data.mdb").write_bytes(b"")
     code, _, err = convert(capsys, src.root, out)
     assert code == 0, err
     assert not partial.exists()

@@ -4,6 +4,8 @@ CLI; a conversion interrupted under one engine resumes under the other."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import BAD_FILES, build_bad_tree, build_tricky_tree
 from test_cli import cli
@@ -49,14 +51,22 @@ def test_ray_engine_makes_the_same_dataset(fmt, ray_instance, tree, tmp_path):
                                                workers=2, progress=False, engine="ray")
     assert distributed.images == local.images and len(distributed.rejected) == len(BAD_FILES)
     assert facts(tmp_path / "ray" / name) == facts(tmp_path / "local" / name)
+    # the work went through Ray: each source file was handled inside a Ray actor (pool worker), in Ray tasks of
+    # 8 files each, as Ray's runtime context told the workers; the local engine ran none
+    files = distributed.images + len(distributed.rejected)
+    assert distributed.engine == "ray" and distributed.ray.outside_ray == 0
+    assert len(distributed.ray.task_ids) == -(-files // 8) > 1
+    assert 1 <= len(distributed.ray.actor_ids) <= 2
+    assert local.engine == "local" and local.ray is None
     if fmt == "wds":
         assert len(local.files) > 2  # several shards, each byte-identical (same sha256 in the manifests)
 
 
 def test_cli_engine_ray_and_errors(ray_instance, tree, tmp_path, capsys):
-    code, _, err = cli(capsys, "convert", "imagefolder", tree, tmp_path / "o", "--format", "wds", "--engine", "ray",
-                       "--workers", "2", "-q")
+    code, out, err = cli(capsys, "convert", "imagefolder", tree, tmp_path / "o", "--format", "wds", "--engine",
+                         "ray", "--workers", "2", "-q")
     assert code == 0, err
+    assert re.search(r"engine    ray: [1-9]\d* Ray tasks on [12] Ray workers", out), out
     assert fastdata.info(tmp_path / "o").num_samples == fastdata.dataset(tmp_path / "o").manifest.num_samples > 0
     with pytest.raises(ConfigError, match="unknown engine 'spark'"):
         fastdata.convert_imagefolder(tree, tmp_path / "x.lmdb", engine="spark", progress=False)

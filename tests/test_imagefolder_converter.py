@@ -25,6 +25,7 @@ from fastdata.errors import (
     OutputExistsError,
     RejectedFileError,
     SourceError,
+    StagingDamagedError,
 )
 
 
@@ -251,7 +252,7 @@ def test_empty_existing_directory_is_used(tmp_path):
     assert len(fastdata.dataset(out)) == 4
 
 
-def test_partial_leftovers_are_reported_and_a_rerun_replaces_unusable_ones(tmp_path):
+def test_partial_leftovers_are_reported_and_unusable_ones_are_replaced_only_with_overwrite(tmp_path):
     src = build_solid_tree(tmp_path / "src", count=5)
     out = tmp_path / "out.lmdb"
     partial = tmp_path / "out.lmdb.partial"
@@ -262,8 +263,11 @@ def test_partial_leftovers_are_reported_and_a_rerun_replaces_unusable_ones(tmp_p
         fastdata.dataset(out)
     with pytest.raises(IncompleteDatasetError):
         fastdata.info(out)
-    # nothing resumable in them (no checkpoint): the same command starts afresh
-    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    # they cannot be reopened: the same command says so, and discards nothing until --overwrite
+    with pytest.raises(StagingDamagedError, match=r"data cannot be reopened .*MDB_INVALID.*--overwrite"):
+        fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    assert (partial / "data.mdb").read_bytes() == b"half a database"
+    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False, overwrite=True)
     assert not partial.exists()
     assert len(fastdata.dataset(out)) == 5
 

@@ -5,7 +5,11 @@ diagnosis of each bottleneck from made-up figures."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -45,7 +49,7 @@ def test_loader_slower_than_step_is_input_bound():
 
 
 def test_step_slower_than_loader_is_compute_bound():
-    m = fastdata.meter(sleepy(12, 0.0), interval=0.05)
+    m = fastdata.meter(sleepy(12, 0.0), system=False)  # other jobs on a busy machine would be named instead
     run(m, 0.02)
     r = m.report()
     assert r.verdict == "compute-bound", r
@@ -341,7 +345,7 @@ def test_diagnose_too_few_workers_and_in_process():
 
 def test_diagnose_contention_and_waiting_on_something_else():
     _, reasons, _ = judge(0.6, system(cpu_percent=99.0, workers_cpu_cores=0.5, main_cpu_cores=0.2))
-    assert "saturated by other processes" in reasons[0]
+    assert "the CPU is saturated, mostly by others: other processes took 7.2 of the machine's 8 cores" in reasons[0]
     plain = LoaderFacts("iterable", "generator")
     _, reasons, _ = judge(0.9, system(cpu_percent=10.0, workers=0, workers_cpu_cores=0.0, main_cpu_cores=0.05),
                           loader=plain)
@@ -387,3 +391,74 @@ def test_cuda_events_time_the_gpu_view():
         x.to(device).float().sum()
     r = m.report()
     assert r.timed_on == "cuda-events" and r.verdict == "input-bound" and r.data_wait_fraction > 0.8
+
+
+def test_diagnose_other_processes_taking_the_cpu_are_not_blamed_on_the_model():
+    """Data is there (2% wait) but the machine is saturated and most of it went to other processes: the verdict
+    says so, and the suggestions do not send the user tuning the model."""
+    busy = system(cores=2, cpu_percent=99.0, cpu_per_core_percent=[99.0, 99.0], workers=0, workers_cpu_cores=0.0,
+                  main_cpu_cores=0.7, others_cpu_cores=1.28)
+    verdict, reasons, suggestions = judge(0.02, busy, cuda=True)
+    assert verdict == "cpu-contended"
+    assert "other processes used 1.3 cores" in reasons[0]
+    assert reasons[0].endswith("but other processes took 1.3 of the machine's 2 cores (CPU 99% busy) while this "
+                               "job used 0.7: the step is slowed by them, so its pace says little about the model "
+                               "or the loader")
+    assert suggestions and all("mixed precision" not in s and "torch.compile" not in s for s in suggestions)
+    assert "cores to itself" in suggestions[0]
+    # the same loop with the machine to itself: compute-bound, and the step is what to speed up
+    alone = {**busy, "cpu_percent": 40.0, "cpu_per_core_percent": [40.0, 40.0], "others_cpu_cores": 0.1}
+    verdict, reasons, suggestions = judge(0.02, alone)
+    assert verdict == "compute-bound" and "keeps up" in reasons[0] and "other processes took" not in reasons[0]
+    assert any("mixed precision" in s for s in suggestions)
+
+
+# A busy loop (for at most two minutes, should the test never end it), and a starter that runs `count` of them in
+# a session of its own and exits: they are then no descendants of the metered process, i.e. "other processes".
+SPIN = textwrap.dedent("""
+    import time
+    print("spinning", flush=True)
+    end = time.time() + 120
+    while time.time() < end:
+        pass
+""")
+HOGS = textwrap.dedent("""
+    import os, subprocess, sys
+    os.setsid()
+    print(os.getpgid(0), flush=True)
+    for _ in range(int(sys.argv[1])):
+        subprocess.Popen([sys.executable, "-c", sys.argv[2]])
+""")
+
+
+@pytest.fixture
+def cpu_hogs():
+    """Busy loops in other processes (not descendants of this one), two per core, for the test's duration."""
+    count = 2 * (os.cpu_count() or 1)
+    starter = subprocess.Popen([sys.executable, "-c", HOGS, str(count), SPIN], stdout=subprocess.PIPE, text=True)
+    group = int(starter.stdout.readline())
+    try:
+        said = ""
+        while said.count("spinning") < count:  # every hog is in its loop (their lines may interleave)
+            char = starter.stdout.read(1)
+            assert char, f"the hogs ended early: {said!r}"
+            said += char
+        yield count
+    finally:
+        os.killpg(group, signal.SIGKILL)
+        starter.wait()
+        starter.stdout.close()
+
+
+def test_a_loop_slowed_by_other_processes_is_reported_as_such(cpu_hogs):
+    """A real CPU-bound loop (data always ready) beside busy loops in other processes: the report names the CPU
+    they took and does not call the loop compute-bound (no figures asserted beyond the verdict's own rule)."""
+    m = fastdata.meter(list(range(100)), interval=0.1)
+    for _ in m:
+        sum(range(200_000))  # the step: CPU work of this process
+    r = m.report()
+    assert r.system["others_cpu_cores"] is not None
+    assert r.verdict == "cpu-contended", str(r)
+    assert "other processes took" in r.reasons[0]
+    assert not any("mixed precision" in s for s in r.suggestions)
+    assert "other processes" in str(r)

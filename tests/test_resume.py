@@ -3,20 +3,26 @@ a dataset, and rerunning the same command resumes and gives what an uninterrupte
 
 from __future__ import annotations
 
+import hashlib
+import json
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import KILL_WHEN, build_solid_tree
+from conftest import KILL_WHEN, Tree, build_large_tree, build_solid_tree
+from test_cli import assert_one_line_error, cli
 
 import fastdata
-from fastdata.errors import IncompleteDatasetError, NotADatasetError, OutputExistsError
+from fastdata.errors import IncompleteDatasetError, OutputExistsError, StagingDamagedError
+from fastdata.formats.manifest import partial_path
 
 COUNT = 40
+LARGE_COUNT = 120
 
 # Runs a conversion in a child process that SIGKILLs itself at a chosen point inside the writer: a real,
 # abrupt kill (no cleanup, no atexit), placed deterministically.
@@ -50,17 +56,17 @@ def killed_conversion(src: Path, out: Path, fmt: str, where: str, at: int = 0) -
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
-def contents(out: Path) -> list[tuple[str, int, bytes]]:
-    """(source path, label, pixels) of every sample, in path order (WDS is stored shuffled)."""
+def contents(out: Path) -> list[tuple[str, int, str]]:
+    """(source path, label, sha256 of the pixels) of every sample, in path order (WDS is stored shuffled)."""
     ds = fastdata.dataset(out)
     items = []
     if hasattr(ds, "reader"):
         for i in range(len(ds)):
             image, label = ds[i]
-            items.append((ds.reader.key(i), label, image.numpy().tobytes()))
+            items.append((ds.reader.key(i), label, hashlib.sha256(image.numpy().tobytes()).hexdigest()))
     else:
         for sample in ds.encoded_samples(list(range(len(ds.shards)))):
-            items.append((sample.key, sample.label, sample.data))
+            items.append((sample.key, sample.label, hashlib.sha256(sample.data).hexdigest()))
     return sorted(items)
 
 
@@ -106,26 +112,74 @@ def test_sigkill_then_rerun_resumes_to_the_same_dataset(tree, reference, tmp_pat
     assert not Path(str(out) + ".partial").exists()
 
 
-def test_sigkill_at_random_times(tree, reference, tmp_path):
-    """Kills at arbitrary moments (no injection): every rerun completes to the reference dataset."""
+# An uninterrupted conversion in a child process, without any injection: what the random-time kills interrupt.
+CONVERT = "import sys, fastdata; fastdata.convert_imagefolder(sys.argv[1], sys.argv[2], workers=1, commit_every=4, " \
+          "progress=False)"
+
+
+def start_conversion(src: Path, out: Path) -> tuple[subprocess.Popen, float | None]:
+    """A child converting `src` to `out`, and the moment its staging `OUT.partial` appeared, i.e. the conversion
+    began (None when the child ended before that)."""
+    proc = subprocess.Popen([sys.executable, "-c", CONVERT, str(src), str(out)], stderr=subprocess.PIPE, text=True)
+    staging = partial_path(out)
+    while not staging.exists():
+        if proc.poll() is not None:
+            return proc, None
+        time.sleep(0.001)
+    return proc, time.perf_counter()
+
+
+def conversion_seconds(src: Path, out: Path) -> float:
+    """How long a conversion runs in a child, from its staging appearing to the finished dataset in place."""
+    proc, began = start_conversion(src, out)
+    assert began is not None, proc.communicate()[1]
+    while not out.exists():
+        assert proc.poll() in (None, 0), proc.communicate()[1]
+        time.sleep(0.001)
+    seconds = time.perf_counter() - began
+    assert proc.wait() == 0, proc.communicate()[1]
+    return seconds
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory) -> tuple[Tree, Path]:
+    """A tree slow enough to convert (about 0.1 s or more) to be killed in its middle, and its reference LMDB."""
+    root = tmp_path_factory.mktemp("large")
+    tree = build_large_tree(root / "src", LARGE_COUNT)
+    fastdata.convert_imagefolder(tree.root, root / "ref.lmdb", workers=1, commit_every=4, progress=False)
+    return tree, root / "ref.lmdb"
+
+
+def test_sigkill_at_random_times(large, tmp_path):
+    """Kills at arbitrary moments of the conversion itself (no injection): the clock starts when the child's
+    staging appears, and the kill comes after a random fraction of the time a whole conversion takes. A kill that
+    came too late (the dataset was already in place) is tried again, sooner, so that every kill lands mid-conversion:
+    the child died of it, its staging is there and no dataset is. Every rerun completes to the reference."""
+    tree, reference = large
+    seconds = conversion_seconds(tree.root, tmp_path / "timed.lmdb")
+    expected = contents(reference)
     rng = np.random.default_rng(7)
-    for attempt in range(3):
-        out = tmp_path / f"out{attempt}.lmdb"
-        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-            import fastdata
-            fastdata.convert_imagefolder({str(tree.root)!r}, {str(out)!r}, workers=1, commit_every=4,
-                                         progress=False)
-        """)])
-        try:
-            proc.wait(timeout=float(rng.uniform(0.5, 3.0)))
-        except subprocess.TimeoutExpired:
+    for attempt, fraction in enumerate(rng.uniform(0.05, 0.95, size=3)):
+        for retry in range(8):
+            out = tmp_path / f"out{attempt}-{retry}.lmdb"
+            proc, began = start_conversion(tree.root, out)
+            assert began is not None, proc.communicate()[1]
+            time.sleep(max(0.0, began + fraction * seconds - time.perf_counter()))
             proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        if not (out / "manifest.json").exists():  # killed before the commit: not a dataset until rerun
-            with pytest.raises(NotADatasetError):
-                fastdata.dataset(out)
-            fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False)
-        assert contents(out) == contents(reference["lmdb"])
+            returncode, stderr = proc.wait(), proc.communicate()[1]
+            if returncode == -signal.SIGKILL and not out.exists():
+                break  # killed during the conversion
+            assert returncode in (0, -signal.SIGKILL), stderr  # the conversion had finished: kill sooner
+            fraction /= 2
+        else:
+            pytest.fail(f"no kill landed during the conversion ({seconds:.3f} s long)")
+        assert partial_path(out).is_dir()
+        with pytest.raises(IncompleteDatasetError, match="rerun the same convert command"):
+            fastdata.dataset(out)
+        summary = fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False)
+        assert summary.images == LARGE_COUNT
+        assert contents(out) == expected
+        assert not partial_path(out).exists()
 
 
 def test_resume_with_other_options_or_source_is_refused(tree, tmp_path):
@@ -144,3 +198,42 @@ def test_resume_with_other_options_or_source_is_refused(tree, tmp_path):
     # --overwrite starts again instead
     summary = fastdata.convert_imagefolder(tree.root, out, max_size=16, overwrite=True, workers=1, progress=False)
     assert summary.images == COUNT and not summary.resumed_at
+
+
+def test_leftovers_that_cannot_be_reopened_are_an_error_never_a_silent_restart(tree, reference, tmp_path, capsys):
+    """A damaged interrupted conversion (LMDB data file, WebDataset progress record, a finished shard gone) is
+    refused with the cause and the way out named; nothing is discarded until --overwrite says so."""
+    lmdb_out = tmp_path / "out.lmdb"
+    killed_conversion(tree.root, lmdb_out, "lmdb", "add", 9)  # two checkpoints recorded
+    data = partial_path(lmdb_out) / "data.mdb"
+    raw = data.read_bytes()
+    data.write_bytes(b"\xff" * 8192 + raw[8192:])  # both LMDB meta pages overwritten
+    with pytest.raises(StagingDamagedError, match=r"out\.lmdb\.partial: an interrupted conversion whose data cannot "
+                                                  r"be reopened \(.+\); .*pass --overwrite to start it again"):
+        fastdata.convert_imagefolder(tree.root, lmdb_out, workers=1, commit_every=4, progress=False)
+    assert data.read_bytes()[8192:] == raw[8192:]  # left as it was
+    code, _, err = cli(capsys, "convert", "imagefolder", tree.root, lmdb_out, "-q")
+    assert code == 2
+    assert_one_line_error(err, "cannot be reopened", "--overwrite")
+    summary = fastdata.convert_imagefolder(tree.root, lmdb_out, workers=1, commit_every=4, progress=False,
+                                           overwrite=True)
+    assert summary.resumed_at is None and contents(lmdb_out) == contents(reference["lmdb"])
+
+    wds_out = tmp_path / "shards"
+    killed_conversion(tree.root, wds_out, "wds", "checkpoint", 3)  # finished shards and their progress
+    progress = partial_path(wds_out) / "progress.json"
+    saved = progress.read_bytes()
+    progress.write_bytes(saved[: len(saved) // 2])  # cut short
+    with pytest.raises(StagingDamagedError, match=r"the progress record of an interrupted conversion cannot be "
+                                                  r"read \(ValueError: not JSON .+\); .*--overwrite"):
+        fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
+                                     commit_every=4, progress=False)
+    progress.write_bytes(saved)
+    finished = json.loads(saved)["files"]
+    assert finished, "the kill came after a shard was recorded as finished"
+    (partial_path(wds_out) / finished[0]["name"]).unlink()
+    with pytest.raises(StagingDamagedError, match=rf"{finished[0]['name']}: a finished shard of the last "
+                                                  "checkpoint is missing; .*--overwrite"):
+        fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
+                                     commit_every=4, progress=False)
+    assert progress.read_bytes() == saved  # nothing discarded

@@ -19,8 +19,9 @@ from conftest import KILL_WHEN
 from test_text import make_corpus, train_bytelevel
 
 import fastdata
+from fastdata.cli import main
 from fastdata.convert_text import TextConversionSummary, _TextProgress
-from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError
+from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError, StagingDamagedError
 from fastdata.formats.manifest import partial_path, read_manifest
 from fastdata.formats.wds import PROGRESS_FILE
 from fastdata.text_lmdb import TextLmdbWriter
@@ -59,9 +60,10 @@ def convert(sources: list[Path], out: Path, fmt: str, **overrides) -> TextConver
     return fastdata.convert_text([str(s) for s in sources], out, format=fmt, **{**SETTINGS, **overrides})
 
 
-def killed_conversion(sources: list[Path], out: Path, fmt: str, where: str, at: int, tokenizer: Path) -> None:
+def killed_conversion(sources: list[Path], out: Path, fmt: str, where: str, at: int, tokenizer: Path,
+                      **overrides) -> None:
     args = json.dumps([[str(s) for s in sources], str(out), fmt, where, at,
-                       {**SETTINGS, "tokenizer": str(tokenizer)}])
+                       {**SETTINGS, "tokenizer": str(tokenizer), **overrides}])
     proc = subprocess.run([sys.executable, "-c", KILLER, args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not out.exists()
@@ -248,3 +250,90 @@ def test_lmdb_writer_reopens_after_its_last_checkpoint(tmp_path):
     assert reader.ends.tolist() == np.cumsum([len(d) for d in docs]).tolist()
     for start in range(len(stream) + 1):
         np.testing.assert_array_equal(reader.read(start, len(stream)), stream[start:])
+
+
+# Default chunk, commit and shard sizes: the whole corpus is one chunk group or one shard, so that only
+# `checkpoint_every` (source bytes read) makes checkpoints.
+CADENCE = {"batch_size": "2KB", "checkpoint_every": "4KB", "progress": False}
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_checkpoints_follow_the_source_read_and_the_rerun_says_how_many_documents_it_kept(
+        corpus_files, tmp_path, capsys, fmt):
+    """A corpus far smaller than a chunk group or a shard still gets checkpoints every `checkpoint_every` of
+    source: killed after some of them, the rerun resumes after N > 0 documents, says so (summary and CLI), and
+    gives what an uninterrupted conversion gives (WebDataset: the same shard bytes, the unfinished shard
+    continued where its last checkpoint left it)."""
+    sources, tokenizer = corpus_files
+    reference = fastdata.convert_text([str(s) for s in sources], tmp_path / "ref", tokenizer=tokenizer,
+                                      format=fmt, **CADENCE)
+    assert len(reference.files) == 1  # no shard was finished, no chunk group filled: no other checkpoint
+    out = tmp_path / ("out.lmdb" if fmt == "lmdb" else "shards")
+    args = json.dumps([[str(s) for s in sources], str(out), fmt, "checkpoint", 4,
+                       {**CADENCE, "tokenizer": str(tokenizer)}])
+    proc = subprocess.run([sys.executable, "-c", KILLER, args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # killed at the 4th checkpoint: 3 were recorded
+    saved = saved_progress(out, fmt)
+    assert 0 < saved.documents < reference.documents
+    if fmt == "wds":
+        assert saved.open_shard is not None and saved.open_shard["documents"] == saved.documents
+
+    code = main(["convert", "text", *map(str, sources), str(out), "--tokenizer", str(tokenizer), "--format", fmt,
+                 "--batch-size", CADENCE["batch_size"], "--checkpoint-every", "1MB", "-q"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert f"resumed an interrupted conversion after {saved.documents:,} documents ({saved.records:,} source " \
+           "records)" in printed
+    assert documents(out) == documents(tmp_path / "ref")
+    if fmt == "wds":
+        assert [(f.name, f.sha256) for f in read_manifest(out).files] == \
+            [(f.name, f.sha256) for f in read_manifest(tmp_path / "ref").files]
+
+
+@pytest.mark.parametrize("at", range(3, 9))
+def test_wds_checkpoints_inside_and_between_shards_resume_to_the_same_shards(corpus_files, reference, tmp_path,
+                                                                             at):
+    """Small shards and checkpoints inside them: a kill at any checkpoint (inside a shard, or right after a shard
+    was finished while the last recorded checkpoint was inside it) resumes to the very same shard bytes."""
+    sources, tokenizer = corpus_files
+    out = tmp_path / "shards"
+    killed_conversion(sources, out, "wds", "checkpoint", at, tokenizer, checkpoint_every="3KB")
+    saved = saved_progress(out, "wds")
+    summary = convert(sources, out, "wds", tokenizer=tokenizer)
+    assert summary.resumed_documents == saved.documents > 0
+    ref = read_manifest(reference["wds"])
+    assert [(f.name, f.sha256) for f in read_manifest(out).files] == [(f.name, f.sha256) for f in ref.files]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference["wds"].iterdir())
+
+
+def test_damaged_text_leftovers_are_an_error_never_a_silent_restart(corpus_files, reference, tmp_path):
+    """The progress record inside the LMDB file damaged, or the unfinished shard cut shorter than its last
+    checkpoint recorded: refused with the cause and --overwrite named, the leftovers kept."""
+    sources, tokenizer = corpus_files
+    out = tmp_path / "out.lmdb"
+    killed_conversion(sources, out, "lmdb", "checkpoint", 4, tokenizer)
+    saved = TextLmdbWriter(partial_path(out), np.dtype("uint16"))
+    record = saved.saved_progress()
+    saved.abort()
+    data = partial_path(out) / "data.mdb"
+    raw = data.read_bytes()
+    assert record and raw.count(record) >= 1
+    data.write_bytes(raw.replace(record, b"\xff" * 16 + record[16:]))  # its first bytes, in the file itself
+    with pytest.raises(StagingDamagedError, match=r"the progress record of an interrupted conversion cannot be "
+                                                  r"read \(ValueError: not JSON .+\); .*--overwrite"):
+        convert(sources, out, "lmdb", tokenizer=tokenizer)
+    assert data.is_file()
+    summary = convert(sources, out, "lmdb", tokenizer=tokenizer, overwrite=True)
+    assert summary.resumed_at is None and documents(out) == documents(reference["lmdb"])
+
+    out = tmp_path / "shards"
+    killed_conversion(sources, out, "wds", "checkpoint", 4, tokenizer, checkpoint_every="3KB", shard_size="1MB")
+    open_shard = saved_progress(out, "wds").open_shard  # one shard for the corpus: every checkpoint is inside it
+    assert open_shard is not None
+    tmp = partial_path(out) / (open_shard["name"] + ".tmp")
+    os.truncate(tmp, open_shard["bytes"] - 512)
+    with pytest.raises(StagingDamagedError, match=rf"{open_shard['name']}\.tmp: holds {open_shard['bytes'] - 512:,} "
+                                                  rf"bytes, the last checkpoint recorded {open_shard['bytes']:,}; "
+                                                  ".*--overwrite"):
+        convert(sources, out, "wds", tokenizer=tokenizer, shard_size="1MB")
+    assert tmp.is_file()

@@ -12,6 +12,7 @@ from conftest import build_solid_tree
 
 import fastdata
 from fastdata.cli import main
+from fastdata.formats.lmdb import release_environments
 from fastdata.formats.manifest import CHECKSUM_FIELD, content_checksum, sha256_file
 from fastdata.verify import verify
 
@@ -126,3 +127,45 @@ def test_source_differences_are_named(tree, lmdb_copy, tmp_path):
 def test_not_a_dataset(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 2
     assert "not a fastdata dataset" in capsys.readouterr().err
+
+
+def spoil_image(path, data: bytes) -> None:
+    """Overwrite the first bytes of the stored image `data` inside the file `path` (same length: the container's
+    structure stays intact, the image no longer decodes)."""
+    raw = path.read_bytes()
+    at = raw.find(data)
+    assert at >= 0 and raw.find(data, at + 1) < 0
+    path.write_bytes(raw[:at] + b"\0" * 16 + raw[at + 16:])
+
+
+def test_damaged_shards_name_their_undecodable_samples_and_the_check_goes_on(wds_copy, capsys):
+    ds = fastdata.dataset(wds_copy)
+    files = fastdata.info(wds_copy).files
+    assert len(files) >= 4
+    damaged = {}
+    for shard_id in (1, len(files) - 1):  # an early shard and the last one: the check goes on past the first
+        sample = list(ds.shard_samples(shard_id))[1][1]
+        spoil_image(wds_copy / files[shard_id].name, sample.data)
+        damaged[files[shard_id].name] = sample.key
+    report = verify(wds_copy, decode=True)
+    assert len(report.problems) == 4, report.problems
+    for name, key in damaged.items():
+        assert any(p.startswith(f"{name}: sha256 differs") for p in report.problems)
+        assert any(p.startswith("undecodable:") and f"{name}: sample {key!r}" in p for p in report.problems)
+    assert not any(f.name in p for f in files if f.name not in damaged for p in report.problems)
+    assert main(["verify", str(wds_copy), "--decode"]) == 1
+    out = capsys.readouterr().out
+    assert all(key in out for key in damaged.values())
+    without_decode = verify(wds_copy).problems  # names the damaged files and how to find the samples
+    assert len(without_decode) == 2 and all("--decode names the samples" in p for p in without_decode)
+
+
+def test_damaged_lmdb_names_its_undecodable_sample(lmdb_copy):
+    ds = fastdata.dataset(lmdb_copy)
+    key, data = ds.reader.key(5), ds.reader.read(5)
+    release_environments()  # this process read the file: let the next read see the damage
+    spoil_image(lmdb_copy / "data.mdb", data)
+    problems = verify(lmdb_copy, decode=True).problems
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("data.mdb: sha256 differs")
+    assert problems[1].startswith("undecodable:") and f"sample {key!r}" in problems[1]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from fastdata.errors import CorruptSampleError
+from fastdata.errors import START_AGAIN, CorruptSampleError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
 from fastdata.formats.records import ImageRecord
 
@@ -38,6 +38,18 @@ def split_member_name(name: str) -> tuple[str, str]:
 
 
 PROGRESS_FILE = "progress.json"
+
+
+def check_kept_files(directory: Path, files: list[tuple[str, int]], what: str) -> None:
+    """Raise StagingDamagedError naming the first of `files` ((name, bytes) a checkpoint recorded in the staging
+    `directory`) that is missing or of another size: resuming over it would commit a broken dataset."""
+    for name, size in files:
+        path = directory / name
+        if not path.is_file():
+            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint is missing; {START_AGAIN}")
+        if path.stat().st_size != size:
+            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint holds {path.stat().st_size:,} bytes, "
+                                      f"it had {size:,}; {START_AGAIN}")
 
 
 class WdsWriter:
@@ -66,7 +78,9 @@ class WdsWriter:
     def resume(self, entries: list[FileEntry], written_paths: list[str], keep_files: Iterable[str] = ()) -> None:
         """Continue after the finished shards `entries` (from the saved progress), whose samples came from
         `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else
-        (but the files named in `keep_files`)."""
+        (but the files named in `keep_files`). Raises StagingDamagedError when a finished shard is not there as
+        the progress recorded it."""
+        check_kept_files(self.directory, [(entry.name, entry.bytes) for entry in entries], "finished shard")
         self._entries = list(entries)
         self.count = sum(e.samples for e in entries)
         keep = {e.name for e in entries} | {PROGRESS_FILE} | set(keep_files)
@@ -76,19 +90,28 @@ class WdsWriter:
         for relative_path in written_paths:
             self._unique_key(relative_path)
 
-    def _open_shard(self) -> None:
+    def _open_shard(self, file: BinaryIO | None = None) -> None:
+        """Start the next shard as `shard-N.tar.tmp`, or continue it in `file` (open for writing at the end of
+        its last complete member: a resumed shard)."""
         self._shard_name = SHARD_PATTERN.format(len(self._entries))
-        path = self.directory / (self._shard_name + ".tmp")
-        self._tar = tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (spans add() calls)
+        if file is None:
+            file = open(self.directory / (self._shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
+        self._shard_file = file
+        self._tar = tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (same)
         self._shard_samples = 0
+
+    def _sync_shard(self) -> None:
+        """Put what the open shard holds so far on disk."""
+        self._shard_file.flush()
+        os.fsync(self._shard_file.fileno())
 
     def _close_shard(self) -> None:
         if self._tar is None:
             return
         self._tar.close()
+        self._sync_shard()
+        self._shard_file.close()
         tmp = self.directory / (self._shard_name + ".tmp")
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
         path = self.directory / self._shard_name
         os.replace(tmp, path)
         self._entries.append(FileEntry(self._shard_name, path.stat().st_size, sha256_file(path),
@@ -149,6 +172,7 @@ class WdsWriter:
         """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
         if self._tar is not None:
             self._tar.close()
+            self._shard_file.close()
             self._tar = None
 
 
