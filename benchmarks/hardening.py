@@ -101,11 +101,13 @@ def epoch_rate(out: Path, workers: int) -> tuple[float, int]:
                              **loader_settings(workers).loader_kwargs())
     for _ in loader:  # warm-up epoch
         pass
-    skipped_before = len(loader.skipped)
+    borrowed_before = len(loader.borrowed)
     started, seen = time.perf_counter(), 0
     for _, labels in loader:
         seen += len(labels)
-    return seen / (time.perf_counter() - started), len(loader.skipped) - skipped_before
+    rate = seen / (time.perf_counter() - started)
+    # loader.skipped lists each bad sample once (all met in the warm-up epoch): count this epoch's from its yield
+    return rate, len(loader.dataset) - seen + len(loader.borrowed) - borrowed_before
 
 
 def corrupt(out: Path, repeats: int, workers: int) -> None:
