@@ -1,4 +1,4 @@
-"""Build the optional C extension `fastdata._jpeg_region` (everything else is in pyproject.toml).
+"""Build the optional C extension `fastdata.image._jpeg_region` (everything else is in pyproject.toml).
 
 It needs only a C compiler and Python's headers: libjpeg-turbo's headers are vendored in csrc/libjpeg-turbo and
 the library itself is found at run time (Pillow's wheels ship one). Where it cannot be built, installation still
@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "fastdata._jpeg_region",
+            "fastdata.image._jpeg_region",
             sources=["csrc/jpeg_region.c"],
             include_dirs=["csrc/libjpeg-turbo"],
             libraries=["dl"] if sys.platform.startswith("linux") else [],

@@ -15,7 +15,7 @@ Workloads (2 workers = the machine's cores by default, batch 128, uint8 [B, 3, 2
 FFCV always stores what its writer re-encodes (JPEG q90), so its rows read FFCV's bytes, not the others': the row
 says so. Every contender gets fastdata.loader's DataLoader settings (FFCV and DALI: as many threads as workers),
 one untimed pass, the page cache warmed with its files, and `--repeats` alternating runs
-(`fastdata.bench.run_contenders`); the table gives medians, the median per-run ratio to the baseline, the share
+(`fastdata.tools.bench.run_contenders`); the table gives medians, the median per-run ratio to the baseline, the share
 of the decode ceiling, time to first batch and peak RSS (loader + workers). A peer that cannot be imported is left
 out, with the reason printed (install: benchmarks/README.md).
 
@@ -37,7 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdata.bench import (
+from fastdata.convert.images import convert_imagefolder
+from fastdata.formats.lmdb import LmdbReader
+from fastdata.formats.manifest import read_manifest
+from fastdata.image.region import Region, region_decoder
+from fastdata.tools.bench import (
     BenchConfig,
     Contender,
     LoaderResult,
@@ -46,12 +50,8 @@ from fastdata.bench import (
     fastdata_contender,
     run_contenders,
 )
-from fastdata.bench_baseline import Baseline, choose_baseline, source_baseline
-from fastdata.convert import convert_imagefolder
-from fastdata.formats.lmdb import LmdbReader
-from fastdata.formats.manifest import read_manifest
-from fastdata.jpeg_region import Region, region_decoder
-from fastdata.sample import cached_sample_imagefolder
+from fastdata.tools.bench_baseline import Baseline, choose_baseline, source_baseline
+from fastdata.tools.sample import cached_sample_imagefolder
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_contender

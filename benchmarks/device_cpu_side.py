@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import fastdata
-from fastdata.bench_fair import DEFAULT_REPEATS, alternate, dataset_files, median_ratio, warm_page_cache
+from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, dataset_files, median_ratio, warm_page_cache
 
 
 def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> float:

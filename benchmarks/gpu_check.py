@@ -25,7 +25,7 @@ import torch
 
 def sample(out: Path, images: int) -> tuple[Path, Path]:
     import fastdata
-    from fastdata.sample import cached_sample_imagefolder
+    from fastdata.tools.sample import cached_sample_imagefolder
 
     src, lmdb = cached_sample_imagefolder(out, images), out / f"sample-{images}.lmdb"
     if not lmdb.exists():
@@ -94,8 +94,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device here")
     import fastdata
-    from fastdata.bench import BenchConfig, imagefolder_baseline
     from fastdata.config import available_cores
+    from fastdata.tools.bench import BenchConfig, imagefolder_baseline
 
     args.out.mkdir(parents=True, exist_ok=True)
     src, lmdb = sample(args.out, args.images)

@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 
 import fastdata
-from fastdata.bench_fair import (
+from fastdata.tools.bench_fair import (
     DEFAULT_REPEATS,
     alternate,
     dataset_files,
@@ -31,7 +31,7 @@ from fastdata.bench_fair import (
     median_ratio,
     warm_page_cache,
 )
-from fastdata.sample import cached_sample_imagefolder
+from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def dataset_for(data: Path, images: int) -> Path:

@@ -11,7 +11,7 @@ loaders in two tables, each on one set of stored bytes:
    inputs; `fastdata bench --baseline-source` does that on request, and says so.)
 
 Every contender gets fastdata.loader's DataLoader settings, the same transform and batch size, one untimed pass,
-its files read once before timing, and --repeats alternating runs (`fastdata.bench.run_contenders`); the tables
+its files read once before timing, and --repeats alternating runs (`fastdata.tools.bench.run_contenders`); the tables
 give medians, and ratios that are medians of the per-run ratios.
 
     python benchmarks/imagefolder_vs_fastdata.py --images 3000 --repeats 3
@@ -26,11 +26,11 @@ import shutil
 import time
 from pathlib import Path
 
-from fastdata.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
-from fastdata.bench_baseline import choose_baseline
-from fastdata.bench_fair import DEFAULT_REPEATS
-from fastdata.convert import convert_imagefolder
-from fastdata.sample import cached_sample_imagefolder
+from fastdata.convert.images import convert_imagefolder
+from fastdata.tools.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
+from fastdata.tools.bench_baseline import choose_baseline
+from fastdata.tools.bench_fair import DEFAULT_REPEATS
+from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def print_table(title: str, results: list[LoaderResult]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 import fastdata
-from fastdata.bench_fair import alternate
+from fastdata.tools.bench_fair import alternate
 
 
 def loop(iterable: Iterable, work: Callable[[], None] | None) -> float:

@@ -1,6 +1,6 @@
 """Optional peer loaders for the image benchmarks: FFCV and NVIDIA DALI (CPU operators), each built from the
 same source files as fastdata's conversion and run with the bench's settings (workers, batch size, transform,
-warm-up: `fastdata.bench.run_contenders`). Neither is a dependency of fastdata; install them with
+warm-up: `fastdata.tools.bench.run_contenders`). Neither is a dependency of fastdata; install them with
 benchmarks/requirements-peers.txt (see benchmarks/README.md). A peer that cannot be imported or built raises
 `PeerUnavailable` with the reason, and the script leaves its row out and prints why.
 """
@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fastdata.bench import BenchConfig, Contender, LoaderResult
-from fastdata.bench_baseline import Baseline
+from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
+from fastdata.tools.bench_baseline import Baseline
 
 
 class PeerUnavailable(Exception):

@@ -4,7 +4,7 @@ For every stored JPEG of a dataset, one RandomResizedCrop 224 is drawn from its 
 does, seeded), then timed, each over all images, alternating, median of `--repeats` passes:
 
 - region: fastdata's extension decodes only the crop's rows and columns at the smallest DCT scale that keeps
-  the crop at least 224 pixels (`fastdata.jpeg_region.plan_region`);
+  the crop at least 224 pixels (`fastdata.image.region.plan_region`);
 - whole, same scale: OpenCV decodes the whole image at that DCT scale (fastdata's fallback path);
 - whole, full size: OpenCV decodes the whole image at full size (what PIL-style loaders do before cropping).
 
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdata.augment import RandomResizedCropFlip, reduce_factor
-from fastdata.decode import CODEC_CV_JPEG, decode_rgb
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
-from fastdata.jpeg_region import plan_region, region_decoder
-from fastdata.order import sample_rng
+from fastdata.image.augment import RandomResizedCropFlip, reduce_factor
+from fastdata.image.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.image.region import plan_region, region_decoder
+from fastdata.order.epoch import sample_rng
 
 
 def jpegs(path: Path) -> list[tuple[bytes, int, int]]:

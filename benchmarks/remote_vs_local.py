@@ -4,7 +4,7 @@ Generates the sample ImageFolder, converts it with --format wds, serves the shar
 `python -m http.server` in its own process, and times `fastdata.loader` over the local directory and over the
 URL: without a cache (each worker downloads and verifies the shards it reads), with a cold cache (each shard
 downloaded once) and with a warm one. Same transform, batch size and DataLoader settings (fastdata.loader's,
-`fastdata.bench_fair.loader_settings`); the shard files are read once before timing (the server reads the same
+`fastdata.tools.bench_fair.loader_settings`); the shard files are read once before timing (the server reads the same
 files); no warm-up pass for any contender, since the first epoch's downloads are what is measured; --repeats
 alternating runs, medians, and "vs local" as the median of the per-run ratios.
 
@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import fastdata
-from fastdata.bench_fair import (
+from fastdata.tools.bench_fair import (
     DEFAULT_REPEATS,
     alternate,
     dataset_files,
@@ -36,7 +36,7 @@ from fastdata.bench_fair import (
     median_ratio,
     warm_page_cache,
 )
-from fastdata.sample import cached_sample_imagefolder
+from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""The packed-block loaders that benchmarks/text_throughput.py times, each as a `fastdata.bench.Contender`, so
+"""The packed-block loaders that benchmarks/text_throughput.py times, each as a `fastdata.tools.bench.Contender`, so
 that they all run through `run_contenders` (fastdata.loader's DataLoader settings for every DataLoader, one
 untimed pass each, every file read once before timing, alternating runs, medians of per-run ratios).
 
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from fastdata.bench import BenchConfig, Contender, LoaderResult
-from fastdata.bench_fair import dataset_files
+from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
+from fastdata.tools.bench_fair import dataset_files
 
 
 class Pairs:

@@ -6,7 +6,7 @@ Builds (once, under benchmarks/data/text/) a corpus of real English text from fi
 over --repeats runs and printing medians and medians of per-run ratios measured in the same run:
 
 - conversion: `Tokenizer.encode_batch_fast` over the texts already in memory (the ceiling: the tokenizer's
-  fastest batched call, the one fastdata uses), `encode_batch` (same ids, with offsets), `fastdata.convert_text`
+  fastest batched call, the one fastdata uses), `encode_batch` (same ids, with offsets), `fastdata.convert.text`
   to LMDB and to WebDataset (whole runs: reading, JSON parsing, tokenizing, writing, hashing, manifest), and
   `encode` one document at a time (on the first --one-at-a-time-mb of the corpus). Each runs in a fresh
   process (no warm-up for any); the corpus file is read once before the runs; the peak RSS growth over the
@@ -17,7 +17,7 @@ over --repeats runs and printing medians and medians of per-run ratios measured 
   through a DataLoader, one block per item and one batch per item; HF `datasets` through a DataLoader (optional:
   left out, with the reason, when `datasets` is not installed); `fastdata.loader` (LMDB, WebDataset). Every
   DataLoader gets fastdata.loader's settings with --workers workers, every loader one untimed epoch first,
-  and every file is read once before timing (`fastdata.bench.run_contenders`).
+  and every file is read once before timing (`fastdata.tools.bench.run_contenders`).
 
     python benchmarks/text_throughput.py --mb 80 --repeats 3
 
@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastdata.bench import BenchConfig, Contender, LoaderResult, run_contenders
-from fastdata.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
+from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
+from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 from text_corpus import build_corpus, iter_texts, train_tokenizer
@@ -62,7 +62,7 @@ def _rss_mb() -> float:
 
 def _ceiling(corpus: str, tokenizer: str, method: str, batch_chars: int, limit_mb: float | None) -> dict:
     """Tokenize the corpus texts (loaded in memory first, not timed) with the tokenizer's own API."""
-    from fastdata.text_tokenizer import load_tokenizer
+    from fastdata.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     base = _rss_mb()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import click
 
-from fastdata.decode import DEFAULT_MAX_PIXELS, codec_for
 from fastdata.errors import SourceError
 from fastdata.formats.records import ImageRecord
+from fastdata.image.decode import DEFAULT_MAX_PIXELS, codec_for
 
 #: torchvision.datasets.folder.IMG_EXTENSIONS (checked equal by the tests)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -139,7 +139,7 @@ def _downscaled(im, relative_path: str, label: int, options: EncodeOptions) -> I
 
 def cli_command() -> click.Command:
     """`fastdata convert imagefolder SRC OUT ...`"""
-    from fastdata.cli_options import convert_options
+    from fastdata.converters.options import convert_options
 
     @click.command("imagefolder")
     @click.argument("src", type=click.Path(path_type=Path))
@@ -151,7 +151,7 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = torchvision ImageFolder's sample i);
         --format wds writes WebDataset tar shards into the directory OUT.
         """
-        from fastdata.cli_options import run_conversion
+        from fastdata.converters.options import run_conversion
 
         run_conversion(src, out, **options)
 

@@ -220,7 +220,7 @@ class SourceReader:
 
 def cli_command() -> click.Command:
     """`fastdata convert text SRC... OUT --tokenizer tokenizer.json ...`"""
-    from fastdata.cli_options import output_options
+    from fastdata.converters.options import output_options
 
     @click.command("text")
     @click.argument("src", nargs=-1, required=True)
@@ -246,7 +246,7 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
         directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).
         """
-        from fastdata.convert_text import convert_text
+        from fastdata.convert.text import convert_text
 
         click.echo(str(convert_text(list(src), out, progress=not quiet, **options)))
 

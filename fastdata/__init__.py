@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from fastdata.convert import convert_imagefolder
-from fastdata.convert_text import convert_text
-from fastdata.info import info
+from fastdata._version import __version__
+from fastdata.convert.images import convert_imagefolder
+from fastdata.convert.text import convert_text
 from fastdata.loader import dataset, loader
-from fastdata.meter import meter
+from fastdata.meter.loop import meter
+from fastdata.tools.info import info
 
 __all__ = ["__version__", "convert_imagefolder", "convert_text", "dataset", "info", "loader", "meter"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from fastdata import __version__
+from fastdata._version import __version__
 from fastdata.errors import FastdataError, RejectedFileError
 
 
@@ -49,7 +49,7 @@ def convert() -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def info(path: Path) -> None:
     """Show what the dataset at PATH holds: kind, format, counts, classes, bytes, options, files."""
-    from fastdata.info import describe
+    from fastdata.tools.info import describe
 
     click.echo(describe(path))
 
@@ -62,7 +62,7 @@ def info(path: Path) -> None:
 def verify(path: Path, source: Path | None, decode: bool) -> None:
     """Check the dataset at PATH against its manifest (files, sizes, sha256, counts, labels); exit 1 if
     anything is wrong, naming every problem."""
-    from fastdata.verify import verify as run_verify
+    from fastdata.tools.verify import verify as run_verify
 
     report = run_verify(path, source=source, decode=decode)
     click.echo(str(report))
@@ -112,9 +112,9 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_source: bool, 
     """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch, data
     wait), against the ImageFolder baseline and the synthetic upper bound, in one run. Every loader gets
     fastdata.loader's DataLoader settings, the same warm-up and the same page-cache treatment."""
-    from fastdata.bench import BenchConfig, format_summary, format_table, run_bench
-    from fastdata.bench_report import check_plotting, plot_runs, write_json
     from fastdata.errors import ConfigError
+    from fastdata.tools.bench import BenchConfig, format_summary, format_table, run_bench
+    from fastdata.tools.bench_report import check_plotting, plot_runs, write_json
 
     if plot is not None:
         check_plotting()  # before the runs, not after
@@ -142,7 +142,7 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_source: bool, 
 def doctor(path: Path | None) -> None:
     """Check this machine before a long job (and the storage and dataset at PATH): torch / CUDA / driver /
     GPU capability, cores and num_workers, RAM, /dev/shm, open files, pinned memory. Exit 1 if a check FAILs."""
-    from fastdata.doctor import exit_code, format_checks, run_checks
+    from fastdata.tools.doctor import exit_code, format_checks, run_checks
 
     checks = run_checks(path)
     click.echo(format_checks(checks))
@@ -158,7 +158,7 @@ def doctor(path: Path | None) -> None:
 def demo(directory: Path, images: int, epochs: int) -> None:
     """Make a sample ImageFolder of photos, convert it to LMDB and benchmark fastdata.loader against a
     torchvision ImageFolder DataLoader on it."""
-    from fastdata.demo import run_demo
+    from fastdata.tools.demo import run_demo
 
     run_demo(directory, images=images, epochs=epochs, echo=click.echo)
 

@@ -12,24 +12,24 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.augment import describe_augment
-from fastdata.batch_buffers import BatchBuffers
-from fastdata.borrow import borrow
 from fastdata.config import available_cores, parse_size
-from fastdata.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
-from fastdata.device_decode import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
 from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
-from fastdata.pipeline import EncodedSample
-from fastdata.remote import is_url, open_remote_dataset
-from fastdata.resume import ResumableLoader, dataset_fingerprint
-from fastdata.sharding import check_not_empty, check_uneven, resolve_world
-from fastdata.stagetimes import StageTimes
-from fastdata.wds_batches import WdsBatches
+from fastdata.formats.remote import is_url, open_remote_dataset
+from fastdata.image.augment import describe_augment
+from fastdata.image.buffers import BatchBuffers
+from fastdata.image.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
+from fastdata.image.device import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
+from fastdata.image.pipeline import EncodedSample
+from fastdata.image.wds_batches import WdsBatches
+from fastdata.meter.stages import StageTimes
+from fastdata.order.borrow import borrow
+from fastdata.order.ranks import check_not_empty, check_uneven, resolve_world
+from fastdata.order.state import ResumableLoader, dataset_fingerprint
 
 if TYPE_CHECKING:
-    from fastdata.text_dataset import TextDataset
-    from fastdata.text_loader import TextLoader
+    from fastdata.text.dataset import TextDataset
+    from fastdata.text.loader import TextLoader
 
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
@@ -80,7 +80,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     root = Path(path)
     manifest = read_manifest(root)
     if manifest.kind == "text":
-        from fastdata.text_dataset import TextDataset
+        from fastdata.text.dataset import TextDataset
 
         return TextDataset(root, manifest)
     if manifest.kind != "image":
@@ -417,7 +417,7 @@ def loader(
     text_options = {"seq_len": seq_len, "packing": packing, "max_length": max_length, "bucketing": bucketing,
                     "eos_token": eos_token}
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
-        from fastdata.text_loader import text_loader
+        from fastdata.text.loader import text_loader
 
         return text_loader(data, batch_size=batch_size, shuffle=shuffle, num_workers=workers, seed=seed,
                            rank=rank, world_size=world_size, uneven=uneven,

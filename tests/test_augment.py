@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from fastdata.augment import (
+from fastdata.errors import ConfigError
+from fastdata.image.augment import (
     CropParams,
     RandomResizedCropFlip,
     ResizeCenterCrop,
@@ -16,7 +17,6 @@ from fastdata.augment import (
     reduce_factor,
     wrap_custom,
 )
-from fastdata.errors import ConfigError
 
 SIZES = [(67, 45), (21, 69), (33, 33), (400, 31), (31, 400), (1, 1), (640, 480)]
 
@@ -222,7 +222,7 @@ def test_large_shrinks_match_an_antialiased_resize(box, size):
     import torch
     from torchvision.transforms.v2 import functional as F
 
-    from fastdata.augment import crop_resize_flip
+    from fastdata.image.augment import crop_resize_flip
 
     y, x = np.mgrid[0:800, 0:1000].astype(np.float64)
     image = np.stack([127 + 100 * np.sin(x / 37 + y / 53), 127 + 100 * np.cos(x / 29 - y / 41),
@@ -242,7 +242,7 @@ def test_large_shrinks_match_an_antialiased_resize(box, size):
 def test_large_shrinks_do_not_alias():
     """A one-pixel checkerboard shrunk 2x to 8x is flat grey; bilinear sampling alone would give back black and
     white (it reads two of the four pixels under each output pixel)."""
-    from fastdata.augment import crop_resize_flip
+    from fastdata.image.augment import crop_resize_flip
 
     board = (np.indices((480, 640)).sum(axis=0) % 2 * 255).astype(np.uint8)
     image = np.repeat(board[:, :, None], 3, axis=2)

@@ -8,7 +8,7 @@ import torch
 from conftest import SOLID_COUNT
 
 import fastdata
-from fastdata.batch_buffers import FREE, LENT, BatchBuffers
+from fastdata.image.buffers import FREE, LENT, BatchBuffers
 
 SIZE = 16
 BATCH = 4  # 12 batches an epoch: more than a worker's slots over a few epochs

@@ -12,15 +12,26 @@ import pytest
 from conftest import BAD_FILES, build_bad_tree, build_solid_tree, build_tricky_tree
 
 import fastdata
-from fastdata.bench import BenchConfig, LoaderResult, RunResult, format_summary, format_table, run_bench, time_loader
-from fastdata.bench_baseline import (
+from fastdata.cli import main
+from fastdata.errors import ConfigError
+from fastdata.formats.manifest import read_manifest
+from fastdata.tools.bench import (
+    BenchConfig,
+    LoaderResult,
+    RunResult,
+    format_summary,
+    format_table,
+    run_bench,
+    time_loader,
+)
+from fastdata.tools.bench_baseline import (
     EXPORT_MARKER,
     export_imagefolder,
     export_path,
     imagefolder_baseline,
     reencoding,
 )
-from fastdata.bench_fair import (
+from fastdata.tools.bench_fair import (
     alternate,
     evict_page_cache,
     loader_settings,
@@ -28,9 +39,6 @@ from fastdata.bench_fair import (
     per_run_ratios,
     warm_page_cache,
 )
-from fastdata.cli import main
-from fastdata.errors import ConfigError
-from fastdata.formats.manifest import read_manifest
 
 COUNT = 14
 RATIO = re.compile(r"\d+\.\d\dx\s*$")

@@ -11,7 +11,9 @@ import torch
 from conftest import build_solid_tree
 
 import fastdata
-from fastdata.bench import (
+from fastdata.cli import main
+from fastdata.errors import ConfigError
+from fastdata.tools.bench import (
     UPPER_BOUND,
     BenchConfig,
     LoaderResult,
@@ -23,9 +25,7 @@ from fastdata.bench import (
     make_step,
     run_bench,
 )
-from fastdata.bench_report import bench_dict, coarsen, plot_runs, smooth, write_json
-from fastdata.cli import main
-from fastdata.errors import ConfigError
+from fastdata.tools.bench_report import bench_dict, coarsen, plot_runs, smooth, write_json
 
 COUNT = 14
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -10,8 +10,8 @@ import pytest
 from conftest import encode, pattern, with_size
 from PIL import Image
 
-from fastdata.decode import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for, decode_rgb
-from fastdata.image_header import image_size, jpeg_size, png_size
+from fastdata.image.decode import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for, decode_rgb
+from fastdata.image.headers import image_size, jpeg_size, png_size
 
 W, H = 67, 45
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import fastdata
-from fastdata.device_decode import (
+from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
+from fastdata.image.device import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     MAX_CONSECUTIVE_DEVICE_ERRORS,
@@ -20,8 +21,7 @@ from fastdata.device_decode import (
     decode_jpegs_torchvision,
     pack_encoded,
 )
-from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
-from fastdata.sample import make_sample_imagefolder
+from fastdata.tools.sample import make_sample_imagefolder
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_workers_ship_jpeg_bytes_and_decode_the_rest(photos):
     for i, sample in enumerate(samples):
         chunk = bytes(packed.data[packed.offsets[i]:packed.offsets[i + 1]].numpy())
         params = ds.pipeline.preset.params(sample.width, sample.height,
-                                           fastdata.order.sample_rng(ds.pipeline.seed, 2, i))
+                                           fastdata.order.epoch.sample_rng(ds.pipeline.seed, 2, i))
         if i in jpegs:
             assert chunk == sample.data
             assert packed.boxes[i].tolist() == [params.left, params.top, params.width, params.height]

@@ -10,7 +10,8 @@ import torch
 from conftest import build_solid_tree
 
 from fastdata.cli import main
-from fastdata.doctor import (
+from fastdata.tools.disks import Mount, block_device, mount_of, scan_folder
+from fastdata.tools.doctor import (
     FAIL,
     PASS,
     WARN,
@@ -33,7 +34,6 @@ from fastdata.doctor import (
     format_checks,
     recommended_workers,
 )
-from fastdata.storage import Mount, block_device, mount_of, scan_folder
 
 ROW = re.compile(r"^(PASS|WARN|FAIL)\s{2,}(\S.*?)\s{2,}(\S.*)$")
 GiB, MiB = 2**30, 2**20
@@ -209,8 +209,8 @@ def test_jpeg_decoder_verdicts():
 
 
 def test_doctor_reports_the_decoder_in_use_here():
-    from fastdata.doctor import run_checks
-    from fastdata.jpeg_region import region_decoder
+    from fastdata.image.region import region_decoder
+    from fastdata.tools.doctor import run_checks
 
     row = next(c for c in run_checks() if c.name == "JPEG decoder")
     assert row.status == PASS and region_decoder().library in row.detail

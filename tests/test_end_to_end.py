@@ -9,7 +9,7 @@ from conftest import SOLID_COUNT, sample_id_of, solid_label
 
 import fastdata
 from fastdata.cli import main
-from fastdata.demo import run_demo
+from fastdata.tools.demo import run_demo
 
 
 def test_cli_convert_then_loader_is_a_drop_in_for_imagefolder(capsys, solid_tree, tmp_path):

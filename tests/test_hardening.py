@@ -23,7 +23,7 @@ import pytest
 from conftest import build_solid_tree, encode, solid_pattern
 
 import fastdata
-import fastdata.order
+import fastdata.order.epoch
 from fastdata.errors import CorruptSampleError, NotADatasetError, WorkerError
 from fastdata.formats.lmdb import LmdbReader, LmdbWriter
 from fastdata.formats.records import ImageRecord
@@ -192,7 +192,7 @@ def test_a_killed_worker_is_an_error_naming_the_worker_and_keys(small_lmdb):
         next(iter(loader))
     message = str(info.value)
     assert "worker 0" in message and ("exited unexpectedly" in message or "killed by signal" in message)
-    first_key = fastdata.dataset(small_lmdb).reader.key(int(fastdata.order.epoch_order(12, 0, 0, True)[0]))
+    first_key = fastdata.dataset(small_lmdb).reader.key(int(fastdata.order.epoch.epoch_order(12, 0, 0, True)[0]))
     assert repr(first_key) in message
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from conftest import encode, pattern
 
-from fastdata.decode import CODEC_CV_JPEG, CODEC_PIL
-from fastdata.device_decode import device_takes
-from fastdata.jpeg_header import read_frame
-from fastdata.pipeline import EncodedSample
+from fastdata.image.decode import CODEC_CV_JPEG, CODEC_PIL
+from fastdata.image.device import device_takes
+from fastdata.image.jpeg_header import read_frame
+from fastdata.image.pipeline import EncodedSample
 
 PICTURE = pattern(3, 37, 29)
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.decode import CODEC_CV_JPEG
-from fastdata.jpeg_library import library_candidates, pillow_linked_library, wheel_libraries
-from fastdata.jpeg_region import (
+from fastdata.image.decode import CODEC_CV_JPEG
+from fastdata.image.jpeg_library import library_candidates, pillow_linked_library, wheel_libraries
+from fastdata.image.pipeline import EncodedSample, SamplePipeline
+from fastdata.image.region import (
     PROBE_KINDS,
     PROBE_SCALES,
     Region,
@@ -27,7 +28,6 @@ from fastdata.jpeg_region import (
     self_check,
     unavailable_reason,
 )
-from fastdata.pipeline import EncodedSample, SamplePipeline
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ class NoFancyUpsamplingInRegionsDecoder(RegionDecoder):
 
 
 def test_a_library_that_decodes_differently_fails_and_the_reason_names_the_case(decoder):
-    from fastdata import _jpeg_region
+    from fastdata.image import _jpeg_region
 
     api = _jpeg_region.load(decoder.library)
     failure, cases = self_check(FastIdctDecoder(_jpeg_region, api, decoder.library))

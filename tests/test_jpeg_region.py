@@ -18,7 +18,8 @@ from conftest import SOLID_COUNT, with_size
 from PIL import Image
 
 import fastdata
-from fastdata.augment import (
+from fastdata.errors import CorruptSampleError
+from fastdata.image.augment import (
     CropParams,
     RandomResizedCropFlip,
     ResizeCenterCrop,
@@ -26,9 +27,9 @@ from fastdata.augment import (
     crop_resize_flip,
     reduce_factor,
 )
-from fastdata.decode import CODEC_CV_JPEG, decode_rgb
-from fastdata.errors import CorruptSampleError
-from fastdata.jpeg_region import (
+from fastdata.image.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.image.pipeline import EncodedSample, SamplePipeline
+from fastdata.image.region import (
     Region,
     box_in_region,
     plan_region,
@@ -36,7 +37,6 @@ from fastdata.jpeg_region import (
     scaled_size,
     unavailable_reason,
 )
-from fastdata.pipeline import EncodedSample, SamplePipeline
 
 
 def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
@@ -253,7 +253,7 @@ def test_workers_fork_cleanly_after_decoding_in_the_main_process(tmp_path):
     import textwrap
 
     import fastdata
-    from fastdata.sample import make_sample_imagefolder
+    from fastdata.tools.sample import make_sample_imagefolder
 
     src = make_sample_imagefolder(tmp_path / "src", images=24, classes=3, workers=1)
     fastdata.convert_imagefolder(src, tmp_path / "p.lmdb", workers=1, progress=False)

@@ -13,7 +13,7 @@ from conftest import SOLID_COUNT, sample_id_of
 from test_text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
-from fastdata.convert_text import convert_text
+from fastdata.convert.text import convert_text
 from fastdata.errors import ResumeError
 
 BATCH = 8  # 45 samples: 6 batches per epoch, the last one short

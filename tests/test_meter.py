@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import fastdata
-from fastdata.meter import _Timeline, infer_batch_size
-from fastdata.meter_report import LoaderFacts, diagnose
-from fastdata.stagetimes import STAGES
+from fastdata.meter.loop import _Timeline, infer_batch_size
+from fastdata.meter.report import LoaderFacts, diagnose
+from fastdata.meter.stages import STAGES
 
 
 def sleepy(count: int, delay: float, batch: int = 4):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.order import epoch_order, num_batches, sample_rng, sample_seed, split_batches
+from fastdata.order.epoch import epoch_order, num_batches, sample_rng, sample_seed, split_batches
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 45, 117])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import fastdata
-from fastdata.sample import make_sample_imagefolder
+from fastdata.tools.sample import make_sample_imagefolder
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

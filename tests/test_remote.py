@@ -18,7 +18,7 @@ import torch
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError, NotADatasetError, RemoteError
-from fastdata.shard_cache import ShardCache
+from fastdata.formats.cache import ShardCache
 
 
 class Server:

@@ -9,7 +9,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 
 import fastdata
-from fastdata.sample import make_sample_imagefolder, photo_paths
+from fastdata.tools.sample import make_sample_imagefolder, photo_paths
 
 
 def test_photo_paths_exist():

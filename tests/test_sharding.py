@@ -12,8 +12,8 @@ from conftest import SOLID_COUNT, sample_id_of
 
 import fastdata
 from fastdata.errors import ConfigError
-from fastdata.shard_plan import StreamPlanner, window_order
-from fastdata.sharding import contiguous_part, interleaved_part, rank_count, resolve_world
+from fastdata.order.ranks import contiguous_part, interleaved_part, rank_count, resolve_world
+from fastdata.order.stream import StreamPlanner, window_order
 
 
 @pytest.mark.parametrize("split", [interleaved_part, contiguous_part])

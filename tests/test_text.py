@@ -16,10 +16,10 @@ import pytest
 import fastdata
 from fastdata.cli import main
 from fastdata.errors import ConfigError, RejectedFileError, SourceError
+from fastdata.formats.lmdb_text import TextLmdbReader, TextLmdbWriter
 from fastdata.formats.manifest import partial_path, read_manifest, sha256_file
-from fastdata.text_blocks import PackedBlocks
-from fastdata.text_lmdb import TextLmdbReader, TextLmdbWriter
-from fastdata.text_tokenizer import stored_dtype
+from fastdata.text.blocks import PackedBlocks
+from fastdata.text.tokenizer import stored_dtype
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "data", "loader", "token", "block")
 UNICODE = ["日本語のテキストと中文文本", "emoji 🎉🚀👩‍👩‍👧 end", "combining e\u0301 a\u0308 n\u0303 Å",
@@ -302,7 +302,7 @@ def test_invalid_records_are_reported_with_file_and_line(tmp_path, bpe):
     assert texts == ["good one", "good two", "p1", "p3"]  # whole-file txt with a bad byte: rejected whole
     m = read_manifest(tmp_path / "out.lmdb")
     assert {(Path(r["path"]).name, r["line"]) for r in m.rejected} == set(where)
-    from fastdata.info import describe
+    from fastdata.tools.info import describe
 
     assert ":2: not valid JSON" in describe(tmp_path / "out.lmdb")
 
@@ -424,7 +424,7 @@ def test_cli_convert_text_and_info(tmp_path, capsys, bpe, corpus):
 def test_background_reader_stops_with_its_consumer_and_passes_errors_on():
     import threading
 
-    from fastdata.convert_text import _in_background
+    from fastdata.convert.text import _in_background
 
     def endless():
         i = 0

@@ -13,7 +13,7 @@ from test_text import make_corpus, reference_ids, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.errors import ConfigError
-from fastdata.text_blocks import IGNORE_INDEX
+from fastdata.text.blocks import IGNORE_INDEX
 
 EOS, PAD = 0, 1
 

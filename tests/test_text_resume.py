@@ -20,11 +20,11 @@ from test_text import make_corpus, train_bytelevel
 
 import fastdata
 from fastdata.cli import main
-from fastdata.convert_text import TextConversionSummary, _TextProgress
+from fastdata.convert.text import TextConversionSummary, _TextProgress
 from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError, StagingDamagedError
+from fastdata.formats.lmdb_text import TextLmdbWriter
 from fastdata.formats.manifest import partial_path, read_manifest
 from fastdata.formats.wds import PROGRESS_FILE
-from fastdata.text_lmdb import TextLmdbWriter
 
 # Small chunks, commits, shards and batches: many checkpoints on a tiny corpus.
 SETTINGS = {"shard_size": "12KB", "batch_size": "2KB", "chunk_tokens": 64, "commit_every_chunks": 2,
@@ -37,8 +37,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
     import json, sys
     import fastdata
     from fastdata.formats.manifest import Manifest
-    from fastdata.text_lmdb import TextLmdbWriter
-    from fastdata.text_wds import TextWdsWriter
+    from fastdata.formats.lmdb_text import TextLmdbWriter
+    from fastdata.formats.wds_text import TextWdsWriter
 
     sources, out, fmt, where, at, settings = json.loads(sys.argv[1])
     writer = TextLmdbWriter if fmt == "lmdb" else TextWdsWriter
@@ -119,7 +119,7 @@ def reference(corpus_files, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def tokenized(monkeypatch) -> list[str]:
     """Every text the conversion in this process hands to the tokenizer (the real `_encode` still runs)."""
-    module = importlib.import_module("fastdata.convert_text")
+    module = importlib.import_module("fastdata.convert.text")
     seen: list[str] = []
     original = module._encode
 
@@ -228,7 +228,7 @@ def test_strict_rejection_removes_the_partial_output(corpus_files, tmp_path):
 
 def test_lmdb_writer_reopens_after_its_last_checkpoint(tmp_path):
     """Unfilled chunks committed at a checkpoint are taken back on reopening; later additions are dropped."""
-    from fastdata.text_lmdb import TextLmdbReader
+    from fastdata.formats.lmdb_text import TextLmdbReader
 
     dtype = np.dtype("uint16")
     docs = [np.arange(n, dtype=dtype) + n for n in (5, 0, 9, 3, 11)]

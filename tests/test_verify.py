@@ -14,7 +14,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.formats.lmdb import release_environments
 from fastdata.formats.manifest import CHECKSUM_FIELD, content_checksum, sha256_file
-from fastdata.verify import verify
+from fastdata.tools.verify import verify
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.decode import CODEC_PIL
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
 from fastdata.formats.records import ImageRecord
+from fastdata.image.decode import CODEC_PIL
 
 DATA_FILE = "data.mdb"
 _MAX_DBS = 5

@@ -1,0 +1,68 @@
+"""Flags shared by every `fastdata convert <kind>` command, mapped onto the conversion API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS
+
+from fastdata.convert.images import DEFAULT_SHARD_SIZE, FORMATS
+
+
+def _storage_options() -> list[Callable]:
+    return [
+        click.option("--format", "format", type=click.Choice(FORMATS), default=None,
+                     help="Storage format. Default: lmdb when OUT ends in .lmdb."),
+        click.option("--shard-size", default=DEFAULT_SHARD_SIZE, show_default=True,
+                     help="Target WebDataset shard size: 256MB, 64KB, 1GiB or a byte count."),
+    ]
+
+
+def _run_options() -> list[Callable]:
+    return [
+        click.option("--overwrite", is_flag=True, help="Replace an existing dataset at OUT."),
+        click.option("--strict", is_flag=True, help="Stop at the first unusable source file or record (exit 1)."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+    ]
+
+
+def _decorate(command: Callable, options: list[Callable]) -> Callable:
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def output_options(command: Callable) -> Callable:
+    """Decorate a converter command with the flags every conversion has (format, shard size, overwrite,
+    strict, quiet)."""
+    return _decorate(command, _storage_options() + _run_options())
+
+
+def convert_options(command: Callable) -> Callable:
+    """Decorate a converter command with the common conversion flags."""
+    options = [
+        click.option("--seed", default=0, show_default=True, type=int,
+                     help="Seed of the sample order across WebDataset shards."),
+        click.option("--max-size", type=int, default=None, metavar="PX",
+                     help="Re-encode images whose longer side exceeds PX to JPEG (cuts IO and decode)."),
+        click.option("--quality", default=90, show_default=True, type=int,
+                     help="JPEG quality for images re-encoded by --max-size."),
+        click.option("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, show_default=True,
+                     help="Refuse images with more pixels than this, read from the header before decoding."),
+        click.option("--workers", type=int, default=None, help="Worker processes. Default: all cores."),
+        click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Where images are verified and encoded: local processes, or a Ray cluster "
+                          "(pip install 'fastdata[ray]'); the same dataset either way."),
+        click.option("--ray-address", default=None, metavar="ADDRESS",
+                     help="Ray cluster to use with --engine ray (default: start a local Ray instance)."),
+    ]
+    return _decorate(command, _storage_options() + options + _run_options())
+
+
+def run_conversion(src: Path, out: Path, *, quiet: bool, **options) -> None:
+    from fastdata.convert.images import convert_imagefolder
+
+    summary = convert_imagefolder(src, out, progress=not quiet, **options)
+    click.echo(str(summary))

@@ -1,0 +1,1 @@
+"""Write-side drivers, generic over the source: images, text, staging, checkpoints, engines."""

@@ -1,0 +1,282 @@
+"""Composition root for writing: source listing -> parallel verify/encode -> format writer -> manifest.
+
+The output is built under `OUT.partial` and renamed into place only after the manifest (written last) is
+on disk, so an interrupted conversion never leaves anything that opens as a complete dataset.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fastdata._version import __version__
+from fastdata.config import available_cores, parse_size
+from fastdata.convert.checkpoints import (
+    ProgressRecord,
+    files_digest,
+    fingerprint,
+    keep_checkpoint_on_failure,
+    open_or_resume,
+)
+from fastdata.convert.ray import ENGINES, RayWork
+from fastdata.convert.staging import check_output, commit_output
+from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS, EncodeOptions, ImageFolderListing, load_record, scan
+from fastdata.errors import ConfigError, RejectedFileError
+from fastdata.formats.lmdb import LmdbWriter
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
+from fastdata.formats.records import ImageRecord
+from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
+
+DEFAULT_SHARD_SIZE = "256MB"
+FORMATS = ("lmdb", "wds")
+
+
+@dataclass
+class ConversionSummary:
+    """What a conversion did; `str()` gives the end-of-run summary the CLI prints."""
+
+    out: Path
+    format: str
+    images: int
+    classes: int
+    files: list[FileEntry]
+    rejected: list[dict[str, str]]
+    ignored: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    empty_classes: list[str] = field(default_factory=list)
+    resumed_at: int | None = None  # images already done by an interrupted run this one resumed
+    engine: str = "local"
+    ray: RayWork | None = None  # with engine="ray": the Ray tasks and actors that ran the work, as Ray told them
+
+    def __str__(self) -> str:
+        rate = self.images / self.seconds if self.seconds > 0 else float("inf")
+        lines = [] if self.resumed_at is None else [f"resumed an interrupted conversion after {self.resumed_at:,} "
+                                                    "images"]
+        lines += [
+            f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
+            f"  images    {self.images:,} in {self.classes} classes",
+            f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
+            f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s, "
+            f"{self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s)",
+            f"  ignored   {self.ignored:,} non-image files",
+            f"  rejected  {len(self.rejected):,} files",
+        ]
+        lines += [f"    {r['path']}: {r['reason']}" for r in self.rejected[:50]]
+        if len(self.rejected) > 50:
+            lines.append(f"    ... and {len(self.rejected) - 50} more (all listed in {MANIFEST_NAME})")
+        if self.empty_classes:
+            lines.append(f"  warning   classes with no images: {', '.join(self.empty_classes)}")
+        if self.ray is not None:
+            lines.append(f"  engine    ray: {len(self.ray.task_ids):,} Ray tasks on {len(self.ray.actor_ids):,} Ray "
+                         "workers")
+        return "\n".join(lines)
+
+
+def _work(task: tuple[str, str, int, EncodeOptions]) -> tuple[str, int, ImageRecord | None, str, int]:
+    """Pool task: (root, path, label, options) -> (path, label, record or None, reject reason, source bytes)."""
+    root, relative_path, label, options = task
+    source = Path(root) / relative_path
+    try:
+        size = source.stat().st_size
+    except OSError:
+        size = 0
+    try:
+        return relative_path, label, load_record(Path(root), relative_path, label, options), "", size
+    except ValueError as exc:
+        return relative_path, label, None, str(exc), size
+
+
+def _worker_init() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, engine: str = "local",
+             ray_address: str | None = None, requested_workers: int | None = None,
+             ray_seen: RayWork | None = None) -> Iterator[tuple]:
+    if engine == "ray":
+        from fastdata.convert.ray import ray_results
+
+        yield from ray_results(_work, tasks, requested_workers if ray_address else workers, ray_address,
+                               _worker_init, ray_seen)
+        return
+    if workers <= 1:
+        yield from map(_work, tasks)
+        return
+    with multiprocessing.get_context().Pool(workers, initializer=_worker_init) as pool:
+        yield from pool.imap(_work, tasks, chunksize=8)
+
+
+def _resolve_format(out: Path, format: str | None) -> str:
+    if format is None:
+        if out.suffix.lower() == ".lmdb":
+            return "lmdb"
+        raise ConfigError(f"{out}: cannot tell the output format; name it *.lmdb for LMDB or pass "
+                          "--format wds for WebDataset shards")
+    if format not in FORMATS:
+        raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    return format
+
+
+@dataclass
+class _Progress(ProgressRecord):
+    """Where an image conversion stands at a checkpoint; stored with the data so that the two always agree."""
+
+    next_task: int = 0
+    counts: list[int] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    bytes_in: int = 0
+    files: list[dict] = field(default_factory=list)  # finished WebDataset shards
+
+
+def _fingerprint(fmt: str, options: dict, listing: ImageFolderListing) -> dict:
+    """What must not change between an interrupted conversion and its resumption."""
+    digest = files_digest((f"{relative_path}\t{label}", listing.root / relative_path)
+                          for relative_path, label in listing.samples)
+    return fingerprint(fmt, options, {"path": str(listing.root.resolve()), "files": len(listing.samples),
+                                      "classes": len(listing.classes), "digest": digest})
+
+
+def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int) -> LmdbWriter | WdsWriter:
+    return LmdbWriter(directory, commit_every=commit_every) if fmt == "lmdb" else WdsWriter(directory, shard_bytes)
+
+
+def convert_imagefolder(
+    src: str | Path,
+    out: str | Path,
+    *,
+    format: str | None = None,
+    shard_size: str | int = DEFAULT_SHARD_SIZE,
+    seed: int = 0,
+    max_size: int | None = None,
+    quality: int = 90,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    workers: int | None = None,
+    overwrite: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+    commit_every: int = 2048,
+    engine: str = "local",
+    ray_address: str | None = None,
+) -> ConversionSummary:
+    """Pack the ImageFolder tree `src` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards).
+
+    Unreadable or undecodable files are rejected, listed in the summary and the manifest, and the rest is
+    written; with `strict=True` the first one raises instead and nothing is written. An interrupted
+    conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its last
+    checkpoint (every `commit_every` images), WebDataset from its first unfinished shard.
+    `engine="ray"` verifies and encodes the images on a Ray cluster (`ray_address`, or a local Ray instance)
+    while this process writes them: the same dataset as the local engine makes.
+    """
+    src, out = Path(src), Path(out)
+    fmt = _resolve_format(out, format)
+    shard_bytes = parse_size(shard_size)
+    if max_size is not None and max_size < 1:
+        raise ConfigError(f"--max-size must be a positive number of pixels, got {max_size}")
+    if max_pixels < 1:
+        raise ConfigError(f"--max-pixels must be positive, got {max_pixels}")
+    if not 1 <= quality <= 100:
+        raise ConfigError(f"--quality must be within 1..100, got {quality}")
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if ray_address is not None and engine != "ray":
+        raise ConfigError("--ray-address applies to --engine ray")
+    requested_workers = workers
+    workers = available_cores() if workers is None else workers
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    listing = scan(src)
+    check_output(out, overwrite)
+
+    order = np.arange(len(listing.samples))
+    if fmt == "wds":  # shards are read sequentially: spread classes over all of them
+        order = np.random.default_rng(seed).permutation(len(listing.samples))
+    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
+               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict}
+    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels)
+    tasks = [(str(listing.root), *listing.samples[i], encode) for i in order]
+    wanted = _fingerprint(fmt, options, listing)
+    writer, resumed = open_or_resume(out, overwrite, wanted,
+                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
+                                     _Progress.parse)
+    state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
+    resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
+    if isinstance(writer, WdsWriter) and resumed is not None:
+        rejected_paths = {r["path"] for r in resumed.rejected}
+        written = [task[1] for task in tasks[: resumed.next_task] if task[1] not in rejected_paths]
+        writer.resume([FileEntry(**f) for f in resumed.files], written)
+    partial = partial_path(out)
+    ray_seen = RayWork() if engine == "ray" else None
+    started = time.perf_counter()
+    with keep_checkpoint_on_failure(writer, partial):
+        if resumed is None:
+            writer.checkpoint(state.to_json())  # records the fingerprint at once
+        _write_all(writer, tasks, state, workers, strict, progress,
+                   engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers,
+                           "ray_seen": ray_seen})
+        if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
+            files = writer.close()
+            state.files = [asdict(entry) for entry in files]
+            writer.checkpoint(state.to_json())
+        else:
+            writer.checkpoint(state.to_json())
+            files = writer.close()
+    seconds = time.perf_counter() - started
+    manifest = Manifest(
+        format=fmt, kind="image", num_samples=sum(state.counts), classes=listing.classes,
+        class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
+        source=_source_info(listing), rejected=state.rejected,
+        stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
+               "resumed_at": resumed_at},
+    )
+    commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
+    return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
+                             len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
+                             listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen)
+
+
+def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, workers: int, strict: bool,
+               progress: bool, engine: dict | None = None) -> None:
+    """Feed the tasks from `state.next_task` on through the pool into the writer, checkpointing `state`."""
+    from tqdm import tqdm
+
+    last_postfix = started = time.perf_counter()
+    bytes_at_start = state.bytes_in
+    with tqdm(total=len(tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
+              smoothing=0.1) as bar:
+        for relative_path, label, record, reason, size in _results(tasks[state.next_task:], workers,
+                                                                   **(engine or {})):
+            state.bytes_in += size
+            state.next_task += 1
+            if record is None:
+                if strict:
+                    raise RejectedFileError(
+                        f"{Path(tasks[0][0]) / relative_path}: {reason} (--strict: nothing written)")
+                state.rejected.append({"path": relative_path, "reason": reason})
+            else:
+                writer.add(record)
+                state.counts[label] += 1
+            if writer.checkpoint_due():
+                if isinstance(writer, WdsWriter):
+                    state.files = [asdict(entry) for entry in writer.finished_shards]
+                writer.checkpoint(state.to_json())
+            bar.update()
+            now = time.perf_counter()
+            if now - last_postfix > 0.5:
+                rate = (state.bytes_in - bytes_at_start) / 1e6 / (now - started)
+                bar.set_postfix_str(f"{rate:.1f} MB/s, {len(state.rejected)} rejected")
+                last_postfix = now
+
+
+def _source_info(listing: ImageFolderListing) -> dict:
+    return {"kind": "imagefolder", "path": str(listing.root.resolve()), "files": len(listing.samples),
+            "ignored": len(listing.ignored), "ignored_examples": listing.ignored[:20],
+            "empty_classes": listing.empty_classes}

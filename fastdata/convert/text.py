@@ -1,0 +1,382 @@
+"""Composition root for text conversion: source files -> documents -> batched parallel tokenization
+(`tokenizers`' own Rust thread pool) -> token storage writer -> tokenizer copy -> manifest, written last.
+
+A reader thread parses the sources while the tokenizer (which releases the GIL) encodes the previous batch,
+through a queue of a few batches, so memory stays bounded by the batch size, whatever the corpus size. The
+output is built under `OUT.partial` and renamed into place after the manifest; an interrupted conversion
+keeps its last checkpoint there and resumes from it when rerun (see `fastdata.convert.checkpoints`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastdata._version import __version__
+from fastdata.config import parse_size
+from fastdata.convert.checkpoints import (
+    ProgressRecord,
+    files_digest,
+    fingerprint,
+    keep_checkpoint_on_failure,
+    open_or_resume,
+)
+from fastdata.convert.images import DEFAULT_SHARD_SIZE, _resolve_format
+from fastdata.convert.staging import check_output, commit_output
+from fastdata.converters.text import TXT_MODES, Document, Rejected, SourceReader, check_extras, list_sources
+from fastdata.errors import ConfigError, RejectedFileError
+from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.wds import PROGRESS_FILE
+from fastdata.formats.wds_text import TextWdsWriter
+from fastdata.text.tokenizer import load_tokenizer, resolve_eos, resolve_pad, token_dtype, vocab_size
+
+TOKENIZER_FILE = "tokenizer.json"
+DEFAULT_BATCH_SIZE = "1MB"
+# A checkpoint at least this often (source bytes read), whatever the chunk and shard sizes: an interruption loses
+# at most this much tokenizing (plus one batch).
+DEFAULT_CHECKPOINT_EVERY = "4MB"
+MAX_LISTED_REJECTIONS = 10_000  # the manifest lists this many rejected records; all are counted
+_MAX_BATCH_DOCUMENTS = 4096
+_QUEUE_BATCHES = 3
+
+
+@dataclass
+class TextConversionSummary:
+    """What a text conversion did; `str()` gives the end-of-run summary the CLI prints."""
+
+    out: Path
+    format: str
+    documents: int
+    tokens: int
+    dtype: str
+    max_document_tokens: int
+    source_files: int
+    files: list[FileEntry]
+    rejected: list[Rejected]
+    rejected_count: int
+    eos: tuple[str, int] | None
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    resumed_at: int | None = None  # source records already consumed by an interrupted run this one resumed
+    resumed_documents: int | None = None  # and the documents it had written
+
+    def __str__(self) -> str:
+        secs = max(self.seconds, 1e-9)
+        mean = self.tokens / self.documents if self.documents else 0.0
+        eos = (f"{self.eos[0]} (id {self.eos[1]})" if self.eos else
+               "none found: packed loading needs --eos-token (or eos_token= in the loader)")
+        lines = []
+        if self.resumed_at is not None:
+            lines.append(f"resumed an interrupted conversion after {self.resumed_documents or 0:,} documents "
+                         f"({self.resumed_at:,} source records)")
+        lines += [
+            f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
+            f"  documents {self.documents:,} from {self.source_files:,} source file"
+            f"{'s' * (self.source_files != 1)}",
+            f"  tokens    {self.tokens:,} ({self.dtype}; {mean:,.1f} per document, "
+            f"longest {self.max_document_tokens:,})",
+            f"  eos       {eos}",
+            f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
+            f"  time      {self.seconds:.1f} s ({self.documents / secs:,.0f} documents/s, "
+            f"{self.tokens / secs / 1e6:,.2f} M tokens/s, {self.bytes_in / 1e6 / secs:,.1f} MB/s)",
+            f"  rejected  {self.rejected_count:,} records",
+        ]
+        lines += [f"    {r}" for r in self.rejected[:50]]
+        if self.rejected_count > 50:
+            lines.append(f"    ... and {self.rejected_count - 50:,} more (the first "
+                         f"{MAX_LISTED_REJECTIONS:,} are listed in {MANIFEST_NAME})")
+        lines += [f"  note      {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass
+class _Batch:
+    records: list[Document | Rejected]  # in source order
+    marks: list[tuple[int, int]]  # after each record: (source file number, records of that file consumed)
+    position: int  # source bytes read once this batch was cut
+
+
+def _batches(files: Sequence[Path], field: str, txt_mode: str, batch_chars: int, sizes: Sequence[int],
+             start: tuple[int, int] = (0, 0)) -> Iterator[_Batch]:
+    """The source records (documents and rejections) in source order, cut into batches of about `batch_chars`
+    characters of text, from `start` on: (file number, records of it already consumed), which are re-read and
+    skipped (files before it are not read)."""
+    records: list[Document | Rejected] = []
+    marks: list[tuple[int, int]] = []
+    chars, done = 0, sum(sizes[:start[0]])
+    for number in range(start[0], len(files)):
+        reader = SourceReader(files[number], field, txt_mode)
+        skip = start[1] if number == start[0] else 0
+        for consumed, item in enumerate(reader, 1):
+            if consumed <= skip:
+                continue
+            records.append(item)
+            marks.append((number, consumed))
+            if isinstance(item, Document):
+                chars += len(item.text)
+            if chars >= batch_chars or len(records) >= _MAX_BATCH_DOCUMENTS:
+                yield _Batch(records, marks, done + reader.tell())
+                records, marks, chars = [], [], 0
+        done += sizes[number]
+    if records:
+        yield _Batch(records, marks, done)
+
+
+def _in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Run the iterator `items` in a thread, `depth` items ahead; its exceptions re-raise here."""
+    channel: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def offer(entry: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():  # the consumer may have stopped: never block for good
+            try:
+                channel.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer((item, None)):
+                    return
+            offer((end, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer((end, exc))
+
+    thread = threading.Thread(target=produce, name="fastdata-text-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = channel.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _encode(tokenizer: Any, texts: list[str]) -> list[list[int] | str]:
+    """Ids of each text (no special tokens added), or the reason a text cannot be tokenized."""
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # same ids, no offsets
+    try:
+        return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
+    except Exception:  # one bad text (e.g. a lone surrogate from a JSON escape) fails the batch: find it
+        results: list[list[int] | str] = []
+        for text in texts:
+            try:
+                results.append(tokenizer.encode(text, add_special_tokens=False).ids)
+            except Exception as exc:
+                results.append(f"cannot be tokenized ({exc})")
+        return results
+
+
+@dataclass
+class _TextProgress(ProgressRecord):
+    """Where a text conversion stands at a checkpoint; stored with the data so that the two always agree."""
+
+    next_file: int = 0  # source files before this one are consumed,
+    file_records: int = 0  # and this many records (documents and rejections) of it
+    records: int = 0  # records consumed in all
+    documents: int = 0
+    tokens: int = 0
+    longest: int = 0
+    rejected: list[dict] = field(default_factory=list)  # the first MAX_LISTED_REJECTIONS, as in the manifest
+    rejected_count: int = 0
+    files: list[dict] = field(default_factory=list)  # finished WebDataset shards
+    index_files: list[dict] = field(default_factory=list)  # and their indexes
+    open_shard: dict | None = None  # the unfinished WebDataset shard (TextWdsWriter.open_shard)
+
+    def reject(self, record: Rejected, strict: bool) -> None:
+        if strict:
+            raise RejectedFileError(f"{record} (--strict: nothing written)")
+        self.rejected_count += 1
+        if len(self.rejected) < MAX_LISTED_REJECTIONS:
+            self.rejected.append({"path": record.source, "line": record.line, "reason": record.reason})
+
+
+def _checkpoint(writer: TextLmdbWriter | TextWdsWriter, state: _TextProgress) -> None:
+    if isinstance(writer, TextWdsWriter):
+        state.files = [asdict(entry) for entry in writer.finished_shards]
+        state.index_files = writer.index_files
+        state.open_shard = writer.open_shard
+    writer.checkpoint(state.to_json())
+
+
+def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
+                  dtype: np.dtype, strict: bool, state: _TextProgress, total_bytes: int, done_bytes: int,
+                  progress: bool, checkpoint_bytes: int) -> None:
+    """Tokenize and write the records of `batches` in order, counting them in `state` and checkpointing it
+    whenever the writer asks (a filled LMDB chunk group, a finished shard) and after the batch that takes the
+    source read past `checkpoint_bytes` more since the last byte-driven checkpoint."""
+    from tqdm import tqdm
+
+    checkpointed_at = done_bytes
+    started = last_postfix = time.perf_counter()
+    documents_at_start, tokens_at_start = state.documents, state.tokens
+    with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
+              disable=not progress, smoothing=0.1) as bar:
+        for batch in _in_background(batches, _QUEUE_BATCHES):
+            encoded = iter(_encode(tokenizer, [r.text for r in batch.records if isinstance(r, Document)]))
+            for record, (file_number, consumed) in zip(batch.records, batch.marks, strict=True):
+                state.next_file, state.file_records = file_number, consumed
+                state.records += 1
+                ids = next(encoded) if isinstance(record, Document) else record
+                if isinstance(ids, Rejected):
+                    state.reject(ids, strict)
+                elif isinstance(ids, str):
+                    state.reject(Rejected(record.source, record.line, ids), strict)
+                else:
+                    tokens = np.asarray(ids, dtype)
+                    if isinstance(writer, TextWdsWriter):
+                        writer.add(tokens, record.source, record.line)
+                    else:
+                        writer.add(tokens)
+                    state.documents += 1
+                    state.tokens += len(tokens)
+                    state.longest = max(state.longest, len(tokens))
+                if writer.checkpoint_due():
+                    _checkpoint(writer, state)
+            if batch.position - checkpointed_at >= checkpoint_bytes:
+                _checkpoint(writer, state)
+                checkpointed_at = batch.position
+            bar.update(max(0, batch.position - bar.n))
+            now = time.perf_counter()
+            if now - last_postfix > 0.5:
+                secs = now - started
+                bar.set_postfix_str(f"{(state.documents - documents_at_start) / secs:,.0f} docs/s, "
+                                    f"{(state.tokens - tokens_at_start) / secs / 1e6:.2f} M tok/s, "
+                                    f"{state.rejected_count} rejected")
+                last_postfix = now
+
+
+def convert_text(
+    src: str | Path | Sequence[str | Path],
+    out: str | Path,
+    *,
+    tokenizer: str | Path,
+    field: str = "text",
+    format: str | None = None,
+    txt_mode: str = "file",
+    eos_token: str | None = None,
+    shard_size: str | int = DEFAULT_SHARD_SIZE,
+    batch_size: str | int = DEFAULT_BATCH_SIZE,
+    overwrite: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+    chunk_tokens: int = CHUNK_TOKENS,
+    commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
+    checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
+) -> TextConversionSummary:
+    """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
+    in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`.
+
+    Each document is stored whole as `tokenizer.encode(text, add_special_tokens=False).ids` (truncation and
+    padding off), as uint16 when the vocabulary fits, else uint32, in source order. Unusable records are
+    reported with file and line and skipped (`strict=True` raises at the first and writes nothing). An
+    interrupted conversion (killed, crashed, Ctrl-C) resumes when the same call is made again, from its last
+    checkpoint: one after every `checkpoint_every` of source read (default 4MB; LMDB also every
+    `commit_every_chunks` chunks of `chunk_tokens` tokens, WebDataset after each shard, and a WebDataset
+    checkpoint inside a shard keeps that shard's documents so far); the source records consumed before are
+    skipped without being tokenized again. `checkpoint_every` does not change the dataset, so a rerun may pass
+    another value.
+    """
+    sources = [src] if isinstance(src, (str, Path)) else list(src)
+    out, tokenizer_path = Path(out), Path(tokenizer)
+    fmt = _resolve_format(out, format)
+    shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
+    checkpoint_bytes = parse_size(checkpoint_every)
+    if checkpoint_bytes < 1:
+        raise ConfigError(f"--checkpoint-every must be a positive size, got {checkpoint_every!r}")
+    if txt_mode not in TXT_MODES:
+        raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
+    if chunk_tokens < 1 or commit_every_chunks < 1:
+        raise ConfigError(f"chunk_tokens and commit_every_chunks must be positive, got {chunk_tokens} and "
+                          f"{commit_every_chunks}")
+    tok = load_tokenizer(tokenizer_path)
+    tokenizer_bytes = tokenizer_path.read_bytes()
+    eos, pad = resolve_eos(tok, eos_token, str(tokenizer_path)), resolve_pad(tok)
+    vocab = vocab_size(tok)
+    dtype = token_dtype(vocab)
+    files = list_sources(sources)
+    check_extras(files)
+    check_output(out, overwrite)
+    sizes = [f.stat().st_size for f in files]
+
+    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "field": field,
+               "txt_mode": txt_mode, "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
+               "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
+    wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in sources], "files": len(files),
+                                        "digest": files_digest((os.path.abspath(f), f) for f in files)},
+                         tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
+
+    def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
+        if fmt == "lmdb":
+            return TextLmdbWriter(directory, dtype, chunk_tokens, commit_every_chunks=commit_every_chunks)
+        return TextWdsWriter(directory, shard_bytes, dtype)
+
+    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.parse)
+    state = resumed or _TextProgress(wanted)
+    resumed_at = resumed.records if resumed else None  # `state` moves on from here
+    resumed_documents = resumed.documents if resumed else None
+    if isinstance(writer, TextWdsWriter) and resumed is not None:
+        try:
+            writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens,
+                          resumed.open_shard)
+        except BaseException:
+            writer.abort()
+            raise
+    partial = partial_path(out)
+    started = time.perf_counter()
+    with keep_checkpoint_on_failure(writer, partial):
+        if resumed is None:
+            writer.checkpoint(state.to_json())  # records the fingerprint at once
+        write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
+        batches = _batches(files, field, txt_mode, batch_chars, sizes, (state.next_file, state.file_records))
+        _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
+                      progress, checkpoint_bytes)
+        if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
+            data_files, layout = writer.close()
+            _checkpoint(writer, state)
+        else:
+            writer.checkpoint(state.to_json())
+            data_files, layout = writer.close()
+    seconds = time.perf_counter() - started
+    bytes_out = sum(f.bytes for f in data_files)
+    text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
+            "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
+            "tokenizer_sha256": sha256_file(partial / TOKENIZER_FILE),
+            "eos_token": eos[0] if eos else None, "eos_token_id": eos[1] if eos else None,
+            "pad_token": pad[0] if pad else None, "pad_token_id": pad[1] if pad else None, **layout}
+    manifest = Manifest(
+        format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
+        fastdata_version=__version__, text=text, options=options,
+        source={"kind": "text", "path": [str(s) for s in sources], "tokenizer": str(tokenizer_path.resolve()),
+                "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
+        rejected=state.rejected,
+        stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
+               "rejected_records": state.rejected_count, "resumed_at": resumed_at},
+    )
+    commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
+    notes = [] if state.documents else ["no documents were written"]
+    rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
+    return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
+                                 data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,
+                                 seconds, notes, resumed_at=resumed_at, resumed_documents=resumed_documents)

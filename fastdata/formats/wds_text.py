@@ -1,0 +1,218 @@
+"""Token storage in WebDataset shards: a directory of tar shards, an index file per shard, the tokenizer and
+the manifest.
+
+Each document is two tar members sharing a key (its document number, zero-padded): `{key}.ids` (its token
+ids as raw little-endian bytes of the manifest's dtype) and `{key}.json` ({"source", "line", "tokens"}), so
+the `webdataset` library reads the shards as they are. Documents keep source order across the shards.
+Beside `shard-NNNNNN.tar`, `shard-NNNNNN.idx` holds an int64 pair per document (byte offset of its ids in
+the tar, token count), which gives random access to any document or token range without scanning tars.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastdata.errors import START_AGAIN, CorruptSampleError, NotADatasetError, StagingDamagedError
+from fastdata.formats.manifest import FileEntry, sha256_file
+from fastdata.formats.tokens import TokenReader
+from fastdata.formats.wds import WdsWriter, check_kept_files
+
+INDEX_SUFFIX = ".idx"
+_BLOCK = 512  # tar block size
+
+
+def index_name(shard_name: str) -> str:
+    return shard_name.rsplit(".", 1)[0] + INDEX_SUFFIX
+
+
+class TextWdsWriter(WdsWriter):
+    """Writes documents into tar shards of about `shard_size` bytes each, in the order given, plus each
+    shard's index. Holds one shard's index in memory."""
+
+    def __init__(self, directory: Path, shard_size: int, dtype: np.dtype) -> None:
+        super().__init__(directory, shard_size)
+        self.dtype = np.dtype(dtype)
+        self._index: list[tuple[int, int]] = []
+        self._index_entries: list[dict[str, Any]] = []
+        self.total_tokens = 0
+
+    def add(self, ids: np.ndarray, source: str = "", line: int = 0) -> None:
+        """Append one document's token ids (already in the dataset's dtype)."""
+        if self._tar is None:
+            self._open_shard()
+            self._index = []
+        assert self._tar is not None
+        key = f"{self.count:010d}"
+        payload = ids.tobytes()
+        self._add_member(f"{key}.ids", payload)
+        data_offset = self._tar.offset - -(-len(payload) // _BLOCK) * _BLOCK
+        self._add_member(f"{key}.json", json.dumps({"source": source, "line": line, "tokens": len(ids)}).encode())
+        self._index.append((data_offset, len(ids)))
+        self.total_tokens += len(ids)
+        self._shard_samples += 1
+        self.count += 1
+        if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        if self._tar is None:
+            return
+        path = self.directory / index_name(self._shard_name)
+        with open(path, "wb") as f:
+            f.write(np.asarray(self._index, dtype="<i8").reshape(-1, 2).tobytes())
+        self._index_entries.append({"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
+        super()._close_shard()
+
+    @property
+    def index_files(self) -> list[dict[str, Any]]:
+        """The index files of the finished shards (name, bytes, sha256)."""
+        return list(self._index_entries)
+
+    @property
+    def open_shard(self) -> dict[str, Any] | None:
+        """Where the unfinished shard stands (name, bytes of complete members, documents), None without one:
+        a checkpoint records it, so that a resumed conversion continues inside that shard."""
+        if self._tar is None or not self._shard_samples:
+            return None
+        return {"name": self._shard_name, "bytes": self._tar.offset, "documents": self._shard_samples}
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Record `progress` (which must list `finished_shards`, `index_files` and `open_shard`) as the point to
+        resume from; the unfinished shard's documents so far are put on disk first."""
+        if self._tar is not None:
+            self._sync_shard()
+        super().checkpoint(progress)
+
+    def resume(self, entries: list[FileEntry], index_files: list[dict[str, Any]],  # type: ignore[override]
+               total_tokens: int, open_shard: dict[str, Any] | None = None) -> None:
+        """Continue after the finished shards `entries` and their `index_files` (from the saved progress),
+        which with the documents of `open_shard` (the unfinished shard as `open_shard` described it) hold
+        `total_tokens` tokens: that shard is cut back to those documents and continued, anything else in the
+        directory is dropped. Raises StagingDamagedError when the unfinished shard is not there as recorded."""
+        check_kept_files(self.directory, [(f["name"], f["bytes"]) for f in index_files], "shard index")
+        tmp = None
+        if open_shard is not None:
+            tmp = self.directory / (open_shard["name"] + ".tmp")
+            finished = self.directory / open_shard["name"]
+            if not tmp.exists() and finished.is_file():  # completed after the checkpoint, before the next one
+                os.replace(finished, tmp)
+        super().resume(entries, [], keep_files=[f["name"] for f in index_files] + ([tmp.name] if tmp else []))
+        self._index_entries = list(index_files)
+        self.total_tokens = total_tokens
+        if tmp is not None and open_shard is not None:
+            self._continue_shard(tmp, open_shard["bytes"], open_shard["documents"])
+
+    def _continue_shard(self, tmp: Path, size: int, documents: int) -> None:
+        """Reopen the unfinished shard `tmp` at its first `size` bytes (`documents` documents), rebuilding its
+        index from the tar, and append to it from there: the same bytes as if it had never stopped."""
+        try:
+            file = open(tmp, "r+b")  # noqa: SIM115 (the shard's file until it is closed)
+        except OSError as exc:
+            raise StagingDamagedError(f"{tmp}: the unfinished shard of the last checkpoint cannot be opened "
+                                      f"({exc.strerror or exc}); {START_AGAIN}") from exc
+        try:
+            if os.fstat(file.fileno()).st_size < size:
+                raise StagingDamagedError(f"{tmp}: holds {os.fstat(file.fileno()).st_size:,} bytes, the last "
+                                          f"checkpoint recorded {size:,}; {START_AGAIN}")
+            file.truncate(size)
+            index = []
+            with tarfile.open(fileobj=file, mode="r:") as tar:
+                for member in tar:
+                    if member.name.endswith(".ids"):
+                        index.append((member.offset_data, member.size // self.dtype.itemsize))
+            if len(index) != documents:
+                raise StagingDamagedError(f"{tmp}: holds {len(index):,} documents in its first {size:,} bytes, "
+                                          f"the last checkpoint recorded {documents:,}; {START_AGAIN}")
+        except tarfile.TarError as exc:
+            file.close()
+            raise StagingDamagedError(f"{tmp}: the unfinished shard is damaged ({exc}); {START_AGAIN}") from exc
+        except BaseException:
+            file.close()
+            raise
+        file.seek(size)
+        self._open_shard(file)
+        self._index = index
+        self._shard_samples = documents
+        self.count += documents
+
+    def close(self) -> tuple[list[FileEntry], dict[str, Any]]:  # type: ignore[override]
+        """Finish the last shard; returns (shard files, layout facts for the manifest)."""
+        return super().close(), {"index_files": list(self._index_entries)}
+
+
+class TextWdsReader(TokenReader):
+    """Random access to the token stream of a WebDataset text dataset through the shard indexes; shards are
+    opened lazily and read with `pread`, so one reader serves any process (safe to pickle for spawn)."""
+
+    def __init__(self, directory: Path, files: list[FileEntry], text: dict[str, Any]) -> None:
+        super().__init__(text)
+        self.directory = Path(directory)
+        self.files = list(files)
+        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._handles: dict[int, Any] = {}
+        for entry in self.files:
+            for name in (entry.name, index_name(entry.name)):
+                if not (self.directory / name).is_file():
+                    raise NotADatasetError(f"{self.directory / name}: missing; the dataset is damaged")
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_handles": {}, "_index": None}
+
+    def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._index is None:
+            shards, offsets, lengths = [], [], []
+            for number, entry in enumerate(self.files):
+                path = self.directory / index_name(entry.name)
+                pairs = np.fromfile(path, dtype="<i8")
+                if len(pairs) != 2 * entry.samples:
+                    raise NotADatasetError(f"{path}: holds {len(pairs) // 2} documents, the manifest says "
+                                           f"{entry.samples}; the dataset is damaged")
+                pairs = pairs.reshape(-1, 2)
+                shards.append(np.full(len(pairs), number, np.int32))
+                offsets.append(pairs[:, 0])
+                lengths.append(pairs[:, 1])
+            lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+            ends = np.cumsum(lengths_all, dtype=np.int64)
+            total = int(ends[-1]) if len(ends) else 0
+            if len(ends) != self.num_documents or total != self.total_tokens:
+                raise NotADatasetError(f"{self.directory}: shard indexes hold {len(ends)} documents / {total} "
+                                       f"tokens, the manifest says {self.num_documents} / {self.total_tokens}")
+            self._index = (np.concatenate(shards) if shards else np.zeros(0, np.int32),
+                           np.concatenate(offsets) if offsets else np.zeros(0, np.int64), ends)
+        return self._index
+
+    @property
+    def ends(self) -> np.ndarray:
+        """Cumulative token count at the end of each document (int64, one per document)."""
+        return self._load_index()[2]
+
+    def _handle(self, shard: int) -> Any:
+        handle = self._handles.get(shard)
+        if handle is None:
+            handle = self._handles[shard] = open(self.directory / self.files[shard].name, "rb", buffering=0)  # noqa: SIM115 (kept open for reuse)
+        return handle
+
+    def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
+        shards, offsets, ends = self._load_index()
+        size, pos = self.dtype.itemsize, 0
+        for start, stop in zip(starts, stops, strict=True):
+            doc = int(np.searchsorted(ends, start, side="right"))
+            while start < stop:
+                doc_start = int(ends[doc - 1]) if doc else 0
+                hi = min(stop, int(ends[doc]))
+                if hi > start:
+                    target = out[pos:pos + hi - start].view(np.uint8)
+                    handle = self._handle(int(shards[doc]))
+                    got = os.preadv(handle.fileno(), [target], int(offsets[doc]) + (start - doc_start) * size)
+                    if got != len(target):
+                        raise CorruptSampleError(f"{handle.name}: document {doc} is truncated; the dataset is "
+                                                 "damaged")
+                    pos += hi - start
+                    start = hi
+                doc += 1

@@ -1,0 +1,264 @@
+"""Datasets over converted images: map-style for LMDB, iterable for WebDataset shards.
+
+Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder, and both can build
+whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.formats.lmdb import LmdbReader
+from fastdata.formats.manifest import Manifest
+from fastdata.formats.wds import LocalShards, read_shard
+from fastdata.image.buffers import BatchBuffers
+from fastdata.image.pipeline import ON_ERROR, Batch, EncodedSample, SamplePipeline
+from fastdata.order.epoch import epoch_order, num_batches, split_batches
+from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, interleaved_part, rank_count
+
+
+class _ImageMetaMixin:
+    """What both image datasets share: the manifest's facts, the sample pipeline, the error policy, the epoch."""
+
+    manifest: Manifest
+
+    def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: int, seed: int,
+               on_error: str) -> None:
+        if on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
+        self.manifest = manifest
+        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
+        self.on_error = on_error
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return self.manifest.class_to_idx
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+
+class LmdbImageDataset(_ImageMetaMixin, Dataset):
+    """Map-style dataset over an LMDB conversion: `ds[i]` is ImageFolder's sample i, decoded (and augmented
+    with `augment` if given, reproducibly for `seed` and the epoch set by `set_epoch`)."""
+
+    def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: int = 224,
+                 seed: int = 0, on_error: str = "raise") -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error)
+        self.reader = LmdbReader(self.root, manifest.num_samples, len(manifest.classes))
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """(source-relative path, label) per index, as torchvision's ImageFolder.samples (built on demand)."""
+        return list(zip(self.reader.all_keys(), self.reader.labels.tolist(), strict=True))
+
+    @property
+    def targets(self) -> list[int]:
+        return self.reader.labels.tolist()
+
+    def encoded(self, index: int) -> EncodedSample:
+        """Sample `index` as stored (bytes and header facts), not yet decoded."""
+        r = self.reader
+        return EncodedSample(r.key(index), r.read(index), int(r.labels[index]), int(r.widths[index]),
+                             int(r.heights[index]), int(r.codecs[index]), (index,))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if index < 0:
+            index += len(self)
+        sample = self.encoded(index)
+        return self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch)), sample.label
+
+    def get_batch(self, indices: np.ndarray, epoch: int, buffers: BatchBuffers | None = None) -> Batch:
+        started = perf_counter()
+        samples = [self.encoded(int(i)) for i in indices]
+        read_s = perf_counter() - started
+        batch = self.pipeline.batch(samples, epoch, self.on_error, buffers)
+        batch.times.read += read_s
+        return batch
+
+
+class LmdbBatches(Dataset):
+    """DataLoader adapter: item `(epoch, indices)` -> a whole decoded Batch, built inside the worker."""
+
+    def __init__(self, dataset: LmdbImageDataset, buffers: BatchBuffers | None = None) -> None:
+        self.dataset = dataset
+        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.batch_buffers), owned by the loader
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, np.ndarray]) -> Batch:
+        epoch, indices = item
+        return self.dataset.get_batch(indices, epoch, self.buffers)
+
+
+class EpochBatchSampler:
+    """Yields `(epoch, indices)` per batch of the current epoch; runs in the main process, so the epoch set
+    here reaches persistent workers with every item.
+
+    With several ranks, each takes every world_size-th sample of the epoch's order (padded by wrapping or cut,
+    per `uneven`), so every rank yields the same number of batches. `start` (a position in the epoch's order)
+    and `skip` (batches of this rank's epoch) say where a resumed epoch continues; both apply to `epoch` only."""
+
+    #: Whether an epoch resumed on another world size can continue from its position in the order.
+    repartitions = True
+
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                 rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.rank, self.world_size, self.uneven = rank, world_size, check_uneven(uneven)
+        check_not_empty(num_samples, world_size, uneven, "the dataset")
+        self.epoch = 0
+        self.start = 0
+        self.skip = 0
+
+    def rank_indices(self) -> np.ndarray:
+        """This rank's sample indices of the current epoch, in order (from `start` on)."""
+        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
+        return interleaved_part(order, self.rank, self.world_size, self.uneven, self.start)
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        """This rank's batches of the current epoch (from `start` on, before skipping)."""
+        return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        epoch = self.epoch
+        for chunk in self.epoch_batches()[self.skip:]:
+            yield epoch, chunk
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return self.pass_length(0)
+
+    def pass_length(self, start: int) -> int:
+        """Batches on this rank in an epoch that begins at position `start` of its order."""
+        return num_batches(rank_count(self.num_samples - start, self.world_size, self.uneven), self.batch_size,
+                           self.drop_last)
+
+
+class WdsImageDataset(_ImageMetaMixin, IterableDataset):
+    """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` in stored order (shards in
+    manifest order, each read sequentially). The shards are local files, or remote ones
+    (`fastdata.formats.remote.RemoteShards`) given as `store`.
+
+    Iterated by several DataLoader workers (and ranks, see `split`), each sample comes once: the stored stream
+    is cut into one contiguous part per rank (as `fastdata.loader` cuts an epoch's stream), and each rank's part
+    into one contiguous stretch per worker, which reads only the shards that stretch covers."""
+
+    def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: int = 224,
+                 seed: int = 0, on_error: str = "raise", store: Any = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error)
+        self.store = store if store is not None else LocalShards(Path(root), manifest.files)
+        self.shards = self.store.locations
+        self.rank, self.world_size, self.uneven = 0, 1, "pad"
+        self.skipped_count = 0  # samples skipped by this process's iterations (on_error="skip"; each warned)
+
+    def split(self, rank: int, world_size: int, uneven: str = "pad") -> WdsImageDataset:
+        """Iterate only rank `rank`'s part of the stream (of `world_size`, padded or cut as `uneven` says, as the
+        loader does); `len()` becomes that part's length."""
+        check_not_empty(self.manifest.num_samples, world_size, check_uneven(uneven), str(self.root))
+        self.rank, self.world_size, self.uneven = rank, world_size, uneven
+        return self
+
+    def __len__(self) -> int:
+        return rank_count(self.manifest.num_samples, self.world_size, self.uneven)
+
+    def stream_part(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
+        """The stored-stream positions that worker `worker` of `num_workers` of this rank yields, in order."""
+        stream = np.arange(self.manifest.num_samples, dtype=np.int64)
+        mine = contiguous_part(stream, self.rank, self.world_size, self.uneven)
+        return np.array_split(mine, max(1, num_workers))[worker]
+
+    def shard_samples(self, shard_id: int, want: Callable[[int], bool] | None = None
+                      ) -> Iterator[tuple[int, EncodedSample | None]]:
+        """`(offset, sample)` for every stored sample of one shard, in order; None (bytes not read) for the
+        offsets `want` rejects."""
+        name = self.manifest.files[shard_id].name
+        where = self.shards[shard_id]
+        fileobj, seekable = self.store.open(shard_id)
+        with fileobj:
+            for offset, stored in read_shard(fileobj, where, want, seekable=seekable):
+                if stored is None:
+                    yield offset, None
+                    continue
+                key, data, _ext, meta = stored
+                try:
+                    sample = EncodedSample(meta["path"], data, int(meta["label"]), int(meta["width"]),
+                                           int(meta["height"]), int(meta["codec"]), (shard_id, offset), name)
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise CorruptSampleError(f"{where}: sample {key!r} has incomplete metadata ({exc!r})") from exc
+                yield offset, sample
+
+    def sample_at(self, shard_id: int, offset: int) -> EncodedSample:
+        """One stored sample, read on its own (reads its shard up to it: for rare use, such as a borrowed sample)."""
+        samples = self.shard_samples(shard_id, want=lambda o: o == offset)
+        try:
+            for got, sample in samples:
+                if got == offset and sample is not None:
+                    return sample
+        finally:
+            samples.close()
+        raise CorruptSampleError(f"{self.shards[shard_id]}: shard has no sample {offset}")
+
+    def encoded_samples(self, shard_ids: list[int]) -> Iterator[EncodedSample]:
+        """Stream the stored samples of the given shards, in order."""
+        for shard_id in shard_ids:
+            for _offset, sample in self.shard_samples(shard_id):
+                assert sample is not None
+                yield sample
+
+    def samples_at(self, positions: np.ndarray) -> Iterator[EncodedSample]:
+        """The stored samples at the given stream positions, in the order given, reading each ascending run of
+        positions in one pass over the shards it covers."""
+        starts = np.concatenate([[0], np.cumsum([f.samples for f in self.manifest.files])]).astype(np.int64)
+        shard_of = np.searchsorted(starts, positions, side="right") - 1
+        run_start = 0
+        for i in range(1, len(positions) + 1):
+            if i < len(positions) and shard_of[i] == shard_of[i - 1] and positions[i] > positions[i - 1]:
+                continue
+            shard_id = int(shard_of[run_start])
+            offsets = (positions[run_start:i] - starts[shard_id]).tolist()
+            wanted, last = set(offsets), offsets[-1]
+            stream = self.shard_samples(shard_id, want=lambda o, wanted=wanted: o in wanted)
+            try:
+                for offset, sample in stream:
+                    if sample is not None:
+                        yield sample
+                    if offset >= last:
+                        break
+            finally:
+                stream.close()
+            run_start = i
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for sample in self.samples_at(self.stream_part(worker, num_workers)):
+            try:
+                image = self.pipeline.process(sample, self.epoch)
+            except CorruptSampleError as exc:
+                if self.on_error == "raise":
+                    raise
+                self.skipped_count += 1
+                warnings.warn(f"skipped (on_error='skip'): {exc}", stacklevel=2)
+                continue
+            yield self.pipeline.to_tensor(image), sample.label

@@ -1,0 +1,369 @@
+"""`fastdata.meter`: wrap any iterable a training loop runs over, and learn whether the loop is input-bound.
+
+For each step it times the wait for the next batch (data wait) against the time the loop spent with the batch
+(compute); with CUDA in use it also records two CUDA events per step (no blocking sync in the loop) so that
+the wait the *GPU* saw is measured, not the host's. A background sampler records CPU, iowait, disk, RSS and
+GPU figures (`fastdata.meter.system`); with `fastdata.loader`, the per-stage seconds of its workers say which
+stage is the wall. `report()` turns all of it into a verdict with reasons and suggestions.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from fastdata.meter.report import LoaderFacts, MeterReport, Window, build_report
+from fastdata.meter.stages import StageTimes
+from fastdata.meter.system import SystemSampler
+
+T = TypeVar("T")
+
+
+def meter(iterable: Iterable[T], *, sync: bool | None = None, log_every: int | None = None,
+          batch_size: int | Callable[[Any], int] | None = None, warmup_steps: int = 1, interval: float = 1.0,
+          system: bool = True, log: Callable[[str], None] | None = None) -> Meter[T]:
+    """Wrap `iterable` so that iterating the result yields its items unchanged while timing every step.
+
+    sync: time GPU work with CUDA events (None: when CUDA is in use by the first step's end).
+    log_every: print a live line (steps/s, samples/s, data wait, CPU, GPU) every N steps through `log`
+    (default: stderr). batch_size: samples per item, or a function of the item (default: inferred from the
+    first tensor / array / sequence in it). warmup_steps: first steps left out of rates and fractions
+    (worker start-up; `first_batch_s` reports it). interval: seconds between system samples.
+    """
+    return Meter(iterable, sync=sync, log_every=log_every, batch_size=batch_size, warmup_steps=warmup_steps,
+                 interval=interval, system=system, log=log)
+
+
+def infer_batch_size(item: Any) -> int | None:
+    """Samples in a batch: the first dimension of the first tensor / array found in it (tuples, lists and
+    dicts are searched first element first), or None when nothing in it has a shape."""
+    for _ in range(8):  # bounded descent into nested containers
+        shape = getattr(item, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if isinstance(item, (tuple, list)):
+            if not item:
+                return None
+            item = item[0]
+        elif isinstance(item, Mapping):
+            if not item:
+                return None
+            item = next(iter(item.values()))
+        else:
+            return None
+    return None
+
+
+class _Counts:
+    """Running totals of the hot loop (slots: cheap attribute updates)."""
+
+    __slots__ = ("samples", "samples_known", "steps", "wait")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.samples = 0
+        self.samples_known = True
+        self.wait = 0.0
+
+
+class _Timeline:
+    """Steps, samples and data wait in fixed-width time bins; when there would be more than `max_bins`, pairs
+    merge and the width doubles, so memory stays bounded however long the loop runs."""
+
+    def __init__(self, width: float = 0.1, max_bins: int = 400) -> None:
+        self.origin: float | None = None
+        self.width = width
+        self.max_bins = max_bins
+        self.steps: list[int] = []
+        self.samples: list[int] = []
+        self.wait: list[float] = []
+        self.end = 0.0
+
+    def add(self, t0: float, t1: float, samples: int) -> None:
+        """One step whose wait ran from t0 to t1 (perf_counter seconds)."""
+        if self.origin is None:
+            self.origin = t0
+        last = self._index(t1)
+        first = self._index(t0)
+        if first == last:
+            self.wait[last] += t1 - t0
+        else:  # a wait across bins: give each bin its share
+            first = max(first, 0)
+            for b in range(first, last + 1):
+                lo = max(t0, self.origin + b * self.width)
+                hi = min(t1, self.origin + (b + 1) * self.width)
+                self.wait[b] += max(0.0, hi - lo)
+        self.steps[last] += 1
+        self.samples[last] += samples
+        self.end = max(self.end, t1)
+
+    def _index(self, t: float) -> int:
+        index = int((t - self.origin) / self.width)
+        while index >= self.max_bins:
+            self._coarsen()
+            index = int((t - self.origin) / self.width)
+        while len(self.steps) <= index:
+            self.steps.append(0)
+            self.samples.append(0)
+            self.wait.append(0.0)
+        return index
+
+    def _coarsen(self) -> None:
+        def pairs(values: list) -> list:
+            return [sum(values[i:i + 2]) for i in range(0, len(values), 2)]
+
+        self.steps, self.samples, self.wait = pairs(self.steps), pairs(self.samples), pairs(self.wait)
+        self.width *= 2
+
+    def as_dict(self, until: float | None = None) -> dict[str, Any]:
+        """Per bin: its mid time (s from the first step), samples/s, steps/s and data-wait fraction."""
+        out: dict[str, Any] = {"bin_s": self.width, "t": [], "samples_per_s": [], "steps_per_s": [],
+                               "data_wait_fraction": []}
+        if self.origin is None:
+            return out
+        end = max(self.end, until or 0.0)
+        for b in range(len(self.steps)):
+            start = b * self.width
+            span = min(self.width, end - self.origin - start) if b == len(self.steps) - 1 else self.width
+            if span <= 1e-9:
+                continue
+            out["t"].append(round(start + span / 2, 4))
+            out["samples_per_s"].append(round(self.samples[b] / span, 3))
+            out["steps_per_s"].append(round(self.steps[b] / span, 3))
+            out["data_wait_fraction"].append(round(min(1.0, self.wait[b] / span), 4))
+        return out
+
+
+class _CudaTimer:
+    """GPU-side view of each step, from two CUDA events per step on the current stream: `done` when the loop
+    asks for the next batch, `ready` when it has it. The GPU's idle gap between `done` and the next `ready`
+    is the wait it saw; events are read when the GPU has passed them (query), never by blocking the loop."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self._ready_prev: Any = None
+        self._done_prev: Any = None
+        self._pending: deque = deque()
+        self.wait_s = 0.0
+        self.cycle_s = 0.0
+        self.steps = 0
+
+    def boundary(self) -> None:
+        """The loop finished a step and asks for the next batch."""
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._done_prev = event
+        while self._pending and self._pending[0][2].query():
+            self._resolve(self._pending.popleft())
+
+    def ready(self, counted: bool, first_in_pass: bool) -> None:
+        """The next batch arrived; `counted` steps (past warm-up, not the first of a pass) add to the totals."""
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        if counted and not first_in_pass and self._ready_prev is not None and self._done_prev is not None:
+            self._pending.append((self._ready_prev, self._done_prev, event))
+        self._ready_prev = event
+
+    def flush(self) -> None:
+        """Wait for the GPU to pass every recorded event and add them up (report time, not the hot loop)."""
+        if self._pending:
+            self._pending[-1][2].synchronize()
+        while self._pending:
+            self._resolve(self._pending.popleft())
+
+    def _resolve(self, events: tuple) -> None:
+        ready_prev, done_prev, ready = events
+        self.cycle_s += ready_prev.elapsed_time(ready) / 1000.0
+        self.wait_s += max(0.0, done_prev.elapsed_time(ready) / 1000.0)
+        self.steps += 1
+
+
+class Meter(Generic[T]):
+    """The iterable `fastdata.meter()` returns. Iterate it as you would the wrapped iterable (each pass is
+    one pass over it), then call `report()`. Also a context manager that stops the sampler on exit."""
+
+    def __init__(self, iterable: Iterable[T], *, sync: bool | None, log_every: int | None,
+                 batch_size: int | Callable[[Any], int] | None, warmup_steps: int, interval: float, system: bool,
+                 log: Callable[[str], None] | None) -> None:
+        if not (isinstance(iterable, Iterable) or hasattr(iterable, "__getitem__")):
+            raise TypeError(f"fastdata.meter() needs an iterable (a DataLoader, fastdata.loader(...), a list, a "
+                            f"generator...), got {type(iterable).__name__} {_short_repr(iterable)}")
+        if log_every is not None and log_every < 1:
+            raise ValueError(f"log_every must be a positive number of steps, got {log_every}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if batch_size is not None and not callable(batch_size) and int(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive int or a function of the batch, got {batch_size!r}")
+        self.iterable = iterable
+        self.log_every = log_every
+        self.warmup_steps = warmup_steps
+        self._sync_wanted = sync
+        self._sizer: Callable[[Any], int | None] = (
+            infer_batch_size if batch_size is None else batch_size if callable(batch_size)
+            else (lambda _item, n=int(batch_size): n))
+        self._log = log or _stderr_line
+        self._sampler = SystemSampler(interval=interval) if system else None
+        self._facts = LoaderFacts.of(iterable)
+        self._counts = _Counts()
+        self._timeline = _Timeline()
+        self._cuda: _CudaTimer | None = None
+        self._sync_decided = False
+        self._seconds_done = 0.0  # seconds of finished passes
+        self._pass_started: float | None = None
+        self._first_batch_s: float | None = None
+        self._warm: tuple[float, int, int, float] | None = None  # (measured s, steps, samples, wait) at warm-up end
+        self._stages_start: StageTimes | None = None
+        self._log_mark: tuple[float, int, int, float] | None = None
+        if sync and not _cuda_available():
+            raise ValueError("sync=True times GPU work with CUDA events, but CUDA is not available here "
+                             "(torch.cuda.is_available() is False); use sync=None or False")
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __enter__(self) -> Meter[T]:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the background sampler (a later pass starts it again)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+
+    def __iter__(self) -> Iterator[T]:
+        counts, timeline, sizer = self._counts, self._timeline, self._sizer
+        perf = time.perf_counter
+        log_every, warmup = self.log_every, self.warmup_steps
+        first_in_pass = True
+        stage_source = getattr(self.iterable, "stage_times", None)
+        if self._stages_start is None and isinstance(stage_source, StageTimes):
+            self._stages_start = stage_source.copy()
+        if self._sampler is not None:
+            self._sampler.start()
+        t0 = self._pass_started = perf()
+        try:
+            iterator = iter(self.iterable)
+            while True:
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    counts.wait += perf() - t0
+                    return
+                t1 = perf()
+                n = sizer(item)
+                if n is None:
+                    counts.samples_known = False
+                    n = 0
+                counts.steps += 1
+                counts.samples += n
+                counts.wait += t1 - t0
+                timeline.add(t0, t1, n)
+                cuda = self._cuda
+                if cuda is not None:
+                    cuda.ready(counts.steps > warmup, first_in_pass)
+                if counts.steps == warmup:
+                    self._mark_warm(t1)
+                if self._first_batch_s is None:
+                    self._first_batch_s = t1 - self._pass_started
+                if log_every and counts.steps % log_every == 0:
+                    self._log_line(t1)
+                first_in_pass = False
+                yield item
+                t0 = perf()
+                if cuda is not None:
+                    cuda.boundary()
+                elif not self._sync_decided:
+                    self._decide_sync()
+                    if self._cuda is not None:
+                        self._cuda.boundary()
+                        t0 = perf()
+        finally:
+            self._seconds_done += perf() - self._pass_started
+            self._pass_started = None
+            if self._sampler is not None:
+                self._sampler.stop()
+
+    # ---------------------------------------------------------------------------------------------
+    def _decide_sync(self) -> None:
+        """After the first step: time on the GPU if asked to, or (sync=None) if the step started CUDA."""
+        self._sync_decided = True
+        want = self._sync_wanted
+        if want is False:
+            return
+        torch = sys.modules.get("torch")
+        if want is None and (torch is None or not torch.cuda.is_initialized()):
+            return
+        if torch is None:
+            import torch
+        self._cuda = _CudaTimer(torch)
+
+    def _measured_seconds(self, now: float | None = None) -> float:
+        seconds = self._seconds_done
+        if self._pass_started is not None:
+            seconds += (now if now is not None else time.perf_counter()) - self._pass_started
+        return seconds
+
+    def _mark_warm(self, now: float) -> None:
+        c = self._counts
+        self._warm = (self._measured_seconds(now), c.steps, c.samples, c.wait)
+
+    def _log_line(self, now: float) -> None:
+        c = self._counts
+        seconds = self._measured_seconds(now)
+        mark = self._log_mark or (0.0, 0, 0, 0.0)
+        span = max(1e-9, seconds - mark[0])
+        steps, samples, wait = c.steps - mark[1], c.samples - mark[2], c.wait - mark[3]
+        self._log_mark = (seconds, c.steps, c.samples, c.wait)
+        latest = self._sampler.latest if self._sampler is not None else {}
+        parts = [f"step {c.steps:,}", f"{steps / span:,.1f} steps/s"]
+        if c.samples_known:
+            parts.append(f"{samples / span:,.0f} samples/s")
+        parts.append(f"data wait {min(1.0, wait / span):.0%}")
+        cpu, gpu = latest.get("cpu_percent"), latest.get("gpu_util_percent")
+        parts.append("CPU n/a" if cpu is None else f"CPU {cpu:.0f}%")
+        parts.append("GPU n/a" if gpu is None else f"GPU {gpu:.0f}%")
+        self._log("[fastdata.meter] " + " | ".join(parts))
+
+    def report(self) -> MeterReport:
+        """What was measured so far, with a verdict (`input-bound`, `compute-bound`, `cpu-contended` (the data is
+        there but other processes took the CPU), `balanced`, or `no steps measured`), the reasons behind it and
+        what to try."""
+        c = self._counts
+        seconds = self._measured_seconds()
+        warm = self._warm if (self._warm is not None and c.steps > self.warmup_steps) else None
+        base = warm or (0.0, 0, 0, 0.0)
+        window = Window(steps=c.steps - base[1], samples=(c.samples - base[2]) if c.samples_known else None,
+                        seconds=seconds - base[0], host_wait_s=c.wait - base[3], warmup_steps=base[1])
+        if self._cuda is not None:
+            self._cuda.flush()
+            if self._cuda.steps:
+                window.gpu_wait_s, window.gpu_seconds = self._cuda.wait_s, self._cuda.cycle_s
+        stages = None
+        source = getattr(self.iterable, "stage_times", None)
+        if self._stages_start is not None and isinstance(source, StageTimes):
+            stages = source.minus(self._stages_start)
+        system = self._sampler.summary() if self._sampler is not None else None
+        return build_report(steps=c.steps, samples=c.samples if c.samples_known else None, seconds=seconds,
+                            first_batch_s=self._first_batch_s, window=window, system=system, stages=stages,
+                            loader=self._facts, cuda=self._cuda is not None,
+                            timeline=self._timeline.as_dict())
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,1 @@
+"""Pure order and position: epoch permutations, rank splits, stream plans, batch samplers, loader state."""

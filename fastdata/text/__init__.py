@@ -1,0 +1,1 @@
+"""The text read side: tokenizer, blocks, dataset, TextLoader."""

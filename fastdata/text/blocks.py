@@ -1,0 +1,193 @@
+"""Batches from stored documents: packed fixed-length blocks over the document stream, or one padded
+document per row; and the length-bucketing batch order. Pure numpy over a TokenReader (LMDB or WebDataset),
+so each piece is testable without a loader.
+
+The packed stream is every document followed by the end-of-text token: doc0 EOS doc1 EOS ... Block k is
+stream tokens `[k*L, k*L + L]` (L + 1 tokens; consecutive blocks share one token), so every stream token but
+the first is a label exactly once per epoch; the tail after the last whole block (< L tokens) is left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fastdata.errors import ConfigError
+from fastdata.formats.tokens import TokenReader
+from fastdata.image.datasets import EpochBatchSampler
+
+IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
+
+
+def num_blocks(stream_tokens: int, seq_len: int) -> int:
+    """Whole blocks of `seq_len + 1` tokens, overlapping by one, that fit in a stream of `stream_tokens`."""
+    return max(0, (stream_tokens - 1) // seq_len)
+
+
+class PackedBlocks:
+    """Block k of the EOS-separated document stream; batches of blocks as `input_ids` / `labels` [B, L]
+    int64, labels shifted by one."""
+
+    def __init__(self, store: TokenReader, seq_len: int, eos_id: int) -> None:
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be at least 1, got {seq_len}")
+        self.store = store
+        self.seq_len = seq_len
+        self.eos_id = int(eos_id)
+        self._eos_positions: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_eos_positions": None}
+
+    @property
+    def stream_tokens(self) -> int:
+        return self.store.total_tokens + self.store.num_documents
+
+    def __len__(self) -> int:
+        return num_blocks(self.stream_tokens, self.seq_len)
+
+    @property
+    def eos_positions(self) -> np.ndarray:
+        """Stream position of the end-of-text token after each document."""
+        if self._eos_positions is None:
+            ends = self.store.ends
+            self._eos_positions = ends + np.arange(len(ends), dtype=np.int64)
+        return self._eos_positions
+
+    def rows(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Blocks as rows of L + 1 stream tokens [len(blocks), L + 1] (int64, or written into `out`): all
+        blocks' token ranges read in one go, the end-of-text tokens placed with one vectorised scatter."""
+        ks = np.asarray(blocks, dtype=np.int64).reshape(-1)
+        if len(ks) and (ks.min() < 0 or ks.max() >= len(self)):
+            raise IndexError(f"block index out of range for {len(self)} blocks")
+        width = self.seq_len + 1
+        eos = self.eos_positions
+        starts = ks * self.seq_len
+        first = np.searchsorted(eos, starts, side="left")
+        per_row = np.searchsorted(eos, starts + width, side="left") - first  # end-of-text tokens in each block
+        tokens = self.store.read_many(starts - first, width - per_row)
+        rows = np.empty((len(ks), width), np.int64) if out is None else out
+        total = int(per_row.sum())
+        if total == 0:
+            rows.reshape(-1)[:] = tokens
+            return rows
+        row_of = np.repeat(np.arange(len(ks)), per_row)
+        nth = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+        is_token = np.ones(rows.shape, bool)
+        is_token[row_of, eos[np.repeat(first, per_row) + nth] - starts[row_of]] = False
+        rows[is_token] = tokens
+        rows[~is_token] = self.eos_id
+        return rows
+
+    def block(self, k: int) -> np.ndarray:
+        """Stream tokens `[k*L, k*L + L]` (L + 1 int64)."""
+        return self.rows([k])[0]
+
+    def transfer_array(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
+        """Write a batch in its compact hand-over form (rows of L + 1 tokens) into `out` (int32 [B, L + 1])."""
+        self.rows(blocks, out)
+
+    def transfer_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.seq_len + 1)
+
+    def to_batch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`{"input_ids", "labels"}` (contiguous int64 [B, L]) from rows of L + 1 tokens."""
+        shape = (rows.shape[0], self.seq_len)
+        input_ids = torch.empty(shape, dtype=torch.int64).copy_(rows[:, :-1])
+        labels = torch.empty(shape, dtype=torch.int64).copy_(rows[:, 1:])
+        return {"input_ids": input_ids, "labels": labels}
+
+    def batch(self, blocks: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        return self.to_batch(torch.from_numpy(self.rows(blocks)))
+
+
+class PaddedDocuments:
+    """One document per row: `input_ids` = its first `max_length` tokens, `labels` = the next token at each
+    position (the document's end-of-text token after its last one, when there is one), padded to the longest
+    row of the batch with `pad_id` / IGNORE_INDEX, and `attention_mask` 1 on real tokens."""
+
+    keys = ("input_ids", "attention_mask", "labels")
+
+    def __init__(self, store: TokenReader, max_length: int, eos_id: int | None, pad_id: int) -> None:
+        if max_length < 1:
+            raise ConfigError(f"max_length must be at least 1, got {max_length}")
+        self.store = store
+        self.max_length = max_length
+        self.eos_id = eos_id
+        self.pad_id = int(pad_id)
+
+    def __len__(self) -> int:
+        return self.store.num_documents
+
+    def lengths(self) -> np.ndarray:
+        """Row length (real tokens in `input_ids`) of every document."""
+        ends = self.store.ends
+        sizes = np.diff(ends, prepend=np.int64(0))
+        if self.eos_id is None:
+            sizes = np.maximum(sizes - 1, 0)
+        return np.minimum(sizes, self.max_length)
+
+    def _sequence(self, index: int) -> np.ndarray:
+        ends = self.store.ends
+        start, stop = (int(ends[index - 1]) if index else 0), int(ends[index])
+        tokens = self.store.read(start, min(stop, start + self.max_length + 1)).astype(np.int64)
+        if self.eos_id is not None and stop - start <= self.max_length:
+            tokens = np.append(tokens, np.int64(self.eos_id))
+        return tokens
+
+    def batch_array(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """`[input_ids, attention_mask, labels]` of a batch of documents as one int64 array [3, B, W], W the
+        longest row of the batch (at least 1); also the hand-over form (as int32)."""
+        if any(not 0 <= int(i) < len(self) for i in indices):
+            raise IndexError(f"document index out of range for {len(self)} documents")
+        sequences = [self._sequence(int(i)) for i in indices]
+        width = max([1, *(len(s) - 1 for s in sequences)])
+        out = np.empty((3, len(sequences), width), np.int64)
+        input_ids, mask, labels = out
+        input_ids.fill(self.pad_id)
+        mask.fill(0)
+        labels.fill(IGNORE_INDEX)
+        for row, tokens in enumerate(sequences):
+            n = max(len(tokens) - 1, 0)
+            input_ids[row, :n] = tokens[:n]
+            labels[row, :n] = tokens[1:n + 1]
+            mask[row, :n] = 1
+        return out
+
+    def to_batch(self, array: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch dict (contiguous int64 [B, W] each) from a [3, B, W] array."""
+        return dict(zip(self.keys, array.to(torch.int64).unbind(0), strict=True))
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        return self.to_batch(torch.from_numpy(self.batch_array(indices)))
+
+
+class BucketBatchSampler(EpochBatchSampler):
+    """Like EpochBatchSampler, but batches hold documents of similar length: each window of
+    `window_batches` batches of the epoch's order is sorted by length and cut into batches, and the batches
+    are then shuffled (from seed and epoch). Same batches for any number of workers; same length. With several
+    ranks, each buckets its own part of the epoch."""
+
+    repartitions = False  # batches are not a prefix of the order: a mid-epoch state needs the same world size
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                 window_batches: int = 64, rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
+        super().__init__(len(lengths), batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
+        self.lengths = np.asarray(lengths)
+        self.window = batch_size * window_batches
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        order = self.rank_indices()
+        stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
+        batches: list[np.ndarray] = []
+        for start in range(0, stop, self.window):
+            window = order[start:min(start + self.window, stop)]
+            window = window[np.argsort(self.lengths[window], kind="stable")]
+            batches.extend(window[i:i + self.batch_size] for i in range(0, len(window), self.batch_size))
+        if self.shuffle:
+            rng = np.random.default_rng((self.seed, self.epoch, 2))
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+

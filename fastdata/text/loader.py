@@ -1,0 +1,138 @@
+"""The text loader: packed token blocks (default) or padded documents, as dicts of int64 tensors, with whole
+batches built inside DataLoader workers from a batch order drawn in the main process (so the order depends
+on (seed, epoch) only, never on the number of workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata.errors import ConfigError
+from fastdata.image.datasets import EpochBatchSampler
+from fastdata.order.state import ResumableLoader, dataset_fingerprint
+from fastdata.text.blocks import BucketBatchSampler, PackedBlocks
+from fastdata.text.dataset import TextBatches, TextDataset, unpack_batches
+
+DEFAULT_SEQ_LEN = 1024
+DEFAULT_MAX_LENGTH = 1024
+GROUP_BYTES = 2 << 20  # batches a worker hands over at once: about this many bytes (one shared-memory transfer)
+MAX_GROUP = 16
+
+
+class GroupedBatches:
+    """Yields `(epoch, [indices of up to `group` consecutive batches])` from an epoch batch sampler."""
+
+    def __init__(self, sampler: EpochBatchSampler, group: int) -> None:
+        self.sampler, self.group = sampler, group
+
+    def __iter__(self) -> Iterator[tuple[int, list[np.ndarray]]]:
+        pending: list[np.ndarray] = []
+        epoch = self.sampler.epoch
+        for epoch, indices in self.sampler:
+            pending.append(indices)
+            if len(pending) == self.group:
+                yield epoch, pending
+                pending = []
+        if pending:
+            yield epoch, pending
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.group)
+
+
+def group_size(batch_bytes: int) -> int:
+    """How many batches of `batch_bytes` make one worker hand-over of about GROUP_BYTES."""
+    return max(1, min(MAX_GROUP, GROUP_BYTES // max(1, batch_bytes)))
+
+
+class TextLoader(ResumableLoader):
+    """Iterable of batch dicts. Packed: `{"input_ids", "labels"}` [B, seq_len]; padded: `{"input_ids",
+    "attention_mask", "labels"}` [B, longest row]. Each new pass is the next epoch (reshuffled from
+    (seed, epoch)); `set_epoch(e)` sets it; `len()` is the exact number of batches per epoch (per rank: each
+    rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly."""
+
+    def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, *, num_workers: int,
+                 pin_memory: bool, prefetch_factor: int | None, persistent_workers: bool,
+                 multiprocessing_context: Any) -> None:
+        self.dataset = data
+        self.batcher = batcher
+        self.batch_size = sampler.batch_size
+        self.num_workers = num_workers
+        self._sampler = sampler
+        self.rank, self.world_size = sampler.rank, sampler.world_size
+        self._repartitions = sampler.repartitions
+        self._init_progress()
+        batch_bytes = 4 * self.batch_size * (batcher.seq_len + 1 if self.packed else 3 * batcher.max_length)
+        self.group = group_size(batch_bytes) if num_workers else 1
+        self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group), batch_size=None,
+                                  num_workers=num_workers,
+                                  pin_memory=pin_memory, persistent_workers=persistent_workers and num_workers > 0,
+                                  prefetch_factor=prefetch_factor if num_workers else None,
+                                  multiprocessing_context=multiprocessing_context if num_workers else None)
+
+    @property
+    def packed(self) -> bool:
+        return isinstance(self.batcher, PackedBlocks)
+
+    def _resume_config(self) -> dict[str, Any]:
+        s = self._sampler
+        return {"format": f"text-{self.dataset.manifest.format}", "dataset": dataset_fingerprint(self.dataset.manifest),
+                "samples": s.num_samples, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
+                "drop_last": s.drop_last, "uneven": s.uneven, "packing": self.packed,
+                "bucketing": isinstance(s, BucketBatchSampler),
+                "length": self.batcher.seq_len if self.packed else self.batcher.max_length}
+
+    def _pass_length(self, start: int) -> int:
+        return self._sampler.pass_length(start)
+
+    def __len__(self) -> int:
+        return len(self._sampler)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        here = self._begin_pass()
+        if here.complete:  # restored after the last batch of its epoch: nothing of it is left
+            self._end_pass()
+            return
+        self._sampler.epoch, self._sampler.start, self._sampler.skip = here.epoch, here.start, here.skip
+        for batch in self._pass():
+            self._count_batch()
+            yield batch
+        self._end_pass()
+
+    def _pass(self) -> Iterator[dict[str, torch.Tensor]]:
+        for flat, shapes in self._loader:
+            yield from unpack_batches(flat, shapes, self.batcher)
+
+
+def text_loader(data: TextDataset, *, batch_size: int, shuffle: bool, num_workers: int, seed: int,
+                rank: int = 0, world_size: int = 1, uneven: str = "pad",
+                drop_last: bool, pin_memory: bool, prefetch_factor: int, persistent_workers: bool,
+                multiprocessing_context: Any, seq_len: int | None, packing: bool | None,
+                max_length: int | None, bucketing: bool | None, eos_token: str | None) -> TextLoader:
+    """Build the text loader over `data` (called by `fastdata.loader`, which checks the common arguments)."""
+    sharded: dict[str, Any] = {"rank": rank, "world_size": world_size, "uneven": uneven}
+    packing = True if packing is None else packing
+    if packing:
+        if max_length is not None or bucketing:
+            raise ConfigError("max_length and bucketing apply to padded batches (packing=False); packed blocks "
+                              "are seq_len tokens long")
+        batcher: Any = data.packed(DEFAULT_SEQ_LEN if seq_len is None else seq_len, eos_token)
+        if len(batcher) == 0:
+            raise ConfigError(f"{data.root}: {batcher.stream_tokens} tokens make no whole block of "
+                              f"seq_len={batcher.seq_len} (+1) tokens; use a smaller seq_len")
+        sampler = EpochBatchSampler(len(batcher), batch_size, shuffle, seed, drop_last, **sharded)
+    else:
+        if seq_len is not None:
+            raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
+        batcher = data.padded(DEFAULT_MAX_LENGTH if max_length is None else max_length, eos_token)
+        if bucketing:
+            sampler = BucketBatchSampler(batcher.lengths(), batch_size, shuffle, seed, drop_last, **sharded)
+        else:
+            sampler = EpochBatchSampler(len(batcher), batch_size, shuffle, seed, drop_last, **sharded)
+    return TextLoader(data, batcher, sampler, num_workers=num_workers, pin_memory=pin_memory,
+                      prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                      multiprocessing_context=multiprocessing_context)

@@ -1,0 +1,1 @@
+"""Commands over datasets and machines: info, verify, bench, doctor, disks, demo, sample."""

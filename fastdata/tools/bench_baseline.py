@@ -1,0 +1,223 @@
+"""The torchvision ImageFolder baseline of `fastdata bench`, reading what fastdata reads.
+
+A dataset stored as its source's own bytes is compared with the source tree, less the files the conversion
+rejected (the manifest lists them; torchvision would crash on them). A dataset whose images were re-encoded
+at conversion (`--max-size`) is compared by default with an ImageFolder exported from the dataset itself: each
+stored sample's bytes written as they are to `EXPORT/<class>/<path>`, so that both loaders decode the same
+bytes. Comparing with the original source instead is explicit (`baseline_source=True`) and marked as
+"different inputs".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from fastdata.errors import ConfigError, NotADatasetError
+from fastdata.formats.manifest import MANIFEST_NAME, Manifest, content_checksum, read_manifest
+
+if TYPE_CHECKING:
+    from fastdata.image.pipeline import EncodedSample
+    from fastdata.tools.bench import BenchConfig
+
+#: manifest options that make the stored bytes differ from the source's (each with its "off" value)
+REENCODING_OPTIONS = {"max_size": None}
+EXPORT_MARKER = ".fastdata-export.json"
+_EXT_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "PPM": "ppm", "BMP": "bmp", "TIFF": "tiff", "WEBP": "webp"}
+_SAME_EXT = {"jpeg": "jpg", "tif": "tiff", "pgm": "ppm"}
+
+
+def reencoding(manifest: Manifest) -> dict[str, Any]:
+    """The conversion options recorded in the manifest that re-encoded images (empty: stored as in the source)."""
+    return {name: manifest.options[name] for name, off in REENCODING_OPTIONS.items()
+            if manifest.options.get(name, off) != off}
+
+
+@dataclass
+class Baseline:
+    """What the baseline reads: an ImageFolder root, less `excluded` files, and how it relates to the dataset."""
+
+    root: Path
+    inputs: str  # one line: what the baseline reads, against what fastdata reads
+    different_inputs: bool = False
+    excluded: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}: rejected by the conversion
+    files: list[Path] = field(default_factory=list)  # every image file the baseline reads
+
+    @property
+    def excluded_paths(self) -> frozenset[str]:
+        return frozenset(item["path"] for item in self.excluded)
+
+    def notes(self) -> list[str]:
+        """What a reader of the table must know about the baseline's inputs, one line each."""
+        lines = [f"baseline inputs{' (DIFFERENT INPUTS)' if self.different_inputs else ''}: {self.inputs}"]
+        if self.excluded:
+            shown = "; ".join(f"{item['path']} ({item['reason']})" for item in self.excluded[:3])
+            more = f"; ... and {len(self.excluded) - 3} more" if len(self.excluded) > 3 else ""
+            lines.append(f"baseline: {len(self.excluded):,} file(s) of {self.root} left out because the conversion "
+                         f"rejected them (listed in the dataset's {MANIFEST_NAME}): {shown}{more}")
+        return lines
+
+
+def choose_baseline(dataset: Path, src: Path, baseline_source: bool = False, export_dir: Path | None = None,
+                    progress: Callable[[str], None] | None = None) -> Baseline:
+    """The baseline for `dataset` given its source tree `src`: the source (less rejected files) when the stored
+    bytes are the source's own or when `baseline_source` asks for it, else an ImageFolder exported from the
+    dataset into `export_dir` (which must be given: the caller owns it, e.g. a temporary directory)."""
+    manifest = read_manifest(dataset)
+    changed = reencoding(manifest)
+    if not changed or baseline_source:
+        baseline = source_baseline(src, manifest)
+        if changed:
+            baseline.different_inputs = True
+            baseline.inputs = (f"the original files of {src}, while fastdata reads the dataset's re-encoded "
+                               f"copies ({_options_text(changed)}): the ratios compare inputs as well as loaders")
+        return baseline
+    if export_dir is None:
+        raise ConfigError(f"{dataset} was re-encoded at conversion ({_options_text(changed)}): the baseline reads an "
+                          "ImageFolder exported from it, and needs a directory to export into")
+    if progress:
+        progress(f"bench: {dataset} was re-encoded at conversion ({_options_text(changed)}); exporting its stored "
+                 f"bytes as an ImageFolder into {export_dir} for the baseline")
+    files = export_imagefolder(dataset, export_dir)
+    return Baseline(export_dir, f"an ImageFolder exported from {dataset}: the same stored bytes fastdata reads "
+                                f"(the dataset was re-encoded at conversion: {_options_text(changed)}; "
+                                f"--baseline-source compares with the original files in {src} instead)",
+                    files=files)
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in options.items())
+
+
+def source_baseline(src: Path, manifest: Manifest) -> Baseline:
+    """The source tree as torchvision's ImageFolder lists it, less the files the manifest lists as rejected."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    src = Path(src)
+    if not src.is_dir():
+        raise ConfigError(f"{src}: the baseline's ImageFolder does not exist or is not a folder")
+    classes, class_to_idx = find_classes(str(src))
+    if classes != manifest.classes:
+        raise ConfigError(f"{src}: its classes ({len(classes)}) are not the dataset's ({len(manifest.classes)}); "
+                          "pass the tree the dataset was converted from")
+    rejected = {item["path"]: item["reason"] for item in manifest.rejected}
+    listed = make_dataset(str(src), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    excluded, files = [], []
+    for path, _label in listed:
+        relative = Path(path).relative_to(src).as_posix()
+        if relative in rejected:
+            excluded.append({"path": relative, "reason": rejected[relative]})
+        else:
+            files.append(Path(path))
+    return Baseline(src, f"the source files in {src}, the bytes the dataset stores", excluded=excluded, files=files)
+
+
+def export_imagefolder(dataset: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[Path]:
+    """Write every stored sample's bytes, unchanged, to `out/<class>/<path>` (the key's path inside its class
+    folder, with the stored format's extension added when the key's differs), so that torchvision's
+    ImageFolder reads the bytes fastdata reads, with the same labels. Every class folder is made, empty ones
+    included. Built beside `out` and renamed into place when complete; an export of the same dataset already
+    at `out` is reused. Returns the image files."""
+    from fastdata.loader import dataset as open_dataset
+
+    root, out = Path(dataset), Path(out)
+    manifest = read_manifest(root)
+    if manifest.kind != "image":
+        raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset; only images export as an ImageFolder")
+    stamp = {"dataset": str(root.resolve()), "manifest": content_checksum(manifest.to_dict()),
+             "samples": manifest.num_samples}
+    if _is_export_of(out, stamp):
+        return sorted(p for p in out.rglob("*") if p.is_file() and p.name != EXPORT_MARKER)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: exists and is not an export of {root}; give an empty or new --export-dir")
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    for name in manifest.classes:
+        (partial / name).mkdir(parents=True, exist_ok=True)
+    written: dict[Path, str] = {}
+    for sample in _stored_samples(open_dataset(root)):
+        target = partial / export_path(sample.key, manifest.classes[sample.label], _stored_ext(sample.data, sample.key))
+        if target in written:
+            raise ConfigError(f"{root}: samples {written[target]!r} and {sample.key!r} would both be exported as "
+                              f"{target.relative_to(partial)}")
+        written[target] = sample.key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(sample.data)
+    (partial / EXPORT_MARKER).write_text(json.dumps(stamp) + "\n")  # last: its presence means complete
+    if out.exists():
+        out.rmdir()
+    os.replace(partial, out)
+    return sorted(out / target.relative_to(partial) for target in written)
+
+
+def _is_export_of(out: Path, stamp: dict[str, Any]) -> bool:
+    try:
+        return json.loads((out / EXPORT_MARKER).read_text()) == stamp
+    except (OSError, ValueError):
+        return False
+
+
+def _stored_samples(ds: Any) -> Iterator[EncodedSample]:
+    if hasattr(ds, "encoded"):  # LMDB
+        return (ds.encoded(i) for i in range(len(ds)))
+    return ds.encoded_samples(list(range(len(ds.shards))))
+
+
+def export_path(key: str, class_name: str, ext: str) -> PurePosixPath:
+    """Where sample `key` (a source-relative path) goes in an exported ImageFolder: `<class>/<rest of the key>`,
+    with `.<ext>` appended when the key's own extension does not name the stored format."""
+    parts = PurePosixPath(key.replace("\\", "/")).parts
+    if not parts or key.startswith("/") or ".." in parts:
+        raise ConfigError(f"sample key {key!r} is not a relative path; it cannot name an exported file")
+    inner = parts[1:] if len(parts) > 1 and parts[0] == class_name else parts
+    name = PurePosixPath(*inner)
+    suffix = name.suffix.lower().lstrip(".")
+    if _SAME_EXT.get(suffix, suffix) != _SAME_EXT.get(ext, ext):
+        name = name.with_name(f"{name.name}.{ext}")
+    return PurePosixPath(class_name) / name
+
+
+def _stored_ext(data: bytes, key: str) -> str:
+    """The extension of the format the bytes are in (from their header), else the key's own."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            ext = _EXT_OF_FORMAT.get(im.format or "")
+    except Exception:  # not an image Pillow knows: keep the key's extension
+        ext = None
+    return ext or PurePosixPath(key).suffix.lower().lstrip(".") or "bin"
+
+
+def imagefolder_baseline(root: Path, config: BenchConfig, exclude: Iterable[str] = ()) -> Callable[[], Any]:
+    """A factory of torchvision ImageFolder + DataLoader over `root` (less the `exclude`d source-relative
+    paths), with the bench's transform and batch size and fastdata.loader's DataLoader settings."""
+    import torch
+    from torchvision import datasets
+    from torchvision import transforms as T
+    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+
+    size = config.image_size
+    if config.augment == "train":
+        transform = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    else:
+        transform = T.Compose([T.Resize(round(size / 0.875)), T.CenterCrop(size), T.PILToTensor()])
+    root, skip = Path(root), frozenset(exclude)
+    settings = config.settings
+
+    def valid(path: str) -> bool:
+        return has_file_allowed_extension(path, IMG_EXTENSIONS) and Path(path).relative_to(root).as_posix() not in skip
+
+    def make() -> torch.utils.data.DataLoader:
+        data = datasets.ImageFolder(str(root), transform=transform, is_valid_file=valid, allow_empty=True)
+        return torch.utils.data.DataLoader(data, batch_size=config.batch_size, shuffle=True,
+                                           **settings.dataloader_kwargs())
+
+    return make

@@ -1,0 +1,217 @@
+"""`fastdata verify`: check a converted dataset against its manifest, optionally against its source tree and
+by decoding every sample. Names every problem found; an empty problem list means the dataset is intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastdata.errors import FastdataError
+from fastdata.formats.manifest import (
+    CHECKSUM_FIELD,
+    MANIFEST_NAME,
+    Manifest,
+    content_checksum,
+    read_manifest,
+    sha256_file,
+)
+
+if TYPE_CHECKING:
+    from fastdata.image.pipeline import EncodedSample
+
+# Files a dataset directory may hold beside the ones its manifest lists.
+_ALLOWED_EXTRA = {MANIFEST_NAME}
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` checked and every problem it found."""
+
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        lines = [f"  problem: {p}" for p in self.problems]
+        verdict = "OK" if self.ok else f"FAILED ({len(self.problems)} problem{'s' * (len(self.problems) != 1)})"
+        lines.append(f"{verdict}: {self.path} — checked {', '.join(self.checked)}")
+        return "\n".join(lines)
+
+
+def verify(path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None, decode: bool = False,
+           progress: Callable[[str], None] | None = None) -> VerifyReport:
+    """Check the dataset at `path`: manifest integrity, every data file's presence, size and sha256, no
+    unexpected files, sample counts and labels in the data against the manifest; with `source`, the samples
+    against the ImageFolder tree they came from; with `decode`, that every image decodes.
+
+    A damaged file does not stop the check: its samples are still read (and decoded), so that the report names
+    the samples the damage broke, and the other files are checked as usual."""
+    root = Path(path)
+    report = VerifyReport(root)
+    manifest = read_manifest(root)  # not a dataset at all: raises with the reason
+    _check_manifest_checksum(root, report)
+    missing = _check_files(root, manifest, report, progress, decode)
+    if manifest.kind == "image":
+        try:
+            _check_image_samples(root, manifest, report, source, decode, progress, missing)
+        except FastdataError as exc:
+            report.problems.append(str(exc))
+    return report
+
+
+def _check_manifest_checksum(root: Path, report: VerifyReport) -> None:
+    data = json.loads((root / MANIFEST_NAME).read_text())
+    saved = data.get(CHECKSUM_FIELD)
+    if saved is None:
+        report.problems.append(f"{MANIFEST_NAME}: has no {CHECKSUM_FIELD} (written by hand or by an old version)")
+    elif saved != content_checksum(data):
+        report.problems.append(f"{MANIFEST_NAME}: its content does not match its checksum (edited after the "
+                               "conversion: label map, counts or file list may be wrong)")
+    report.checked.append("manifest checksum")
+
+
+def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress: Callable[[str], None] | None,
+                 decode: bool) -> set[str]:
+    """Presence, size and sha256 of every listed file, and no unlisted ones; returns the names of the missing."""
+    missing = set()
+    hint = "" if decode else "; --decode names the samples that no longer decode"
+    listed = {entry.name for entry in manifest.files}
+    for entry in manifest.files:
+        path = root / entry.name
+        if not path.is_file():
+            report.problems.append(f"{entry.name}: listed in the manifest but missing")
+            missing.add(entry.name)
+            continue
+        size = path.stat().st_size
+        if size != entry.bytes:
+            report.problems.append(f"{entry.name}: {size:,} bytes, the manifest says {entry.bytes:,}{hint}")
+            continue
+        if progress:
+            progress(f"hashing {entry.name}")
+        if sha256_file(path) != entry.sha256:
+            report.problems.append(f"{entry.name}: sha256 differs from the manifest (the file was altered{hint})")
+    for name in sorted(os.listdir(root)):
+        if name not in listed and name not in _ALLOWED_EXTRA and not (root / name).is_dir():
+            report.problems.append(f"{name}: not part of the dataset (not in the manifest)")
+    if sum(entry.samples for entry in manifest.files) != manifest.num_samples:
+        report.problems.append(f"{MANIFEST_NAME}: files hold {sum(e.samples for e in manifest.files):,} samples, "
+                               f"num_samples says {manifest.num_samples:,}")
+    report.checked.append(f"{len(manifest.files)} file(s): presence, size, sha256")
+    return missing
+
+
+def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, source: str | os.PathLike | None,
+                         decode: bool, progress: Callable[[str], None] | None, missing: set[str]) -> None:
+    from fastdata.loader import dataset
+
+    if sum(manifest.class_counts) != manifest.num_samples or len(manifest.class_counts) != len(manifest.classes):
+        report.problems.append(f"{MANIFEST_NAME}: class_counts do not add up to num_samples / the class list")
+    ds = dataset(root)
+    keys: list[str] = []
+    labels: list[int] = []
+    undecodable = 0
+    complete = True  # every sample of every file was read
+    for file_id, entry in enumerate(manifest.files):
+        if entry.name in missing:
+            complete = False
+            continue
+        read = 0
+        for sample in _file_samples(ds, file_id, entry.name):
+            if isinstance(sample, str):  # a sample (LMDB) or the rest of the file (WDS) could not be read
+                complete = False
+                report.problems.append(sample)
+                continue
+            read += 1
+            keys.append(sample.key)
+            labels.append(sample.label)
+            if decode and not _decodes(ds, sample, report):
+                undecodable += 1
+            if progress and len(labels) % 10000 == 0:
+                progress(f"checked {len(labels):,} samples")
+        if complete and read != entry.samples:
+            report.problems.append(f"{entry.name}: holds {read:,} samples, the manifest says {entry.samples:,}")
+    if complete:
+        _check_labels(manifest, labels, report)
+        report.checked.append(f"{len(labels):,} samples' labels and counts")
+    else:
+        report.checked.append(f"the {len(labels):,} readable samples (labels and counts not compared: some data "
+                              "could not be read)")
+    if decode:
+        report.checked.append(f"decoded every readable sample ({undecodable} failed)")
+    if source is not None:
+        _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report)
+
+
+def _file_samples(ds: Any, file_id: int, name: str) -> Iterator[EncodedSample | str]:
+    """The stored samples of one data file, in order; a problem string (naming the file and what failed) in
+    place of what cannot be read: one LMDB sample, or the rest of a WebDataset shard."""
+    if not hasattr(ds, "encoded"):  # WebDataset: a damaged tar member ends the shard
+        read = 0
+        try:
+            for sample in ds.encoded_samples([file_id]):
+                read += 1
+                yield sample
+        except (FastdataError, OSError, EOFError, tarfile.TarError) as exc:
+            yield f"{name}: unreadable after its first {read:,} samples ({exc})"
+        return
+    import lmdb
+
+    for index in range(len(ds)):  # LMDB: one damaged record does not hide the others
+        try:
+            yield ds.encoded(index)
+        except (FastdataError, lmdb.Error, ValueError) as exc:
+            yield f"{name}: sample #{index} unreadable ({type(exc).__name__}: {exc})"
+
+
+def _decodes(ds: Any, sample: EncodedSample, report: VerifyReport) -> bool:
+    """Whether `sample` decodes to its stored size; a problem naming the sample is reported when not."""
+    try:
+        image = ds.pipeline.process(sample, 0)
+        if image.shape[:2] != (sample.height, sample.width):
+            where = f" in {sample.origin}" if sample.origin else ""
+            raise FastdataError(f"sample {sample.key!r}{where} decodes to {image.shape[1]}x{image.shape[0]}, "
+                                f"its stored size says {sample.width}x{sample.height}")
+    except FastdataError as exc:  # the message names the sample and its file
+        report.problems.append(f"undecodable: {exc}")
+        return False
+    return True
+
+
+def _check_labels(manifest: Manifest, labels: list[int], report: VerifyReport) -> None:
+    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(manifest.classes)) if labels else []
+    if len(labels) != manifest.num_samples:
+        report.problems.append(f"data holds {len(labels):,} samples, the manifest says {manifest.num_samples:,}")
+    if labels and (min(labels) < 0 or max(labels) >= len(manifest.classes)):
+        report.problems.append(f"labels outside 0..{len(manifest.classes) - 1} in the data")
+    elif list(counts) != list(manifest.class_counts):
+        report.problems.append("per-class sample counts in the data differ from the manifest's class_counts")
+
+
+def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, int], report: VerifyReport) -> None:
+    from fastdata.converters.imagefolder import scan
+
+    listing = scan(src)
+    if listing.classes != manifest.classes:
+        report.problems.append(f"class list differs from the source's ({len(listing.classes)} classes there, "
+                               f"{len(manifest.classes)} in the manifest)")
+    rejected = {r["path"] for r in manifest.rejected}
+    missing = [p for p, _ in listing.samples if p not in stored and p not in rejected]
+    wrong = [p for p, label in listing.samples if p in stored and stored[p] != label]
+    extra = sorted(set(stored) - {p for p, _ in listing.samples})
+    for what, paths in (("in the source but not in the dataset", missing), ("labelled differently", wrong),
+                        ("in the dataset but not in the source", extra)):
+        if paths:
+            report.problems.append(f"{len(paths)} sample(s) {what}: {', '.join(paths[:5])}"
+                                   + (" ..." if len(paths) > 5 else ""))
+    report.checked.append(f"against the source {src}")
