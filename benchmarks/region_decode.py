@@ -25,8 +25,9 @@ import numpy as np
 
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
+from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import RandomResizedCropFlip, reduce_factor
-from fastdata.image.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.image.decode import decode_rgb
 from fastdata.image.region import plan_region, region_decoder
 from fastdata.order.epoch import sample_rng
 

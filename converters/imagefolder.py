@@ -17,12 +17,7 @@ from pathlib import Path
 import click
 
 from fastdata.errors import SourceError
-from fastdata.formats.records import ImageRecord
-from fastdata.image.decode import DEFAULT_MAX_PIXELS, codec_for
-
-#: torchvision.datasets.folder.IMG_EXTENSIONS (checked equal by the tests)
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-_EXT_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "PPM": "ppm", "BMP": "bmp", "TIFF": "tiff", "WEBP": "webp"}
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, IMAGE_EXTENSIONS, ImageRecord, codec_for
 
 
 @dataclass
@@ -51,14 +46,14 @@ def scan(src: str | os.PathLike[str]) -> ImageFolderListing:
         has_files = any(root.iterdir())
         what = "holds no class folders" if has_files else "is empty"
         raise SourceError(f"{root}: source {what} (expected SRC/<class>/<image>..., one folder per class)") from exc
-    samples = make_dataset(str(root), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    samples = make_dataset(str(root), class_to_idx, extensions=IMAGE_EXTENSIONS, allow_empty=True)
     relative = [(Path(path).relative_to(root).as_posix(), label) for path, label in samples]
     counts = [0] * len(classes)
     for _, label in relative:
         counts[label] += 1
     if not relative:
         raise SourceError(f"{root}: no image files found in its {len(classes)} class folders "
-                          f"(extensions: {', '.join(IMG_EXTENSIONS)})")
+                          f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
     return ImageFolderListing(root, classes, relative, _ignored_files(root, classes),
                               [name for name, n in zip(classes, counts, strict=True) if n == 0])
 
@@ -69,7 +64,7 @@ def _ignored_files(root: Path, classes: list[str]) -> list[str]:
     for name in classes:
         for dirpath, _, filenames in os.walk(root / name, followlinks=True):
             for filename in filenames:
-                if not filename.lower().endswith(IMG_EXTENSIONS):
+                if not filename.lower().endswith(IMAGE_EXTENSIONS):
                     ignored.append(Path(dirpath, filename).relative_to(root).as_posix())
     return sorted(ignored)
 
@@ -117,7 +112,7 @@ def load_record(root: Path, relative_path: str, label: int, options: EncodeOptio
         raise ValueError(f"refused: {exc} (--max-pixels cannot go above Pillow's limit)") from None
     except Exception as exc:  # Pillow raises many types for bad data
         raise ValueError(f"not a decodable image ({exc})") from exc
-    ext = _EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
+    ext = EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
     return ImageRecord(relative_path, data, ext, label, width, height, codec_for(fmt, mode))
 
 

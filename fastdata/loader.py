@@ -19,6 +19,7 @@ from fastdata.formats.remote import is_url, open_remote_dataset
 from fastdata.image.augment import describe_augment
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
+from fastdata.image.decode import opencv_single_threaded
 from fastdata.image.device import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
 from fastdata.image.pipeline import EncodedSample
 from fastdata.image.wds_batches import WdsBatches
@@ -92,9 +93,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
 
 
 def _worker_init(_worker_id: int) -> None:
-    import cv2
-
-    cv2.setNumThreads(1)  # one decode per worker process; the workers are the parallelism
+    opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
 
 
 class ImageLoader(ResumableLoader):

@@ -10,7 +10,8 @@ import pytest
 from conftest import encode, pattern, with_size
 from PIL import Image
 
-from fastdata.image.decode import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for, decode_rgb
+from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for
+from fastdata.image.decode import decode_rgb
 from fastdata.image.headers import image_size, jpeg_size, png_size
 
 W, H = 67, 45

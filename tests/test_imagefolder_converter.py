@@ -37,7 +37,7 @@ def torchvision_view(root):
 
 
 def test_img_extensions_equal_torchvision():
-    assert tuple(imagefolder_converter.IMG_EXTENSIONS) == tuple(TV_IMG_EXTENSIONS)
+    assert tuple(imagefolder_converter.IMAGE_EXTENSIONS) == tuple(TV_IMG_EXTENSIONS)
 
 
 def test_classes_labels_and_order_match_torchvision(tricky_tree, tricky_lmdb):

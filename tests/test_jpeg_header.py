@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import encode, pattern
 
-from fastdata.image.decode import CODEC_CV_JPEG, CODEC_PIL
+from fastdata.formats.records import CODEC_CV_JPEG, CODEC_PIL
 from fastdata.image.device import device_takes
 from fastdata.image.jpeg_header import read_frame
 from fastdata.image.pipeline import EncodedSample

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.image.decode import CODEC_CV_JPEG
+from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.jpeg_library import library_candidates, pillow_linked_library, wheel_libraries
 from fastdata.image.pipeline import EncodedSample, SamplePipeline
 from fastdata.image.region import (

@@ -19,6 +19,7 @@ from PIL import Image
 
 import fastdata
 from fastdata.errors import CorruptSampleError
+from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import (
     CropParams,
     RandomResizedCropFlip,
@@ -27,7 +28,7 @@ from fastdata.image.augment import (
     crop_resize_flip,
     reduce_factor,
 )
-from fastdata.image.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.image.decode import decode_rgb
 from fastdata.image.pipeline import EncodedSample, SamplePipeline
 from fastdata.image.region import (
     Region,

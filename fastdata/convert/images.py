@@ -31,6 +31,7 @@ from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
 from fastdata.formats.records import ImageRecord
 from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
+from fastdata.image.decode import opencv_single_threaded
 
 DEFAULT_SHARD_SIZE = "256MB"
 FORMATS = ("lmdb", "wds")
@@ -94,9 +95,7 @@ def _work(task: tuple[str, str, int, EncodeOptions]) -> tuple[str, int, ImageRec
 
 
 def _worker_init() -> None:
-    import cv2
-
-    cv2.setNumThreads(1)
+    opencv_single_threaded()
 
 
 def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, engine: str = "local",

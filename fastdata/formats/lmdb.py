@@ -18,8 +18,7 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.records import ImageRecord
-from fastdata.image.decode import CODEC_PIL
+from fastdata.formats.records import CODEC_PIL, ImageRecord
 
 DATA_FILE = "data.mdb"
 _MAX_DBS = 5

@@ -18,10 +18,10 @@ from typing import BinaryIO
 
 from fastdata.errors import START_AGAIN, CorruptSampleError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
-from fastdata.formats.records import ImageRecord
+from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord
 
 SHARD_PATTERN = "shard-{:06d}.tar"
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
+IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
 
 
 def sanitize_key(relative_path: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ConfigError
+from fastdata.image.decode import opencv_single_threaded
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,7 @@ def crop_resize_flip(image: np.ndarray, box: tuple[float, float, float, float], 
     (as Pillow's reducing_gap does), then warped."""
     import cv2
 
-    if cv2.getNumThreads() != 1:
-        # warpAffine runs on OpenCV's thread pool, and a pool alive in a process that later forks DataLoader
-        # workers can deadlock them (seen: a worker stuck in cv2.setNumThreads). One image is small work; the
-        # parallelism is the worker processes. So any process that crops here runs OpenCV single-threaded.
-        cv2.setNumThreads(1)
+    opencv_single_threaded()  # any process that crops: warpAffine would use OpenCV's pool (see its docstring)
     left, top, width, height = box
     out_h, out_w = out.shape[:2]
     sx, sy = width / out_w, height / out_h

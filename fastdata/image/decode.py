@@ -12,32 +12,23 @@ import io
 
 import numpy as np
 
+from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL
 from fastdata.image.headers import image_size
-
-CODEC_CV_JPEG = 0  # JPEG in mode L or RGB: OpenCV, scaled decode allowed
-CODEC_CV_OTHER = 1  # 8-bit PNG / BMP in a mode OpenCV converts exactly like Pillow
-CODEC_PIL = 2  # anything else: Pillow
-
-#: Default pixel-count limit for decoding (Pillow's own decompression-bomb warning level, ~89.5 megapixels).
-DEFAULT_MAX_PIXELS = 89_478_485
-
-_CV_JPEG_MODES = frozenset({"L", "RGB"})
-_CV_PNG_MODES = frozenset({"L", "RGB", "RGBA", "LA", "P"})
-
-
-def codec_for(pil_format: str | None, pil_mode: str) -> int:
-    """Pick the decoder for an image Pillow identified as (`pil_format`, `pil_mode`)."""
-    if pil_format == "JPEG" and pil_mode in _CV_JPEG_MODES:
-        return CODEC_CV_JPEG
-    if pil_format == "PNG" and pil_mode in _CV_PNG_MODES:
-        return CODEC_CV_OTHER
-    return CODEC_PIL
 
 
 def _cv2():
     import cv2
 
     return cv2
+
+
+def opencv_single_threaded() -> None:
+    """Run OpenCV on one thread in this process. The parallelism is the worker processes; and a live OpenCV
+    thread pool in a process that later forks workers can deadlock them (seen: a worker stuck in
+    cv2.setNumThreads). Called by every DataLoader and conversion worker, and before any crop."""
+    cv2 = _cv2()
+    if cv2.getNumThreads() != 1:
+        cv2.setNumThreads(1)
 
 
 def check_header_pixels(format_name: str, size: tuple[int, int], max_pixels: int | None) -> None:

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
+from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import pixel_box
-from fastdata.image.decode import CODEC_CV_JPEG, decode_rgb
+from fastdata.image.decode import decode_rgb
 from fastdata.image.jpeg_header import read_frame
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng
@@ -186,7 +187,7 @@ class DeviceDecoder:
 
     def __init__(self, device: torch.device | str, image_size: int, source: str, *, dtype: torch.dtype | None = None,
                  mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD,
-                 channels_last: bool = False, on_error: str = "raise", max_pixels: int = 89_478_485,
+                 channels_last: bool = False, on_error: str = "raise", max_pixels: int = DEFAULT_MAX_PIXELS,
                  decode_jpegs: BatchDecode = decode_jpegs_torchvision,
                  max_consecutive_errors: int = MAX_CONSECUTIVE_DEVICE_ERRORS) -> None:
         self.device = torch.device(device)

@@ -12,9 +12,10 @@ import numpy as np
 import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import apply_crop, crop_resize_flip, make_preset, reduce_factor, wrap_custom
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
-from fastdata.image.decode import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, decode_rgb
+from fastdata.image.decode import decode_rgb
 from fastdata.image.region import (
     Region,
     RegionDecoder,

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import CropParams, pixel_box, reduce_factor
-from fastdata.image.decode import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, decode_rgb
+from fastdata.image.decode import decode_rgb
 from fastdata.image.jpeg_library import default_candidates
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import MANIFEST_NAME, Manifest, content_checksum, read_manifest
+from fastdata.formats.records import EXT_OF_FORMAT
 
 if TYPE_CHECKING:
     from fastdata.image.pipeline import EncodedSample
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 #: manifest options that make the stored bytes differ from the source's (each with its "off" value)
 REENCODING_OPTIONS = {"max_size": None}
 EXPORT_MARKER = ".fastdata-export.json"
-_EXT_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "PPM": "ppm", "BMP": "bmp", "TIFF": "tiff", "WEBP": "webp"}
 _SAME_EXT = {"jpeg": "jpg", "tif": "tiff", "pgm": "ppm"}
 
 
@@ -190,7 +190,7 @@ def _stored_ext(data: bytes, key: str) -> str:
 
     try:
         with Image.open(io.BytesIO(data)) as im:
-            ext = _EXT_OF_FORMAT.get(im.format or "")
+            ext = EXT_OF_FORMAT.get(im.format or "")
     except Exception:  # not an image Pillow knows: keep the key's extension
         ext = None
     return ext or PurePosixPath(key).suffix.lower().lstrip(".") or "bin"

@@ -7,13 +7,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastdata.formats.records import IMAGE_EXTENSIONS
+
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "sshfs", "fuse.sshfs", "lustre", "gpfs", "beegfs",
     "glusterfs", "fuse.glusterfs", "ceph", "cephfs", "fuse.ceph", "fuse.cephfs", "9p", "afs", "ncpfs", "davfs",
     "fuse.s3fs", "fuse.gcsfuse", "fuse.rclone", "fuse.juicefs", "fuse.goofys", "fuse.mountpoint-s3",
     "fuse.blobfuse", "fuse.blobfuse2", "wekafs", "panfs", "orangefs", "pvfs2", "fuse.alluxio-fuse",
 })
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"})
+IMAGE_SUFFIXES = frozenset(IMAGE_EXTENSIONS)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,183 @@
+"""The layout holds: imports point one way, down the layers, and close no loop.
+
+Every module of the package (and of `converters/`, installed as `fastdata.converters`) is parsed; every import it
+makes, at module level or inside a function, counts. Layers, lowest first (README, "How the code is laid out"):
+
+    _version, errors, config  <  formats  <  order, meter  <  image, text  <  loader, convert  <  converters
+    <  tools  <  cli and the package face
+
+A module may import from its own room or from a lower layer, never from a higher one nor from the other room of
+its own layer (order and meter, image and text, loader and convert never import each other). No two modules may
+import each other, directly or round a loop.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
+    "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base",
+    "fastdata.formats": "formats",
+    "fastdata.order": "order", "fastdata.meter": "meter",
+    "fastdata.image": "image", "fastdata.text": "text",
+    "fastdata.loader": "loader", "fastdata.convert": "convert",
+    "fastdata.converters": "converters",
+    "fastdata.tools": "tools",
+    "fastdata.cli": "face", "fastdata.__main__": "face", "fastdata": "face",
+}
+LAYERS: dict[str, int] = {"base": 0, "formats": 1, "order": 2, "meter": 2, "image": 3, "text": 3, "loader": 4,
+                          "convert": 4, "converters": 5, "tools": 6, "face": 7}
+
+
+def room(module: str) -> str:
+    """The room a module belongs to: that of the longest entry of ROOMS that is it or contains it."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in ROOMS:
+            return ROOMS[prefix]
+    raise AssertionError(f"{module} belongs to no room: add it to ROOMS and to the README's layout")
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Module name -> file, for fastdata/ and converters/ (as fastdata.converters)."""
+    found = {}
+    for base, package in (("fastdata", "fastdata"), ("converters", "fastdata.converters")):
+        for path in sorted((root / base).rglob("*.py")):
+            parts = [p for p in path.relative_to(root / base).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """The fastdata modules `path` imports, wherever the import statement is (functions and TYPE_CHECKING
+    blocks included). `from package import name` counts as importing `package.name` when that is a module."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base]) if base else ".".join(anchor)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in known or candidate.endswith("._jpeg_region") else base)
+    return {name for name in found if name == "fastdata" or name.startswith("fastdata.")} - {module}
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    files = modules(root)
+    known = set(files)
+    return {name: imports(path, name, known) for name, path in files.items()}
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """One line per import that points up a layer or across to the other room of the same layer."""
+    out = []
+    for source, targets in sorted(edges.items()):
+        here = room(source)
+        for target in sorted(targets):
+            there = room(target)
+            if here == there:
+                continue
+            if LAYERS[there] > LAYERS[here]:
+                out.append(f"{source} ({here}, layer {LAYERS[here]}) imports {target} ({there}, layer "
+                           f"{LAYERS[there]}): imports may only point down")
+            elif LAYERS[there] == LAYERS[here]:
+                out.append(f"{source} ({here}) imports {target} ({there}): rooms of one layer never import "
+                           "each other")
+    return out
+
+
+def loops(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops: strongly connected groups of more than one module (Tarjan), each as a cycle path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in edges:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return [cycle_through(group, edges) for group in groups]
+
+
+def cycle_through(group: list[str], edges: dict[str, set[str]]) -> list[str]:
+    """One concrete loop inside a strongly connected group, from its first module back to it."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth-first, so the loop shown is a shortest one
+        nxt = []
+        for node in frontier:
+            for target in sorted(edges[node] & members):
+                if target == start:
+                    return [*paths[node], start]
+                if target not in paths:
+                    paths[target] = [*paths[node], target]
+                    nxt.append(target)
+        frontier = nxt
+    raise AssertionError(f"no loop found in {group}")
+
+
+def test_imports_point_down_the_layers() -> None:
+    problems = layer_violations(graph())
+    assert not problems, "imports that break the layer rule:\n  " + "\n  ".join(problems)
+
+
+def test_no_import_loops() -> None:
+    found = loops(graph())
+    assert not found, "import loops:\n  " + "\n  ".join(" -> ".join(cycle) for cycle in found)
+
+
+def test_every_module_has_a_room() -> None:
+    for name in graph():
+        room(name)
+
+
+@pytest.mark.parametrize(("edges", "expected"), [
+    ({"fastdata.meter.report": {"fastdata.loader"}, "fastdata.loader": set()}, "imports may only point down"),
+    ({"fastdata.formats.lmdb": {"fastdata.image.decode"}}, "imports may only point down"),
+    ({"fastdata.image.a": {"fastdata.text.b"}, "fastdata.text.b": set()}, "never import each other"),
+])
+def test_the_rule_catches_a_wrong_import(edges: dict[str, set[str]], expected: str) -> None:
+    assert expected in "\n".join(layer_violations(edges))
+
+
+def test_the_loop_finder_names_the_loop() -> None:
+    edges = {"fastdata.image.a": {"fastdata.image.b"}, "fastdata.image.b": {"fastdata.image.c"},
+             "fastdata.image.c": {"fastdata.image.a"}, "fastdata.image.d": {"fastdata.image.a"}}
+    assert loops(edges) == [["fastdata.image.a", "fastdata.image.b", "fastdata.image.c", "fastdata.image.a"]]
