@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader
 from fastdata.config import available_cores, parse_size
 from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
-from fastdata.formats.remote import is_url, open_remote_dataset
+from fastdata.formats.remote import RemoteShards, is_url
 from fastdata.image.augment import describe_augment
 from fastdata.image.buffers import BatchBuffers
-from fastdata.image.datasets import EpochBatchSampler, LmdbBatches, LmdbImageDataset, WdsImageDataset
+from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
 from fastdata.image.device import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
 from fastdata.image.pipeline import EncodedSample
@@ -26,6 +26,7 @@ from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
 from fastdata.order.borrow import borrow
 from fastdata.order.ranks import check_not_empty, check_uneven, resolve_world
+from fastdata.order.samplers import EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 
 if TYPE_CHECKING:
@@ -73,9 +74,10 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
                   ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if is_url(path):
-        return open_remote_dataset(str(path), augment, image_size=image_size, seed=seed, on_error=on_error,
-                                   cache_dir=cache_dir, storage_options=storage_options,
-                                   cache_max_bytes=None if cache_max_bytes is None else parse_size(cache_max_bytes))
+        store = RemoteShards(str(path), storage_options, cache_dir,
+                             None if cache_max_bytes is None else parse_size(cache_max_bytes))
+        return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
+                               on_error=on_error, store=store)
     if cache_dir is not None or cache_max_bytes is not None or storage_options is not None:
         raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)

@@ -18,8 +18,8 @@ from fastdata.cli import main
 from fastdata.errors import ConfigError, RejectedFileError, SourceError
 from fastdata.formats.lmdb_text import TextLmdbReader, TextLmdbWriter
 from fastdata.formats.manifest import partial_path, read_manifest, sha256_file
+from fastdata.formats.tokens import stored_dtype
 from fastdata.text.blocks import PackedBlocks
-from fastdata.text.tokenizer import stored_dtype
 
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "data", "loader", "token", "block")
 UNICODE = ["日本語のテキストと中文文本", "emoji 🎉🚀👩‍👩‍👧 end", "combining e\u0301 a\u0308 n\u0303 Å",

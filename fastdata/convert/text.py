@@ -36,11 +36,11 @@ from fastdata.converters.text import TXT_MODES, Document, Rejected, SourceReader
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
 from fastdata.formats.wds import PROGRESS_FILE
 from fastdata.formats.wds_text import TextWdsWriter
-from fastdata.text.tokenizer import load_tokenizer, resolve_eos, resolve_pad, token_dtype, vocab_size
+from fastdata.text.tokenizer import load_tokenizer, resolve_eos, resolve_pad, vocab_size
 
-TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_BATCH_SIZE = "1MB"
 # A checkpoint at least this often (source bytes read), whatever the chunk and shard sizes: an interruption loses
 # at most this much tokenizing (plus one batch).

@@ -162,14 +162,3 @@ class RemoteShards:
                 digest.update(chunk)
                 out.write(chunk)
         return received, digest.hexdigest()
-
-
-def open_remote_dataset(url: str, augment: Any = None, *, image_size: int = 224, seed: int = 0,
-                        on_error: str = "raise", cache_dir: str | os.PathLike[str] | None = None,
-                        cache_max_bytes: int | None = None, storage_options: dict[str, Any] | None = None) -> Any:
-    """`fastdata.dataset(URL)`: the remote WebDataset image dataset at `url`."""
-    from fastdata.image.datasets import WdsImageDataset
-
-    store = RemoteShards(url, storage_options, cache_dir, cache_max_bytes)
-    return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
-                           on_error=on_error, store=store)

@@ -1,5 +1,6 @@
-"""What the two token storage readers (LMDB, WebDataset) share: the manifest facts and range reads, so that
-blocks, padded rows and the dataset work on either through one interface."""
+"""What the two token storage formats (LMDB, WebDataset) share: the stored dtype of token ids, the tokenizer file
+kept beside them, and the reader interface (manifest facts and range reads), so that blocks, padded rows and the
+dataset work on either."""
 
 from __future__ import annotations
 
@@ -7,7 +8,21 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.text.tokenizer import stored_dtype
+#: The tokenizer file a text dataset keeps beside its data (so that it can always be decoded).
+TOKENIZER_FILE = "tokenizer.json"
+UINT16_VOCAB = 1 << 16  # vocabularies up to this size store their ids as uint16
+
+
+def token_dtype(vocab: int) -> np.dtype:
+    """Little-endian uint16 when every id fits in 16 bits, else uint32."""
+    return stored_dtype("uint16" if vocab <= UINT16_VOCAB else "uint32")
+
+
+def stored_dtype(name: str) -> np.dtype:
+    """The on-disk dtype for the manifest's dtype name (`uint16` / `uint32`): always little-endian."""
+    if name not in ("uint16", "uint32"):
+        raise ValueError(f"unknown token dtype {name!r} (expected uint16 or uint32)")
+    return np.dtype(name).newbyteorder("<")
 
 
 class TokenReader:

@@ -22,8 +22,7 @@ from fastdata.formats.manifest import Manifest
 from fastdata.formats.wds import LocalShards, read_shard
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.pipeline import ON_ERROR, Batch, EncodedSample, SamplePipeline
-from fastdata.order.epoch import epoch_order, num_batches, split_batches
-from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, interleaved_part, rank_count
+from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
 
 class _ImageMetaMixin:
@@ -108,51 +107,6 @@ class LmdbBatches(Dataset):
     def __getitem__(self, item: tuple[int, np.ndarray]) -> Batch:
         epoch, indices = item
         return self.dataset.get_batch(indices, epoch, self.buffers)
-
-
-class EpochBatchSampler:
-    """Yields `(epoch, indices)` per batch of the current epoch; runs in the main process, so the epoch set
-    here reaches persistent workers with every item.
-
-    With several ranks, each takes every world_size-th sample of the epoch's order (padded by wrapping or cut,
-    per `uneven`), so every rank yields the same number of batches. `start` (a position in the epoch's order)
-    and `skip` (batches of this rank's epoch) say where a resumed epoch continues; both apply to `epoch` only."""
-
-    #: Whether an epoch resumed on another world size can continue from its position in the order.
-    repartitions = True
-
-    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
-                 rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
-        self.num_samples, self.batch_size = num_samples, batch_size
-        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
-        self.rank, self.world_size, self.uneven = rank, world_size, check_uneven(uneven)
-        check_not_empty(num_samples, world_size, uneven, "the dataset")
-        self.epoch = 0
-        self.start = 0
-        self.skip = 0
-
-    def rank_indices(self) -> np.ndarray:
-        """This rank's sample indices of the current epoch, in order (from `start` on)."""
-        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
-        return interleaved_part(order, self.rank, self.world_size, self.uneven, self.start)
-
-    def epoch_batches(self) -> list[np.ndarray]:
-        """This rank's batches of the current epoch (from `start` on, before skipping)."""
-        return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        epoch = self.epoch
-        for chunk in self.epoch_batches()[self.skip:]:
-            yield epoch, chunk
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
-        return self.pass_length(0)
-
-    def pass_length(self, start: int) -> int:
-        """Batches on this rank in an epoch that begins at position `start` of its order."""
-        return num_batches(rank_count(self.num_samples - start, self.world_size, self.uneven), self.batch_size,
-                           self.drop_last)
 
 
 class WdsImageDataset(_ImageMetaMixin, IterableDataset):

@@ -16,7 +16,6 @@ import torch
 
 from fastdata.errors import ConfigError
 from fastdata.formats.tokens import TokenReader
-from fastdata.image.datasets import EpochBatchSampler
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
@@ -162,32 +161,3 @@ class PaddedDocuments:
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
         return self.to_batch(torch.from_numpy(self.batch_array(indices)))
-
-
-class BucketBatchSampler(EpochBatchSampler):
-    """Like EpochBatchSampler, but batches hold documents of similar length: each window of
-    `window_batches` batches of the epoch's order is sorted by length and cut into batches, and the batches
-    are then shuffled (from seed and epoch). Same batches for any number of workers; same length. With several
-    ranks, each buckets its own part of the epoch."""
-
-    repartitions = False  # batches are not a prefix of the order: a mid-epoch state needs the same world size
-
-    def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
-                 window_batches: int = 64, rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
-        super().__init__(len(lengths), batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
-        self.lengths = np.asarray(lengths)
-        self.window = batch_size * window_batches
-
-    def epoch_batches(self) -> list[np.ndarray]:
-        order = self.rank_indices()
-        stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
-        batches: list[np.ndarray] = []
-        for start in range(0, stop, self.window):
-            window = order[start:min(start + self.window, stop)]
-            window = window[np.argsort(self.lengths[window], kind="stable")]
-            batches.extend(window[i:i + self.batch_size] for i in range(0, len(window), self.batch_size))
-        if self.shuffle:
-            rng = np.random.default_rng((self.seed, self.epoch, 2))
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
-

@@ -14,11 +14,10 @@ from torch.utils.data import Dataset, get_worker_info
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.lmdb_text import TextLmdbReader
 from fastdata.formats.manifest import Manifest
+from fastdata.formats.tokens import TOKENIZER_FILE
 from fastdata.formats.wds_text import TextWdsReader
 from fastdata.text.blocks import PackedBlocks, PaddedDocuments
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos
-
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def open_store(root: Path, manifest: Manifest) -> TextLmdbReader | TextWdsReader:

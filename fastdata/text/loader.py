@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata.errors import ConfigError
-from fastdata.image.datasets import EpochBatchSampler
+from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
-from fastdata.text.blocks import BucketBatchSampler, PackedBlocks
+from fastdata.text.blocks import PackedBlocks
 from fastdata.text.dataset import TextBatches, TextDataset, unpack_batches
 
 DEFAULT_SEQ_LEN = 1024

@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fastdata.errors import ConfigError
 
 #: End-of-text tokens recognised without --eos-token, in order of preference.
@@ -16,8 +14,6 @@ EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>"
                   "<|eot_id|>", "[SEP]")
 #: Padding tokens recognised for padded batches (the end-of-text token is used when none exists).
 PAD_CANDIDATES = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>", "<PAD>")
-#: Store token ids as uint16 while the vocabulary fits, else uint32.
-UINT16_VOCAB = 1 << 16
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
@@ -40,18 +36,6 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
 def vocab_size(tokenizer: Any) -> int:
     """Number of distinct ids the tokenizer can produce (added tokens included)."""
     return int(tokenizer.get_vocab_size(with_added_tokens=True))
-
-
-def token_dtype(vocab: int) -> np.dtype:
-    """Little-endian uint16 when every id fits in 16 bits, else uint32."""
-    return stored_dtype("uint16" if vocab <= UINT16_VOCAB else "uint32")
-
-
-def stored_dtype(name: str) -> np.dtype:
-    """The on-disk dtype for the manifest's dtype name (`uint16` / `uint32`): always little-endian."""
-    if name not in ("uint16", "uint32"):
-        raise ValueError(f"unknown token dtype {name!r} (expected uint16 or uint32)")
-    return np.dtype(name).newbyteorder("<")
 
 
 def special_tokens(tokenizer: Any) -> dict[str, int]:

@@ -1,0 +1,85 @@
+"""Batch samplers: which samples form each batch of an epoch on one rank, as pure functions of (seed, epoch,
+rank, world size) and the dataset's size (and, for length buckets, its documents' lengths). They run in the main
+process, so the epoch set there reaches persistent workers with every item."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from fastdata.order.epoch import epoch_order, num_batches, split_batches
+from fastdata.order.ranks import check_not_empty, check_uneven, interleaved_part, rank_count
+
+
+class EpochBatchSampler:
+    """Yields `(epoch, indices)` per batch of the current epoch; runs in the main process, so the epoch set
+    here reaches persistent workers with every item.
+
+    With several ranks, each takes every world_size-th sample of the epoch's order (padded by wrapping or cut,
+    per `uneven`), so every rank yields the same number of batches. `start` (a position in the epoch's order)
+    and `skip` (batches of this rank's epoch) say where a resumed epoch continues; both apply to `epoch` only."""
+
+    #: Whether an epoch resumed on another world size can continue from its position in the order.
+    repartitions = True
+
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                 rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.rank, self.world_size, self.uneven = rank, world_size, check_uneven(uneven)
+        check_not_empty(num_samples, world_size, uneven, "the dataset")
+        self.epoch = 0
+        self.start = 0
+        self.skip = 0
+
+    def rank_indices(self) -> np.ndarray:
+        """This rank's sample indices of the current epoch, in order (from `start` on)."""
+        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
+        return interleaved_part(order, self.rank, self.world_size, self.uneven, self.start)
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        """This rank's batches of the current epoch (from `start` on, before skipping)."""
+        return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        epoch = self.epoch
+        for chunk in self.epoch_batches()[self.skip:]:
+            yield epoch, chunk
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return self.pass_length(0)
+
+    def pass_length(self, start: int) -> int:
+        """Batches on this rank in an epoch that begins at position `start` of its order."""
+        return num_batches(rank_count(self.num_samples - start, self.world_size, self.uneven), self.batch_size,
+                           self.drop_last)
+
+
+class BucketBatchSampler(EpochBatchSampler):
+    """Like EpochBatchSampler, but batches hold documents of similar length: each window of
+    `window_batches` batches of the epoch's order is sorted by length and cut into batches, and the batches
+    are then shuffled (from seed and epoch). Same batches for any number of workers; same length. With several
+    ranks, each buckets its own part of the epoch."""
+
+    repartitions = False  # batches are not a prefix of the order: a mid-epoch state needs the same world size
+
+    def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
+                 window_batches: int = 64, rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
+        super().__init__(len(lengths), batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
+        self.lengths = np.asarray(lengths)
+        self.window = batch_size * window_batches
+
+    def epoch_batches(self) -> list[np.ndarray]:
+        order = self.rank_indices()
+        stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
+        batches: list[np.ndarray] = []
+        for start in range(0, stop, self.window):
+            window = order[start:min(start + self.window, stop)]
+            window = window[np.argsort(self.lengths[window], kind="stable")]
+            batches.extend(window[i:i + self.batch_size] for i in range(0, len(window), self.batch_size))
+        if self.shuffle:
+            rng = np.random.default_rng((self.seed, self.epoch, 2))
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
