@@ -303,7 +303,7 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
             out.append(convert)
         if cause == "decode":
             out.append(shrink)
-            if cuda and _loader_accepts("decode"):
+            if cuda:
                 out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`")
         if cause == "augment":
             out.append("use a cheaper augmentation, or do it on the GPU on uint8 batches")
@@ -336,14 +336,6 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
     if cuda and loader.pin_memory is False:
         out.append("pin_memory=True: page-locked batches copy to the GPU faster and asynchronously")
     return out
-
-
-def _loader_accepts(option: str) -> bool:
-    import inspect
-
-    from fastdata.loader import loader
-
-    return option in inspect.signature(loader).parameters
 
 
 # -------------------------------------------------------------------------------------------------

@@ -22,14 +22,12 @@ from fastdata.errors import ConfigError
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench_baseline import Baseline, choose_baseline, imagefolder_baseline
 from fastdata.tools.bench_fair import (
-    DEFAULT_REPEATS,
+    STEPS,
     WARMUP_PASSES,
-    LoaderSettings,
+    BenchConfig,
     alternate,
-    check_page_cache,
     dataset_files,
     evict_page_cache,
-    loader_settings,
     median_ratio,
     warm_page_cache,
 )
@@ -38,45 +36,7 @@ __all__ = ["UPPER_BOUND", "BenchConfig", "Contender", "LoaderResult", "RunResult
            "fastdata_contender", "format_summary", "format_table", "imagefolder_baseline", "run_bench",
            "run_contenders", "time_loader"]
 
-STEPS = ("none", "to-device")
 UPPER_BOUND = "synthetic upper bound"
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What to measure: timed passes, batch shape, transform preset, workers, repetitions, warm-up and page
-    cache policy (the same for every contender)."""
-
-    epochs: int = 2
-    batch_size: int = 128
-    image_size: int = 224
-    augment: str = "train"
-    workers: int | None = None
-    repeats: int = DEFAULT_REPEATS
-    step: str = "none"  # what the loop does with each batch: nothing, or copy to the device + float/255 there
-    upper_bound_mb: int = 512  # memory the synthetic upper bound may hold batches in
-    warmup_passes: int = WARMUP_PASSES  # untimed passes over each freshly built loader before the timed ones
-    page_cache: str = "warm"  # "warm": every contender's files read once before timing; "cold": evicted per run
-    metered: bool = True  # time through fastdata.meter (timeline, data wait); False: a bare loop, for loops whose
-    # steps take microseconds, where the meter's own ~2 us a step and ~3 ms a pass would show
-
-    def __post_init__(self) -> None:
-        if self.step not in STEPS:
-            raise ConfigError(f"step must be one of {STEPS}, got {self.step!r}")
-        if self.warmup_passes < 0:
-            raise ConfigError(f"warmup_passes must be >= 0, got {self.warmup_passes}")
-        if self.repeats < 1:
-            raise ConfigError(f"repeats must be at least 1, got {self.repeats}")
-        check_page_cache(self.page_cache)
-
-    @property
-    def settings(self) -> LoaderSettings:
-        """The DataLoader settings of every contender: fastdata.loader's, with `workers` workers."""
-        return loader_settings(self.workers)
-
-    @property
-    def num_workers(self) -> int:
-        return self.settings.num_workers
 
 
 @dataclass

@@ -25,7 +25,7 @@ from fastdata.formats.records import EXT_OF_FORMAT
 
 if TYPE_CHECKING:
     from fastdata.image.pipeline import EncodedSample
-    from fastdata.tools.bench import BenchConfig
+    from fastdata.tools.bench_fair import BenchConfig
 
 #: manifest options that make the stored bytes differ from the source's (each with its "off" value)
 REENCODING_OPTIONS = {"max_size": None}
