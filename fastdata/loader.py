@@ -17,11 +17,11 @@ from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.remote import RemoteShards, is_url
 from fastdata.image.augment import describe_augment
+from fastdata.image.batch import EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
 from fastdata.image.device import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
-from fastdata.image.pipeline import EncodedSample
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
 from fastdata.order.borrow import borrow

@@ -88,7 +88,7 @@ def test_workers_ship_jpeg_bytes_and_decode_the_rest(photos):
             assert bool(packed.flips[i]) == params.flip
         else:
             assert chunk == b"" and not packed.flips[i]
-    worker = ds.pipeline.decode_batch([samples[i] for i in others if i < 8], 2, "raise").images
+    worker = ds.pipeline.batch([samples[i] for i in others if i < 8], 2, "raise").images
     assert packed.pixels.shape == (len(worker), 3, 64, 64) and torch.equal(packed.pixels, worker)
 
 

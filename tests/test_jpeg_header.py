@@ -6,9 +6,9 @@ import pytest
 from conftest import encode, pattern
 
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_PIL
+from fastdata.image.batch import EncodedSample
 from fastdata.image.device import device_takes
 from fastdata.image.jpeg_header import read_frame
-from fastdata.image.pipeline import EncodedSample
 
 PICTURE = pattern(3, 37, 29)
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from fastdata.formats.records import CODEC_CV_JPEG
+from fastdata.image.batch import EncodedSample
 from fastdata.image.jpeg_library import library_candidates, pillow_linked_library, wheel_libraries
-from fastdata.image.pipeline import EncodedSample, SamplePipeline
+from fastdata.image.pipeline import SamplePipeline
 from fastdata.image.region import (
     PROBE_KINDS,
     PROBE_SCALES,

@@ -28,8 +28,9 @@ from fastdata.image.augment import (
     crop_resize_flip,
     reduce_factor,
 )
+from fastdata.image.batch import EncodedSample
 from fastdata.image.decode import decode_rgb
-from fastdata.image.pipeline import EncodedSample, SamplePipeline
+from fastdata.image.pipeline import SamplePipeline
 from fastdata.image.region import (
     Region,
     box_in_region,

@@ -20,9 +20,20 @@ from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.wds import LocalShards, read_shard
+from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
-from fastdata.image.pipeline import ON_ERROR, Batch, EncodedSample, SamplePipeline
+from fastdata.image.device import pack_encoded
+from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
+
+
+def build_batch(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: int, on_error: str,
+                buffers: BatchBuffers | None = None) -> Batch | EncodedBatch:
+    """One batch of `samples` as a worker hands it over: decoded by the pipeline or, when the loader decodes on
+    the device (`pipeline.ship_encoded`), an EncodedBatch (the device decodes its JPEGs; the worker the rest)."""
+    if pipeline.ship_encoded:
+        return pack_encoded(pipeline, samples, epoch, on_error)
+    return pipeline.batch(samples, epoch, on_error, buffers)
 
 
 class _ImageMetaMixin:
@@ -89,7 +100,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         started = perf_counter()
         samples = [self.encoded(int(i)) for i in indices]
         read_s = perf_counter() - started
-        batch = self.pipeline.batch(samples, epoch, self.on_error, buffers)
+        batch = build_batch(self.pipeline, samples, epoch, self.on_error, buffers)
         batch.times.read += read_s
         return batch
 

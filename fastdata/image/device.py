@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -25,13 +24,14 @@ import torch
 from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import pixel_box
+from fastdata.image.batch import EncodedBatch, EncodedSample
 from fastdata.image.decode import decode_rgb
 from fastdata.image.jpeg_header import read_frame
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng
 
 if TYPE_CHECKING:
-    from fastdata.image.pipeline import EncodedSample, SamplePipeline
+    from fastdata.image.pipeline import SamplePipeline
 
 DECODE_MODES = ("auto", "worker", "device")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -48,31 +48,6 @@ _NVJPEG_LUMA_SAMPLING = frozenset({(1, 1), (2, 1), (2, 2), (1, 2), (4, 1), (4, 2
 _BASELINE, _PROGRESSIVE = 0xC0, 0xC2
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
-
-
-@dataclass
-class EncodedBatch:
-    """What a worker hands over on the `"device"` path, one row per sample in batch order: compressed bytes and
-    crop parameters for the JPEGs the device decodes, finished pixels for the samples the worker decoded."""
-
-    data: torch.Tensor  # uint8, the device-decoded samples' bytes concatenated
-    offsets: torch.Tensor  # int64 [B + 1]: sample i is data[offsets[i]:offsets[i + 1]] (empty if worker-decoded)
-    boxes: torch.Tensor  # float64 [B, 4]: left, top, width, height of the crop in source pixels
-    flips: torch.Tensor  # bool [B]: flip on the device (False for worker-decoded rows, flipped already)
-    sizes: torch.Tensor  # int64 [B, 2]: stored width, height
-    labels: torch.Tensor  # int64 [B]
-    worker_decoded: torch.Tensor  # bool [B]: decoded, cropped, resized and flipped in the worker
-    pixels: torch.Tensor  # uint8 [sum(worker_decoded), 3, S, S]: those samples' images, in batch order
-    keys: list[str] = field(default_factory=list)
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    times: StageTimes = field(default_factory=StageTimes)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def pin_memory(self) -> EncodedBatch:
-        """Called by DataLoader's pin-memory thread: pinned bytes and pixels copy to the GPU asynchronously."""
-        return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory())
 
 
 def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
@@ -105,7 +80,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     takes = [device_takes(s, pipeline.max_pixels) for s in samples]
     elsewhere = [s for s, t in zip(samples, takes, strict=True) if not t]
     if elsewhere:
-        decoded = pipeline.decode_batch(elsewhere, epoch, on_error)
+        decoded = pipeline.batch(elsewhere, epoch, on_error)
         pixels, skipped, times = decoded.images, decoded.skipped, decoded.times
     else:
         size = pipeline.image_size

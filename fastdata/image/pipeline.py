@@ -4,9 +4,8 @@ and whole batches written straight into one preallocated buffer."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,6 +13,7 @@ import torch
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import apply_crop, crop_resize_flip, make_preset, reduce_factor, wrap_custom
+from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
 from fastdata.image.region import (
@@ -28,43 +28,7 @@ from fastdata.image.region import (
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
 
-if TYPE_CHECKING:
-    from fastdata.image.device import EncodedBatch
-
 ON_ERROR = ("raise", "skip")
-
-
-@dataclass
-class EncodedSample:
-    """One stored sample as read from storage, before decoding."""
-
-    key: str
-    data: bytes
-    label: int
-    width: int
-    height: int
-    codec: int
-    position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
-    origin: str = ""  # the data file it was read from, when the dataset has several (a shard's name)
-
-
-@dataclass
-class Batch:
-    """A decoded batch as a worker hands it over: NCHW uint8 images, int64 labels, skipped samples, and the
-    time each stage took to make it."""
-
-    images: torch.Tensor
-    labels: torch.Tensor
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    times: StageTimes = field(default_factory=StageTimes)
-    slot: Slot | None = None  # the worker's reused shared-memory slot holding `images` (fastdata.batch_buffers)
-
-    def pin_memory(self) -> Batch:
-        """Called by DataLoader's pin-memory thread; the pinning counts as the transfer stage."""
-        started = perf_counter()
-        images, labels = self.images.pin_memory(), self.labels.pin_memory()
-        times = replace(self.times, transfer=self.times.transfer + perf_counter() - started)
-        return Batch(images, labels, self.skipped, times, self.slot)
 
 
 class SamplePipeline:
@@ -187,17 +151,7 @@ class SamplePipeline:
         return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def batch(self, samples: list[EncodedSample], epoch: int, on_error: str,
-              buffers: BatchBuffers | None = None) -> Batch | EncodedBatch:
-        """One batch of `samples` as a worker hands it over: decoded (`decode_batch`) or, with `ship_encoded`,
-        an EncodedBatch (the device decodes its JPEGs; the worker the rest)."""
-        if self.ship_encoded:
-            from fastdata.image.device import pack_encoded
-
-            return pack_encoded(self, samples, epoch, on_error)
-        return self.decode_batch(samples, epoch, on_error, buffers)
-
-    def decode_batch(self, samples: list[EncodedSample], epoch: int, on_error: str,
-                     buffers: BatchBuffers | None = None) -> Batch:
+              buffers: BatchBuffers | None = None) -> Batch:
         """Decode and augment `samples` into one batch. With a preset every image is resized into a scratch
         image whose planes go straight into the batch's preallocated NCHW tensor (in a reused shared-memory slot
         of `buffers` when one is free)."""

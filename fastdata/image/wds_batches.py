@@ -13,8 +13,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptSampleError
+from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
-from fastdata.image.pipeline import Batch, EncodedSample
+from fastdata.image.datasets import build_batch
 from fastdata.order.stream import DEFAULT_WINDOW, EpochPlan, StreamPlanner
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class _WorkerReader:
                         self._read_until(position)
                 samples = [self._take(int(p)) for p in positions]
                 read_s = perf_counter() - started
-                batch = self.dataset.pipeline.batch(samples, self.epoch, self.dataset.on_error, self.buffers)
+                batch = build_batch(self.dataset.pipeline, samples, self.epoch, self.dataset.on_error, self.buffers)
                 batch.times.read += read_s
                 yield batch
         finally:

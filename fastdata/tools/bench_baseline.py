@@ -24,7 +24,7 @@ from fastdata.formats.manifest import MANIFEST_NAME, Manifest, content_checksum,
 from fastdata.formats.records import EXT_OF_FORMAT
 
 if TYPE_CHECKING:
-    from fastdata.image.pipeline import EncodedSample
+    from fastdata.image.batch import EncodedSample
     from fastdata.tools.bench_fair import BenchConfig
 
 #: manifest options that make the stored bytes differ from the source's (each with its "off" value)

@@ -24,7 +24,7 @@ from fastdata.formats.manifest import (
 )
 
 if TYPE_CHECKING:
-    from fastdata.image.pipeline import EncodedSample
+    from fastdata.image.batch import EncodedSample
 
 # Files a dataset directory may hold beside the ones its manifest lists.
 _ALLOWED_EXTRA = {MANIFEST_NAME}

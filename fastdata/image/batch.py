@@ -1,0 +1,70 @@
+"""The batch types a worker hands over, shared by the worker pipeline (decoded batches) and the device path
+(encoded batches): one module that both import, so neither imports the other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from time import perf_counter
+
+import torch
+
+from fastdata.image.buffers import Slot
+from fastdata.meter.stages import StageTimes
+
+
+@dataclass
+class EncodedSample:
+    """One stored sample as read from storage, before decoding."""
+
+    key: str
+    data: bytes
+    label: int
+    width: int
+    height: int
+    codec: int
+    position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
+    origin: str = ""  # the data file it was read from, when the dataset has several (a shard's name)
+
+
+@dataclass
+class Batch:
+    """A decoded batch as a worker hands it over: NCHW uint8 images, int64 labels, skipped samples, and the
+    time each stage took to make it."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    times: StageTimes = field(default_factory=StageTimes)
+    slot: Slot | None = None  # the worker's reused shared-memory slot holding `images` (fastdata.batch_buffers)
+
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader's pin-memory thread; the pinning counts as the transfer stage."""
+        started = perf_counter()
+        images, labels = self.images.pin_memory(), self.labels.pin_memory()
+        times = replace(self.times, transfer=self.times.transfer + perf_counter() - started)
+        return Batch(images, labels, self.skipped, times, self.slot)
+
+
+@dataclass
+class EncodedBatch:
+    """What a worker hands over on the `"device"` path, one row per sample in batch order: compressed bytes and
+    crop parameters for the JPEGs the device decodes, finished pixels for the samples the worker decoded."""
+
+    data: torch.Tensor  # uint8, the device-decoded samples' bytes concatenated
+    offsets: torch.Tensor  # int64 [B + 1]: sample i is data[offsets[i]:offsets[i + 1]] (empty if worker-decoded)
+    boxes: torch.Tensor  # float64 [B, 4]: left, top, width, height of the crop in source pixels
+    flips: torch.Tensor  # bool [B]: flip on the device (False for worker-decoded rows, flipped already)
+    sizes: torch.Tensor  # int64 [B, 2]: stored width, height
+    labels: torch.Tensor  # int64 [B]
+    worker_decoded: torch.Tensor  # bool [B]: decoded, cropped, resized and flipped in the worker
+    pixels: torch.Tensor  # uint8 [sum(worker_decoded), 3, S, S]: those samples' images, in batch order
+    keys: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    times: StageTimes = field(default_factory=StageTimes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def pin_memory(self) -> EncodedBatch:
+        """Called by DataLoader's pin-memory thread: pinned bytes and pixels copy to the GPU asynchronously."""
+        return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory())
