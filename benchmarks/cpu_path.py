@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+from fastdata.converters.imagefolder import convert_imagefolder
 
-from fastdata.convert.images import convert_imagefolder
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.image.region import Region, region_decoder

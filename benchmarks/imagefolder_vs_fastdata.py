@@ -26,7 +26,8 @@ import shutil
 import time
 from pathlib import Path
 
-from fastdata.convert.images import convert_imagefolder
+from fastdata.converters.imagefolder import convert_imagefolder
+
 from fastdata.tools.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
 from fastdata.tools.bench_baseline import choose_baseline
 from fastdata.tools.bench_fair import DEFAULT_REPEATS

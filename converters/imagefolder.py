@@ -1,37 +1,25 @@
-"""ImageFolder trees (`SRC/<class>/**/<image>`) -> image records.
+"""ImageFolder trees (`SRC/<class>/**/<image>`) -> the image conversion driver (`fastdata.convert.images`).
 
 Class names, label ids and sample order are torchvision's own (`find_classes` / `make_dataset` are called
 directly, so they cannot drift): sorted class folders, recursive walk, torchvision's extension list,
-case-insensitive. Every file is verified by decoding it (JPEGs at 1/8 scale: the entropy data is still read
-in full, so truncation is caught at a fraction of the cost), so a broken file is rejected at conversion time,
-not at sample 9,999,999 of an epoch.
+case-insensitive. Every file is verified by decoding it (`fastdata.convert.encode`), so a broken file is rejected
+at conversion time, not at sample 9,999,999 of an epoch.
 """
 
 from __future__ import annotations
 
-import io
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 
+from fastdata.convert.images import ConversionSummary, ImageSource, convert_images
 from fastdata.errors import SourceError
-from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, IMAGE_EXTENSIONS, ImageRecord, codec_for
+from fastdata.formats.records import IMAGE_EXTENSIONS
 
 
-@dataclass
-class ImageFolderListing:
-    """What a scan of the source tree found, in torchvision ImageFolder's order."""
-
-    root: Path
-    classes: list[str]
-    samples: list[tuple[str, int]]  # (source-relative path with '/' separators, label)
-    ignored: list[str] = field(default_factory=list)  # files skipped for their extension
-    empty_classes: list[str] = field(default_factory=list)
-
-
-def scan(src: str | os.PathLike[str]) -> ImageFolderListing:
+def scan(src: str | os.PathLike[str]) -> ImageSource:
     """List the samples of an ImageFolder tree exactly as torchvision's ImageFolder would."""
     from torchvision.datasets.folder import find_classes, make_dataset
 
@@ -54,8 +42,8 @@ def scan(src: str | os.PathLike[str]) -> ImageFolderListing:
     if not relative:
         raise SourceError(f"{root}: no image files found in its {len(classes)} class folders "
                           f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
-    return ImageFolderListing(root, classes, relative, _ignored_files(root, classes),
-                              [name for name, n in zip(classes, counts, strict=True) if n == 0])
+    return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes),
+                       [name for name, n in zip(classes, counts, strict=True) if n == 0])
 
 
 def _ignored_files(root: Path, classes: list[str]) -> list[str]:
@@ -70,66 +58,14 @@ def _ignored_files(root: Path, classes: list[str]) -> list[str]:
 
 
 
-@dataclass(frozen=True)
-class EncodeOptions:
-    """Per-image options of a conversion."""
-
-    max_size: int | None = None  # re-encode images whose longer side exceeds this to JPEG
-    quality: int = 90
-    max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from their header, before any decoding
-
-
-class _Refused(Exception):
-    """An image refused on purpose (not a decoding failure)."""
-
-
-def load_record(root: Path, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
-    """Read and verify one source file; return the record to store. Raises ValueError with the reason if
-    the file cannot be used."""
-    from PIL import Image
-
-    path = root / relative_path
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"unreadable ({exc.strerror or exc})") from exc
-    if not data:
-        raise ValueError("empty file")
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            fmt, mode, (width, height) = im.format, im.mode, im.size
-            if width * height > options.max_pixels:
-                raise _Refused(f"refused: {width}x{height} = {width * height:,} pixels exceeds the limit of "
-                               f"{options.max_pixels:,} (--max-pixels); decompression bomb or unusually large image")
-            if options.max_size is not None and max(width, height) > options.max_size:
-                return _downscaled(im, relative_path, label, options)
-            if fmt == "JPEG":
-                im.draft(im.mode, (max(1, width // 8), max(1, height // 8)))
-            im.load()
-    except _Refused as exc:
-        raise ValueError(str(exc)) from None
-    except Image.DecompressionBombError as exc:  # Pillow's own hard limit, checked while opening
-        raise ValueError(f"refused: {exc} (--max-pixels cannot go above Pillow's limit)") from None
-    except Exception as exc:  # Pillow raises many types for bad data
-        raise ValueError(f"not a decodable image ({exc})") from exc
-    ext = EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
-    return ImageRecord(relative_path, data, ext, label, width, height, codec_for(fmt, mode))
-
-
-def _downscaled(im, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
-    """Re-encode an oversized image to JPEG with its longer side = max_size (FFCV's max_resolution)."""
-    from PIL import Image
-
-    width, height = im.size
-    scale = options.max_size / max(width, height)
-    target = (max(1, round(width * scale)), max(1, round(height * scale)))
-    if im.format == "JPEG":
-        im.draft("RGB", target)  # DCT-domain downscale first: much less to decode
-    rgb = im.convert("RGB").resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
-    out = io.BytesIO()
-    rgb.save(out, "JPEG", quality=options.quality)
-    return ImageRecord(relative_path, out.getvalue(), "jpg", label, target[0], target[1],
-                       codec_for("JPEG", "RGB"))
+def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any
+                        ) -> ConversionSummary:
+    """Pack the ImageFolder tree `src` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards): every
+    file verified by decoding it, unusable ones rejected and listed (`strict=True`: the first raises and nothing is
+    written), interrupted conversions resumed by the same call. Options: those of
+    `fastdata.convert.images.convert_images` (format, shard_size, seed, max_size, quality, max_pixels, workers,
+    overwrite, strict, progress, commit_every, engine, ray_address)."""
+    return convert_images(lambda: scan(src), out, **options)
 
 
 def cli_command() -> click.Command:
@@ -146,8 +82,7 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = torchvision ImageFolder's sample i);
         --format wds writes WebDataset tar shards into the directory OUT.
         """
-        from fastdata.converters.options import run_conversion
-
-        run_conversion(src, out, **options)
+        quiet = options.pop("quiet")
+        click.echo(str(convert_imagefolder(src, out, progress=not quiet, **options)))
 
     return command

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import click
-from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS
 
 from fastdata.convert.images import DEFAULT_SHARD_SIZE, FORMATS
+from fastdata.formats.records import DEFAULT_MAX_PIXELS
 
 
 def _storage_options() -> list[Callable]:
@@ -59,10 +58,3 @@ def convert_options(command: Callable) -> Callable:
                      help="Ray cluster to use with --engine ray (default: start a local Ray instance)."),
     ]
     return _decorate(command, _storage_options() + options + _run_options())
-
-
-def run_conversion(src: Path, out: Path, *, quiet: bool, **options) -> None:
-    from fastdata.convert.images import convert_imagefolder
-
-    summary = convert_imagefolder(src, out, progress=not quiet, **options)
-    click.echo(str(summary))

@@ -16,38 +16,18 @@ import json
 import os
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
+from fastdata.convert.text import Document, Rejected, SourceFile, TextConversionSummary, TextSource, convert_documents
 from fastdata.errors import ConfigError, SourceError
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt", ".parquet")
 TXT_MODES = ("file", "line")
 _GLOB_CHARS = frozenset("*?[")
 _PARQUET_ROWS = 1024
-
-
-@dataclass(frozen=True)
-class Document:
-    """One source document: its text and where it came from (file as listed, 1-based line or row)."""
-
-    text: str
-    source: str
-    line: int
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A record that could not be used, and why."""
-
-    source: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.line}: {self.reason}" if self.line else f"{self.source}: {self.reason}"
 
 
 def source_suffix(path: Path) -> str | None:
@@ -100,7 +80,7 @@ def check_extras(files: Sequence[Path]) -> None:
                                   f"pip install 'fastdata[{extra}]'") from exc
 
 
-class SourceReader:
+class SourceReader(SourceFile):
     """Streams the documents (and rejections) of one source file; `tell()` is the bytes of the file read so
     far (compressed bytes for compressed files), for progress."""
 
@@ -218,6 +198,31 @@ class SourceReader:
                     yield Document(text, self.name, row)
 
 
+def text_source(sources: Sequence[str | os.PathLike[str]], field: str = "text", txt_mode: str = "file") -> TextSource:
+    """The text source the driver reads: the files `sources` name (files, folders, glob patterns), each read as
+    `field` of its JSONL lines / parquet rows, or as .txt per `txt_mode`."""
+    files = list_sources(sources)
+    check_extras(files)
+    return TextSource(files, lambda number: SourceReader(files[number], field, txt_mode), [str(s) for s in sources],
+                      {"field": field, "txt_mode": txt_mode})
+
+
+def convert_text(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
+                 tokenizer: str | os.PathLike[str], field: str = "text", txt_mode: str = "file", **options: Any
+                 ) -> TextConversionSummary:
+    """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
+    in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`: `field` names the JSONL field /
+    parquet column of the text, `txt_mode` reads .txt files as one document ("file") or one per non-blank line
+    ("line"). The other options are those of `fastdata.convert.text.convert_documents` (format, eos_token,
+    shard_size, batch_size, overwrite, strict, progress, chunk_tokens, commit_every_chunks, checkpoint_every):
+    each document stored whole as its exact ids, in source order; unusable records reported and skipped; an
+    interrupted conversion resumed by the same call."""
+    if txt_mode not in TXT_MODES:
+        raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
+    sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    return convert_documents(lambda: text_source(sources, field, txt_mode), out, tokenizer=tokenizer, **options)
+
+
 def cli_command() -> click.Command:
     """`fastdata convert text SRC... OUT --tokenizer tokenizer.json ...`"""
     from fastdata.converters.options import output_options
@@ -246,8 +251,6 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
         directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).
         """
-        from fastdata.convert.text import convert_text
-
         click.echo(str(convert_text(list(src), out, progress=not quiet, **options)))
 
     return command

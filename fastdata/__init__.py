@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fastdata._version import __version__
-from fastdata.convert.images import convert_imagefolder
-from fastdata.convert.text import convert_text
+from fastdata.converters.imagefolder import convert_imagefolder
+from fastdata.converters.text import convert_text
 from fastdata.loader import dataset, loader
 from fastdata.meter.loop import meter
 from fastdata.tools.info import info

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 from conftest import SOLID_COUNT, sample_id_of
+from fastdata.converters.text import convert_text
 from test_text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
-from fastdata.convert.text import convert_text
 from fastdata.errors import ResumeError
 
 BATCH = 8  # 45 samples: 6 batches per epoch, the last one short

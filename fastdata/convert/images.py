@@ -1,4 +1,6 @@
-"""Composition root for writing: source listing -> parallel verify/encode -> format writer -> manifest.
+"""The image conversion driver, generic over the source: a source's listing (`ImageSource`, made by a converter in
+`fastdata.converters`) -> parallel read/verify/encode (`fastdata.convert.encode`, local processes or Ray) ->
+format writer -> manifest.
 
 The output is built under `OUT.partial` and renamed into place only after the manifest (written last) is
 on disk, so an interrupted conversion never leaves anything that opens as a complete dataset.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,18 +25,37 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
+from fastdata.convert.encode import EncodeOptions, load_record
 from fastdata.convert.ray import ENGINES, RayWork
 from fastdata.convert.staging import check_output, commit_output
-from fastdata.converters.imagefolder import DEFAULT_MAX_PIXELS, EncodeOptions, ImageFolderListing, load_record, scan
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
-from fastdata.formats.records import ImageRecord
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord
 from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
 from fastdata.image.decode import opencv_single_threaded
 
 DEFAULT_SHARD_SIZE = "256MB"
 FORMATS = ("lmdb", "wds")
+
+
+@dataclass
+class ImageSource:
+    """What a converter hands the driver: the samples to store, in their order, as files under `root` with their
+    labels, and what the summary and manifest say about the source."""
+
+    kind: str  # the converter's name, recorded in the manifest ("imagefolder", ...)
+    root: Path
+    classes: list[str]
+    samples: list[tuple[str, int]]  # (path relative to root with '/' separators: the sample's key, label)
+    ignored: list[str] = field(default_factory=list)  # files the listing left out (not images)
+    empty_classes: list[str] = field(default_factory=list)
+
+    def info(self) -> dict:
+        """The manifest's `source` block."""
+        return {"kind": self.kind, "path": str(self.root.resolve()), "files": len(self.samples),
+                "ignored": len(self.ignored), "ignored_examples": self.ignored[:20],
+                "empty_classes": self.empty_classes}
 
 
 @dataclass
@@ -136,7 +157,7 @@ class _Progress(ProgressRecord):
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
 
 
-def _fingerprint(fmt: str, options: dict, listing: ImageFolderListing) -> dict:
+def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
     """What must not change between an interrupted conversion and its resumption."""
     digest = files_digest((f"{relative_path}\t{label}", listing.root / relative_path)
                           for relative_path, label in listing.samples)
@@ -148,8 +169,8 @@ def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int)
     return LmdbWriter(directory, commit_every=commit_every) if fmt == "lmdb" else WdsWriter(directory, shard_bytes)
 
 
-def convert_imagefolder(
-    src: str | Path,
+def convert_images(
+    list_source: Callable[[], ImageSource],
     out: str | Path,
     *,
     format: str | None = None,
@@ -166,7 +187,8 @@ def convert_imagefolder(
     engine: str = "local",
     ray_address: str | None = None,
 ) -> ConversionSummary:
-    """Pack the ImageFolder tree `src` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards).
+    """Pack the images `list_source()` lists into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards); the
+    source is listed once the options have been checked.
 
     Unreadable or undecodable files are rejected, listed in the summary and the manifest, and the rest is
     written; with `strict=True` the first one raises instead and nothing is written. An interrupted
@@ -175,7 +197,7 @@ def convert_imagefolder(
     `engine="ray"` verifies and encodes the images on a Ray cluster (`ray_address`, or a local Ray instance)
     while this process writes them: the same dataset as the local engine makes.
     """
-    src, out = Path(src), Path(out)
+    out = Path(out)
     fmt = _resolve_format(out, format)
     shard_bytes = parse_size(shard_size)
     if max_size is not None and max_size < 1:
@@ -192,7 +214,7 @@ def convert_imagefolder(
     workers = available_cores() if workers is None else workers
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
-    listing = scan(src)
+    listing = list_source()
     check_output(out, overwrite)
 
     order = np.arange(len(listing.samples))
@@ -232,7 +254,7 @@ def convert_imagefolder(
     manifest = Manifest(
         format=fmt, kind="image", num_samples=sum(state.counts), classes=listing.classes,
         class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
-        source=_source_info(listing), rejected=state.rejected,
+        source=listing.info(), rejected=state.rejected,
         stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
                "resumed_at": resumed_at},
     )
@@ -273,9 +295,3 @@ def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, wo
                 rate = (state.bytes_in - bytes_at_start) / 1e6 / (now - started)
                 bar.set_postfix_str(f"{rate:.1f} MB/s, {len(state.rejected)} rejected")
                 last_postfix = now
-
-
-def _source_info(listing: ImageFolderListing) -> dict:
-    return {"kind": "imagefolder", "path": str(listing.root.resolve()), "files": len(listing.samples),
-            "ignored": len(listing.ignored), "ignored_examples": listing.ignored[:20],
-            "empty_classes": listing.empty_classes}

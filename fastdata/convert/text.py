@@ -1,4 +1,5 @@
-"""Composition root for text conversion: source files -> documents -> batched parallel tokenization
+"""The text conversion driver, generic over the source: a source's documents (`TextSource`, made by a converter in
+`fastdata.converters`) -> batched parallel tokenization
 (`tokenizers`' own Rust thread pool) -> token storage writer -> tokenizer copy -> manifest, written last.
 
 A reader thread parses the sources while the tokenizer (which releases the GIL) encodes the previous batch,
@@ -14,7 +15,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,6 @@ from fastdata.convert.checkpoints import (
 )
 from fastdata.convert.images import DEFAULT_SHARD_SIZE, _resolve_format
 from fastdata.convert.staging import check_output, commit_output
-from fastdata.converters.text import TXT_MODES, Document, Rejected, SourceReader, check_extras, list_sources
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
@@ -48,6 +48,46 @@ DEFAULT_CHECKPOINT_EVERY = "4MB"
 MAX_LISTED_REJECTIONS = 10_000  # the manifest lists this many rejected records; all are counted
 _MAX_BATCH_DOCUMENTS = 4096
 _QUEUE_BATCHES = 3
+
+
+@dataclass(frozen=True)
+class Document:
+    """One source document: its text and where it came from (file as listed, 1-based line or row)."""
+
+    text: str
+    source: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that could not be used, and why."""
+
+    source: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: {self.reason}" if self.line else f"{self.source}: {self.reason}"
+
+
+class SourceFile(Iterable[Document | Rejected]):
+    """What a text source yields for one of its files: its records (documents and rejections) in order, and
+    `tell()`: the bytes of the file read so far (for progress and checkpoint cadence)."""
+
+    def tell(self) -> int:
+        raise NotImplementedError
+
+
+@dataclass
+class TextSource:
+    """What a converter hands the text driver: the source files, how to read each, and what the manifest and the
+    resume check record about them."""
+
+    files: list[Path]
+    open: Callable[[int], SourceFile]  # file number -> its records
+    given: list[str]  # the sources as the user named them (files, folders, globs)
+    options: dict[str, Any] = field(default_factory=dict)  # the source's reading options (field, txt_mode, ...)
 
 
 @dataclass
@@ -108,7 +148,7 @@ class _Batch:
     position: int  # source bytes read once this batch was cut
 
 
-def _batches(files: Sequence[Path], field: str, txt_mode: str, batch_chars: int, sizes: Sequence[int],
+def _batches(source: TextSource, batch_chars: int, sizes: Sequence[int],
              start: tuple[int, int] = (0, 0)) -> Iterator[_Batch]:
     """The source records (documents and rejections) in source order, cut into batches of about `batch_chars`
     characters of text, from `start` on: (file number, records of it already consumed), which are re-read and
@@ -116,8 +156,8 @@ def _batches(files: Sequence[Path], field: str, txt_mode: str, batch_chars: int,
     records: list[Document | Rejected] = []
     marks: list[tuple[int, int]] = []
     chars, done = 0, sum(sizes[:start[0]])
-    for number in range(start[0], len(files)):
-        reader = SourceReader(files[number], field, txt_mode)
+    for number in range(start[0], len(source.files)):
+        reader = source.open(number)
         skip = start[1] if number == start[0] else 0
         for consumed, item in enumerate(reader, 1):
             if consumed <= skip:
@@ -267,14 +307,12 @@ def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWri
                 last_postfix = now
 
 
-def convert_text(
-    src: str | Path | Sequence[str | Path],
+def convert_documents(
+    list_source: Callable[[], TextSource],
     out: str | Path,
     *,
     tokenizer: str | Path,
-    field: str = "text",
     format: str | None = None,
-    txt_mode: str = "file",
     eos_token: str | None = None,
     shard_size: str | int = DEFAULT_SHARD_SIZE,
     batch_size: str | int = DEFAULT_BATCH_SIZE,
@@ -285,8 +323,8 @@ def convert_text(
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
     checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
 ) -> TextConversionSummary:
-    """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
-    in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`.
+    """Tokenize the documents of `list_source()` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"`
+    shards), with the `tokenizers` file `tokenizer`; the source is listed once the options have been checked.
 
     Each document is stored whole as `tokenizer.encode(text, add_special_tokens=False).ids` (truncation and
     padding off), as uint16 when the vocabulary fits, else uint32, in source order. Unusable records are
@@ -298,15 +336,12 @@ def convert_text(
     skipped without being tokenized again. `checkpoint_every` does not change the dataset, so a rerun may pass
     another value.
     """
-    sources = [src] if isinstance(src, (str, Path)) else list(src)
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = _resolve_format(out, format)
     shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
     checkpoint_bytes = parse_size(checkpoint_every)
     if checkpoint_bytes < 1:
         raise ConfigError(f"--checkpoint-every must be a positive size, got {checkpoint_every!r}")
-    if txt_mode not in TXT_MODES:
-        raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
     if chunk_tokens < 1 or commit_every_chunks < 1:
         raise ConfigError(f"chunk_tokens and commit_every_chunks must be positive, got {chunk_tokens} and "
                           f"{commit_every_chunks}")
@@ -315,15 +350,15 @@ def convert_text(
     eos, pad = resolve_eos(tok, eos_token, str(tokenizer_path)), resolve_pad(tok)
     vocab = vocab_size(tok)
     dtype = token_dtype(vocab)
-    files = list_sources(sources)
-    check_extras(files)
+    source = list_source()
+    files = source.files
     check_output(out, overwrite)
     sizes = [f.stat().st_size for f in files]
 
-    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "field": field,
-               "txt_mode": txt_mode, "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
+    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
+               "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
                "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
-    wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in sources], "files": len(files),
+    wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in source.given], "files": len(files),
                                         "digest": files_digest((os.path.abspath(f), f) for f in files)},
                          tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
 
@@ -349,7 +384,7 @@ def convert_text(
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
-        batches = _batches(files, field, txt_mode, batch_chars, sizes, (state.next_file, state.file_records))
+        batches = _batches(source, batch_chars, sizes, (state.next_file, state.file_records))
         _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
                       progress, checkpoint_bytes)
         if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
@@ -368,7 +403,7 @@ def convert_text(
     manifest = Manifest(
         format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
         fastdata_version=__version__, text=text, options=options,
-        source={"kind": "text", "path": [str(s) for s in sources], "tokenizer": str(tokenizer_path.resolve()),
+        source={"kind": "text", "path": [str(s) for s in source.given], "tokenizer": str(tokenizer_path.resolve()),
                 "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
         rejected=state.rejected,
         stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fastdata.convert.images import convert_imagefolder
+from fastdata.converters.imagefolder import convert_imagefolder
 from fastdata.tools.bench import BenchConfig, format_table, run_bench
 from fastdata.tools.sample import make_sample_imagefolder, photo_paths
 

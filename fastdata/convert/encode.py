@@ -1,0 +1,75 @@
+"""Source files -> verified image records, in a conversion worker: read the bytes, check the header against the
+pixel limit, decode to prove the image is whole (JPEGs at 1/8 scale: the entropy data is still read in full, so
+truncation is caught at a fraction of the cost), and re-encode oversized images once (`--max-size`). Any source
+kind whose samples are files under a root uses it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, ImageRecord, codec_for
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """Per-image options of a conversion."""
+
+    max_size: int | None = None  # re-encode images whose longer side exceeds this to JPEG
+    quality: int = 90
+    max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from their header, before any decoding
+
+
+class _Refused(Exception):
+    """An image refused on purpose (not a decoding failure)."""
+
+
+def load_record(root: Path, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
+    """Read and verify one source file; return the record to store. Raises ValueError with the reason if
+    the file cannot be used."""
+    from PIL import Image
+
+    path = root / relative_path
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"unreadable ({exc.strerror or exc})") from exc
+    if not data:
+        raise ValueError("empty file")
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            fmt, mode, (width, height) = im.format, im.mode, im.size
+            if width * height > options.max_pixels:
+                raise _Refused(f"refused: {width}x{height} = {width * height:,} pixels exceeds the limit of "
+                               f"{options.max_pixels:,} (--max-pixels); decompression bomb or unusually large image")
+            if options.max_size is not None and max(width, height) > options.max_size:
+                return _downscaled(im, relative_path, label, options)
+            if fmt == "JPEG":
+                im.draft(im.mode, (max(1, width // 8), max(1, height // 8)))
+            im.load()
+    except _Refused as exc:
+        raise ValueError(str(exc)) from None
+    except Image.DecompressionBombError as exc:  # Pillow's own hard limit, checked while opening
+        raise ValueError(f"refused: {exc} (--max-pixels cannot go above Pillow's limit)") from None
+    except Exception as exc:  # Pillow raises many types for bad data
+        raise ValueError(f"not a decodable image ({exc})") from exc
+    ext = EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
+    return ImageRecord(relative_path, data, ext, label, width, height, codec_for(fmt, mode))
+
+
+def _downscaled(im, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
+    """Re-encode an oversized image to JPEG with its longer side = max_size (FFCV's max_resolution)."""
+    from PIL import Image
+
+    width, height = im.size
+    scale = options.max_size / max(width, height)
+    target = (max(1, round(width * scale)), max(1, round(height * scale)))
+    if im.format == "JPEG":
+        im.draft("RGB", target)  # DCT-domain downscale first: much less to decode
+    rgb = im.convert("RGB").resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    out = io.BytesIO()
+    rgb.save(out, "JPEG", quality=options.quality)
+    return ImageRecord(relative_path, out.getvalue(), "jpg", label, target[0], target[1],
+                       codec_for("JPEG", "RGB"))
