@@ -24,7 +24,7 @@ from fastdata.convert.text import TextConversionSummary, _TextProgress
 from fastdata.errors import IncompleteDatasetError, OutputExistsError, RejectedFileError, StagingDamagedError
 from fastdata.formats.lmdb_text import TextLmdbWriter
 from fastdata.formats.manifest import partial_path, read_manifest
-from fastdata.formats.wds import PROGRESS_FILE
+from fastdata.formats.tar_shards import PROGRESS_FILE
 
 # Small chunks, commits, shards and batches: many checkpoints on a tiny corpus.
 SETTINGS = {"shard_size": "12KB", "batch_size": "2KB", "chunk_tokens": 64, "commit_every_chunks": 2,

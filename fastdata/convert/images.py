@@ -32,7 +32,8 @@ from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord
-from fastdata.formats.wds import PROGRESS_FILE, WdsWriter
+from fastdata.formats.tar_shards import PROGRESS_FILE
+from fastdata.formats.wds import WdsWriter
 from fastdata.image.decode import opencv_single_threaded
 
 DEFAULT_SHARD_SIZE = "256MB"

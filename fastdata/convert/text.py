@@ -36,8 +36,8 @@ from fastdata.convert.staging import check_output, commit_output
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
-from fastdata.formats.wds import PROGRESS_FILE
 from fastdata.formats.wds_text import TextWdsWriter
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos, resolve_pad, vocab_size
 

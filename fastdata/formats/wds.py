@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from fastdata.errors import START_AGAIN, CorruptSampleError, StagingDamagedError
-from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
+from fastdata.errors import CorruptSampleError
+from fastdata.formats.manifest import FileEntry
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord
+from fastdata.formats.tar_shards import ShardWriter
 
-SHARD_PATTERN = "shard-{:06d}.tar"
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
 
 
@@ -37,87 +36,31 @@ def split_member_name(name: str) -> tuple[str, str]:
     return (f"{directory}/{stem}" if directory else stem), (ext if dot else "")
 
 
-PROGRESS_FILE = "progress.json"
-
-
-def check_kept_files(directory: Path, files: list[tuple[str, int]], what: str) -> None:
-    """Raise StagingDamagedError naming the first of `files` ((name, bytes) a checkpoint recorded in the staging
-    `directory`) that is missing or of another size: resuming over it would commit a broken dataset."""
-    for name, size in files:
-        path = directory / name
-        if not path.is_file():
-            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint is missing; {START_AGAIN}")
-        if path.stat().st_size != size:
-            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint holds {path.stat().st_size:,} bytes, "
-                                      f"it had {size:,}; {START_AGAIN}")
-
-
 class WdsWriter:
-    """Writes image records into tar shards of about `shard_size` bytes each, in the order given.
-
-    A shard is written as `shard-N.tar.tmp` and renamed when complete (after fsync); `checkpoint()` after
-    each completed shard records the caller's progress (with the finished shards) in `progress.json`, so a
-    killed conversion resumes at the first unfinished shard and redoes nothing else."""
+    """Writes image records into tar shards of about `shard_size` bytes each, in the order given (a
+    `ShardWriter`: `.tmp` until complete, `checkpoint()` after each completed shard records the caller's progress,
+    so a killed conversion resumes at the first unfinished shard and redoes nothing else)."""
 
     def __init__(self, directory: Path, shard_size: int) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.shard_size = shard_size
+        self.shards = ShardWriter(directory, shard_size)
+        self.directory = self.shards.directory
         self._used_keys: set[str] = set()
-        self._entries: list[FileEntry] = []
-        self._tar: tarfile.TarFile | None = None
-        self._shard_samples = 0
-        self._shard_finished = False
-        self.count = 0
+
+    @property
+    def count(self) -> int:
+        return self.shards.count
 
     def saved_progress(self) -> bytes | None:
-        """The progress record of the last checkpoint, if the directory holds one."""
-        path = self.directory / PROGRESS_FILE
-        return path.read_bytes() if path.is_file() else None
+        return self.shards.saved_progress()
 
     def resume(self, entries: list[FileEntry], written_paths: list[str], keep_files: Iterable[str] = ()) -> None:
         """Continue after the finished shards `entries` (from the saved progress), whose samples came from
         `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else
         (but the files named in `keep_files`). Raises StagingDamagedError when a finished shard is not there as
         the progress recorded it."""
-        check_kept_files(self.directory, [(entry.name, entry.bytes) for entry in entries], "finished shard")
-        self._entries = list(entries)
-        self.count = sum(e.samples for e in entries)
-        keep = {e.name for e in entries} | {PROGRESS_FILE} | set(keep_files)
-        for path in self.directory.iterdir():
-            if path.name not in keep:
-                path.unlink()
+        self.shards.resume(entries, keep_files)
         for relative_path in written_paths:
             self._unique_key(relative_path)
-
-    def _open_shard(self, file: BinaryIO | None = None) -> None:
-        """Start the next shard as `shard-N.tar.tmp`, or continue it in `file` (open for writing at the end of
-        its last complete member: a resumed shard)."""
-        self._shard_name = SHARD_PATTERN.format(len(self._entries))
-        if file is None:
-            file = open(self.directory / (self._shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
-        self._shard_file = file
-        self._tar = tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (same)
-        self._shard_samples = 0
-
-    def _sync_shard(self) -> None:
-        """Put what the open shard holds so far on disk."""
-        self._shard_file.flush()
-        os.fsync(self._shard_file.fileno())
-
-    def _close_shard(self) -> None:
-        if self._tar is None:
-            return
-        self._tar.close()
-        self._sync_shard()
-        self._shard_file.close()
-        tmp = self.directory / (self._shard_name + ".tmp")
-        path = self.directory / self._shard_name
-        os.replace(tmp, path)
-        self._entries.append(FileEntry(self._shard_name, path.stat().st_size, sha256_file(path),
-                                       self._shard_samples))
-        self._tar = None
-        self._shard_finished = True
 
     def _unique_key(self, relative_path: str) -> str:
         key = base = sanitize_key(relative_path)
@@ -128,52 +71,32 @@ class WdsWriter:
         self._used_keys.add(key)
         return key
 
-    def _add_member(self, name: str, payload: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = len(payload)
-        info.mode = 0o444
-        info.mtime = 0  # reproducible shards: same input, same bytes
-        assert self._tar is not None
-        self._tar.addfile(info, io.BytesIO(payload))
-
     def add(self, record: ImageRecord) -> None:
-        if self._tar is None:
-            self._open_shard()
         key = self._unique_key(record.key)
         meta = {"path": record.key, "label": record.label, "width": record.width, "height": record.height,
                 "codec": record.codec}
-        self._add_member(f"{key}.{record.ext}", record.data)
-        self._add_member(f"{key}.cls", str(record.label).encode("ascii"))
-        self._add_member(f"{key}.json", json.dumps(meta).encode("utf-8"))
-        self._shard_samples += 1
-        self.count += 1
-        assert self._tar is not None
-        if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
-            self._close_shard()
+        self.shards.append([(f"{key}.{record.ext}", record.data), (f"{key}.cls", str(record.label).encode("ascii")),
+                            (f"{key}.json", json.dumps(meta).encode("utf-8"))])
+        self.shards.sample_done()
 
     def checkpoint_due(self) -> bool:
-        return self._shard_finished
+        return self.shards.checkpoint_due()
 
     @property
     def finished_shards(self) -> list[FileEntry]:
-        return list(self._entries)
+        return self.shards.finished_shards
 
     def checkpoint(self, progress: bytes) -> None:
         """Record `progress` (which must list `finished_shards`) as the point to resume from."""
-        write_atomic(self.directory / PROGRESS_FILE, progress)
-        self._shard_finished = False
+        self.shards.checkpoint(progress)
 
     def close(self) -> list[FileEntry]:
         """Finish the last shard; returns every shard. `progress.json` stays until the dataset is committed."""
-        self._close_shard()
-        return list(self._entries)
+        return self.shards.close()
 
     def abort(self) -> None:
         """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
-        if self._tar is not None:
-            self._tar.close()
-            self._shard_file.close()
-            self._tar = None
+        self.shards.abort()
 
 
 #: Member types that can execute code when loaded with pickle (webdataset's default decoders do): never read.

@@ -20,54 +20,57 @@ import numpy as np
 
 from fastdata.errors import START_AGAIN, CorruptSampleError, NotADatasetError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file
+from fastdata.formats.tar_shards import ShardWriter, check_kept_files
 from fastdata.formats.tokens import TokenReader
-from fastdata.formats.wds import WdsWriter, check_kept_files
 
 INDEX_SUFFIX = ".idx"
-_BLOCK = 512  # tar block size
 
 
 def index_name(shard_name: str) -> str:
     return shard_name.rsplit(".", 1)[0] + INDEX_SUFFIX
 
 
-class TextWdsWriter(WdsWriter):
-    """Writes documents into tar shards of about `shard_size` bytes each, in the order given, plus each
-    shard's index. Holds one shard's index in memory."""
+class TextWdsWriter:
+    """Writes documents into tar shards of about `shard_size` bytes each, in the order given (a `ShardWriter`),
+    plus each shard's index, written when the shard is complete. Holds one shard's index in memory."""
 
     def __init__(self, directory: Path, shard_size: int, dtype: np.dtype) -> None:
-        super().__init__(directory, shard_size)
+        self.shards = ShardWriter(directory, shard_size, on_shard_closed=self._write_index)
+        self.directory = self.shards.directory
         self.dtype = np.dtype(dtype)
         self._index: list[tuple[int, int]] = []
         self._index_entries: list[dict[str, Any]] = []
         self.total_tokens = 0
 
+    @property
+    def count(self) -> int:
+        return self.shards.count
+
+    def saved_progress(self) -> bytes | None:
+        return self.shards.saved_progress()
+
     def add(self, ids: np.ndarray, source: str = "", line: int = 0) -> None:
         """Append one document's token ids (already in the dataset's dtype)."""
-        if self._tar is None:
-            self._open_shard()
-            self._index = []
-        assert self._tar is not None
-        key = f"{self.count:010d}"
-        payload = ids.tobytes()
-        self._add_member(f"{key}.ids", payload)
-        data_offset = self._tar.offset - -(-len(payload) // _BLOCK) * _BLOCK
-        self._add_member(f"{key}.json", json.dumps({"source": source, "line": line, "tokens": len(ids)}).encode())
+        key = f"{self.shards.count:010d}"
+        meta = json.dumps({"source": source, "line": line, "tokens": len(ids)}).encode()
+        data_offset, _ = self.shards.append([(f"{key}.ids", ids.tobytes()), (f"{key}.json", meta)])
         self._index.append((data_offset, len(ids)))
         self.total_tokens += len(ids)
-        self._shard_samples += 1
-        self.count += 1
-        if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
-            self._close_shard()
+        self.shards.sample_done()
 
-    def _close_shard(self) -> None:
-        if self._tar is None:
-            return
-        path = self.directory / index_name(self._shard_name)
+    def _write_index(self, shard_name: str) -> None:
+        path = self.directory / index_name(shard_name)
         with open(path, "wb") as f:
             f.write(np.asarray(self._index, dtype="<i8").reshape(-1, 2).tobytes())
         self._index_entries.append({"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
-        super()._close_shard()
+        self._index = []
+
+    def checkpoint_due(self) -> bool:
+        return self.shards.checkpoint_due()
+
+    @property
+    def finished_shards(self) -> list[FileEntry]:
+        return self.shards.finished_shards
 
     @property
     def index_files(self) -> list[dict[str, Any]]:
@@ -78,19 +81,20 @@ class TextWdsWriter(WdsWriter):
     def open_shard(self) -> dict[str, Any] | None:
         """Where the unfinished shard stands (name, bytes of complete members, documents), None without one:
         a checkpoint records it, so that a resumed conversion continues inside that shard."""
-        if self._tar is None or not self._shard_samples:
+        state = self.shards.open_shard
+        if state is None:
             return None
-        return {"name": self._shard_name, "bytes": self._tar.offset, "documents": self._shard_samples}
+        name, size, documents = state
+        return {"name": name, "bytes": size, "documents": documents}
 
     def checkpoint(self, progress: bytes) -> None:
         """Record `progress` (which must list `finished_shards`, `index_files` and `open_shard`) as the point to
         resume from; the unfinished shard's documents so far are put on disk first."""
-        if self._tar is not None:
-            self._sync_shard()
-        super().checkpoint(progress)
+        self.shards.sync()
+        self.shards.checkpoint(progress)
 
-    def resume(self, entries: list[FileEntry], index_files: list[dict[str, Any]],  # type: ignore[override]
-               total_tokens: int, open_shard: dict[str, Any] | None = None) -> None:
+    def resume(self, entries: list[FileEntry], index_files: list[dict[str, Any]], total_tokens: int,
+               open_shard: dict[str, Any] | None = None) -> None:
         """Continue after the finished shards `entries` and their `index_files` (from the saved progress),
         which with the documents of `open_shard` (the unfinished shard as `open_shard` described it) hold
         `total_tokens` tokens: that shard is cut back to those documents and continued, anything else in the
@@ -102,7 +106,7 @@ class TextWdsWriter(WdsWriter):
             finished = self.directory / open_shard["name"]
             if not tmp.exists() and finished.is_file():  # completed after the checkpoint, before the next one
                 os.replace(finished, tmp)
-        super().resume(entries, [], keep_files=[f["name"] for f in index_files] + ([tmp.name] if tmp else []))
+        self.shards.resume(entries, keep_files=[f["name"] for f in index_files] + ([tmp.name] if tmp else []))
         self._index_entries = list(index_files)
         self.total_tokens = total_tokens
         if tmp is not None and open_shard is not None:
@@ -136,14 +140,16 @@ class TextWdsWriter(WdsWriter):
             file.close()
             raise
         file.seek(size)
-        self._open_shard(file)
+        self.shards.continue_shard(file, documents)
         self._index = index
-        self._shard_samples = documents
-        self.count += documents
 
-    def close(self) -> tuple[list[FileEntry], dict[str, Any]]:  # type: ignore[override]
+    def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
         """Finish the last shard; returns (shard files, layout facts for the manifest)."""
-        return super().close(), {"index_files": list(self._index_entries)}
+        return self.shards.close(), {"index_files": list(self._index_entries)}
+
+    def abort(self) -> None:
+        """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
+        self.shards.abort()
 
 
 class TextWdsReader(TokenReader):

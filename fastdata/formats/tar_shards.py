@@ -1,0 +1,167 @@
+"""Tar shards of about `shard_size` bytes, written sample after sample, that survive a kill: what the image and the
+text WebDataset writers both hold (each composes one; neither is the other).
+
+A shard is written as `shard-N.tar.tmp`, fsynced and renamed when complete. `checkpoint(progress)` records the
+caller's progress record (which lists the finished shards) in `progress.json`; `resume()` continues after the
+finished shards it lists and drops anything else; `continue_shard()` reopens an unfinished shard at a recorded
+length (a checkpoint inside a shard). Members are written with mtime 0 and mode 0444: the same input gives the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import BinaryIO
+
+from fastdata.errors import START_AGAIN, StagingDamagedError
+from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
+
+SHARD_PATTERN = "shard-{:06d}.tar"
+PROGRESS_FILE = "progress.json"
+_BLOCK = 512  # tar block size
+
+
+def check_kept_files(directory: Path, files: list[tuple[str, int]], what: str) -> None:
+    """Raise StagingDamagedError naming the first of `files` ((name, bytes) a checkpoint recorded in the staging
+    `directory`) that is missing or of another size: resuming over it would commit a broken dataset."""
+    for name, size in files:
+        path = directory / name
+        if not path.is_file():
+            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint is missing; {START_AGAIN}")
+        if path.stat().st_size != size:
+            raise StagingDamagedError(f"{path}: a {what} of the last checkpoint holds {path.stat().st_size:,} bytes, "
+                                      f"it had {size:,}; {START_AGAIN}")
+
+
+class ShardWriter:
+    """Samples (groups of named members) into tar shards, in order. `on_shard_closed(name)` runs when a shard is
+    complete, before it is renamed into place (the text writer writes the shard's index then)."""
+
+    def __init__(self, directory: Path, shard_size: int, on_shard_closed: Callable[[str], None] | None = None
+                 ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard_size = shard_size
+        self.on_shard_closed = on_shard_closed
+        self.count = 0  # samples written, finished shards included
+        self.shard_samples = 0  # samples in the open shard
+        self._entries: list[FileEntry] = []
+        self._tar: tarfile.TarFile | None = None
+        self._shard_finished = False
+
+    def saved_progress(self) -> bytes | None:
+        """The progress record of the last checkpoint, if the directory holds one."""
+        path = self.directory / PROGRESS_FILE
+        return path.read_bytes() if path.is_file() else None
+
+    def resume(self, entries: list[FileEntry], keep_files: Iterable[str] = ()) -> None:
+        """Continue after the finished shards `entries` (from the saved progress): drop anything else in the
+        directory but the files named in `keep_files`. Raises StagingDamagedError when a finished shard is not
+        there as the progress recorded it."""
+        check_kept_files(self.directory, [(entry.name, entry.bytes) for entry in entries], "finished shard")
+        self._entries = list(entries)
+        self.count = sum(e.samples for e in entries)
+        keep = {e.name for e in entries} | {PROGRESS_FILE} | set(keep_files)
+        for path in self.directory.iterdir():
+            if path.name not in keep:
+                path.unlink()
+
+    @property
+    def shard_name(self) -> str:
+        """The name of the open shard (or of the next one)."""
+        return SHARD_PATTERN.format(len(self._entries))
+
+    def _open_shard(self, file: BinaryIO | None = None) -> None:
+        if file is None:
+            file = open(self.directory / (self.shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
+        self._shard_file = file
+        self._tar = tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (same)
+        self.shard_samples = 0
+
+    def continue_shard(self, file: BinaryIO, samples: int) -> None:
+        """Go on writing the unfinished shard open in `file` (positioned at the end of its last complete member),
+        which holds `samples` samples: the same bytes as if it had never stopped."""
+        self._open_shard(file)
+        self.shard_samples = samples
+        self.count += samples
+
+    def append(self, members: list[tuple[str, bytes]]) -> list[int]:
+        """Write one sample's members into the open shard (opened if needed); returns the byte offset of each
+        member's data in the shard. Call `sample_done()` once the caller has recorded them."""
+        if self._tar is None:
+            self._open_shard()
+        assert self._tar is not None
+        offsets = []
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            info.mode = 0o444
+            info.mtime = 0  # reproducible shards: same input, same bytes
+            self._tar.addfile(info, io.BytesIO(payload))
+            offsets.append(self._tar.offset - -(-len(payload) // _BLOCK) * _BLOCK)
+        return offsets
+
+    def sample_done(self) -> None:
+        """Count the sample just appended; close the shard once it has reached the shard size."""
+        self.shard_samples += 1
+        self.count += 1
+        assert self._tar is not None
+        if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
+            self._close_shard()
+
+    @property
+    def open_shard(self) -> tuple[str, int, int] | None:
+        """(name, bytes of complete members, samples) of the open shard, None without one (or an empty one)."""
+        if self._tar is None or not self.shard_samples:
+            return None
+        return self.shard_name, self._tar.offset, self.shard_samples
+
+    def sync(self) -> None:
+        """Put what the open shard holds so far on disk (nothing to do without one)."""
+        if self._tar is not None:
+            self._shard_file.flush()
+            os.fsync(self._shard_file.fileno())
+
+    def _close_shard(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        self.sync()
+        self._shard_file.close()
+        name = self.shard_name
+        if self.on_shard_closed is not None:
+            self.on_shard_closed(name)
+        path = self.directory / name
+        os.replace(self.directory / (name + ".tmp"), path)
+        self._entries.append(FileEntry(name, path.stat().st_size, sha256_file(path), self.shard_samples))
+        self._tar = None
+        self._shard_finished = True
+
+    def checkpoint_due(self) -> bool:
+        """Whether a shard was finished since the last checkpoint."""
+        return self._shard_finished
+
+    @property
+    def finished_shards(self) -> list[FileEntry]:
+        return list(self._entries)
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Record `progress` (which must list `finished_shards`) as the point to resume from."""
+        write_atomic(self.directory / PROGRESS_FILE, progress)
+        self._shard_finished = False
+
+    def close(self) -> list[FileEntry]:
+        """Finish the last shard; returns every shard. `progress.json` stays until the dataset is committed."""
+        self._close_shard()
+        return list(self._entries)
+
+    def abort(self) -> None:
+        """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
+        if self._tar is not None:
+            self._tar.close()
+            self._shard_file.close()
+            self._tar = None
