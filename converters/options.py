@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import click
 
-from fastdata.convert.images import DEFAULT_SHARD_SIZE, FORMATS
 from fastdata.formats.records import DEFAULT_MAX_PIXELS
+from fastdata.formats.registry import DEFAULT_SHARD_SIZE, FORMATS
 
 
 def _storage_options() -> list[Callable]:

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from fastdata.config import available_cores, parse_size
 from fastdata.errors import ConfigError, NotADatasetError, WorkerError
 from fastdata.formats.manifest import read_manifest
+from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteShards, is_url
 from fastdata.image.augment import describe_augment
 from fastdata.image.batch import EncodedSample
@@ -88,9 +89,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
-    cls = {"lmdb": LmdbImageDataset, "wds": WdsImageDataset}.get(manifest.format)
-    if cls is None:
-        raise NotADatasetError(f"{root}: unknown storage format {manifest.format!r} in the manifest")
+    cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error)
 
 

@@ -32,12 +32,10 @@ from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord
+from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter
 from fastdata.image.decode import opencv_single_threaded
-
-DEFAULT_SHARD_SIZE = "256MB"
-FORMATS = ("lmdb", "wds")
 
 
 @dataclass
@@ -136,17 +134,6 @@ def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, eng
         yield from pool.imap(_work, tasks, chunksize=8)
 
 
-def _resolve_format(out: Path, format: str | None) -> str:
-    if format is None:
-        if out.suffix.lower() == ".lmdb":
-            return "lmdb"
-        raise ConfigError(f"{out}: cannot tell the output format; name it *.lmdb for LMDB or pass "
-                          "--format wds for WebDataset shards")
-    if format not in FORMATS:
-        raise ConfigError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    return format
-
-
 @dataclass
 class _Progress(ProgressRecord):
     """Where an image conversion stands at a checkpoint; stored with the data so that the two always agree."""
@@ -167,7 +154,8 @@ def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
 
 
 def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int) -> LmdbWriter | WdsWriter:
-    return LmdbWriter(directory, commit_every=commit_every) if fmt == "lmdb" else WdsWriter(directory, shard_bytes)
+    options = WriterOptions(shard_bytes=shard_bytes, commit_every=commit_every)
+    return storage("image", fmt).open_writer(directory, options)
 
 
 def convert_images(
@@ -199,7 +187,7 @@ def convert_images(
     while this process writes them: the same dataset as the local engine makes.
     """
     out = Path(out)
-    fmt = _resolve_format(out, format)
+    fmt = resolve_format(out, format)
     shard_bytes = parse_size(shard_size)
     if max_size is not None and max_size < 1:
         raise ConfigError(f"--max-size must be a positive number of pixels, got {max_size}")

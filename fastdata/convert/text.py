@@ -31,11 +31,11 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
-from fastdata.convert.images import DEFAULT_SHARD_SIZE, _resolve_format
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
 from fastdata.formats.wds_text import TextWdsWriter
@@ -337,7 +337,7 @@ def convert_documents(
     another value.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
-    fmt = _resolve_format(out, format)
+    fmt = resolve_format(out, format)
     shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
     checkpoint_bytes = parse_size(checkpoint_every)
     if checkpoint_bytes < 1:
@@ -363,9 +363,8 @@ def convert_documents(
                          tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
 
     def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
-        if fmt == "lmdb":
-            return TextLmdbWriter(directory, dtype, chunk_tokens, commit_every_chunks=commit_every_chunks)
-        return TextWdsWriter(directory, shard_bytes, dtype)
+        return storage("text", fmt).open_writer(directory, WriterOptions(
+            shard_bytes=shard_bytes, dtype=dtype, chunk_tokens=chunk_tokens, commit_every_chunks=commit_every_chunks))
 
     writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.parse)
     state = resumed or _TextProgress(wanted)

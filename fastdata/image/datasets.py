@@ -19,7 +19,8 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import Manifest
-from fastdata.formats.wds import LocalShards, read_shard
+from fastdata.formats.registry import storage
+from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.device import pack_encoded
@@ -73,7 +74,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: int = 224,
                  seed: int = 0, on_error: str = "raise") -> None:
         self._setup(root, manifest, augment, image_size, seed, on_error)
-        self.reader = LmdbReader(self.root, manifest.num_samples, len(manifest.classes))
+        self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
 
     @property
     def samples(self) -> list[tuple[str, int]]:
@@ -132,7 +133,9 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
     def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: int = 224,
                  seed: int = 0, on_error: str = "raise", store: Any = None) -> None:
         self._setup(root, manifest, augment, image_size, seed, on_error)
-        self.store = store if store is not None else LocalShards(Path(root), manifest.files)
+        if store is None:
+            store = storage("image", manifest.format, root).open_reader(Path(root), manifest)
+        self.store = store
         self.shards = self.store.locations
         self.rank, self.world_size, self.uneven = 0, 1, "pad"
         self.skipped_count = 0  # samples skipped by this process's iterations (on_error="skip"; each warned)

@@ -11,9 +11,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from fastdata.errors import ConfigError, NotADatasetError
+from fastdata.errors import ConfigError
 from fastdata.formats.lmdb_text import TextLmdbReader
 from fastdata.formats.manifest import Manifest
+from fastdata.formats.registry import storage
 from fastdata.formats.tokens import TOKENIZER_FILE
 from fastdata.formats.wds_text import TextWdsReader
 from fastdata.text.blocks import PackedBlocks, PaddedDocuments
@@ -22,14 +23,7 @@ from fastdata.text.tokenizer import load_tokenizer, resolve_eos
 
 def open_store(root: Path, manifest: Manifest) -> TextLmdbReader | TextWdsReader:
     """The token reader for a text dataset's storage format."""
-    text = manifest.text
-    if not text:
-        raise NotADatasetError(f"{root}: the manifest of this text dataset has no 'text' section; it is damaged")
-    if manifest.format == "lmdb":
-        return TextLmdbReader(root, text)
-    if manifest.format == "wds":
-        return TextWdsReader(root, manifest.files, text)
-    raise NotADatasetError(f"{root}: unknown storage format {manifest.format!r} in the manifest")
+    return storage("text", manifest.format, root).open_reader(root, manifest)
 
 
 class TextDataset(Dataset):
