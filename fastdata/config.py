@@ -1,9 +1,12 @@
-"""Option parsing shared by the API and the CLI."""
+"""Option parsing shared by the API and the CLI, and the options every loader takes."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from fastdata.errors import ConfigError
 
@@ -32,3 +35,44 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS / Windows
         return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What every loader (image or text) takes, validated once by `fastdata.loader`: batch shape, order, the
+    DataLoader's workers and hand-over, and this process's rank of the job."""
+
+    batch_size: int = 256
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    multiprocessing_context: Any = None
+    timeout: float = 0
+    rank: int = 0
+    world_size: int = 1
+    uneven: str = "pad"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.num_workers < 0:
+            raise ConfigError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.prefetch_factor < 1:
+            raise ConfigError(f"prefetch_factor must be at least 1, got {self.prefetch_factor}")
+        if self.timeout < 0:
+            raise ConfigError(f"timeout must be >= 0 seconds, got {self.timeout}")
+
+    def dataloader_kwargs(self, worker_init_fn: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Keyword arguments for the `torch.utils.data.DataLoader` a loader wraps (whole batches come from its
+        dataset, so `batch_size=None`); the worker-only settings apply only with workers."""
+        workers = self.num_workers
+        return {"batch_size": None, "num_workers": workers, "pin_memory": self.pin_memory,
+                "worker_init_fn": worker_init_fn if workers else None,
+                "persistent_workers": self.persistent_workers and workers > 0,
+                "prefetch_factor": self.prefetch_factor if workers else None,
+                "multiprocessing_context": self.multiprocessing_context if workers else None,
+                "timeout": self.timeout if workers else 0}

@@ -13,9 +13,11 @@ import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fastdata.config import parse_size
 from fastdata.errors import ConfigError, CorruptSampleError, NotADatasetError, RemoteError
 from fastdata.formats.cache import ShardCache
 from fastdata.formats.manifest import CHECKSUM_FIELD, MANIFEST_NAME, FileEntry, Manifest, content_checksum
@@ -50,6 +52,28 @@ def _filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
 def read_remote_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """The manifest of the dataset at `url`, checked against its own checksum."""
     return RemoteShards(url, storage_options).manifest
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How a remote dataset is read: `storage_options` for fsspec, and the node-wide shard cache (`cache_dir`,
+    at most `cache_max_bytes`, e.g. "500GB")."""
+
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_max_bytes: int | str | None = None
+    storage_options: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache_max_bytes is not None:
+            object.__setattr__(self, "cache_max_bytes", parse_size(self.cache_max_bytes))
+
+    @property
+    def given(self) -> bool:
+        return self.cache_dir is not None or self.cache_max_bytes is not None or self.storage_options is not None
+
+    def shards(self, url: str) -> RemoteShards:
+        """The remote shards of the dataset at `url`, read with these options."""
+        return RemoteShards(url, self.storage_options, self.cache_dir, self.cache_max_bytes)
 
 
 class RemoteShards:

@@ -5,12 +5,14 @@ on (seed, epoch) only, never on the number of workers)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from fastdata.config import LoaderOptions
 from fastdata.errors import ConfigError
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
@@ -55,24 +57,21 @@ class TextLoader(ResumableLoader):
     (seed, epoch)); `set_epoch(e)` sets it; `len()` is the exact number of batches per epoch (per rank: each
     rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly."""
 
-    def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, *, num_workers: int,
-                 pin_memory: bool, prefetch_factor: int | None, persistent_workers: bool,
-                 multiprocessing_context: Any) -> None:
+    def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, options: LoaderOptions) -> None:
         self.dataset = data
+        self.options = options
         self.batcher = batcher
         self.batch_size = sampler.batch_size
-        self.num_workers = num_workers
+        self.num_workers = num_workers = options.num_workers
+        self.pin_memory = options.pin_memory
         self._sampler = sampler
         self.rank, self.world_size = sampler.rank, sampler.world_size
         self._repartitions = sampler.repartitions
         self._init_progress()
         batch_bytes = 4 * self.batch_size * (batcher.seq_len + 1 if self.packed else 3 * batcher.max_length)
         self.group = group_size(batch_bytes) if num_workers else 1
-        self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group), batch_size=None,
-                                  num_workers=num_workers,
-                                  pin_memory=pin_memory, persistent_workers=persistent_workers and num_workers > 0,
-                                  prefetch_factor=prefetch_factor if num_workers else None,
-                                  multiprocessing_context=multiprocessing_context if num_workers else None)
+        self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group),
+                                  **options.dataloader_kwargs())
 
     @property
     def packed(self) -> bool:
@@ -108,14 +107,30 @@ class TextLoader(ResumableLoader):
             yield from unpack_batches(flat, shapes, self.batcher)
 
 
-def text_loader(data: TextDataset, *, batch_size: int, shuffle: bool, num_workers: int, seed: int,
-                rank: int = 0, world_size: int = 1, uneven: str = "pad",
-                drop_last: bool, pin_memory: bool, prefetch_factor: int, persistent_workers: bool,
-                multiprocessing_context: Any, seq_len: int | None, packing: bool | None,
-                max_length: int | None, bucketing: bool | None, eos_token: str | None) -> TextLoader:
-    """Build the text loader over `data` (called by `fastdata.loader`, which checks the common arguments)."""
-    sharded: dict[str, Any] = {"rank": rank, "world_size": world_size, "uneven": uneven}
-    packing = True if packing is None else packing
+@dataclass(frozen=True)
+class TextOptions:
+    """How a text dataset is cut into batches: packed blocks of `seq_len` tokens (default), or with
+    `packing=False` one document per row of at most `max_length` tokens, optionally length-`bucketing`;
+    `eos_token` overrides the end-of-text token. None leaves an option at its default."""
+
+    seq_len: int | None = None
+    packing: bool | None = None
+    max_length: int | None = None
+    bucketing: bool | None = None
+    eos_token: str | None = None
+
+    def given(self) -> list[str]:
+        """The names of the options that were set (for the error when the dataset holds images)."""
+        return [name for name, value in vars(self).items() if value is not None]
+
+
+def text_loader(data: TextDataset, options: LoaderOptions, text: TextOptions | None = None) -> TextLoader:
+    """Build the text loader over `data` (called by `fastdata.loader`, which validated the options)."""
+    text = text or TextOptions()
+    batch_size, shuffle, seed, drop_last = options.batch_size, options.shuffle, options.seed, options.drop_last
+    sharded: dict[str, Any] = {"rank": options.rank, "world_size": options.world_size, "uneven": options.uneven}
+    seq_len, max_length, bucketing, eos_token = text.seq_len, text.max_length, text.bucketing, text.eos_token
+    packing = True if text.packing is None else text.packing
     if packing:
         if max_length is not None or bucketing:
             raise ConfigError("max_length and bucketing apply to padded batches (packing=False); packed blocks "
@@ -133,6 +148,4 @@ def text_loader(data: TextDataset, *, batch_size: int, shuffle: bool, num_worker
             sampler = BucketBatchSampler(batcher.lengths(), batch_size, shuffle, seed, drop_last, **sharded)
         else:
             sampler = EpochBatchSampler(len(batcher), batch_size, shuffle, seed, drop_last, **sharded)
-    return TextLoader(data, batcher, sampler, num_workers=num_workers, pin_memory=pin_memory,
-                      prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-                      multiprocessing_context=multiprocessing_context)
+    return TextLoader(data, batcher, sampler, options)
