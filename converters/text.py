@@ -21,7 +21,8 @@ from typing import Any
 
 import click
 
-from fastdata.convert.text import Document, Rejected, SourceFile, TextConversionSummary, TextSource, convert_documents
+from fastdata.convert.text import TextConversionSummary, convert_documents
+from fastdata.convert.text_source import Document, Rejected, SourceFile, TextSource
 from fastdata.errors import ConfigError, SourceError
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt", ".parquet")

@@ -12,27 +12,31 @@ from conftest import build_solid_tree
 from fastdata.cli import main
 from fastdata.tools.disks import Mount, block_device, mount_of, scan_folder
 from fastdata.tools.doctor import (
-    FAIL,
-    PASS,
-    WARN,
-    Check,
-    check_capability,
     check_cores,
     check_dataset,
-    check_driver,
     check_free_space,
-    check_gpus,
-    check_interconnect,
     check_jpeg_decoder,
     check_memory,
     check_open_files,
     check_pinned,
     check_shm,
     check_storage,
+    recommended_workers,
+)
+from fastdata.tools.doctor_gpu import (
+    check_capability,
+    check_driver,
+    check_gpus,
+    check_interconnect,
     check_torch,
+)
+from fastdata.tools.doctor_table import (
+    FAIL,
+    PASS,
+    WARN,
+    Check,
     exit_code,
     format_checks,
-    recommended_workers,
 )
 
 ROW = re.compile(r"^(PASS|WARN|FAIL)\s{2,}(\S.*?)\s{2,}(\S.*)$")

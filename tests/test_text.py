@@ -424,7 +424,7 @@ def test_cli_convert_text_and_info(tmp_path, capsys, bpe, corpus):
 def test_background_reader_stops_with_its_consumer_and_passes_errors_on():
     import threading
 
-    from fastdata.convert.text import _in_background
+    from fastdata.convert.text_source import in_background
 
     def endless():
         i = 0
@@ -433,7 +433,7 @@ def test_background_reader_stops_with_its_consumer_and_passes_errors_on():
             i += 1
 
     before = threading.active_count()
-    stream = _in_background(endless(), 2)
+    stream = in_background(endless(), 2)
     assert [next(stream) for _ in range(5)] == [0, 1, 2, 3, 4]
     stream.close()  # returns (does not hang on the full queue) and ends the thread
     assert threading.active_count() == before
@@ -444,6 +444,6 @@ def test_background_reader_stops_with_its_consumer_and_passes_errors_on():
 
     received = []
     with pytest.raises(SourceError, match=r"x\.jsonl"):
-        for item in _in_background(failing(), 1):
+        for item in in_background(failing(), 1):
             received.append(item)
     assert received == ["first"]

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from fastdata.convert.checkpoints import (
     open_or_resume,
 )
 from fastdata.convert.staging import check_output, commit_output
+from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
@@ -46,48 +45,7 @@ DEFAULT_BATCH_SIZE = "1MB"
 # at most this much tokenizing (plus one batch).
 DEFAULT_CHECKPOINT_EVERY = "4MB"
 MAX_LISTED_REJECTIONS = 10_000  # the manifest lists this many rejected records; all are counted
-_MAX_BATCH_DOCUMENTS = 4096
-_QUEUE_BATCHES = 3
-
-
-@dataclass(frozen=True)
-class Document:
-    """One source document: its text and where it came from (file as listed, 1-based line or row)."""
-
-    text: str
-    source: str
-    line: int
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A record that could not be used, and why."""
-
-    source: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.line}: {self.reason}" if self.line else f"{self.source}: {self.reason}"
-
-
-class SourceFile(Iterable[Document | Rejected]):
-    """What a text source yields for one of its files: its records (documents and rejections) in order, and
-    `tell()`: the bytes of the file read so far (for progress and checkpoint cadence)."""
-
-    def tell(self) -> int:
-        raise NotImplementedError
-
-
-@dataclass
-class TextSource:
-    """What a converter hands the text driver: the source files, how to read each, and what the manifest and the
-    resume check record about them."""
-
-    files: list[Path]
-    open: Callable[[int], SourceFile]  # file number -> its records
-    given: list[str]  # the sources as the user named them (files, folders, globs)
-    options: dict[str, Any] = field(default_factory=dict)  # the source's reading options (field, txt_mode, ...)
+_QUEUE_BATCHES = 3  # batches the reader thread may be ahead of the tokenizer
 
 
 @dataclass
@@ -141,78 +99,6 @@ class TextConversionSummary:
         return "\n".join(lines)
 
 
-@dataclass
-class _Batch:
-    records: list[Document | Rejected]  # in source order
-    marks: list[tuple[int, int]]  # after each record: (source file number, records of that file consumed)
-    position: int  # source bytes read once this batch was cut
-
-
-def _batches(source: TextSource, batch_chars: int, sizes: Sequence[int],
-             start: tuple[int, int] = (0, 0)) -> Iterator[_Batch]:
-    """The source records (documents and rejections) in source order, cut into batches of about `batch_chars`
-    characters of text, from `start` on: (file number, records of it already consumed), which are re-read and
-    skipped (files before it are not read)."""
-    records: list[Document | Rejected] = []
-    marks: list[tuple[int, int]] = []
-    chars, done = 0, sum(sizes[:start[0]])
-    for number in range(start[0], len(source.files)):
-        reader = source.open(number)
-        skip = start[1] if number == start[0] else 0
-        for consumed, item in enumerate(reader, 1):
-            if consumed <= skip:
-                continue
-            records.append(item)
-            marks.append((number, consumed))
-            if isinstance(item, Document):
-                chars += len(item.text)
-            if chars >= batch_chars or len(records) >= _MAX_BATCH_DOCUMENTS:
-                yield _Batch(records, marks, done + reader.tell())
-                records, marks, chars = [], [], 0
-        done += sizes[number]
-    if records:
-        yield _Batch(records, marks, done)
-
-
-def _in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
-    """Run the iterator `items` in a thread, `depth` items ahead; its exceptions re-raise here."""
-    channel: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def offer(entry: tuple[Any, BaseException | None]) -> bool:
-        while not stop.is_set():  # the consumer may have stopped: never block for good
-            try:
-                channel.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer((item, None)):
-                    return
-            offer((end, None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer((end, exc))
-
-    thread = threading.Thread(target=produce, name="fastdata-text-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = channel.get()
-            if item is end:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _encode(tokenizer: Any, texts: list[str]) -> list[list[int] | str]:
     """Ids of each text (no special tokens added), or the reason a text cannot be tokenized."""
     encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # same ids, no offsets
@@ -260,7 +146,7 @@ def _checkpoint(writer: TextLmdbWriter | TextWdsWriter, state: _TextProgress) ->
     writer.checkpoint(state.to_json())
 
 
-def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
+def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
                   dtype: np.dtype, strict: bool, state: _TextProgress, total_bytes: int, done_bytes: int,
                   progress: bool, checkpoint_bytes: int) -> None:
     """Tokenize and write the records of `batches` in order, counting them in `state` and checkpointing it
@@ -273,7 +159,7 @@ def _tokenize_all(batches: Iterator[_Batch], tokenizer: Any, writer: TextLmdbWri
     documents_at_start, tokens_at_start = state.documents, state.tokens
     with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
               disable=not progress, smoothing=0.1) as bar:
-        for batch in _in_background(batches, _QUEUE_BATCHES):
+        for batch in in_background(batches, _QUEUE_BATCHES):
             encoded = iter(_encode(tokenizer, [r.text for r in batch.records if isinstance(r, Document)]))
             for record, (file_number, consumed) in zip(batch.records, batch.marks, strict=True):
                 state.next_file, state.file_records = file_number, consumed
@@ -383,7 +269,7 @@ def convert_documents(
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
-        batches = _batches(source, batch_chars, sizes, (state.next_file, state.file_records))
+        batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
         _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
                       progress, checkpoint_bytes)
         if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
