@@ -20,7 +20,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from conftest import build_solid_tree, encode, solid_pattern
+from builders import build_solid_tree, encode, solid_pattern
 
 import fastdata
 import fastdata.order.epoch
