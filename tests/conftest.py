@@ -56,6 +56,12 @@ def solid_wds(solid_tree, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(params=["lmdb", "wds"])
+def solid(request, solid_lmdb, solid_wds) -> Path:
+    """Each test that takes it runs on the solid conversion in both formats."""
+    return solid_lmdb if request.param == "lmdb" else solid_wds
+
+
 @pytest.fixture
 def bad_tree(tmp_path) -> Tree:
     return build_bad_tree(tmp_path / "bad")

@@ -39,11 +39,6 @@ def assert_same(got, want) -> None:
         assert torch.equal(images_a, images_b)
 
 
-@pytest.fixture(params=["lmdb", "wds"])
-def solid(request, solid_lmdb, solid_wds):
-    return solid_lmdb if request.param == "lmdb" else solid_wds
-
-
 @pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
 def test_kept_batches_are_never_overwritten(solid, persistent):
     reference = kept(make_loader(solid), epochs=4)

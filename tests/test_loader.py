@@ -60,11 +60,6 @@ def items(path, indices, **kwargs):
     return [ds[i] for i in indices]
 
 
-@pytest.fixture(params=["lmdb", "wds"])
-def solid(request, solid_lmdb, solid_wds):
-    return solid_lmdb if request.param == "lmdb" else solid_wds
-
-
 def test_batches_look_like_an_imagefolder_dataloader(solid):
     loader = make_loader(solid)
     batches = epoch_batches(loader)
