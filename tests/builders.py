@@ -197,6 +197,7 @@ def build_tricky_tree(root: Path) -> Tree:
 
 SOLID_CLASSES = ("alpha", "beta", "gamma")
 SOLID_COUNT = 45
+SMALL_SOLID_COUNT = 12  # the small solid tree (conftest's small_solid_tree)
 
 
 def solid_label(sample_id: int) -> int:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import Tree, build_bad_tree, build_solid_tree, build_tricky_tree
+from builders import SMALL_SOLID_COUNT, Tree, build_bad_tree, build_solid_tree, build_tricky_tree
 
 import fastdata
 
@@ -53,6 +53,18 @@ def solid_wds(solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("solid_wds") / "shards"
     fastdata.convert_imagefolder(solid_tree.root, out, format="wds", shard_size="12KB", seed=0, workers=1,
                                  progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_solid_tree(tmp_path_factory) -> Tree:
+    return build_solid_tree(tmp_path_factory.mktemp("hard") / "src", count=SMALL_SOLID_COUNT)
+
+
+@pytest.fixture(scope="session")
+def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("hard") / "d.lmdb"
+    fastdata.convert_imagefolder(small_solid_tree.root, out, workers=1, progress=False)
     return out
 
 
