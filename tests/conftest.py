@@ -79,6 +79,16 @@ def bad_tree(tmp_path) -> Tree:
     return build_bad_tree(tmp_path / "bad")
 
 
+@pytest.fixture(scope="module")
+def decoder():
+    """The region JPEG decoder (fastdata.image.region), which must be there."""
+    from fastdata.image.region import region_decoder, unavailable_reason
+
+    found = region_decoder()
+    assert found is not None, unavailable_reason()  # the extension builds wherever the package installs with gcc
+    return found
+
+
 @pytest.fixture(autouse=True)
 def _release_readers():
     """Let each test start without LMDB readers left open by an earlier failed one (the failure's traceback,
