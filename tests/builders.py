@@ -277,6 +277,10 @@ def build_bad_tree(root: Path) -> Tree:
 BAD_FILES = ("good/truncated.jpg", "more/empty.png", "more/text.jpg")
 
 
+# ----------------------------------------------------------------------------------------------------
+# damaged copies of a conversion
+
+
 def corrupt_copy(solid_lmdb, tmp_path, index: int, payload: bytes):
     """A copy of the solid LMDB dataset whose record `index` holds `payload`; returns (path, key)."""
     copy = tmp_path / "corrupt.lmdb"

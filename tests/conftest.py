@@ -58,12 +58,12 @@ def solid_wds(solid_tree, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_solid_tree(tmp_path_factory) -> Tree:
-    return build_solid_tree(tmp_path_factory.mktemp("hard") / "src", count=SMALL_SOLID_COUNT)
+    return build_solid_tree(tmp_path_factory.mktemp("small_solid") / "src", count=SMALL_SOLID_COUNT)
 
 
 @pytest.fixture(scope="session")
 def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("hard") / "d.lmdb"
+    out = tmp_path_factory.mktemp("small_solid_out") / "d.lmdb"
     fastdata.convert_imagefolder(small_solid_tree.root, out, workers=1, progress=False)
     return out
 
