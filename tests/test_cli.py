@@ -6,24 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BAD_FILES, build_solid_tree, pattern, write_image
+from builders import BAD_FILES, assert_one_line_error, build_solid_tree, cli, pattern, write_image
 
 import fastdata
-from fastdata.cli import main
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(err: str, *needles: str) -> None:
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], (needle, err)
 
 
 def convert(capsys, src, out, *extra):

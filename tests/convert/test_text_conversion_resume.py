@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import KILL_WHEN
-from test_text import make_corpus, train_bytelevel
+from builders import KILL_WHEN, make_corpus, train_bytelevel
 
 import fastdata
 from fastdata.cli import main

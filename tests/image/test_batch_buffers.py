@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SOLID_COUNT
+from builders import SOLID_COUNT
 
 import fastdata
 from fastdata.image.buffers import FREE, LENT, BatchBuffers
@@ -37,11 +37,6 @@ def assert_same(got, want) -> None:
     for (images_a, labels_a), (images_b, labels_b) in zip(got, want, strict=True):
         assert torch.equal(labels_a, labels_b)
         assert torch.equal(images_a, images_b)
-
-
-@pytest.fixture(params=["lmdb", "wds"])
-def solid(request, solid_lmdb, solid_wds):
-    return solid_lmdb if request.param == "lmdb" else solid_wds
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BAD_FILES, build_solid_tree, chw, pattern, rgb_of_file, write_image
+from builders import BAD_FILES, build_solid_tree, chw, pattern, rgb_of_file, write_image
 from fastdata.converters import imagefolder as imagefolder_converter
 from PIL import Image
 from torchvision.datasets import ImageFolder

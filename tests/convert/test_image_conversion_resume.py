@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import KILL_WHEN, Tree, build_large_tree, build_solid_tree
-from test_cli import assert_one_line_error, cli
+from builders import KILL_WHEN, Tree, assert_one_line_error, build_large_tree, build_solid_tree, cli
 
 import fastdata
 from fastdata.errors import IncompleteDatasetError, OutputExistsError, StagingDamagedError

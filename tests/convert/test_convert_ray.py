@@ -7,8 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import BAD_FILES, build_bad_tree, build_tricky_tree
-from test_cli import cli
+from builders import BAD_FILES, build_bad_tree, build_tricky_tree, cli
 
 import fastdata
 from fastdata.errors import ConfigError

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import torch
-from conftest import build_solid_tree
+from builders import build_solid_tree
 
 from fastdata.cli import main
 from fastdata.tools.disks import Mount, block_device, mount_of, scan_folder

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_text import make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders import make_corpus, reference_ids, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.errors import ConfigError

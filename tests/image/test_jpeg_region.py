@@ -14,7 +14,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from conftest import SOLID_COUNT, with_size
+from builders import SOLID_COUNT, with_size
 from PIL import Image
 
 import fastdata
@@ -35,9 +35,7 @@ from fastdata.image.region import (
     Region,
     box_in_region,
     plan_region,
-    region_decoder,
     scaled_size,
-    unavailable_reason,
 )
 
 
@@ -74,13 +72,6 @@ def image_bytes(kind: str, width: int = 233, height: int = 171) -> bytes:
     if kind == "gray":
         return jpeg(array[:, :, 1], quality=90)
     return jpeg(array, **KINDS[kind])
-
-
-@pytest.fixture(scope="module")
-def decoder():
-    found = region_decoder()
-    assert found is not None, unavailable_reason()  # the extension builds wherever the package installs with gcc
-    return found
 
 
 @pytest.mark.parametrize("kind", [*KINDS, "gray"])

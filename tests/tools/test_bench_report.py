@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import build_solid_tree
+from builders import build_solid_tree
 
 import fastdata
 from fastdata.cli import main

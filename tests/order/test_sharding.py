@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import SOLID_COUNT, sample_id_of
+from builders import SOLID_COUNT, sample_id_of
 
 import fastdata
 from fastdata.errors import ConfigError

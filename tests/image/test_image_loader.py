@@ -4,7 +4,6 @@ epochs, shuffle=False, worker start methods, albumentations and callables, on_er
 from __future__ import annotations
 
 import shutil
-import struct
 from collections import Counter
 
 import albumentations as A
@@ -12,7 +11,7 @@ import lmdb
 import numpy as np
 import pytest
 import torch
-from conftest import SOLID_COUNT, sample_id_of, solid_id_of_path, solid_label
+from builders import SOLID_COUNT, corrupt_copy, sample_id_of, solid_id_of_path, solid_label
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
@@ -59,11 +58,6 @@ def items(path, indices, **kwargs):
     """`dataset(path, **kwargs)[i]` for each i, from a dataset that is gone when this returns."""
     ds = fastdata.dataset(path, **kwargs)
     return [ds[i] for i in indices]
-
-
-@pytest.fixture(params=["lmdb", "wds"])
-def solid(request, solid_lmdb, solid_wds):
-    return solid_lmdb if request.param == "lmdb" else solid_wds
 
 
 def test_batches_look_like_an_imagefolder_dataloader(solid):
@@ -253,24 +247,6 @@ def test_bad_options_are_config_errors(solid_lmdb):
 
 
 # ---------------------------------------------------------------------------------------------- on_error
-
-
-def corrupt_copy(solid_lmdb, tmp_path, index: int, payload: bytes):
-    """A copy of the solid LMDB dataset whose record `index` holds `payload`; returns (path, key)."""
-    copy = tmp_path / "corrupt.lmdb"
-    shutil.copytree(solid_lmdb, copy)
-    env = lmdb.open(str(copy), max_dbs=4, subdir=True, map_size=1 << 26)
-    try:
-        images = env.open_db(b"images", create=False)
-        keys = env.open_db(b"keys", create=False)
-        with env.begin(write=True) as txn:
-            assert txn.get(struct.pack(">Q", index), db=images) is not None
-            txn.put(struct.pack(">Q", index), payload, db=images)
-            key = bytes(txn.get(struct.pack(">Q", index), db=keys)).decode()
-    finally:
-        env.close()
-    (copy / "lock.mdb").unlink(missing_ok=True)
-    return copy, key
 
 
 PAYLOADS = {"garbage": b"this is not an image, it was overwritten" * 3, "empty": b""}

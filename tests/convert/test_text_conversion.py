@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import UNICODE, WORDS, make_corpus, reference_ids, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.cli import main
@@ -20,37 +21,6 @@ from fastdata.formats.lmdb_text import TextLmdbReader, TextLmdbWriter
 from fastdata.formats.manifest import partial_path, read_manifest, sha256_file
 from fastdata.formats.tokens import stored_dtype
 from fastdata.text.blocks import PackedBlocks
-
-WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "data", "loader", "token", "block")
-UNICODE = ["日本語のテキストと中文文本", "emoji 🎉🚀👩‍👩‍👧 end", "combining e\u0301 a\u0308 n\u0303 Å",
-           "tab\tand\nnewline\r\n"]
-
-
-def make_corpus(count: int = 120, seed: int = 0) -> list[str]:
-    """Documents of varied length (some empty), with unicode; document i starts with `doc i`."""
-    rng = np.random.default_rng(seed)
-    docs = []
-    for i in range(count):
-        if i % 17 == 5:
-            docs.append("")
-            continue
-        words = " ".join(WORDS[j] for j in rng.integers(0, len(WORDS), int(rng.integers(0, 60))))
-        extra = UNICODE[i % len(UNICODE)] if i % 3 == 0 else ""
-        docs.append(f"doc {i}: {words} {extra}".rstrip())
-    return docs
-
-
-def train_bytelevel(path: Path, texts: list[str], vocab: int = 400, specials=("<|endoftext|>", "<pad>")) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=list(specials), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer)
-    tok.save(str(path))
-    return path
 
 
 def train_wordpiece(path: Path, texts: list[str]) -> Path:
@@ -69,22 +39,6 @@ def train_wordpiece(path: Path, texts: list[str]) -> Path:
     tok.enable_padding(length=16, pad_id=3, pad_token="[PAD]")
     tok.save(str(path))
     return path
-
-
-def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        for doc in docs:
-            f.write(json.dumps({field: doc, "id": len(doc)}, ensure_ascii=False) + "\n")
-    return path
-
-
-def reference_ids(tokenizer_file: Path, text: str) -> list[int]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(tokenizer_file))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok.encode(text, add_special_tokens=False).ids
 
 
 @pytest.fixture(scope="module")

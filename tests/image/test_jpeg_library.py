@@ -25,18 +25,8 @@ from fastdata.image.region import (
     load_region_decoder,
     probe_boxes,
     probes,
-    region_decoder,
     self_check,
-    unavailable_reason,
 )
-
-
-@pytest.fixture(scope="module")
-def decoder() -> RegionDecoder:
-    found = region_decoder()
-    assert found is not None, unavailable_reason()
-    return found
-
 
 # ---------------------------------------------------------------------------------------------- discovery
 

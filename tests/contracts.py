@@ -1,0 +1,102 @@
+"""The resumability contract, one check shared by every stateful piece (image LMDB / WebDataset loaders, text
+loaders): a loader restored from `state_dict()` taken after k batches yields exactly the batches the
+uninterrupted run yields after k, then the same next epoch; and a training loop that checkpoints (its epoch, the
+loader's state) and resumes from any checkpoint sees exactly the uninterrupted run.
+
+A piece is given as `make_loader(num_workers) -> loader` (any object with `__iter__`, `__len__`, `state_dict`,
+`load_state_dict` and `set_epoch`); states always pass through JSON, as a checkpoint file would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MakeLoader = Callable[[int], Any]
+
+
+def same(a, b) -> bool:
+    """Batches equal exactly: image batches as (images, labels), text batches as dicts."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        pairs = zip(x.values(), y.values(), strict=True) if isinstance(x, dict) else zip(x, y, strict=True)
+        if not all(torch.equal(u, v) for u, v in pairs):
+            return False
+    return True
+
+
+def clone(batch):
+    """A copy of a batch that outlives the loader's reuse of its buffers."""
+    if isinstance(batch, dict):
+        return {k: v.clone() for k, v in batch.items()}
+    return tuple(t.clone() for t in batch)
+
+
+def run_with_states(loader) -> tuple[list, list, list[dict]]:
+    """Two uninterrupted epochs, and the state (through JSON) before the first batch and after every batch of
+    the first epoch."""
+    states = [json.loads(json.dumps(loader.state_dict()))]
+    first = []
+    for batch in loader:
+        first.append(clone(batch))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    second = [clone(batch) for batch in loader]
+    return first, second, states
+
+
+def check_resumes(make_loader: MakeLoader, interrupts: Callable[[int], list[int]], workers: int,
+                  resume_workers: int | None = None) -> None:
+    """Interrupted after each k in `interrupts(batches per epoch)` and resumed from that state (with
+    `resume_workers` workers, by default the same), the run yields exactly the rest of the epoch, then the same
+    next epoch as the uninterrupted run."""
+    reference = make_loader(workers)
+    first, second, states = run_with_states(reference)
+    del reference
+    assert len(first) == len(states) - 1
+    for k in interrupts(len(first)):
+        resumed = make_loader(workers if resume_workers is None else resume_workers)
+        resumed.load_state_dict(states[k])
+        rest = [clone(batch) for batch in resumed]  # the rest of the state's epoch: nothing after its last batch
+        assert same(first[:k] + rest, first), f"interrupted after {k} batches: the resumed run differs"
+        assert same([clone(batch) for batch in resumed], second), f"after {k}: the next epoch differs"
+
+
+def training_loop(make_loader: Callable[[], Any], epochs: int, every: int,
+                  restore: tuple[int, dict] | None = None):
+    """A training loop that keeps its own epoch counter, calls `set_epoch(epoch)` and checkpoints (its epoch, the
+    loader's state) every `every` steps; resumed from `restore`, it starts at the saved epoch. Returns the batches
+    it saw and its checkpoints as (epoch, state, batches seen so far)."""
+    loader = make_loader()
+    start = 0
+    if restore is not None:
+        start, state = restore
+        loader.load_state_dict(state)
+    seen, checkpoints = [], []
+    for epoch in range(start, epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            seen.append(clone(batch))
+            if len(seen) % every == 0:
+                checkpoints.append((epoch, json.loads(json.dumps(loader.state_dict())), len(seen)))
+    return seen, checkpoints
+
+
+def check_checkpoint_loop(make_loader: MakeLoader, workers: int) -> None:
+    """Checkpoints every epoch-length steps land after the last batch of an epoch, before the iterator is
+    exhausted: the resumed loop must see nothing more of that epoch, then the next ones (not an extra epoch).
+    Every epoch-length minus one steps covers the other places."""
+    def fresh():
+        return make_loader(workers)
+
+    per_epoch = len(fresh())
+    for every in (per_epoch, per_epoch - 1):
+        reference, checkpoints = training_loop(fresh, 3, every)
+        assert len(reference) == 3 * per_epoch and checkpoints
+        for epoch, state, count in checkpoints:
+            resumed, _ = training_loop(fresh, 3, every, restore=(epoch, state))
+            assert same(resumed, reference[count:]), \
+                f"resumed from the checkpoint after {count} batches (epoch {epoch}): the run differs"

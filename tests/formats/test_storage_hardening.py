@@ -1,0 +1,100 @@
+"""Storage hardening: the LMDB map grows by itself, damaged LMDB metadata is caught, and unsafe WebDataset shard
+members are refused by name while harmless unknown ones are skipped."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import lmdb
+import numpy as np
+import pytest
+
+import fastdata
+from fastdata.errors import CorruptSampleError, NotADatasetError
+from fastdata.formats.lmdb import LmdbReader, LmdbWriter
+from fastdata.formats.records import ImageRecord
+
+
+def test_lmdb_map_grows_instead_of_failing(tmp_path):
+    writer = LmdbWriter(tmp_path / "g.lmdb", commit_every=8, map_size=64 * 1024)
+    payloads = [bytes([i]) * 20_000 for i in range(60)]  # 1.2 MB into a 64 KB map
+    for i, payload in enumerate(payloads):
+        writer.add(ImageRecord(f"k{i}", payload, "jpg", i % 3, 10, 10, 0))
+        if writer.checkpoint_due():
+            writer.checkpoint(b"{}")
+    entries = writer.close()
+    assert entries[0].samples == 60
+    reader = LmdbReader(tmp_path / "g.lmdb", 60, 3)
+    assert [reader.read(i) for i in range(60)] == payloads
+    assert reader.labels.tolist() == [i % 3 for i in range(60)]
+
+
+def test_damaged_lmdb_metadata_is_refused(small_solid_lmdb, tmp_path):
+    import shutil
+
+    copy = tmp_path / "c.lmdb"
+    shutil.copytree(small_solid_lmdb, copy)
+    env = lmdb.open(str(copy), max_dbs=5)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        labels = np.frombuffer(txn.get(b"labels", db=meta), "<i4").copy()
+        labels[0] = 99
+        txn.put(b"labels", labels.tobytes(), db=meta)
+    env.close()
+    with pytest.raises(NotADatasetError, match="labels outside"):
+        fastdata.dataset(copy)[0]
+
+
+def rewrite_shard(shard, extra: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
+    """Append members to a shard (after its first sample's members)."""
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(shard, "w") as tar:
+        for info, data in members[:3] + extra + members[3:]:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def member(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+@pytest.mark.parametrize("case", ["pickle", "object-npy", "dotdot", "symlink", "absolute"])
+def test_unsafe_shard_members_are_refused_by_name(small_solid_tree, tmp_path, case):
+    out = tmp_path / "shards"
+    fastdata.convert_imagefolder(small_solid_tree.root, out, format="wds", workers=1, progress=False)
+    shard = out / fastdata.info(out).files[0].name
+    with tarfile.open(shard) as tar:
+        key = tar.getnames()[0].split(".")[0]
+    if case == "pickle":
+        extra, expect = [member(f"{key}.pth", b"\x80\x04K\x01.")], "pickle"
+    elif case == "object-npy":
+        buf = io.BytesIO()
+        np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+        extra, expect = [member(f"{key}.npy", buf.getvalue())], "object-dtype"
+    elif case == "dotdot":
+        extra, expect = [member("../evil.jpg", b"x")], "unsafe path"
+    elif case == "absolute":
+        extra, expect = [member("/etc/evil.jpg", b"x")], "unsafe path"
+    else:
+        info = tarfile.TarInfo("link.jpg")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        extra, expect = [(info, None)], "not a regular file"
+    rewrite_shard(shard, extra)
+    with pytest.raises(CorruptSampleError, match=expect) as info:
+        list(fastdata.dataset(out))
+    assert shard.name in str(info.value)
+
+
+def test_harmless_unknown_members_are_skipped(small_solid_tree, tmp_path):
+    out = tmp_path / "shards"
+    fastdata.convert_imagefolder(small_solid_tree.root, out, format="wds", workers=1, progress=False)
+    shard = out / fastdata.info(out).files[0].name
+    with tarfile.open(shard) as tar:
+        key = tar.getnames()[0].split(".")[0]
+    buf = io.BytesIO()
+    np.save(buf, np.arange(4))
+    rewrite_shard(shard, [member(f"{key}.txt", b"a caption"), member(f"{key}.npy", buf.getvalue())])
+    assert len(list(fastdata.dataset(out))) == len(small_solid_tree.images)

@@ -1,0 +1,61 @@
+"""The text loaders keep the resume contract (contracts.py) over LMDB and WebDataset, packed or padded and
+bucketed, with 0 or 2 workers, from a training loop's checkpoints; and the ranks split every epoch evenly."""
+
+from __future__ import annotations
+
+import pytest
+from builders import make_corpus, seeded_loader, train_bytelevel, write_jsonl
+from contracts import check_checkpoint_loop, check_resumes, clone, same
+from fastdata.converters.text import convert_text
+
+
+@pytest.fixture(scope="module", params=["lmdb", "wds"])
+def text_data(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"state_{request.param}")
+    corpus = make_corpus(60, seed=5)
+    tokenizer = train_bytelevel(root / "bpe.json", corpus)
+    out = root / ("d.lmdb" if request.param == "lmdb" else "d")
+    convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
+                 shard_size="2KB", progress=False)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["packed", "packed-unshuffled", "bucketed"])
+def test_text_resume_grid(text_data, mode, workers):
+    options = {"seq_len": 16, "shuffle": mode != "packed-unshuffled"} if mode.startswith("packed") else \
+        {"packing": False, "max_length": 24, "bucketing": True}
+    check_resumes(lambda w: seeded_loader(text_data, num_workers=w, batch_size=4, augment=None, **options),
+                  lambda n: [0, 1, n // 2, n], workers)
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_text_checkpoint_loop_sees_exactly_the_uninterrupted_run(text_data, workers):
+    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, num_workers=w),
+                          workers)
+
+
+@pytest.mark.parametrize("bucketing", [False, True])
+def test_text_ranks_split_every_epoch_evenly(text_data, bucketing):
+    """Text: each of 3 ranks gets its own part of the epoch, the same number of batches, together every block
+    (or document) once plus the documented padding; order the same for any number of workers."""
+    options = {"packing": False, "max_length": 24, "bucketing": True} if bucketing else {"seq_len": 16}
+
+    def rows_of(batches):  # padded rows trimmed to their real tokens (padding width depends on the batch)
+        return [tuple(row[:int(mask.sum())].tolist()) if "attention_mask" in b else tuple(row.tolist())
+                for b in batches for row, mask in zip(b["input_ids"], b.get("attention_mask", b["input_ids"]),
+                                                      strict=True)]
+
+    rows = []
+    counts = set()
+    for rank in range(3):
+        loader = seeded_loader(text_data, batch_size=4, augment=None, rank=rank, world_size=3, **options)
+        batches = [clone(b) for b in loader]
+        counts.add((len(batches), len(loader)))
+        assert same(batches, [clone(b) for b in seeded_loader(text_data, batch_size=4, augment=None, rank=rank,
+                                                               world_size=3, num_workers=2, **options)])
+        rows += rows_of(batches)
+    assert len(counts) == 1 and len({n for n, _ in counts} | {n for _, n in counts}) == 1
+    single = rows_of(seeded_loader(text_data, batch_size=4, augment=None, **options))
+    assert set(rows) == set(single) and len(rows) - len(single) < 3
