@@ -130,12 +130,16 @@ def test_not_a_dataset(tmp_path, capsys):
 
 
 def spoil_image(path, data: bytes) -> None:
-    """Overwrite the first bytes of the stored image `data` inside the file `path` (same length: the container's
-    structure stays intact, the image no longer decodes)."""
-    raw = path.read_bytes()
+    """Overwrite the first bytes of the stored image `data` inside the file `path`, wherever it is stored (same
+    length: the container's structure stays intact, the image no longer decodes). LMDB may also hold a stale copy
+    in a page freed by an earlier transaction; spoiling every copy spoils the live one."""
+    raw = bytearray(path.read_bytes())
     at = raw.find(data)
-    assert at >= 0 and raw.find(data, at + 1) < 0
-    path.write_bytes(raw[:at] + b"\0" * 16 + raw[at + 16:])
+    assert at >= 0
+    while at >= 0:
+        raw[at:at + 16] = b"\0" * 16
+        at = raw.find(data, at + 1)
+    path.write_bytes(bytes(raw))
 
 
 def test_damaged_shards_name_their_undecodable_samples_and_the_check_goes_on(wds_copy, capsys):

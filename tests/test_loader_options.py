@@ -1,0 +1,64 @@
+"""fastdata.loader validates its keywords into small frozen option objects (common LoaderOptions, ImageOptions,
+TextOptions, RemoteOptions) that the image and text loaders take, instead of two dozen keywords passed down."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from builders import make_corpus, train_bytelevel, write_jsonl
+
+import fastdata
+from fastdata.config import LoaderOptions
+from fastdata.errors import ConfigError
+from fastdata.formats.remote import RemoteOptions
+from fastdata.image.loader import ImageOptions
+from fastdata.text.loader import TextOptions
+
+
+def test_options_are_frozen_and_validated():
+    options = LoaderOptions(batch_size=8, num_workers=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.batch_size = 4  # type: ignore[misc]
+    for bad, message in [({"batch_size": 0}, "batch_size"), ({"num_workers": -1}, "num_workers"),
+                         ({"prefetch_factor": 0}, "prefetch_factor"), ({"timeout": -1}, "timeout")]:
+        with pytest.raises(ConfigError, match=message):
+            LoaderOptions(**bad)
+    with pytest.raises(ConfigError, match="decode must be one of"):
+        ImageOptions(decode="gpu")
+    with pytest.raises(ConfigError, match=r"dtype must be a torch\.dtype"):
+        ImageOptions(dtype="bfloat16")  # type: ignore[arg-type]
+    assert ImageOptions(device="cpu").device == torch.device("cpu")
+    assert RemoteOptions(cache_max_bytes="20GB").cache_max_bytes == 20 * 10**9
+    assert TextOptions(seq_len=16, eos_token="</s>").given() == ["seq_len", "eos_token"]
+
+
+def test_dataloader_kwargs_apply_worker_settings_only_with_workers():
+    with_workers = LoaderOptions(num_workers=2, prefetch_factor=3, timeout=5, persistent_workers=True)
+    assert with_workers.dataloader_kwargs()["prefetch_factor"] == 3
+    without = LoaderOptions(num_workers=0, prefetch_factor=3, timeout=5).dataloader_kwargs()
+    assert without["prefetch_factor"] is None and without["timeout"] == 0 and without["persistent_workers"] is False
+
+
+def test_the_image_loader_takes_what_loader_validated(solid_lmdb):
+    loader = fastdata.loader(solid_lmdb, batch_size=8, num_workers=2, prefetch_factor=3, timeout=30, seed=5,
+                             pin_memory=False, image_size=16)
+    assert loader.options == LoaderOptions(batch_size=8, shuffle=True, seed=5, num_workers=2, pin_memory=False,
+                                           prefetch_factor=3, timeout=30)
+    inner = loader._loader  # the DataLoader it wraps gets exactly those settings
+    assert (inner.num_workers, inner.prefetch_factor, inner.timeout, inner.persistent_workers) == (2, 3, 30, True)
+    with pytest.raises(ConfigError, match="seq_len: for text datasets only"):
+        fastdata.loader(solid_lmdb, seq_len=16)
+    with pytest.raises(ConfigError, match="apply to remote URLs"):
+        fastdata.loader(solid_lmdb, cache_dir="/tmp/x")
+
+
+def test_the_text_loader_takes_the_same_common_options(tmp_path):
+    corpus = make_corpus(30, seed=1)
+    out = tmp_path / "t.lmdb"
+    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus), out,
+                          tokenizer=train_bytelevel(tmp_path / "bpe.json", corpus), progress=False)
+    loader = fastdata.loader(out, batch_size=4, seq_len=16, num_workers=1, timeout=20, pin_memory=False)
+    assert loader.options.timeout == 20 and loader._loader.timeout == 20  # text loaders honour timeout= too
+    assert loader.options.batch_size == 4 and len(next(iter(loader))["input_ids"]) == 4
