@@ -24,6 +24,7 @@ import click
 from fastdata.convert.text import TextConversionSummary, convert_documents
 from fastdata.convert.text_source import Document, Rejected, SourceFile, TextSource
 from fastdata.errors import ConfigError, SourceError
+from fastdata.formats.records import exception_text
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt", ".parquet")
 TXT_MODES = ("file", "line")
@@ -136,7 +137,8 @@ class SourceReader(SourceFile):
                 if line.strip():
                     yield self._record(line, number)
         except damaged as exc:
-            yield Rejected(self.name, number + 1, f"damaged compressed file, rest of it skipped ({exc})")
+            yield Rejected(self.name, number + 1,
+                           f"damaged compressed file, rest of it skipped ({exception_text(exc)})")
 
     def _record(self, line: bytes, number: int) -> Document | Rejected:
         try:
@@ -179,7 +181,7 @@ class SourceReader(SourceFile):
         try:
             table = pq.ParquetFile(self.path)
         except (pa.ArrowException, OSError) as exc:
-            yield Rejected(self.name, 0, f"not a readable parquet file ({exc})")
+            yield Rejected(self.name, 0, f"not a readable parquet file ({exception_text(exc)})")
             return
         schema = table.schema_arrow
         if self.field not in schema.names:

@@ -75,6 +75,14 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error)
 
 
+def default_persistent_workers(augment: Any) -> bool:
+    """What `persistent_workers=None` means: keep the workers alive between passes for training (augment="train" or
+    a transform of your own: pass after pass, the start-up saved each epoch), not for evaluation (augment="val" or
+    None): such a loader makes one short pass between training epochs, and persistent workers would hold their
+    memory through every training epoch in between."""
+    return not (augment is None or (isinstance(augment, str) and augment == "val"))
+
+
 def loader(
     path: str | os.PathLike[str],
     batch_size: int = 256,
@@ -87,7 +95,7 @@ def loader(
     *,
     pin_memory: bool | None = None,
     prefetch_factor: int = 2,
-    persistent_workers: bool = True,
+    persistent_workers: bool | None = None,
     multiprocessing_context: Any = None,
     on_error: str = "raise",
     timeout: float = 0,
@@ -109,8 +117,11 @@ def loader(
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
-    Defaults: one worker per available core, persistent workers, pinned memory when CUDA is available,
-    whole batches decoded inside workers (JPEGs at the smallest DCT scale the crop allows).
+    Defaults: one worker per available core, pinned memory when CUDA is available, whole batches decoded inside
+    workers (JPEGs at the smallest DCT scale the crop allows), and persistent workers for training
+    (`persistent_workers=None`: kept between passes with augment="train" or your own transform, started afresh
+    for each pass with augment="val" or None, so that an evaluation loader holds no processes while training runs;
+    pass True or False to choose).
     `on_error="skip"` drops undecodable samples from their batch and lists them in `loader.skipped`.
     A worker that dies (OOM killer) raises WorkerError naming the worker and the batch it was loading; with
     `timeout` > 0, so does one that takes longer than `timeout` seconds for a batch.
@@ -141,7 +152,8 @@ def loader(
         batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
         num_workers=min(available_cores(), 16) if num_workers is None else num_workers,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers, multiprocessing_context=multiprocessing_context, timeout=timeout,
+        persistent_workers=default_persistent_workers(augment) if persistent_workers is None else persistent_workers,
+        multiprocessing_context=multiprocessing_context, timeout=timeout,
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)

@@ -10,7 +10,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, ImageRecord, codec_for
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, ImageRecord, codec_for, exception_text
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class _Refused(Exception):
 
 def load_record(root: Path, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
     """Read and verify one source file; return the record to store. Raises ValueError with the reason if
-    the file cannot be used."""
+    the file cannot be used: a reason that is the same on every run (it goes into the manifest)."""
     from PIL import Image
 
     path = root / relative_path
@@ -52,9 +52,9 @@ def load_record(root: Path, relative_path: str, label: int, options: EncodeOptio
     except _Refused as exc:
         raise ValueError(str(exc)) from None
     except Image.DecompressionBombError as exc:  # Pillow's own hard limit, checked while opening
-        raise ValueError(f"refused: {exc} (--max-pixels cannot go above Pillow's limit)") from None
+        raise ValueError(f"refused: {exception_text(exc)} (--max-pixels cannot go above Pillow's limit)") from None
     except Exception as exc:  # Pillow raises many types for bad data
-        raise ValueError(f"not a decodable image ({exc})") from exc
+        raise ValueError(f"not a decodable image ({exception_text(exc)})") from exc
     ext = EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
     return ImageRecord(relative_path, data, ext, label, width, height, codec_for(fmt, mode))
 

@@ -260,6 +260,11 @@ def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, wo
 
     last_postfix = started = time.perf_counter()
     bytes_at_start = state.bytes_in
+
+    def figures() -> str:
+        rate = (state.bytes_in - bytes_at_start) / 1e6 / max(time.perf_counter() - started, 1e-9)
+        return f"{rate:.1f} MB/s, {len(state.rejected)} rejected"
+
     with tqdm(total=len(tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
               smoothing=0.1) as bar:
         for relative_path, label, record, reason, size in _results(tasks[state.next_task:], workers,
@@ -281,6 +286,6 @@ def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, wo
             bar.update()
             now = time.perf_counter()
             if now - last_postfix > 0.5:
-                rate = (state.bytes_in - bytes_at_start) / 1e6 / (now - started)
-                bar.set_postfix_str(f"{rate:.1f} MB/s, {len(state.rejected)} rejected")
+                bar.set_postfix_str(figures())
                 last_postfix = now
+        bar.set_postfix_str(figures())  # the bar is left showing the final count, the summary's

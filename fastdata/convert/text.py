@@ -34,6 +34,7 @@ from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, 
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.records import exception_text
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -110,7 +111,7 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[list[int] | str]:
             try:
                 results.append(tokenizer.encode(text, add_special_tokens=False).ids)
             except Exception as exc:
-                results.append(f"cannot be tokenized ({exc})")
+                results.append(f"cannot be tokenized ({exception_text(exc)})")
         return results
 
 
@@ -157,6 +158,12 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
     checkpointed_at = done_bytes
     started = last_postfix = time.perf_counter()
     documents_at_start, tokens_at_start = state.documents, state.tokens
+
+    def figures() -> str:
+        secs = max(time.perf_counter() - started, 1e-9)
+        return (f"{(state.documents - documents_at_start) / secs:,.0f} docs/s, "
+                f"{(state.tokens - tokens_at_start) / secs / 1e6:.2f} M tok/s, {state.rejected_count} rejected")
+
     with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
               disable=not progress, smoothing=0.1) as bar:
         for batch in in_background(batches, _QUEUE_BATCHES):
@@ -186,11 +193,9 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
             bar.update(max(0, batch.position - bar.n))
             now = time.perf_counter()
             if now - last_postfix > 0.5:
-                secs = now - started
-                bar.set_postfix_str(f"{(state.documents - documents_at_start) / secs:,.0f} docs/s, "
-                                    f"{(state.tokens - tokens_at_start) / secs / 1e6:.2f} M tok/s, "
-                                    f"{state.rejected_count} rejected")
+                bar.set_postfix_str(figures())
                 last_postfix = now
+        bar.set_postfix_str(figures())  # the bar is left showing the final count, the summary's
 
 
 def convert_documents(

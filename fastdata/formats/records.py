@@ -1,8 +1,10 @@
 """What every format stores about an image, in one place: the record writers take, the codec that decodes it
-(chosen once, at conversion), the image extensions a dataset may hold, and the default pixel limit."""
+(chosen once, at conversion), the image extensions a dataset may hold, the default pixel limit, and the text of a
+decoding error as records and reports keep it (the same on every run)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 CODEC_CV_JPEG = 0  # JPEG in mode L or RGB: OpenCV, scaled decode allowed
@@ -18,6 +20,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 #: The stored extension of an image of a given Pillow format.
 EXT_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "PPM": "ppm", "BMP": "bmp", "TIFF": "tiff", "WEBP": "webp"}
+
+_OBJECT_REPR = re.compile(r"\s*<[^<>]*\bat 0x[0-9a-fA-F]+>")  # <_io.BytesIO object at 0x7f3a...>
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")
 
 _CV_JPEG_MODES = frozenset({"L", "RGB"})
 _CV_PNG_MODES = frozenset({"L", "RGB", "RGBA", "LA", "P"})
@@ -44,3 +49,11 @@ class ImageRecord:
     width: int
     height: int
     codec: int
+
+
+def exception_text(exc: BaseException) -> str:
+    """What `exc` says, without what changes from run to run: object reprs with their memory address (Pillow's
+    "cannot identify image file <_io.BytesIO object at 0x7f...>") are dropped and bare addresses replaced, so that
+    a reason recorded in a manifest or a report is the same, byte for byte, every time the same input meets it."""
+    text = _ADDRESS.sub("<address>", _OBJECT_REPR.sub("", str(exc))).strip()
+    return text or type(exc).__name__

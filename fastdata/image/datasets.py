@@ -123,8 +123,8 @@ class LmdbBatches(Dataset):
 
 class WdsImageDataset(_ImageMetaMixin, IterableDataset):
     """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` in stored order (shards in
-    manifest order, each read sequentially). The shards are local files, or remote ones
-    (`fastdata.formats.remote.RemoteShards`) given as `store`.
+    manifest order, each read sequentially). Iterable only: `ds[i]` raises TypeError (LMDB gives random access).
+    The shards are local files, or remote ones (`fastdata.formats.remote.RemoteShards`) given as `store`.
 
     Iterated by several DataLoader workers (and ranks, see `split`), each sample comes once: the stored stream
     is cut into one contiguous part per rank (as `fastdata.loader` cuts an epoch's stream), and each rank's part
@@ -149,6 +149,13 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
 
     def __len__(self) -> int:
         return rank_count(self.manifest.num_samples, self.world_size, self.uneven)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """Not available: shards are read in order, a sample at a time. Raises TypeError saying what to use."""
+        raise TypeError(f"{self.root}: a WebDataset dataset is iterable-only (its shards are read in order), so "
+                        f"ds[{index!r}] is not available: iterate it (`for image, label in ds`), use "
+                        "fastdata.loader(...) for shuffled batches, or convert to LMDB "
+                        "(`fastdata convert imagefolder SRC OUT.lmdb`) for random access")
 
     def stream_part(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         """The stored-stream positions that worker `worker` of `num_workers` of this rank yields, in order."""

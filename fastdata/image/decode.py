@@ -12,7 +12,7 @@ import io
 
 import numpy as np
 
-from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL
+from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, exception_text
 from fastdata.image.headers import image_size
 
 
@@ -76,10 +76,10 @@ def _decode_pil(data: bytes | memoryview, max_pixels: int | None = None) -> np.n
     try:
         im = Image.open(io.BytesIO(data))  # reads the header only
     except Exception as exc:  # Pillow raises many types for bad data
-        raise ValueError(f"Pillow could not decode the image bytes: {exc}") from exc
+        raise ValueError(f"Pillow could not decode the image bytes: {exception_text(exc)}") from exc
     with im:
         check_header_pixels(im.format or "image", im.size, max_pixels)
         try:
             return np.asarray(im.convert("RGB"))
         except Exception as exc:
-            raise ValueError(f"Pillow could not decode the image bytes: {exc}") from exc
+            raise ValueError(f"Pillow could not decode the image bytes: {exception_text(exc)}") from exc

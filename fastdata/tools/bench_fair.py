@@ -54,20 +54,23 @@ class LoaderSettings:
                 "pin_memory": self.pin_memory, "prefetch_factor": self.prefetch_factor}
 
 
-def loader_settings(num_workers: int | None = None) -> LoaderSettings:
-    """fastdata.loader's defaults, read from its signature: persistent workers and the prefetch factor as
-    declared there, pinned memory when CUDA is available, one worker per usable core (at most 16) unless
-    `num_workers` says otherwise."""
+def loader_settings(num_workers: int | None = None, augment: Any = "train") -> LoaderSettings:
+    """fastdata.loader's defaults, read from its signature: persistent workers as it decides them for `augment`
+    (kept for "train", not for "val"), the prefetch factor as declared there, pinned memory when CUDA is
+    available, one worker per usable core (at most 16) unless `num_workers` says otherwise."""
     import torch
 
-    from fastdata.loader import loader
+    from fastdata.loader import default_persistent_workers, loader
 
     defaults = {name: p.default for name, p in inspect.signature(loader).parameters.items()}
     workers = min(available_cores(), 16) if num_workers is None else num_workers
     if workers < 0:
         raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
     pin = defaults["pin_memory"]
-    return LoaderSettings(num_workers=workers, persistent_workers=bool(defaults["persistent_workers"]),
+    persistent = defaults["persistent_workers"]
+    return LoaderSettings(num_workers=workers,
+                          persistent_workers=default_persistent_workers(augment) if persistent is None else
+                          bool(persistent),
                           pin_memory=torch.cuda.is_available() if pin is None else bool(pin),
                           prefetch_factor=int(defaults["prefetch_factor"]))
 
@@ -164,8 +167,9 @@ class BenchConfig:
 
     @property
     def settings(self) -> LoaderSettings:
-        """The DataLoader settings of every contender: fastdata.loader's, with `workers` workers."""
-        return loader_settings(self.workers)
+        """The DataLoader settings of every contender: fastdata.loader's for this `augment`, with `workers`
+        workers."""
+        return loader_settings(self.workers, self.augment)
 
     @property
     def num_workers(self) -> int:

@@ -1,8 +1,9 @@
-"""`fastdata doctor [PATH]`: check the machine before a long job, with a PASS / WARN / FAIL row and the fix
+"""`fastdata doctor [PATH]`: check the machine before a long job, with a PASS / INFO / WARN / FAIL row and the fix
 for each: torch and its CUDA build against the driver and each GPU's compute capability, GPUs and their
 interconnect, CPU cores and a recommended `num_workers`, the JPEG decoder in use, RAM, /dev/shm, the open-file
-limit, pinned memory, and the storage and dataset at PATH. Needs no network and no GPU (a missing GPU is a WARN);
-each check is a pure function of the facts it is given, so every verdict is tested with made-up facts too."""
+limit, pinned memory, and the storage and dataset at PATH. Needs no network and no GPU (on a CPU-only machine what
+needs nothing there, such as pinned memory, is INFO); each check is a pure function of the facts it is given, so
+every verdict is tested with made-up facts too."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from fastdata.tools.doctor_gpu import (
     check_interconnect,
     check_torch,
 )
-from fastdata.tools.doctor_table import FAIL, PASS, WARN, Check, GiB, MiB
+from fastdata.tools.doctor_table import FAIL, INFO, PASS, WARN, Check, GiB, MiB
 
 # -------------------------------------------------------------------------------------------------
 # the checks, as functions of facts
@@ -59,6 +60,12 @@ def check_jpeg_decoder(library: str | None, reason: str, proof: str = "") -> Che
                  "with Pillow from its wheel (it ships libjpeg-turbo)")
 
 
+def fits_in_page_cache(dataset_bytes: int | None, available: int | None) -> bool:
+    """Whether the whole dataset can stay in the page cache: smaller than the memory available now (so after the
+    first pass every read is served from RAM, whatever the disk)."""
+    return dataset_bytes is not None and available is not None and dataset_bytes < available
+
+
 def check_memory(total: int | None, available: int | None, dataset_bytes: int | None = None) -> Check:
     """RAM, and whether the dataset fits in the page cache."""
     if total is None:
@@ -66,7 +73,7 @@ def check_memory(total: int | None, available: int | None, dataset_bytes: int | 
     detail = f"{total / GiB:.1f} GiB, {available / GiB:.1f} GiB available" if available is not None else \
         f"{total / GiB:.1f} GiB"
     if dataset_bytes:
-        fits = available is not None and dataset_bytes < available
+        fits = fits_in_page_cache(dataset_bytes, available)
         detail += f"; the dataset ({dataset_bytes / GiB:.2f} GiB) {'fits' if fits else 'does not fit'} in the " \
                   "page cache"
     if total < 8 * GiB or (available is not None and available < 2 * GiB):
@@ -108,20 +115,32 @@ def check_open_files(soft: int | None, hard: int | None) -> Check:
     return Check("open files", PASS, detail)
 
 
-def check_storage(where: str, mount: Any, disk: str | None, rotational: bool | None, packed: bool = False) -> Check:
+def check_storage(where: str, mount: Any, disk: str | None, rotational: bool | None, packed: bool = False,
+                  dataset_bytes: int | None = None, available: int | None = None) -> Check:
     """Network filesystems and spinning disks make small random reads slow (`packed`: the data already is
-    a fastdata dataset, so the fix is where it lives, not how)."""
+    a fastdata dataset, so the fix is where it lives, not how). A dataset of `dataset_bytes` that fits in the
+    `available` memory is read from the disk once and then from the page cache, so a rotational disk (or a network
+    filesystem under a packed dataset: a few files, opened once) is INFO, not a warning."""
     if mount is None:
         return Check("storage", WARN, f"{where}: could not find its mount", "")
     detail = f"{where}: {mount.fstype} on {mount.device} (mounted at {mount.mountpoint})"
     pack = "" if packed else \
         "pack the data into LMDB / WebDataset shards (`fastdata convert`), so reads are few and sequential, or "
+    cached = ""
+    if fits_in_page_cache(dataset_bytes, available):
+        cached = (f", but the dataset ({dataset_bytes / GiB:.2f} GiB) fits in the page cache ({available / GiB:.1f} "
+                  "GiB available): only the first pass reads the disk")
     if mount.network:
+        if cached and packed:
+            return Check("storage", INFO, detail + ": a network filesystem" + cached)
         return Check("storage", WARN, detail + ": a network filesystem, every file open is a round trip",
                      pack + "copy it to a local SSD first")
     if rotational:
-        return Check("storage", WARN, detail + f": the kernel reports {disk} as a rotational disk (virtual disks "
-                                               "often claim this; check what is behind it)",
+        disk_said = f": the kernel reports {disk} as a rotational disk"
+        if cached:
+            return Check("storage", INFO, detail + disk_said + cached)
+        return Check("storage", WARN, detail + disk_said + " (virtual disks often claim this; check what is behind "
+                                                           "it)",
                      pack + "move it to an SSD")
     kind = "SSD / non-rotational" if rotational is False else "disk type unknown"
     return Check("storage", PASS, detail + f" ({kind})")
@@ -137,27 +156,30 @@ def check_free_space(where: str, free: int, total: int) -> Check:
     return Check("free space", PASS, detail)
 
 
-def check_dataset(path: Path) -> Check:
-    """A packed fastdata dataset, or a folder of small files (one open and read per sample)."""
+def check_dataset(path: Path, scan: Any = None) -> Check:
+    """A packed fastdata dataset, or a folder of small files (one open and read per sample; `scan`: the folder's
+    `scan_folder`, when already made). A path the loader cannot open as a dataset although it should (missing, an
+    interrupted conversion, a damaged manifest) FAILs with the loader's own message."""
     from fastdata.errors import IncompleteDatasetError, NotADatasetError
-    from fastdata.formats.manifest import read_manifest
+    from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
     from fastdata.tools.disks import scan_folder
 
-    if not path.exists():
-        return Check("dataset", FAIL, f"{path} does not exist", "check the path")
     try:
-        m = read_manifest(path)
+        m = read_manifest(path)  # what fastdata.loader reads first: its message is the loader's
     except IncompleteDatasetError as exc:
-        return Check("dataset", WARN, f"{path}: {exc}", "run the conversion again to finish it")
-    except NotADatasetError:
-        pass
+        return Check("dataset", FAIL, str(exc))
+    except NotADatasetError as exc:
+        if not path.exists():
+            return Check("dataset", FAIL, str(exc), "check the path")
+        if (path / MANIFEST_NAME).exists():
+            return Check("dataset", FAIL, str(exc))
     else:
         per = m.data_bytes / max(1, m.num_samples)
         return Check("dataset", PASS, f"{path}: packed fastdata dataset ({m.kind}, {m.format}, {m.num_samples:,} "
                                       f"samples, {m.data_bytes / 1e6:,.1f} MB, {per / 1e3:,.1f} KB per sample)")
     if path.is_file():
         return Check("dataset", PASS, f"{path}: a single file of {path.stat().st_size / 1e6:,.1f} MB")
-    scan = scan_folder(path)
+    scan = scan if scan is not None else scan_folder(path)
     count = f"{scan.files:,}{'+' if scan.truncated else ''} files"
     convert = f"fastdata convert imagefolder {path} OUT.lmdb (one file, sequential reads, batches built in workers)"
     if scan.tars and scan.tars * 2 >= scan.files:
@@ -173,8 +195,8 @@ def check_dataset(path: Path) -> Check:
 def check_pinned(cuda: bool, attempt: Any = None) -> Check:
     """Page-locked host memory makes host-to-device copies fast and asynchronous; pin 64 MiB to be sure."""
     if not cuda:
-        return Check("pinned memory", WARN, "no CUDA: pin_memory is not available (and not needed on the CPU)",
-                     "nothing to do for CPU work")
+        return Check("pinned memory", INFO, "no CUDA: pinned memory only speeds up copies to a GPU; nothing to do "
+                                            "for CPU work")
     try:
         seconds = attempt()
     except Exception as exc:
@@ -231,7 +253,7 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
                                      decoder.proof if decoder else ""))
     total, available = _memory()
     target = Path(path) if path is not None else None
-    dataset_bytes = _dataset_bytes(target)
+    dataset_bytes, packed, scan = _dataset_size(target)
     checks.append(check_memory(total, available, dataset_bytes))
     shm = Path("/dev/shm")
     checks.append(check_shm(shutil.disk_usage(shm).total if shm.is_dir() else None, shm.is_dir()))
@@ -243,11 +265,12 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
     from fastdata.tools.disks import block_device, mount_of
 
     disk, rotational = block_device(where)
-    checks.append(check_storage(str(where), mount_of(where), disk, rotational, packed=dataset_bytes is not None))
+    checks.append(check_storage(str(where), mount_of(where), disk, rotational, packed=packed,
+                                dataset_bytes=dataset_bytes, available=available))
     usage = shutil.disk_usage(where)
     checks.append(check_free_space(str(where), usage.free, usage.total))
     if target is not None:
-        checks.append(check_dataset(target))
+        checks.append(check_dataset(target, scan))
     return checks
 
 
@@ -270,16 +293,26 @@ def _open_file_limits() -> tuple[int | None, int | None]:
     return (None if soft == infinity else soft), (-1 if hard == infinity else hard)
 
 
-def _dataset_bytes(path: Path | None) -> int | None:
+def _dataset_size(path: Path | None) -> tuple[int | None, bool, Any]:
+    """(bytes of the data at `path` or None where unknown, whether it is a packed fastdata dataset, the folder scan
+    when it is a folder of files): a packed dataset's size is its manifest's, a folder's what a walk over it
+    counted (unknown when the walk stopped at its limit), a file's its own."""
     if path is None or not path.exists():
-        return None
+        return None, False, None
     from fastdata.errors import NotADatasetError
-    from fastdata.formats.manifest import read_manifest
+    from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
+    from fastdata.tools.disks import scan_folder
 
     try:
-        return read_manifest(path).data_bytes
+        return read_manifest(path).data_bytes, True, None
     except NotADatasetError:
-        return None
+        pass
+    if path.is_file():
+        return path.stat().st_size, False, None
+    if (path / MANIFEST_NAME).exists():  # a damaged dataset: the dataset row says why
+        return None, False, None
+    scan = scan_folder(path)
+    return (None if scan.truncated else scan.bytes), False, scan
 
 
 def _pin_attempt(torch: Any):

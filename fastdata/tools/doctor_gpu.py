@@ -4,7 +4,7 @@ are linked."""
 
 from __future__ import annotations
 
-from fastdata.tools.doctor_table import FAIL, PASS, WARN, Check
+from fastdata.tools.doctor_table import FAIL, INFO, PASS, WARN, Check
 
 
 def check_torch(version: str, cuda_build: str | None, nvml_gpus: int) -> Check:
@@ -20,6 +20,9 @@ def check_torch(version: str, cuda_build: str | None, nvml_gpus: int) -> Check:
 
 def check_gpus(count: int, names: list[str], nvml_reason: str | None, cuda_build: str | None) -> Check:
     """How many GPUs torch can use."""
+    if count == 0 and not cuda_build and nvml_reason is not None:  # CPU-only torch, and NVML shows no GPU
+        return Check("GPU", INFO, f"none (a CPU-only torch build; {nvml_reason}): nothing to do for CPU work; GPU "
+                                  "training needs a CUDA build of torch on a machine with a GPU")
     if count == 0:
         why = "torch.cuda.is_available() is False" + (f"; {nvml_reason}" if nvml_reason else "")
         return Check("GPU", WARN, f"no GPU visible ({why})",

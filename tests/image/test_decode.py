@@ -200,3 +200,11 @@ def test_a_tampered_header_is_refused_before_anything_is_allocated(kind, codec):
     with pytest.raises(ValueError, match=f"^refused: the {name} header says 20000x20000 pixels, over the limit of "
                                          f"{DEFAULT_MAX_PIXELS:,}$"):
         decode_rgb(data, codec, max_pixels=DEFAULT_MAX_PIXELS)
+
+
+def test_a_pillow_decoding_error_names_no_memory_address():
+    """Pillow says "cannot identify image file <_io.BytesIO object at 0x7f...>": the reason a loader records for a
+    skipped sample is the same on every run."""
+    with pytest.raises(ValueError) as info:
+        decode_rgb(b"definitely not an image", CODEC_PIL)
+    assert str(info.value) == "Pillow could not decode the image bytes: cannot identify image file"

@@ -158,6 +158,17 @@ def test_baseline_dataloader_gets_fastdatas_settings(tiny):
     assert no_workers.num_workers == 0 and no_workers.persistent_workers is False
 
 
+def test_a_val_bench_gives_everyone_the_val_loaders_persistence(tiny):
+    """fastdata.loader keeps no workers between passes for augment="val": the baselines of a val bench get the
+    same setting, and fastdata is run with it."""
+    src, lmdb_out, _ = tiny
+    config = BenchConfig(batch_size=4, image_size=24, workers=2, augment="val")
+    own = fastdata.loader(lmdb_out, batch_size=4, image_size=24, augment="val", num_workers=2)._loader
+    assert config.settings.persistent_workers is False is own.persistent_workers
+    assert imagefolder_baseline(src, config)().persistent_workers is False
+    assert BenchConfig(workers=2).settings.persistent_workers is True
+
+
 def test_warmup_passes_are_untimed_and_alike():
     passes = []
 

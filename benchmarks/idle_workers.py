@@ -1,0 +1,116 @@
+"""What an evaluation loader's workers hold between its passes, with persistent workers and without.
+
+    python benchmarks/idle_workers.py --images 3000 --workers 4 --repeats 3
+
+A val loader (augment="val") over an LMDB conversion of the benchmarks' sample, as a training script has one
+beside its training loader: after its passes, the worker processes still alive are counted and measured (psutil:
+RSS, of it anonymous, file-backed and shared-memory pages, and USS: what would be freed if they exited), with
+persistent_workers=True and with the default (None: not persistent for "val"). The price of the default is the
+start of its workers at every pass: the seconds to the first batch and to the end of a pass are given for both
+settings (medians of --repeats passes, after one untimed pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import psutil
+
+import fastdata
+from fastdata.tools.sample import cached_sample_imagefolder
+
+MB = 2**20
+
+
+def dataset_for(data: Path, images: int) -> Path:
+    src = cached_sample_imagefolder(data, images)
+    out = data / f"imagefolder-{images}.lmdb"
+    if not out.exists():
+        fastdata.convert_imagefolder(src, out, progress=False)
+    return out
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def idle_workers() -> list[dict[str, float]]:
+    """Memory in MB of each live child process of this one (the loader's workers)."""
+    rows = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            full = child.memory_full_info()
+        except psutil.NoSuchProcess:
+            continue
+        status = {field: _status_kb(child.pid, field) / 1024 for field in ("RssAnon", "RssFile", "RssShmem")}
+        rows.append({"rss": full.rss / MB, "uss": full.uss / MB, "anon": status["RssAnon"],
+                     "file": status["RssFile"], "shmem": status["RssShmem"]})
+    return rows
+
+
+def passes(loader, repeats: int) -> tuple[list[float], list[float]]:
+    """(seconds to the first batch, seconds per pass) of `repeats` timed passes after an untimed one."""
+    for _ in loader:
+        pass
+    first, whole = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        batches = iter(loader)
+        next(batches)
+        first.append(time.perf_counter() - started)
+        for _ in batches:
+            pass
+        whole.append(time.perf_counter() - started)
+    return first, whole
+
+
+def measure(out: Path, persistent: bool | None, workers: int, batch_size: int, repeats: int) -> None:
+    loader = fastdata.loader(out, batch_size=batch_size, augment="val", shuffle=False, num_workers=workers,
+                             persistent_workers=persistent)
+    first, whole = passes(loader, repeats)
+    rows = idle_workers()
+    label = "persistent_workers=True" if persistent else "default (not persistent for val)"
+    total = {key: sum(r[key] for r in rows) for key in ("rss", "uss", "anon", "file", "shmem")}
+    print(f"\n{label}: {loader._loader.persistent_workers=}")
+    print(f"  idle workers after a pass: {len(rows)}; MB in all: RSS {total['rss']:,.1f} (anonymous "
+          f"{total['anon']:,.1f}, file-backed {total['file']:,.1f}, shared memory {total['shmem']:,.1f}), "
+          f"USS {total['uss']:,.1f}")
+    for i, r in enumerate(rows):
+        print(f"    worker {i}: RSS {r['rss']:,.1f}, USS {r['uss']:,.1f}, anonymous {r['anon']:,.1f}, file-backed "
+              f"{r['file']:,.1f}, shared memory {r['shmem']:,.1f}")
+    print(f"  first batch of a pass: median {statistics.median(first):.3f} s ({', '.join(f'{s:.3f}' for s in first)})")
+    print(f"  whole pass:            median {statistics.median(whole):.3f} s ({', '.join(f'{s:.3f}' for s in whole)})")
+    del loader
+    gc.collect()
+    psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    out = dataset_for(args.data, args.images)
+    print(f"{out}: {fastdata.info(out).num_samples:,} images, {fastdata.info(out).data_bytes / MB:,.1f} MB; "
+          f"val loader, {args.workers} workers, batch {args.batch_size}, image_size 224")
+    for persistent in (True, None):
+        measure(out, persistent, args.workers, args.batch_size, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
