@@ -356,9 +356,12 @@ def reference_ids(tokenizer_file: Path, text: str) -> list[int]:
 
 def seeded_loader(path, **options):
     """`fastdata.loader` with the settings the loader-state tests share (batches of 8: the 45 solid samples make
-    6 batches an epoch, the last one short), overridden by `options`."""
-    settings = dict(batch_size=8, augment="train", image_size=16, num_workers=0, seed=7)
+    6 batches an epoch, the last one short), overridden by `options`; image_size=16 for the presets (a custom
+    transform sets its own size)."""
+    settings = dict(batch_size=8, augment="train", num_workers=0, seed=7)
     settings.update(options)
+    if isinstance(settings["augment"], str):
+        settings.setdefault("image_size", 16)
     return fastdata.loader(path, **settings)
 
 
