@@ -81,9 +81,10 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
-    """The names of the augmentation options set (`augment` when it is not its `default`)."""
-    given = {"augment": augment != default, "image_size": image_size is not None, "scale": scale is not None,
-             "ratio": ratio is not None}
+    """The names of the augmentation options set (`augment` when it is neither its `default` nor None, which
+    asks for no augmentation and so fits text as well)."""
+    given = {"augment": augment is not None and not (isinstance(augment, str) and augment == default),
+             "image_size": image_size is not None, "scale": scale is not None, "ratio": ratio is not None}
     return [name for name, is_given in given.items() if is_given]
 
 
@@ -178,12 +179,13 @@ def loader(
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
-    image = ImageOptions(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
-        _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio) + image.given())
+        _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
+                              + ImageOptions.given_in(image_options))
         return text_loader(data, options, text)
     if text.given():
         raise ConfigError(f"{', '.join(text.given())}: for text datasets only; {path} holds images")
-    return ImageLoader(data, options, image)
+    return ImageLoader(data, options, ImageOptions(**image_options))

@@ -252,8 +252,9 @@ def check_custom(augment: Any, image_size: Any = None, scale: Any = None, ratio:
         return
     what = "augment=None gives whole images" if augment is None else \
         f"the custom transform {type(augment).__name__} sets its own size and crop"
-    raise ConfigError(f"{', '.join(given)} apply to augment='train'/'val' only; {what}: leave "
-                      f"{'it' if len(given) == 1 else 'them'} out")
+    one = len(given) == 1
+    raise ConfigError(f"{', '.join(given)} appl{'ies' if one else 'y'} to augment='train'/'val' only; {what}: "
+                      f"leave {'it' if one else 'them'} out")
 
 
 def describe_augment(augment: Any) -> str | None:

@@ -60,10 +60,13 @@ class ImageOptions:
         return OutputFormat(self.dtype, IMAGENET_MEAN if self.mean is None else self.mean,
                             IMAGENET_STD if self.std is None else self.std)
 
-    def given(self) -> list[str]:
-        """The names of the options that were set (for the error when the dataset holds text)."""
-        defaults = ImageOptions.__dataclass_fields__
-        return [name for name, value in vars(self).items() if value != defaults[name].default]
+    @staticmethod
+    def given_in(options: dict[str, Any]) -> list[str]:
+        """The names of the options in `options` (as `ImageOptions` takes them) that are set, i.e. differ from
+        their defaults: looked at before they are validated, for the error when the dataset holds text."""
+        defaults = {name: field.default for name, field in ImageOptions.__dataclass_fields__.items()}
+        return [name for name, value in options.items()
+                if (value is not None if defaults[name] is None else value != defaults[name])]
 
 
 def _worker_init(_worker_id: int) -> None:
