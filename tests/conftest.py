@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import SMALL_SOLID_COUNT, Tree, build_bad_tree, build_solid_tree, build_tricky_tree
+from builders import SMALL_SOLID_COUNT, Tree, build_bad_tree, build_photo_tree, build_solid_tree, build_tricky_tree
 
 import fastdata
 
@@ -65,6 +65,18 @@ def small_solid_tree(tmp_path_factory) -> Tree:
 def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("small_solid_out") / "d.lmdb"
     fastdata.convert_imagefolder(small_solid_tree.root, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def photo_tree(tmp_path_factory) -> Tree:
+    return build_photo_tree(tmp_path_factory.mktemp("photo_like") / "src")
+
+
+@pytest.fixture(scope="session")
+def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("photo_like_out") / "photos.lmdb"
+    fastdata.convert_imagefolder(photo_tree.root, out, workers=1, progress=False)
     return out
 
 
