@@ -148,7 +148,8 @@ def _some_keys(keys: list[str]) -> str:
 
 class DeviceDecoder:
     """Main-process side: EncodedBatch -> `[B, 3, H, W]` on `device`, as uint8 or normalised floats
-    (`image_size`: a side or (height, width); `dtype`, `mean`, `std`: fastdata.image.output.OutputFormat).
+    (`image_size`: a side or (height, width), None with a custom transform, whose batches only `finish`;
+    `dtype`, `mean`, `std`: fastdata.image.output.OutputFormat).
 
     The JPEGs the device takes are decoded in one call of `decode_jpegs` (torchvision's batched `decode_jpeg`;
     tests pass a decoder that fails on purpose); the samples the workers decoded are counted in `fallbacks`.
@@ -159,14 +160,14 @@ class DeviceDecoder:
     the batch. Images over `max_pixels` (from their stored size) are refused before any device allocation.
     """
 
-    def __init__(self, device: torch.device | str, image_size: ImageSize, source: str, *,
+    def __init__(self, device: torch.device | str, image_size: ImageSize | None, source: str, *,
                  dtype: torch.dtype | None = None, mean: tuple[float, ...] = IMAGENET_MEAN,
                  std: tuple[float, ...] = IMAGENET_STD,
                  channels_last: bool = False, on_error: str = "raise", max_pixels: int = DEFAULT_MAX_PIXELS,
                  decode_jpegs: BatchDecode = decode_jpegs_torchvision,
                  max_consecutive_errors: int = MAX_CONSECUTIVE_DEVICE_ERRORS) -> None:
         self.device = torch.device(device)
-        self.image_size = output_size(image_size)  # (height, width)
+        self.image_size = None if image_size is None else output_size(image_size)  # (height, width)
         self.source = source
         self.output = OutputFormat(dtype, mean, std)
         self.dtype = dtype
@@ -187,6 +188,7 @@ class DeviceDecoder:
         self.fallbacks += sum(from_worker)
         keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded]
         size = self.image_size
+        assert size is not None, "decode='device' is for the presets, which have a size"
         out = torch.empty((len(keep), 3, *size), dtype=torch.uint8, device=self.device)
         for row, i in enumerate(keep):
             if not from_worker[i]:
