@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 
 import fastdata
 from fastdata.errors import ConfigError
+from fastdata.order.epoch import sample_seed
 
 CROP = 64  # the photo tree's smallest side is 97
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -91,6 +92,21 @@ def test_a_transform_gives_what_it_gives_by_hand(photo_lmdb, name, num_workers):
     assert all(batch.dtype == dtype and batch.shape[1:] == (3, CROP, CROP) for batch in batches)
     assert expected.dtype == dtype
     assert torch.equal(torch.cat(batches), expected)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_random_torchvision_pipeline_draws_from_the_samples_seed(photo_lmdb, num_workers):
+    """A v2 pipeline that draws from torch's RNG gives, for sample i of epoch e, what it gives by hand with
+    torch seeded from (seed, e, i), in the main process and in a worker alike."""
+    transform = v2.Compose([v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip()])
+    expected = []
+    for index, image in enumerate(decoded(photo_lmdb)):
+        torch.manual_seed(sample_seed(5, 1, index))
+        expected.append(transform(torch.from_numpy(image).permute(2, 0, 1).contiguous()))
+    loader = fastdata.loader(photo_lmdb, batch_size=5, augment=transform, shuffle=False, num_workers=num_workers,
+                             seed=5)
+    loader.set_epoch(1)
+    assert torch.equal(torch.cat([images for images, _ in loader]), torch.stack(expected))
 
 
 def test_with_a_device_a_transforms_uint8_batches_are_normalised_and_its_floats_cast(photo_lmdb):
