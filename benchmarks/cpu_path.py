@@ -70,7 +70,7 @@ def torchvision_io_v2(source: Baseline, config: BenchConfig) -> Contender:
     if config.augment == "train":
         transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
     else:
-        transform = v2.Compose([v2.Resize(round(size / 0.875), antialias=True), v2.CenterCrop(size)])
+        transform = v2.Compose([v2.Resize(int(size / 0.875), antialias=True), v2.CenterCrop(size)])
 
     def load(path: str):
         return decode_image(read_file(path), mode=ImageReadMode.RGB)

@@ -78,7 +78,7 @@ def ffcv_contender(beton: Path, config: BenchConfig, name: str) -> Contender:
         if config.augment == "train":
             image = [RandomResizedCropRGBImageDecoder((size, size)), RandomHorizontalFlip()]
         else:
-            image = [CenterCropRGBImageDecoder((size, size), ratio=size / round(size / 0.875))]
+            image = [CenterCropRGBImageDecoder((size, size), ratio=size / int(size / 0.875))]
         image += [ToTensor(), ToTorchImage(channels_last=False)]
         return Loader(str(beton), batch_size=config.batch_size, num_workers=workers, order=OrderOption.RANDOM,
                       os_cache=True, drop_last=False, batches_ahead=settings.prefetch_factor * workers,
@@ -121,7 +121,7 @@ def dali_contender(source: Baseline, config: BenchConfig, name: str) -> Contende
             images = fn.flip(images, horizontal=fn.random.coin_flip())
         else:
             images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=round(size / 0.875))
+            images = fn.resize(images, resize_shorter=int(size / 0.875))
             images = fn.crop(images, crop=(size, size))
         return fn.transpose(images, perm=[2, 0, 1]), label
 

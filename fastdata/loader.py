@@ -20,23 +20,25 @@ from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
 
 
-def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
-            on_error: str = "raise", cache_dir: str | os.PathLike[str] | None = None,
-            cache_max_bytes: int | str | None = None, storage_options: dict[str, Any] | None = None,
-            rank: int | None = None, world_size: int | None = None, uneven: str = "pad"
+def dataset(path: str | os.PathLike[str], augment: Any = None, *,
+            image_size: int | tuple[int, int] | None = None, seed: int = 0, on_error: str = "raise",
+            cache_dir: str | os.PathLike[str] | None = None, cache_max_bytes: int | str | None = None,
+            storage_options: dict[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
+            uneven: str = "pad", scale: tuple[float, float] | None = None, ratio: tuple[float, float] | None = None
             ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
     `.class_to_idx`, `.samples` as torchvision's ImageFolder has them); WebDataset shards give an iterable
-    one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val",
-    an albumentations transform or a callable on an HWC uint8 array.
+    one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val" (with
+    `image_size`, `scale`, `ratio` as for `loader`), an albumentations or torchvision transform, or a callable
+    on an HWC uint8 array.
     The iterable WebDataset dataset splits its stream between the DataLoader workers that iterate it and between
     ranks (`rank`/`world_size`, else torch.distributed's when initialised; `uneven` as for `loader`), so every
     sample comes once per pass; `len()` is this rank's count. (A map-style LMDB dataset takes your sampler, e.g.
     DistributedSampler, instead.)
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
-    `.tokenizer`, `.total_tokens` (the image arguments do not apply).
+    `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
     the manifest as they stream in; `cache_dir` keeps them, bounded by `cache_max_bytes`; `storage_options`
     go to fsspec).
@@ -45,7 +47,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: in
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options))
+                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio)
+    if isinstance(data, TextDataset):
+        _refuse_image_options(path, _augment_given(augment, None, image_size, scale, ratio))
     if isinstance(data, WdsImageDataset):
         return data.split(rank, world_size, uneven)
     if explicit_world:
@@ -54,15 +58,16 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: in
     return data
 
 
-def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
-                  on_error: str = "raise", remote: RemoteOptions | None = None
-                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
+                  on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
+                  ratio: Any = None) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     remote = remote or RemoteOptions()
+    crop = {"scale": scale, "ratio": ratio}
     if is_url(path):
         store = remote.shards(str(path))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
-                               on_error=on_error, store=store)
+                               on_error=on_error, store=store, **crop)
     if remote.given:
         raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)
@@ -72,7 +77,20 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
-    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error)
+    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error, **crop)
+
+
+def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
+    """The names of the augmentation options set (`augment` when it is neither its `default` nor None, which
+    asks for no augmentation and so fits text as well)."""
+    given = {"augment": augment is not None and not (isinstance(augment, str) and augment == default),
+             "image_size": image_size is not None, "scale": scale is not None, "ratio": ratio is not None}
+    return [name for name, is_given in given.items() if is_given]
+
+
+def _refuse_image_options(path: str | os.PathLike[str], given: list[str]) -> None:
+    if given:
+        raise ConfigError(f"{', '.join(given)}: for image datasets only; {path} holds text")
 
 
 def default_persistent_workers(augment: Any) -> bool:
@@ -87,7 +105,7 @@ def loader(
     path: str | os.PathLike[str],
     batch_size: int = 256,
     augment: Any = "train",
-    image_size: int = 224,
+    image_size: int | tuple[int, int] | None = None,
     shuffle: bool = True,
     num_workers: int | None = None,
     seed: int = 0,
@@ -109,6 +127,10 @@ def loader(
     decode: str = "auto",
     dtype: torch.dtype | None = None,
     channels_last: bool = False,
+    mean: tuple[float, float, float] | None = None,
+    std: tuple[float, float, float] | None = None,
+    scale: tuple[float, float] | None = None,
+    ratio: tuple[float, float] | None = None,
     seq_len: int | None = None,
     packing: bool | None = None,
     max_length: int | None = None,
@@ -116,6 +138,17 @@ def loader(
     eos_token: str | None = None,
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
+
+    `augment="train"`: torchvision's RandomResizedCrop(image_size, scale, ratio) + horizontal flip; `"val"`:
+    torchvision's Resize(int(image_size / 0.875)) + CenterCrop(image_size). `image_size` is a side or (height,
+    width), 224 when not given; `scale` and `ratio` default to torchvision's (0.08, 1) and (3/4, 4/3). Batches
+    are uint8 [B, 3, H, W]; with a floating `dtype` (torch.float32, bfloat16, float16), normalised floats
+    `(x / 255 - mean) / std` (`mean`/`std`: three numbers in 0..1 units, ImageNet's by default), made in the
+    workers (or on `device`). `augment` may also be an albumentations transform (HWC uint8 array in; one ending
+    in `A.Normalize` and/or `ToTensorV2` gives float32 batches), a torchvision transform (transforms.v2: a uint8
+    CHW tensor in; v1: a PIL image), a callable on an HWC uint8 array, or None (whole images); such a transform
+    sets its own size, so `image_size`, `scale`, `ratio`, `mean`, `std` (and `dtype` without `device`) are
+    refused with it. Each sample's randomness is seeded from (seed, epoch, sample).
 
     Defaults: one worker per available core, pinned memory when CUDA is available, whole batches decoded inside
     workers (JPEGs at the smallest DCT scale the crop allows), and persistent workers for training
@@ -127,7 +160,7 @@ def loader(
     `timeout` > 0, so does one that takes longer than `timeout` seconds for a batch.
 
     With `device` (e.g. "cuda"), batches arrive on that device, as uint8 or, with a floating `dtype`, normalised
-    with the ImageNet mean/std (`channels_last` on request). `decode="device"` has the workers ship only the
+    there (`channels_last` on request). `decode="device"` has the workers ship only the
     JPEGs' compressed bytes and crop parameters (other images are decoded in the workers) and decodes whole batches
     on the device (nvjpeg on CUDA), overlapped with the training step; `loader.device_fallbacks` and
     `loader.device_errors` count what the device did not decode. `"worker"` decodes in the workers; `"auto"` picks
@@ -145,7 +178,8 @@ def loader(
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
     to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
-    `eos_token` overrides the end-of-text token that follows each document. These apply to text only.
+    `eos_token` overrides the end-of-text token that follows each document. These apply to text only, and the
+    image options (anything but augment's default "train") are refused for text.
     """
     rank, world_size = resolve_world(rank, world_size)
     options = LoaderOptions(
@@ -157,11 +191,13 @@ def loader(
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
-    image = ImageOptions(device=device, decode=decode, dtype=dtype, channels_last=channels_last)
+    image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options))
+                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
+        _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
+                              + ImageOptions.given_in(image_options))
         return text_loader(data, options, text)
     if text.given():
         raise ConfigError(f"{', '.join(text.given())}: for text datasets only; {path} holds images")
-    return ImageLoader(data, options, image)
+    return ImageLoader(data, options, ImageOptions(**image_options))

@@ -226,6 +226,43 @@ def build_solid_tree(root: Path, count: int = SOLID_COUNT) -> Tree:
     return tree
 
 
+#: (name, width, height) of the photo-like tree: landscape, portrait, odd, very wide, small, square
+PHOTO_SHAPES = [("landscape", 500, 375), ("portrait", 375, 500), ("odd", 333, 257), ("wide", 641, 97),
+                 ("small", 97, 130), ("square", 256, 256)]
+
+
+def photo_like(seed: int, width: int, height: int) -> np.ndarray:
+    """A smooth scene with hard-edged discs, slightly blurred (what resampling meets in photographs: gradients,
+    edges and detail at several scales), as RGB uint8 (H, W, 3)."""
+    from PIL import ImageFilter
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    image = np.zeros((height, width, 3), np.float32)
+    for c in range(3):
+        fx, fy = rng.uniform(0.005, 0.08, 2)
+        image[..., c] = 128 + 90 * np.sin(fx * x + fy * y + rng.uniform(0, 6.3))
+    for _ in range(20):
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(3, max(width, height) / 5)
+        image[(x - cx) ** 2 + (y - cy) ** 2 < r * r] = rng.uniform(0, 255, 3)
+    image += rng.uniform(-60, 60, (height, width, 1))  # texture: fine detail everywhere, as in photographs
+    picture = Image.fromarray(image.clip(0, 255).astype(np.uint8)).filter(ImageFilter.GaussianBlur(1))
+    return np.asarray(picture)
+
+
+def build_photo_tree(root: Path) -> Tree:
+    """One class per codec (`jpeg`: quality 95, 4:2:0; `png`), each holding a photo-like picture of every
+    PHOTO_SHAPES shape: what the presets are compared with torchvision on."""
+    tree = Tree(root)
+    for index, (name, width, height) in enumerate(PHOTO_SHAPES):
+        for kind in ("jpeg", "png"):
+            relative = f"{kind}/{name}.{'jpg' if kind == 'jpeg' else 'png'}"
+            if write_image(root / relative, photo_like(index, width, height), kind):
+                tree.exact.add(relative)
+            tree.images.append(relative)
+    return tree
+
+
 def build_large_tree(root: Path, count: int, width: int = 700, height: int = 600) -> Tree:
     """`count` large PNGs (solid pattern, 3 classes): each takes milliseconds to verify, so that a conversion of
     the tree lasts long enough to be killed in its middle. Saved with fast compression to build quickly."""
@@ -356,9 +393,12 @@ def reference_ids(tokenizer_file: Path, text: str) -> list[int]:
 
 def seeded_loader(path, **options):
     """`fastdata.loader` with the settings the loader-state tests share (batches of 8: the 45 solid samples make
-    6 batches an epoch, the last one short), overridden by `options`."""
-    settings = dict(batch_size=8, augment="train", image_size=16, num_workers=0, seed=7)
+    6 batches an epoch, the last one short), overridden by `options`; image_size=16 for the presets (a custom
+    transform sets its own size)."""
+    settings = dict(batch_size=8, augment="train", num_workers=0, seed=7)
     settings.update(options)
+    if isinstance(settings["augment"], str):
+        settings.setdefault("image_size", 16)
     return fastdata.loader(path, **settings)
 
 

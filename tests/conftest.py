@@ -11,7 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import SMALL_SOLID_COUNT, Tree, build_bad_tree, build_solid_tree, build_tricky_tree
+from builders import (
+    SMALL_SOLID_COUNT,
+    Tree,
+    build_bad_tree,
+    build_photo_tree,
+    build_solid_tree,
+    build_tricky_tree,
+    make_corpus,
+    train_bytelevel,
+    write_jsonl,
+)
 
 import fastdata
 
@@ -65,6 +75,29 @@ def small_solid_tree(tmp_path_factory) -> Tree:
 def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("small_solid_out") / "d.lmdb"
     fastdata.convert_imagefolder(small_solid_tree.root, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def photo_tree(tmp_path_factory) -> Tree:
+    return build_photo_tree(tmp_path_factory.mktemp("photo_like") / "src")
+
+
+@pytest.fixture(scope="session")
+def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("photo_like_out") / "photos.lmdb"
+    fastdata.convert_imagefolder(photo_tree.root, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_text_lmdb(tmp_path_factory) -> Path:
+    """A small tokenized text conversion (30 documents, LMDB): for what a loader does with a text dataset."""
+    root = tmp_path_factory.mktemp("small_text")
+    corpus = make_corpus(30, seed=1)
+    out = root / "text.lmdb"
+    fastdata.convert_text(write_jsonl(root / "corpus.jsonl", corpus), out,
+                          tokenizer=train_bytelevel(root / "bpe.json", corpus), progress=False)
     return out
 
 

@@ -62,3 +62,36 @@ def test_the_text_loader_takes_the_same_common_options(tmp_path):
     loader = fastdata.loader(out, batch_size=4, seq_len=16, num_workers=1, timeout=20, pin_memory=False)
     assert loader.options.timeout == 20 and loader._loader.timeout == 20  # text loaders honour timeout= too
     assert loader.options.batch_size == 4 and len(next(iter(loader))["input_ids"]) == 4
+
+
+#: the image options, each set to a value that would apply to images
+IMAGE_OPTIONS = {"augment": "val", "image_size": 32, "scale": (0.5, 1.0), "ratio": (1.0, 2.0), "device": "cpu",
+                 "decode": "worker", "dtype": torch.float32, "channels_last": True, "mean": (0.5, 0.5, 0.5),
+                 "std": (0.2, 0.2, 0.2)}
+#: those that fastdata.dataset takes
+DATASET_IMAGE_OPTIONS = ("augment", "image_size", "scale", "ratio")
+TEXT_OPTIONS = {"seq_len": 16, "packing": False, "max_length": 32, "bucketing": True, "eos_token": "</s>"}
+
+
+@pytest.mark.parametrize("option", list(IMAGE_OPTIONS))
+def test_image_options_on_text_are_refused_by_name(small_text_lmdb, option):
+    """Never silently ignored: one line naming the option and why (the dataset holds text), whatever else the
+    option would need (mean without dtype is refused for being on text, not for the missing dtype)."""
+    value = IMAGE_OPTIONS[option]
+    opens = [fastdata.loader] + ([fastdata.dataset] if option in DATASET_IMAGE_OPTIONS else [])
+    for open_it in opens:
+        with pytest.raises(ConfigError, match=rf"^{option}: for image datasets only; .*text.lmdb holds text$"):
+            open_it(small_text_lmdb, **{option: value})
+
+
+def test_no_augmentation_fits_text(small_text_lmdb):
+    """augment=None asks for nothing, so text takes it (as it takes the loader's default, "train")."""
+    for augment in (None, "train"):
+        assert next(iter(fastdata.loader(small_text_lmdb, augment=augment, seq_len=8, num_workers=0)))
+    assert len(fastdata.dataset(small_text_lmdb, augment=None)) == 30
+
+
+@pytest.mark.parametrize("option", list(TEXT_OPTIONS))
+def test_text_options_on_images_are_refused_by_name(solid_lmdb, option):
+    with pytest.raises(ConfigError, match=rf"^{option}: for text datasets only; .* holds images$"):
+        fastdata.loader(solid_lmdb, **{option: TEXT_OPTIONS[option]})

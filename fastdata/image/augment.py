@@ -30,15 +30,62 @@ class CropParams:
     flip: bool = False
 
 
+ImageSize = int | tuple[int, int]  # a square side, or (height, width) as torchvision's size arguments
+
+
+def output_size(image_size: Any) -> tuple[int, int]:
+    """`image_size` (a side, or (height, width)) as (height, width) of positive whole pixels."""
+    if isinstance(image_size, int | np.integer) and not isinstance(image_size, bool):
+        sides = (int(image_size), int(image_size))
+    elif (isinstance(image_size, tuple | list) and len(image_size) == 2
+          and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in image_size)):
+        sides = (int(image_size[0]), int(image_size[1]))
+    else:
+        raise ConfigError(f"image_size must be a number of pixels or (height, width), got {image_size!r}")
+    if min(sides) < 1:
+        raise ConfigError(f"image_size must be a positive number of pixels, got {image_size!r}")
+    return sides
+
+
+def _stable_size(image_size: Any) -> ImageSize:
+    """The size as a preset keeps it: an int for a square (so that its repr, which resume states record, is the
+    same however it was given), else (height, width)."""
+    height, width = output_size(image_size)
+    return height if height == width else (height, width)
+
+
+def _bounds(name: str, value: Any, upper: float | None = None) -> tuple[float, float]:
+    """A (low, high) pair of positive numbers, low <= high (<= upper when given), as floats."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a pair of numbers (low, high), got {value!r}") from None
+    if not (0 < low <= high) or (upper is not None and high > upper) or not math.isfinite(high):
+        most = f" and at most {upper:g}" if upper is not None else ""
+        raise ConfigError(f"{name} must be (low, high) with 0 < low <= high{most}, got {value!r}")
+    return low, high
+
+
 @dataclass(frozen=True)
 class RandomResizedCropFlip:
     """torchvision's RandomResizedCrop (same sampling of area and log-aspect, 10 tries, central fallback)
-    followed by a horizontal flip with probability `flip_p`."""
+    followed by a horizontal flip with probability `flip_p`. `size` is a side or (height, width); `scale` bounds
+    the crop's share of the image area, `ratio` its aspect (width / height), as torchvision's arguments."""
 
-    size: int
+    size: ImageSize
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip_p: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _stable_size(self.size))
+        object.__setattr__(self, "scale", _bounds("scale", self.scale, upper=1.0))
+        object.__setattr__(self, "ratio", _bounds("ratio", self.ratio))
+
+    @property
+    def out_size(self) -> tuple[int, int]:
+        """(height, width) of the output."""
+        return output_size(self.size)
 
     def params(self, width: int, height: int, rng: np.random.Generator) -> CropParams:
         area = width * height
@@ -64,23 +111,54 @@ class RandomResizedCropFlip:
 
 @dataclass(frozen=True)
 class ResizeCenterCrop:
-    """Validation preset: resize the shorter side to size/crop_fraction, then take the central size x size."""
+    """Validation preset, torchvision's `Resize(int(size / crop_fraction))` + `CenterCrop(size)` as one crop box:
+    the image is resized (keeping its aspect) to the smallest size that covers `int(side / crop_fraction)` on
+    both sides, i.e. its shorter side to `int(size / crop_fraction)` for a square `size` and its longer side to
+    `int(long * that / short)`, truncated as torchvision does; the centre `size` of that (offsets rounded as
+    CenterCrop rounds them) is the crop. `size` is a side or (height, width) (then the cover is of
+    (int(height / crop_fraction), int(width / crop_fraction)), as timm's ResizeKeepRatio + CenterCrop)."""
 
-    size: int
+    size: ImageSize
     crop_fraction: float = 0.875
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", _stable_size(self.size))
+        if not 0 < self.crop_fraction <= 1:
+            raise ConfigError(f"crop_fraction must be in (0, 1], got {self.crop_fraction!r}")
+
+    @property
+    def out_size(self) -> tuple[int, int]:
+        """(height, width) of the output."""
+        return output_size(self.size)
+
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) the image is resized to before the centre crop (torchvision's Resize arithmetic)."""
+        out_h, out_w = self.out_size
+        cover_h, cover_w = int(out_h / self.crop_fraction), int(out_w / self.crop_fraction)
+        if cover_h * width >= cover_w * height:  # the height decides (for a square size: the shorter side)
+            new_h, new_w = cover_h, int(cover_h * width / height)
+        else:
+            new_h, new_w = int(cover_w * height / width), cover_w
+        return max(new_h, out_h), max(new_w, out_w)
+
     def params(self, width: int, height: int, rng: np.random.Generator | None = None) -> CropParams:
-        side = min(width, height) * self.crop_fraction  # the source extent that becomes `size` pixels
-        return CropParams((width - side) / 2, (height - side) / 2, side, side, False)
+        out_h, out_w = self.out_size
+        new_h, new_w = self.resized_size(width, height)
+        top, left = round((new_h - out_h) / 2.0), round((new_w - out_w) / 2.0)  # CenterCrop's anchor (round half even)
+        sx, sy = width / new_w, height / new_h  # source pixels per resized pixel
+        return CropParams(left * sx, top * sy, out_w * sx, out_h * sy, False)
 
 
 Preset = RandomResizedCropFlip | ResizeCenterCrop
+DEFAULT_IMAGE_SIZE = 224  # the presets' output side when image_size is not given
 
 
-def reduce_factor(params: CropParams, size: int, allowed: tuple[int, ...] = (8, 4, 2)) -> int:
-    """The largest JPEG DCT scale-down that still leaves the crop at least `size` pixels on each side."""
+def reduce_factor(params: CropParams, size: ImageSize, allowed: tuple[int, ...] = (8, 4, 2)) -> int:
+    """The largest JPEG DCT scale-down that still leaves the crop at least the output's `size` (a side, or
+    (height, width)) in pixels."""
+    out_h, out_w = output_size(size)
     for factor in allowed:
-        if params.width / factor >= size and params.height / factor >= size:
+        if params.width / factor >= out_w and params.height / factor >= out_h:
             return factor
     return 1
 
@@ -101,7 +179,7 @@ def pixel_box(left: float, top: float, width: float, height: float, image_w: int
 def crop_resize_flip(image: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray,
                      flip: bool) -> None:
     """Resize the box (left, top, width, height) of `image` (image pixels, fractional allowed) into `out`
-    (S x S x 3, uint8), mirrored if `flip`: crop, resize and flip in one OpenCV call, no float conversion.
+    (H x W x 3, uint8), mirrored if `flip`: crop, resize and flip in one OpenCV call, no float conversion.
 
     Bilinear, with sub-pixel box edges (an affine warp: pixel centres map exactly as in torchvision's
     resized_crop), is accurate below a 2x shrink, which is where the decoder's DCT scaling leaves most JPEG crops;
@@ -145,31 +223,51 @@ def _halve(image: np.ndarray, box: tuple[float, float, float, float], along_x: b
 
 def apply_crop(image: np.ndarray, params: CropParams, out: np.ndarray, scale: float = 1.0) -> None:
     """Crop `params` (given in source pixels; `image` is the source at 1/`scale`, e.g. a JPEG decoded at
-    1/`scale` by DCT scaling) and resize into `out` (size x size x 3, uint8), mirrored if asked."""
+    1/`scale` by DCT scaling) and resize into `out` (H x W x 3, uint8), mirrored if asked."""
     box = (params.left / scale, params.top / scale, params.width / scale, params.height / scale)
     crop_resize_flip(image, box, out, params.flip)
 
 
-def make_preset(name: str, image_size: int) -> Preset:
-    """The named preset ("train" or "val") for output size `image_size`."""
-    if image_size < 1:
-        raise ConfigError(f"image_size must be a positive number of pixels, got {image_size}")
+def make_preset(name: str, image_size: Any = None, scale: Any = None, ratio: Any = None) -> Preset:
+    """The named preset ("train" or "val") for output size `image_size` (a side or (height, width); None: 224),
+    with RandomResizedCrop's `scale` and `ratio` for "train" (None: torchvision's defaults)."""
+    size = DEFAULT_IMAGE_SIZE if image_size is None else image_size
     if name == "train":
-        return RandomResizedCropFlip(image_size)
+        crop = {k: v for k, v in (("scale", scale), ("ratio", ratio)) if v is not None}
+        return RandomResizedCropFlip(size, **crop)
     if name == "val":
-        return ResizeCenterCrop(image_size)
-    raise ConfigError(f"unknown augment preset {name!r}: use 'train', 'val', an albumentations transform, "
-                      "a callable on an HWC uint8 array, or None")
+        if scale is not None or ratio is not None:
+            raise ConfigError("scale and ratio are RandomResizedCrop's, for augment='train'; augment='val' takes "
+                              "the centre crop")
+        return ResizeCenterCrop(size)
+    raise ConfigError(f"unknown augment preset {name!r}: use 'train', 'val', an albumentations transform, a "
+                      "torchvision transform, a callable on an HWC uint8 array, or None")
 
 
-def describe_augment(augment: Any, image_size: int) -> str | None:
+def check_custom(augment: Any, image_size: Any = None, scale: Any = None, ratio: Any = None) -> None:
+    """Refuse the presets' options with a custom transform (or None), which sets its own size and crop."""
+    given = [name for name, value in (("image_size", image_size), ("scale", scale), ("ratio", ratio))
+             if value is not None]
+    if not given:
+        return
+    what = "augment=None gives whole images" if augment is None else \
+        f"the custom transform {type(augment).__name__} sets its own size and crop"
+    one = len(given) == 1
+    raise ConfigError(f"{', '.join(given)} appl{'ies' if one else 'y'} to augment='train'/'val' only; {what}: "
+                      f"leave {'it' if one else 'them'} out")
+
+
+def describe_augment(augment: Any) -> str | None:
     """What a transform does, as stable text, so that a loader state taken with one transform is refused by a
-    loader with another: presets with every parameter (crop scale and ratio, flip, size); albumentations
-    pipelines as albumentations serialises them; other callables by their qualified name."""
+    loader with another: presets (the objects, or names: default options) with every parameter (size, crop
+    scale and ratio, flip); albumentations pipelines as albumentations serialises them; other callables by their
+    qualified name."""
     if augment is None:
         return None
     if isinstance(augment, str):
-        return repr(make_preset(augment, image_size))
+        augment = make_preset(augment)
+    if isinstance(augment, RandomResizedCropFlip | ResizeCenterCrop):
+        return repr(augment)
     try:
         import json
 
@@ -185,11 +283,21 @@ def describe_augment(augment: Any, image_size: int) -> str | None:
     return f"{module}.{getattr(kind, '__qualname__', repr(kind))}"
 
 
-def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], np.ndarray]:
-    """Adapt an albumentations transform (called as `t(image=...)["image"]`, reseeded per sample for
-    reproducibility) or a plain callable `f(hwc_uint8) -> hwc_uint8` to `fn(image, sample_seed) -> image`. A callable
-    with an `rng` parameter is called as `f(image, rng=np.random.Generator)` seeded for the sample; any other runs
-    with the global RNGs (random, numpy, torch) seeded for the sample (`SeededGlobalRngs`)."""
+CustomResult = Any  # an HWC array, a CHW tensor or a PIL image: see fastdata.image.pipeline.as_chw
+
+
+def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], CustomResult]:
+    """Adapt a custom transform to `fn(hwc_uint8_rgb, sample_seed) -> result`, each in the form it expects:
+
+    - albumentations (`t(image=hwc)["image"]`, reseeded per sample): an HWC array, or with `ToTensorV2` a CHW
+      tensor;
+    - torchvision transforms.v2 (a `v2.Transform`, `v2.Compose` included): called on a uint8 CHW tensor,
+      torchvision's convention; v1 `torchvision.transforms` (PIL-based): called on a PIL image;
+    - a plain callable `f(hwc_uint8)`, or `f(hwc_uint8, rng=np.random.Generator)` when it has an `rng` parameter
+      (then the Generator is seeded for the sample).
+
+    torchvision transforms and plain callables without `rng` run with the global RNGs (random, numpy, torch)
+    seeded for the sample (`SeededGlobalRngs`)."""
     try:
         import albumentations as A
 
@@ -199,22 +307,55 @@ def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], np.ndarray]:
     if is_album:
         compose = transform if hasattr(transform, "set_random_seed") else A.Compose([transform])
 
-        def run_album(image: np.ndarray, seed: int) -> np.ndarray:
+        def run_album(image: np.ndarray, seed: int) -> CustomResult:
             compose.set_random_seed(seed)
             return compose(image=image)["image"]
 
         return run_album
     if not callable(transform):
-        raise ConfigError(f"augment must be 'train', 'val', None, an albumentations transform or a callable, "
-                          f"got {type(transform).__name__}")
-    if _takes_rng(transform):
+        raise ConfigError(f"augment must be 'train', 'val', None, an albumentations or torchvision transform or a "
+                          f"callable, got {type(transform).__name__}")
+    convention = torchvision_convention(transform)
+    if convention is None and _takes_rng(transform):
         return lambda image, seed: transform(image, rng=np.random.default_rng(seed))
+    convert = {"v2": _chw_tensor, "v1": _pil_image}.get(convention or "", lambda image: image)
 
-    def run_seeded(image: np.ndarray, seed: int) -> np.ndarray:
+    def run_seeded(image: np.ndarray, seed: int) -> CustomResult:
+        converted = convert(image)
         with SeededGlobalRngs(seed):
-            return transform(image)
+            return transform(converted)
 
     return run_seeded
+
+
+def torchvision_convention(transform: Any) -> str | None:
+    """"v2" for a torchvision transforms.v2 transform (tensors in), "v1" for one of the older
+    `torchvision.transforms` (PIL images in), None for anything else. Checked only when torchvision is imported
+    (a torchvision transform cannot exist otherwise)."""
+    import sys
+
+    if "torchvision" not in sys.modules:
+        return None
+    from torchvision.transforms import v2
+
+    if isinstance(transform, v2.Transform):
+        return "v2"
+    module = type(transform).__module__ or ""
+    if module.startswith("torchvision.transforms") and not module.startswith("torchvision.transforms.v2"):
+        return "v1"
+    return None
+
+
+def _chw_tensor(image: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(image).permute(2, 0, 1).contiguous()
+
+
+def _pil_image(image: np.ndarray) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(image)
 
 
 def _takes_rng(transform: Callable) -> bool:

@@ -26,14 +26,14 @@ FREE, LENT = 0, 1
 Slot = tuple[int, int, int]  # (generation of the flags, worker id, slot number)
 
 
-def new_shared(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor in a fresh shared-memory segment (the private call default_collate makes;
+def new_shared(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An uninitialised tensor in a fresh shared-memory segment (the private call default_collate makes;
     share_memory_() on an empty tensor if it ever goes away)."""
     try:
-        storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(math.prod(shape))
-        return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
+        return torch.empty(0, dtype=dtype).set_(storage).view(shape)
     except AttributeError:  # pragma: no cover
-        return torch.empty(shape, dtype=torch.uint8).share_memory_()
+        return torch.empty(shape, dtype=dtype).share_memory_()
 
 
 class BatchBuffers:
@@ -53,25 +53,25 @@ class BatchBuffers:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_segments": None, "_held": {}}
 
-    def acquire(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, Slot | None]:
-        """In a worker: an uninitialised uint8 tensor of `shape` in shared memory, in a free slot when there is
-        one (marked lent until the main process releases it), else fresh (slot None)."""
+    def acquire(self, shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> tuple[torch.Tensor, Slot | None]:
+        """In a worker: an uninitialised tensor of `shape` and `dtype` in shared memory, in a free slot when there
+        is one (marked lent until the main process releases it), else fresh (slot None)."""
         info = get_worker_info()
         if info is None or info.id >= self.flags.shape[0]:
-            return new_shared(shape), None
+            return new_shared(shape, dtype), None
         row = self.flags[info.id].numpy()
         free = np.flatnonzero(row == FREE)
         if not len(free):
-            return new_shared(shape), None
+            return new_shared(shape, dtype), None
         slot = int(free[0])
         if self._segments is None:
             self._segments = [None] * len(row)
-        segment = self._segments[slot]
-        size = math.prod(shape)
+        segment = self._segments[slot]  # bytes, viewed as `dtype`
+        size = math.prod(shape) * dtype.itemsize
         if segment is None or segment.numel() < size:
             segment = self._segments[slot] = new_shared((size,))
         row[slot] = LENT
-        return segment[:size].view(shape), (self.generation, info.id, slot)
+        return segment[:size].view(dtype).view(shape), (self.generation, info.id, slot)
 
     def received(self, slot: Slot | None, images: torch.Tensor) -> None:
         """In the main process: a batch arrived in `slot` (None: a fresh segment); frees the slots whose

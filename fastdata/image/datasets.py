@@ -42,13 +42,13 @@ class _ImageMetaMixin:
 
     manifest: Manifest
 
-    def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: int, seed: int,
-               on_error: str) -> None:
+    def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: Any, seed: int,
+               on_error: str, scale: Any = None, ratio: Any = None) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
         self.manifest = manifest
-        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root))
+        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio)
         self.on_error = on_error
         self.epoch = 0
 
@@ -71,9 +71,9 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
     """Map-style dataset over an LMDB conversion: `ds[i]` is ImageFolder's sample i, decoded (and augmented
     with `augment` if given, reproducibly for `seed` and the epoch set by `set_epoch`)."""
 
-    def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: int = 224,
-                 seed: int = 0, on_error: str = "raise") -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error)
+    def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: Any = None,
+                 seed: int = 0, on_error: str = "raise", *, scale: Any = None, ratio: Any = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, scale, ratio)
         self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
 
     @property
@@ -130,9 +130,10 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
     is cut into one contiguous part per rank (as `fastdata.loader` cuts an epoch's stream), and each rank's part
     into one contiguous stretch per worker, which reads only the shards that stretch covers."""
 
-    def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: int = 224,
-                 seed: int = 0, on_error: str = "raise", store: Any = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error)
+    def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: Any = None,
+                 seed: int = 0, on_error: str = "raise", store: Any = None, *, scale: Any = None,
+                 ratio: Any = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, scale, ratio)
         if store is None:
             store = storage("image", manifest.format, root).open_reader(Path(root), manifest)
         self.store = store

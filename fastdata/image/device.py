@@ -23,10 +23,11 @@ import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
-from fastdata.image.augment import pixel_box
+from fastdata.image.augment import ImageSize, output_size, pixel_box
 from fastdata.image.batch import EncodedBatch, EncodedSample
 from fastdata.image.decode import decode_rgb
 from fastdata.image.jpeg_header import read_frame
+from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from fastdata.image.pipeline import SamplePipeline
 
 DECODE_MODES = ("auto", "worker", "device")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 #: Batches in a row in which the device decoder fails on bytes the CPU decodes (device errors) before the loader
 #: stops with DeviceDecodeError: one failed batch is tolerated and warned about, a decoder that keeps failing is
@@ -83,8 +82,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
         decoded = pipeline.batch(elsewhere, epoch, on_error)
         pixels, skipped, times = decoded.images, decoded.skipped, decoded.times
     else:
-        size = pipeline.image_size
-        pixels, skipped, times = torch.empty((0, 3, size, size), dtype=torch.uint8), [], StageTimes()
+        pixels, skipped, times = torch.empty((0, 3, *pipeline.output_size), dtype=torch.uint8), [], StageTimes()
     lost = {key for key, _ in skipped}
     kept = [(s, t) for s, t in zip(samples, takes, strict=True) if t or s.key not in lost]
     started = perf_counter()
@@ -149,7 +147,9 @@ def _some_keys(keys: list[str]) -> str:
 
 
 class DeviceDecoder:
-    """Main-process side: EncodedBatch -> `[B, 3, S, S]` on `device`, as uint8 or normalised floats.
+    """Main-process side: EncodedBatch -> `[B, 3, H, W]` on `device`, as uint8 or normalised floats
+    (`image_size`: a side or (height, width), None with a custom transform, whose batches only `finish`;
+    `dtype`, `mean`, `std`: fastdata.image.output.OutputFormat).
 
     The JPEGs the device takes are decoded in one call of `decode_jpegs` (torchvision's batched `decode_jpeg`;
     tests pass a decoder that fails on purpose); the samples the workers decoded are counted in `fallbacks`.
@@ -160,14 +160,16 @@ class DeviceDecoder:
     the batch. Images over `max_pixels` (from their stored size) are refused before any device allocation.
     """
 
-    def __init__(self, device: torch.device | str, image_size: int, source: str, *, dtype: torch.dtype | None = None,
-                 mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD,
+    def __init__(self, device: torch.device | str, image_size: ImageSize | None, source: str, *,
+                 dtype: torch.dtype | None = None, mean: tuple[float, ...] = IMAGENET_MEAN,
+                 std: tuple[float, ...] = IMAGENET_STD,
                  channels_last: bool = False, on_error: str = "raise", max_pixels: int = DEFAULT_MAX_PIXELS,
                  decode_jpegs: BatchDecode = decode_jpegs_torchvision,
                  max_consecutive_errors: int = MAX_CONSECUTIVE_DEVICE_ERRORS) -> None:
         self.device = torch.device(device)
-        self.image_size = image_size
+        self.image_size = None if image_size is None else output_size(image_size)  # (height, width)
         self.source = source
+        self.output = OutputFormat(dtype, mean, std)
         self.dtype = dtype
         self.channels_last = channels_last
         self.on_error = on_error
@@ -178,9 +180,6 @@ class DeviceDecoder:
         self.errors = 0  # device decoder failures on bytes the CPU decodes
         self._failing_batches = 0  # batches in a row with device errors
         self._warned = False
-        if dtype is not None and dtype.is_floating_point:
-            self._mean = torch.tensor(mean, device=self.device).view(1, 3, 1, 1) * 255
-            self._std = torch.tensor(std, device=self.device).view(1, 3, 1, 1) * 255
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]:
         """Decode, crop, resize, flip and normalise one batch; returns (images, labels, skipped)."""
@@ -189,7 +188,8 @@ class DeviceDecoder:
         self.fallbacks += sum(from_worker)
         keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded]
         size = self.image_size
-        out = torch.empty((len(keep), 3, size, size), dtype=torch.uint8, device=self.device)
+        assert size is not None, "decode='device' is for the presets, which have a size"
+        out = torch.empty((len(keep), 3, *size), dtype=torch.uint8, device=self.device)
         for row, i in enumerate(keep):
             if not from_worker[i]:
                 out[row] = _crop_resize(decoded[i], batch.boxes[i].tolist(), batch.sizes[i].tolist(), size)
@@ -202,11 +202,14 @@ class DeviceDecoder:
         return self.finish(out), labels, skipped
 
     def finish(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW on the device -> the requested dtype (normalised if floating) and memory format."""
-        if self.dtype is not None and self.dtype.is_floating_point:
-            images = images.float().sub_(self._mean).div_(self._std).to(self.dtype)
-        elif self.dtype is not None and self.dtype != torch.uint8:
-            raise ConfigError(f"dtype must be torch.uint8 or a floating dtype, got {self.dtype}")
+        """NCHW on the device -> the requested dtype and memory format: uint8 batches normalised
+        (`OutputFormat.normalise`, the worker path's arithmetic) when the dtype is floating; a custom
+        transform's floating batch (normalised by the transform) only cast to it."""
+        if self.output.floating:
+            images = self.output.normalise(images) if images.dtype == torch.uint8 else images.to(self.dtype)
+        elif self.dtype == torch.uint8 and images.dtype != torch.uint8:
+            raise ConfigError(f"{self.source}: dtype=torch.uint8 asked for, but the transform returns "
+                              f"{images.dtype} batches: leave dtype out or ask for a floating one")
         if self.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         return images
@@ -297,8 +300,10 @@ class DeviceDecoder:
         skipped.append((key, message))
 
 
-def _crop_resize(image: torch.Tensor, box: list[float], stored_size: list[int], size: int) -> torch.Tensor:
-    """Crop `box` (source pixels, fractional allowed) out of a CHW uint8 image and resize it to size x size on its
+def _crop_resize(image: torch.Tensor, box: list[float], stored_size: list[int], size: tuple[int, int]
+                 ) -> torch.Tensor:
+    """Crop `box` (source pixels, fractional allowed) out of a CHW uint8 image and resize it to `size` (height,
+    width) on its
     device, as the worker path does: bilinear with sub-pixel box edges (an affine sampling grid) below a 2x
     shrink, area averaging over whole pixels at 2x or more."""
     import torch.nn.functional as F
@@ -306,9 +311,10 @@ def _crop_resize(image: torch.Tensor, box: list[float], stored_size: list[int], 
     height, width = image.shape[-2:]
     scale = stored_size[0] / width  # 1 unless the image was stored smaller than its header said
     left, top, box_w, box_h = (v / scale for v in box)
-    if box_w >= 2 * size or box_h >= 2 * size:
+    out_h, out_w = size
+    if box_w >= 2 * out_w or box_h >= 2 * out_h:
         x0, y0, x1, y1 = pixel_box(left, top, box_w, box_h, width, height)
-        resized = F.interpolate(image[:, y0:y1, x0:x1].unsqueeze(0).float(), size=(size, size), mode="area")
+        resized = F.interpolate(image[:, y0:y1, x0:x1].unsqueeze(0).float(), size=size, mode="area")
     else:
         x0, y0, x1, y1 = pixel_box(left, top, box_w, box_h, width, height, cover=True)
         crop_w, crop_h = x1 - x0, y1 - y0
@@ -316,7 +322,7 @@ def _crop_resize(image: torch.Tensor, box: list[float], stored_size: list[int], 
         theta = torch.tensor([[box_w / crop_w, 0.0, (2 * (left - x0) + box_w) / crop_w - 1],
                               [0.0, box_h / crop_h, (2 * (top - y0) + box_h) / crop_h - 1]],
                              dtype=torch.float32, device=image.device)
-        grid = F.affine_grid(theta[None], [1, image.shape[0], size, size], align_corners=False)
+        grid = F.affine_grid(theta[None], [1, image.shape[0], out_h, out_w], align_corners=False)
         resized = F.grid_sample(image[:, y0:y1, x0:x1].unsqueeze(0).float(), grid, mode="bilinear",
                                 padding_mode="border", align_corners=False)
     return resized.round_().clamp_(0, 255).to(torch.uint8)[0]

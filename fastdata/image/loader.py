@@ -4,7 +4,7 @@ in an order drawn from (seed, epoch) and split between ranks, with exact resume.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
 from fastdata.image.device import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
+from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
 from fastdata.order.borrow import borrow
@@ -30,22 +31,42 @@ from fastdata.order.state import ResumableLoader, dataset_fingerprint
 
 @dataclass(frozen=True)
 class ImageOptions:
-    """Where image batches are delivered and decoded: `device` (None: as the workers made them, on the CPU),
-    `decode` ("auto", "worker" or "device"), and on a device the `dtype` (floating: normalised) and memory
-    format."""
+    """Where image batches are delivered and decoded, and in what dtype: `device` (None: as the workers made
+    them, on the CPU), `decode` ("auto", "worker" or "device"), `dtype` (None: uint8; floating: normalised with
+    `mean` and `std`, three numbers each in 0..1 units, ImageNet's when not given) and on a device the memory
+    format (`channels_last`)."""
 
     device: torch.device | None = None
     decode: str = "auto"
     dtype: torch.dtype | None = None
     channels_last: bool = False
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
         if self.device is not None and not isinstance(self.device, torch.device):
             object.__setattr__(self, "device", torch.device(self.device))
-        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
-            raise ConfigError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {self.dtype!r}")
+        output = self.output_format()  # checks dtype, mean and std
+        if (self.mean is not None or self.std is not None) and not output.floating:
+            raise ConfigError("mean and std normalise floating batches: pass dtype=torch.float32 (or "
+                              "torch.bfloat16, torch.float16) as well")
+        object.__setattr__(self, "mean", None if self.mean is None else output.mean)
+        object.__setattr__(self, "std", None if self.std is None else output.std)
+
+    def output_format(self) -> OutputFormat:
+        """The batches' dtype and normalisation."""
+        return OutputFormat(self.dtype, IMAGENET_MEAN if self.mean is None else self.mean,
+                            IMAGENET_STD if self.std is None else self.std)
+
+    @staticmethod
+    def given_in(options: dict[str, Any]) -> list[str]:
+        """The names of the options in `options` (as `ImageOptions` takes them) that are set, i.e. differ from
+        their defaults: looked at before they are validated, for the error when the dataset holds text."""
+        defaults = {name: field.default for name, field in ImageOptions.__dataclass_fields__.items()}
+        return [name for name, value in options.items()
+                if (value is not None if defaults[name] is None else value != defaults[name])]
 
 
 def _worker_init(_worker_id: int) -> None:
@@ -54,7 +75,8 @@ def _worker_init(_worker_id: int) -> None:
 
 class ImageLoader(ResumableLoader):
     """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
-    images uint8 [B, 3, S, S], labels int64 [B]. Each new pass is the next epoch (reshuffled from
+    images [B, 3, H, W] (uint8, or normalised floats with a floating `dtype`; a custom transform's own CHW output),
+    labels int64 [B]. Each new pass is the next epoch (reshuffled from
     (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
     exactly in the middle of an epoch."""
@@ -70,12 +92,23 @@ class ImageLoader(ResumableLoader):
         if self.decode == "device" and self.device is None:
             self.device = torch.device("cpu")
         self._device_decoder = None
+        self._output = output = image.output_format()
+        custom = data.pipeline.preset is None
+        if custom and (image.mean is not None or image.std is not None):
+            raise ConfigError("mean and std apply to augment='train'/'val'; a custom transform normalises its own "
+                              "output (A.Normalize, v2.Normalize): leave them out")
         if self.device is not None:
-            self._device_decoder = DeviceDecoder(self.device, data.pipeline.image_size, str(data.root), dtype=dtype,
-                                                 channels_last=channels_last, on_error=data.on_error,
-                                                 max_pixels=data.pipeline.max_pixels)
-        elif dtype is not None or channels_last:
-            raise ConfigError("dtype and channels_last apply to batches on a device: pass device= as well")
+            self._device_decoder = DeviceDecoder(self.device, data.pipeline.output_size, str(data.root), dtype=dtype,
+                                                 mean=output.mean, std=output.std, channels_last=channels_last,
+                                                 on_error=data.on_error, max_pixels=data.pipeline.max_pixels)
+        elif channels_last:
+            raise ConfigError("channels_last applies to batches on a device: pass device= as well")
+        elif output.floating and custom:
+            raise ConfigError(f"dtype={dtype}: a custom transform sets its batches' dtype itself (A.Normalize, "
+                              "ToTensorV2, v2.ToDtype); dtype applies to augment='train'/'val', or with device= "
+                              "to a transform's uint8 batches")
+        else:
+            data.pipeline.output = output  # the workers make the floats, image by image
         data.pipeline.ship_encoded = self.decode == "device"
         if data.pipeline.preset is not None:
             # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
@@ -131,9 +164,11 @@ class ImageLoader(ResumableLoader):
                   "samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
                   "seed": self.seed, "drop_last": self.drop_last, "uneven": self.uneven}
         pipeline = self.dataset.pipeline
-        config["augment"] = describe_augment(pipeline.augment, pipeline.image_size)
+        config["augment"] = describe_augment(pipeline.preset if pipeline.preset is not None else pipeline.augment)
         if pipeline.preset is not None:
-            config["image_size"] = pipeline.image_size
+            size = pipeline.image_size  # an int for a square, as states before rectangles had it
+            config["image_size"] = size if isinstance(size, int) else list(size)
+        config["output"] = self._output.describe()
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         return config
@@ -242,6 +277,8 @@ class ImageLoader(ResumableLoader):
 
         where = f"{self.dataset.root}: epoch {epoch}, rank {self.rank}"
         sample, image = borrow(batches, number, make, where)
+        if pipeline.output.floating:  # as the workers make the batches of the CPU path
+            image = pipeline.output.normalise(image)
         self.borrowed.append((epoch, number, sample.key))
         if len(self.borrowed) == 1:
             warnings.warn(f"{self.dataset.root}: every sample of batch {number} of epoch {epoch} was skipped; it "

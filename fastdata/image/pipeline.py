@@ -1,5 +1,7 @@
-"""Per-sample read side: encoded bytes -> (decode at the scale the crop needs) -> augment -> uint8 pixels,
-and whole batches written straight into one preallocated buffer."""
+"""Per-sample read side: encoded bytes -> (decode at the scale the crop needs) -> augment -> pixels, and whole
+batches written straight into one preallocated buffer: uint8, or with a preset and a floating `output` format
+normalised floats made from each image's uint8 planes (fastdata.image.output); a custom transform's results
+(HWC arrays, CHW tensors, any dtype) are stacked as they come."""
 
 from __future__ import annotations
 
@@ -12,10 +14,18 @@ import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
-from fastdata.image.augment import apply_crop, crop_resize_flip, make_preset, reduce_factor, wrap_custom
+from fastdata.image.augment import (
+    apply_crop,
+    check_custom,
+    crop_resize_flip,
+    make_preset,
+    reduce_factor,
+    wrap_custom,
+)
 from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
+from fastdata.image.output import OutputFormat
 from fastdata.image.region import (
     Region,
     RegionDecoder,
@@ -32,41 +42,52 @@ ON_ERROR = ("raise", "skip")
 
 
 class SamplePipeline:
-    """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily."""
+    """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily.
+    `image_size`, `scale` and `ratio` are the presets' (None: their defaults) and refused with a custom
+    transform, which sets its own size."""
 
-    def __init__(self, augment: Any, image_size: int, seed: int, source: str,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None) -> None:
+    def __init__(self, augment: Any, image_size: Any, seed: int, source: str,
+                 max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
+                 scale: Any = None, ratio: Any = None) -> None:
         self.max_pixels = max_pixels
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
         self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
+        self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)
         self.augment = augment
-        self.image_size = image_size
         self.seed = seed
         self.source = source
-        self.preset = make_preset(augment, image_size) if isinstance(augment, str) else None
+        if isinstance(augment, str):
+            self.preset = make_preset(augment, image_size, scale, ratio)
+            self.image_size = self.preset.size
+        else:
+            check_custom(augment, image_size, scale, ratio)
+            self.preset, self.image_size = None, None
         self._custom = None
-        self._local: threading.local | None = None  # per-thread scratch buffer (see _scratch)
+        self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_custom": None, "_local": None}
 
-    def _scratch(self, size: int) -> np.ndarray:
-        """The S x S x 3 image each sample of a batch is resized into before its planes go to the batch tensor,
-        kept between batches (one per thread)."""
+    def _scratch(self, size: tuple[int, int], name: str = "image") -> np.ndarray:
+        """The H x W x 3 image each sample of a batch is resized into before its planes go to the batch tensor
+        ("image"), or the 3 x H x W uint8 planes floats are made from ("planes"), kept between batches (one per
+        thread)."""
         if self._local is None:
             self._local = threading.local()
-        buffer = getattr(self._local, "buffer", None)
-        if buffer is None or buffer.shape[0] != size:
-            buffer = self._local.buffer = np.empty((size, size, 3), np.uint8)
+        shape = (*size, 3) if name == "image" else (3, *size)
+        buffer = getattr(self._local, name, None)
+        if buffer is None or buffer.shape != shape:
+            buffer = np.empty(shape, np.uint8)
+            setattr(self._local, name, buffer)
         return buffer
 
     @property
-    def output_size(self) -> int | None:
-        """Side of the square output, when every sample has the same known size."""
-        return self.image_size if self.preset is not None else None
+    def output_size(self) -> tuple[int, int] | None:
+        """(height, width) of the output, when every sample has the same known size (a preset)."""
+        return self.preset.out_size if self.preset is not None else None
 
     @property
     def bgr(self) -> bool:
@@ -109,23 +130,26 @@ class SamplePipeline:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
 
     def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None,
-                times: StageTimes | None = None) -> np.ndarray:
-        """Decode and augment `sample` for `epoch` (HWC, BGR order when `self.bgr`); with a preset, write
-        into `out` (S x S x 3) if given. Adds the decode and augment seconds to `times` if given."""
+                times: StageTimes | None = None) -> np.ndarray | torch.Tensor:
+        """Decode and augment `sample` for `epoch`: with a preset or none, a uint8 HWC array (BGR order when
+        `self.bgr`; with a preset, written into `out` (H x W x 3) if given); with a custom transform, its result
+        as a CHW tensor (`as_chw`). Adds the decode and augment seconds to `times` if given."""
         started = perf_counter()
+        result: np.ndarray | torch.Tensor
         if self.preset is not None:
             params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
+            size = self.preset.out_size
             if out is None:
-                out = np.empty((self.image_size, self.image_size, 3), np.uint8)
+                out = np.empty((*size, 3), np.uint8)
             decoder = self.region_decoder_for_presets() if sample.codec == CODEC_CV_JPEG else None
             decode_started = perf_counter()
             if decoder is not None:  # only the crop's rows/columns, at the smallest DCT scale that suffices
-                region = plan_region(sample.width, sample.height, params, self.image_size)
+                region = plan_region(sample.width, sample.height, params, size)
                 pixels = self._decode_region(decoder, sample, region)
                 decode_s = perf_counter() - decode_started
                 crop_resize_flip(pixels, box_in_region(params, region), out, params.flip)
             else:
-                reduce = reduce_factor(params, self.image_size) if sample.codec == CODEC_CV_JPEG else 1
+                reduce = reduce_factor(params, size) if sample.codec == CODEC_CV_JPEG else 1
                 image = self._decode(sample, reduce)
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
@@ -138,14 +162,17 @@ class SamplePipeline:
             else:
                 if self._custom is None:
                     self._custom = wrap_custom(self.augment)
-                result = _as_hwc(self._custom(image, sample_seed(self.seed, epoch, *sample.position)), sample.key)
+                result = as_chw(self._custom(image, sample_seed(self.seed, epoch, *sample.position)),
+                                f"{self._where(sample)}: sample {sample.key!r}")
         if times is not None:
             times.decode += decode_s
             times.augment += perf_counter() - started - decode_s
         return result
 
-    def to_tensor(self, image: np.ndarray) -> torch.Tensor:
-        """HWC array from `process` -> RGB CHW tensor (contiguous)."""
+    def to_tensor(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """What `process` returned -> RGB CHW tensor (contiguous)."""
+        if isinstance(image, torch.Tensor):
+            return image.contiguous()
         if self.bgr:
             image = image[:, :, ::-1]
         return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
@@ -154,7 +181,8 @@ class SamplePipeline:
               buffers: BatchBuffers | None = None) -> Batch:
         """Decode and augment `samples` into one batch. With a preset every image is resized into a scratch
         image whose planes go straight into the batch's preallocated NCHW tensor (in a reused shared-memory slot
-        of `buffers` when one is free)."""
+        of `buffers` when one is free), as uint8 or normalised into the `output` dtype; a custom transform's
+        results are stacked (one shape and dtype throughout)."""
         skipped: list[tuple[str, str]] = []
         labels: list[int] = []
         size = self.output_size
@@ -162,12 +190,17 @@ class SamplePipeline:
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
             import cv2
 
-            tensor, slot = _output_tensor((len(samples), 3, size, size), buffers)
-            planes = tensor.numpy()
+            floating = self.output.floating
+            tensor, slot = _output_tensor((len(samples), 3, *size), buffers, self.output.batch_dtype)
             image = self._scratch(size)
             order = (2, 1, 0) if self.bgr else (0, 1, 2)
+            if floating:  # uint8 planes of one image, then normalised into its row of the batch
+                planes = self._scratch(size, "planes")
+                uint8_planes = torch.from_numpy(planes)
+            else:
+                planes = tensor.numpy()
         else:
-            images: list[np.ndarray] = []
+            images: list[torch.Tensor] = []
             kept: list[EncodedSample] = []  # the samples behind `images` (skipped ones left out)
             slot = None
         for sample in samples:
@@ -175,7 +208,7 @@ class SamplePipeline:
                 if size:
                     self.process(sample, epoch, image, times=times)
                 else:
-                    images.append(self.process(sample, epoch, times=times))
+                    images.append(self.to_chw_view(self.process(sample, epoch, times=times)))
                     kept.append(sample)
             except CorruptSampleError as exc:
                 if on_error == "raise":
@@ -190,56 +223,79 @@ class SamplePipeline:
                 started = perf_counter()
                 # HWC -> the three planes of this image's slot (and BGR -> RGB for free): OpenCV's SIMD split,
                 # measured 5x faster than numpy's strided copy of the whole batch
-                cv2.split(image, [planes[len(labels), channel] for channel in order])
+                if floating:
+                    cv2.split(image, [planes[channel] for channel in order])
+                    self.output.normalise(uint8_planes, out=tensor[len(labels)])
+                else:
+                    cv2.split(image, [planes[len(labels), channel] for channel in order])
                 times.collate += perf_counter() - started
             labels.append(sample.label)
         collate_started = perf_counter()
         if size:
             tensor = tensor[: len(labels)]
         else:
-            stacked = _stack(images, kept, self.source)
-            if not labels:
-                stacked = np.empty((0, *stacked.shape[1:]), np.uint8)
-            tensor, slot = _output_tensor((stacked.shape[0], stacked.shape[3], stacked.shape[1], stacked.shape[2]),
-                                          buffers)
-            np.copyto(tensor.numpy(), stacked.transpose(0, 3, 1, 2))
+            tensor, slot = _stack(images, kept, self.source, buffers)
         label_tensor = torch.tensor(labels, dtype=torch.int64)
         times.collate += perf_counter() - collate_started
         return Batch(tensor, label_tensor, skipped, times, slot)
 
+    def to_chw_view(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """What `process` returned as CHW, without copying (an HWC array: a transposed view)."""
+        if isinstance(image, torch.Tensor):
+            return image
+        return torch.from_numpy(image).permute(2, 0, 1)
 
-def _output_tensor(shape: tuple[int, ...], buffers: BatchBuffers | None) -> tuple[torch.Tensor, Slot | None]:
-    """An uninitialised uint8 tensor for a batch, and its slot. In a DataLoader worker it is in shared memory from
+
+def _output_tensor(shape: tuple[int, ...], buffers: BatchBuffers | None, dtype: torch.dtype = torch.uint8
+                   ) -> tuple[torch.Tensor, Slot | None]:
+    """An uninitialised tensor for a batch, and its slot. In a DataLoader worker it is in shared memory from
     the start, as torch's default_collate does (handing a batch to the main process otherwise copies it into
     shared memory: about a fifth of a worker's time at 3,000 images/s), in a reused slot of `buffers` if given."""
     if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8), None
+        return torch.empty(shape, dtype=dtype), None
     if buffers is not None:
-        return buffers.acquire(shape)
-    return new_shared(shape), None
+        return buffers.acquire(shape, dtype)
+    return new_shared(shape, dtype), None
 
 
-def _as_hwc(result: Any, key: str) -> np.ndarray:
+def as_chw(result: Any, where: str) -> torch.Tensor:
+    """A custom transform's result as a CHW tensor of its own dtype: a tensor is CHW already (torchvision's and
+    albumentations' ToTensorV2 convention; a 2-D one is one channel), an array or PIL image is HWC (numpy's,
+    OpenCV's and albumentations' convention; 2-D: one channel) and is viewed transposed, not copied."""
     if isinstance(result, torch.Tensor):
-        result = result.numpy()
-        if result.ndim == 3 and result.shape[0] in (1, 3) and result.shape[2] not in (1, 3):
-            result = result.transpose(1, 2, 0)
-    result = np.asarray(result)
-    if result.ndim == 2:
-        result = result[:, :, None]
-    if result.ndim != 3:
-        raise ConfigError(f"augment returned an array of shape {result.shape} for {key!r}; expected H x W x C")
-    return result
+        tensor = result.as_subclass(torch.Tensor)  # a torchvision tv_tensors.Image -> a plain tensor
+        if tensor.ndim == 2:
+            tensor = tensor[None]
+        if tensor.ndim != 3:
+            raise ConfigError(f"{where}: augment returned a tensor of shape {tuple(tensor.shape)}; expected C x H x W")
+        if tensor.shape[2] in (1, 3, 4) and tensor.shape[0] not in (1, 3, 4):
+            raise ConfigError(f"{where}: augment returned a tensor of shape {tuple(tensor.shape)}, which looks H x "
+                              "W x C; tensors are read as C x H x W (torchvision's convention): return a numpy "
+                              "array for H x W x C")
+        return tensor
+    array = np.asarray(result)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3:
+        raise ConfigError(f"{where}: augment returned an array of shape {array.shape}; expected H x W x C")
+    if not array.flags.writeable or min(array.strides) < 0:  # torch takes neither: copy (e.g. a flipped view)
+        array = array.copy()
+    return torch.from_numpy(array).permute(2, 0, 1)
 
 
-def _stack(images: list[np.ndarray], samples: list[EncodedSample], source: str) -> np.ndarray:
+def _stack(images: list[torch.Tensor], samples: list[EncodedSample], source: str, buffers: BatchBuffers | None
+           ) -> tuple[torch.Tensor, Slot | None]:
+    """The CHW images of a batch stacked into one NCHW tensor (in shared memory in a worker), which needs them
+    all of one shape and dtype."""
     if not images:
-        return np.empty((0, 0, 0, 3), np.uint8)
-    first = images[0].shape
+        return torch.empty((0, 3, 0, 0), dtype=torch.uint8), None
+    first = images[0]
     for image, sample in zip(images, samples, strict=True):
-        if image.shape != first:
+        if image.shape != first.shape or image.dtype != first.dtype:
             raise ConfigError(
-                f"{source}: cannot batch sample {sample.key!r} of shape {image.shape} with shape {first}: "
-                "images in a batch must have one size; use augment='train'/'val' (or a transform that ends "
-                "in a fixed-size crop or resize)")
-    return np.stack(images)
+                f"{source}: cannot batch sample {sample.key!r} ({image.dtype}, C x H x W {tuple(image.shape)}) "
+                f"with ({first.dtype}, {tuple(first.shape)}): images in a batch must have one size and dtype; use "
+                "augment='train'/'val' (or a transform that ends in a fixed-size crop or resize)")
+    tensor, slot = _output_tensor((len(images), *first.shape), buffers, first.dtype)
+    torch.stack(images, out=tensor)
+    return tensor, slot

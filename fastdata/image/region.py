@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
-from fastdata.image.augment import CropParams, pixel_box, reduce_factor
+from fastdata.image.augment import CropParams, ImageSize, pixel_box, reduce_factor
 from fastdata.image.decode import decode_rgb
 from fastdata.image.jpeg_library import default_candidates
 
@@ -44,11 +44,11 @@ def scaled_size(size: int, scale_num: int) -> int:
     return -(-size * scale_num // 8)
 
 
-def plan_region(width: int, height: int, params: CropParams, out_size: int) -> Region:
+def plan_region(width: int, height: int, params: CropParams, out_size: ImageSize) -> Region:
     """The part of a `width` x `height` JPEG to decode for the crop `params` (source pixels) that becomes
-    `out_size` x `out_size`: the largest power-of-two DCT scale-down (1/2, 1/4, 1/8: libjpeg-turbo's SIMD IDCTs;
-    3/8, 5/8, ... measured slower than a full-size decode) that leaves the crop at least `out_size` on both
-    sides, and the whole pixels at that scale that the crop box touches."""
+    `out_size` (a side, or (height, width)): the largest power-of-two DCT scale-down (1/2, 1/4, 1/8:
+    libjpeg-turbo's SIMD IDCTs; 3/8, 5/8, ... measured slower than a full-size decode) that leaves the crop at
+    least `out_size`, and the whole pixels at that scale that the crop box touches."""
     scale_num = 8 // reduce_factor(params, out_size)
     scaled_w, scaled_h = scaled_size(width, scale_num), scaled_size(height, scale_num)
     factor = scale_num / 8

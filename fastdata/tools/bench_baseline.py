@@ -208,7 +208,7 @@ def imagefolder_baseline(root: Path, config: BenchConfig, exclude: Iterable[str]
     if config.augment == "train":
         transform = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
     else:
-        transform = T.Compose([T.Resize(round(size / 0.875)), T.CenterCrop(size), T.PILToTensor()])
+        transform = T.Compose([T.Resize(int(size / 0.875)), T.CenterCrop(size), T.PILToTensor()])
     root, skip = Path(root), frozenset(exclude)
     settings = config.settings
 

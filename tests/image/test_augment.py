@@ -70,17 +70,64 @@ def test_random_resized_crop_is_a_function_of_the_rng():
     assert len(draws) > 40
 
 
-@pytest.mark.parametrize(("width", "height"), [(67, 45), (21, 69), (64, 64), (401, 300)])
-@pytest.mark.parametrize("size", [16, 224])
-def test_center_crop_is_a_centred_square(width, height, size):
-    p = ResizeCenterCrop(size).params(width, height)
-    side = min(width, height) * 0.875
-    assert p.width == pytest.approx(side) and p.height == pytest.approx(side)
-    assert p.left == pytest.approx((width - side) / 2) and p.top == pytest.approx((height - side) / 2)
-    assert p.left + p.width / 2 == pytest.approx(width / 2)
-    assert p.top + p.height / 2 == pytest.approx(height / 2)
+@pytest.mark.parametrize(("width", "height"), [(67, 45), (21, 69), (64, 64), (401, 300), (300, 401), (97, 1000)])
+@pytest.mark.parametrize("size", [16, 32, 64, 100, 224])
+def test_center_crop_box_is_torchvisions_resize_then_center_crop(width, height, size):
+    """The val box is the source region that torchvision's Resize(int(size / 0.875)) + CenterCrop(size) keeps:
+    the resized size from torchvision's own resize, the crop's anchor from its own center_crop (of an image
+    whose pixels are their index), mapped back to source pixels."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    preset = ResizeCenterCrop(size)
+    new_h, new_w = F.resize(torch.zeros(1, height, width), [int(size / 0.875)], antialias=False).shape[-2:]
+    assert preset.resized_size(width, height) == (new_h, new_w)
+    index = torch.arange(new_h * new_w, dtype=torch.float64).view(1, new_h, new_w)
+    top, left = divmod(int(F.center_crop(index, [size, size])[0, 0, 0]), new_w)
+    p = preset.params(width, height)
+    sx, sy = width / new_w, height / new_h
+    assert (p.left, p.top, p.width, p.height) == pytest.approx((left * sx, top * sy, size * sx, size * sy))
     assert p.flip is False
     assert ResizeCenterCrop(size).params(width, height, np.random.default_rng(3)) == p
+
+
+@pytest.mark.parametrize(("width", "height"), [(67, 45), (21, 69), (401, 300), (300, 401), (64, 64)])
+@pytest.mark.parametrize("size", [(16, 32), (100, 64), (224, 224)])
+def test_rectangular_center_crop_covers_the_enlarged_size_keeping_the_aspect(width, height, size):
+    """(height, width): resized keeping the aspect to the smallest size covering (int(h / 0.875),
+    int(w / 0.875)) (one side exactly that, the other truncated as torchvision truncates), then the centre
+    (h, w) of that; a square (s, s) is the int size s."""
+    out_h, out_w = size
+    preset = ResizeCenterCrop(size)
+    assert preset.out_size == size
+    cover_h, cover_w = int(out_h / 0.875), int(out_w / 0.875)
+    new_h, new_w = preset.resized_size(width, height)
+    assert new_h >= cover_h and new_w >= cover_w and (new_h == cover_h or new_w == cover_w)
+    assert abs(new_w / new_h - width / height) <= max(width / height / new_h, 1 / new_w) * 1.01  # aspect kept
+    p = preset.params(width, height)
+    assert p.width == pytest.approx(out_w * width / new_w) and p.height == pytest.approx(out_h * height / new_h)
+    assert abs(p.left + p.width / 2 - width / 2) <= width / new_w / 2 + 1e-9  # centred within half a pixel
+    assert abs(p.top + p.height / 2 - height / 2) <= height / new_h / 2 + 1e-9
+    if out_h == out_w:
+        assert preset == ResizeCenterCrop(out_h) and preset.size == out_h
+
+
+def test_presets_take_rectangles_scale_and_ratio_and_check_them():
+    train = make_preset("train", (24, 40), scale=(0.3, 0.9), ratio=[0.5, 2])
+    assert train == RandomResizedCropFlip((24, 40), scale=(0.3, 0.9), ratio=(0.5, 2.0))
+    assert train.out_size == (24, 40) and train.scale == (0.3, 0.9) and train.ratio == (0.5, 2.0)
+    assert repr(make_preset("train", (16, 16))) == repr(make_preset("train", 16)) == \
+        "RandomResizedCropFlip(size=16, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333), flip_p=0.5)"
+    assert make_preset("val").out_size == make_preset("train").out_size == (224, 224)
+    for bad in [dict(scale=(0.5, 0.2)), dict(scale=(0, 1)), dict(scale=(0.5, 1.5)), dict(scale=0.5),
+                dict(ratio=(2, 1)), dict(ratio=(-1, 1)), dict(ratio=("a", 1))]:
+        with pytest.raises(ConfigError, match=r"scale|ratio"):
+            make_preset("train", 32, **bad)
+    with pytest.raises(ConfigError, match=r"scale and ratio .* augment='train'"):
+        make_preset("val", 32, scale=(0.5, 1))
+    for bad in [0, (0, 4), (4, 5, 6), 2.5, "32", True]:
+        with pytest.raises(ConfigError, match="image_size"):
+            make_preset("train", bad)
 
 
 @pytest.mark.parametrize(

@@ -41,8 +41,11 @@ def assert_same_batches(a, b) -> None:
 
 
 def make_loader(path, **kwargs):
-    options = dict(batch_size=BATCH, augment="train", image_size=SIZE, num_workers=0, seed=0)
+    """A loader with this file's settings; image_size=SIZE for the presets (a custom transform sets its own)."""
+    options = dict(batch_size=BATCH, augment="train", num_workers=0, seed=0)
     options.update(kwargs)
+    if isinstance(options["augment"], str):
+        options.setdefault("image_size", SIZE)
     return fastdata.loader(path, **options)
 
 
