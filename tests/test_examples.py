@@ -69,7 +69,8 @@ def load_example(name: str) -> ModuleType:
 def test_lightning_checkpoint_mid_epoch_resumes_the_same_batches(readme_trees: tuple[Path, Path],
                                                                  tmp_path: Path) -> None:
     """Lightning saves the fastdata loader's state in its checkpoints and restores it: a run resumed from a
-    checkpoint taken mid-epoch (step 8 of 6-batch epochs) trains on exactly the batches the uninterrupted run had."""
+    checkpoint taken mid-epoch (after step 4, of 3-batch epochs) trains on exactly the batches the uninterrupted
+    run had."""
     example = load_example("lightning_datamodule")
     L = example.L  # lightning.pytorch, as the example imports it
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -83,18 +84,18 @@ def test_lightning_checkpoint_mid_epoch_resumes_the_same_batches(readme_trees: t
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
                 seen.append((batch[1].tolist(), float(batch[0].double().sum())))
 
-        data = example.FastdataImageModule(train, val, batch_size=4, image_size=32, num_workers=1)
+        data = example.FastdataImageModule(train, val, batch_size=8, image_size=32, num_workers=1)
         data.prepare_data()
         data.setup("fit")
         trainer = L.Trainer(max_steps=steps, limit_val_batches=1, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, num_sanity_val_steps=0,
                             callbacks=[example.SetEpoch(), Record(),
-                                       ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=8, save_top_k=-1)])
+                                       ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=4, save_top_k=-1)])
         trainer.fit(example.Classifier(len(data.classes), arch="mobilenet_v3_small"), datamodule=data, ckpt_path=resume)
         return seen
 
-    uninterrupted = fit(12, tmp_path / "run")
-    (checkpoint,) = (tmp_path / "run").glob("*step=8*.ckpt")
-    resumed = fit(12, tmp_path / "resumed", resume=checkpoint)
-    assert len(uninterrupted) == 12
-    assert resumed == uninterrupted[8:]
+    uninterrupted = fit(6, tmp_path / "run")
+    (checkpoint,) = (tmp_path / "run").glob("*step=4*.ckpt")
+    resumed = fit(6, tmp_path / "resumed", resume=checkpoint)
+    assert len(uninterrupted) == 6
+    assert resumed == uninterrupted[4:]
