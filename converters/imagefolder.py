@@ -64,7 +64,13 @@ def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str]
     file verified by decoding it, unusable ones rejected and listed (`strict=True`: the first raises and nothing is
     written), interrupted conversions resumed by the same call. Options: those of
     `fastdata.convert.images.convert_images` (format, shard_size, seed, max_size, quality, max_pixels, workers,
-    overwrite, strict, progress, commit_every, engine, ray_address)."""
+    overwrite, strict, progress, commit_every, engine, ray_address).
+
+    Args:
+        src: the ImageFolder tree (`src/<class>/**/<image>`); classes, labels and order are torchvision's.
+        out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
+        **options: the options of `fastdata.convert.images.convert_images`.
+    """
     return convert_images(lambda: scan(src), out, **options)
 
 

@@ -219,7 +219,16 @@ def convert_text(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     ("line"). The other options are those of `fastdata.convert.text.convert_documents` (format, eos_token,
     shard_size, batch_size, overwrite, strict, progress, chunk_tokens, commit_every_chunks, checkpoint_every):
     each document stored whole as its exact ids, in source order; unusable records reported and skipped; an
-    interrupted conversion resumed by the same call."""
+    interrupted conversion resumed by the same call.
+
+    Args:
+        src: .jsonl, .jsonl.gz, .jsonl.zst, .txt or .parquet files, folders or glob patterns of them, or a list.
+        out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
+        tokenizer: a `tokenizers` tokenizer.json file (copied into `out`).
+        field: the JSONL field / parquet column that holds the text.
+        txt_mode: .txt files: "file" (one document per file) or "line" (one per non-blank line).
+        **options: the options of `fastdata.convert.text.convert_documents`.
+    """
     if txt_mode not in TXT_MODES:
         raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)

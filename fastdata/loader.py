@@ -42,6 +42,22 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
     the manifest as they stream in; `cache_dir` keeps them, bounded by `cache_max_bytes`; `storage_options`
     go to fsspec).
+
+    Args:
+        path: the converted dataset: an LMDB directory, a WebDataset directory, or the http(s):// or s3:// URL
+            of a WebDataset directory.
+        augment: None (whole images, as stored), "train", "val", an albumentations transform or a callable on an
+            HWC uint8 RGB array (as for `loader`).
+        image_size: the side of the square images "train" and "val" produce.
+        seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`).
+        on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
+            of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
+        cache_dir: remote datasets: a folder that keeps the verified shards.
+        cache_max_bytes: remote datasets: the bound on `cache_dir`, in bytes or as "20GB".
+        storage_options: remote datasets: options for the fsspec file system.
+        rank: WebDataset: this process's rank (None: torch.distributed's when initialised, else 0).
+        world_size: WebDataset: the number of ranks (None: torch.distributed's when initialised, else 1).
+        uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
     """
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
@@ -178,8 +194,57 @@ def loader(
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
     to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
-    `eos_token` overrides the end-of-text token that follows each document. These apply to text only, and the
+        `eos_token` overrides the end-of-text token that follows each document. These apply to text only, and the
     image options (anything but augment's default "train") are refused for text.
+
+    Args:
+        path: the converted dataset: an LMDB directory (`OUT.lmdb`), a WebDataset directory, or the
+            http(s):// or s3:// URL of a WebDataset directory.
+        batch_size: samples (images, or text rows) per batch.
+        augment: "train" (torchvision's RandomResizedCrop + horizontal flip), "val" (torchvision's
+            Resize(int(image_size / 0.875)) + CenterCrop(image_size)), None (whole images, which must then share
+            one size to be batched), an albumentations transform (ending in `Normalize` / `ToTensorV2` gives
+            float32 batches), a torchvision transform (v2: uint8 CHW tensor in; v1: PIL image in), or a callable
+            on an HWC uint8 RGB array; each sample's randomness is seeded from `(seed, epoch, sample)`.
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224); refused
+            with a transform of your own, which sets its own size.
+        shuffle: reshuffle every epoch from `(seed, epoch)`; False keeps the dataset's stored order.
+        num_workers: worker processes building batches (None: one per available core, at most 16; 0: in this
+            process).
+        seed: the seed of the epochs' order and of the augmentations; the same seed gives the same batches for
+            any `num_workers`.
+        drop_last: leave out the last, short batch of each epoch (of each rank's part).
+        pin_memory: hand batches over in pinned memory (None: when CUDA is available).
+        prefetch_factor: batches each worker prepares ahead.
+        persistent_workers: keep the workers alive between passes (None: yes for "train" or a transform of
+            your own, no for "val" or None, so that an evaluation loader holds no processes while training runs).
+        multiprocessing_context: the workers' start method ("fork", "spawn", "forkserver"; None: the platform's).
+        on_error: "raise" stops at an undecodable sample, naming the dataset and its key; "skip" leaves it out of
+            its batch and lists it in `loader.skipped`.
+        timeout: seconds a worker may take for one batch before WorkerError (0: no limit).
+        rank: this process's rank (None: torch.distributed's when initialised, else 0).
+        world_size: the number of ranks (None: torch.distributed's when initialised, else 1).
+        uneven: when the samples do not divide between the ranks: "pad" repeats the first samples of the
+            epoch's order, "drop" leaves the last ones out.
+        cache_dir: remote datasets: a folder that keeps the verified shards, shared by the processes of a node.
+        cache_max_bytes: remote datasets: the bound on `cache_dir`, in bytes or as "20GB".
+        storage_options: remote datasets: options for the fsspec file system (credentials, endpoint, ...).
+        device: the device batches arrive on (e.g. "cuda"); None leaves them on the CPU, as the workers made them.
+        decode: "auto", "worker" (decode in the workers) or "device" (decode whole JPEG batches on `device`).
+        dtype: a floating dtype (torch.float32, bfloat16, float16) gives batches normalised as
+            `(x / 255 - mean) / std`, made in the workers (or on `device`); None keeps uint8.
+        channels_last: with `device`: hand batches over in channels-last memory format.
+        mean: with a floating `dtype`: the per-channel mean, in 0..1 units (default ImageNet's).
+        std: with a floating `dtype`: the per-channel standard deviation, in 0..1 units (default ImageNet's).
+        scale: "train": RandomResizedCrop's range of the crop's area, as a fraction of the image (default
+            (0.08, 1)).
+        ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
+        seq_len: text, packed: tokens per block (default 1024).
+        packing: text: True (default) packs documents into blocks of `seq_len`; False gives one document per
+            row, padded.
+        max_length: text, padded: tokens per row at most (default 1024; longer documents are truncated).
+        bucketing: text, padded: batch documents of similar length together.
+        eos_token: text: the end-of-text token that follows each document (default: the conversion's).
     """
     rank, world_size = resolve_world(rank, world_size)
     options = LoaderOptions(

@@ -24,6 +24,7 @@ from builders import (
 )
 
 import fastdata
+from fastdata.tools.sample import make_sample_imagefolder
 
 
 @pytest.fixture(scope="session")
@@ -110,6 +111,24 @@ def solid(request, solid_lmdb, solid_wds) -> Path:
 @pytest.fixture
 def bad_tree(tmp_path) -> Tree:
     return build_bad_tree(tmp_path / "bad")
+
+
+@pytest.fixture(scope="session")
+def readme_lmdb(tmp_path_factory) -> Path:
+    """A tiny converted sample of photos (24 images, 3 classes): the dataset the README's and the docs' Python
+    snippets load in place of their "train.lmdb" and "val.lmdb"."""
+    root = tmp_path_factory.mktemp("photos")
+    src = make_sample_imagefolder(root / "train", images=24, classes=3, workers=1)
+    out = root / "train.lmdb"
+    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture
+def readme_trees(tmp_path) -> tuple[Path, Path]:
+    """Tiny train and val ImageFolder trees of photos (24 and 12 images, 3 classes), for the examples."""
+    return (make_sample_imagefolder(tmp_path / "train", images=24, classes=3, workers=1),
+            make_sample_imagefolder(tmp_path / "val", images=12, classes=3, seed=1, workers=1))
 
 
 @pytest.fixture(scope="module")

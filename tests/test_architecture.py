@@ -1,7 +1,7 @@
 """The layout holds: imports point one way, down the layers, and close no loop.
 
 Every module of the package (and of `converters/`, installed as `fastdata.converters`) is parsed; every import it
-makes, at module level or inside a function, counts. Layers, lowest first (README, "How the code is laid out"):
+makes, at module level or inside a function, counts. Layers, lowest first (docs/contributing.md, "The layer rule"):
 
     _version, errors, config  <  formats  <  order, meter  <  image, text  <  loader, convert  <  converters
     <  tools  <  cli and the package face
@@ -41,7 +41,7 @@ def room(module: str) -> str:
         prefix = ".".join(parts[:n])
         if prefix in ROOMS:
             return ROOMS[prefix]
-    raise AssertionError(f"{module} belongs to no room: add it to ROOMS and to the README's layout")
+    raise AssertionError(f"{module} belongs to no room: add it to ROOMS and to the layout in docs/contributing.md")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

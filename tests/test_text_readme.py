@@ -1,5 +1,5 @@
-"""The README's text snippets (```py blocks of the "Text datasets" section) run as written, pointed at a
-tiny converted text dataset, with a stand-in `model`."""
+"""The text guide's snippets (```py blocks of docs/text.md) run as written, pointed at a tiny converted text
+dataset, with a stand-in `model`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from builders import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TEXT_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "text.md"
 
 
 def text_section() -> str:
-    return README.read_text().split("## Text datasets", 1)[1].split("\n## ", 1)[0]
+    return TEXT_GUIDE.read_text()
 
 
 def text_blocks() -> list[str]:
@@ -30,7 +30,7 @@ def corpus_lmdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = train_bytelevel(root / "tokenizer.json", docs)
     out = root / "corpus.lmdb"
     fastdata.convert_text(write_jsonl(root / "corpus.jsonl", docs), out, tokenizer=tokenizer, progress=False)
-    assert fastdata.dataset(out).total_tokens > 1025  # at least one whole block of the README's seq_len
+    assert fastdata.dataset(out).total_tokens > 1025  # at least one whole block of the guide's seq_len
     return out
 
 
@@ -44,7 +44,7 @@ def test_text_snippet_runs(index: int, corpus_lmdb: Path) -> None:
     code = text_blocks()[index].replace('"corpus.lmdb"', repr(str(corpus_lmdb)))
     vocab = fastdata.dataset(corpus_lmdb).tokenizer.get_vocab_size()
     namespace: dict = {"model": lambda ids: torch.zeros(*ids.shape, vocab, requires_grad=True)}
-    exec(compile(code, f"README.md text snippet {index}", "exec"), namespace)
+    exec(compile(code, f"docs/text.md snippet {index}", "exec"), namespace)
     if "loss" in namespace:
         assert namespace["input_ids"].shape[1] == 1024 and torch.isfinite(namespace["loss"])
     if "text" in namespace:

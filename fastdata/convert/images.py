@@ -185,6 +185,24 @@ def convert_images(
     checkpoint (every `commit_every` images), WebDataset from its first unfinished shard.
     `engine="ray"` verifies and encodes the images on a Ray cluster (`ray_address`, or a local Ray instance)
     while this process writes them: the same dataset as the local engine makes.
+
+    Args:
+        list_source: lists the source (a converter's scan, e.g. of an ImageFolder tree).
+        out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards.
+        format: "lmdb" or "wds" (None: "lmdb" when `out` ends in `.lmdb`).
+        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count.
+        seed: the seed of the sample order across WebDataset shards.
+        max_size: re-encode images whose longer side exceeds this many pixels to JPEG (None: keep every
+            image's original bytes).
+        quality: JPEG quality of the images `max_size` re-encodes.
+        max_pixels: refuse images with more pixels than this, read from the header before decoding.
+        workers: processes verifying and encoding images (None: all cores).
+        overwrite: replace an existing dataset at `out`.
+        strict: stop at the first unusable file, writing nothing.
+        progress: show a progress bar.
+        commit_every: LMDB: images between checkpoints (where an interrupted conversion resumes).
+        engine: "local" (processes on this machine) or "ray" (a Ray cluster).
+        ray_address: the Ray cluster for `engine="ray"` (None: start a local Ray instance).
     """
     out = Path(out)
     fmt = resolve_format(out, format)

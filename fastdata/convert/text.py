@@ -226,6 +226,22 @@ def convert_documents(
     checkpoint inside a shard keeps that shard's documents so far); the source records consumed before are
     skipped without being tokenized again. `checkpoint_every` does not change the dataset, so a rerun may pass
     another value.
+
+    Args:
+        list_source: lists the source documents (a converter's scan, e.g. of JSONL files).
+        out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards.
+        tokenizer: a `tokenizers` tokenizer.json file (copied into `out`).
+        format: "lmdb" or "wds" (None: "lmdb" when `out` ends in `.lmdb`).
+        eos_token: the end-of-text token appended to every document when packing (None: found among the
+            tokenizer's special tokens).
+        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count.
+        batch_size: text per tokenizer batch, bounding memory: "1MB", "512KB", ... or a byte count.
+        overwrite: replace an existing dataset at `out`.
+        strict: stop at the first unusable record, writing nothing.
+        progress: show a progress bar.
+        chunk_tokens: LMDB: token ids per stored chunk.
+        commit_every_chunks: LMDB: chunks between commits.
+        checkpoint_every: source read between checkpoints: "4MB", ... or a byte count.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = resolve_format(out, format)

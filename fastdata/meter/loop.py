@@ -27,11 +27,17 @@ def meter(iterable: Iterable[T], *, sync: bool | None = None, log_every: int | N
           system: bool = True, log: Callable[[str], None] | None = None) -> Meter[T]:
     """Wrap `iterable` so that iterating the result yields its items unchanged while timing every step.
 
-    sync: time GPU work with CUDA events (None: when CUDA is in use by the first step's end).
-    log_every: print a live line (steps/s, samples/s, data wait, CPU, GPU) every N steps through `log`
-    (default: stderr). batch_size: samples per item, or a function of the item (default: inferred from the
-    first tensor / array / sequence in it). warmup_steps: first steps left out of rates and fractions
-    (worker start-up; `first_batch_s` reports it). interval: seconds between system samples.
+    Args:
+        iterable: what the training loop iterates: a `fastdata.loader`, a DataLoader, any iterable.
+        sync: time GPU work with CUDA events (None: when CUDA is in use by the first step's end).
+        log_every: print a live line (steps/s, samples/s, data wait, CPU, GPU) every N steps through `log`
+            (None: no live lines).
+        batch_size: samples per item, or a function of the item (default: inferred from the first tensor /
+            array / sequence in it).
+        warmup_steps: first steps left out of rates and fractions (worker start-up; `first_batch_s` reports it).
+        interval: seconds between system samples.
+        system: sample CPU, iowait, disk, memory and GPU figures once every `interval` (False: timings only).
+        log: where live lines go (default: stderr).
     """
     return Meter(iterable, sync=sync, log_every=log_every, batch_size=batch_size, warmup_steps=warmup_steps,
                  interval=interval, system=system, log=log)

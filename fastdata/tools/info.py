@@ -9,7 +9,11 @@ from fastdata.formats.manifest import Manifest, read_manifest
 
 
 def info(path: str | os.PathLike[str]) -> Manifest:
-    """The manifest of the dataset at `path` (raises NotADatasetError with the reason if it is none)."""
+    """The manifest of the dataset at `path` (raises NotADatasetError with the reason if it is none).
+
+    Args:
+        path: a converted dataset (LMDB or WebDataset directory).
+    """
     return read_manifest(Path(path))
 
 
