@@ -30,7 +30,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
     `.class_to_idx`, `.samples` as torchvision's ImageFolder has them); WebDataset shards give an iterable
-    one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val" (with
+    one (`len`, `.classes`, iteration in stored order; `ds[i]` raises TypeError). `augment` is None (full
+    image), "train", "val" (with
     `image_size`, `scale`, `ratio` as for `loader`), an albumentations or torchvision transform, or a callable
     on an HWC uint8 array.
     The iterable WebDataset dataset splits its stream between the DataLoader workers that iterate it and between
@@ -46,9 +47,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     Args:
         path: the converted dataset: an LMDB directory, a WebDataset directory, or the http(s):// or s3:// URL
             of a WebDataset directory.
-        augment: None (whole images, as stored), "train", "val", an albumentations transform or a callable on an
-            HWC uint8 RGB array (as for `loader`).
-        image_size: the side of the square images "train" and "val" produce.
+        augment: None (whole images, as stored), "train", "val", an albumentations or torchvision transform, or a
+            callable on an HWC uint8 RGB array (as for `loader`).
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224).
         seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`).
         on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
             of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
@@ -58,6 +59,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         rank: WebDataset: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: WebDataset: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
+        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`).
+        ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
     """
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
