@@ -23,14 +23,17 @@ from fastdata.text.loader import TextLoader, TextOptions, text_loader
 def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
             on_error: str = "raise", cache_dir: str | os.PathLike[str] | None = None,
             cache_max_bytes: int | str | None = None, storage_options: dict[str, Any] | None = None,
-            rank: int | None = None, world_size: int | None = None, uneven: str = "pad"
+            rank: int | None = None, world_size: int | None = None, uneven: str = "pad", metadata: bool = False
             ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
     `.class_to_idx`, `.samples` as torchvision's ImageFolder has them); WebDataset shards give an iterable
     one (`len`, `.classes`, iteration in stored order). `augment` is None (full image), "train", "val",
-    an albumentations transform or a callable on an HWC uint8 array.
+    an albumentations transform or a callable on an HWC uint8 array. A multi-label dataset's label is a multi-hot
+    float32 `[C]` tensor (C = len(ds.classes)) instead of a class id. `metadata=True` gives `(image, label,
+    metadata)` per sample, metadata being the dict of the sample's other source columns ({} when the source had
+    none); LMDB datasets also have `ds.metadata(i)`.
     The iterable WebDataset dataset splits its stream between the DataLoader workers that iterate it and between
     ranks (`rank`/`world_size`, else torch.distributed's when initialised; `uneven` as for `loader`), so every
     sample comes once per pass; `len()` is this rank's count. (A map-style LMDB dataset takes your sampler, e.g.
@@ -45,7 +48,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: in
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options))
+                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), metadata=metadata)
     if isinstance(data, WdsImageDataset):
         return data.split(rank, world_size, uneven)
     if explicit_world:
@@ -55,24 +58,27 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: in
 
 
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: int = 224, seed: int = 0,
-                  on_error: str = "raise", remote: RemoteOptions | None = None
+                  on_error: str = "raise", remote: RemoteOptions | None = None, metadata: bool = False
                   ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     remote = remote or RemoteOptions()
     if is_url(path):
         store = remote.shards(str(path))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
-                               on_error=on_error, store=store)
+                               on_error=on_error, store=store, metadata=metadata)
     if remote.given:
         raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)
     manifest = read_manifest(root)
     if manifest.kind == "text":
+        if metadata:
+            raise ConfigError(f"{path}: metadata=True applies to image datasets; this one holds text")
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
-    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error)
+    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
+               metadata=metadata)
 
 
 def default_persistent_workers(augment: Any) -> bool:

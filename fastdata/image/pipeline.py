@@ -11,11 +11,12 @@ import numpy as np
 import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
+from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, Label
 from fastdata.image.augment import apply_crop, crop_resize_flip, make_preset, reduce_factor, wrap_custom
 from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
+from fastdata.image.labels import LabelCodec
 from fastdata.image.region import (
     Region,
     RegionDecoder,
@@ -35,8 +36,10 @@ class SamplePipeline:
     """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily."""
 
     def __init__(self, augment: Any, image_size: int, seed: int, source: str,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None,
+                 labels: LabelCodec | None = None) -> None:
         self.max_pixels = max_pixels
+        self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
@@ -156,7 +159,7 @@ class SamplePipeline:
         image whose planes go straight into the batch's preallocated NCHW tensor (in a reused shared-memory slot
         of `buffers` when one is free)."""
         skipped: list[tuple[str, str]] = []
-        labels: list[int] = []
+        labels: list[Label] = []
         size = self.output_size
         times = StageTimes()
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
@@ -203,7 +206,7 @@ class SamplePipeline:
             tensor, slot = _output_tensor((stacked.shape[0], stacked.shape[3], stacked.shape[1], stacked.shape[2]),
                                           buffers)
             np.copyto(tensor.numpy(), stacked.transpose(0, 3, 1, 2))
-        label_tensor = torch.tensor(labels, dtype=torch.int64)
+        label_tensor = self.labels.batch(labels)
         times.collate += perf_counter() - collate_started
         return Batch(tensor, label_tensor, skipped, times, slot)
 
