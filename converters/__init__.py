@@ -9,6 +9,7 @@ import importlib
 #: for `fastdata verify --source`).
 REGISTRY: dict[str, str] = {
     "imagefolder": "fastdata.converters.imagefolder",
+    "list": "fastdata.converters.filelist",
     "text": "fastdata.converters.text",
 }
 

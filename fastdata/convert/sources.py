@@ -13,7 +13,8 @@ A new source kind lists its samples once, in their order, and says where their b
   once per sample, so it may hold a table of where each key is), that may open handles lazily and keep them for the
   process (drop them in `__getstate__`).
 - `metadata` (optional): one dict per sample, in `samples`' order, of JSON scalars (str, int, float, bool, None):
-  the source's other columns. Stored with each sample (JSON, never pickle), returned by
+  the source's other columns (a list, or any sequence that makes each dict when asked, with a `fields` attribute
+  naming the keys). Stored with each sample (JSON, never pickle), returned by
   `fastdata.dataset(OUT, metadata=True)`; not read by the loader.
 - `origin` (optional): `origin(index) -> dict` of JSON scalars added to a rejected sample's manifest entry, to find
   it in the source (`{"list": "train.csv", "row": 17}`; `fastdata.formats.manifest.rejected_place` prints it).
@@ -93,7 +94,7 @@ class ImageSource:
     empty_classes: list[str] = field(default_factory=list)
     reader: SampleReader | None = None  # None: FileReader(root)
     label_kind: str = "single"  # "single" (int labels) or "multi" (tuples of class ids)
-    metadata: list[dict[str, Any]] | None = None  # per sample, in `samples`' order
+    metadata: Sequence[dict[str, Any]] | None = None  # per sample, in `samples`' order
     origin: Callable[[int], dict[str, Any]] | None = None  # sample index -> where it is in the source
     details: dict[str, Any] = field(default_factory=dict)  # more facts for the manifest's source block
 
@@ -130,6 +131,9 @@ class ImageSource:
         """The keys the samples' metadata holds, in the order first met."""
         if self.metadata is None:
             return []
+        fields = getattr(self.metadata, "fields", None)  # a column store knows its names without a pass
+        if fields is not None:
+            return list(fields)
         return list(dict.fromkeys(name for row in self.metadata for name in row))
 
     def fingerprint(self) -> dict[str, Any]:

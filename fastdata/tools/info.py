@@ -40,6 +40,10 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         paths = m.source.get("path", "?")
         paths = ", ".join(paths) if isinstance(paths, list) else paths
         lines.append(f"  source      {len(m.source.get('files', []))} file(s) from {paths}")
+    elif m.source.get("lists"):  # convert list
+        lists = m.source["lists"]
+        shown = ", ".join(lists[:3]) + (f", ... ({len(lists)} lists)" if len(lists) > 3 else "")
+        lines.append(f"  source      {shown} (images under {m.source.get('root', '?')})")
     else:
         lines.append(f"  source      {m.source.get('path', '?')} "
                      f"({m.source.get('ignored', 0)} non-image files ignored)")
