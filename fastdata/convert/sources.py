@@ -112,6 +112,10 @@ class ImageSource:
         if self.label_kind not in LABEL_KINDS:
             raise SourceError(f"{self.kind} source: label kind {self.label_kind!r} is none of {LABEL_KINDS}")
         count, multi = len(self.classes), self.label_kind == "multi"
+        labels = [label for _, label in self.samples]
+        if not multi and all(type(label) is int for label in labels) and (
+                not labels or (min(labels) >= 0 and max(labels) < count)):
+            return  # the common case, checked at a fraction of the cost of the loop below
         for key, label in self.samples:
             ids = label if multi and isinstance(label, tuple) else (label,)
             if (multi != isinstance(label, tuple) or not all(isinstance(i, int) and 0 <= i < count for i in ids)):

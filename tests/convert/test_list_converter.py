@@ -293,6 +293,25 @@ def test_nested_metadata_can_be_left_out(tmp_path):
     assert manifest.metadata_fields == [] and manifest.format_version == 1
 
 
+def test_metadata_values_become_json_scalars(tree, tmp_path):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = tree.images[:3]
+    when = [datetime.datetime(2024, 5, 17, 8, 30), None, datetime.datetime(1999, 12, 31, 23, 59, 59)]
+    table = pa.table({"path": paths, "label": ["alpha", "beta", "alpha"], "score": [0.5, float("nan"), None],
+                      "taken": pa.array(when, pa.timestamp("s")), "day": [datetime.date(2024, 1, 2)] * 3})
+    pq.write_table(table, tmp_path / "train.parquet")  # pyarrow keeps NaN as a value (pandas would make it null)
+    convert(tmp_path / "train.parquet", tmp_path / "out.lmdb", root=tree.root)
+    ds = fastdata.dataset(tmp_path / "out.lmdb")
+    assert [ds.metadata(i) for i in range(3)] == [
+        {"score": 0.5, "taken": "2024-05-17T08:30:00", "day": "2024-01-02"},
+        {"score": None, "taken": None, "day": "2024-01-02"},
+        {"score": None, "taken": "1999-12-31T23:59:59", "day": "2024-01-02"}]
+
+
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_paths_outside_the_root_are_converted_only_when_allowed(tree, tmp_path, fmt):
     lists = tmp_path / "lists"  # the default root: every image is outside it
