@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-#: name -> module; each module exposes `cli_command()` returning its click command.
+#: name -> module; each module exposes `cli_command()` returning its click command, and an image converter
+#: `relist(src, manifest) -> ImageSource` (its source listed again as the conversion that wrote `manifest` listed it,
+#: for `fastdata verify --source`).
 REGISTRY: dict[str, str] = {
     "imagefolder": "fastdata.converters.imagefolder",
+    "list": "fastdata.converters.filelist",
     "text": "fastdata.converters.text",
 }
 

@@ -14,8 +14,10 @@ from typing import Any
 
 import click
 
-from fastdata.convert.images import ConversionSummary, ImageSource, convert_images
+from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.sources import ImageSource
 from fastdata.errors import SourceError
+from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import IMAGE_EXTENSIONS
 
 
@@ -44,6 +46,12 @@ def scan(src: str | os.PathLike[str]) -> ImageSource:
                           f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
     return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes),
                        [name for name, n in zip(classes, counts, strict=True) if n == 0])
+
+
+def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
+    """The source of a dataset this converter made, listed again as the conversion listed it (`fastdata verify
+    --source`)."""
+    return scan(src)
 
 
 def _ignored_files(root: Path, classes: list[str]) -> list[str]:

@@ -77,6 +77,9 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
                    "print the ratio. SRC is the tree PATH was converted from; the files the conversion rejected "
                    "are left out. If PATH was re-encoded at conversion (--max-size), the baseline reads an "
                    "ImageFolder exported from PATH instead: the same stored bytes.")
+@click.option("--baseline-list", type=click.Path(path_type=Path), default=None, metavar="LIST",
+              help="For a dataset converted from a file list (convert list): the baseline is a torchvision Dataset "
+                   "over the images LIST names (same transform, PIL decode), less the rejected ones.")
 @click.option("--baseline-source", is_flag=True,
               help="With a re-encoded PATH: time the baseline on SRC's original files anyway (marked "
                    "'different inputs').")
@@ -105,7 +108,8 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
               help="Draw throughput and data wait over time for every loader, side by side (needs matplotlib).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="Write every figure (runs, timelines, system figures) as JSON.")
-def bench(path: Path, baseline_imagefolder: Path | None, baseline_source: bool, export_dir: Path | None,
+def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | None, baseline_source: bool,
+          export_dir: Path | None,
           epochs: int, warmup_passes: int, page_cache: str, batch_size: int, image_size: int, augment: str,
           workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
           json_path: Path | None) -> None:
@@ -118,20 +122,22 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_source: bool, 
 
     if plot is not None:
         check_plotting()  # before the runs, not after
-    if baseline_imagefolder is None and (baseline_source or export_dir is not None):
-        raise ConfigError("--baseline-source and --export-dir apply to --baseline-imagefolder SRC")
+    if baseline_imagefolder is None and baseline_list is None and (baseline_source or export_dir is not None):
+        raise ConfigError("--baseline-source and --export-dir apply to --baseline-imagefolder SRC or --baseline-list "
+                          "LIST")
     config = BenchConfig(epochs=epochs, batch_size=batch_size, image_size=image_size, augment=augment,
                          workers=workers, repeats=repeats, step=step, warmup_passes=warmup_passes,
                          page_cache=page_cache)
     results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
                         progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound,
-                        baseline_source=baseline_source, export_dir=export_dir)
+                        baseline_source=baseline_source, export_dir=export_dir, baseline_list=baseline_list)
     click.echo(format_table(results, data_wait=step != "none"))
     summary = format_summary(results)
     if summary:
         click.echo("\n" + summary)
     if json_path is not None:
-        click.echo(f"figures: {write_json(json_path, results, config, path, baseline_imagefolder)}", err=True)
+        click.echo(f"figures: {write_json(json_path, results, config, path, baseline_imagefolder or baseline_list)}",
+                   err=True)
     if plot is not None:
         title = f"fastdata bench {path.name}: batch {batch_size}, {config.num_workers} workers, step {step}"
         click.echo(f"plot: {plot_runs(plot, results, title)}", err=True)

@@ -24,7 +24,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             image_size: int | tuple[int, int] | None = None, seed: int = 0, on_error: str = "raise",
             cache_dir: str | os.PathLike[str] | None = None, cache_max_bytes: int | str | None = None,
             storage_options: dict[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
-            uneven: str = "pad", scale: tuple[float, float] | None = None, ratio: tuple[float, float] | None = None
+            uneven: str = "pad", scale: tuple[float, float] | None = None,
+            ratio: tuple[float, float] | None = None, metadata: bool = False
             ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
@@ -34,6 +35,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     image), "train", "val" (with
     `image_size`, `scale`, `ratio` as for `loader`), an albumentations or torchvision transform, or a callable
     on an HWC uint8 array.
+    A multi-label dataset's label is a multi-hot float32 `[C]` tensor (C = len(ds.classes)) instead of a class
+    id. `metadata=True` gives `(image, label, metadata)` per sample, metadata being the dict of the sample's other
+    source columns ({} when the source had none); LMDB datasets also have `ds.metadata(i)`.
     The iterable WebDataset dataset splits its stream between the DataLoader workers that iterate it and between
     ranks (`rank`/`world_size`, else torch.distributed's when initialised; `uneven` as for `loader`), so every
     sample comes once per pass; `len()` is this rank's count. (A map-style LMDB dataset takes your sampler, e.g.
@@ -61,12 +65,15 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
         scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
+        metadata: images: give `(image, label, metadata)` per sample, metadata being the dict of the sample's other
+            source columns (e.g. a file list's); not read otherwise.
     """
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio)
+                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
+                         metadata=metadata)
     if isinstance(data, TextDataset):
         _refuse_image_options(path, _augment_given(augment, None, image_size, scale, ratio))
     if isinstance(data, WdsImageDataset):
@@ -79,24 +86,27 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
-                  ratio: Any = None) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+                  ratio: Any = None, metadata: bool = False) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     remote = remote or RemoteOptions()
     crop = {"scale": scale, "ratio": ratio}
     if is_url(path):
         store = remote.shards(str(path))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
-                               on_error=on_error, store=store, **crop)
+                               on_error=on_error, store=store, metadata=metadata, **crop)
     if remote.given:
         raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)
     manifest = read_manifest(root)
     if manifest.kind == "text":
+        if metadata:
+            raise ConfigError(f"{path}: metadata=True applies to image datasets; this one holds text")
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
-    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error, **crop)
+    return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
+               metadata=metadata, **crop)
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:

@@ -15,11 +15,13 @@ Text corpora name their index in each document ("doc 17 ..."), so that order mis
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import shutil
 import struct
 import textwrap
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -315,6 +317,125 @@ BAD_FILES = ("good/truncated.jpg", "more/empty.png", "more/text.jpg")
 
 
 # ----------------------------------------------------------------------------------------------------
+# sources whose samples are not files, multi-labels and metadata (fastdata.convert.sources)
+
+
+class ZipReader:
+    """A SampleReader over the members of a zip archive: a source whose samples are not files (key = member name).
+    Opens the archive lazily, once per process, and drops the handle when pickled into a conversion worker."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._zip: zipfile.ZipFile | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_zip": None}
+
+    def read(self, key: str) -> bytes:
+        if self._zip is None:
+            self._zip = zipfile.ZipFile(self.path)
+        try:
+            return self._zip.read(key)
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "no such member in the archive", key) from None
+
+    def locate(self, key: str) -> str:
+        return f"{self.path}!{key}"
+
+    def describe(self) -> str:
+        return str(self.path.resolve())
+
+    def digest(self, keys) -> str:
+        stat = self.path.stat()
+        return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def multi_labels(sample_id: int) -> tuple[int, ...]:
+    """The classes of solid sample `sample_id` in multi-label tests: the bits of `sample_id % 8` over the 3 solid
+    classes (every subset, the empty one included)."""
+    return tuple(c for c in range(len(SOLID_CLASSES)) if (sample_id % 8) >> c & 1)
+
+
+def solid_metadata(sample_id: int) -> dict:
+    """The metadata of solid sample `sample_id` in metadata tests: one JSON scalar of each kind."""
+    return {"id": sample_id, "name": f"sample {sample_id} é", "score": sample_id / 4, "odd": bool(sample_id % 2),
+            "note": None if sample_id % 3 else "third"}
+
+
+def write_zip(tree: Tree, archive: Path, missing: tuple[str, ...] = ()) -> Path:
+    """The solid `tree`'s images as the (stored) members of the zip `archive`, but those in `missing`."""
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as out:
+        for relative in tree.images:
+            if relative not in missing:
+                out.write(tree.path(relative), relative)
+    return archive
+
+
+def zip_source(tree: Tree, archive: Path, multi: bool = False, metadata: bool = False):
+    """Every image of the solid `tree` listed as an ImageSource whose bytes are read from the members of `archive`
+    (`write_zip`) through ZipReader. Labels: the solid classes, or with `multi` the `multi_labels` of each sample
+    id; with `metadata`, each sample's `solid_metadata`."""
+    from fastdata.convert.sources import ImageSource
+
+    ids = [solid_id_of_path(relative) for relative in tree.images]
+    labels = [multi_labels(i) if multi else solid_label(i) for i in ids]
+    return ImageSource("zip", archive.parent, list(SOLID_CLASSES), list(zip(tree.images, labels, strict=True)),
+                       reader=ZipReader(archive), label_kind="multi" if multi else "single",
+                       metadata=[solid_metadata(i) for i in ids] if metadata else None)
+
+
+def multi_hot(ids: tuple[int, ...], classes: int = len(SOLID_CLASSES)) -> list[float]:
+    return [1.0 if c in ids else 0.0 for c in range(classes)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# file lists (fastdata convert list), written with pandas
+
+
+def list_frame(tree: Tree, labels: str = "names", prefix: str = "", seed: int = 5):
+    """A pandas DataFrame listing the solid `tree`'s images in a shuffled order (so that row order is not path
+    order): `path` (`prefix` + the tree-relative path), `label` and the `solid_metadata` columns. `labels`:
+    "names" (class names), "ids" (class ids), "name-sets" / "id-sets" (lists of names / ids: `multi_labels`)."""
+    import pandas as pd
+
+    order = np.random.default_rng(seed).permutation(len(tree.images))
+    rows = []
+    for index in order:
+        relative = tree.images[index]
+        sample_id = solid_id_of_path(relative)
+        label = listed_label(sample_id, labels)
+        rows.append({"path": prefix + relative, "label": label, **solid_metadata(sample_id)})
+    return pd.DataFrame(rows)
+
+
+def listed_label(sample_id: int, labels: str = "names"):
+    """Solid sample `sample_id`'s label as `list_frame` lists it."""
+    if labels == "names":
+        return SOLID_CLASSES[solid_label(sample_id)]
+    if labels == "ids":
+        return solid_label(sample_id)
+    ids = multi_labels(sample_id)
+    return [SOLID_CLASSES[c] for c in ids] if labels == "name-sets" else list(ids)
+
+
+def write_list(frame, path: Path) -> Path:
+    """`frame` written as the list file `path`, in the format its suffix names, as pandas writes it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = path.suffix
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    elif suffix == ".tsv":
+        frame.to_csv(path, index=False, sep="\t")
+    elif suffix == ".jsonl":
+        frame.to_json(path, orient="records", lines=True, force_ascii=False)
+    elif suffix == ".parquet":
+        frame.to_parquet(path, index=False)
+    else:  # pragma: no cover - a typo in a test
+        raise AssertionError(suffix)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------
 # damaged copies of a conversion
 
 
@@ -334,6 +455,39 @@ def corrupt_copy(solid_lmdb, tmp_path, index: int, payload: bytes):
         env.close()
     (copy / "lock.mdb").unlink(missing_ok=True)
     return copy, key
+
+
+def corrupt_ids_copy(path, tmp_path, sample_ids: set[int], payload: bytes = b"not an image"):
+    """A copy of a solid conversion (LMDB or WebDataset) whose samples with the given ids hold `payload` instead
+    of their image bytes (the WebDataset shards are rewritten member by member, in order)."""
+    import tarfile
+
+    from fastdata.formats.wds import IMAGE_EXTS
+
+    copy = tmp_path / f"corrupt-{path.name}"
+    shutil.copytree(path, copy)
+    if path.suffix == ".lmdb":
+        env = lmdb.open(str(copy), max_dbs=4, subdir=True, map_size=1 << 26)
+        try:
+            images, keys = env.open_db(b"images", create=False), env.open_db(b"keys", create=False)
+            with env.begin(write=True) as txn:
+                for index_bytes, key in list(txn.cursor(db=keys)):
+                    if solid_id_of_path(bytes(key).decode()) in sample_ids:
+                        txn.put(bytes(index_bytes), payload, db=images)
+        finally:
+            env.close()
+        (copy / "lock.mdb").unlink(missing_ok=True)
+        return copy
+    for shard in sorted(copy.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+        with tarfile.open(shard, "w") as tar:
+            for member, data in members:
+                if member.name.rsplit(".", 1)[-1] in IMAGE_EXTS and solid_id_of_path(member.name) in sample_ids:
+                    data = payload
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    return copy
 
 
 # ----------------------------------------------------------------------------------------------------

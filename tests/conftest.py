@@ -21,6 +21,8 @@ from builders import (
     make_corpus,
     train_bytelevel,
     write_jsonl,
+    write_zip,
+    zip_source,
 )
 
 import fastdata
@@ -106,6 +108,33 @@ def small_text_lmdb(tmp_path_factory) -> Path:
 def solid(request, solid_lmdb, solid_wds) -> Path:
     """Each test that takes it runs on the solid conversion in both formats."""
     return solid_lmdb if request.param == "lmdb" else solid_wds
+
+
+def _multi_label(solid_tree: Tree, out: Path, **options) -> Path:
+    """The solid tree as a multi-label dataset with metadata (`builders.multi_labels`, `builders.solid_metadata`),
+    its bytes read from a zip archive: a source whose samples are not files."""
+    from fastdata.convert.images import convert_images
+
+    listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
+    convert_images(lambda: listing, out, workers=1, progress=False, **options)
+    return out
+
+
+@pytest.fixture(scope="session")
+def multi_label_lmdb(solid_tree, tmp_path_factory) -> Path:
+    return _multi_label(solid_tree, tmp_path_factory.mktemp("multi_lmdb") / "multi.lmdb")
+
+
+@pytest.fixture(scope="session")
+def multi_label_wds(solid_tree, tmp_path_factory) -> Path:
+    return _multi_label(solid_tree, tmp_path_factory.mktemp("multi_wds") / "multi-shards", format="wds",
+                        shard_size="12KB")
+
+
+@pytest.fixture(params=["lmdb", "wds"])
+def multi_label(request, multi_label_lmdb, multi_label_wds) -> Path:
+    """Each test that takes it runs on the multi-label solid conversion in both formats."""
+    return multi_label_lmdb if request.param == "lmdb" else multi_label_wds
 
 
 @pytest.fixture

@@ -1,16 +1,15 @@
-"""Source files -> verified image records, in a conversion worker: read the bytes, check the header against the
-pixel limit, decode to prove the image is whole (JPEGs at 1/8 scale: the entropy data is still read in full, so
-truncation is caught at a fraction of the cost), and re-encode oversized images once (`--max-size`). Any source
-kind whose samples are files under a root uses it.
+"""A source sample's bytes -> a verified image record, in a conversion worker: check the header against the pixel
+limit, decode to prove the image is whole (JPEGs at 1/8 scale: the entropy data is still read in full, so
+truncation is caught at a fraction of the cost), and re-encode oversized images once (`--max-size`). Every source
+kind uses it, whatever its reader (`fastdata.convert.sources`) read the bytes from.
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from pathlib import Path
 
-from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, ImageRecord, codec_for, exception_text
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, ImageRecord, Label, codec_for, exception_text
 
 
 @dataclass(frozen=True)
@@ -26,16 +25,11 @@ class _Refused(Exception):
     """An image refused on purpose (not a decoding failure)."""
 
 
-def load_record(root: Path, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
-    """Read and verify one source file; return the record to store. Raises ValueError with the reason if
-    the file cannot be used: a reason that is the same on every run (it goes into the manifest)."""
+def verify_record(data: bytes, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:
+    """Verify the bytes of sample `relative_path` (its key); return the record to store. Raises ValueError with the
+    reason if they cannot be used: a reason that is the same on every run (it goes into the manifest)."""
     from PIL import Image
 
-    path = root / relative_path
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"unreadable ({exc.strerror or exc})") from exc
     if not data:
         raise ValueError("empty file")
     try:
@@ -59,7 +53,7 @@ def load_record(root: Path, relative_path: str, label: int, options: EncodeOptio
     return ImageRecord(relative_path, data, ext, label, width, height, codec_for(fmt, mode))
 
 
-def _downscaled(im, relative_path: str, label: int, options: EncodeOptions) -> ImageRecord:
+def _downscaled(im, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:
     """Re-encode an oversized image to JPEG with its longer side = max_size (FFCV's max_resolution)."""
     from PIL import Image
 

@@ -1,6 +1,6 @@
-"""The image conversion driver, generic over the source: a source's listing (`ImageSource`, made by a converter in
-`fastdata.converters`) -> parallel read/verify/encode (`fastdata.convert.encode`, local processes or Ray) ->
-format writer -> manifest.
+"""The image conversion driver, generic over the source: a source's listing (`fastdata.convert.sources.ImageSource`,
+made by a converter in `fastdata.converters`) -> parallel read (the source's `SampleReader`) / verify / encode
+(`fastdata.convert.encode`, local processes or Ray) -> format writer -> manifest.
 
 The output is built under `OUT.partial` and renamed into place only after the manifest (written last) is
 on disk, so an interrupted conversion never leaves anything that opens as a complete dataset.
@@ -11,50 +11,27 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fastdata._version import __version__
 from fastdata.config import available_cores, parse_size
-from fastdata.convert.checkpoints import (
-    ProgressRecord,
-    files_digest,
-    fingerprint,
-    keep_checkpoint_on_failure,
-    open_or_resume,
-)
-from fastdata.convert.encode import EncodeOptions, load_record
+from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
+from fastdata.convert.encode import EncodeOptions, verify_record
 from fastdata.convert.ray import ENGINES, RayWork
+from fastdata.convert.sources import ImageSource, SampleReader
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path
-from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, rejected_place
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord, Label
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter
 from fastdata.image.decode import opencv_single_threaded
-
-
-@dataclass
-class ImageSource:
-    """What a converter hands the driver: the samples to store, in their order, as files under `root` with their
-    labels, and what the summary and manifest say about the source."""
-
-    kind: str  # the converter's name, recorded in the manifest ("imagefolder", ...)
-    root: Path
-    classes: list[str]
-    samples: list[tuple[str, int]]  # (path relative to root with '/' separators: the sample's key, label)
-    ignored: list[str] = field(default_factory=list)  # files the listing left out (not images)
-    empty_classes: list[str] = field(default_factory=list)
-
-    def info(self) -> dict:
-        """The manifest's `source` block."""
-        return {"kind": self.kind, "path": str(self.root.resolve()), "files": len(self.samples),
-                "ignored": len(self.ignored), "ignored_examples": self.ignored[:20],
-                "empty_classes": self.empty_classes}
 
 
 @dataclass
@@ -66,7 +43,7 @@ class ConversionSummary:
     images: int
     classes: int
     files: list[FileEntry]
-    rejected: list[dict[str, str]]
+    rejected: list[dict[str, Any]]
     ignored: int
     bytes_in: int
     bytes_out: int
@@ -89,7 +66,7 @@ class ConversionSummary:
             f"  ignored   {self.ignored:,} non-image files",
             f"  rejected  {len(self.rejected):,} files",
         ]
-        lines += [f"    {r['path']}: {r['reason']}" for r in self.rejected[:50]]
+        lines += [f"    {rejected_place(r)}: {r['reason']}" for r in self.rejected[:50]]
         if len(self.rejected) > 50:
             lines.append(f"    ... and {len(self.rejected) - 50} more (all listed in {MANIFEST_NAME})")
         if self.empty_classes:
@@ -100,38 +77,51 @@ class ConversionSummary:
         return "\n".join(lines)
 
 
-def _work(task: tuple[str, str, int, EncodeOptions]) -> tuple[str, int, ImageRecord | None, str, int]:
-    """Pool task: (root, path, label, options) -> (path, label, record or None, reject reason, source bytes)."""
-    root, relative_path, label, options = task
-    source = Path(root) / relative_path
+Task = tuple[str, Label, EncodeOptions]  # (key, label, options): what a worker gets for one sample
+Result = tuple[str, Label, "ImageRecord | None", str, int]  # (key, label, record or None, reject reason, bytes read)
+
+# The conversion worker process's reader, installed once by the pool's initializer: pickled once per worker rather
+# than with every task, since a source's reader may hold a table of where every sample is.
+_WORKER: dict[str, SampleReader] = {}
+
+
+def _work(reader: SampleReader, task: Task) -> Result:
+    """Read one sample's bytes and verify them: (key, label, record or None, reject reason, bytes read)."""
+    key, label, options = task
     try:
-        size = source.stat().st_size
-    except OSError:
-        size = 0
+        data = reader.read(key)
+    except OSError as exc:
+        return key, label, None, f"unreadable ({exc.strerror or exc})", 0
     try:
-        return relative_path, label, load_record(Path(root), relative_path, label, options), "", size
+        return key, label, verify_record(data, key, label, options), "", len(data)
     except ValueError as exc:
-        return relative_path, label, None, str(exc), size
+        return key, label, None, str(exc), len(data)
 
 
-def _worker_init() -> None:
+def _pooled_work(task: Task) -> Result:
+    return _work(_WORKER["reader"], task)
+
+
+def _worker_init(reader: SampleReader | None = None) -> None:
     opencv_single_threaded()
+    if reader is not None:
+        _WORKER["reader"] = reader
 
 
-def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, engine: str = "local",
+def _results(tasks: list[Task], reader: SampleReader, workers: int, engine: str = "local",
              ray_address: str | None = None, requested_workers: int | None = None,
-             ray_seen: RayWork | None = None) -> Iterator[tuple]:
+             ray_seen: RayWork | None = None) -> Iterator[Result]:
     if engine == "ray":
         from fastdata.convert.ray import ray_results
 
-        yield from ray_results(_work, tasks, requested_workers if ray_address else workers, ray_address,
-                               _worker_init, ray_seen)
+        yield from ray_results(_pooled_work, tasks, requested_workers if ray_address else workers, ray_address,
+                               _worker_init, ray_seen, initargs=(reader,))
         return
     if workers <= 1:
-        yield from map(_work, tasks)
+        yield from (_work(reader, task) for task in tasks)
         return
-    with multiprocessing.get_context().Pool(workers, initializer=_worker_init) as pool:
-        yield from pool.imap(_work, tasks, chunksize=8)
+    with multiprocessing.get_context().Pool(workers, initializer=_worker_init, initargs=(reader,)) as pool:
+        yield from pool.imap(_pooled_work, tasks, chunksize=8)
 
 
 @dataclass
@@ -140,17 +130,14 @@ class _Progress(ProgressRecord):
 
     next_task: int = 0
     counts: list[int] = field(default_factory=list)
-    rejected: list[dict[str, str]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
     bytes_in: int = 0
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
 
 
 def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
     """What must not change between an interrupted conversion and its resumption."""
-    digest = files_digest((f"{relative_path}\t{label}", listing.root / relative_path)
-                          for relative_path, label in listing.samples)
-    return fingerprint(fmt, options, {"path": str(listing.root.resolve()), "files": len(listing.samples),
-                                      "classes": len(listing.classes), "digest": digest})
+    return fingerprint(fmt, options, listing.fingerprint())
 
 
 def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int) -> LmdbWriter | WdsWriter:
@@ -230,7 +217,7 @@ def convert_images(
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
                "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict}
     encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels)
-    tasks = [(str(listing.root), *listing.samples[i], encode) for i in order]
+    tasks: list[Task] = [(*listing.samples[i], encode) for i in order]
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
@@ -239,7 +226,7 @@ def convert_images(
     resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
     if isinstance(writer, WdsWriter) and resumed is not None:
         rejected_paths = {r["path"] for r in resumed.rejected}
-        written = [task[1] for task in tasks[: resumed.next_task] if task[1] not in rejected_paths]
+        written = [task[0] for task in tasks[: resumed.next_task] if task[0] not in rejected_paths]
         writer.resume([FileEntry(**f) for f in resumed.files], written)
     partial = partial_path(out)
     ray_seen = RayWork() if engine == "ray" else None
@@ -247,7 +234,7 @@ def convert_images(
     with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
             writer.checkpoint(state.to_json())  # records the fingerprint at once
-        _write_all(writer, tasks, state, workers, strict, progress,
+        _write_all(writer, _Work(listing, tasks, order), state, workers, strict, progress,
                    engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers,
                            "ray_seen": ray_seen})
         if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
@@ -259,19 +246,30 @@ def convert_images(
             files = writer.close()
     seconds = time.perf_counter() - started
     manifest = Manifest(
-        format=fmt, kind="image", num_samples=sum(state.counts), classes=listing.classes,
+        format=fmt, kind="image", num_samples=sum(f.samples for f in files), classes=listing.classes,
         class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
         source=listing.info(), rejected=state.rejected,
         stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
                "resumed_at": resumed_at},
+        label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
     )
+    manifest.format_version = manifest.needed_format_version
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen)
 
 
-def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, workers: int, strict: bool,
+@dataclass
+class _Work:
+    """A conversion's tasks in the order they are written: task i is sample `order[i]` of `listing`."""
+
+    listing: ImageSource
+    tasks: list[Task]
+    order: np.ndarray
+
+
+def _write_all(writer: LmdbWriter | WdsWriter, work: _Work, state: _Progress, workers: int, strict: bool,
                progress: bool, engine: dict | None = None) -> None:
     """Feed the tasks from `state.next_task` on through the pool into the writer, checkpointing `state`."""
     from tqdm import tqdm
@@ -283,20 +281,26 @@ def _write_all(writer: LmdbWriter | WdsWriter, tasks: list, state: _Progress, wo
         rate = (state.bytes_in - bytes_at_start) / 1e6 / max(time.perf_counter() - started, 1e-9)
         return f"{rate:.1f} MB/s, {len(state.rejected)} rejected"
 
-    with tqdm(total=len(tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
+    listing, reader = work.listing, work.listing.sample_reader
+    with tqdm(total=len(work.tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
               smoothing=0.1) as bar:
-        for relative_path, label, record, reason, size in _results(tasks[state.next_task:], workers,
-                                                                   **(engine or {})):
+        for key, label, record, reason, size in _results(work.tasks[state.next_task:], reader, workers,
+                                                         **(engine or {})):
+            index = int(work.order[state.next_task])
             state.bytes_in += size
             state.next_task += 1
             if record is None:
+                entry = {"path": key, "reason": reason, **listing.origin_of(index)}
                 if strict:
-                    raise RejectedFileError(
-                        f"{Path(tasks[0][0]) / relative_path}: {reason} (--strict: nothing written)")
-                state.rejected.append({"path": relative_path, "reason": reason})
+                    where = rejected_place({**entry, "path": reader.locate(key)})
+                    raise RejectedFileError(f"{where}: {reason} (--strict: nothing written)")
+                state.rejected.append(entry)
             else:
+                if listing.metadata is not None:
+                    record = replace(record, metadata=listing.metadata[index])
                 writer.add(record)
-                state.counts[label] += 1
+                for class_id in (label if isinstance(label, tuple) else (label,)):
+                    state.counts[class_id] += 1
             if writer.checkpoint_due():
                 if isinstance(writer, WdsWriter):
                     state.files = [asdict(entry) for entry in writer.finished_shards]

@@ -41,10 +41,12 @@ def _in_ray_context(work: Callable[[Any], Any]) -> Callable[[Any], tuple[str | N
 
 
 def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | None, address: str | None,
-                initializer: Callable[[], None], seen: RayWork | None = None) -> Iterator[Any]:
+                initializer: Callable[..., None], seen: RayWork | None = None, initargs: tuple = ()
+                ) -> Iterator[Any]:
     """`work(task)` for every task, in task order, over a pool of `workers` Ray processes (None: every CPU
-    of the cluster). Starts a local Ray instance (or connects to `address`) unless Ray is already initialised,
-    and shuts down only what it started. `seen` collects the Ray tasks and actors that ran the work."""
+    of the cluster), each set up once by `initializer(*initargs)`. Starts a local Ray instance (or connects to
+    `address`) unless Ray is already initialised, and shuts down only what it started. `seen` collects the Ray
+    tasks and actors that ran the work."""
     try:
         import ray
         from ray.util.multiprocessing import Pool
@@ -55,7 +57,7 @@ def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | Non
         ray.init(address=address, num_cpus=workers if address is None else None, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
     try:
-        with Pool(processes=workers, initializer=initializer) as pool:
+        with Pool(processes=workers, initializer=initializer, initargs=initargs) as pool:
             for task_id, actor_id, result in pool.imap(_in_ray_context(work), tasks, chunksize=8):
                 if seen is not None:
                     if actor_id is None:

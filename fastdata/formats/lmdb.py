@@ -1,14 +1,21 @@
 """LMDB storage: one directory `OUT.lmdb/` holding LMDB's `data.mdb` and the manifest.
 
-Layout (no pickle; every value is raw bytes with a fixed layout):
+Layout (no pickle; every value is raw bytes with a fixed layout, or JSON):
 - sub-database `images`: key = sample index as 8-byte big-endian, value = the encoded image bytes;
 - sub-database `keys`: same key, value = the source-relative path (UTF-8);
-- sub-database `meta`: `labels`, `widths`, `heights` (little-endian int32 arrays), `codecs` (uint8 array).
+- sub-database `meta`: `widths`, `heights` (little-endian int32 arrays), `codecs` (uint8 array) and the labels:
+  single-label datasets `labels` (little-endian int32 array, one class id per sample); multi-label datasets
+  `label_offsets` (little-endian int64, samples + 1) and `label_values` (little-endian int32): sample i holds the
+  class ids `label_values[label_offsets[i]:label_offsets[i + 1]]`;
+- sub-database `metadata` (datasets whose source has per-sample metadata): same key, value = the sample's
+  metadata as a UTF-8 JSON object.
 Sample i is the i-th image written, which the converter makes ImageFolder's sample i.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import struct
 from pathlib import Path
@@ -18,12 +25,13 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.records import CODEC_PIL, ImageRecord
+from fastdata.formats.records import CODEC_PIL, ImageRecord, Label
 
 DATA_FILE = "data.mdb"
-_MAX_DBS = 5
+_MAX_DBS = 8
 _COMMIT_EVERY = 2048
-_META_ARRAYS = {"labels": "<i4", "widths": "<i4", "heights": "<i4", "codecs": "u1"}
+_SIZE_ARRAYS = {"widths": "<i4", "heights": "<i4", "codecs": "u1"}
+_LABEL_ARRAYS = {"single": {"labels": "<i4"}, "multi": {"label_offsets": "<i8", "label_values": "<i4"}}
 
 
 def index_key(index: int) -> bytes:
@@ -78,7 +86,8 @@ def release_environments() -> None:
         env.close()
 
 
-_RECORD_META = struct.Struct("<iiiB")  # label, width, height, codec of one record
+_RECORD_META = struct.Struct("<iiiB")  # label, width, height, codec of one record (+ class ids: see _MULTI)
+_MULTI = -1  # the label field of a multi-label record, whose class ids follow as little-endian int32
 _INITIAL_MAP_SIZE = 1 << 30
 
 
@@ -99,7 +108,8 @@ class LmdbWriter:
         self.commit_every = commit_every
         self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                               sync=False, metasync=False, writemap=False, meminit=False)
-        self._dbs = {name: self._env.open_db(name.encode()) for name in ("images", "keys", "meta", "records")}
+        self._dbs = {name: self._env.open_db(name.encode())
+                     for name in ("images", "keys", "meta", "records", "metadata")}
         with self._env.begin() as txn:
             self.count = txn.stat(self._dbs["images"])["entries"]
         self._pending: list[tuple[bytes, bytes, str]] = []  # (key, value, db) puts of the open transaction
@@ -148,8 +158,14 @@ class LmdbWriter:
         key = index_key(self.count)
         self._put(key, record.data, "images", append=True)
         self._put(key, record.key.encode("utf-8"), "keys", append=True)
-        self._put(key, _RECORD_META.pack(record.label, record.width, record.height, record.codec), "records",
-                  append=True)
+        if isinstance(record.label, tuple):
+            facts = (_RECORD_META.pack(_MULTI, record.width, record.height, record.codec)
+                     + np.asarray(record.label, dtype="<i4").tobytes())
+        else:
+            facts = _RECORD_META.pack(record.label, record.width, record.height, record.codec)
+        self._put(key, facts, "records", append=True)
+        if record.metadata is not None:
+            self._put(key, json.dumps(record.metadata, ensure_ascii=False).encode("utf-8"), "metadata", append=True)
         self.count += 1
 
     def checkpoint_due(self) -> bool:
@@ -164,11 +180,26 @@ class LmdbWriter:
         """Write the per-sample arrays, flush to disk and describe the data file."""
         self._commit()  # so that the records of the open transaction are read back below
         columns = np.zeros((self.count, 4), dtype=np.int64)
+        label_sets: list[np.ndarray] = []
         with self._env.begin() as txn, txn.cursor(db=self._dbs["records"]) as cursor:
             for i, value in enumerate(cursor.iternext(keys=False, values=True)):
-                columns[i] = _RECORD_META.unpack(value)
-        for i, (name, dtype) in enumerate(_META_ARRAYS.items()):
-            self._put(name.encode(), columns[: self.count, i].astype(dtype).tobytes(), "meta")
+                columns[i] = _RECORD_META.unpack_from(value)
+                if columns[i, 0] == _MULTI:
+                    label_sets.append(np.frombuffer(value, dtype="<i4", offset=_RECORD_META.size))
+        if label_sets and len(label_sets) != self.count:
+            raise ValueError(f"{self.directory}: {len(label_sets)} of {self.count} records are multi-label; a "
+                             "dataset's samples are all single-label or all multi-label")
+        arrays = {name: columns[: self.count, i + 1].astype(dtype)
+                  for i, (name, dtype) in enumerate(_SIZE_ARRAYS.items())}
+        if label_sets:
+            offsets = np.zeros(self.count + 1, dtype="<i8")
+            np.cumsum([len(ids) for ids in label_sets], out=offsets[1:])
+            arrays["label_offsets"] = offsets
+            arrays["label_values"] = np.concatenate(label_sets).astype("<i4")
+        else:
+            arrays["labels"] = columns[: self.count, 0].astype("<i4")
+        for name, values in arrays.items():
+            self._put(name.encode(), values.tobytes(), "meta")
         self._commit()
         self._txn.abort()
         self._env.sync(True)
@@ -191,10 +222,15 @@ class LmdbReader:
     """Random access to an LMDB dataset. Opens the environment lazily, once per process (never before
     DataLoader workers fork), read-only and without locking; safe to pickle for spawn."""
 
-    def __init__(self, directory: Path, num_samples: int, num_classes: int | None = None) -> None:
+    def __init__(self, directory: Path, num_samples: int, num_classes: int | None = None,
+                 label_kind: str = "single") -> None:
         self.directory = Path(directory)
         self.num_samples = num_samples
         self.num_classes = num_classes
+        if label_kind not in _LABEL_ARRAYS:
+            raise NotADatasetError(f"{self.directory}: unknown label kind {label_kind!r} in the manifest (known: "
+                                   f"{', '.join(_LABEL_ARRAYS)}); upgrade fastdata")
+        self.label_kind = label_kind
         self._env = None
         self._pid = -1
         self._real_path = ""
@@ -218,16 +254,19 @@ class LmdbReader:
         if self._arrays is None:
             env = self._open()
             arrays = {}
+            wanted = {**_SIZE_ARRAYS, **_LABEL_ARRAYS[self.label_kind]}
+            lengths = {"label_offsets": self.num_samples + 1, "label_values": None}
             with env.begin(buffers=False) as txn:
-                for array_name, dtype in _META_ARRAYS.items():
+                for array_name, dtype in wanted.items():
                     raw = txn.get(array_name.encode(), db=self._dbs["meta"])
                     if raw is None:
                         raise NotADatasetError(f"{self.directory}: meta record {array_name!r} is missing")
                     values = np.frombuffer(raw, dtype=dtype)
-                    if len(values) != self.num_samples:
+                    expected = lengths.get(array_name, self.num_samples)
+                    if expected is not None and len(values) != expected:
                         raise NotADatasetError(
                             f"{self.directory}: meta record {array_name!r} holds {len(values)} entries, "
-                            f"the manifest says {self.num_samples} samples; the dataset is damaged")
+                            f"the manifest's {self.num_samples} samples need {expected}; the dataset is damaged")
                     arrays[array_name] = values
             self._check_bounds(arrays)
             self._arrays = arrays
@@ -240,17 +279,58 @@ class LmdbReader:
             problems.append("non-positive image sizes")
         if self.num_samples and arrays["codecs"].max() > CODEC_PIL:
             problems.append("unknown codec ids")
-        labels = arrays["labels"]
-        if self.num_samples and (labels.min() < 0 or (self.num_classes is not None
-                                                      and labels.max() >= self.num_classes)):
+        labels = arrays.get("labels", arrays.get("label_values"))
+        if len(labels) and (labels.min() < 0 or (self.num_classes is not None and labels.max() >= self.num_classes)):
             problems.append(f"labels outside 0..{(self.num_classes or 1) - 1}")
+        offsets = arrays.get("label_offsets")
+        if offsets is not None and (offsets[0] != 0 or offsets[-1] != len(labels) or np.any(np.diff(offsets) < 0)):
+            problems.append("label offsets that do not index the label values")
         if problems:
             raise NotADatasetError(f"{self.directory}: the meta records hold {', '.join(problems)}; the dataset "
                                    "is damaged or not a fastdata dataset")
 
     @property
     def labels(self) -> np.ndarray:
+        """Single-label datasets: every sample's class id (int32). Multi-label datasets: see `label`."""
+        if self.label_kind != "single":
+            raise TypeError(f"{self.directory}: a multi-label dataset has no single label per sample; use label(i) "
+                            "or label_list()")
         return self._array("labels")
+
+    def label(self, index: int) -> Label:
+        """Sample `index`'s class id, or (multi-label) the tuple of its class ids."""
+        if self.label_kind == "single":
+            return int(self._array("labels")[index])
+        offsets = self._array("label_offsets")
+        return tuple(self._array("label_values")[offsets[index]:offsets[index + 1]].tolist())
+
+    def label_list(self) -> list[int] | list[list[int]]:
+        """Every sample's label: class ids, or (multi-label) lists of class ids."""
+        if self.label_kind == "single":
+            return self._array("labels").tolist()
+        offsets, values = self._array("label_offsets").tolist(), self._array("label_values").tolist()
+        return [values[start:end] for start, end in itertools.pairwise(offsets)]
+
+    def metadata(self, index: int) -> dict | None:
+        """Sample `index`'s metadata (the JSON object its source row had), or None when the dataset stores none."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
+        env = self._open()
+        try:
+            _, dbs = shared_environment(self.directory, ("metadata",))
+        except NotADatasetError:  # converted without metadata (or by an older fastdata)
+            return None
+        with env.begin() as txn:
+            value = txn.get(index_key(index), db=dbs["metadata"])
+        if value is None:
+            return None
+        try:
+            found = json.loads(bytes(value).decode("utf-8"))
+        except ValueError as exc:
+            raise CorruptSampleError(f"{self.directory}: sample {index}'s metadata is not JSON ({exc})") from exc
+        if not isinstance(found, dict):
+            raise CorruptSampleError(f"{self.directory}: sample {index}'s metadata is not a JSON object")
+        return found
 
     @property
     def widths(self) -> np.ndarray:

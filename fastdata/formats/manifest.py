@@ -13,7 +13,13 @@ from typing import Any
 from fastdata.errors import IncompleteDatasetError, NotADatasetError
 
 MANIFEST_NAME = "manifest.json"
+#: The format version of a dataset that needs nothing newer (single labels, no per-sample metadata): readable by
+#: every fastdata release.
 FORMAT_VERSION = 1
+#: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`) and per-sample
+#: metadata (`metadata_fields`); a dataset that uses either is written as version 2, so that an older fastdata
+#: refuses it with "upgrade fastdata" instead of misreading its labels.
+NEWEST_FORMAT_VERSION = 2
 PARTIAL_SUFFIX = ".partial"
 
 
@@ -39,11 +45,20 @@ class Manifest:
     files: list[FileEntry]
     options: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
-    rejected: list[dict[str, str]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     fastdata_version: str = ""
     text: dict[str, Any] | None = None  # kind "text" only: token dtype, documents, total tokens, tokenizer, eos
+    # kind "image": "single" (one class id per sample) or "multi" (a list of class ids per sample; class_counts
+    # then count each class a sample holds)
+    label_kind: str = "single"
+    metadata_fields: list[str] = field(default_factory=list)  # the per-sample metadata's keys (none: no metadata)
+
+    @property
+    def needed_format_version(self) -> int:
+        """The oldest format version that describes this dataset (see NEWEST_FORMAT_VERSION)."""
+        return NEWEST_FORMAT_VERSION if self.label_kind != "single" or self.metadata_fields else FORMAT_VERSION
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -74,6 +89,16 @@ class Manifest:
 
 
 CHECKSUM_FIELD = "manifest_sha256"
+
+
+def rejected_place(entry: dict[str, Any]) -> str:
+    """Where a rejected item of a manifest was (`entry` as the manifest lists it): its path, with the line of a text
+    source (`path:line`) or the list file and row of a listed image (`list row N: path`)."""
+    if entry.get("list"):
+        return f"{entry['list']} row {entry['row']}: {entry['path']}"
+    if entry.get("line"):
+        return f"{entry['path']}:{entry['line']}"
+    return str(entry["path"])
 
 
 def content_checksum(data: dict[str, Any]) -> str:
@@ -151,10 +176,10 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         raise NotADatasetError(f"{where}: unreadable manifest ({exc})") from exc
     if not isinstance(data, dict) or "format" not in data or "format_version" not in data:
         raise NotADatasetError(f"{where}: not a fastdata manifest (no 'format'/'format_version')")
-    if data["format_version"] > FORMAT_VERSION:
+    if data["format_version"] > NEWEST_FORMAT_VERSION:
         raise NotADatasetError(
             f"{where}: format version {data['format_version']} is newer than this fastdata "
-            f"understands ({FORMAT_VERSION}); upgrade fastdata"
+            f"understands ({NEWEST_FORMAT_VERSION}); upgrade fastdata"
         )
     try:
         return Manifest.from_dict(data)

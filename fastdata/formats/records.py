@@ -1,11 +1,13 @@
 """What every format stores about an image, in one place: the record writers take, the codec that decodes it
-(chosen once, at conversion), the image extensions a dataset may hold, the default pixel limit, and the text of a
-decoding error as records and reports keep it (the same on every run)."""
+(chosen once, at conversion), the image extensions a dataset may hold, the default pixel limit, the two kinds of
+label (one class id, or a set of class ids), and the text of a decoding error as records and reports keep it (the
+same on every run)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 CODEC_CV_JPEG = 0  # JPEG in mode L or RGB: OpenCV, scaled decode allowed
 CODEC_CV_OTHER = 1  # 8-bit PNG / BMP in a mode OpenCV converts exactly like Pillow
@@ -37,18 +39,48 @@ def codec_for(pil_format: str | None, pil_mode: str) -> int:
     return CODEC_PIL
 
 
+#: A sample's label: one class id ("single"-label datasets), or the sorted class ids it holds, possibly none
+#: ("multi"-label datasets). A dataset's manifest says which (`label_kind`).
+Label = int | tuple[int, ...]
+LABEL_KINDS = ("single", "multi")
+
+
+def label_kind_of(label: Label) -> str:
+    """"multi" for a tuple of class ids, "single" for one id."""
+    return "multi" if isinstance(label, tuple) else "single"
+
+
+def label_from_json(value: Any, kind: str) -> Label:
+    """A stored label as JSON holds it (an integer, or a list of integers) -> the Label of a `kind` dataset.
+    Raises ValueError saying what is wrong (the caller names the sample)."""
+    if kind == "multi":
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"a multi-label sample's label must be a list of class ids, got {value!r}")
+        return tuple(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"a label must be a class id (an integer), got {value!r}")
+    return value
+
+
+def label_to_json(label: Label) -> int | list[int]:
+    return list(label) if isinstance(label, tuple) else label
+
+
 @dataclass(frozen=True)
 class ImageRecord:
     """One image ready to store. `key` is the source-relative path, `ext` the member extension
-    (`jpg`, `png`, ...) that matches the bytes, `codec` the decoder chosen at conversion time."""
+    (`jpg`, `png`, ...) that matches the bytes, `codec` the decoder chosen at conversion time, `label` one class
+    id or (multi-label) a tuple of them, `metadata` the sample's other source columns as JSON scalars (None: the
+    source has none)."""
 
     key: str
     data: bytes
     ext: str
-    label: int
+    label: Label
     width: int
     height: int
     codec: int
+    metadata: dict[str, Any] | None = None
 
 
 def exception_text(exc: BaseException) -> str:

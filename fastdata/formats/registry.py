@@ -57,7 +57,7 @@ STORAGE: dict[tuple[str, str], Storage] = {
     ("image", "lmdb"): Storage(
         "image", "lmdb", True,
         lambda directory, o: LmdbWriter(directory, commit_every=o.commit_every),
-        lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes))),
+        lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes), manifest.label_kind)),
     ("image", "wds"): Storage(
         "image", "wds", False,
         lambda directory, o: WdsWriter(directory, o.shard_bytes),

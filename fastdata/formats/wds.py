@@ -2,8 +2,11 @@
 
 Each sample is three tar members sharing a key: `{key}.{jpg|png|...}` (the image bytes as stored),
 `{key}.cls` (the label as ASCII) and `{key}.json` ({"path", "label", "width", "height", "codec"}), so the
-`webdataset` library reads the shards as they are. Keys are the source-relative path without its extension,
-with dots replaced, so that webdataset's "key = name up to the first dot" grouping holds.
+`webdataset` library reads the shards as they are. A multi-label sample has no `.cls` (webdataset reads it as
+one integer): its `.json` "label" is the list of its class ids. A sample with metadata has it in its `.json`
+too ("metadata": {...}). Keys are the source-relative path without its extension, with dots replaced and no
+leading '/', so that webdataset's "key = name up to the first dot" grouping holds and every member name is a
+relative path.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import BinaryIO
 
 from fastdata.errors import CorruptSampleError
 from fastdata.formats.manifest import FileEntry
-from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord
+from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord, label_to_json
 from fastdata.formats.tar_shards import ShardWriter
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
@@ -26,7 +29,7 @@ IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: wi
 def sanitize_key(relative_path: str) -> str:
     """A webdataset-safe key for a source-relative path: extension dropped, no dots, '/' kept."""
     stem = relative_path.rsplit(".", 1)[0] if "." in relative_path.rsplit("/", 1)[-1] else relative_path
-    return stem.replace(".", "_").replace("\\", "/")
+    return stem.replace(".", "_").replace("\\", "/").lstrip("/")
 
 
 def split_member_name(name: str) -> tuple[str, str]:
@@ -73,10 +76,15 @@ class WdsWriter:
 
     def add(self, record: ImageRecord) -> None:
         key = self._unique_key(record.key)
-        meta = {"path": record.key, "label": record.label, "width": record.width, "height": record.height,
-                "codec": record.codec}
-        self.shards.append([(f"{key}.{record.ext}", record.data), (f"{key}.cls", str(record.label).encode("ascii")),
-                            (f"{key}.json", json.dumps(meta).encode("utf-8"))])
+        meta: dict = {"path": record.key, "label": label_to_json(record.label), "width": record.width,
+                      "height": record.height, "codec": record.codec}
+        if record.metadata is not None:
+            meta["metadata"] = record.metadata
+        members = [(f"{key}.{record.ext}", record.data)]
+        if not isinstance(record.label, tuple):
+            members.append((f"{key}.cls", str(record.label).encode("ascii")))
+        members.append((f"{key}.json", json.dumps(meta, ensure_ascii=False).encode("utf-8")))
+        self.shards.append(members)
         self.shards.sample_done()
 
     def checkpoint_due(self) -> bool:

@@ -8,6 +8,7 @@ from time import perf_counter
 
 import torch
 
+from fastdata.formats.records import Label
 from fastdata.image.buffers import Slot
 from fastdata.meter.stages import StageTimes
 
@@ -18,18 +19,19 @@ class EncodedSample:
 
     key: str
     data: bytes
-    label: int
+    label: Label  # a class id, or (multi-label) the tuple of the sample's class ids
     width: int
     height: int
     codec: int
     position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
     origin: str = ""  # the data file it was read from, when the dataset has several (a shard's name)
+    metadata: dict | None = None  # its stored metadata, where the format reads it with the sample (WebDataset)
 
 
 @dataclass
 class Batch:
-    """A decoded batch as a worker hands it over: NCHW uint8 images, int64 labels, skipped samples, and the
-    time each stage took to make it."""
+    """A decoded batch as a worker hands it over: NCHW uint8 images, labels (int64 `[B]`, or multi-hot float32
+    `[B, C]`: `fastdata.image.labels`), skipped samples, and the time each stage took to make it."""
 
     images: torch.Tensor
     labels: torch.Tensor
@@ -55,7 +57,7 @@ class EncodedBatch:
     boxes: torch.Tensor  # float64 [B, 4]: left, top, width, height of the crop in source pixels
     flips: torch.Tensor  # bool [B]: flip on the device (False for worker-decoded rows, flipped already)
     sizes: torch.Tensor  # int64 [B, 2]: stored width, height
-    labels: torch.Tensor  # int64 [B]
+    labels: torch.Tensor  # int64 [B], or multi-hot float32 [B, C]
     worker_decoded: torch.Tensor  # bool [B]: decoded, cropped, resized and flipped in the worker
     pixels: torch.Tensor  # uint8 [sum(worker_decoded), 3, S, S]: those samples' images, in batch order
     keys: list[str] = field(default_factory=list)

@@ -1,7 +1,8 @@
 """Datasets over converted images: map-style for LMDB, iterable for WebDataset shards.
 
-Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder, and both can build
-whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
+Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder (multi-label datasets: a
+multi-hot float32 `[C]` tensor as the label), `(image, label, metadata dict)` when opened with `metadata=True`, and
+both can build whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.device import pack_encoded
+from fastdata.image.labels import LabelCodec
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
@@ -43,13 +45,15 @@ class _ImageMetaMixin:
     manifest: Manifest
 
     def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: Any, seed: int,
-               on_error: str, scale: Any = None, ratio: Any = None) -> None:
+               on_error: str, metadata: bool, scale: Any = None, ratio: Any = None) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
         self.manifest = manifest
-        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio)
+        self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio,
+                                       labels=LabelCodec.of(manifest, str(self.root)))
         self.on_error = on_error
+        self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -58,6 +62,11 @@ class _ImageMetaMixin:
     @property
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
+
+    @property
+    def multi_label(self) -> bool:
+        """Whether a sample's label is a set of classes (a multi-hot float32 row) rather than one class id."""
+        return self.manifest.label_kind == "multi"
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -69,33 +78,47 @@ class _ImageMetaMixin:
 
 class LmdbImageDataset(_ImageMetaMixin, Dataset):
     """Map-style dataset over an LMDB conversion: `ds[i]` is ImageFolder's sample i, decoded (and augmented
-    with `augment` if given, reproducibly for `seed` and the epoch set by `set_epoch`)."""
+    with `augment` if given, reproducibly for `seed` and the epoch set by `set_epoch`); with `metadata=True`,
+    `(image, label, metadata)` where metadata is the sample's stored dict ({} when the source had none)."""
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: Any = None,
-                 seed: int = 0, on_error: str = "raise", *, scale: Any = None, ratio: Any = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, scale, ratio)
+                 seed: int = 0, on_error: str = "raise", metadata: bool = False, *, scale: Any = None,
+                 ratio: Any = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio)
         self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
 
     @property
-    def samples(self) -> list[tuple[str, int]]:
-        """(source-relative path, label) per index, as torchvision's ImageFolder.samples (built on demand)."""
-        return list(zip(self.reader.all_keys(), self.reader.labels.tolist(), strict=True))
+    def samples(self) -> list[tuple[str, Any]]:
+        """(source-relative path, label) per index, as torchvision's ImageFolder.samples (built on demand); a
+        multi-label sample's label is the list of its class ids."""
+        return list(zip(self.reader.all_keys(), self.reader.label_list(), strict=True))
 
     @property
-    def targets(self) -> list[int]:
-        return self.reader.labels.tolist()
+    def targets(self) -> list[Any]:
+        """Every sample's label: class ids, or (multi-label) lists of class ids."""
+        return self.reader.label_list()
 
     def encoded(self, index: int) -> EncodedSample:
         """Sample `index` as stored (bytes and header facts), not yet decoded."""
         r = self.reader
-        return EncodedSample(r.key(index), r.read(index), int(r.labels[index]), int(r.widths[index]),
+        return EncodedSample(r.key(index), r.read(index), r.label(index), int(r.widths[index]),
                              int(r.heights[index]), int(r.codecs[index]), (index,))
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def metadata(self, index: int) -> dict:
+        """Sample `index`'s stored metadata (its source row's other columns; {} when the source had none)."""
+        if index < 0:
+            index += len(self)
+        return self.reader.metadata(index) or {}
+
+    def __getitem__(self, index: int) -> tuple:
         if index < 0:
             index += len(self)
         sample = self.encoded(index)
-        return self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch)), sample.label
+        image = self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch))
+        label = self.pipeline.labels.one(sample.label)
+        if self.with_metadata:
+            return image, label, self.metadata(index)
+        return image, label
 
     def get_batch(self, indices: np.ndarray, epoch: int, buffers: BatchBuffers | None = None) -> Batch:
         started = perf_counter()
@@ -122,8 +145,9 @@ class LmdbBatches(Dataset):
 
 
 class WdsImageDataset(_ImageMetaMixin, IterableDataset):
-    """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` in stored order (shards in
-    manifest order, each read sequentially). Iterable only: `ds[i]` raises TypeError (LMDB gives random access).
+    """Iterable dataset over WebDataset shards: yields `(uint8 CHW tensor, label)` (with `metadata=True`, `(image,
+    label, metadata dict)`) in stored order (shards in manifest order, each read sequentially). Iterable only:
+    `ds[i]` raises TypeError (LMDB gives random access).
     The shards are local files, or remote ones (`fastdata.formats.remote.RemoteShards`) given as `store`.
 
     Iterated by several DataLoader workers (and ranks, see `split`), each sample comes once: the stored stream
@@ -131,9 +155,9 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
     into one contiguous stretch per worker, which reads only the shards that stretch covers."""
 
     def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: Any = None,
-                 seed: int = 0, on_error: str = "raise", store: Any = None, *, scale: Any = None,
-                 ratio: Any = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, scale, ratio)
+                 seed: int = 0, on_error: str = "raise", store: Any = None, metadata: bool = False, *,
+                 scale: Any = None, ratio: Any = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio)
         if store is None:
             store = storage("image", manifest.format, root).open_reader(Path(root), manifest)
         self.store = store
@@ -178,8 +202,9 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                     continue
                 key, data, _ext, meta = stored
                 try:
-                    sample = EncodedSample(meta["path"], data, int(meta["label"]), int(meta["width"]),
-                                           int(meta["height"]), int(meta["codec"]), (shard_id, offset), name)
+                    sample = EncodedSample(meta["path"], data, self.pipeline.labels.parse(meta["label"]),
+                                           int(meta["width"]), int(meta["height"]), int(meta["codec"]),
+                                           (shard_id, offset), name, meta.get("metadata"))
                 except (KeyError, TypeError, ValueError) as exc:
                     raise CorruptSampleError(f"{where}: sample {key!r} has incomplete metadata ({exc!r})") from exc
                 yield offset, sample
@@ -225,7 +250,7 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                 stream.close()
             run_start = i
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+    def __iter__(self) -> Iterator[tuple]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for sample in self.samples_at(self.stream_part(worker, num_workers)):
@@ -237,4 +262,8 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                 self.skipped_count += 1
                 warnings.warn(f"skipped (on_error='skip'): {exc}", stacklevel=2)
                 continue
-            yield self.pipeline.to_tensor(image), sample.label
+            label = self.pipeline.labels.one(sample.label)
+            if self.with_metadata:
+                yield self.pipeline.to_tensor(image), label, dict(sample.metadata or {})
+            else:
+                yield self.pipeline.to_tensor(image), label

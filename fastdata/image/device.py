@@ -101,7 +101,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     batch = EncodedBatch(
         torch.from_numpy(data.copy()), torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.tensor([(s.width, s.height) for s, _ in kept], dtype=torch.int64).reshape(-1, 2),
-        torch.tensor([s.label for s, _ in kept], dtype=torch.int64),
+        pipeline.labels.batch([s.label for s, _ in kept]),
         torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times)
     batch.times.collate += perf_counter() - started
     return batch

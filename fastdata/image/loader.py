@@ -76,8 +76,8 @@ def _worker_init(_worker_id: int) -> None:
 class ImageLoader(ResumableLoader):
     """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
     images [B, 3, H, W] (uint8, or normalised floats with a floating `dtype`; a custom transform's own CHW output),
-    labels int64 [B]. Each new pass is the next epoch (reshuffled from
-    (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
+    labels int64 [B] (multi-label datasets: multi-hot float32 [B, C]). Each new pass is the next epoch
+    (reshuffled from (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
     exactly in the middle of an epoch."""
 
@@ -285,7 +285,7 @@ class ImageLoader(ResumableLoader):
                           f"is replaced by one sample borrowed from later in the epoch ({sample.key!r}) so that "
                           f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
                           stacklevel=3)
-        return image[None], torch.tensor([sample.label], dtype=torch.int64)
+        return image[None], pipeline.labels.batch([sample.label])
 
     @property
     def device_fallbacks(self) -> int:

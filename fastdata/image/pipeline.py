@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
+from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, Label
 from fastdata.image.augment import (
     apply_crop,
     check_custom,
@@ -25,6 +25,7 @@ from fastdata.image.augment import (
 from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
+from fastdata.image.labels import LabelCodec
 from fastdata.image.output import OutputFormat
 from fastdata.image.region import (
     Region,
@@ -48,8 +49,9 @@ class SamplePipeline:
 
     def __init__(self, augment: Any, image_size: Any, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
-                 scale: Any = None, ratio: Any = None) -> None:
+                 scale: Any = None, ratio: Any = None, labels: LabelCodec | None = None) -> None:
         self.max_pixels = max_pixels
+        self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
@@ -184,7 +186,7 @@ class SamplePipeline:
         of `buffers` when one is free), as uint8 or normalised into the `output` dtype; a custom transform's
         results are stacked (one shape and dtype throughout)."""
         skipped: list[tuple[str, str]] = []
-        labels: list[int] = []
+        labels: list[Label] = []
         size = self.output_size
         times = StageTimes()
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
@@ -235,7 +237,7 @@ class SamplePipeline:
             tensor = tensor[: len(labels)]
         else:
             tensor, slot = _stack(images, kept, self.source, buffers)
-        label_tensor = torch.tensor(labels, dtype=torch.int64)
+        label_tensor = self.labels.batch(labels)
         times.collate += perf_counter() - collate_started
         return Batch(tensor, label_tensor, skipped, times, slot)
 

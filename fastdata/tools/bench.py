@@ -20,7 +20,7 @@ from typing import Any
 
 from fastdata.errors import ConfigError
 from fastdata.formats.manifest import read_manifest
-from fastdata.tools.bench_baseline import Baseline, choose_baseline, imagefolder_baseline
+from fastdata.tools.bench_baseline import Baseline, choose_baseline, imagefolder_baseline, list_baseline
 from fastdata.tools.bench_fair import (
     STEPS,
     WARMUP_PASSES,
@@ -224,7 +224,8 @@ class Contender:
 
 def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None = None,
               progress: Callable[[str], None] | None = None, upper_bound: bool = False,
-              baseline_source: bool = False, export_dir: Path | None = None) -> list[LoaderResult]:
+              baseline_source: bool = False, export_dir: Path | None = None,
+              baseline_list: Path | None = None) -> list[LoaderResult]:
     """Time fastdata.loader over `path` (and the torchvision ImageFolder baseline, and with `upper_bound` the
     same batches from memory), alternating the loaders `config.repeats` times so that machine noise hits all
     alike. Every contender gets the same DataLoader settings, warm-up passes and page-cache treatment, and
@@ -233,15 +234,17 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
     The baseline reads `baseline_imagefolder` (the dataset's source) less the files the conversion rejected; if
     the dataset was re-encoded at conversion, it reads an ImageFolder exported from the dataset instead (into
     `export_dir`, else a temporary directory), unless `baseline_source` asks for the original files (then the
-    results say "different inputs")."""
+    results say "different inputs"). A dataset converted from a file list takes `baseline_list` (the list) instead:
+    its baseline is a torchvision-style Dataset over the images the list names."""
     manifest = read_manifest(path)
     say = progress or (lambda _line: None)
+    source = _baseline_source(path, manifest.source.get("kind", "imagefolder"), baseline_imagefolder, baseline_list)
     with ExitStack() as stack:
         contenders: list[Contender] = []
-        if baseline_imagefolder is not None:
+        if source is not None:
             if export_dir is None:
                 export_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-bench-"))) / "export"
-            baseline = choose_baseline(Path(path), Path(baseline_imagefolder), baseline_source, export_dir, say)
+            baseline = choose_baseline(Path(path), Path(source), baseline_source, export_dir, say)
             contenders.append(baseline_contender(baseline, config))
             for note in baseline.notes():
                 say(f"bench: {note}")
@@ -255,6 +258,18 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
             contenders.append(Contender(LoaderResult(UPPER_BOUND, role="upper-bound"),
                                         lambda: MemoryBatches(batches, per_pass), fast.bytes_per_image, []))
         return run_contenders(contenders, config, say, f"{manifest.num_samples:,} images")
+
+
+def _baseline_source(path: Path, kind: str, imagefolder: Path | None, file_list: Path | None) -> Path | None:
+    """The baseline's source, given by the flag that fits how the dataset was converted."""
+    if imagefolder is not None and file_list is not None:
+        raise ConfigError("give the baseline's source once: --baseline-imagefolder SRC or --baseline-list LIST")
+    if file_list is not None and kind != "list":
+        raise ConfigError(f"{path} was not converted from a file list (its source is a {kind!r}): pass its source as "
+                          "--baseline-imagefolder SRC")
+    if imagefolder is not None and kind == "list":
+        raise ConfigError(f"{path} was converted from a file list: pass that list as --baseline-list LIST")
+    return imagefolder if imagefolder is not None else file_list
 
 
 def run_contenders(contenders: list[Contender], config: BenchConfig, progress: Callable[[str], None] | None = None,
@@ -302,13 +317,18 @@ def fastdata_contender(path: Path, config: BenchConfig, name: str | None = None,
 
 
 def baseline_contender(baseline: Baseline, config: BenchConfig, name: str | None = None) -> Contender:
-    """The torchvision ImageFolder baseline over what `baseline` says it reads."""
-    name = name or "torchvision ImageFolder" + (" (original files)" if baseline.different_inputs else "")
+    """The torchvision baseline over what `baseline` says it reads: an ImageFolder, or for a list dataset a
+    Dataset over the listed images."""
+    kind = "torchvision ImageFolder" if baseline.samples is None else "torchvision Dataset"
+    name = name or kind + (" (original files)" if baseline.different_inputs else "")
     result = LoaderResult(name, role="baseline", inputs=baseline.inputs, notes=baseline.notes(),
                           different_inputs=baseline.different_inputs)
     per_image = sum(f.stat().st_size for f in baseline.files) / max(1, len(baseline.files))
-    return Contender(result, imagefolder_baseline(baseline.root, config, baseline.excluded_paths), per_image,
-                     baseline.files)
+    if baseline.samples is not None:
+        make = list_baseline(baseline.samples, config, baseline.num_classes, baseline.label_kind)
+    else:
+        make = imagefolder_baseline(baseline.root, config, baseline.excluded_paths)
+    return Contender(result, make, per_image, baseline.files)
 
 
 def format_table(results: list[LoaderResult], data_wait: bool = False) -> str:

@@ -1,11 +1,13 @@
-"""The torchvision ImageFolder baseline of `fastdata bench`, reading what fastdata reads.
+"""The torchvision baseline of `fastdata bench`, reading what fastdata reads: an ImageFolder over the source tree,
+or for a dataset converted from a file list (`fastdata convert list`), a torchvision-style Dataset over the images
+the list names (PIL decode, the same transform; multi-label targets as multi-hot float32 rows).
 
-A dataset stored as its source's own bytes is compared with the source tree, less the files the conversion
-rejected (the manifest lists them; torchvision would crash on them). A dataset whose images were re-encoded
-at conversion (`--max-size`) is compared by default with an ImageFolder exported from the dataset itself: each
-stored sample's bytes written as they are to `EXPORT/<class>/<path>`, so that both loaders decode the same
-bytes. Comparing with the original source instead is explicit (`baseline_source=True`) and marked as
-"different inputs".
+A dataset stored as its source's own bytes is compared with the source, less the files the conversion rejected
+(the manifest lists them; torchvision would crash on them). A dataset whose images were re-encoded at conversion
+(`--max-size`) is compared by default with its stored bytes exported as files: an ImageFolder
+(`EXPORT/<class>/<path>`) for an ImageFolder source, numbered files with their labels for a list, so that both
+loaders decode the same bytes. Comparing with the original source instead is explicit (`baseline_source=True`) and
+marked as "different inputs".
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import MANIFEST_NAME, Manifest, content_checksum, read_manifest
-from fastdata.formats.records import EXT_OF_FORMAT
+from fastdata.formats.records import EXT_OF_FORMAT, Label
 
 if TYPE_CHECKING:
     from fastdata.image.batch import EncodedSample
@@ -48,6 +50,11 @@ class Baseline:
     different_inputs: bool = False
     excluded: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}: rejected by the conversion
     files: list[Path] = field(default_factory=list)  # every image file the baseline reads
+    # a list dataset's baseline: (image file, label) of every sample, read by a Dataset over them (None: `root` is an
+    # ImageFolder); labels as the dataset's (`label_kind`, over `num_classes` classes)
+    samples: list[tuple[Path, Label]] | None = None
+    num_classes: int = 0
+    label_kind: str = "single"
 
     @property
     def excluded_paths(self) -> frozenset[str]:
@@ -71,6 +78,8 @@ def choose_baseline(dataset: Path, src: Path, baseline_source: bool = False, exp
     dataset into `export_dir` (which must be given: the caller owns it, e.g. a temporary directory)."""
     manifest = read_manifest(dataset)
     changed = reencoding(manifest)
+    if manifest.source.get("kind") == "list":
+        return _list_baseline(Path(dataset), Path(src), manifest, changed, baseline_source, export_dir, progress)
     if not changed or baseline_source:
         baseline = source_baseline(src, manifest)
         if changed:
@@ -89,6 +98,77 @@ def choose_baseline(dataset: Path, src: Path, baseline_source: bool = False, exp
                                 f"(the dataset was re-encoded at conversion: {_options_text(changed)}; "
                                 f"--baseline-source compares with the original files in {src} instead)",
                     files=files)
+
+
+def _list_baseline(dataset: Path, src: Path, manifest: Manifest, changed: dict[str, Any], baseline_source: bool,
+                   export_dir: Path | None, progress: Callable[[str], None] | None) -> Baseline:
+    """The baseline of a dataset converted from the file list `src`: the images the list names (less the rejected
+    ones), or the dataset's stored bytes exported as numbered files when it was re-encoded."""
+    facts = {"num_classes": len(manifest.classes), "label_kind": manifest.label_kind}
+    if changed and not baseline_source:
+        if export_dir is None:
+            raise ConfigError(f"{dataset} was re-encoded at conversion ({_options_text(changed)}): the baseline reads "
+                              "its stored bytes exported as files, and needs a directory to export into")
+        if progress:
+            progress(f"bench: {dataset} was re-encoded at conversion ({_options_text(changed)}); exporting its "
+                     f"stored bytes into {export_dir} for the baseline")
+        samples = export_samples(dataset, export_dir)
+        return Baseline(export_dir, f"the stored bytes of {dataset} exported as files: the same bytes fastdata reads "
+                                    f"(the dataset was re-encoded at conversion: {_options_text(changed)}; "
+                                    f"--baseline-source compares with the images {src} names instead)",
+                        files=[path for path, _ in samples], samples=samples, **facts)
+    from fastdata.converters.filelist import relist
+
+    listing = relist(src, manifest)
+    if listing.classes != manifest.classes:
+        raise ConfigError(f"{src}: its classes ({len(listing.classes)}) are not the dataset's "
+                          f"({len(manifest.classes)}); pass the list the dataset was converted from")
+    rejected = {item["path"]: item["reason"] for item in manifest.rejected}
+    excluded = [{"path": key, "reason": rejected[key]} for key, _ in listing.samples if key in rejected]
+    samples = [(listing.root / key, label) for key, label in listing.samples if key not in rejected]
+    baseline = Baseline(listing.root, f"the images the list {src} names, the bytes the dataset stores",
+                        excluded=excluded, files=[path for path, _ in samples], samples=samples, **facts)
+    if changed:
+        baseline.different_inputs = True
+        baseline.inputs = (f"the original images {src} names, while fastdata reads the dataset's re-encoded copies "
+                           f"({_options_text(changed)}): the ratios compare inputs as well as loaders")
+    return baseline
+
+
+def export_samples(dataset: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[tuple[Path, Label]]:
+    """Write every stored sample's bytes, unchanged, to `out/<number>.<ext>` (numbered in stored order) and return
+    each file with its label; the labels are kept in the marker written last, so that an export of the same
+    dataset already at `out` is reused. Built beside `out` and renamed into place when complete."""
+    from fastdata.loader import dataset as open_dataset
+
+    root, out = Path(dataset), Path(out)
+    manifest = read_manifest(root)
+    stamp = {"dataset": str(root.resolve()), "manifest": content_checksum(manifest.to_dict()),
+             "samples": manifest.num_samples}
+    try:
+        saved = json.loads((out / EXPORT_MARKER).read_text())
+        if {k: saved.get(k) for k in stamp} == stamp:
+            return [(out / name, tuple(label) if isinstance(label, list) else label)
+                    for name, label in saved["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: exists and is not an export of {root}; give an empty or new --export-dir")
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    files: list[tuple[str, Label]] = []
+    for number, sample in enumerate(_stored_samples(open_dataset(root))):
+        name = f"{number:08d}.{_stored_ext(sample.data, sample.key)}"
+        (partial / name).write_bytes(sample.data)
+        files.append((name, sample.label))
+    marker = {**stamp, "files": [[name, list(label) if isinstance(label, tuple) else label] for name, label in files]}
+    (partial / EXPORT_MARKER).write_text(json.dumps(marker) + "\n")  # last: its presence means complete
+    if out.exists():
+        out.rmdir()
+    os.replace(partial, out)
+    return [(out / name, label) for name, label in files]
 
 
 def _options_text(options: dict[str, Any]) -> str:
@@ -130,6 +210,9 @@ def export_imagefolder(dataset: str | os.PathLike[str], out: str | os.PathLike[s
     manifest = read_manifest(root)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset; only images export as an ImageFolder")
+    if manifest.label_kind != "single":
+        raise ConfigError(f"{root}: a multi-label dataset has no one class folder per sample; it does not export as "
+                          "an ImageFolder")
     stamp = {"dataset": str(root.resolve()), "manifest": content_checksum(manifest.to_dict()),
              "samples": manifest.num_samples}
     if _is_export_of(out, stamp):
@@ -196,19 +279,64 @@ def _stored_ext(data: bytes, key: str) -> str:
     return ext or PurePosixPath(key).suffix.lower().lstrip(".") or "bin"
 
 
+def _transform(config: BenchConfig) -> Any:
+    """The torchvision transform that does what fastdata's `config.augment` preset does."""
+    from torchvision import transforms as T
+
+    size = config.image_size
+    if config.augment == "train":
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    return T.Compose([T.Resize(int(size / 0.875)), T.CenterCrop(size), T.PILToTensor()])
+
+
+class ListImages:
+    """A torchvision-style map-style Dataset over (image file, label) pairs: PIL decode (torchvision's
+    `default_loader`, RGB), `transform`, and the label as torchvision gives a target (the class id), or for a
+    multi-label dataset its multi-hot float32 row over `num_classes` classes."""
+
+    def __init__(self, samples: list[tuple[Path, Label]], transform: Any, num_classes: int, multi: bool) -> None:
+        self.samples, self.transform, self.num_classes, self.multi = samples, transform, num_classes, multi
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        import torch
+        from torchvision.datasets.folder import default_loader
+
+        path, label = self.samples[index]
+        if self.multi:
+            target = torch.zeros(self.num_classes, dtype=torch.float32)
+            target[list(label)] = 1.0  # type: ignore[arg-type]
+        else:
+            target = label
+        return self.transform(default_loader(str(path))), target
+
+
+def list_baseline(samples: list[tuple[Path, Label]], config: BenchConfig, num_classes: int,
+                  label_kind: str = "single") -> Callable[[], Any]:
+    """A factory of DataLoader over a torchvision-style Dataset of `samples` (ListImages), with the bench's
+    transform and batch size and fastdata.loader's DataLoader settings: the baseline of a list dataset."""
+    import torch
+
+    settings = config.settings
+    data = ListImages(samples, _transform(config), num_classes, label_kind == "multi")
+
+    def make() -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(data, batch_size=config.batch_size, shuffle=True,
+                                           **settings.dataloader_kwargs())
+
+    return make
+
+
 def imagefolder_baseline(root: Path, config: BenchConfig, exclude: Iterable[str] = ()) -> Callable[[], Any]:
     """A factory of torchvision ImageFolder + DataLoader over `root` (less the `exclude`d source-relative
     paths), with the bench's transform and batch size and fastdata.loader's DataLoader settings."""
     import torch
     from torchvision import datasets
-    from torchvision import transforms as T
     from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-    size = config.image_size
-    if config.augment == "train":
-        transform = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
-    else:
-        transform = T.Compose([T.Resize(int(size / 0.875)), T.CenterCrop(size), T.PILToTensor()])
+    transform = _transform(config)
     root, skip = Path(root), frozenset(exclude)
     settings = config.settings
 

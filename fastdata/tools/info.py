@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fastdata.formats.manifest import Manifest, read_manifest
+from fastdata.formats.manifest import Manifest, read_manifest, rejected_place
 
 
 def info(path: str | os.PathLike[str]) -> Manifest:
@@ -29,7 +29,8 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
     if m.kind == "text" and m.text:
         lines += _text_lines(m)
     else:
-        lines.append(f"  classes     {len(m.classes)}")
+        kind = " (multi-label: a sample counts once for each class it holds)" if m.label_kind == "multi" else ""
+        lines.append(f"  classes     {len(m.classes)}{kind}")
     for name, count in list(zip(m.classes, m.class_counts, strict=True))[:max_classes]:
         lines.append(f"    {name:<24} {count:>10,}")
     if len(m.classes) > max_classes:
@@ -43,13 +44,18 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         paths = m.source.get("path", "?")
         paths = ", ".join(paths) if isinstance(paths, list) else paths
         lines.append(f"  source      {len(m.source.get('files', []))} file(s) from {paths}")
+    elif m.source.get("lists"):  # convert list
+        lists = m.source["lists"]
+        shown = ", ".join(lists[:3]) + (f", ... ({len(lists)} lists)" if len(lists) > 3 else "")
+        lines.append(f"  source      {shown} (images under {m.source.get('root', '?')})")
     else:
         lines.append(f"  source      {m.source.get('path', '?')} "
                      f"({m.source.get('ignored', 0)} non-image files ignored)")
+    if m.metadata_fields:
+        lines.append(f"  metadata    {', '.join(m.metadata_fields)} (fastdata.dataset(PATH, metadata=True))")
     lines.append(f"  rejected    {m.stats.get('rejected_records', len(m.rejected))}")
     for r in m.rejected[:10]:
-        where = f"{r['path']}:{r['line']}" if r.get("line") else r["path"]
-        lines.append(f"    {where}: {r['reason']}")
+        lines.append(f"    {rejected_place(r)}: {r['reason']}")
     lines.append(f"  files       {len(m.files)}")
     for f in m.files[:max_files]:
         lines.append(f"    {f.name:<20} {f.bytes:>14,} B {f.samples:>9,} samples  sha256 {f.sha256[:16]}…")

@@ -22,6 +22,7 @@ from fastdata.formats.manifest import (
     read_manifest,
     sha256_file,
 )
+from fastdata.formats.records import Label
 
 if TYPE_CHECKING:
     from fastdata.image.batch import EncodedSample
@@ -53,7 +54,8 @@ def verify(path: str | os.PathLike[str], source: str | os.PathLike[str] | None =
            progress: Callable[[str], None] | None = None) -> VerifyReport:
     """Check the dataset at `path`: manifest integrity, every data file's presence, size and sha256, no
     unexpected files, sample counts and labels in the data against the manifest; with `source`, the samples
-    against the ImageFolder tree they came from; with `decode`, that every image decodes.
+    against the source they came from (an ImageFolder tree, a file list, ...: the one the manifest names, listed
+    again as the conversion listed it); with `decode`, that every image decodes.
 
     A damaged file does not stop the check: its samples are still read (and decoded), so that the report names
     the samples the damage broke, and the other files are checked as usual."""
@@ -115,11 +117,15 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
                          decode: bool, progress: Callable[[str], None] | None, missing: set[str]) -> None:
     from fastdata.loader import dataset
 
-    if sum(manifest.class_counts) != manifest.num_samples or len(manifest.class_counts) != len(manifest.classes):
+    single = manifest.label_kind == "single"  # a multi-label sample counts once for each of its classes
+    if (single and sum(manifest.class_counts) != manifest.num_samples) or len(manifest.class_counts) != len(
+            manifest.classes):
         report.problems.append(f"{MANIFEST_NAME}: class_counts do not add up to num_samples / the class list")
     ds = dataset(root)
     keys: list[str] = []
-    labels: list[int] = []
+    labels: list[Label] = []
+    with_metadata = source is not None and bool(manifest.metadata_fields)
+    metadata: dict[str, dict] = {}  # key -> stored metadata, to compare with the source's
     undecodable = 0
     complete = True  # every sample of every file was read
     for file_id, entry in enumerate(manifest.files):
@@ -127,7 +133,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
             complete = False
             continue
         read = 0
-        for sample in _file_samples(ds, file_id, entry.name):
+        for sample in _file_samples(ds, file_id, entry.name, with_metadata):
             if isinstance(sample, str):  # a sample (LMDB) or the rest of the file (WDS) could not be read
                 complete = False
                 report.problems.append(sample)
@@ -135,6 +141,8 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
             read += 1
             keys.append(sample.key)
             labels.append(sample.label)
+            if with_metadata:
+                metadata[sample.key] = sample.metadata or {}
             if decode and not _decodes(ds, sample, report):
                 undecodable += 1
             if progress and len(labels) % 10000 == 0:
@@ -150,12 +158,14 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
     if decode:
         report.checked.append(f"decoded every readable sample ({undecodable} failed)")
     if source is not None:
-        _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report)
+        _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report,
+                              metadata if with_metadata else None)
 
 
-def _file_samples(ds: Any, file_id: int, name: str) -> Iterator[EncodedSample | str]:
+def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False) -> Iterator[EncodedSample | str]:
     """The stored samples of one data file, in order; a problem string (naming the file and what failed) in
-    place of what cannot be read: one LMDB sample, or the rest of a WebDataset shard."""
+    place of what cannot be read: one LMDB sample, or the rest of a WebDataset shard. `with_metadata`: LMDB
+    samples carry their stored metadata too (WebDataset samples always do)."""
     if not hasattr(ds, "encoded"):  # WebDataset: a damaged tar member ends the shard
         read = 0
         try:
@@ -169,7 +179,10 @@ def _file_samples(ds: Any, file_id: int, name: str) -> Iterator[EncodedSample | 
 
     for index in range(len(ds)):  # LMDB: one damaged record does not hide the others
         try:
-            yield ds.encoded(index)
+            sample = ds.encoded(index)
+            if with_metadata:
+                sample.metadata = ds.reader.metadata(index)
+            yield sample
         except (FastdataError, lmdb.Error, ValueError) as exc:
             yield f"{name}: sample #{index} unreadable ({type(exc).__name__}: {exc})"
 
@@ -188,20 +201,30 @@ def _decodes(ds: Any, sample: EncodedSample, report: VerifyReport) -> bool:
     return True
 
 
-def _check_labels(manifest: Manifest, labels: list[int], report: VerifyReport) -> None:
-    counts = np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(manifest.classes)) if labels else []
+def _check_labels(manifest: Manifest, labels: list[Label], report: VerifyReport) -> None:
+    """Sample count, class ids in range, and per-class counts (a multi-label sample counts once for each class it
+    holds) against the manifest."""
+    ids = np.asarray([i for label in labels for i in (label if isinstance(label, tuple) else (label,))], np.int64)
     if len(labels) != manifest.num_samples:
         report.problems.append(f"data holds {len(labels):,} samples, the manifest says {manifest.num_samples:,}")
-    if labels and (min(labels) < 0 or max(labels) >= len(manifest.classes)):
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(manifest.classes)):
         report.problems.append(f"labels outside 0..{len(manifest.classes) - 1} in the data")
-    elif list(counts) != list(manifest.class_counts):
+    elif np.bincount(ids, minlength=len(manifest.classes)).tolist() != list(manifest.class_counts):
         report.problems.append("per-class sample counts in the data differ from the manifest's class_counts")
 
 
-def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, int], report: VerifyReport) -> None:
-    from fastdata.converters.imagefolder import scan
+def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
+                          metadata: dict[str, dict] | None = None) -> None:
+    """The dataset's samples, labels (and `metadata`, when given) against its source, listed again as the
+    conversion listed it (by the converter the manifest names: its `relist`)."""
+    from fastdata.converters import REGISTRY, load
 
-    listing = scan(src)
+    kind = manifest.source.get("kind", "imagefolder")
+    relist = getattr(load(kind), "relist", None) if kind in REGISTRY else None
+    if relist is None:
+        report.problems.append(f"cannot check against the source: this fastdata cannot list a {kind!r} source again")
+        return
+    listing = relist(src, manifest)
     if listing.classes != manifest.classes:
         report.problems.append(f"class list differs from the source's ({len(listing.classes)} classes there, "
                                f"{len(manifest.classes)} in the manifest)")
@@ -209,8 +232,12 @@ def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, int],
     missing = [p for p, _ in listing.samples if p not in stored and p not in rejected]
     wrong = [p for p, label in listing.samples if p in stored and stored[p] != label]
     extra = sorted(set(stored) - {p for p, _ in listing.samples})
+    changed = []
+    if metadata is not None:
+        changed = [p for i, (p, _) in enumerate(listing.samples)
+                   if p in metadata and metadata[p] != (listing.metadata[i] if listing.metadata else {})]
     for what, paths in (("in the source but not in the dataset", missing), ("labelled differently", wrong),
-                        ("in the dataset but not in the source", extra)):
+                        ("in the dataset but not in the source", extra), ("with other metadata", changed)):
         if paths:
             report.problems.append(f"{len(paths)} sample(s) {what}: {', '.join(paths[:5])}"
                                    + (" ..." if len(paths) > 5 else ""))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from builders import BAD_FILES, build_bad_tree, build_tricky_tree, cli
+from builders import BAD_FILES, build_bad_tree, build_solid_tree, build_tricky_tree, cli, list_frame, write_list
 
 import fastdata
 from fastdata.errors import ConfigError
@@ -95,3 +95,20 @@ def test_a_ray_conversion_interrupted_resumes_locally(ray_instance, tree, tmp_pa
     fastdata.convert_imagefolder(tree, tmp_path / "reference", format="wds", shard_size="8KB", workers=1,
                                  progress=False)
     assert facts(out) == facts(tmp_path / "reference")
+
+
+def test_ray_engine_converts_a_file_list_alike(ray_instance, tmp_path):
+    """The source's reader travels to the Ray workers with their initializer: a multi-label list with metadata and a
+    missing image gives the dataset the local engine gives (byte-identical shards, the same rejection)."""
+    tree = build_solid_tree(tmp_path / "images", count=14)
+    frame = list_frame(tree, labels="name-sets")
+    frame.loc[3, "path"] = "alpha/missing.png"
+    list_path = write_list(frame, tree.root / "train.jsonl")
+    options = dict(format="wds", shard_size="8KB", workers=2, progress=False)
+    local = fastdata.convert_list(list_path, tmp_path / "local", **options)
+    distributed = fastdata.convert_list(list_path, tmp_path / "ray", engine="ray", **options)
+    assert distributed.engine == "ray" and distributed.ray.outside_ray == 0 and distributed.ray.actor_ids
+    assert distributed.rejected == local.rejected and [r["row"] for r in local.rejected] == [4]
+    assert [(f.name, f.sha256) for f in fastdata.info(tmp_path / "ray").files] == \
+        [(f.name, f.sha256) for f in fastdata.info(tmp_path / "local").files]
+

@@ -20,7 +20,13 @@ from torchvision.datasets import ImageFolder
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError, NotADatasetError
-from fastdata.formats.manifest import FORMAT_VERSION, Manifest, content_checksum, read_manifest
+from fastdata.formats.manifest import (
+    FORMAT_VERSION,
+    NEWEST_FORMAT_VERSION,
+    Manifest,
+    content_checksum,
+    read_manifest,
+)
 from fastdata.formats.wds import iter_shard, sanitize_key, split_member_name
 
 MANIFEST_KEYS = {"format_version", "kind", "format", "num_samples", "classes", "class_counts", "files",
@@ -72,7 +78,7 @@ def test_manifest_problems_are_named(tmp_path, tricky_lmdb):
     with pytest.raises(NotADatasetError, match="format"):
         read_manifest(broken)
     newer = json.loads((tricky_lmdb / "manifest.json").read_text())
-    newer["format_version"] = FORMAT_VERSION + 1
+    newer["format_version"] = NEWEST_FORMAT_VERSION + 1
     (broken / "manifest.json").write_text(json.dumps(newer))
     with pytest.raises(NotADatasetError, match="newer"):
         fastdata.dataset(broken)

@@ -46,6 +46,48 @@ def test_damaged_lmdb_metadata_is_refused(small_solid_lmdb, tmp_path):
         fastdata.dataset(copy)[0]
 
 
+def test_lmdb_stores_class_sets_and_metadata(tmp_path):
+    sets = [(0, 2), (), (1,), (0, 1, 2)]
+    writer = LmdbWriter(tmp_path / "m.lmdb", commit_every=2)
+    for i, ids in enumerate(sets):
+        writer.add(ImageRecord(f"k{i}", b"x", "jpg", ids, 10, 10, 0, metadata={"i": i, "name": f"é{i}"}))
+    writer.close()
+    reader = LmdbReader(tmp_path / "m.lmdb", 4, 3, "multi")
+    assert [reader.label(i) for i in range(4)] == sets
+    assert reader.label_list() == [list(ids) for ids in sets]
+    assert [reader.metadata(i) for i in range(4)] == [{"i": i, "name": f"é{i}"} for i in range(4)]
+    with pytest.raises(TypeError, match="multi-label"):
+        reader.labels  # noqa: B018
+
+
+def test_lmdb_refuses_to_mix_single_and_multi_labels(tmp_path):
+    writer = LmdbWriter(tmp_path / "x.lmdb")
+    writer.add(ImageRecord("a", b"x", "jpg", 1, 10, 10, 0))
+    writer.add(ImageRecord("b", b"x", "jpg", (1,), 10, 10, 0))
+    with pytest.raises(ValueError, match="1 of 2 records are multi-label"):
+        writer.close()
+
+
+@pytest.mark.parametrize(("array", "dtype", "position", "value", "problem"), [
+    ("label_values", "<i4", 0, 99, "labels outside"),
+    ("label_offsets", "<i8", -1, 10**6, "label offsets"),
+])
+def test_damaged_multi_label_arrays_are_refused(multi_label_lmdb, tmp_path, array, dtype, position, value, problem):
+    import shutil
+
+    copy = tmp_path / "c.lmdb"
+    shutil.copytree(multi_label_lmdb, copy)
+    env = lmdb.open(str(copy), max_dbs=8)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        values = np.frombuffer(txn.get(array.encode(), db=meta), dtype).copy()
+        values[position] = value
+        txn.put(array.encode(), values.tobytes(), db=meta)
+    env.close()
+    with pytest.raises(NotADatasetError, match=problem):
+        fastdata.dataset(copy)[0]
+
+
 def rewrite_shard(shard, extra: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
     """Append members to a shard (after its first sample's members)."""
     with tarfile.open(shard) as tar:

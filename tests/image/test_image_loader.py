@@ -3,19 +3,17 @@ epochs, shuffle=False, worker start methods, albumentations and callables, on_er
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 
 import albumentations as A
-import lmdb
 import numpy as np
 import pytest
 import torch
-from builders import SOLID_COUNT, corrupt_copy, sample_id_of, solid_id_of_path, solid_label
+from builders import SOLID_COUNT, corrupt_copy, corrupt_ids_copy, sample_id_of, solid_id_of_path, solid_label
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.formats.wds import IMAGE_EXTS, iter_shard
+from fastdata.formats.wds import iter_shard
 
 SIZE = 16
 BATCH = 8
@@ -296,38 +294,6 @@ def test_worker_processes_after_the_main_process_read_the_dataset(solid_lmdb):
     batches = run(solid_lmdb, num_workers=2, shuffle=False, augment="val", multiprocessing_context="fork")[0]
     assert ids_of(batches)[0] == first_id
     assert sorted(ids_of(batches)) == list(range(SOLID_COUNT))
-
-
-def corrupt_ids_copy(path, tmp_path, sample_ids: set[int], payload: bytes = b"not an image"):
-    """A copy of a solid conversion (LMDB or WebDataset) whose samples with the given ids hold `payload` instead
-    of their image bytes (the WebDataset shards are rewritten member by member, in order)."""
-    import io
-    import tarfile
-
-    copy = tmp_path / f"corrupt-{path.name}"
-    shutil.copytree(path, copy)
-    if path.suffix == ".lmdb":
-        env = lmdb.open(str(copy), max_dbs=4, subdir=True, map_size=1 << 26)
-        try:
-            images, keys = env.open_db(b"images", create=False), env.open_db(b"keys", create=False)
-            with env.begin(write=True) as txn:
-                for index_bytes, key in list(txn.cursor(db=keys)):
-                    if solid_id_of_path(bytes(key).decode()) in sample_ids:
-                        txn.put(bytes(index_bytes), payload, db=images)
-        finally:
-            env.close()
-        (copy / "lock.mdb").unlink(missing_ok=True)
-        return copy
-    for shard in sorted(copy.glob("*.tar")):
-        with tarfile.open(shard) as tar:
-            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-        with tarfile.open(shard, "w") as tar:
-            for member, data in members:
-                if member.name.rsplit(".", 1)[-1] in IMAGE_EXTS and solid_id_of_path(member.name) in sample_ids:
-                    data = payload
-                member.size = len(data)
-                tar.addfile(member, io.BytesIO(data))
-    return copy
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

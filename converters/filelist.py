@@ -1,0 +1,520 @@
+"""File lists -> the image conversion driver (`fastdata.convert.images`): `fastdata convert list LIST OUT`.
+
+LIST is a `.csv`, `.tsv`, `.jsonl` or `.parquet` file, or a folder or glob of them (concatenated in sorted order),
+read with pyarrow. One row per image:
+
+- `--image-column` (default `path`): the image's path, relative to `--root` (default: the folder of LIST). The
+  normalised path is the sample's key. A path that leaves the root (`..`, or an absolute path outside it) is
+  refused unless `--allow-outside-root`; a path listed twice is refused.
+- `--label-column` (default `label`): class names (strings; classes = the sorted unique names, as ImageFolder's
+  class folders), integer class ids (kept as given; classes "0".."C-1", C = `--num-classes` or the largest id + 1),
+  or lists of either (multi-label; duplicates in a row count once, `[]` is a sample of no class). In CSV/TSV,
+  where every cell is text, a cell of digits is an id and a cell holding a JSON or Python list (`[1, 2]`,
+  `['cat', 'dog']`, as pandas writes lists) is a list. A column mixing these types is refused.
+- A missing label (null, empty cell, NaN) is refused, naming its row: every sample needs one; a multi-label sample
+  of no class is written `[]`.
+- Every other column (or those named by `--metadata-columns`) is kept per sample as JSON scalars: text, numbers,
+  booleans, None (null, empty cells and NaN), dates and times as ISO text. Nested values are refused.
+
+Rows are numbered from 1 in each list file, the CSV header not counted. Every problem with the list itself
+(missing column, empty list, duplicates, mixed label types, paths outside the root, ...) is a one-line error naming
+the file, row and column, before anything is written. A listed image that is missing or unreadable is rejected
+like an ImageFolder file, named in the summary and the manifest with its list file and row.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import glob
+import json
+import math
+import os
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.sources import ImageSource
+from fastdata.errors import ConfigError, SourceError
+from fastdata.formats.manifest import Manifest
+from fastdata.formats.records import Label
+
+SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
+_INTEGER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?|-?(nan|inf|infinity)", re.IGNORECASE)
+
+
+# ------------------------------------------------------------------------------------------------ list files
+
+
+def list_files(spec: str | os.PathLike[str]) -> list[Path]:
+    """The list files LIST names: the file itself, the list files of a folder, or those a glob matches (sorted)."""
+    text = str(spec)
+    path = Path(text)
+    if glob.has_magic(text):
+        found = sorted(Path(p) for p in glob.glob(text) if Path(p).suffix.lower() in SUFFIXES and Path(p).is_file())
+        if not found:
+            raise SourceError(f"{text}: matches no {'/'.join(SUFFIXES)} file")
+        return found
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
+        if not found:
+            raise SourceError(f"{path}: folder holds no {'/'.join(SUFFIXES)} file")
+        return found
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or folder")
+    if path.suffix.lower() not in SUFFIXES:
+        raise SourceError(f"{path}: not a list file (expected {', '.join(SUFFIXES)}, or a folder or glob of them)")
+    return [path]
+
+
+def default_root(spec: str | os.PathLike[str]) -> Path:
+    """What image paths are relative to when `--root` is not given: LIST's folder (a folder LIST itself; for a
+    glob, the folder its pattern starts in)."""
+    path = Path(spec)
+    if glob.has_magic(str(spec)):
+        while glob.has_magic(str(path)):
+            path = path.parent
+        return path
+    return path if path.is_dir() else path.parent
+
+
+def _read_table(path: Path, columns_as_text: tuple[str, ...]) -> Any:
+    """One list file as a pyarrow Table (CSV/TSV cells of `columns_as_text` read as text, not inferred)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+        import pyarrow.json as pjson
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ConfigError("convert list reads lists with pyarrow: pip install 'fastdata[lists]'") from exc
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".csv", ".tsv"):
+            return pcsv.read_csv(path, parse_options=pcsv.ParseOptions(delimiter="\t" if suffix == ".tsv" else ","),
+                                 convert_options=pcsv.ConvertOptions(
+                                     column_types={name: pa.string() for name in columns_as_text},
+                                     strings_can_be_null=True))
+        if suffix == ".jsonl":
+            return pjson.read_json(path)
+        return pq.read_table(path)
+    except pa.ArrowInvalid as exc:
+        if suffix == ".jsonl" and "changed from" in str(exc):
+            _explain_json_types(path)
+        if "Empty CSV file" in str(exc):
+            raise SourceError(f"{path}: the list is empty (no header, no rows)") from None
+        raise SourceError(f"{path}: not a readable {suffix[1:]} list ({exc})") from None
+    except OSError as exc:
+        raise SourceError(f"{path}: unreadable ({exc.strerror or exc})") from None
+
+
+def _explain_json_types(path: Path) -> None:
+    """pyarrow refuses a JSON-lines column whose values change type: name a row of each type, as for labels."""
+    first: dict[str, dict[str, tuple[int, Any]]] = {}
+    with open(path, encoding="utf-8") as f:
+        row = 0
+        for line in f:
+            if not line.strip():
+                continue
+            row += 1
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise SourceError(f"{path} row {row}: not a JSON object ({exc})") from None
+            if not isinstance(record, dict):
+                raise SourceError(f"{path} row {row}: not a JSON object")
+            for name, value in record.items():
+                if value is not None:
+                    seen = first.setdefault(name, {})
+                    seen.setdefault(_type_name(value), (row, value))
+                    if len(seen) > 1:
+                        (type_a, (row_a, a)), (type_b, (row_b, b)) = list(seen.items())[:2]
+                        raise SourceError(f"{path}: column {name!r} mixes types: row {row_a} holds {type_a} ({a!r}), "
+                                          f"row {row_b} {type_b} ({b!r}); use one type in every row")
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+# ------------------------------------------------------------------------------------------------ rows
+
+
+@dataclass
+class _Rows:
+    """Where each row of the concatenated lists comes from: list file and row number (from 1)."""
+
+    files: list[Path]
+    starts: list[int]  # global index of each file's first row
+
+    def file_of(self, index: int) -> int:
+        return bisect.bisect_right(self.starts, index) - 1
+
+    def place(self, index: int) -> tuple[Path, int]:
+        file = self.file_of(index)
+        return self.files[file], index - self.starts[file] + 1
+
+    def name(self, index: int) -> str:
+        path, row = self.place(index)
+        return f"{path} row {row}"
+
+    def origin(self, index: int) -> dict[str, Any]:
+        path, row = self.place(index)
+        return {"list": str(path), "row": row}
+
+
+class ColumnMetadata(Sequence):
+    """Per-sample metadata kept as columns (one list per name), made into a dict only when a sample's is asked for:
+    a million rows stay a few lists, not a million dicts."""
+
+    def __init__(self, columns: dict[str, list[Any]], rows: list[int]) -> None:
+        self.columns = columns
+        self.rows = rows  # the list row of each sample
+
+    @property
+    def fields(self) -> list[str]:
+        return list(self.columns)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        row = self.rows[index]
+        return {name: values[row] for name, values in self.columns.items()}
+
+
+@dataclass(frozen=True)
+class ListOptions:
+    """How a list is read (recorded in the manifest, so that `verify --source` reads it again the same way)."""
+
+    root: str | None = None
+    image_column: str = "path"
+    label_column: str = "label"
+    num_classes: int | None = None
+    allow_outside_root: bool = False
+    metadata_columns: tuple[str, ...] | None = None  # None: every other column
+
+
+def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> ImageSource:
+    """List the samples of the list(s) LIST names (see the module docstring); SourceError/ConfigError naming the
+    file, row and column of the first problem."""
+    options = options or ListOptions()
+    if options.num_classes is not None and options.num_classes < 1:
+        raise ConfigError(f"--num-classes must be at least 1, got {options.num_classes}")
+    files = list_files(spec)
+    root = Path(options.root) if options.root is not None else default_root(spec)
+    if not root.is_dir():
+        raise SourceError(f"{root}: the root of the list's image paths is not a folder (--root)")
+    paths: list[Any] = []
+    labels: list[Any] = []
+    columns: dict[str, list[Any]] = {}
+    starts: list[int] = []
+    text_columns = (options.image_column, options.label_column)
+    for path in files:
+        table = _read_table(path, text_columns)
+        names = list(table.column_names)
+        for role, name in (("--image-column", options.image_column), ("--label-column", options.label_column)):
+            if name not in names:
+                raise SourceError(f"{path}: no column {name!r} (its columns: {', '.join(names) or 'none'}); name "
+                                  f"the right one with {role}")
+        kept = _metadata_names(path, names, options)
+        starts.append(len(paths))
+        for name in kept:
+            values = _metadata_values(path, name, table.column(name).to_pylist())
+            columns.setdefault(name, [None] * len(paths)).extend(values)
+        paths.extend(table.column(options.image_column).to_pylist())
+        labels.extend(table.column(options.label_column).to_pylist())
+        for values in columns.values():
+            values.extend([None] * (len(paths) - len(values)))  # a column this file lacks
+    rows = _Rows(files, starts)
+    if not paths:
+        raise SourceError(f"{spec}: the list has no rows (every image to convert is one row)")
+    keys = _keys(paths, rows, root, options)
+    text_cells = [p.suffix.lower() in (".csv", ".tsv") for p in files]
+    classes, parsed, kind = _labels(labels, rows, options, text_cells)
+    counts = [0] * len(classes)
+    for label in parsed:
+        for class_id in label if isinstance(label, tuple) else (label,):
+            counts[class_id] += 1
+    details = {"lists": [str(p) for p in files], "root": str(root.absolute()),
+               "list_options": {"image_column": options.image_column, "label_column": options.label_column,
+                                "num_classes": options.num_classes, "allow_outside_root": options.allow_outside_root,
+                                "metadata_columns": None if options.metadata_columns is None
+                                else list(options.metadata_columns)}}
+    return ImageSource("list", root, classes, list(zip(keys, parsed, strict=True)),
+                       empty_classes=[name for name, n in zip(classes, counts, strict=True) if n == 0],
+                       label_kind=kind, metadata=ColumnMetadata(columns, list(range(len(paths)))) if columns else None,
+                       origin=rows.origin, details=details)
+
+
+def _metadata_names(path: Path, names: list[str], options: ListOptions) -> list[str]:
+    others = [n for n in names if n not in (options.image_column, options.label_column)]
+    if options.metadata_columns is None:
+        return others
+    unknown = [n for n in options.metadata_columns if n not in others]
+    if unknown:
+        raise SourceError(f"{path}: no metadata column {unknown[0]!r} (its other columns: "
+                          f"{', '.join(others) or 'none'}); fix --metadata-columns")
+    return list(options.metadata_columns)
+
+
+def _metadata_values(path: Path, name: str, values: list[Any]) -> list[Any]:
+    """A metadata column's values as JSON scalars: NaN -> None, dates and times -> ISO text, decimals -> float;
+    nested or binary values refused."""
+    out = []
+    for row, value in enumerate(values, start=1):
+        if isinstance(value, float) and math.isnan(value):
+            value = None
+        elif isinstance(value, (datetime, date, time)):
+            value = value.isoformat()
+        elif isinstance(value, Decimal):
+            value = float(value)
+        elif value is not None and not isinstance(value, (str, int, float, bool)):
+            raise SourceError(f"{path} row {row}: column {name!r} holds {_type_name(value)}; metadata columns hold "
+                              "text, numbers or booleans: leave it out with --metadata-columns")
+        out.append(value)
+    return out
+
+
+def _keys(paths: list[Any], rows: _Rows, root: Path, options: ListOptions) -> list[str]:
+    """Each row's image path as its key (normalised, relative to the root); refuses empty paths, paths outside the
+    root (unless allowed) and paths listed twice."""
+    base = os.path.abspath(root)
+    keys: list[str] = []
+    first: dict[str, int] = {}
+    duplicate: str | None = None
+    for index, value in enumerate(paths):
+        if not isinstance(value, str) or not value:
+            raise SourceError(f"{rows.name(index)}: column {options.image_column!r} holds no path ({value!r})")
+        if os.path.isabs(value):
+            normal = os.path.normpath(value)
+            relative = os.path.relpath(normal, base)
+            outside = relative == ".." or relative.startswith("../")
+            key = normal if outside else Path(relative).as_posix()
+        else:
+            key = posixpath.normpath(value)
+            outside = key == ".." or key.startswith("../")
+        if outside and not options.allow_outside_root:
+            raise SourceError(f"{rows.name(index)}: path {value!r} is outside the root {root} (refused; pass "
+                              "--allow-outside-root to convert images from outside it, or --root a folder that "
+                              "holds them all)")
+        if key in first and duplicate is None:
+            duplicate = key
+        first.setdefault(key, index)
+        keys.append(key)
+    if duplicate is not None:
+        where = [rows.name(i) for i, key in enumerate(keys) if key == duplicate]
+        more = len(keys) - len(first)
+        raise SourceError(f"path {duplicate!r} is listed {len(where)} times: {', '.join(where)} (every image may be "
+                          f"listed once; {more} row{'s' * (more != 1)} repeat an earlier path)")
+    return keys
+
+
+# ------------------------------------------------------------------------------------------------ labels
+
+
+def _cell(value: Any, from_text: bool) -> tuple[str, Any]:
+    """(type, value) of one label cell: "missing", "integer", "name", "list" (of ints or names), or the type of an
+    unusable value. CSV/TSV cells are text: digits are an id, a bracketed list is a list."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+        return "missing", value
+    if isinstance(value, str) and from_text:
+        text = value.strip()
+        if _INTEGER.fullmatch(text):
+            return "integer", int(text)
+        if text.startswith("["):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                try:
+                    parsed = ast.literal_eval(text)  # pandas writes lists of strings as Python literals
+                except (ValueError, SyntaxError):
+                    return "an unreadable list", value
+            return ("list", parsed) if isinstance(parsed, list) else ("an unreadable list", value)
+        if _NUMBER.fullmatch(text):
+            return "a number", value
+        return "name", value
+    if isinstance(value, bool):
+        return "a boolean", value
+    if isinstance(value, int):
+        return "integer", value
+    if isinstance(value, str):
+        return "name", value
+    if isinstance(value, (list, tuple)):
+        return "list", list(value)
+    return _type_name(value), value
+
+
+_DESCRIBE = {"integer": "an integer class id", "name": "a class name", "list of integer": "a list of class ids",
+             "list of name": "a list of class names"}
+
+
+def _compatible(a: str, b: str) -> bool:
+    """Whether two kinds of label cell can share a column (an empty list fits either kind of list)."""
+    return a == b or ("list" in (a, b) and a.startswith("list") and b.startswith("list"))
+
+
+def _labels(values: list[Any], rows: _Rows, options: ListOptions, text_cells: list[bool]
+            ) -> tuple[list[str], list[Label], str]:
+    """(classes, label per row, "single" or "multi") from the label column's values."""
+    column = options.label_column
+    kinds: dict[str, int] = {}  # the kinds of label met, each with the first row holding it
+    cells: list[tuple[str, Any]] = []
+    for index, value in enumerate(values):
+        from_text = text_cells[rows.file_of(index)]
+        kind, cell = _cell(value, from_text)
+        if kind == "missing":
+            raise SourceError(f"{rows.name(index)}: no label in column {column!r}; every sample needs one (a "
+                              "multi-label sample of no class is written [])")
+        if kind == "list":
+            items = [_cell(item, from_text) for item in cell]
+            bad = next((item for item in items if item[0] not in ("integer", "name")), None)
+            if bad is not None:
+                raise SourceError(f"{rows.name(index)}: column {column!r} holds the list {value!r}, whose item "
+                                  f"{bad[1]!r} is neither a class name nor a class id")
+            item_kinds = {k for k, _ in items}
+            if len(item_kinds) > 1:
+                raise SourceError(f"{rows.name(index)}: column {column!r} holds the list {value!r}, which mixes "
+                                  "class names and class ids; use one type")
+            kind = f"list of {item_kinds.pop()}" if item_kinds else "list"
+            cell = [v for _, v in items]
+        elif kind not in ("integer", "name"):
+            raise SourceError(f"{rows.name(index)}: column {column!r} holds {kind} ({value!r}); labels are class "
+                              "names, integer class ids, or lists of them")
+        kinds.setdefault(kind, index)
+        cells.append((kind, cell))
+    met = sorted(kinds.items(), key=lambda item: item[1])
+    clash = next(((a, b) for i, a in enumerate(met) for b in met[i + 1:] if not _compatible(a[0], b[0])), None)
+    if clash is not None:
+        (kind_a, row_a), (kind_b, row_b) = clash
+        raise SourceError(f"column {column!r} mixes label types: {rows.name(row_a)} holds "
+                          f"{_DESCRIBE.get(kind_a, 'an empty list')} ({values[row_a]!r}), {rows.name(row_b)} "
+                          f"{_DESCRIBE.get(kind_b, 'an empty list')} ({values[row_b]!r}); use one type in every row")
+    multi = any(k.startswith("list") for k in kinds)
+    by_name = any(k in ("name", "list of name") for k in kinds)
+    if by_name:
+        if options.num_classes is not None:
+            raise ConfigError("--num-classes applies to integer class ids; class names make their own classes")
+        classes = sorted({name for _, cell in cells for name in (cell if multi else [cell])})
+        index_of = {name: i for i, name in enumerate(classes)}
+        labels = [tuple(sorted({index_of[n] for n in cell})) if multi else index_of[cell] for _, cell in cells]
+        return classes, labels, "multi" if multi else "single"
+    ids = [(i, class_id) for i, (_, cell) in enumerate(cells) for class_id in (cell if multi else [cell])]
+    negative = next(((i, c) for i, c in ids if c < 0), None)
+    if negative is not None:
+        raise SourceError(f"{rows.name(negative[0])}: label {negative[1]} in column {column!r} is negative; class "
+                          "ids count from 0")
+    count = options.num_classes if options.num_classes is not None else max((c for _, c in ids), default=-1) + 1
+    too_big = next(((i, c) for i, c in ids if c >= count), None)
+    if too_big is not None:
+        raise SourceError(f"{rows.name(too_big[0])}: label {too_big[1]} in column {column!r} is not below "
+                          f"--num-classes {count}")
+    if count == 0:
+        raise SourceError(f"column {column!r}: every row's list is empty, so there are no classes; pass "
+                          "--num-classes")
+    labels = [tuple(sorted(set(cell))) if multi else cell for _, cell in cells]
+    return [str(i) for i in range(count)], labels, "multi" if multi else "single"
+
+
+# ------------------------------------------------------------------------------------------------ API and CLI
+
+
+def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
+    """The list a dataset was converted from, read again as its conversion read it (`fastdata verify --source`)."""
+    recorded = manifest.source.get("list_options", {})
+    return scan(src, ListOptions(root=manifest.source.get("root"), image_column=recorded.get("image_column", "path"),
+                                 label_column=recorded.get("label_column", "label"),
+                                 num_classes=recorded.get("num_classes"),
+                                 allow_outside_root=recorded.get("allow_outside_root", False),
+                                 metadata_columns=None if recorded.get("metadata_columns") is None
+                                 else tuple(recorded["metadata_columns"])))
+
+
+def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str], *, root: str | os.PathLike[str] |
+                 None = None, image_column: str = "path", label_column: str = "label", num_classes: int | None = None,
+                 allow_outside_root: bool = False, metadata_columns: Sequence[str] | None = None, **options: Any
+                 ) -> ConversionSummary:
+    """Pack the images a file list names into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards): the
+    list's columns as the module docstring says, every image verified by decoding it, missing or unusable ones
+    rejected and named with their list file and row (`strict=True`: the first raises and nothing is written),
+    interrupted conversions resumed by the same call. `options`: those of `fastdata.convert.images.convert_images`
+    (format, shard_size, seed, max_size, quality, max_pixels, workers, overwrite, strict, progress, commit_every,
+    engine, ray_address).
+
+    Args:
+        list_path: the list: a `.csv`, `.tsv`, `.jsonl` or `.parquet` file, or a folder or glob of them (read in
+            sorted order, one after the other).
+        out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
+        root: the folder the image paths are relative to (default: the list's folder).
+        image_column: the column holding each image's path.
+        label_column: the column holding each label: a class name, an integer class id, or a list of either
+            (multi-label: loaded as multi-hot float32 `[B, C]`).
+        num_classes: the number of classes of integer labels (default: the largest id + 1).
+        allow_outside_root: accept image paths outside `root` (`..`, absolute paths elsewhere).
+        metadata_columns: the columns kept as per-sample metadata (default: every other column; empty: none).
+        **options: the options of `fastdata.convert.images.convert_images`.
+    """
+    settings = ListOptions(None if root is None else str(root), image_column, label_column, num_classes,
+                           allow_outside_root, None if metadata_columns is None else tuple(metadata_columns))
+    return convert_images(lambda: scan(list_path, settings), out, **options)
+
+
+def _split_names(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def cli_command() -> click.Command:
+    """`fastdata convert list LIST OUT ...`"""
+    from fastdata.converters.options import convert_options
+
+    @click.command("list")
+    @click.argument("list_path", metavar="LIST")
+    @click.argument("out", type=click.Path(path_type=Path))
+    @click.option("--root", type=click.Path(path_type=Path), default=None, metavar="DIR",
+                  help="Folder the image paths are relative to. Default: the folder of LIST.")
+    @click.option("--image-column", default="path", show_default=True, help="Column holding each image's path.")
+    @click.option("--label-column", default="label", show_default=True,
+                  help="Column holding each label: a class name, an integer class id, or a list of them.")
+    @click.option("--num-classes", type=int, default=None,
+                  help="Number of classes of integer labels. Default: the largest id + 1.")
+    @click.option("--allow-outside-root", is_flag=True,
+                  help="Accept image paths outside --root ('..', absolute paths elsewhere).")
+    @click.option("--metadata-columns", default=None, metavar="A,B",
+                  help="Columns kept as per-sample metadata. Default: every other column; '' keeps none.")
+    @convert_options
+    def command(list_path: str, out: Path, root: Path | None, image_column: str, label_column: str,
+                num_classes: int | None, allow_outside_root: bool, metadata_columns: str | None, **options) -> None:
+        """Pack the images that the file list LIST names into OUT.
+
+        LIST is a .csv, .tsv, .jsonl or .parquet file, or a folder or glob of them (concatenated in sorted
+        order), one row per image: its path, its label, and other columns kept as metadata.
+        OUT ending in .lmdb writes one LMDB dataset (sample i = row i); --format wds writes WebDataset tar
+        shards into the directory OUT.
+        """
+        quiet = options.pop("quiet")
+        click.echo(str(convert_list(list_path, out, root=root, image_column=image_column, label_column=label_column,
+                                    num_classes=num_classes, allow_outside_root=allow_outside_root,
+                                    metadata_columns=_split_names(metadata_columns), progress=not quiet,
+                                    **options)))
+
+    return command

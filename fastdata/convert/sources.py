@@ -1,0 +1,157 @@
+"""What a converter (`fastdata.converters.<kind>`) hands the image conversion driver (`fastdata.convert.images`):
+the listing of a source, `ImageSource`, and where each sample's bytes come from, its `SampleReader`.
+
+A new source kind lists its samples once, in their order, and says where their bytes are:
+
+- `ImageSource(kind, root, classes, samples)`: `samples` is `[(key, label), ...]`. The key names the sample in the
+  dataset (unique; for files, the path relative to `root` with '/' separators). The label is a class id (`int`,
+  `label_kind="single"`), or for a multi-label source (`label_kind="multi"`) the sorted tuple of the class ids the
+  sample holds (possibly empty). Class ids index `classes`.
+- `reader`: where the bytes of a sample come from. Default `FileReader(root)`: the file `root/key`, read whole (the
+  ImageFolder path). A source whose samples are not files (rows of parquet files, members of tar shards) gives its
+  own `SampleReader`: a module-level class, pickled once into each conversion worker process (local or Ray; never
+  once per sample, so it may hold a table of where each key is), that may open handles lazily and keep them for the
+  process (drop them in `__getstate__`).
+- `metadata` (optional): one dict per sample, in `samples`' order, of JSON scalars (str, int, float, bool, None):
+  the source's other columns (a list, or any sequence that makes each dict when asked, with a `fields` attribute
+  naming the keys). Stored with each sample (JSON, never pickle), returned by
+  `fastdata.dataset(OUT, metadata=True)`; not read by the loader.
+- `origin` (optional): `origin(index) -> dict` of JSON scalars added to a rejected sample's manifest entry, to find
+  it in the source (`{"list": "train.csv", "row": 17}`; `fastdata.formats.manifest.rejected_place` prints it).
+- `details` (optional): more facts for the manifest's `source` block (what `verify --source` needs to list the
+  source again the same way, say).
+
+The driver verifies every sample by decoding it, rejects (and names) those whose bytes cannot be read or decoded,
+and fingerprints the listing and the reader's `digest` so that an interrupted conversion resumes only over the same
+source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from fastdata.convert.checkpoints import files_digest
+from fastdata.errors import SourceError
+from fastdata.formats.records import LABEL_KINDS, Label
+
+
+class SampleReader(Protocol):
+    """Where the bytes of a source's samples come from (see the module docstring)."""
+
+    def read(self, key: str) -> bytes:
+        """The bytes of sample `key`, whole; OSError when they cannot be read (the sample is then rejected with
+        the error's reason, the same on every run)."""
+        ...
+
+    def locate(self, key: str) -> str:
+        """Where sample `key`'s bytes are, for messages (a file's path; a shard and member ...)."""
+        ...
+
+    def describe(self) -> str:
+        """Where the bytes come from, in one line (the manifest's source path; part of the resume fingerprint)."""
+        ...
+
+    def digest(self, keys: Sequence[str]) -> str:
+        """A digest that changes whenever the bytes behind `keys` may have changed (e.g. the sizes and mtimes of
+        the files they are read from); part of the resume fingerprint, so it must not read the bytes themselves."""
+        ...
+
+
+class FileReader:
+    """Samples that are files: the bytes of `key` are the file `root/key` (ImageFolder trees, file lists)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def read(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def locate(self, key: str) -> str:
+        return str(self.root / key)
+
+    def describe(self) -> str:
+        return str(self.root.resolve())
+
+    def digest(self, keys: Sequence[str]) -> str:
+        """sha256 over each file's name, size and mtime (a missing file counts as size and mtime -1)."""
+        return files_digest((key, self.root / key) for key in keys)
+
+
+@dataclass
+class ImageSource:
+    """What a converter hands the driver: the samples to store, in their order, with their labels, where their
+    bytes come from, and what the summary and manifest say about the source (see the module docstring)."""
+
+    kind: str  # the converter's name, recorded in the manifest ("imagefolder", "list", ...)
+    root: Path  # what keys are relative to (and where FileReader reads them)
+    classes: list[str]
+    samples: list[tuple[str, Label]]  # (key, class id or tuple of class ids)
+    ignored: list[str] = field(default_factory=list)  # files the listing left out (not images)
+    empty_classes: list[str] = field(default_factory=list)
+    reader: SampleReader | None = None  # None: FileReader(root)
+    label_kind: str = "single"  # "single" (int labels) or "multi" (tuples of class ids)
+    metadata: Sequence[dict[str, Any]] | None = None  # per sample, in `samples`' order
+    origin: Callable[[int], dict[str, Any]] | None = None  # sample index -> where it is in the source
+    details: dict[str, Any] = field(default_factory=dict)  # more facts for the manifest's source block
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            self.reader = FileReader(self.root)
+        self._check_labels()
+        if self.metadata is not None and len(self.metadata) != len(self.samples):
+            raise SourceError(f"{self.kind} source: {len(self.metadata)} metadata rows for {len(self.samples)} "
+                              "samples")
+
+    def _check_labels(self) -> None:
+        """Every label is of the source's kind and names a class (a converter bug otherwise, named here rather
+        than found in the middle of a conversion)."""
+        if self.label_kind not in LABEL_KINDS:
+            raise SourceError(f"{self.kind} source: label kind {self.label_kind!r} is none of {LABEL_KINDS}")
+        count, multi = len(self.classes), self.label_kind == "multi"
+        labels = [label for _, label in self.samples]
+        if not multi and all(type(label) is int for label in labels) and (
+                not labels or (min(labels) >= 0 and max(labels) < count)):
+            return  # the common case, checked at a fraction of the cost of the loop below
+        for key, label in self.samples:
+            ids = label if multi and isinstance(label, tuple) else (label,)
+            if (multi != isinstance(label, tuple) or not all(isinstance(i, int) and 0 <= i < count for i in ids)):
+                raise SourceError(f"{self.kind} source: sample {key!r} has label {label!r}, which is not "
+                                  f"{'a tuple of class ids' if multi else 'a class id'} in 0..{count - 1}")
+
+    @property
+    def sample_reader(self) -> SampleReader:
+        assert self.reader is not None  # set by __post_init__
+        return self.reader
+
+    def origin_of(self, index: int) -> dict[str, Any]:
+        """Where sample `index` is in the source, for its rejection entry ({} when its key says it all)."""
+        return self.origin(index) if self.origin is not None else {}
+
+    def metadata_fields(self) -> list[str]:
+        """The keys the samples' metadata holds, in the order first met."""
+        if self.metadata is None:
+            return []
+        fields = getattr(self.metadata, "fields", None)  # a column store knows its names without a pass
+        if fields is not None:
+            return list(fields)
+        return list(dict.fromkeys(name for row in self.metadata for name in row))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The resume fingerprint's `source` block: changes when the listing (keys, labels, metadata) or the bytes
+        behind it (the reader's digest) may have changed."""
+        digest = hashlib.sha256(self.sample_reader.digest([key for key, _ in self.samples]).encode())
+        for index, (key, label) in enumerate(self.samples):
+            extra = f"\t{sorted(self.metadata[index].items())!r}" if self.metadata is not None else ""
+            digest.update(f"{key}\t{label!r}{extra}\n".encode())
+        return {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
+                "digest": digest.hexdigest()}
+
+    def info(self) -> dict[str, Any]:
+        """The manifest's `source` block."""
+        return {"kind": self.kind, "path": self.sample_reader.describe(), "files": len(self.samples),
+                "ignored": len(self.ignored), "ignored_examples": self.ignored[:20],
+                "empty_classes": self.empty_classes, **self.details}
