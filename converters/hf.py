@@ -165,7 +165,9 @@ def _hub_cache(name: str, split: str | None, config: str | None, cache_dir: str 
         builder = Cache(cache_dir=cache, repo_id=name, dataset_name=name.split("/")[-1], config_name=config,
                         version="auto", hash="auto")
     except ValueError as exc:
-        said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip() and "load_dataset(" not in line)
+        said = "; ".join(line.strip() for line in str(exc).splitlines()
+                         if line.strip() and not line.strip().startswith(("Please", "load_dataset("))
+                         and "load_dataset(" not in line)
         if "Couldn't find cache" in str(exc) and not config:
             raise SourceError(f"{name}: no such file or folder, and not in the Hugging Face datasets cache {cache} "
                               f"(fastdata reads the cache, offline: download it once with "

@@ -258,6 +258,18 @@ def unlabelled(hf_tree, root: Path) -> Path:
     return root / "unlabelled"
 
 
+def two_configurations(sources, root: Path) -> Path:
+    """A copy of the HF cache whose Hub dataset is there in two configurations."""
+    import shutil
+
+    cache = shutil.copytree(sources.cache, root / "cache")
+    dataset = cache / HUB_NAME.replace("/", "___")
+    shutil.copytree(dataset / "default", dataset / "other")
+    info = dataset / "other" / "0.0.0" / "f00d" / "dataset_info.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "config_name": "other"}))
+    return cache
+
+
 BAD_INPUT = {
     "no image column": (lambda tree, sources, root: [no_image_column(tree, root)],
                         ["no image column", "text (Value(string)), label (ClassLabel(3 names))", "--image-column"]),
@@ -277,6 +289,9 @@ BAD_INPUT = {
     "not in the cache": (lambda tree, sources, root: ["someone/missing", "--cache-dir", sources.cache],
                          ["someone/missing: no such file or folder, and not in the Hugging Face datasets cache",
                           "datasets.load_dataset('someone/missing')"]),
+    "several configurations": (lambda tree, sources, root: [HUB_NAME, "--cache-dir", two_configurations(sources, root)],
+                               ["multiple 'fastdata-tests/solid' configurations in the cache: ", "other",
+                                "choose one with --config"]),
     "no tables in a folder": (lambda tree, sources, root: [tree.root],
                               ["holds no Parquet or Arrow files"]),
 }
