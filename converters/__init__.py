@@ -8,6 +8,7 @@ import importlib
 #: `relist(src, manifest) -> ImageSource` (its source listed again as the conversion that wrote `manifest` listed it,
 #: for `fastdata verify --source`).
 REGISTRY: dict[str, str] = {
+    "hf": "fastdata.converters.hf",
     "imagefolder": "fastdata.converters.imagefolder",
     "list": "fastdata.converters.filelist",
     "text": "fastdata.converters.text",

@@ -1,10 +1,12 @@
 """Text sources -> documents: `.jsonl` (`.jsonl.gz`, `.jsonl.zst`), `.txt` (one document per file, or per
-line) and `.parquet` files, or directories / glob patterns of them (sorted order).
+line), `.parquet` and `.arrow` files (Arrow IPC, as Hugging Face `datasets` writes them), or directories / glob
+patterns of them (sorted order). A folder written by `datasets`' `save_to_disk` is read as its Arrow files, in the
+dataset's order (a saved DatasetDict: one split's folder).
 
 A record that cannot be used (a line that is not JSON, not an object, without the text field or with a
 non-string one, invalid UTF-8, a null parquet value) is reported with its file and line (or row) number and
 skipped; reading goes on. Files are streamed: memory is bounded by one line (one file for `.txt` in file
-mode, one record batch for parquet), not by the corpus.
+mode, one record batch for parquet and arrow), not by the corpus.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fastdata.convert.text_source import Document, Rejected, SourceFile, TextSou
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.records import exception_text
 
-SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt", ".parquet")
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt", ".parquet", ".arrow")
 TXT_MODES = ("file", "line")
 _GLOB_CHARS = frozenset("*?[")
 _PARQUET_ROWS = 1024
@@ -39,6 +41,11 @@ def source_suffix(path: Path) -> str | None:
 
 
 def _files_under(directory: Path) -> list[Path]:
+    from fastdata.converters.hf import saved_dataset_files
+
+    saved = saved_dataset_files(directory)
+    if saved is not None:  # its data files, not the cache files `datasets` may have written beside them
+        return saved
     found = []
     for dirpath, _dirnames, filenames in os.walk(directory, followlinks=True):
         found.extend(Path(dirpath, name) for name in filenames if source_suffix(Path(name)))
@@ -72,7 +79,7 @@ def list_sources(sources: Sequence[str | os.PathLike[str]]) -> list[Path]:
 
 def check_extras(files: Sequence[Path]) -> None:
     """Fail early, naming the extra to install, when a source needs an optional package that is missing."""
-    needs = {".parquet": ("pyarrow", "parquet"), ".jsonl.zst": ("zstandard", "zstd")}
+    needs = {".parquet": ("pyarrow", "parquet"), ".arrow": ("pyarrow", "parquet"), ".jsonl.zst": ("zstandard", "zstd")}
     for suffix, (module, extra) in needs.items():
         if any(source_suffix(f) == suffix for f in files):
             try:
@@ -108,6 +115,8 @@ class SourceReader(SourceFile):
                 self._raw = raw
                 if self.suffix == ".parquet":
                     yield from self._parquet()
+                elif self.suffix == ".arrow":
+                    yield from self._arrow(raw)
                 elif self.suffix == ".txt" and self.txt_mode == "file":
                     yield from self._txt_file(raw.read())
                 elif self.suffix == ".txt":
@@ -183,17 +192,52 @@ class SourceReader(SourceFile):
         except (pa.ArrowException, OSError) as exc:
             yield Rejected(self.name, 0, f"not a readable parquet file ({exception_text(exc)})")
             return
-        schema = table.schema_arrow
-        if self.field not in schema.names:
-            yield Rejected(self.name, 0, f"no column {self.field!r} (columns: {', '.join(schema.names[:8])})")
+        if (problem := self._unusable_column(table.schema_arrow)) is not None:
+            yield problem
             return
+        yield from self._column(table.iter_batches(batch_size=_PARQUET_ROWS, columns=[self.field]), 0)
+
+    def _arrow(self, raw: io.BufferedReader) -> Iterator[Document | Rejected]:
+        """An Arrow IPC stream (what `datasets` writes) or IPC file, one record batch at a time."""
+        import pyarrow as pa
+
+        try:
+            if raw.read(6) == b"ARROW1":
+                raw.seek(0)
+                whole = pa.ipc.open_file(raw)
+                schema = whole.schema
+                batches: Iterator[Any] = (whole.get_batch(i) for i in range(whole.num_record_batches))
+            else:
+                raw.seek(0)
+                stream = pa.ipc.open_stream(raw)
+                schema, batches = stream.schema, iter(stream)
+        except (pa.ArrowException, OSError) as exc:
+            yield Rejected(self.name, 0, f"not a readable arrow file ({exception_text(exc)})")
+            return
+        if (problem := self._unusable_column(schema)) is not None:
+            yield problem
+            return
+        try:
+            yield from self._column(batches, schema.get_field_index(self.field))
+        except (pa.ArrowException, OSError) as exc:
+            yield Rejected(self.name, 0, f"damaged arrow file, rest of it skipped ({exception_text(exc)})")
+
+    def _unusable_column(self, schema: Any) -> Rejected | None:
+        """Why the text column of a parquet / arrow file with `schema` cannot be read (None: it can)."""
+        import pyarrow as pa
+
+        if self.field not in schema.names:
+            return Rejected(self.name, 0, f"no column {self.field!r} (columns: {', '.join(schema.names[:8])})")
         kind = schema.field(self.field).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            yield Rejected(self.name, 0, f"column {self.field!r} is {kind}, not a string")
-            return
+            return Rejected(self.name, 0, f"column {self.field!r} is {kind}, not a string")
+        return None
+
+    def _column(self, batches: Iterator[Any], index: int) -> Iterator[Document | Rejected]:
+        """The documents of column `index` of the record `batches`, rows numbered from 1 (a null is rejected)."""
         row = 0
-        for batch in table.iter_batches(batch_size=_PARQUET_ROWS, columns=[self.field]):
-            for text in batch.column(0).to_pylist():
+        for batch in batches:
+            for text in batch.column(index).to_pylist():
                 row += 1
                 if text is None:
                     yield Rejected(self.name, row, f"row {row}: column {self.field!r} is null")
@@ -203,7 +247,7 @@ class SourceReader(SourceFile):
 
 def text_source(sources: Sequence[str | os.PathLike[str]], field: str = "text", txt_mode: str = "file") -> TextSource:
     """The text source the driver reads: the files `sources` name (files, folders, glob patterns), each read as
-    `field` of its JSONL lines / parquet rows, or as .txt per `txt_mode`."""
+    `field` of its JSONL lines / parquet or arrow rows, or as .txt per `txt_mode`."""
     files = list_sources(sources)
     check_extras(files)
     return TextSource(files, lambda number: SourceReader(files[number], field, txt_mode), [str(s) for s in sources],
@@ -215,7 +259,7 @@ def convert_text(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                  ) -> TextConversionSummary:
     """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
     in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`: `field` names the JSONL field /
-    parquet column of the text, `txt_mode` reads .txt files as one document ("file") or one per non-blank line
+    parquet or arrow column of the text, `txt_mode` reads .txt files as one document ("file") or one per non-blank line
     ("line"). The other options are those of `fastdata.convert.text.convert_documents` (format, eos_token,
     shard_size, batch_size, overwrite, strict, progress, chunk_tokens, commit_every_chunks, checkpoint_every):
     each document stored whole as its exact ids, in source order; unusable records reported and skipped; an
@@ -244,7 +288,8 @@ def cli_command() -> click.Command:
     @click.argument("out", type=click.Path(path_type=Path))
     @click.option("--tokenizer", required=True, type=click.Path(path_type=Path), metavar="PATH",
                   help="A `tokenizers` tokenizer.json file (copied into OUT).")
-    @click.option("--field", default="text", show_default=True, help="JSONL field / parquet column of the text.")
+    @click.option("--field", default="text", show_default=True,
+                  help="JSONL field / parquet or arrow column of the text.")
     @click.option("--txt-mode", type=click.Choice(TXT_MODES), default="file", show_default=True,
                   help=".txt files: one document per file, or one per non-blank line.")
     @click.option("--eos-token", default=None, metavar="TOKEN",
@@ -257,8 +302,8 @@ def cli_command() -> click.Command:
                        "(rerun the same command). Does not change the dataset.")
     @output_options
     def command(src: tuple[str, ...], out: Path, quiet: bool, **options) -> None:
-        """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, folders or quoted
-        glob patterns of them) into OUT.
+        """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, .arrow, folders or quoted
+        glob patterns of them, a Hugging Face save_to_disk folder) into OUT.
 
         OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
         directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from builders import (
     SMALL_SOLID_COUNT,
+    HfSources,
     Tree,
     build_bad_tree,
     build_photo_tree,
@@ -20,6 +21,7 @@ from builders import (
     build_tricky_tree,
     make_corpus,
     train_bytelevel,
+    write_hf_sources,
     write_jsonl,
     write_zip,
     zip_source,
@@ -135,6 +137,18 @@ def multi_label_wds(solid_tree, tmp_path_factory) -> Path:
 def multi_label(request, multi_label_lmdb, multi_label_wds) -> Path:
     """Each test that takes it runs on the multi-label solid conversion in both formats."""
     return multi_label_lmdb if request.param == "lmdb" else multi_label_wds
+
+
+@pytest.fixture(scope="session")
+def hf_tree(tmp_path_factory) -> Tree:
+    """A solid tree of 24 images, the content of the Hugging Face sources."""
+    return build_solid_tree(tmp_path_factory.mktemp("hf_tree") / "src", count=24)
+
+
+@pytest.fixture(scope="session")
+def hf_sources(hf_tree, tmp_path_factory) -> HfSources:
+    """The solid `hf_tree` as every kind of Hugging Face source, written by `datasets` itself."""
+    return write_hf_sources(hf_tree, tmp_path_factory.mktemp("hf_sources"))
 
 
 @pytest.fixture
