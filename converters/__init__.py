@@ -10,6 +10,7 @@ import importlib
 REGISTRY: dict[str, str] = {
     "imagefolder": "fastdata.converters.imagefolder",
     "text": "fastdata.converters.text",
+    "webdataset": "fastdata.converters.webdataset",
 }
 
 

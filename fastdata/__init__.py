@@ -5,8 +5,10 @@ from __future__ import annotations
 from fastdata._version import __version__
 from fastdata.converters.imagefolder import convert_imagefolder
 from fastdata.converters.text import convert_text
+from fastdata.converters.webdataset import convert_webdataset
 from fastdata.loader import dataset, loader
 from fastdata.meter.loop import meter
 from fastdata.tools.info import info
 
-__all__ = ["__version__", "convert_imagefolder", "convert_text", "dataset", "info", "loader", "meter"]
+__all__ = ["__version__", "convert_imagefolder", "convert_text", "convert_webdataset", "dataset", "info", "loader",
+           "meter"]

@@ -41,8 +41,8 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         paths = ", ".join(paths) if isinstance(paths, list) else paths
         lines.append(f"  source      {len(m.source.get('files', []))} file(s) from {paths}")
     else:
-        lines.append(f"  source      {m.source.get('path', '?')} "
-                     f"({m.source.get('ignored', 0)} non-image files ignored)")
+        lines.append(f"  source      {m.source.get('path', '?')} ({m.source.get('kind', 'imagefolder')}, "
+                     f"{m.source.get('ignored', 0)} non-image files ignored)")
     if m.metadata_fields:
         lines.append(f"  metadata    {', '.join(m.metadata_fields)} (fastdata.dataset(PATH, metadata=True))")
     lines.append(f"  rejected    {m.stats.get('rejected_records', len(m.rejected))}")
