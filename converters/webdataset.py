@@ -31,218 +31,29 @@ found in two places.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import tarfile
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
+from fastdata.converters.wds_index import SHOWN, IndexedSample, TarMemberReader, index_shards, shard_files
 
-from fastdata.convert.checkpoints import files_digest
+from fastdata.config import available_cores
 from fastdata.convert.images import ConversionSummary, convert_images
 from fastdata.convert.sources import ImageSource
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import IMAGE_EXTENSIONS
-from fastdata.formats.wds import unsafe_member_reason
 
 #: Image member extensions, in the order a sample's image is chosen when it has several (`--image-ext`).
 DEFAULT_IMAGE_EXTS = tuple(ext[1:] for ext in IMAGE_EXTENSIONS)
 DEFAULT_LABEL_KEY = "cls"  # webdataset's class id member (TarWriter writes `{key}.cls` as ASCII digits)
 NO_LABEL_CLASS = "unlabelled"
-
-# webdataset's own grouping rule (webdataset.tariterators.base_plus_ext and its meta-member filter).
-_KEY_AND_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-_META_MEMBER = re.compile(r"__[^/]*__($|/)")
 _INTEGER = re.compile(r"[+-]?\d+")
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
-_END_BLOCK = bytes(tarfile.BLOCKSIZE)
-_SHOWN = 5  # samples named in an error that concerns many
-
-
-# ----------------------------------------------------------------------------------------------------- shards
-
-
-def shard_files(src: str | os.PathLike[str]) -> tuple[Path, list[Path], str]:
-    """(root, shard paths in order, the source as described in the manifest) for SRC: a folder of `.tar` files, one
-    `.tar`, or a brace pattern."""
-    text = os.fspath(src)
-    if "{" in text:
-        from braceexpand import braceexpand
-
-        paths = [Path(p) for p in braceexpand(text)]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if len(missing) == len(paths):
-            raise SourceError(f"{text}: the pattern matches no files ({len(paths)} names, e.g. {paths[0]})")
-        if missing:
-            raise SourceError(f"{text}: {len(missing)} of the {len(paths)} shards it names do not exist: "
-                              f"{', '.join(missing[:_SHOWN])}" + (" ..." if len(missing) > _SHOWN else ""))
-        return Path(os.path.commonpath([p.resolve().parent for p in paths])), paths, os.path.abspath(text)
-    path = Path(text)
-    if path.is_file():
-        return path.resolve().parent, [path], str(path.resolve())
-    if not path.exists():
-        raise SourceError(f"{path}: source does not exist (a folder of .tar shards, a .tar, or a pattern "
-                          "such as shards-{000000..000009}.tar)")
-    shards = sorted(p for p in path.iterdir() if p.name.endswith(".tar") and p.is_file())
-    compressed = sorted(p.name for p in path.iterdir() if re.search(r"\.(tar\.(gz|bz2|xz|zst)|tgz)$", p.name))
-    if compressed:
-        raise SourceError(f"{path / compressed[0]}: compressed shard; fastdata reads samples by their offset in the "
-                          "tar, so decompress the shards first (gunzip / zstd -d)")
-    if not shards:
-        raise SourceError(f"{path}: no .tar shards in this folder")
-    return path.resolve(), shards, str(path.resolve())
-
-
-def _refuse_compressed(path: Path, shown: str) -> None:
-    with open(path, "rb") as f:
-        head = f.read(6)
-    for magic, kind in _COMPRESSED.items():
-        if head.startswith(magic):
-            raise SourceError(f"{shown}: {kind}-compressed shard; fastdata reads samples by their offset in the tar, "
-                              "so decompress it first (gunzip / zstd -d)")
-
-
-@dataclass
-class _Sample:
-    """One webdataset sample as found in a shard: its members by (lower-cased) extension."""
-
-    shard: int
-    key: str
-    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
-    texts: dict[str, bytes] = field(default_factory=dict)  # the small members read while indexing
-
-
-def _index_shard(path: Path, number: int, shown: str, read_exts: frozenset[str]
-                 ) -> tuple[list[_Sample], list[str]]:
-    """The samples of one shard, in stored order, and the members it skips (names as `shard!member`); the bytes of
-    the members with an extension in `read_exts` are read on the way. Raises SourceError for what the module
-    docstring refuses."""
-    _refuse_compressed(path, shown)
-    samples: list[_Sample] = []
-    ignored: list[str] = []
-    last: tarfile.TarInfo | None = None
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        try:
-            with tarfile.open(fileobj=f, mode="r:") as tar:
-                for member in tar:
-                    last = member
-                    if member.isdir():
-                        continue
-                    _check_member(member, shown, tar)
-                    name = member.name
-                    found = _KEY_AND_EXT.match(name)
-                    if _META_MEMBER.match(name) or found is None:
-                        ignored.append(f"{shown}!{name}")
-                        continue
-                    key, ext = found.group(1), found.group(2).lower()
-                    if not samples or samples[-1].key != key:
-                        samples.append(_Sample(number, key))
-                    sample = samples[-1]
-                    if ext in sample.members:
-                        raise SourceError(f"{shown}: sample {key!r} has two .{ext} members "
-                                          f"({sample.members[ext].name!r} and {name!r}); webdataset refuses them too")
-                    sample.members[ext] = member
-                    if ext in read_exts:
-                        reader = tar.extractfile(member)
-                        assert reader is not None  # a regular member
-                        sample.texts[ext] = reader.read()
-                end = tar.offset
-        except tarfile.TarError as exc:  # raised on opening only for the first member, which sets `last` otherwise
-            if last is None:
-                raise SourceError(f"{shown}: not a tar archive, or damaged at its first member ({exc})") from None
-            if last.offset_data + last.size > size:
-                raise SourceError(f"{shown}: truncated shard: member {last.name!r} needs bytes "
-                                  f"{last.offset_data:,}..{last.offset_data + last.size:,} but the file ends at byte "
-                                  f"{size:,}") from None
-            raise SourceError(f"{shown}: damaged shard after member {last.name!r} ({exc})") from None
-        f.seek(end)
-        if f.read(tarfile.BLOCKSIZE) != _END_BLOCK:
-            after = f"after member {last.name!r}" if last is not None else "at its start"
-            what = "truncated shard: it ends" if end >= size else "truncated or damaged shard: no valid tar header"
-            raise SourceError(f"{shown}: {what} at byte {min(end, size):,}, {after}, without the tar "
-                              "end-of-archive marker")
-    return samples, ignored
-
-
-def _check_member(member: tarfile.TarInfo, shown: str, tar: tarfile.TarFile) -> None:
-    """Refuse a member fastdata's own WebDataset reader refuses (`fastdata.formats.wds.read_shard`)."""
-    name = member.name
-    if name.startswith("/") or ".." in name.split("/"):
-        raise SourceError(f"{shown}: member {name!r} has an unsafe path (absolute or with '..'); remove it")
-    if not member.isfile() or member.issparse():
-        kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk()
-                else "a sparse file" if member.issparse() else "not a regular file")
-        raise SourceError(f"{shown}: member {name!r} is {kind}; fastdata reads only regular members, remove it")
-    ext = name.rsplit("/", 1)[-1].partition(".")[2]
-    payload = b""
-    if ext.lower().endswith("npy"):
-        reader = tar.extractfile(member)
-        assert reader is not None
-        payload = reader.read(4096)
-    reason = unsafe_member_reason(ext, payload)
-    if reason is not None:
-        raise SourceError(f"{shown}: member {name!r} is {reason}; remove it from the shard")
-
-
-# ----------------------------------------------------------------------------------------------------- reader
-
-
-class TarMemberReader:
-    """A SampleReader over the members of uncompressed tar shards: sample key -> (shard, data offset, size), found
-    by indexing each shard once; bytes read with `pread`. Pickled once into each conversion worker; the open
-    shards (at most `open_shards` at a time) are kept per process and dropped when pickled."""
-
-    def __init__(self, source: str, shards: list[Path], names: list[str], table: dict[str, tuple[int, int, int]],
-                 open_shards: int = 64) -> None:
-        self.source = source
-        self.shards = shards
-        self.names = names  # the shards as messages name them
-        self.table = table
-        self.open_shards = open_shards
-        self._fds: OrderedDict[int, int] | None = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fds": None}
-
-    def __del__(self) -> None:
-        for fd in (self._fds or {}).values():
-            os.close(fd)
-
-    def _fd(self, shard: int) -> int:
-        if self._fds is None:
-            self._fds = OrderedDict()
-        if shard in self._fds:
-            self._fds.move_to_end(shard)
-            return self._fds[shard]
-        if len(self._fds) >= self.open_shards:
-            os.close(self._fds.popitem(last=False)[1])
-        fd = self._fds[shard] = os.open(self.shards[shard], os.O_RDONLY)
-        return fd
-
-    def read(self, key: str) -> bytes:
-        shard, offset, size = self.table[key]
-        data = os.pread(self._fd(shard), size, offset)
-        if len(data) != size:
-            raise OSError(errno.EIO, f"the shard ends inside this member ({len(data):,} of {size:,} bytes)")
-        return data
-
-    def locate(self, key: str) -> str:
-        return f"{self.names[self.table[key][0]]}!{key}"
-
-    def describe(self) -> str:
-        return self.source
-
-    def digest(self, keys: Sequence[str]) -> str:
-        """The shards' names, sizes and mtimes (every key is in one of them)."""
-        return files_digest(zip(self.names, self.shards, strict=True))
 
 
 # ----------------------------------------------------------------------------------------------------- labels
@@ -256,15 +67,15 @@ class LabelOptions:
     num_classes: int | None = None
 
 
-def _where(sample: _Sample, names: list[str]) -> str:
+def _where(sample: IndexedSample, names: list[str]) -> str:
     return f"{names[sample.shard]}!{sample.key}"
 
 
 def _listed(problems: list[str]) -> str:
-    return ", ".join(problems[:_SHOWN]) + (f" ... ({len(problems)} in all)" if len(problems) > _SHOWN else "")
+    return ", ".join(problems[:SHOWN]) + (f" ... ({len(problems)} in all)" if len(problems) > SHOWN else "")
 
 
-def _raw_labels(samples: list[_Sample], jsons: list[dict | None], key: str, names: list[str]
+def _raw_labels(samples: list[IndexedSample], jsons: list[dict | None], key: str, names: list[str]
                 ) -> tuple[list[Any], str]:
     """Each sample's label as the source holds it, and where it was found ("member" or "json")."""
     if any(key in s.members for s in samples):
@@ -292,7 +103,7 @@ def _label_parts(value: Any) -> list[Any] | None:
     return None
 
 
-def resolve_labels(samples: list[_Sample], jsons: list[dict | None], options: LabelOptions, names: list[str]
+def resolve_labels(samples: list[IndexedSample], jsons: list[dict | None], options: LabelOptions, names: list[str]
                    ) -> tuple[list[str], list[Any], str, str]:
     """(classes, label per sample, label kind, where the labels were found: "member", "json" or "none")."""
     if options.key is None:
@@ -326,7 +137,8 @@ def resolve_labels(samples: list[_Sample], jsons: list[dict | None], options: La
     return classes, labels, "multi" if multi else "single", found
 
 
-def _id_classes(samples: list[_Sample], values: list[Any], num_classes: int | None, names: list[str]) -> list[str]:
+def _id_classes(samples: list[IndexedSample], values: list[Any], num_classes: int | None, names: list[str]
+                ) -> list[str]:
     """Class names "0".."C-1" for integer labels: C = `num_classes`, or the largest id + 1."""
     largest, largest_at = -1, ""
     for sample, value in zip(samples, values, strict=True):
@@ -343,17 +155,21 @@ def _id_classes(samples: list[_Sample], values: list[Any], num_classes: int | No
 # ----------------------------------------------------------------------------------------------------- listing
 
 
-def _metadata(sample: _Sample, meta: dict | None, label_field: str | None, caption: bool) -> dict[str, Any]:
+def _metadata(sample: IndexedSample, meta: dict | None, label_field: str | None, caption: bool, names: list[str]
+              ) -> dict[str, Any]:
     """A sample's metadata: its .json fields but the label (lists and objects as JSON text), and its caption."""
     row = {name: value if value is None or isinstance(value, (str, int, float, bool))
            else json.dumps(value, ensure_ascii=False, sort_keys=True)
            for name, value in (meta or {}).items() if name != label_field}
     if caption and "txt" in sample.texts:
-        row["caption"] = sample.texts["txt"].decode("utf-8", errors="replace")
+        try:
+            row["caption"] = sample.texts["txt"].decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(f"{_where(sample, names)}: its .txt caption is not UTF-8 text") from None
     return row
 
 
-def _parsed_json(sample: _Sample, names: list[str]) -> dict | None:
+def _parsed_json(sample: IndexedSample, names: list[str]) -> dict | None:
     if "json" not in sample.texts:
         return None
     try:
@@ -377,8 +193,9 @@ def _image_ext(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = None, label_key: str | None = None,
-         num_classes: int | None = None, no_labels: bool = False) -> ImageSource:
-    """Index the shards of `src` and list their samples, labels and metadata (see the module docstring)."""
+         num_classes: int | None = None, no_labels: bool = False, workers: int | None = None) -> ImageSource:
+    """Index the shards of `src` (over `workers` processes; default: all cores) and list their samples, labels and
+    metadata (see the module docstring)."""
     exts = _image_ext(image_ext)
     if num_classes is not None and num_classes < 1:
         raise ConfigError(f"--num-classes must be at least 1, got {num_classes}")
@@ -390,13 +207,8 @@ def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = No
                           ".json field is named by itself: --label-key label)")
     root, paths, described = shard_files(src)
     names = [p.resolve().relative_to(root).as_posix() for p in paths]
-    samples: list[_Sample] = []
-    ignored: list[str] = []
     read_exts = frozenset({"json", "txt"} | ({labels.key} if labels.key else set()))
-    for number, (path, name) in enumerate(zip(paths, names, strict=True)):
-        found, skipped = _index_shard(path, number, name, read_exts)
-        samples += found
-        ignored += skipped
+    samples, ignored = index_shards(paths, names, read_exts, available_cores() if workers is None else workers)
     if not samples:
         raise SourceError(f"{described}: no samples in its {len(paths)} shard(s)")
     _refuse_duplicates(samples, names)
@@ -405,13 +217,13 @@ def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = No
     classes, label_values, kind, found_in = resolve_labels(samples, jsons, labels, names)
     label_field = labels.key if found_in == "json" else None
     caption = labels.key != "txt"
-    rows = [_metadata(s, meta, label_field, caption) for s, meta in zip(samples, jsons, strict=True)]
+    rows = [_metadata(s, meta, label_field, caption, names) for s, meta in zip(samples, jsons, strict=True)]
     used = {"json"} | ({"txt"} if caption else set()) | ({labels.key} if found_in == "member" else set())
     for sample, image in zip(samples, chosen, strict=True):
         ignored += [f"{names[sample.shard]}!{m.name}" for ext, m in sample.members.items()
                     if ext != image and ext not in used]
     keys = [s.members[image].name for s, image in zip(samples, chosen, strict=True)]
-    table = {key: (s.shard, s.members[image].offset_data, s.members[image].size)
+    table = {key: (s.shard, s.members[image].offset, s.members[image].size)
              for key, s, image in zip(keys, samples, chosen, strict=True)}
     shard_of = [s.shard for s in samples]
     counts = [0] * len(classes)
@@ -427,9 +239,9 @@ def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = No
                  "num_classes": num_classes})
 
 
-def _refuse_duplicates(samples: list[_Sample], names: list[str]) -> None:
+def _refuse_duplicates(samples: list[IndexedSample], names: list[str]) -> None:
     """webdataset keys are unique in a dataset: one found in two places (two shards, or apart in one) is refused."""
-    first: dict[str, _Sample] = {}
+    first: dict[str, IndexedSample] = {}
     twice = []
     for sample in samples:
         seen = first.setdefault(sample.key, sample)
@@ -440,7 +252,7 @@ def _refuse_duplicates(samples: list[_Sample], names: list[str]) -> None:
                           "the shards")
 
 
-def _choose_images(samples: list[_Sample], exts: tuple[str, ...], names: list[str]) -> list[str]:
+def _choose_images(samples: list[IndexedSample], exts: tuple[str, ...], names: list[str]) -> list[str]:
     """Each sample's image member extension: the first of `exts` it has."""
     chosen, missing = [], []
     for sample in samples:
@@ -470,7 +282,8 @@ def convert_webdataset(src: str | os.PathLike[str], out: str | os.PathLike[str],
     image bytes kept, every image verified, labels from `label_key` (a member extension, default `cls`, or a
     `.json` field), the other `.json` fields and `.txt` captions kept as metadata. Other options: those of
     `fastdata.convert.images.convert_images`."""
-    return convert_images(lambda: scan(src, image_ext, label_key, num_classes, no_labels), out, **options)
+    workers = options.get("workers")
+    return convert_images(lambda: scan(src, image_ext, label_key, num_classes, no_labels, workers), out, **options)
 
 
 def cli_command() -> click.Command:

@@ -34,7 +34,8 @@ from builders import (
     webdataset_reading,
     write_wds_shards,
 )
-from fastdata.converters.webdataset import TarMemberReader, scan
+from fastdata.converters.wds_index import TarMemberReader
+from fastdata.converters.webdataset import scan
 
 import fastdata
 from fastdata.errors import OutputExistsError
@@ -411,7 +412,7 @@ BAD_SOURCES = [truncated_inside_a_member, truncated_between_members, damaged_hea
 def test_bad_sources_are_refused_in_one_line_and_nothing_is_written(make, tree, tmp_path, capsys):
     src, needles = make(tree, tmp_path / "src")
     label = ["--label-key", "label"] if make is mixed_label_types else []
-    code, _, err = cli(capsys, "convert", "webdataset", src, tmp_path / "out.lmdb", "--workers", "1", "-q", *label)
+    code, _, err = cli(capsys, "convert", "webdataset", src, tmp_path / "out.lmdb", "--workers", "2", "-q", *label)
     assert code == 2
     assert_one_line_error(err, *needles)
     assert not (tmp_path / "out.lmdb").exists() and not (tmp_path / "out.lmdb.partial").exists()
