@@ -5,6 +5,7 @@ in one line with exit code 2 and nothing written; resumable; verified against th
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -200,17 +201,18 @@ def test_grouping_follows_webdataset(tree, tmp_path):
     png, jpg = tree.images[0], tree.images[1]
     shard = tmp_path / "shards" / "one.tar"
     shard.parent.mkdir()
-    members = [("__meta__", b"{}"), ("train/a.JPG", tree.path(jpg).read_bytes()), ("train/a.cls", b"1"),
-               ("train/a.npy", _npy()), ("b.png", tree.path(png).read_bytes()), ("b.jpg", tree.path(jpg).read_bytes()),
-               ("b.cls", b"0"), ("README", b"not a sample")]
+    members = [("__meta__", b"{}"), ("__meta__/info.json", b"{}"), ("train/a.JPG", tree.path(jpg).read_bytes()),
+               ("train/a.cls", b"1"), ("train/a.npy", _npy()), ("b.png", tree.path(png).read_bytes()),
+               ("b.jpg", tree.path(jpg).read_bytes()), ("b.cls", b"0"), ("README", b"not a sample")]
     _write_tar(shard, members)
     listing = scan(shard, image_ext="png,jpg")
     assert [s["__key__"] for s in webdataset_reading([shard])] == ["train/a", "b"]
     assert listing.samples == [("train/a.JPG", 1), ("b.png", 0)]
-    assert sorted(listing.ignored) == ["one.tar!README", "one.tar!__meta__", "one.tar!b.jpg", "one.tar!train/a.npy"]
+    assert sorted(listing.ignored) == ["one.tar!README", "one.tar!__meta__", "one.tar!__meta__/info.json",
+                                       "one.tar!b.jpg", "one.tar!train/a.npy"]
     assert scan(shard, image_ext="jpg").samples == [("train/a.JPG", 1), ("b.jpg", 0)]
     summary = convert(shard, tmp_path / "out-wds", format="wds", image_ext="jpg,png")
-    assert summary.ignored == 4
+    assert summary.ignored == 5
     assert sorted(s["__key__"] for s in webdataset_reading(sorted((tmp_path / "out-wds").glob("*.tar")))) == \
         ["b", "train/a"]
 
@@ -242,18 +244,24 @@ def test_undecodable_images_are_rejected_with_their_shard(tree, tmp_path, capsys
 
 
 def test_the_reader_reads_by_offset_after_pickling_with_few_open_shards(cls_shards):
+    import contextlib
     import pickle
 
     listing = scan(cls_shards[0].parent)
+    keys = [key for key, _ in listing.samples]
     reader = listing.sample_reader
     assert isinstance(reader, TarMemberReader)
-    reader.read(listing.samples[0][0])
+    reader.read(keys[0])
     copy = pickle.loads(pickle.dumps(reader))  # how a conversion worker gets it: without the parent's handles
+    del listing, reader  # closes the parent's handles, whose numbers the next files opened may take
+    gc.collect()
     copy.open_shards = 2
     expected = {f"{s['__key__']}.{image_ext(s)}": s[image_ext(s)] for s in webdataset_reading(cls_shards)}
-    keys = [key for key, _ in listing.samples]
-    for key in keys[::-1] + keys[::3]:  # across the 4 shards, back and forth
-        assert copy.read(key) == expected[key]
+    with contextlib.ExitStack() as others:
+        for _ in range(4):
+            others.enter_context(open(__file__, "rb"))
+        for key in keys + keys[::-1] + keys[::3]:  # from the parent's first shard on, across the 4, back and forth
+            assert copy.read(key) == expected[key]
     assert len(copy._fds) == 2
 
 
@@ -403,9 +411,37 @@ def mixed_label_types(tree, src: Path):
     return src, ["labels mix class ids and class names", f"part-000000.tar!{wds_key(5)} has 2"]
 
 
+def unreadable_json(tree, src: Path):
+    samples = [wds_sample(tree, r) for r in tree.images]
+    samples[4]["json"] = b'{"id": 4,'
+    write_wds_shards(src, samples)
+    return src, [f"part-000000.tar!{wds_key(4)}: unreadable .json"]
+
+
+def caption_not_utf8(tree, src: Path):
+    samples = [wds_sample(tree, r) for r in tree.images]
+    samples[19]["txt"] = "é".encode("latin-1")
+    write_wds_shards(src, samples)
+    return src, [f"part-000003.tar!{wds_key(19)}: its .txt caption is not UTF-8 text"]
+
+
+def a_shard_the_pattern_names_is_missing(tree, src: Path):
+    shards = shards_of(tree, src, "cls")
+    shards[2].unlink()
+    return str(src / "part-{000000..000003}.tar"), ["1 of the 4 shards it names do not exist", "part-000002.tar"]
+
+
+def two_images_of_one_extension(tree, src: Path):
+    src.mkdir()
+    data = tree.path(tree.images[0]).read_bytes()
+    _write_tar(src / "one.tar", [("x.png", data), ("x.PNG", data), ("x.cls", b"0")])
+    return src, ["one.tar: sample 'x' has two .png members ('x.png' and 'x.PNG')"]
+
+
 BAD_SOURCES = [truncated_inside_a_member, truncated_between_members, damaged_header, pickle_member,
                object_npy_member, symlink_member, unsafe_name, pattern_matching_nothing, sample_without_image,
-               duplicate_keys, compressed_shards, gzip_content_named_tar, a_missing_label, mixed_label_types]
+               duplicate_keys, compressed_shards, gzip_content_named_tar, a_missing_label, mixed_label_types,
+               unreadable_json, caption_not_utf8, a_shard_the_pattern_names_is_missing, two_images_of_one_extension]
 
 
 @pytest.mark.parametrize("make", BAD_SOURCES, ids=[f.__name__ for f in BAD_SOURCES])
