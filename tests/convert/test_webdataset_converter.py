@@ -164,6 +164,22 @@ def test_json_label_lists_make_a_multi_label_dataset(tree, tmp_path, fmt):
     assert sorted(seen) == list(range(COUNT))
 
 
+def test_json_lists_of_class_ids_and_class_names_in_members(tree, cls_shards, tmp_path):
+    samples = [wds_sample(tree, r, None) for r in tree.images]
+    for sample in samples:
+        sample["json"]["label"] = list(multi_labels(sample["json"]["id"]))
+    listing = scan(write_wds_shards(tmp_path / "shards", samples)[0].parent, label_key="label")
+    assert listing.label_kind == "multi" and listing.classes == ["0", "1", "2"]
+    assert listing.samples == [(f"{s['__key__']}.{image_ext(s)}", multi_labels(s["json"]["id"])) for s in samples]
+
+    by_caption = scan(cls_shards[0].parent, label_key="txt")  # a member of names: the .txt is the label here
+    reference = webdataset_reading(cls_shards)
+    assert by_caption.classes == sorted(s["txt"].decode() for s in reference)
+    assert [by_caption.classes[label] for _, label in by_caption.samples] == [s["txt"].decode() for s in reference]
+    assert "caption" not in by_caption.metadata_fields()
+    assert len(by_caption.ignored) == COUNT and by_caption.ignored[0].endswith(".cls")  # unused: counted
+
+
 def test_loader_with_workers_over_a_converted_source(cls_shards, tmp_path):
     out = tmp_path / "out.lmdb"
     convert(cls_shards[0].parent, out)
