@@ -12,6 +12,7 @@ REGISTRY: dict[str, str] = {
     "imagefolder": "fastdata.converters.imagefolder",
     "list": "fastdata.converters.filelist",
     "text": "fastdata.converters.text",
+    "webdataset": "fastdata.converters.webdataset",
 }
 
 

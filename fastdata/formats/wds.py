@@ -112,7 +112,8 @@ PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib"})
 _USED_EXTS = IMAGE_EXTS | {"json", "cls"}
 
 
-def _unsafe_reason(ext: str, payload: bytes) -> str | None:
+def unsafe_member_reason(ext: str, payload: bytes) -> str | None:
+    """Why a member with extension `ext` (and first bytes `payload`) must not be loaded, or None when it is safe."""
     last = ext.lower().rsplit(".", 1)[-1]
     if last in PICKLE_EXTS:
         return f"a pickle-capable member (.{last}); fastdata never unpickles data"
@@ -186,7 +187,7 @@ def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool]
                 member_file = tar.extractfile(member)
                 assert member_file is not None
                 if ext.lower() not in _USED_EXTS:
-                    reason = _unsafe_reason(ext, member_file.read(4096))
+                    reason = unsafe_member_reason(ext, member_file.read(4096))
                     if reason and unsafe_members == "error":
                         raise CorruptSampleError(f"{where}: member {member.name!r} is {reason}; remove it from "
                                                  "the shard")

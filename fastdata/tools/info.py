@@ -49,8 +49,8 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         shown = ", ".join(lists[:3]) + (f", ... ({len(lists)} lists)" if len(lists) > 3 else "")
         lines.append(f"  source      {shown} (images under {m.source.get('root', '?')})")
     else:
-        lines.append(f"  source      {m.source.get('path', '?')} "
-                     f"({m.source.get('ignored', 0)} non-image files ignored)")
+        lines.append(f"  source      {m.source.get('path', '?')} ({m.source.get('kind', 'imagefolder')}, "
+                     f"{m.source.get('ignored', 0)} non-image files ignored)")
     if m.metadata_fields:
         lines.append(f"  metadata    {', '.join(m.metadata_fields)} (fastdata.dataset(PATH, metadata=True))")
     lines.append(f"  rejected    {m.stats.get('rejected_records', len(m.rejected))}")

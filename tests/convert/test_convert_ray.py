@@ -7,7 +7,17 @@ from __future__ import annotations
 import re
 
 import pytest
-from builders import BAD_FILES, build_bad_tree, build_solid_tree, build_tricky_tree, cli, list_frame, write_list
+from builders import (
+    BAD_FILES,
+    build_bad_tree,
+    build_solid_tree,
+    build_tricky_tree,
+    cli,
+    list_frame,
+    wds_sample,
+    write_list,
+    write_wds_shards,
+)
 
 import fastdata
 from fastdata.errors import ConfigError
@@ -112,3 +122,14 @@ def test_ray_engine_converts_a_file_list_alike(ray_instance, tmp_path):
     assert [(f.name, f.sha256) for f in fastdata.info(tmp_path / "ray").files] == \
         [(f.name, f.sha256) for f in fastdata.info(tmp_path / "local").files]
 
+
+def test_ray_engine_converts_webdataset_shards_alike(ray_instance, tmp_path):
+    """The shards' reader (a table of where each member is) goes to the Ray workers and reads there."""
+    solid = build_solid_tree(tmp_path / "src", count=12)
+    write_wds_shards(tmp_path / "shards", [wds_sample(solid, relative) for relative in solid.images], maxcount=5)
+    summaries = {engine: fastdata.convert_webdataset(tmp_path / "shards", tmp_path / engine, format="wds",
+                                                     shard_size="8KB", workers=2, progress=False, engine=engine)
+                 for engine in ("local", "ray")}
+    assert summaries["ray"].images == 12 and summaries["ray"].ray.outside_ray == 0
+    assert len(summaries["ray"].ray.task_ids) == 2  # 12 samples in tasks of 8
+    assert facts(tmp_path / "ray") == facts(tmp_path / "local")
