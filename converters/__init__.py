@@ -10,6 +10,13 @@ REGISTRY: dict[str, str] = {
     "text": "fastdata.converters.text",
 }
 
+#: name -> the one-line description `fastdata --help` and `fastdata convert --help` list (without importing the
+#: converter: they stay fast)
+SUMMARIES: dict[str, str] = {
+    "imagefolder": "Pack an ImageFolder tree (SRC/<class>/<image>) into LMDB or WebDataset shards.",
+    "text": "Tokenize .jsonl / .txt / .parquet text into LMDB or WebDataset shards.",
+}
+
 
 def load(name: str):
     """Import the converter module registered as `name`."""

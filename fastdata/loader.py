@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fastdata.config import LoaderOptions, available_cores
+from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
@@ -58,6 +58,11 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
                   on_error: str = "raise", remote: RemoteOptions | None = None
                   ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
+    check_int("image_size", image_size, minimum=1)
+    check_int("seed", seed)
+    if augment is not None and not isinstance(augment, str) and not callable(augment):
+        raise ConfigError(f"augment must be None, 'train', 'val', an albumentations transform or a callable on an "
+                          f"HWC uint8 array, got {augment!r} ({type(augment).__name__})")
     remote = remote or RemoteOptions()
     if is_url(path):
         store = remote.shards(str(path))

@@ -9,6 +9,7 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import available_cores, parse_size
+from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.checkpoints import (
     ProgressRecord,
     files_digest,
@@ -115,6 +116,9 @@ def _work(task: tuple[str, str, int, EncodeOptions]) -> tuple[str, int, ImageRec
 
 
 def _worker_init() -> None:
+    # Ctrl-C reaches every process of the terminal's process group: the main process handles it (it ends the pool
+    # and says how to resume); a worker left to it would print its own traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     opencv_single_threaded()
 
 
@@ -189,6 +193,12 @@ def convert_images(
     out = Path(out)
     fmt = resolve_format(out, format)
     shard_bytes = parse_size(shard_size)
+    seed, quality, commit_every = check_int("seed", seed), check_int("quality", quality), check_int(
+        "commit_every", commit_every, minimum=1)
+    max_size, workers = check_optional_int("max_size", max_size), check_optional_int("workers", workers)
+    max_pixels = check_int("max_pixels", max_pixels)
+    overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
+    progress = check_bool("progress", progress)
     if max_size is not None and max_size < 1:
         raise ConfigError(f"--max-size must be a positive number of pixels, got {max_size}")
     if max_pixels < 1:
@@ -204,7 +214,7 @@ def convert_images(
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     listing = list_source()
-    check_output(out, overwrite)
+    check_output(out, overwrite, source=listing.root)
 
     order = np.arange(len(listing.samples))
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them
