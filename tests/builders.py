@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import struct
 import textwrap
@@ -236,6 +237,29 @@ def build_large_tree(root: Path, count: int, width: int = 700, height: int = 600
         Image.fromarray(solid_pattern(sample_id, width + sample_id, height)).save(root / relative, compress_level=1)
         tree.images.append(relative)
         tree.exact.add(relative)
+    return tree
+
+
+#: (class folder, file name) as bytes: names that are not UTF-8 (Latin-1 é, à, ÿ, ï), as an old archive holds them
+NON_UTF8_LAYOUT: list[tuple[bytes, bytes]] = [
+    (b"caf\xe9", b"s000.png"), (b"caf\xe9", b"d\xe9j\xe0.png"), (b"caf\xe9", b"s002.jpg"),
+    (b"plain", b"na\xefve\xff.png"), (b"plain", b"s004.png"), (b"plain", b"\xe9t\xe9.jpg"),
+]
+
+
+def build_non_utf8_tree(root: Path) -> Tree:
+    """An ImageFolder tree whose class folder and file names hold bytes that are not UTF-8 (`NON_UTF8_LAYOUT`),
+    made with bytes paths. `Tree.images` holds the names as Python's os functions give them (undecodable bytes
+    as lone surrogates, PEP 383, as torchvision lists them); sample i's green channel encodes i (`solid_pattern`)."""
+    tree = Tree(root)
+    for sample_id, (folder, name) in enumerate(NON_UTF8_LAYOUT):
+        directory = os.fsencode(root) + b"/" + folder
+        os.makedirs(directory, exist_ok=True)
+        array = solid_pattern(sample_id, 21 + 2 * sample_id, 23)
+        data = encode(array, "JPEG", quality=100, subsampling=0) if name.endswith(b".jpg") else encode(array, "PNG")
+        with open(directory + b"/" + name, "wb") as file:
+            file.write(data)
+        tree.images.append(os.fsdecode(folder + b"/" + name))
     return tree
 
 
