@@ -20,6 +20,9 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
+import tarfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,6 +326,40 @@ def corrupt_copy(solid_lmdb, tmp_path, index: int, payload: bytes):
     return copy, key
 
 
+def corrupt_shard_copy(wds: Path, tmp_path: Path) -> tuple[Path, Path, str]:
+    """A copy of a WebDataset image conversion whose second shard's first image holds garbage of its own size (the
+    tar stays whole); returns (copy, that shard, the sample's key: its image member's name)."""
+    copy = tmp_path / "corrupt_shards"
+    shutil.copytree(wds, copy)
+    shard = copy / fastdata.info(copy).files[1].name
+    with tarfile.open(shard) as tar:
+        victim = next(m for m in tar.getmembers() if m.name.rpartition(".")[2] not in ("json", "cls"))
+    with open(shard, "r+b") as file:
+        file.seek(victim.offset_data)
+        file.write(b"\xff" * victim.size)
+    return copy, shard, victim.name
+
+
+def damaged_text_copy(data: Path, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of a text conversion with tokens missing (LMDB: its first token chunk cut to one token; WebDataset:
+    its first shard cut in half); returns (copy, how the loader's error starts)."""
+    copy = tmp_path / f"damaged_{data.name}"
+    shutil.copytree(data, copy)
+    if (copy / "data.mdb").is_file():
+        env = lmdb.open(str(copy), max_dbs=8, subdir=True)
+        try:
+            with env.begin(write=True) as txn:
+                tokens = env.open_db(b"tokens", txn=txn, create=False)
+                txn.put(struct.pack(">Q", 0), b"\0" * 8, db=tokens)
+        finally:
+            env.close()
+        (copy / "lock.mdb").unlink(missing_ok=True)
+        return copy, f"{copy}: token chunk 0 is missing or short; the dataset is damaged"
+    shard = copy / fastdata.info(copy).files[0].name
+    os.truncate(shard, shard.stat().st_size // 2)
+    return copy, f"{shard}: document "
+
+
 # ----------------------------------------------------------------------------------------------------
 # text corpora and tokenizers
 
@@ -384,6 +421,50 @@ def seeded_loader(path, **options):
     settings = dict(batch_size=8, augment="train", image_size=16, num_workers=0, seed=7)
     settings.update(options)
     return fastdata.loader(path, **settings)
+
+
+# Source of a user's program that replaces a loader after it raised. argv: a dataset that raises, one that does
+# not, the loader's options as JSON. Prints what the first raised, then the batch count of two passes of the second.
+REPLACE_AFTER_ERROR = textwrap.dedent("""
+    import json, sys
+    import fastdata
+    from fastdata.errors import CorruptSampleError
+
+    bad, good, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    loader = fastdata.loader(bad, **options)
+    try:
+        for batch in loader:
+            pass
+    except CorruptSampleError as exc:
+        print("raised:", exc)
+    loader = fastdata.loader(good, **options)
+    for number in range(2):
+        print("pass", number, sum(1 for batch in loader))
+""")
+
+# Source of a user's training loop that stops on Ctrl-C. argv: a dataset, the loader's options as JSON. Prints
+# `training` once the first batch is in, and `interrupted` on stderr with exit code 130 on Ctrl-C.
+TRAIN_UNTIL_CTRL_C = textwrap.dedent("""
+    import json, sys
+    import fastdata
+
+    loader = fastdata.loader(sys.argv[1], **json.loads(sys.argv[2]))
+    try:
+        for epoch in range(10**6):
+            for number, batch in enumerate(loader):
+                if epoch == number == 0:
+                    print("training", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+""")
+
+
+def run_python(source: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the Python program `source` with `args` in a child process, as a user would: exit code, stdout and
+    stderr (text)."""
+    return subprocess.run([sys.executable, "-c", source, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:
