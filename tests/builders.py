@@ -342,7 +342,7 @@ def corrupt_shard_copy(wds: Path, tmp_path: Path) -> tuple[Path, Path, str]:
 
 def damaged_text_copy(data: Path, tmp_path: Path) -> tuple[Path, str]:
     """A copy of a text conversion with tokens missing (LMDB: its first token chunk cut to one token; WebDataset:
-    its first shard cut in half); returns (copy, how the loader's error starts)."""
+    its first shard cut after its first tar header); returns (copy, how the loader's error starts)."""
     copy = tmp_path / f"damaged_{data.name}"
     shutil.copytree(data, copy)
     if (copy / "data.mdb").is_file():
@@ -356,7 +356,7 @@ def damaged_text_copy(data: Path, tmp_path: Path) -> tuple[Path, str]:
         (copy / "lock.mdb").unlink(missing_ok=True)
         return copy, f"{copy}: token chunk 0 is missing or short; the dataset is damaged"
     shard = copy / fastdata.info(copy).files[0].name
-    os.truncate(shard, shard.stat().st_size // 2)
+    os.truncate(shard, 512)  # its first tar header only
     return copy, f"{shard}: document "
 
 
