@@ -15,6 +15,7 @@ import click
 from fastdata._version import __version__
 from fastdata.converters import REGISTRY, SUMMARIES
 from fastdata.errors import FastdataError, RejectedFileError
+from fastdata.interrupts import CtrlC
 
 #: exit codes
 USAGE_ERROR, INTERRUPTED = 2, 130
@@ -230,12 +231,27 @@ def main(argv: list[str] | None = None) -> int:
     for stream, errors in ((sys.stdout, "surrogateescape"), (sys.stderr, "backslashreplace")):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors=errors)
+    with CtrlC() as ctrl_c:
+        try:
+            code = _run(argv)
+        except (_Interrupted, KeyboardInterrupt, click.exceptions.Abort) as exc:
+            return _interrupted(exc.hint if isinstance(exc, _Interrupted) else "")
+        except Exception:
+            if not ctrl_c.received:
+                raise
+            return _interrupted("")  # an error an importer made of a Ctrl-C it swallowed: the Ctrl-C is the news
+    return _interrupted("") if ctrl_c.held else code
+
+
+def _interrupted(hint: str) -> int:
+    click.echo(f"interrupted; {hint}" if hint else "interrupted", err=True)
+    return INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
+    """Run the command: its exit code, after printing any error a user can cause as one line."""
     try:
         code = cli.main(args=argv, prog_name="fastdata", standalone_mode=False)
-    except (_Interrupted, KeyboardInterrupt, click.exceptions.Abort) as exc:
-        hint = exc.hint if isinstance(exc, _Interrupted) else ""
-        click.echo(f"interrupted; {hint}" if hint else "interrupted", err=True)
-        return INTERRUPTED
     except _NO_ARGS_IS_HELP as exc:
         exc.show()  # `fastdata` alone: the help
         return exc.exit_code

@@ -19,6 +19,7 @@ from builders import (
     corrupt_copy,
     encode,
     pattern,
+    run_python,
     solid_pattern,
     write_image,
 )
@@ -397,6 +398,8 @@ def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resum
         os.close(held)
     assert (process.returncode, stdout) == (130, "")
     assert stderr == "interrupted; rerun the same command to resume the conversion\n"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # no worker is left in the group
     assert not out.exists() and (tmp_path / "out.lmdb.partial").is_dir()
 
     rerun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -427,3 +430,75 @@ def test_ctrl_c_of_any_command_is_one_line_and_exit_130(tmp_path, solid_lmdb):
     assert process.returncode == 130, "".join(started) + rest
     assert rest == "interrupted\n"
     assert stdout == ""
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # no worker is left in the group
+
+
+# A converter (registered as `slow` by RUN_SLOW_CONVERTER) whose module gets a Ctrl-C while it is imported, and
+# swallows it, as torch's C code does when it imports numpy
+SWALLOWED_BY_AN_IMPORTER = """
+import os, signal, time
+import click
+
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+except BaseException:
+    pass
+
+
+def cli_command():
+    @click.command()
+    def slow():
+        for _ in range(500):
+            time.sleep(0.01)
+        click.echo("finished")
+    return slow
+"""
+
+# A converter whose command gets a Ctrl-C in a fork hook (as logging's, run each time a DataLoader starts a worker),
+# where Python cannot let an exception propagate
+LOST_IN_A_FORK_HOOK = """
+import os, signal, time
+import click
+
+
+def ctrl_c_here():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+
+
+def cli_command():
+    @click.command()
+    def slow():
+        os.register_at_fork(after_in_parent=ctrl_c_here)
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        for _ in range(500):
+            time.sleep(0.01)
+        click.echo("finished")
+    return slow
+"""
+
+RUN_SLOW_CONVERTER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from fastdata import converters
+converters.REGISTRY["slow"] = "slow_converter"
+converters.SUMMARIES["slow"] = "A converter that gets a Ctrl-C where it could be lost."
+from fastdata.cli import main
+sys.exit(main(["convert", "slow"]))
+"""
+
+
+@pytest.mark.parametrize("converter", [SWALLOWED_BY_AN_IMPORTER, LOST_IN_A_FORK_HOOK], ids=["import", "fork-hook"])
+def test_ctrl_c_where_python_would_lose_it_still_ends_the_command(tmp_path, converter):
+    """Python's own handler raises KeyboardInterrupt wherever the command is; an importer may swallow it, and a
+    fork hook cannot let it out ("Exception ignored in ..."), and the command would run on to the end. The
+    interrupt is held there and raised a moment later: one line, exit code 130, the command did not finish."""
+    (tmp_path / "slow_converter.py").write_text(converter)
+    result = run_python(RUN_SLOW_CONVERTER, tmp_path)
+    assert (result.returncode, result.stdout) == (130, ""), result.stderr
+    assert result.stderr == "interrupted; rerun the same command to resume the conversion\n"

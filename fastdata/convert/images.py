@@ -117,7 +117,8 @@ def _work(task: tuple[str, str, int, EncodeOptions]) -> tuple[str, int, ImageRec
 
 def _worker_init() -> None:
     # Ctrl-C reaches every process of the terminal's process group: the main process handles it (it ends the pool
-    # and says how to resume); a worker left to it would print its own traceback
+    # and says how to resume); a worker left to it would print its own traceback. (It starts with SIGINT blocked:
+    # see `_results`)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     opencv_single_threaded()
 
@@ -134,7 +135,17 @@ def _results(tasks: list[tuple[str, str, int, EncodeOptions]], workers: int, eng
     if workers <= 1:
         yield from map(_work, tasks)
         return
-    with multiprocessing.get_context().Pool(workers, initializer=_worker_init) as pool:
+    # Ctrl-C is held back while the pool starts: one that came in the middle would leave the workers started so far
+    # (and the thread that replaces them) running on, and a worker it reached before `_worker_init` would die.
+    # The workers, and the pool's threads that start more of them, keep SIGINT blocked
+    interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = multiprocessing.get_context().Pool(workers, initializer=_worker_init)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, interactive)
+        raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, interactive)  # a Ctrl-C that came meanwhile ends the pool here
         yield from pool.imap(_work, tasks, chunksize=8)
 
 
