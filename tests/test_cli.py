@@ -18,10 +18,13 @@ from builders import (
     cli,
     corrupt_copy,
     encode,
+    make_corpus,
     pattern,
     run_python,
     solid_pattern,
+    train_bytelevel,
     write_image,
+    write_jsonl,
 )
 
 import fastdata
@@ -411,6 +414,31 @@ def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resum
     assert rerun.returncode == 0, stderr
     assert "resumed an interrupted conversion" in stdout
     assert fastdata.info(out).num_samples == 13
+
+
+def test_ctrl_c_during_a_text_conversion_stuck_in_a_read(tmp_path):
+    """The text reader thread waits in a read that does not return (a FIFO stands as a source file, as a stalled
+    disk would): Ctrl-C still ends the conversion at once, with the one line and exit code 130."""
+    corpus = make_corpus(40, seed=1)
+    src = tmp_path / "corpus"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", corpus)
+    fifo = src / "b.jsonl"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.lmdb"
+    argv = [sys.executable, "-m", "fastdata", "convert", "text", str(src), str(out), "--tokenizer",
+            str(train_bytelevel(tmp_path / "bpe.json", corpus)), "-q"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    held = _until_a_worker_reads(fifo, process)
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        os.close(held)
+    assert (process.returncode, stdout) == (130, "")
+    assert stderr == "interrupted; rerun the same command to resume the conversion\n"
+    assert not out.exists()
 
 
 def test_ctrl_c_of_any_command_is_one_line_and_exit_130(tmp_path, solid_lmdb):
