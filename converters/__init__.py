@@ -15,6 +15,16 @@ REGISTRY: dict[str, str] = {
     "webdataset": "fastdata.converters.webdataset",
 }
 
+#: name -> the one-line description `fastdata --help` and `fastdata convert --help` list (without importing the
+#: converter: they stay fast)
+SUMMARIES: dict[str, str] = {
+    "hf": "Pack a Hugging Face image dataset (save_to_disk, Parquet / Arrow, cached Hub name) into LMDB or WebDataset.",
+    "imagefolder": "Pack an ImageFolder tree (SRC/<class>/<image>) into LMDB or WebDataset shards.",
+    "list": "Pack the images a CSV / TSV / JSONL / Parquet file list names into LMDB or WebDataset shards.",
+    "text": "Tokenize .jsonl / .txt / .parquet / .arrow text into LMDB or WebDataset shards.",
+    "webdataset": "Verify existing WebDataset shards (img2dataset, webdataset's writers) into LMDB or new shards.",
+}
+
 
 def load(name: str):
     """Import the converter module registered as `name`."""

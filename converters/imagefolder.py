@@ -45,7 +45,7 @@ def scan(src: str | os.PathLike[str]) -> ImageSource:
         raise SourceError(f"{root}: no image files found in its {len(classes)} class folders "
                           f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
     return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes),
-                       [name for name, n in zip(classes, counts, strict=True) if n == 0])
+                       [name for name, n in zip(classes, counts, strict=True) if n == 0], walks_root=True)
 
 
 def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:

@@ -1,5 +1,9 @@
-"""`fastdata` command line: convert | info | verify | bench | doctor | demo. Errors print as one line, exit code 2
-(1 for --strict rejections), never a traceback."""
+"""`fastdata` command line: convert | info | verify | bench | doctor | demo.
+
+Every error a user can cause prints as one line, `error: <what is wrong and what to do>`, exit code 2 (1 for
+--strict rejections), never a traceback; Ctrl-C prints one line, exit code 130. Heavy modules (torch, the
+converters) are imported by the command that needs them, so `--version` and `--help` answer at once.
+"""
 
 from __future__ import annotations
 
@@ -9,30 +13,81 @@ from pathlib import Path
 import click
 
 from fastdata._version import __version__
+from fastdata.converters import REGISTRY, SUMMARIES
 from fastdata.errors import FastdataError, RejectedFileError
+from fastdata.interrupts import CtrlC
+
+#: exit codes
+USAGE_ERROR, INTERRUPTED = 2, 130
+#: `fastdata` alone prints the help (click >= 8.2 raises this for it; older click prints it itself)
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class _Interrupted(Exception):
+    """Ctrl-C, caught where the command ran (before click turns it into a bare Abort), with what to do next."""
+
+    def __init__(self, hint: str = "") -> None:
+        super().__init__(hint)
+        self.hint = hint
+
+
+class _Cli(click.Group):
+    """The root group: lists every convert subcommand in `fastdata --help` (from the converter registry, without
+    importing the converters) and turns Ctrl-C into `_Interrupted`."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        entries: list[tuple[str, click.Command | str]] = []
+        for name in self.list_commands(ctx):
+            if name == "convert":
+                entries += [(f"convert {kind}", SUMMARIES[kind]) for kind in sorted(REGISTRY)]
+            elif (command := self.get_command(ctx, name)) is not None and not command.hidden:
+                entries.append((name, command))
+        limit = formatter.width - 6 - max(len(name) for name, _ in entries)  # as click's own listing
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, what if isinstance(what, str) else what.get_short_help_str(limit))
+                                for name, what in entries])
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _Interrupted(exc.args[0] if exc.args and isinstance(exc.args[0], str) else "") from None
 
 
 class _ConvertGroup(click.Group):
     """`fastdata convert <kind>`: one subcommand per registered converter, imported on demand."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        from fastdata.converters import REGISTRY
-
         return sorted(REGISTRY)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        from fastdata.converters import REGISTRY, load
+        from fastdata.converters import load
 
-        return load(name).cli_command() if name in REGISTRY else None
+        if name not in REGISTRY:
+            return None
+        command = load(name).cli_command()
+        command.short_help = SUMMARIES[name]
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(kind, SUMMARIES[kind]) for kind in sorted(REGISTRY)])
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("rerun the same command to resume the conversion") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="fastdata")
 def cli() -> None:
-    """fastdata: pack image datasets into LMDB / WebDataset and load them at full speed.
+    """fastdata: pack image and text datasets into LMDB / WebDataset and load them at full speed.
 
     \b
     fastdata convert imagefolder train/ train.lmdb     # pack an ImageFolder tree
+    fastdata convert text corpus/ corpus.lmdb --tokenizer tokenizer.json
     fastdata info train.lmdb                           # what is inside
     fastdata bench train.lmdb --baseline-imagefolder train/
     fastdata doctor train.lmdb                         # check the machine and the data
@@ -170,22 +225,52 @@ def demo(directory: Path, images: int, epochs: int) -> None:
     run_demo(directory, images=images, epochs=epochs, echo=click.echo)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `fastdata` console script."""
+    """Entry point of the `fastdata` console script: runs the command, and prints any error it raises as one
+    line (`error: ...`) with its exit code instead of a traceback."""
+    # a file name that is not UTF-8 (held as lone surrogates, PEP 383) never makes a print fail: on stdout it is
+    # written as its own bytes (as `ls` does), in messages on stderr as \udcNN escapes
+    for stream, errors in ((sys.stdout, "surrogateescape"), (sys.stderr, "backslashreplace")):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=errors)
+    with CtrlC() as ctrl_c:
+        try:
+            code = _run(argv)
+        except (_Interrupted, KeyboardInterrupt, click.exceptions.Abort) as exc:
+            return _interrupted(exc.hint if isinstance(exc, _Interrupted) else "")
+        except Exception:
+            if not ctrl_c.received:
+                raise
+            return _interrupted("")  # an error an importer made of a Ctrl-C it swallowed: the Ctrl-C is the news
+    return _interrupted("") if ctrl_c.held else code
+
+
+def _interrupted(hint: str) -> int:
+    click.echo(f"interrupted; {hint}" if hint else "interrupted", err=True)
+    return INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
+    """Run the command: its exit code, after printing any error a user can cause as one line."""
     try:
         code = cli.main(args=argv, prog_name="fastdata", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+    except _NO_ARGS_IS_HELP as exc:
+        exc.show()  # `fastdata` alone: the help
+        return exc.exit_code
+    except click.UsageError as exc:
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"error: {_one_line(exc.format_message())}{where}", err=True)
+        return USAGE_ERROR
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
         return exc.exit_code
     except FastdataError as exc:
-        click.echo(f"error: {exc}", err=True)
-        return 1 if isinstance(exc, RejectedFileError) else 2
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
+        click.echo(f"error: {_one_line(exc)}", err=True)
+        return 1 if isinstance(exc, RejectedFileError) else USAGE_ERROR
     return code if isinstance(code, int) else 0
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from fastdata.errors import ConfigError
@@ -14,11 +15,54 @@ _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**1
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9}
 
 
+def _given(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def check_int(name: str, value: Any, minimum: int | None = None) -> int:
+    """`value` as an int, or ConfigError naming option `name`, what was given and what is expected: a float
+    (`32.0`), a string (`"64"`) or a bool is refused, not converted; numpy integers are taken."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int, got {_given(value)}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_optional_int(name: str, value: Any, minimum: int | None = None) -> int | None:
+    """None, or `value` checked by `check_int`."""
+    return None if value is None else check_int(name, value, minimum)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """`value` if it is a bool, else ConfigError naming option `name` and what was given (`1` or `"yes"` is
+    refused, not converted)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {_given(value)}")
+    return bool(value)
+
+
+def check_optional_bool(name: str, value: Any) -> bool | None:
+    """None, or `value` checked by `check_bool`."""
+    return None if value is None else check_bool(name, value)
+
+
+def check_number(name: str, value: Any, minimum: float | None = None) -> float:
+    """`value` as a real number (int or float, not bool or str), or ConfigError naming option `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {_given(value)}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
+    return value
+
+
 def parse_size(text: str | int) -> int:
     """Parse a byte count such as `256MB`, `64KB`, `1.5GiB` or `1000000` (KB/MB/GB are powers of 1000,
     KiB/MiB/GiB powers of 1024)."""
-    if isinstance(text, int):
-        value = text
+    if isinstance(text, bool) or not isinstance(text, (str, numbers.Real)):
+        raise ConfigError(f"cannot read {_given(text)} as a size: use e.g. 256MB, 64KB, 1GiB or a byte count")
+    if isinstance(text, numbers.Integral):
+        value = int(text)
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
         if not match or match.group(2).upper() not in _SIZE_UNITS:
@@ -57,14 +101,11 @@ class LoaderOptions:
     uneven: str = "pad"
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, got {self.batch_size}")
-        if self.num_workers < 0:
-            raise ConfigError(f"num_workers must be >= 0, got {self.num_workers}")
-        if self.prefetch_factor < 1:
-            raise ConfigError(f"prefetch_factor must be at least 1, got {self.prefetch_factor}")
-        if self.timeout < 0:
-            raise ConfigError(f"timeout must be >= 0 seconds, got {self.timeout}")
+        """Check every option's type and range (a ConfigError names the option, the value and what it takes)."""
+        checked = {name: check(name, getattr(self, name)) for name, check in _LOADER_CHECKS.items()}
+        for f in fields(self):
+            if f.name in checked:
+                object.__setattr__(self, f.name, checked[f.name])
 
     def dataloader_kwargs(self, worker_init_fn: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Keyword arguments for the `torch.utils.data.DataLoader` a loader wraps (whole batches come from its
@@ -76,3 +117,31 @@ class LoaderOptions:
                 "prefetch_factor": self.prefetch_factor if workers else None,
                 "multiprocessing_context": self.multiprocessing_context if workers else None,
                 "timeout": self.timeout if workers else 0}
+
+
+def stop_workers(dataloader: Any, batches: Any) -> None:
+    """End the worker processes behind `batches` (an iterator of `dataloader`, a torch DataLoader) after a pass
+    failed, and drop the iterator the DataLoader keeps for persistent workers; the next pass starts new ones.
+    Left to the garbage collector instead, the failed iterator may be collected inside the worker processes of a
+    loader made later (they inherit it when they fork), where its shutdown prints "Exception ignored in ...
+    can only test a child process"."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    if getattr(dataloader, "_iterator", None) is batches:
+        dataloader._iterator = None
+
+
+_LOADER_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "batch_size": lambda name, v: check_int(name, v, minimum=1),
+    "shuffle": check_bool,
+    "seed": check_int,
+    "drop_last": check_bool,
+    "num_workers": lambda name, v: check_int(name, v, minimum=0),
+    "pin_memory": check_bool,
+    "prefetch_factor": lambda name, v: check_int(name, v, minimum=1),
+    "persistent_workers": check_bool,
+    "timeout": lambda name, v: check_number(name, v, minimum=0),
+    "rank": lambda name, v: check_int(name, v, minimum=0),
+    "world_size": lambda name, v: check_int(name, v, minimum=1),
+}

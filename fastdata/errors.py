@@ -11,7 +11,12 @@ class SourceError(FastdataError):
     """The conversion source is missing, empty or not laid out as expected."""
 
 
-class OutputExistsError(FastdataError):
+class OutputError(FastdataError):
+    """The conversion output cannot be written where it was asked for: its folder cannot be created there, or it
+    lies inside the source."""
+
+
+class OutputExistsError(OutputError):
     """The conversion output already exists (or holds leftovers of an interrupted conversion)."""
 
 
@@ -59,3 +64,22 @@ class WorkerError(FastdataError):
 
 class RejectedFileError(SourceError):
     """A source file could not be used and the conversion was asked to be strict about it."""
+
+
+def from_worker(exc: FastdataError) -> FastdataError:
+    """Our own error back from torch's wrapping of it. An exception raised in a DataLoader worker reaches the main
+    process as `type(exc)("Caught <Type> in DataLoader worker process N.\nOriginal Traceback ...")`: the worker's
+    whole traceback in place of the message, which then no longer starts with the dataset, shard and key. This
+    gives a new exception of the same type with the original message (raise it `from exc` to keep the worker's
+    traceback), or `exc` itself when it was not wrapped."""
+    text = str(exc)
+    if not text.startswith("Caught ") or "Original Traceback" not in text:
+        return exc
+    marker = f"{type(exc).__module__}.{type(exc).__qualname__}: "
+    at = text.rfind(marker)
+    if at < 0:
+        return exc
+    try:
+        return type(exc)(text[at + len(marker):].rstrip("\n"))
+    except Exception:  # a subclass whose constructor takes more than a message
+        return exc

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from fastdata.config import LoaderOptions, available_cores
+from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
+from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.loader import ImageLoader, ImageOptions
 from fastdata.order.ranks import check_uneven, resolve_world
@@ -88,6 +89,12 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
                   ratio: Any = None, metadata: bool = False) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
+    if image_size is not None:
+        output_size(image_size)  # ConfigError naming what was given
+    check_int("seed", seed)
+    if augment is not None and not isinstance(augment, str) and not callable(augment):
+        raise ConfigError(f"augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
+                          f"callable on an HWC uint8 array, got {augment!r} ({type(augment).__name__})")
     remote = remote or RemoteOptions()
     crop = {"scale": scale, "ratio": ratio}
     if is_url(path):

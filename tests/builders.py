@@ -18,8 +18,12 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
+import tarfile
 import textwrap
 import zipfile
 from dataclasses import dataclass, field
@@ -275,6 +279,29 @@ def build_large_tree(root: Path, count: int, width: int = 700, height: int = 600
         Image.fromarray(solid_pattern(sample_id, width + sample_id, height)).save(root / relative, compress_level=1)
         tree.images.append(relative)
         tree.exact.add(relative)
+    return tree
+
+
+#: (class folder, file name) as bytes: names that are not UTF-8 (Latin-1 é, à, ÿ, ï), as an old archive holds them
+NON_UTF8_LAYOUT: list[tuple[bytes, bytes]] = [
+    (b"caf\xe9", b"s000.png"), (b"caf\xe9", b"d\xe9j\xe0.png"), (b"caf\xe9", b"s002.jpg"),
+    (b"plain", b"na\xefve\xff.png"), (b"plain", b"s004.png"), (b"plain", b"\xe9t\xe9.jpg"),
+]
+
+
+def build_non_utf8_tree(root: Path) -> Tree:
+    """An ImageFolder tree whose class folder and file names hold bytes that are not UTF-8 (`NON_UTF8_LAYOUT`),
+    made with bytes paths. `Tree.images` holds the names as Python's os functions give them (undecodable bytes
+    as lone surrogates, PEP 383, as torchvision lists them); sample i's green channel encodes i (`solid_pattern`)."""
+    tree = Tree(root)
+    for sample_id, (folder, name) in enumerate(NON_UTF8_LAYOUT):
+        directory = os.fsencode(root) + b"/" + folder
+        os.makedirs(directory, exist_ok=True)
+        array = solid_pattern(sample_id, 21 + 2 * sample_id, 23)
+        data = encode(array, "JPEG", quality=100, subsampling=0) if name.endswith(b".jpg") else encode(array, "PNG")
+        with open(directory + b"/" + name, "wb") as file:
+            file.write(data)
+        tree.images.append(os.fsdecode(folder + b"/" + name))
     return tree
 
 
@@ -541,6 +568,40 @@ def corrupt_ids_copy(path, tmp_path, sample_ids: set[int], payload: bytes = b"no
     return copy
 
 
+def corrupt_shard_copy(wds: Path, tmp_path: Path) -> tuple[Path, Path, str]:
+    """A copy of a WebDataset image conversion whose second shard's first image holds garbage of its own size (the
+    tar stays whole); returns (copy, that shard, the sample's key: its image member's name)."""
+    copy = tmp_path / "corrupt_shards"
+    shutil.copytree(wds, copy)
+    shard = copy / fastdata.info(copy).files[1].name
+    with tarfile.open(shard) as tar:
+        victim = next(m for m in tar.getmembers() if m.name.rpartition(".")[2] not in ("json", "cls"))
+    with open(shard, "r+b") as file:
+        file.seek(victim.offset_data)
+        file.write(b"\xff" * victim.size)
+    return copy, shard, victim.name
+
+
+def damaged_text_copy(data: Path, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of a text conversion with tokens missing (LMDB: its first token chunk cut to one token; WebDataset:
+    its first shard cut after its first tar header); returns (copy, how the loader's error starts)."""
+    copy = tmp_path / f"damaged_{data.name}"
+    shutil.copytree(data, copy)
+    if (copy / "data.mdb").is_file():
+        env = lmdb.open(str(copy), max_dbs=8, subdir=True)
+        try:
+            with env.begin(write=True) as txn:
+                tokens = env.open_db(b"tokens", txn=txn, create=False)
+                txn.put(struct.pack(">Q", 0), b"\0" * 8, db=tokens)
+        finally:
+            env.close()
+        (copy / "lock.mdb").unlink(missing_ok=True)
+        return copy, f"{copy}: token chunk 0 is missing or short; the dataset is damaged"
+    shard = copy / fastdata.info(copy).files[0].name
+    os.truncate(shard, 512)  # its first tar header only
+    return copy, f"{shard}: document "
+
+
 # ----------------------------------------------------------------------------------------------------
 # text corpora and tokenizers
 
@@ -605,6 +666,50 @@ def seeded_loader(path, **options):
     if isinstance(settings["augment"], str):
         settings.setdefault("image_size", 16)
     return fastdata.loader(path, **settings)
+
+
+# Source of a user's program that replaces a loader after it raised. argv: a dataset that raises, one that does
+# not, the loader's options as JSON. Prints what the first raised, then the batch count of two passes of the second.
+REPLACE_AFTER_ERROR = textwrap.dedent("""
+    import json, sys
+    import fastdata
+    from fastdata.errors import CorruptSampleError
+
+    bad, good, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    loader = fastdata.loader(bad, **options)
+    try:
+        for batch in loader:
+            pass
+    except CorruptSampleError as exc:
+        print("raised:", exc)
+    loader = fastdata.loader(good, **options)
+    for number in range(2):
+        print("pass", number, sum(1 for batch in loader))
+""")
+
+# Source of a user's training loop that stops on Ctrl-C. argv: a dataset, the loader's options as JSON. Prints
+# `training` once the first batch is in, and `interrupted` on stderr with exit code 130 on Ctrl-C.
+TRAIN_UNTIL_CTRL_C = textwrap.dedent("""
+    import json, sys
+    import fastdata
+
+    loader = fastdata.loader(sys.argv[1], **json.loads(sys.argv[2]))
+    try:
+        for epoch in range(10**6):
+            for number, batch in enumerate(loader):
+                if epoch == number == 0:
+                    print("training", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+""")
+
+
+def run_python(source: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the Python program `source` with `args` in a child process, as a user would: exit code, stdout and
+    stderr (text)."""
+    return subprocess.run([sys.executable, "-c", source, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def cli(capsys, *args) -> tuple[int, str, str]:

@@ -34,6 +34,28 @@ def test_options_are_frozen_and_validated():
     assert TextOptions(seq_len=16, eos_token="</s>").given() == ["seq_len", "eos_token"]
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"image_size": "64"}, "image_size must be an int or (height, width) of ints, got '64' (str)"),
+    ({"image_size": 64.0}, "image_size must be an int or (height, width) of ints, got 64.0 (float)"),
+    ({"image_size": (64, "64")}, "image_size must be an int or (height, width) of ints, got (64, '64') (tuple)"),
+    ({"batch_size": 32.0}, "batch_size must be an int, got 32.0 (float)"),
+    ({"num_workers": "2"}, "num_workers must be an int, got '2' (str)"),
+    ({"seed": 1.5}, "seed must be an int, got 1.5 (float)"),
+    ({"shuffle": "yes"}, "shuffle must be True or False, got 'yes' (str)"),
+    ({"pin_memory": 1}, "pin_memory must be True or False, got 1 (int)"),
+    ({"timeout": "30"}, "timeout must be a number, got '30' (str)"),
+    ({"rank": "0", "world_size": 2}, "rank must be an int, got '0' (str)"),
+    ({"augment": 3}, "augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
+                     "callable on an HWC uint8 array, got 3 (int)"),
+])
+def test_options_of_the_wrong_type_are_one_line_config_errors(solid_lmdb, options, message):
+    """Refused when the loader is made, naming the option, the value and its type; not converted (32.0 is not
+    taken for 32), and not left to fail later inside a worker with torch's traceback."""
+    with pytest.raises(ConfigError) as info:
+        fastdata.loader(solid_lmdb, **options)
+    assert str(info.value) == message
+
+
 def test_dataloader_kwargs_apply_worker_settings_only_with_workers():
     with_workers = LoaderOptions(num_workers=2, prefetch_factor=3, timeout=5, persistent_workers=True)
     assert with_workers.dataloader_kwargs()["prefetch_factor"] == 3

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from fastdata.convert.staging import fresh_partial
 from fastdata.errors import START_AGAIN, OutputExistsError, RejectedFileError, StagingDamagedError
 from fastdata.formats.manifest import partial_path
+from fastdata.formats.records import key_bytes
 
 
 @dataclass
@@ -67,7 +68,7 @@ def files_digest(files: Iterable[tuple[str, Path]]) -> str:
             size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:
             size, mtime = -1, -1
-        digest.update(f"{name}\t{size}\t{mtime}\n".encode())
+        digest.update(key_bytes(f"{name}\t{size}\t{mtime}\n"))
     return digest.hexdigest()
 
 

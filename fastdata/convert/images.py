@@ -9,6 +9,7 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import available_cores, parse_size
+from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions, verify_record
 from fastdata.convert.ray import ENGINES, RayWork
@@ -103,6 +104,10 @@ def _pooled_work(task: Task) -> Result:
 
 
 def _worker_init(reader: SampleReader | None = None) -> None:
+    # Ctrl-C reaches every process of the terminal's process group: the main process handles it (it ends the pool
+    # and says how to resume); a worker left to it would print its own traceback. (It starts with SIGINT blocked:
+    # see `_results`)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     opencv_single_threaded()
     if reader is not None:
         _WORKER["reader"] = reader
@@ -120,7 +125,17 @@ def _results(tasks: list[Task], reader: SampleReader, workers: int, engine: str 
     if workers <= 1:
         yield from (_work(reader, task) for task in tasks)
         return
-    with multiprocessing.get_context().Pool(workers, initializer=_worker_init, initargs=(reader,)) as pool:
+    # Ctrl-C is held back while the pool starts: one that came in the middle would leave the workers started so far
+    # (and the thread that replaces them) running on, and a worker it reached before `_worker_init` would die.
+    # The workers, and the pool's threads that start more of them, keep SIGINT blocked
+    interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = multiprocessing.get_context().Pool(workers, initializer=_worker_init, initargs=(reader,))
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, interactive)
+        raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, interactive)  # a Ctrl-C that came meanwhile ends the pool here
         yield from pool.imap(_pooled_work, tasks, chunksize=8)
 
 
@@ -194,6 +209,12 @@ def convert_images(
     out = Path(out)
     fmt = resolve_format(out, format)
     shard_bytes = parse_size(shard_size)
+    seed, quality, commit_every = check_int("seed", seed), check_int("quality", quality), check_int(
+        "commit_every", commit_every, minimum=1)
+    max_size, workers = check_optional_int("max_size", max_size), check_optional_int("workers", workers)
+    max_pixels = check_int("max_pixels", max_pixels)
+    overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
+    progress = check_bool("progress", progress)
     if max_size is not None and max_size < 1:
         raise ConfigError(f"--max-size must be a positive number of pixels, got {max_size}")
     if max_pixels < 1:
@@ -209,7 +230,7 @@ def convert_images(
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     listing = list_source()
-    check_output(out, overwrite)
+    check_output(out, overwrite, source=listing.root if listing.walks_root else None)
 
     order = np.arange(len(listing.samples))
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them

@@ -97,6 +97,9 @@ class ImageSource:
     metadata: Sequence[dict[str, Any]] | None = None  # per sample, in `samples`' order
     origin: Callable[[int], dict[str, Any]] | None = None  # sample index -> where it is in the source
     details: dict[str, Any] = field(default_factory=dict)  # more facts for the manifest's source block
+    # the source is every image file found under `root` (ImageFolder): an output inside it would be taken in as data
+    # by the next conversion, so it is refused
+    walks_root: bool = False
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -146,7 +149,7 @@ class ImageSource:
         digest = hashlib.sha256(self.sample_reader.digest([key for key, _ in self.samples]).encode())
         for index, (key, label) in enumerate(self.samples):
             extra = f"\t{sorted(self.metadata[index].items())!r}" if self.metadata is not None else ""
-            digest.update(f"{key}\t{label!r}{extra}\n".encode())
+            digest.update(f"{key}\t{label!r}{extra}\n".encode("utf-8", "surrogateescape"))  # keys: file names
         return {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
                 "digest": digest.hexdigest()}
 

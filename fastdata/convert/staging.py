@@ -5,18 +5,30 @@ A conversion writes into `OUT.partial`; the manifest is written last and the dir
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
-from fastdata.errors import OutputExistsError
+from fastdata.errors import OutputError, OutputExistsError
 from fastdata.formats.manifest import MANIFEST_NAME, Manifest, fsync_dir, partial_path
 
 
-def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse to write over anything that is not ours to replace: an existing dataset needs `overwrite`,
-    and a path that holds something other than a fastdata dataset (or an empty directory) is never touched."""
+def check_output(out: Path, overwrite: bool, source: Path | None = None) -> None:
+    """Refuse, before anything is written, an output that cannot be made or is not ours to replace: one inside
+    the `source` folder (the next conversion of the source would take it in: a new class), one whose folder cannot
+    be created (under a file, on a read-only or virtual file system, without permission), an existing path
+    that holds something other than a fastdata dataset (or an empty directory; never touched), and an existing
+    dataset without `overwrite`."""
+    if source is not None and source.is_dir():
+        inside = Path(os.path.abspath(out)).resolve()
+        root = source.resolve()
+        if inside == root or root in inside.parents:
+            raise OutputError(f"{out}: is inside the source folder {source}; the next conversion of {source} "
+                              "would take it in as data: choose an OUT outside the source")
     if not out.exists():
+        _check_creatable(out)
         return
     is_dataset = (out / MANIFEST_NAME).is_file()
     is_empty_dir = out.is_dir() and not any(out.iterdir())
@@ -27,6 +39,21 @@ def check_output(out: Path, overwrite: bool) -> None:
                                 "(choose another OUT)")
     if not overwrite:
         raise OutputExistsError(f"{out}: already holds a dataset; pass --overwrite to replace it")
+
+
+def _check_creatable(out: Path) -> None:
+    """Prove that the folders `OUT.partial` and `OUT` can be made where asked: the nearest existing ancestor is
+    a folder in which a directory can be created (and is removed again: nothing is left behind)."""
+    ancestor = Path(os.path.abspath(out)).parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{out}: cannot be created: {ancestor} is a file, not a folder; choose another OUT")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fastdata-probe-", dir=ancestor))
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot be created: making a folder in {ancestor} fails "
+                          f"({exc.strerror or exc}); choose another OUT") from None
 
 
 def fresh_partial(out: Path) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import parse_size
+from fastdata.config import check_bool, check_int, parse_size
 from fastdata.convert.checkpoints import (
     ProgressRecord,
     files_digest,
@@ -247,6 +247,12 @@ def convert_documents(
     fmt = resolve_format(out, format)
     shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
     checkpoint_bytes = parse_size(checkpoint_every)
+    chunk_tokens, commit_every_chunks = check_int("chunk_tokens", chunk_tokens), check_int("commit_every_chunks",
+                                                                                          commit_every_chunks)
+    overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
+    progress = check_bool("progress", progress)
+    if eos_token is not None and not isinstance(eos_token, str):
+        raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {eos_token!r}")
     if checkpoint_bytes < 1:
         raise ConfigError(f"--checkpoint-every must be a positive size, got {checkpoint_every!r}")
     if chunk_tokens < 1 or commit_every_chunks < 1:

@@ -113,6 +113,7 @@ def in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
 
     thread = threading.Thread(target=produce, name="fastdata-text-reader", daemon=True)
     thread.start()
+    interrupted = False
     try:
         while True:
             item, error = channel.get()
@@ -121,6 +122,10 @@ def in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
                     raise error
                 return
             yield item
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         stop.set()
-        thread.join()
+        if not interrupted:  # after Ctrl-C the reader may be stuck in a read (a stalled disk, a pipe): not waited
+            thread.join()  # for, it is a daemon thread

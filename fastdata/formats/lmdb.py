@@ -25,7 +25,7 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.records import CODEC_PIL, ImageRecord, Label
+from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
 
 DATA_FILE = "data.mdb"
 _MAX_DBS = 8
@@ -157,7 +157,7 @@ class LmdbWriter:
     def add(self, record: ImageRecord) -> None:
         key = index_key(self.count)
         self._put(key, record.data, "images", append=True)
-        self._put(key, record.key.encode("utf-8"), "keys", append=True)
+        self._put(key, key_bytes(record.key), "keys", append=True)
         if isinstance(record.label, tuple):
             facts = (_RECORD_META.pack(_MULTI, record.width, record.height, record.codec)
                      + np.asarray(record.label, dtype="<i4").tobytes())
@@ -360,9 +360,9 @@ class LmdbReader:
 
     def key(self, index: int) -> str:
         """The source-relative path of sample `index`."""
-        return self._get("keys", index).decode("utf-8")
+        return key_from_bytes(self._get("keys", index))
 
     def all_keys(self) -> list[str]:
         env = self._open()
         with env.begin() as txn, txn.cursor(db=self._dbs["keys"]) as cursor:
-            return [bytes(v).decode("utf-8") for v in cursor.iternext(keys=False, values=True)]
+            return [key_from_bytes(bytes(v)) for v in cursor.iternext(keys=False, values=True)]

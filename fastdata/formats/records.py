@@ -26,6 +26,19 @@ EXT_OF_FORMAT = {"JPEG": "jpg", "PNG": "png", "PPM": "ppm", "BMP": "bmp", "TIFF"
 _OBJECT_REPR = re.compile(r"\s*<[^<>]*\bat 0x[0-9a-fA-F]+>")  # <_io.BytesIO object at 0x7f3a...>
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")
 
+
+def key_bytes(key: str) -> bytes:
+    """A sample key (a source-relative path as Python's os functions give it) as stored: its UTF-8 bytes, and a
+    file name's bytes that are not UTF-8 as they were (Python holds them as lone surrogates, PEP 383; torchvision's
+    ImageFolder lists such names the same way), so that every key round-trips."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def key_from_bytes(raw: bytes) -> str:
+    """The sample key `key_bytes` stored as `raw`."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
 _CV_JPEG_MODES = frozenset({"L", "RGB"})
 _CV_PNG_MODES = frozenset({"L", "RGB", "RGBA", "LA", "P"})
 

@@ -83,7 +83,7 @@ class WdsWriter:
         members = [(f"{key}.{record.ext}", record.data)]
         if not isinstance(record.label, tuple):
             members.append((f"{key}.cls", str(record.label).encode("ascii")))
-        members.append((f"{key}.json", json.dumps(meta, ensure_ascii=False).encode("utf-8")))
+        members.append((f"{key}.json", json.dumps(meta).encode("ascii")))  # ASCII: a key may hold lone surrogates
         self.shards.append(members)
         self.shards.sample_done()
 

@@ -41,7 +41,8 @@ def output_size(image_size: Any) -> tuple[int, int]:
           and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in image_size)):
         sides = (int(image_size[0]), int(image_size[1]))
     else:
-        raise ConfigError(f"image_size must be a number of pixels or (height, width), got {image_size!r}")
+        raise ConfigError(f"image_size must be an int or (height, width) of ints, got {image_size!r} "
+                          f"({type(image_size).__name__})")
     if min(sides) < 1:
         raise ConfigError(f"image_size must be a positive number of pixels, got {image_size!r}")
     return sides

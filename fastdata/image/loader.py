@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions
-from fastdata.errors import ConfigError, WorkerError
+from fastdata.config import LoaderOptions, check_bool, stop_workers
+from fastdata.errors import ConfigError, FastdataError, WorkerError, from_worker
 from fastdata.image.augment import describe_augment
 from fastdata.image.batch import EncodedSample
 from fastdata.image.buffers import BatchBuffers
@@ -46,8 +46,15 @@ class ImageOptions:
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        check_bool("channels_last", self.channels_last)
         if self.device is not None and not isinstance(self.device, torch.device):
-            object.__setattr__(self, "device", torch.device(self.device))
+            try:
+                object.__setattr__(self, "device", torch.device(self.device))
+            except (RuntimeError, TypeError) as exc:
+                raise ConfigError(f"device must be a torch.device or a name such as 'cuda' or 'cuda:1', got "
+                                  f"{self.device!r} ({exc})") from None
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            raise ConfigError(f"dtype must be a torch.dtype (e.g. torch.bfloat16), got {self.dtype!r}")
         output = self.output_format()  # checks dtype, mean and std
         if (self.mean is not None or self.std is not None) and not output.floating:
             raise ConfigError("mean and std normalise floating batches: pass dtype=torch.float32 (or "
@@ -207,20 +214,28 @@ class ImageLoader(ResumableLoader):
         """The batches of one pass as the workers deliver them, with worker failures named."""
         self._iterating_epoch = epoch
         received = [0]
+        batches = iter(self._loader)
         try:
-            yield from self._batches_on_device(self._from_workers(received), epoch)
-        except RuntimeError as exc:
+            yield from self._batches_on_device(self._from_workers(batches, received), epoch)
+        except GeneratorExit:
+            raise  # the caller stopped early: persistent workers stay for the next pass
+        except BaseException as exc:
+            stop_workers(self._loader, batches)
+            original = from_worker(exc) if isinstance(exc, FastdataError) else exc
+            if original is not exc:
+                raise original from exc  # our own message first, the worker's traceback as the cause
             message = str(exc)
-            if message.startswith("Caught ") or not ("DataLoader worker" in message or "timed out" in message):
+            if not isinstance(exc, RuntimeError) or message.startswith("Caught ") or \
+                    not ("DataLoader worker" in message or "timed out" in message):
                 raise  # an exception raised inside a worker keeps its own type and traceback
             raise WorkerError(f"{self.dataset.root}: {message.strip()} — {self._waiting_for(epoch, received[0])}") \
                 from exc
         finally:
             self._iterating_epoch = None
 
-    def _from_workers(self, received: list[int]) -> Iterator[Any]:
+    def _from_workers(self, batches: Iterator[Any], received: list[int]) -> Iterator[Any]:
         """The workers' batches (decoded Batch, or EncodedBatch on the device path), with their bookkeeping."""
-        for batch in self._loader:
+        for batch in batches:
             received[0] += 1
             if self._buffers is not None:  # None on the device path (EncodedBatch)
                 self._buffers.received(batch.slot, batch.images)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fastdata.config import check_int
 from fastdata.errors import ConfigError
 
 UNEVEN = ("pad", "drop")
@@ -27,6 +28,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
+    rank, world_size = check_int("rank", rank), check_int("world_size", world_size)
     if world_size < 1:
         raise ConfigError(f"world_size must be at least 1, got {world_size}")
     if not 0 <= rank < world_size:

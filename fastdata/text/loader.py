@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions
-from fastdata.errors import ConfigError
+from fastdata.config import LoaderOptions, check_optional_bool, check_optional_int, stop_workers
+from fastdata.errors import ConfigError, FastdataError, from_worker
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks
@@ -103,8 +103,20 @@ class TextLoader(ResumableLoader):
         self._end_pass()
 
     def _pass(self) -> Iterator[dict[str, torch.Tensor]]:
-        for flat, shapes in self._loader:
-            yield from unpack_batches(flat, shapes, self.batcher)
+        """The batches of one pass; after a failure the workers are stopped and our own errors raised as they
+        were raised in the worker (`fastdata.errors.from_worker`)."""
+        batches = iter(self._loader)
+        try:
+            for flat, shapes in batches:
+                yield from unpack_batches(flat, shapes, self.batcher)
+        except GeneratorExit:
+            raise  # the caller stopped early: persistent workers stay for the next pass
+        except BaseException as exc:
+            stop_workers(self._loader, batches)
+            original = from_worker(exc) if isinstance(exc, FastdataError) else exc
+            if original is not exc:
+                raise original from exc  # our own message first, the worker's traceback as the cause
+            raise
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,15 @@ class TextOptions:
     max_length: int | None = None
     bucketing: bool | None = None
     eos_token: str | None = None
+
+    def __post_init__(self) -> None:
+        check_optional_int("seq_len", self.seq_len, minimum=1)
+        check_optional_int("max_length", self.max_length, minimum=1)
+        check_optional_bool("packing", self.packing)
+        check_optional_bool("bucketing", self.bucketing)
+        if self.eos_token is not None and not isinstance(self.eos_token, str):
+            raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {self.eos_token!r} "
+                              f"({type(self.eos_token).__name__})")
 
     def given(self) -> list[str]:
         """The names of the options that were set (for the error when the dataset holds images)."""

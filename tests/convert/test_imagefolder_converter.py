@@ -5,23 +5,37 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from builders import BAD_FILES, build_solid_tree, chw, pattern, rgb_of_file, write_image
+from builders import (
+    BAD_FILES,
+    NON_UTF8_LAYOUT,
+    build_non_utf8_tree,
+    build_solid_tree,
+    chw,
+    pattern,
+    rgb_of_file,
+    sample_id_of,
+    write_image,
+)
 from fastdata.converters import imagefolder as imagefolder_converter
 from PIL import Image
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS as TV_IMG_EXTENSIONS
 
 import fastdata
+import fastdata.tools.verify
 from fastdata.errors import (
     ConfigError,
     FastdataError,
     IncompleteDatasetError,
     NotADatasetError,
+    OutputError,
     OutputExistsError,
     RejectedFileError,
     SourceError,
@@ -291,6 +305,81 @@ def test_not_a_dataset_is_refused_by_dataset_and_info(tmp_path, tricky_tree):
             fastdata.info(path)
         with pytest.raises(NotADatasetError):
             fastdata.loader(path, num_workers=0)
+
+
+@pytest.mark.parametrize(("place", "reason"), [
+    ("/proc/x.lmdb", "making a folder in /proc fails (No such file or directory)"),
+    ("{tmp}/notes.txt/out.lmdb", "{tmp}/notes.txt is a file, not a folder"),
+    ("{tmp}/notes.txt/deeper/out.lmdb", "{tmp}/notes.txt is a file, not a folder"),
+])
+def test_an_output_that_cannot_be_made_is_refused_before_anything_is_written(tricky_tree, tmp_path, place, reason):
+    (tmp_path / "notes.txt").write_text("mine")
+    out = Path(place.format(tmp=tmp_path))
+    with pytest.raises(OutputError) as info:
+        fastdata.convert_imagefolder(tricky_tree.root, out, workers=1, progress=False)
+    assert str(info.value) == f"{out}: cannot be created: {reason.format(tmp=tmp_path)}; choose another OUT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("inside", ["out.lmdb", "cat/out.lmdb", "."])
+def test_an_output_inside_the_source_is_refused_before_anything_is_written(tmp_path, inside):
+    src = build_solid_tree(tmp_path / "src", count=4).root
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    out = src / inside
+    with pytest.raises(OutputError) as info:
+        fastdata.convert_imagefolder(src, out, format="wds", workers=1, progress=False)
+    assert str(info.value) == (f"{out}: is inside the source folder {src}; the next conversion of {src} would take "
+                               "it in as data: choose an OUT outside the source")
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("quality", "90", "quality must be an int, got '90' (str)"),
+    ("workers", 2.0, "workers must be an int, got 2.0 (float)"),
+    ("seed", True, "seed must be an int, got True (bool)"),
+    ("overwrite", 1, "overwrite must be True or False, got 1 (int)"),
+    ("shard_size", None, "cannot read None (NoneType) as a size: use e.g. 256MB, 64KB, 1GiB or a byte count"),
+])
+def test_conversion_options_of_the_wrong_type_are_config_errors(tricky_tree, tmp_path, option, value, message):
+    with pytest.raises(ConfigError) as info:
+        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", progress=False, **{option: value})
+    assert str(info.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------- non-UTF-8 file names
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_file_names_that_are_not_utf8_are_kept_exactly(tmp_path, fmt):
+    """Class folders and files whose names are not UTF-8 are converted like any other, losslessly: classes, keys
+    and `.samples` are torchvision's (undecodable bytes as lone surrogates), LMDB keys and tar member names hold
+    the file names' own bytes, the manifest stays valid UTF-8, and verify against the source passes."""
+    tree = build_non_utf8_tree(tmp_path / "src")
+    out = tmp_path / ("d.lmdb" if fmt == "lmdb" else "shards")
+    summary = fastdata.convert_imagefolder(tree.root, out, format=fmt, workers=2, progress=False)
+    assert (summary.images, summary.rejected) == (len(NON_UTF8_LAYOUT), [])
+    classes, _, samples = torchvision_view(tree.root)
+    assert classes == ["caf\udce9", "plain"]
+    json.loads((out / "manifest.json").read_bytes().decode("utf-8"))  # strict UTF-8, as JSON requires
+    ds = fastdata.dataset(out)
+    assert ds.classes == classes
+    id_of = {relative: sample_id for sample_id, relative in enumerate(tree.images)}
+    if fmt == "lmdb":
+        assert ds.samples == samples
+        assert all(os.path.isfile(os.fsencode(tree.root) + b"/" + os.fsencode(key)) for key, _ in ds.samples)
+        assert [sample_id_of(ds[i][0]) for i in range(len(ds))] == [id_of[key] for key, _ in samples]
+    else:
+        with tarfile.open(out / summary.files[0].name) as tar:
+            names = {os.fsencode(m.name) for m in tar.getmembers()}
+        assert {folder + b"/" + name for folder, name in NON_UTF8_LAYOUT} <= names
+        assert sorted(sample_id_of(image) for image, _ in ds) == list(range(len(NON_UTF8_LAYOUT)))
+    loaded = [sample_id_of(image) for images, _ in fastdata.loader(out, batch_size=4, augment="val", image_size=16,
+                                                                   num_workers=2) for image in images]
+    assert sorted(loaded) == list(range(len(NON_UTF8_LAYOUT)))
+    report = fastdata.tools.verify.verify(out, source=tree.root, decode=True)
+    assert report.ok, str(report)
 
 
 # ------------------------------------------------------------------------------------------- rejected files

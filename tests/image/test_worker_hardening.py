@@ -1,19 +1,33 @@
-"""Worker hardening: dead, stuck or failing workers surface as errors that name what they were loading; several
-loaders share one file; a worker's heap stays flat over epochs."""
+"""Worker hardening: dead, stuck or failing workers surface as errors that name what they were loading (our own
+errors with their own message, not torch's wrapper), and are stopped; a loader replaced after it raised leaves no
+noise; Ctrl-C ends a training loop cleanly; several loaders share one file; a worker's heap stays flat over
+epochs."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from builders import SMALL_SOLID_COUNT, build_solid_tree
+from builders import (
+    REPLACE_AFTER_ERROR,
+    SMALL_SOLID_COUNT,
+    TRAIN_UNTIL_CTRL_C,
+    build_solid_tree,
+    corrupt_copy,
+    corrupt_shard_copy,
+    run_python,
+)
 
 import fastdata
 import fastdata.order.epoch
-from fastdata.errors import WorkerError
+from fastdata.errors import CorruptSampleError, WorkerError
 
 
 class KillOwnWorker:
@@ -62,6 +76,70 @@ def test_an_exception_in_a_worker_keeps_its_type_and_names_the_sample(small_soli
         next(iter(loader))
     assert "while decoding sample" in str(info.value)
     assert fastdata.dataset(small_solid_lmdb).reader.key(0) in str(info.value)
+
+
+def _new_children(before: set[int]) -> list[psutil.Process]:
+    return [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_a_corrupt_sample_met_by_a_worker_raises_its_own_message_and_stops_the_workers(solid_lmdb, solid_wds,
+                                                                                       tmp_path, fmt):
+    """With workers, the CorruptSampleError says what it says without them: one line that starts with the dataset
+    (and shard) and the key, not torch's "Caught CorruptSampleError in DataLoader worker process 0. Original
+    Traceback ..." (the worker's traceback is its cause); the workers are gone once it is raised."""
+    if fmt == "lmdb":
+        path, key = corrupt_copy(solid_lmdb, tmp_path, 7, b"not an image")
+        start = f"{path}: sample {key!r}: "
+    else:
+        path, shard, key = corrupt_shard_copy(solid_wds, tmp_path)
+        start = f"{shard}: sample {key!r}: "
+    raised = {}
+    for workers in (0, 2):
+        before = {child.pid for child in psutil.Process().children(recursive=True)}
+        loader = fastdata.loader(path, batch_size=4, augment="train", image_size=16, num_workers=workers)
+        with pytest.raises(CorruptSampleError) as info:
+            for _ in loader:
+                pass
+        raised[workers] = str(info.value)
+        assert _new_children(before) == []
+    assert raised[2] == raised[0]
+    assert raised[2].startswith(start) and "\n" not in raised[2], raised[2]
+    assert "in DataLoader worker process" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_a_loader_replaced_after_it_raised_leaves_no_noise(solid_lmdb, solid_wds, tmp_path, fmt):
+    """A user's program catches the error of a loader with workers, makes a new loader and trains on: nothing on
+    stderr (the failed loader's workers were stopped when it raised; left to the garbage collector, their iterator
+    may be collected inside the new loader's workers and print "Exception ignored in ... can only test a child
+    process")."""
+    good = solid_lmdb if fmt == "lmdb" else solid_wds
+    bad = corrupt_copy(solid_lmdb, tmp_path, 7, b"not an image")[0] if fmt == "lmdb" else \
+        corrupt_shard_copy(solid_wds, tmp_path)[0]
+    options = {"batch_size": 4, "augment": "train", "image_size": 16, "num_workers": 2}
+    with pytest.raises(CorruptSampleError) as info:
+        for _ in fastdata.loader(bad, **{**options, "num_workers": 0}):
+            pass
+    batches = len(fastdata.loader(good, **options))
+    result = run_python(REPLACE_AFTER_ERROR, bad, good, json.dumps(options))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"raised: {info.value}", f"pass 0 {batches}", f"pass 1 {batches}"]
+
+
+def test_ctrl_c_ends_a_training_loop_with_one_line_and_no_worker_left(small_solid_lmdb):
+    """A real SIGINT to the whole process group (as a terminal's Ctrl-C sends it: the workers get it too) while a
+    user's loop trains: the loop's own `interrupted` is all stderr holds (no worker or torch traceback), exit code
+    130, and no process of the group is left."""
+    options = {"batch_size": 4, "augment": "train", "image_size": 16, "num_workers": 2}
+    process = subprocess.Popen([sys.executable, "-c", TRAIN_UNTIL_CTRL_C, str(small_solid_lmdb), json.dumps(options)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert process.stdout.readline() == "training\n", process.communicate()
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert (process.returncode, stdout, stderr) == (130, "", "interrupted\n")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)  # no worker is left in the group
 
 
 def test_two_loaders_with_several_workers_over_one_file(small_solid_lmdb):

@@ -1,18 +1,28 @@
 """The text loader: packed blocks cover the EOS-separated stream exactly once per epoch, labels shifted by
-one; padded rows with masks; bucketing; order from (seed, epoch) whatever the worker count; both formats."""
+one; padded rows with masks; bucketing; order from (seed, epoch) whatever the worker count; both formats; damaged
+data met by a worker raises its own message, and the loader can be replaced after it."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from builders import make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders import (
+    REPLACE_AFTER_ERROR,
+    damaged_text_copy,
+    make_corpus,
+    reference_ids,
+    run_python,
+    train_bytelevel,
+    write_jsonl,
+)
 
 import fastdata
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.text.blocks import IGNORE_INDEX
 
 EOS, PAD = 0, 1
@@ -168,6 +178,49 @@ def test_text_loader_option_errors(data):
         fastdata.loader(data, seq_len=10**9, num_workers=0)
     with pytest.raises(ConfigError, match="seq_len must be at least 1"):
         fastdata.loader(data, seq_len=0, num_workers=0)
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("seq_len", "16", "seq_len must be an int, got '16' (str)"),
+    ("max_length", 8.0, "max_length must be an int, got 8.0 (float)"),
+    ("packing", "no", "packing must be True or False, got 'no' (str)"),
+    ("bucketing", 1, "bucketing must be True or False, got 1 (int)"),
+    ("eos_token", 0, "eos_token must be a str (a token of the tokenizer), got 0 (int)"),
+])
+def test_text_options_of_the_wrong_type_are_one_line_config_errors(data, option, value, message):
+    with pytest.raises(ConfigError) as info:
+        fastdata.loader(data, num_workers=0, **{option: value})
+    assert str(info.value) == message
+
+
+def test_damaged_tokens_met_by_a_worker_raise_their_own_message(data, tmp_path):
+    """With workers, the CorruptSampleError says what it says without them, in one line that starts with the
+    dataset (LMDB) or the shard (WebDataset), not torch's "Caught CorruptSampleError in DataLoader worker process
+    0. Original Traceback ..."."""
+    damaged, start = damaged_text_copy(data, tmp_path)
+    raised = {}
+    for workers in (0, 2):
+        with pytest.raises(CorruptSampleError) as info:
+            for _ in fastdata.loader(damaged, seq_len=16, batch_size=4, shuffle=False, num_workers=workers):
+                pass
+        raised[workers] = str(info.value)
+    assert raised[2] == raised[0]
+    assert raised[2].startswith(start) and "\n" not in raised[2], raised[2]
+
+
+def test_a_text_loader_replaced_after_it_raised_leaves_no_noise(data, tmp_path):
+    """A user's program catches the error of a text loader with workers, makes a new loader and trains on:
+    nothing on stderr (no "Exception ignored in ... can only test a child process" from the failed loader's
+    workers)."""
+    damaged, _ = damaged_text_copy(data, tmp_path)
+    options = {"seq_len": 16, "batch_size": 4, "shuffle": False, "num_workers": 2}
+    with pytest.raises(CorruptSampleError) as info:
+        for _ in fastdata.loader(damaged, **{**options, "num_workers": 0}):
+            pass
+    batches = len(fastdata.loader(data, **options))
+    result = run_python(REPLACE_AFTER_ERROR, damaged, data, json.dumps(options))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [f"raised: {info.value}", f"pass 0 {batches}", f"pass 1 {batches}"]
 
 
 def test_spawned_workers_give_the_same_batches(data):
