@@ -135,6 +135,10 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
 @click.option("--baseline-list", type=click.Path(path_type=Path), default=None, metavar="LIST",
               help="For a dataset converted from a file list (convert list): the baseline is a torchvision Dataset "
                    "over the images LIST names (same transform, PIL decode), less the rejected ones.")
+@click.option("--baseline-export", is_flag=True,
+              help="For a dataset whose source is not files torchvision reads (convert hf, convert webdataset): the "
+                   "baseline is a torchvision Dataset over PATH's stored bytes exported as files (same transform, "
+                   "PIL decode), into --export-dir or a temporary directory.")
 @click.option("--baseline-source", is_flag=True,
               help="With a re-encoded PATH: time the baseline on SRC's original files anyway (marked "
                    "'different inputs').")
@@ -163,8 +167,8 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
               help="Draw throughput and data wait over time for every loader, side by side (needs matplotlib).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="Write every figure (runs, timelines, system figures) as JSON.")
-def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | None, baseline_source: bool,
-          export_dir: Path | None,
+def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | None, baseline_export: bool,
+          baseline_source: bool, export_dir: Path | None,
           epochs: int, warmup_passes: int, page_cache: str, batch_size: int, image_size: int, augment: str,
           workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
           json_path: Path | None) -> None:
@@ -177,15 +181,17 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
 
     if plot is not None:
         check_plotting()  # before the runs, not after
-    if baseline_imagefolder is None and baseline_list is None and (baseline_source or export_dir is not None):
+    from_source = baseline_imagefolder is not None or baseline_list is not None
+    if (baseline_source and not from_source) or (export_dir is not None and not (from_source or baseline_export)):
         raise ConfigError("--baseline-source and --export-dir apply to --baseline-imagefolder SRC or --baseline-list "
-                          "LIST")
+                          "LIST (--export-dir also to --baseline-export)")
     config = BenchConfig(epochs=epochs, batch_size=batch_size, image_size=image_size, augment=augment,
                          workers=workers, repeats=repeats, step=step, warmup_passes=warmup_passes,
                          page_cache=page_cache)
     results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
                         progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound,
-                        baseline_source=baseline_source, export_dir=export_dir, baseline_list=baseline_list)
+                        baseline_source=baseline_source, export_dir=export_dir, baseline_list=baseline_list,
+                        baseline_export=baseline_export)
     click.echo(format_table(results, data_wait=step != "none"))
     summary = format_summary(results)
     if summary:

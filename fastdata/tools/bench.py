@@ -20,7 +20,13 @@ from typing import Any
 
 from fastdata.errors import ConfigError
 from fastdata.formats.manifest import read_manifest
-from fastdata.tools.bench_baseline import Baseline, choose_baseline, imagefolder_baseline, list_baseline
+from fastdata.tools.bench_baseline import (
+    Baseline,
+    choose_baseline,
+    export_baseline,
+    imagefolder_baseline,
+    list_baseline,
+)
 from fastdata.tools.bench_fair import (
     STEPS,
     WARMUP_PASSES,
@@ -225,7 +231,7 @@ class Contender:
 def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None = None,
               progress: Callable[[str], None] | None = None, upper_bound: bool = False,
               baseline_source: bool = False, export_dir: Path | None = None,
-              baseline_list: Path | None = None) -> list[LoaderResult]:
+              baseline_list: Path | None = None, baseline_export: bool = False) -> list[LoaderResult]:
     """Time fastdata.loader over `path` (and the torchvision ImageFolder baseline, and with `upper_bound` the
     same batches from memory), alternating the loaders `config.repeats` times so that machine noise hits all
     alike. Every contender gets the same DataLoader settings, warm-up passes and page-cache treatment, and
@@ -235,16 +241,23 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
     the dataset was re-encoded at conversion, it reads an ImageFolder exported from the dataset instead (into
     `export_dir`, else a temporary directory), unless `baseline_source` asks for the original files (then the
     results say "different inputs"). A dataset converted from a file list takes `baseline_list` (the list) instead:
-    its baseline is a torchvision-style Dataset over the images the list names."""
+    its baseline is a torchvision-style Dataset over the images the list names. `baseline_export` (for a source
+    that is not files torchvision reads: a Hugging Face dataset, WebDataset shards) makes the baseline a
+    torchvision-style Dataset over the dataset's stored bytes exported as files."""
     manifest = read_manifest(path)
     say = progress or (lambda _line: None)
-    source = _baseline_source(path, manifest.source.get("kind", "imagefolder"), baseline_imagefolder, baseline_list)
+    source = _baseline_source(path, manifest.source.get("kind", "imagefolder"), baseline_imagefolder, baseline_list,
+                              baseline_export)
+    if baseline_export and baseline_source:
+        raise ConfigError("--baseline-source applies to --baseline-imagefolder SRC or --baseline-list LIST; "
+                          "--baseline-export reads the dataset's stored bytes")
     with ExitStack() as stack:
         contenders: list[Contender] = []
-        if source is not None:
+        if source is not None or baseline_export:
             if export_dir is None:
                 export_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-bench-"))) / "export"
-            baseline = choose_baseline(Path(path), Path(source), baseline_source, export_dir, say)
+            baseline = export_baseline(Path(path), export_dir, say) if source is None else \
+                choose_baseline(Path(path), Path(source), baseline_source, export_dir, say)
             contenders.append(baseline_contender(baseline, config))
             for note in baseline.notes():
                 say(f"bench: {note}")
@@ -260,15 +273,25 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
         return run_contenders(contenders, config, say, f"{manifest.num_samples:,} images")
 
 
-def _baseline_source(path: Path, kind: str, imagefolder: Path | None, file_list: Path | None) -> Path | None:
-    """The baseline's source, given by the flag that fits how the dataset was converted."""
-    if imagefolder is not None and file_list is not None:
-        raise ConfigError("give the baseline's source once: --baseline-imagefolder SRC or --baseline-list LIST")
-    if file_list is not None and kind != "list":
-        raise ConfigError(f"{path} was not converted from a file list (its source is a {kind!r}): pass its source as "
-                          "--baseline-imagefolder SRC")
-    if imagefolder is not None and kind == "list":
-        raise ConfigError(f"{path} was converted from a file list: pass that list as --baseline-list LIST")
+#: how to ask for the baseline that fits each source kind (any other kind: --baseline-export)
+BASELINE_FLAG = {"imagefolder": "--baseline-imagefolder SRC", "list": "--baseline-list LIST"}
+EXPORT_FLAG = "--baseline-export (a torchvision Dataset over its stored bytes exported as files)"
+SOURCE_NAME = {"imagefolder": "an ImageFolder", "list": "a file list", "hf": "a Hugging Face dataset",
+               "webdataset": "WebDataset shards"}
+
+
+def _baseline_source(path: Path, kind: str, imagefolder: Path | None, file_list: Path | None,
+                     export: bool = False) -> Path | None:
+    """The baseline's source, given by the flag that fits how the dataset was converted (None: no source, the
+    baseline is the export or there is none)."""
+    if sum((imagefolder is not None, file_list is not None, export)) > 1:
+        raise ConfigError("give the baseline once: --baseline-imagefolder SRC, --baseline-list LIST or "
+                          "--baseline-export")
+    given = "imagefolder" if imagefolder is not None else "list" if file_list is not None else None
+    if given is not None and given != kind:
+        fits = BASELINE_FLAG.get(kind, EXPORT_FLAG)
+        raise ConfigError(f"{path} was converted from {SOURCE_NAME.get(kind, f'a {kind!r} source')}, not "
+                          f"{SOURCE_NAME[given]}: its baseline is {fits}")
     return imagefolder if imagefolder is not None else file_list
 
 

@@ -109,14 +109,9 @@ def _list_baseline(dataset: Path, src: Path, manifest: Manifest, changed: dict[s
         if export_dir is None:
             raise ConfigError(f"{dataset} was re-encoded at conversion ({_options_text(changed)}): the baseline reads "
                               "its stored bytes exported as files, and needs a directory to export into")
-        if progress:
-            progress(f"bench: {dataset} was re-encoded at conversion ({_options_text(changed)}); exporting its "
-                     f"stored bytes into {export_dir} for the baseline")
-        samples = export_samples(dataset, export_dir)
-        return Baseline(export_dir, f"the stored bytes of {dataset} exported as files: the same bytes fastdata reads "
-                                    f"(the dataset was re-encoded at conversion: {_options_text(changed)}; "
-                                    f"--baseline-source compares with the images {src} names instead)",
-                        files=[path for path, _ in samples], samples=samples, **facts)
+        return export_baseline(dataset, export_dir, progress,
+                               why=f"the dataset was re-encoded at conversion: {_options_text(changed)}; "
+                                   f"--baseline-source compares with the images {src} names instead")
     from fastdata.converters.filelist import relist
 
     listing = relist(src, manifest)
@@ -133,6 +128,24 @@ def _list_baseline(dataset: Path, src: Path, manifest: Manifest, changed: dict[s
         baseline.inputs = (f"the original images {src} names, while fastdata reads the dataset's re-encoded copies "
                            f"({_options_text(changed)}): the ratios compare inputs as well as loaders")
     return baseline
+
+
+def export_baseline(dataset: Path, export_dir: Path, progress: Callable[[str], None] | None = None,
+                    why: str = "") -> Baseline:
+    """The baseline of a dataset whose source is not files torchvision reads (a Hugging Face dataset, WebDataset
+    shards), or of a re-encoded list dataset: a torchvision-style Dataset over its stored bytes exported as files
+    into `export_dir` (`export_samples`), so that both loaders decode the same bytes with the same labels."""
+    manifest = read_manifest(dataset)
+    if manifest.kind != "image":
+        raise NotADatasetError(f"{dataset}: holds a {manifest.kind!r} dataset; only images have a torchvision "
+                               "baseline")
+    if progress:
+        progress(f"bench: exporting the stored bytes of {dataset} into {export_dir} for the baseline")
+    samples = export_samples(dataset, export_dir)
+    return Baseline(Path(export_dir), f"the stored bytes of {dataset} exported as files: the same bytes fastdata "
+                                      f"reads{f' ({why})' if why else ''}",
+                    files=[path for path, _ in samples], samples=samples, num_classes=len(manifest.classes),
+                    label_kind=manifest.label_kind)
 
 
 def export_samples(dataset: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[tuple[Path, Label]]:

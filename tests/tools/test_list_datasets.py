@@ -103,4 +103,4 @@ def test_bench_flags_must_fit_how_the_dataset_was_converted(listed, solid_lmdb, 
     assert_one_line_error(err, "converted from a file list", "--baseline-list")
     code, _, err = cli(capsys, "bench", solid_lmdb, "--baseline-list", list_path)
     assert code == 2
-    assert_one_line_error(err, "not converted from a file list", "--baseline-imagefolder")
+    assert_one_line_error(err, "converted from an ImageFolder, not a file list", "--baseline-imagefolder")
