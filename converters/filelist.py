@@ -324,7 +324,7 @@ def _keys(paths: list[Any], rows: _Rows, root: Path, options: ListOptions) -> li
         where = [rows.name(i) for i, key in enumerate(keys) if key == duplicate]
         more = len(keys) - len(first)
         raise SourceError(f"path {duplicate!r} is listed {len(where)} times: {', '.join(where)} (every image may be "
-                          f"listed once; {more} row{'s' * (more != 1)} repeat an earlier path)")
+                          f"listed once; {more} {'rows repeat' if more != 1 else 'row repeats'} an earlier path)")
     return keys
 
 
