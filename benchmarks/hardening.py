@@ -42,10 +42,14 @@ def dataset_for(data: Path, images: int) -> Path:
     return out
 
 
-def _status_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
+def status_kb(pid: int, field: str) -> int:
+    """A kB figure of /proc/PID/status (RssAnon, RssFile, RssShmem, ...); 0 when the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
     return 0
 
 
@@ -55,7 +59,7 @@ def worker_memory_mb() -> list[tuple[float, float, float]]:
     rows = []
     for child in psutil.Process().children(recursive=True):
         rss = child.memory_info().rss / 2**20
-        rows.append((rss, _status_kb(child.pid, "RssAnon") / 1024, _status_kb(child.pid, "RssFile") / 1024))
+        rows.append((rss, status_kb(child.pid, "RssAnon") / 1024, status_kb(child.pid, "RssFile") / 1024))
     return sorted(rows)
 
 

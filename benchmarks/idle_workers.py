@@ -15,33 +15,18 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import psutil
 
 import fastdata
-from fastdata.tools.sample import cached_sample_imagefolder
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hardening import dataset_for, status_kb  # the same sample conversion and /proc reading
 
 MB = 2**20
-
-
-def dataset_for(data: Path, images: int) -> Path:
-    src = cached_sample_imagefolder(data, images)
-    out = data / f"imagefolder-{images}.lmdb"
-    if not out.exists():
-        fastdata.convert_imagefolder(src, out, progress=False)
-    return out
-
-
-def _status_kb(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def idle_workers() -> list[dict[str, float]]:
@@ -54,7 +39,7 @@ def idle_workers() -> list[dict[str, float]]:
             full = child.memory_full_info()
         except psutil.NoSuchProcess:
             continue
-        status = {field: _status_kb(child.pid, field) / 1024 for field in ("RssAnon", "RssFile", "RssShmem")}
+        status = {field: status_kb(child.pid, field) / 1024 for field in ("RssAnon", "RssFile", "RssShmem")}
         rows.append({"rss": full.rss / MB, "uss": full.uss / MB, "anon": status["RssAnon"],
                      "file": status["RssFile"], "shmem": status["RssShmem"]})
     return rows

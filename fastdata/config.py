@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, FastdataError, from_worker
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9}
@@ -130,6 +130,14 @@ def stop_workers(dataloader: Any, batches: Any) -> None:
         shutdown()
     if getattr(dataloader, "_iterator", None) is batches:
         dataloader._iterator = None
+
+
+def failed_pass(dataloader: Any, batches: Any, exc: BaseException) -> BaseException:
+    """After `exc` ended a pass over `batches`: stop the workers (`stop_workers`) and return what to raise, our
+    own error as the worker raised it (`fastdata.errors.from_worker`: its one-line message, not torch's wrapper),
+    or `exc` itself."""
+    stop_workers(dataloader, batches)
+    return from_worker(exc) if isinstance(exc, FastdataError) else exc
 
 
 _LOADER_CHECKS: dict[str, Callable[[str, Any], Any]] = {

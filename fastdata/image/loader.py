@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions, check_bool, stop_workers
-from fastdata.errors import ConfigError, FastdataError, WorkerError, from_worker
+from fastdata.config import LoaderOptions, check_bool, failed_pass
+from fastdata.errors import ConfigError, WorkerError
 from fastdata.image.augment import describe_augment
 from fastdata.image.batch import EncodedSample
 from fastdata.image.buffers import BatchBuffers
@@ -220,8 +220,7 @@ class ImageLoader(ResumableLoader):
         except GeneratorExit:
             raise  # the caller stopped early: persistent workers stay for the next pass
         except BaseException as exc:
-            stop_workers(self._loader, batches)
-            original = from_worker(exc) if isinstance(exc, FastdataError) else exc
+            original = failed_pass(self._loader, batches, exc)
             if original is not exc:
                 raise original from exc  # our own message first, the worker's traceback as the cause
             message = str(exc)

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions, check_optional_bool, check_optional_int, stop_workers
-from fastdata.errors import ConfigError, FastdataError, from_worker
+from fastdata.config import LoaderOptions, check_optional_bool, check_optional_int, failed_pass
+from fastdata.errors import ConfigError
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks
@@ -112,8 +112,7 @@ class TextLoader(ResumableLoader):
         except GeneratorExit:
             raise  # the caller stopped early: persistent workers stay for the next pass
         except BaseException as exc:
-            stop_workers(self._loader, batches)
-            original = from_worker(exc) if isinstance(exc, FastdataError) else exc
+            original = failed_pass(self._loader, batches, exc)
             if original is not exc:
                 raise original from exc  # our own message first, the worker's traceback as the cause
             raise
