@@ -5,7 +5,10 @@ from __future__ import annotations
 import numbers
 import os
 import re
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -130,6 +133,29 @@ def stop_workers(dataloader: Any, batches: Any) -> None:
         shutdown()
     if getattr(dataloader, "_iterator", None) is batches:
         dataloader._iterator = None
+
+
+@contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back while DataLoader workers start (the first `iter()` of a loader): a Ctrl-C reaches
+    every process of the terminal's group, and one that reached a worker before it entered its loop would print the
+    worker's own traceback. The workers inherit the block and drop the signal (`worker_ignores_ctrl_c`); this
+    process gets it as soon as they are started (and then stops them, as after any failed pass)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def worker_ignores_ctrl_c() -> None:
+    """In a DataLoader worker: leave Ctrl-C to the main process, which stops the workers (a SIGINT held back while
+    the worker started is dropped here)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def failed_pass(dataloader: Any, batches: Any, exc: BaseException) -> BaseException:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions, check_bool, failed_pass
+from fastdata.config import LoaderOptions, check_bool, ctrl_c_held, failed_pass, worker_ignores_ctrl_c
 from fastdata.errors import ConfigError, WorkerError
 from fastdata.image.augment import describe_augment
 from fastdata.image.batch import EncodedSample
@@ -77,6 +77,7 @@ class ImageOptions:
 
 
 def _worker_init(_worker_id: int) -> None:
+    worker_ignores_ctrl_c()
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
 
 
@@ -214,7 +215,8 @@ class ImageLoader(ResumableLoader):
         """The batches of one pass as the workers deliver them, with worker failures named."""
         self._iterating_epoch = epoch
         received = [0]
-        batches = iter(self._loader)
+        with ctrl_c_held():  # workers start here (the first pass of persistent ones)
+            batches = iter(self._loader)
         try:
             yield from self._batches_on_device(self._from_workers(batches, received), epoch)
         except GeneratorExit:

@@ -12,7 +12,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions, check_optional_bool, check_optional_int, failed_pass
+from fastdata.config import (
+    LoaderOptions,
+    check_optional_bool,
+    check_optional_int,
+    ctrl_c_held,
+    failed_pass,
+    worker_ignores_ctrl_c,
+)
 from fastdata.errors import ConfigError
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
@@ -23,6 +30,10 @@ DEFAULT_SEQ_LEN = 1024
 DEFAULT_MAX_LENGTH = 1024
 GROUP_BYTES = 2 << 20  # batches a worker hands over at once: about this many bytes (one shared-memory transfer)
 MAX_GROUP = 16
+
+
+def _worker_init(_worker_id: int) -> None:
+    worker_ignores_ctrl_c()
 
 
 class GroupedBatches:
@@ -71,7 +82,7 @@ class TextLoader(ResumableLoader):
         batch_bytes = 4 * self.batch_size * (batcher.seq_len + 1 if self.packed else 3 * batcher.max_length)
         self.group = group_size(batch_bytes) if num_workers else 1
         self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group),
-                                  **options.dataloader_kwargs())
+                                  **options.dataloader_kwargs(worker_init_fn=_worker_init))
 
     @property
     def packed(self) -> bool:
@@ -105,7 +116,8 @@ class TextLoader(ResumableLoader):
     def _pass(self) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of one pass; after a failure the workers are stopped and our own errors raised as they
         were raised in the worker (`fastdata.errors.from_worker`)."""
-        batches = iter(self._loader)
+        with ctrl_c_held():  # workers start here (the first pass of persistent ones)
+            batches = iter(self._loader)
         try:
             for flat, shapes in batches:
                 yield from unpack_batches(flat, shapes, self.batcher)
