@@ -42,7 +42,7 @@ from typing import Any
 import click
 
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import ImageSource
+from fastdata.convert.sources import ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import Label
@@ -413,9 +413,7 @@ def _labels(values: list[Any], rows: _Rows, options: ListOptions, text_cells: li
     if by_name:
         if options.num_classes is not None:
             raise ConfigError("--num-classes applies to integer class ids; class names make their own classes")
-        classes = sorted({name for _, cell in cells for name in (cell if multi else [cell])})
-        index_of = {name: i for i, name in enumerate(classes)}
-        labels = [tuple(sorted({index_of[n] for n in cell})) if multi else index_of[cell] for _, cell in cells]
+        classes, labels = labels_of([cell if multi else [cell] for _, cell in cells], multi)
         return classes, labels, "multi" if multi else "single"
     ids = [(i, class_id) for i, (_, cell) in enumerate(cells) for class_id in (cell if multi else [cell])]
     negative = next(((i, c) for i, c in ids if c < 0), None)
@@ -430,8 +428,8 @@ def _labels(values: list[Any], rows: _Rows, options: ListOptions, text_cells: li
     if count == 0:
         raise SourceError(f"column {column!r}: every row's list is empty, so there are no classes; pass "
                           "--num-classes")
-    labels = [tuple(sorted(set(cell))) if multi else cell for _, cell in cells]
-    return [str(i) for i in range(count)], labels, "multi" if multi else "single"
+    classes, labels = labels_of([cell if multi else [cell] for _, cell in cells], multi, count)
+    return classes, labels, "multi" if multi else "single"
 
 
 # ------------------------------------------------------------------------------------------------ API and CLI

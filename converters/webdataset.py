@@ -44,7 +44,7 @@ from fastdata.converters.wds_index import SHOWN, IndexedSample, TarMemberReader,
 
 from fastdata.config import available_cores
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import ImageSource
+from fastdata.convert.sources import ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import IMAGE_EXTENSIONS
@@ -128,18 +128,15 @@ def resolve_labels(samples: list[IndexedSample], jsons: list[dict | None], optio
     if str in first_of:
         if options.num_classes is not None:
             raise ConfigError("--num-classes applies to integer class ids; these labels are class names")
-        classes = sorted({p for v in values for p in _label_parts(v) or ()})
-        ids: dict[Any, int] = {name: i for i, name in enumerate(classes)}
+        count = None
     else:
-        classes = _id_classes(samples, values, options.num_classes, names)
-        ids = {i: i for i in range(len(classes))}
-    labels = [tuple(sorted({ids[p] for p in _label_parts(v) or ()})) if multi else ids[v] for v in values]
+        count = _class_count(samples, values, options.num_classes, names)
+    classes, labels = labels_of([_label_parts(v) or () for v in values], multi, count)
     return classes, labels, "multi" if multi else "single", found
 
 
-def _id_classes(samples: list[IndexedSample], values: list[Any], num_classes: int | None, names: list[str]
-                ) -> list[str]:
-    """Class names "0".."C-1" for integer labels: C = `num_classes`, or the largest id + 1."""
+def _class_count(samples: list[IndexedSample], values: list[Any], num_classes: int | None, names: list[str]) -> int:
+    """The number of classes of integer labels: `num_classes`, or the largest id + 1 (each id checked)."""
     largest, largest_at = -1, ""
     for sample, value in zip(samples, values, strict=True):
         for class_id in _label_parts(value) or ():
@@ -149,7 +146,7 @@ def _id_classes(samples: list[IndexedSample], values: list[Any], num_classes: in
                 largest, largest_at = class_id, _where(sample, names)
     if num_classes is not None and largest >= num_classes:
         raise SourceError(f"{largest_at}: class id {largest} is not below --num-classes {num_classes}")
-    return [str(i) for i in range(num_classes if num_classes is not None else largest + 1)]
+    return num_classes if num_classes is not None else largest + 1
 
 
 # ----------------------------------------------------------------------------------------------------- listing

@@ -158,3 +158,18 @@ class ImageSource:
         return {"kind": self.kind, "path": self.sample_reader.describe(), "files": len(self.samples),
                 "ignored": len(self.ignored), "ignored_examples": self.ignored[:20],
                 "empty_classes": self.empty_classes, **self.details}
+
+
+def labels_of(parts: Sequence[Sequence[Any]], multi: bool, class_count: int | None = None
+              ) -> tuple[list[str], list[Label]]:
+    """Class names and labels from each sample's label parts (checked by the converter first): class names (strings)
+    give the sorted unique names as classes (as ImageFolder sorts its folders), integer class ids (`class_count`
+    given, every id below it) the classes "0".."class_count - 1". A multi-label sample's label is the sorted tuple of
+    its distinct ids; a single-label sample's, its one id."""
+    if class_count is None:
+        classes = sorted({part for row in parts for part in row})
+        index = {name: i for i, name in enumerate(classes)}
+        parts = [[index[part] for part in row] for row in parts]
+    else:
+        classes = [str(i) for i in range(class_count)]
+    return classes, [tuple(sorted(set(row))) if multi else row[0] for row in parts]
