@@ -16,9 +16,9 @@ MANIFEST_NAME = "manifest.json"
 #: The format version of a dataset that needs nothing newer (single labels, no per-sample metadata): readable by
 #: every fastdata release.
 FORMAT_VERSION = 1
-#: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`) and per-sample
-#: metadata (`metadata_fields`), and image-text pairs (`target_kind: "pairs"`); a dataset that uses any is written as version 2, so that an older fastdata
-#: refuses it with "upgrade fastdata" instead of misreading its labels.
+#: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`), per-sample
+#: metadata (`metadata_fields`) and image-text pairs (`target_kind: "pairs"`); a dataset that uses any of them is
+#: written as version 2, so that an older fastdata refuses it with "upgrade fastdata" instead of misreading it.
 NEWEST_FORMAT_VERSION = 2
 PARTIAL_SUFFIX = ".partial"
 #: What an image dataset's samples hold besides the image: "class" (class labels: one id, or a set of ids) or

@@ -6,9 +6,9 @@ Each sample is three tar members sharing a key: `{key}.{jpg|png|...}` (the image
 one integer): its `.json` "label" is the list of its class ids. A sample with metadata has it in its `.json`
 too ("metadata": {...}). An image-text pair (`target_kind: "pairs"`) has no `.cls`: its caption is the member
 `{key}.txt` (UTF-8, as img2dataset writes it) and the `.json` "caption", and with a tokenizer its token ids are the
-`.json` "tokens" (a list of integers). Keys are the source-relative path without its extension, with dots replaced and no
-leading '/', so that webdataset's "key = name up to the first dot" grouping holds and every member name is a
-relative path.
+`.json` "tokens" (a list of integers). Keys are the source-relative path without its extension, with dots
+replaced and no leading '/', so that webdataset's "key = name up to the first dot" grouping holds and every member
+name is a relative path.
 """
 
 from __future__ import annotations

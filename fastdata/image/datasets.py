@@ -25,8 +25,8 @@ from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
-from fastdata.image.device import pack_encoded
 from fastdata.image.captions import target_codec
+from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
