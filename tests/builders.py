@@ -851,14 +851,16 @@ def pairs_frame(tree: Tree, seed: int = 5):
     return pd.DataFrame(rows)
 
 
-def pair_shard_sample(tree: Tree, relative: str, caption: str = "txt") -> dict:
-    """The solid image `relative` as img2dataset writes a sample: `.jpg`/`.png`, a `.json` ({"key", "url",
-    "caption"?}) and, with `caption="txt"`, a `.txt` caption; `caption="json"` puts it in the .json only."""
+def pair_shard_sample(tree: Tree, relative: str, caption: str = "both") -> dict:
+    """The solid image `relative` as img2dataset writes a sample: `.jpg`/`.png`, a `.json` ({"key", "url"}) and
+    its caption: `caption="both"` a `.txt` and the .json "caption" (img2dataset's way), "txt" the `.txt` only,
+    "json" the .json "caption" only."""
     sample_id = solid_id_of_path(relative)
-    meta = {"key": f"{sample_id:09d}", "url": f"https://example.com/{sample_id}.jpg",
-            "caption": pair_caption(sample_id)}
+    meta = {"key": f"{sample_id:09d}", "url": f"https://example.com/{sample_id}.jpg"}
     sample = {"__key__": wds_key(sample_id), relative.rsplit(".", 1)[1]: tree.path(relative).read_bytes()}
-    if caption == "txt":
+    if caption in ("both", "json"):
+        meta["caption"] = pair_caption(sample_id)
+    if caption in ("both", "txt"):
         sample["txt"] = pair_caption(sample_id)
     sample["json"] = meta
     return sample

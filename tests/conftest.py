@@ -223,8 +223,8 @@ def pairs_wds(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pair_shards(solid_tree, tmp_path_factory) -> Path:
     """img2dataset-style shards of the solid images (webdataset's ShardWriter, 6 samples a shard): `.txt`
-    captions, every third sample's caption in its `.json` only."""
-    samples = [pair_shard_sample(solid_tree, relative, "json" if i % 3 == 0 else "txt")
+    captions in `.txt` and `.json`, in `.txt` only, or in `.json` only, in turn."""
+    samples = [pair_shard_sample(solid_tree, relative, ("both", "txt", "json")[i % 3])
                for i, relative in enumerate(solid_tree.images)]
     directory = tmp_path_factory.mktemp("pair_shards") / "src"
     write_wds_shards(directory, samples)
