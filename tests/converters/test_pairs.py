@@ -281,3 +281,13 @@ def test_list_and_shard_options_do_not_mix(capsys, pair_shards, pairs_csv, tmp_p
     assert code == 2
     assert_one_line_error(err, "--image-ext applies to WebDataset shards")
 
+
+
+def test_verify_checks_captions_and_tokens_against_the_source(capsys, solid_tree, pairs, pairs_csv, tmp_path):
+    code, out, _ = cli(capsys, "verify", pairs, "--source", pairs_csv, "--decode")
+    assert code == 0, out
+    frame = pairs_frame(solid_tree)
+    frame.loc[2, "caption"] = "another caption"
+    changed = write_list(frame, tmp_path / "pairs.csv")
+    code, out, _ = cli(capsys, "verify", pairs, "--source", changed)
+    assert code == 1 and f"1 sample(s) with another caption or other token ids: {frame.loc[2, 'path']}" in out
