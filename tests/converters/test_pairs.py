@@ -291,3 +291,14 @@ def test_verify_checks_captions_and_tokens_against_the_source(capsys, solid_tree
     changed = write_list(frame, tmp_path / "pairs.csv")
     code, out, _ = cli(capsys, "verify", pairs, "--source", changed)
     assert code == 1 and f"1 sample(s) with another caption or other token ids: {frame.loc[2, 'path']}" in out
+
+
+@pytest.mark.parametrize("decode", ["worker", "device"])
+def test_captions_follow_images_to_the_device(pairs, solid_tree, tmp_path, decode):
+    """On a device (the CPU here: the path is the same), with the JPEGs decoded in the workers or on the device,
+    and one undecodable JPEG dropped with its caption (its header intact, so that decode="device" ships it and the
+    device drops it from the batch)."""
+    jpeg = solid_tree.path(next(p for p in solid_tree.images if solid_id_of_path(p) == 4)).read_bytes()
+    copy = corrupt_ids_copy(pairs, tmp_path, {4}, jpeg[:jpeg.index(b"\xff\xda") + 20])  # cut inside the scan
+    loader = seeded_loader(copy, device="cpu", decode=decode, num_workers=2, on_error="skip")
+    assert sorted(_epoch_ids(loader)) == sorted(set(range(COUNT)) - {4})
