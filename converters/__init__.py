@@ -11,6 +11,7 @@ REGISTRY: dict[str, str] = {
     "hf": "fastdata.converters.hf",
     "imagefolder": "fastdata.converters.imagefolder",
     "list": "fastdata.converters.filelist",
+    "pairs": "fastdata.converters.pairs",
     "text": "fastdata.converters.text",
     "webdataset": "fastdata.converters.webdataset",
 }
@@ -21,6 +22,7 @@ SUMMARIES: dict[str, str] = {
     "hf": "Pack a Hugging Face image dataset (save_to_disk, Parquet / Arrow, cached Hub name) into LMDB or WebDataset.",
     "imagefolder": "Pack an ImageFolder tree (SRC/<class>/<image>) into LMDB or WebDataset shards.",
     "list": "Pack the images a CSV / TSV / JSONL / Parquet file list names into LMDB or WebDataset shards.",
+    "pairs": "Pack image-text pairs (a CSV / JSONL / Parquet list, or img2dataset shards) into LMDB or WebDataset.",
     "text": "Tokenize .jsonl / .txt / .parquet / .arrow text into LMDB or WebDataset shards.",
     "webdataset": "Verify existing WebDataset shards (img2dataset, webdataset's writers) into LMDB or new shards.",
 }

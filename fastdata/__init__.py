@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.converters.filelist import convert_list
     from fastdata.converters.hf import convert_hf
     from fastdata.converters.imagefolder import convert_imagefolder
+    from fastdata.converters.pairs import convert_pairs
     from fastdata.converters.text import convert_text
     from fastdata.converters.webdataset import convert_webdataset
     from fastdata.loader import dataset, loader
@@ -29,6 +30,7 @@ _PUBLIC: dict[str, str] = {
     "convert_hf": "fastdata.converters.hf",
     "convert_imagefolder": "fastdata.converters.imagefolder",
     "convert_list": "fastdata.converters.filelist",
+    "convert_pairs": "fastdata.converters.pairs",
     "convert_text": "fastdata.converters.text",
     "convert_webdataset": "fastdata.converters.webdataset",
     "dataset": "fastdata.loader",
@@ -37,8 +39,8 @@ _PUBLIC: dict[str, str] = {
     "info": "fastdata.tools.info",
 }
 
-__all__ = ["__version__", "convert_hf", "convert_imagefolder", "convert_list", "convert_text", "convert_webdataset",
-           "dataset", "info", "loader", "meter"]
+__all__ = ["__version__", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs", "convert_text",
+           "convert_webdataset", "dataset", "info", "loader", "meter"]
 
 
 class _PackageFace(types.ModuleType):

@@ -15,7 +15,7 @@ from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
-from fastdata.image.loader import ImageLoader, ImageOptions
+from fastdata.image.loader import ImageLoader, ImageOptions, PairLoader
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
@@ -26,7 +26,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             cache_dir: str | os.PathLike[str] | None = None, cache_max_bytes: int | str | None = None,
             storage_options: dict[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
             uneven: str = "pad", scale: tuple[float, float] | None = None,
-            ratio: tuple[float, float] | None = None, metadata: bool = False
+            ratio: tuple[float, float] | None = None, metadata: bool = False, max_length: int | None = None
             ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
@@ -43,6 +43,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     ranks (`rank`/`world_size`, else torch.distributed's when initialised; `uneven` as for `loader`), so every
     sample comes once per pass; `len()` is this rank's count. (A map-style LMDB dataset takes your sampler, e.g.
     DistributedSampler, instead.)
+    An image-text pair dataset (`fastdata convert pairs`) gives `(image, caption)`: the caption's text, or when the
+    dataset stores token ids `{"caption", "input_ids", "attention_mask"}` (int64 `[max_length]`, default 77).
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
@@ -68,15 +70,20 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         metadata: images: give `(image, label, metadata)` per sample, metadata being the dict of the sample's other
             source columns (e.g. a file list's); not read otherwise.
+        max_length: image-text pairs stored with token ids: tokens per caption row (default 77, CLIP's): longer
+            captions truncated keeping the tokenizer's closing special tokens, shorter ones padded.
     """
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         metadata=metadata)
+                         metadata=metadata, max_length=max_length)
     if isinstance(data, TextDataset):
         _refuse_image_options(path, _augment_given(augment, None, image_size, scale, ratio))
+        if max_length is not None:
+            raise ConfigError(f"{path}: max_length applies to fastdata.loader over text (padded rows) and to "
+                              "image-text pairs; a text dataset's ds[i] is a whole document")
     if isinstance(data, WdsImageDataset):
         return data.split(rank, world_size, uneven)
     if explicit_world:
@@ -87,7 +94,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
-                  ratio: Any = None, metadata: bool = False) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+                  ratio: Any = None, metadata: bool = False, max_length: int | None = None
+                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
@@ -96,11 +104,11 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         raise ConfigError(f"augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
                           f"callable on an HWC uint8 array, got {augment!r} ({type(augment).__name__})")
     remote = remote or RemoteOptions()
-    crop = {"scale": scale, "ratio": ratio}
+    extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
     if is_url(path):
         store = remote.shards(str(path))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
-                               on_error=on_error, store=store, metadata=metadata, **crop)
+                               on_error=on_error, store=store, metadata=metadata, **extra)
     if remote.given:
         raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)
@@ -113,7 +121,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
-               metadata=metadata, **crop)
+               metadata=metadata, **extra)
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
@@ -278,11 +286,13 @@ def loader(
                        eos_token=eos_token)
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio)
+                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
+                         max_length=max_length)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))
         return text_loader(data, options, text)
-    if text.given():
-        raise ConfigError(f"{', '.join(text.given())}: for text datasets only; {path} holds images")
-    return ImageLoader(data, options, ImageOptions(**image_options))
+    text_only = [name for name in text.given() if not (data.pairs and name == "max_length")]
+    if text_only:
+        raise ConfigError(f"{', '.join(text_only)}: for text datasets only; {path} holds images")
+    return (PairLoader if data.pairs else ImageLoader)(data, options, ImageOptions(**image_options))

@@ -19,10 +19,16 @@ from builders import (
     build_photo_tree,
     build_solid_tree,
     build_tricky_tree,
+    clip_like_tokenizer,
     make_corpus,
+    pair_caption,
+    pair_shard_sample,
+    pairs_frame,
     train_bytelevel,
     write_hf_sources,
     write_jsonl,
+    write_list,
+    write_wds_shards,
     write_zip,
     zip_source,
 )
@@ -182,6 +188,61 @@ def decoder():
     found = region_decoder()
     assert found is not None, unavailable_reason()  # the extension builds wherever the package installs with gcc
     return found
+
+
+@pytest.fixture(scope="session")
+def pair_tokenizer(solid_tree, tmp_path_factory) -> Path:
+    """A CLIP-like tokenizer.json (post-processor: <|startoftext|> ... <|endoftext|>) trained on the solid
+    captions."""
+    captions = [pair_caption(i) for i in range(len(solid_tree.images))]
+    return clip_like_tokenizer(tmp_path_factory.mktemp("pair_tokenizer") / "tokenizer.json", captions * 4)
+
+
+@pytest.fixture(scope="session")
+def pairs_csv(solid_tree, tmp_path_factory) -> Path:
+    """A CSV list (written by pandas) of the solid images, shuffled, with a caption naming each one's id."""
+    return write_list(pairs_frame(solid_tree), tmp_path_factory.mktemp("pairs_list") / "pairs.csv")
+
+
+@pytest.fixture(scope="session")
+def pairs_lmdb(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pairs_out") / "pairs.lmdb"
+    fastdata.convert_pairs(pairs_csv, out, root=solid_tree.root, tokenizer=pair_tokenizer, workers=1,
+                           progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def pairs_wds(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pairs_wds") / "shards"
+    fastdata.convert_pairs(pairs_csv, out, root=solid_tree.root, tokenizer=pair_tokenizer, format="wds",
+                           shard_size="12KB", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def pair_shards(solid_tree, tmp_path_factory) -> Path:
+    """img2dataset-style shards of the solid images (webdataset's ShardWriter, 6 samples a shard): `.txt`
+    captions in `.txt` and `.json`, in `.txt` only, or in `.json` only, in turn."""
+    samples = [pair_shard_sample(solid_tree, relative, ("both", "txt", "json")[i % 3])
+               for i, relative in enumerate(solid_tree.images)]
+    directory = tmp_path_factory.mktemp("pair_shards") / "src"
+    write_wds_shards(directory, samples)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def pairs_from_shards(pair_shards, tmp_path_factory) -> Path:
+    """The img2dataset-style shards converted without a tokenizer (captions as text)."""
+    out = tmp_path_factory.mktemp("pairs_from_shards") / "pairs.lmdb"
+    fastdata.convert_pairs(pair_shards, out, workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(params=["lmdb", "wds"])
+def pairs(request, pairs_lmdb, pairs_wds) -> Path:
+    """The solid pairs with token ids, as LMDB and as WebDataset shards."""
+    return pairs_lmdb if request.param == "lmdb" else pairs_wds
 
 
 @pytest.fixture(autouse=True)

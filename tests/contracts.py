@@ -19,12 +19,15 @@ MakeLoader = Callable[[int], Any]
 
 
 def same(a, b) -> bool:
-    """Batches equal exactly: image batches as (images, labels), text batches as dicts."""
+    """Batches equal exactly: image batches as (images, labels), text and image-text pair batches as dicts (pairs:
+    a list of captions beside the tensors)."""
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
+        if isinstance(x, dict) and x.keys() != y.keys():
+            return False
         pairs = zip(x.values(), y.values(), strict=True) if isinstance(x, dict) else zip(x, y, strict=True)
-        if not all(torch.equal(u, v) for u, v in pairs):
+        if not all(torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in pairs):
             return False
     return True
 
@@ -32,7 +35,7 @@ def same(a, b) -> bool:
 def clone(batch):
     """A copy of a batch that outlives the loader's reuse of its buffers."""
     if isinstance(batch, dict):
-        return {k: v.clone() for k, v in batch.items()}
+        return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()}
     return tuple(t.clone() for t in batch)
 
 

@@ -115,5 +115,6 @@ def test_no_augmentation_fits_text(small_text_lmdb):
 
 @pytest.mark.parametrize("option", list(TEXT_OPTIONS))
 def test_text_options_on_images_are_refused_by_name(solid_lmdb, option):
-    with pytest.raises(ConfigError, match=rf"^{option}: for text datasets only; .* holds images$"):
+    pairs = " and image-text pairs" if option == "max_length" else ""  # pairs take max_length (their token rows)
+    with pytest.raises(ConfigError, match=rf"^{option}: for text datasets{pairs} only; .* holds images$"):
         fastdata.loader(solid_lmdb, **{option: TEXT_OPTIONS[option]})

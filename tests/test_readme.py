@@ -1,5 +1,6 @@
 """The README and the documentation stay true and self-contained: every ```python block of README.md and of
-docs/ runs as written (its "train.lmdb" / "val.lmdb" pointed at a tiny converted sample), the set-up is two
+docs/ runs as written (its "train.lmdb" / "val.lmdb" pointed at a tiny converted sample, "pairs.lmdb" at tiny
+image-text pairs), the set-up is two
 commands, the README stays short, and every local link points at a file inside the repository."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 DATASET_NAMES = ('"train.lmdb"', '"val.lmdb"')
+PAIRS_NAME = '"pairs.lmdb"'  # image-text pairs (docs/pairs.md): pointed at the solid pairs with token ids
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -28,15 +30,17 @@ def test_readme_has_python_snippets() -> None:
 
 @pytest.mark.parametrize(("page", "index"), SNIPPETS,
                          ids=[f"{page.relative_to(ROOT)}-{index}" for page, index in SNIPPETS])
-def test_snippet_runs(page: Path, index: int, readme_lmdb: Path) -> None:
+def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Path) -> None:
     code = python_blocks(page)[index]
     for name in DATASET_NAMES:
         code = code.replace(name, repr(str(readme_lmdb)))
+    code = code.replace(PAIRS_NAME, repr(str(pairs_lmdb)))
     namespace: dict = {}
     exec(compile(code, f"{page.relative_to(ROOT)} snippet {index}", "exec"), namespace)
     if "loader" in namespace and hasattr(namespace["loader"], "dataset"):
         assert namespace["images"].shape[1:] == (3, 224, 224)
-        assert namespace["labels"].dtype.is_floating_point is False
+        if "labels" in namespace:  # image-text pairs have captions instead
+            assert namespace["labels"].dtype.is_floating_point is False
 
 
 def test_readme_setup_is_two_commands() -> None:

@@ -27,7 +27,14 @@ from fastdata.convert.sources import ImageSource, SampleReader
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, rejected_place
+from fastdata.formats.manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    Manifest,
+    partial_path,
+    rejected_place,
+    write_atomic,
+)
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord, Label
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
@@ -273,8 +280,11 @@ def convert_images(
         stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
                "resumed_at": resumed_at},
         label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
+        target_kind=listing.target_kind, pairs=listing.pairs,
     )
     manifest.format_version = manifest.needed_format_version
+    for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
+        write_atomic(partial / name, data)
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
@@ -319,6 +329,9 @@ def _write_all(writer: LmdbWriter | WdsWriter, work: _Work, state: _Progress, wo
             else:
                 if listing.metadata is not None:
                     record = replace(record, metadata=listing.metadata[index])
+                if listing.captions is not None:
+                    tokens = listing.caption_tokens[index] if listing.caption_tokens is not None else None
+                    record = replace(record, caption=listing.captions[index], tokens=tokens)
                 writer.add(record)
                 for class_id in (label if isinstance(label, tuple) else (label,)):
                     state.counts[class_id] += 1

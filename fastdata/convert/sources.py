@@ -18,6 +18,10 @@ A new source kind lists its samples once, in their order, and says where their b
   `fastdata.dataset(OUT, metadata=True)`; not read by the loader.
 - `origin` (optional): `origin(index) -> dict` of JSON scalars added to a rejected sample's manifest entry, to find
   it in the source (`{"list": "train.csv", "row": 17}`; `fastdata.formats.manifest.rejected_place` prints it).
+- `captions` (optional): image-text pairs (`fastdata.converters.pairs`): one caption (text) per sample, in
+  `samples`' order, stored with its image; with `caption_tokens` (each caption's token ids, a uint16/uint32 array)
+  stored as well, `pairs` (the manifest's `pairs` section: the tokens' dtype and padding, ...) and `files` (name ->
+  bytes written beside the data, e.g. the tokenizer). The labels of a pair source are all class 0 of one class.
 - `details` (optional): more facts for the manifest's `source` block (what `verify --source` needs to list the
   source again the same way, say).
 
@@ -97,6 +101,10 @@ class ImageSource:
     metadata: Sequence[dict[str, Any]] | None = None  # per sample, in `samples`' order
     origin: Callable[[int], dict[str, Any]] | None = None  # sample index -> where it is in the source
     details: dict[str, Any] = field(default_factory=dict)  # more facts for the manifest's source block
+    captions: Sequence[str] | None = None  # image-text pairs: per sample, in `samples`' order
+    caption_tokens: Sequence[Any] | None = None  # with a tokenizer: each caption's token ids
+    pairs: dict[str, Any] | None = None  # image-text pairs: the manifest's `pairs` section
+    files: dict[str, bytes] = field(default_factory=dict)  # written beside the data (a pair source's tokenizer)
     # the source is every image file found under `root` (ImageFolder): an output inside it would be taken in as data
     # by the next conversion, so it is refused
     walks_root: bool = False
@@ -105,9 +113,10 @@ class ImageSource:
         if self.reader is None:
             self.reader = FileReader(self.root)
         self._check_labels()
-        if self.metadata is not None and len(self.metadata) != len(self.samples):
-            raise SourceError(f"{self.kind} source: {len(self.metadata)} metadata rows for {len(self.samples)} "
-                              "samples")
+        for name, rows in (("metadata", self.metadata), ("caption", self.captions),
+                           ("caption token", self.caption_tokens)):
+            if rows is not None and len(rows) != len(self.samples):
+                raise SourceError(f"{self.kind} source: {len(rows)} {name} rows for {len(self.samples)} samples")
 
     def _check_labels(self) -> None:
         """Every label is of the source's kind and names a class (a converter bug otherwise, named here rather
@@ -134,6 +143,11 @@ class ImageSource:
         """Where sample `index` is in the source, for its rejection entry ({} when its key says it all)."""
         return self.origin(index) if self.origin is not None else {}
 
+    @property
+    def target_kind(self) -> str:
+        """"pairs" for a source of image-text pairs, "class" for labelled images (`fastdata.formats.manifest`)."""
+        return "pairs" if self.captions is not None else "class"
+
     def metadata_fields(self) -> list[str]:
         """The keys the samples' metadata holds, in the order first met."""
         if self.metadata is None:
@@ -149,7 +163,11 @@ class ImageSource:
         digest = hashlib.sha256(self.sample_reader.digest([key for key, _ in self.samples]).encode())
         for index, (key, label) in enumerate(self.samples):
             extra = f"\t{sorted(self.metadata[index].items())!r}" if self.metadata is not None else ""
+            if self.captions is not None:
+                extra += f"\t{self.captions[index]!r}"
             digest.update(f"{key}\t{label!r}{extra}\n".encode("utf-8", "surrogateescape"))  # keys: file names
+        if self.pairs is not None:  # how the captions are stored (the tokenizer's digest, ...)
+            digest.update(repr(sorted(self.pairs.items())).encode())
         return {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
                 "digest": digest.hexdigest()}
 

@@ -8,7 +8,10 @@ Layout (no pickle; every value is raw bytes with a fixed layout, or JSON):
   `label_offsets` (little-endian int64, samples + 1) and `label_values` (little-endian int32): sample i holds the
   class ids `label_values[label_offsets[i]:label_offsets[i + 1]]`;
 - sub-database `metadata` (datasets whose source has per-sample metadata): same key, value = the sample's
-  metadata as a UTF-8 JSON object.
+  metadata as a UTF-8 JSON object;
+- image-text pairs (`target_kind: "pairs"`): sub-database `captions`, same key, value = the caption as UTF-8 text,
+  and with a tokenizer sub-database `tokens`, same key, value = its token ids as little-endian uint16 or uint32
+  (the manifest's `pairs.dtype`).
 Sample i is the i-th image written, which the converter makes ImageFolder's sample i.
 """
 
@@ -28,7 +31,7 @@ from fastdata.formats.manifest import FileEntry, sha256_file
 from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
 
 DATA_FILE = "data.mdb"
-_MAX_DBS = 8
+_MAX_DBS = 16
 _COMMIT_EVERY = 2048
 _SIZE_ARRAYS = {"widths": "<i4", "heights": "<i4", "codecs": "u1"}
 _LABEL_ARRAYS = {"single": {"labels": "<i4"}, "multi": {"label_offsets": "<i8", "label_values": "<i4"}}
@@ -109,7 +112,7 @@ class LmdbWriter:
         self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                               sync=False, metasync=False, writemap=False, meminit=False)
         self._dbs = {name: self._env.open_db(name.encode())
-                     for name in ("images", "keys", "meta", "records", "metadata")}
+                     for name in ("images", "keys", "meta", "records", "metadata", "captions", "tokens")}
         with self._env.begin() as txn:
             self.count = txn.stat(self._dbs["images"])["entries"]
         self._pending: list[tuple[bytes, bytes, str]] = []  # (key, value, db) puts of the open transaction
@@ -166,6 +169,11 @@ class LmdbWriter:
         self._put(key, facts, "records", append=True)
         if record.metadata is not None:
             self._put(key, json.dumps(record.metadata, ensure_ascii=False).encode("utf-8"), "metadata", append=True)
+        if record.caption is not None:
+            self._put(key, record.caption.encode("utf-8"), "captions", append=True)
+        if record.tokens is not None:
+            self._put(key, np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes(),
+                      "tokens", append=True)
         self.count += 1
 
     def checkpoint_due(self) -> bool:
@@ -331,6 +339,35 @@ class LmdbReader:
         if not isinstance(found, dict):
             raise CorruptSampleError(f"{self.directory}: sample {index}'s metadata is not a JSON object")
         return found
+
+    def caption(self, index: int) -> str:
+        """Sample `index`'s caption (image-text pairs)."""
+        raw = self._get_in("captions", index)
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptSampleError(f"{self.directory}: sample {index}'s caption is not UTF-8 ({exc})") from exc
+
+    def caption_tokens(self, index: int, dtype: np.dtype) -> np.ndarray:
+        """Sample `index`'s caption token ids (image-text pairs converted with a tokenizer), of `dtype`."""
+        raw = self._get_in("tokens", index)
+        if len(raw) % dtype.itemsize:
+            raise CorruptSampleError(f"{self.directory}: sample {index}'s token ids are {len(raw)} bytes, not a "
+                                     f"whole number of {dtype.name} ids; the dataset is damaged")
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
+
+    def _get_in(self, db: str, index: int) -> bytes:
+        """The value of sample `index` in the sub-database `db`, opened on first use (those that only some datasets
+        have)."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
+        env = self._open()
+        _, dbs = shared_environment(self.directory, (db,))
+        with env.begin(buffers=False) as txn:
+            value = txn.get(index_key(index), db=dbs[db])
+        if value is None:
+            raise CorruptSampleError(f"{self.directory}: record {index} is missing from '{db}'")
+        return value
 
     @property
     def widths(self) -> np.ndarray:

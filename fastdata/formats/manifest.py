@@ -16,11 +16,15 @@ MANIFEST_NAME = "manifest.json"
 #: The format version of a dataset that needs nothing newer (single labels, no per-sample metadata): readable by
 #: every fastdata release.
 FORMAT_VERSION = 1
-#: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`) and per-sample
-#: metadata (`metadata_fields`); a dataset that uses either is written as version 2, so that an older fastdata
-#: refuses it with "upgrade fastdata" instead of misreading its labels.
+#: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`), per-sample
+#: metadata (`metadata_fields`) and image-text pairs (`target_kind: "pairs"`); a dataset that uses any of them is
+#: written as version 2, so that an older fastdata refuses it with "upgrade fastdata" instead of misreading it.
 NEWEST_FORMAT_VERSION = 2
 PARTIAL_SUFFIX = ".partial"
+#: What an image dataset's samples hold besides the image: "class" (class labels: one id, or a set of ids) or
+#: "pairs" (image-text pairs: a caption, and token ids when converted with a tokenizer; the manifest's `pairs`
+#: section says how they are stored). Anything but "class" needs format version 2.
+TARGET_KINDS = ("class", "pairs")
 
 
 @dataclass
@@ -54,11 +58,14 @@ class Manifest:
     # then count each class a sample holds)
     label_kind: str = "single"
     metadata_fields: list[str] = field(default_factory=list)  # the per-sample metadata's keys (none: no metadata)
+    target_kind: str = "class"  # kind "image": see TARGET_KINDS
+    pairs: dict[str, Any] | None = None  # target_kind "pairs": tokens (dtype, tokenizer, padding) and caption counts
 
     @property
     def needed_format_version(self) -> int:
         """The oldest format version that describes this dataset (see NEWEST_FORMAT_VERSION)."""
-        return NEWEST_FORMAT_VERSION if self.label_kind != "single" or self.metadata_fields else FORMAT_VERSION
+        newer = self.label_kind != "single" or self.metadata_fields or self.target_kind != "class"
+        return NEWEST_FORMAT_VERSION if newer else FORMAT_VERSION
 
     @property
     def class_to_idx(self) -> dict[str, int]:

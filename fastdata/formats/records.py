@@ -84,7 +84,8 @@ class ImageRecord:
     """One image ready to store. `key` is the source-relative path, `ext` the member extension
     (`jpg`, `png`, ...) that matches the bytes, `codec` the decoder chosen at conversion time, `label` one class
     id or (multi-label) a tuple of them, `metadata` the sample's other source columns as JSON scalars (None: the
-    source has none)."""
+    source has none). An image-text pair (`target_kind: "pairs"`) also has its `caption` and, when converted with
+    a tokenizer, the caption's token ids `tokens` (a uint16 or uint32 numpy array)."""
 
     key: str
     data: bytes
@@ -94,6 +95,8 @@ class ImageRecord:
     height: int
     codec: int
     metadata: dict[str, Any] | None = None
+    caption: str | None = None
+    tokens: Any = None
 
 
 def exception_text(exc: BaseException) -> str:

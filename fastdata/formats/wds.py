@@ -4,9 +4,11 @@ Each sample is three tar members sharing a key: `{key}.{jpg|png|...}` (the image
 `{key}.cls` (the label as ASCII) and `{key}.json` ({"path", "label", "width", "height", "codec"}), so the
 `webdataset` library reads the shards as they are. A multi-label sample has no `.cls` (webdataset reads it as
 one integer): its `.json` "label" is the list of its class ids. A sample with metadata has it in its `.json`
-too ("metadata": {...}). Keys are the source-relative path without its extension, with dots replaced and no
-leading '/', so that webdataset's "key = name up to the first dot" grouping holds and every member name is a
-relative path.
+too ("metadata": {...}). An image-text pair (`target_kind: "pairs"`) has no `.cls`: its caption is the member
+`{key}.txt` (UTF-8, as img2dataset writes it) and the `.json` "caption", and with a tokenizer its token ids are the
+`.json` "tokens" (a list of integers). Keys are the source-relative path without its extension, with dots
+replaced and no leading '/', so that webdataset's "key = name up to the first dot" grouping holds and every member
+name is a relative path.
 """
 
 from __future__ import annotations
@@ -81,7 +83,12 @@ class WdsWriter:
         if record.metadata is not None:
             meta["metadata"] = record.metadata
         members = [(f"{key}.{record.ext}", record.data)]
-        if not isinstance(record.label, tuple):
+        if record.caption is not None:  # an image-text pair: no class
+            meta["caption"] = record.caption
+            if record.tokens is not None:
+                meta["tokens"] = record.tokens.tolist()
+            members.append((f"{key}.txt", record.caption.encode("utf-8")))
+        elif not isinstance(record.label, tuple):
             members.append((f"{key}.cls", str(record.label).encode("ascii")))
         members.append((f"{key}.json", json.dumps(meta).encode("ascii")))  # ASCII: a key may hold lone surrogates
         self.shards.append(members)

@@ -10,6 +10,7 @@ import torch
 
 from fastdata.formats.records import Label
 from fastdata.image.buffers import Slot
+from fastdata.image.captions import Caption, CaptionBatch
 from fastdata.meter.stages import StageTimes
 
 
@@ -19,7 +20,7 @@ class EncodedSample:
 
     key: str
     data: bytes
-    label: Label  # a class id, or (multi-label) the tuple of the sample's class ids
+    label: Label | Caption  # a class id, (multi-label) the tuple of the sample's class ids, or (pairs) its caption
     width: int
     height: int
     codec: int
@@ -31,10 +32,11 @@ class EncodedSample:
 @dataclass
 class Batch:
     """A decoded batch as a worker hands it over: NCHW uint8 images, labels (int64 `[B]`, or multi-hot float32
-    `[B, C]`: `fastdata.image.labels`), skipped samples, and the time each stage took to make it."""
+    `[B, C]`: `fastdata.image.labels`; image-text pairs: the captions, `fastdata.image.captions`), skipped samples,
+    and the time each stage took to make it."""
 
     images: torch.Tensor
-    labels: torch.Tensor
+    labels: torch.Tensor | CaptionBatch
     skipped: list[tuple[str, str]] = field(default_factory=list)
     times: StageTimes = field(default_factory=StageTimes)
     slot: Slot | None = None  # the worker's reused shared-memory slot holding `images` (fastdata.batch_buffers)
@@ -57,7 +59,7 @@ class EncodedBatch:
     boxes: torch.Tensor  # float64 [B, 4]: left, top, width, height of the crop in source pixels
     flips: torch.Tensor  # bool [B]: flip on the device (False for worker-decoded rows, flipped already)
     sizes: torch.Tensor  # int64 [B, 2]: stored width, height
-    labels: torch.Tensor  # int64 [B], or multi-hot float32 [B, C]
+    labels: torch.Tensor | CaptionBatch  # int64 [B], multi-hot float32 [B, C], or (pairs) the captions
     worker_decoded: torch.Tensor  # bool [B]: decoded, cropped, resized and flipped in the worker
     pixels: torch.Tensor  # uint8 [sum(worker_decoded), 3, S, S]: those samples' images, in batch order
     keys: list[str] = field(default_factory=list)

@@ -1,7 +1,8 @@
 """Datasets over converted images: map-style for LMDB, iterable for WebDataset shards.
 
 Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder (multi-label datasets: a
-multi-hot float32 `[C]` tensor as the label), `(image, label, metadata dict)` when opened with `metadata=True`, and
+multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.captions`),
+`(image, label, metadata dict)` when opened with `metadata=True`, and
 both can build whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
 """
 
@@ -24,8 +25,8 @@ from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
+from fastdata.image.captions import target_codec
 from fastdata.image.device import pack_encoded
-from fastdata.image.labels import LabelCodec
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
@@ -45,13 +46,14 @@ class _ImageMetaMixin:
     manifest: Manifest
 
     def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: Any, seed: int,
-               on_error: str, metadata: bool, scale: Any = None, ratio: Any = None) -> None:
+               on_error: str, metadata: bool, scale: Any = None, ratio: Any = None,
+               max_length: int | None = None) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
         self.manifest = manifest
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio,
-                                       labels=LabelCodec.of(manifest, str(self.root)))
+                                       labels=target_codec(manifest, str(self.root), max_length))
         self.on_error = on_error
         self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0
@@ -62,6 +64,11 @@ class _ImageMetaMixin:
     @property
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the samples are image-text pairs (a caption per image, no classes)."""
+        return self.manifest.target_kind == "pairs"
 
     @property
     def multi_label(self) -> bool:
@@ -83,8 +90,8 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: Any = None,
                  seed: int = 0, on_error: str = "raise", metadata: bool = False, *, scale: Any = None,
-                 ratio: Any = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio)
+                 ratio: Any = None, max_length: int | None = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length)
         self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
 
     @property
@@ -101,8 +108,8 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
     def encoded(self, index: int) -> EncodedSample:
         """Sample `index` as stored (bytes and header facts), not yet decoded."""
         r = self.reader
-        return EncodedSample(r.key(index), r.read(index), r.label(index), int(r.widths[index]),
-                             int(r.heights[index]), int(r.codecs[index]), (index,))
+        return EncodedSample(r.key(index), r.read(index), self.pipeline.labels.read(r, index),
+                             int(r.widths[index]), int(r.heights[index]), int(r.codecs[index]), (index,))
 
     def metadata(self, index: int) -> dict:
         """Sample `index`'s stored metadata (its source row's other columns; {} when the source had none)."""
@@ -156,8 +163,8 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
 
     def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: Any = None,
                  seed: int = 0, on_error: str = "raise", store: Any = None, metadata: bool = False, *,
-                 scale: Any = None, ratio: Any = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio)
+                 scale: Any = None, ratio: Any = None, max_length: int | None = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length)
         if store is None:
             store = storage("image", manifest.format, root).open_reader(Path(root), manifest)
         self.store = store
@@ -202,7 +209,7 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                     continue
                 key, data, _ext, meta = stored
                 try:
-                    sample = EncodedSample(meta["path"], data, self.pipeline.labels.parse(meta["label"]),
+                    sample = EncodedSample(meta["path"], data, self.pipeline.labels.from_json(meta),
                                            int(meta["width"]), int(meta["height"]), int(meta["codec"]),
                                            (shard_id, offset), name, meta.get("metadata"))
                 except (KeyError, TypeError, ValueError) as exc:

@@ -43,6 +43,19 @@ class LabelCodec:
             raise ValueError(f"label {value!r} is outside the dataset's class ids 0..{self.num_classes - 1}")
         return label
 
+    def read(self, reader: Any, index: int) -> Label:
+        """Sample `index`'s label from an LMDB reader."""
+        return reader.label(index)
+
+    def from_json(self, meta: dict) -> Label:
+        """A sample's label from its WebDataset `.json` (KeyError, TypeError or ValueError: the caller names the
+        sample)."""
+        return self.parse(meta["label"])
+
+    def describe(self) -> dict[str, Any]:
+        """What a loader state must match to resume (nothing beyond the dataset itself)."""
+        return {}
+
     def batch(self, labels: Sequence[Label]) -> torch.Tensor:
         """The labels of a batch: int64 `[B]`, or multi-hot float32 `[B, C]`."""
         if not self.multi:

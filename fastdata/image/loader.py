@@ -179,6 +179,9 @@ class ImageLoader(ResumableLoader):
         config["output"] = self._output.describe()
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
+        targets = pipeline.labels.describe()
+        if targets:  # captions (image-text pairs): the rows' length
+            config["captions"] = targets
         return config
 
     def _pass_length(self, start: int) -> int:
@@ -330,6 +333,17 @@ class ImageLoader(ResumableLoader):
             return f"{where} (keys {', '.join(map(repr, keys))}, ...)"
         assert isinstance(self._batches, WdsBatches)
         return f"{where} (shards {', '.join(self._batches.batch_shards(epoch, batch_number))})"
+
+
+class PairLoader(ImageLoader):
+    """Iterable of dicts over an image-text pair dataset: `{"images", "captions"}` (images as `ImageLoader` makes
+    them, captions a list of str in batch order), or when the dataset stores token ids `{"images", "input_ids",
+    "attention_mask", "captions"}` (int64 `[B, max_length]`). Everything else is `ImageLoader`'s: the order,
+    the rank split, exact resume, skipped images (whose captions go with them) and borrowed samples."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        for images, captions in super().__iter__():
+            yield {"images": images, **captions.as_dict()}
 
 
 def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:

@@ -89,6 +89,14 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
     missing = set()
     hint = "" if decode else "; --decode names the samples that no longer decode"
     listed = {entry.name for entry in manifest.files}
+    # the tokenizer copied beside the data (text datasets, image-text pairs with tokens), with its recorded sha256
+    beside = {section["tokenizer"]: section.get("tokenizer_sha256")
+              for section in (manifest.text, manifest.pairs) if section and section.get("tokenizer")}
+    for name, digest in beside.items():
+        if not (root / name).is_file():
+            report.problems.append(f"{name}: the dataset's tokenizer is missing")
+        elif digest and sha256_file(root / name) != digest:
+            report.problems.append(f"{name}: sha256 differs from the manifest's (the tokenizer was altered)")
     for entry in manifest.files:
         path = root / entry.name
         if not path.is_file():
@@ -104,7 +112,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
         if sha256_file(path) != entry.sha256:
             report.problems.append(f"{entry.name}: sha256 differs from the manifest (the file was altered{hint})")
     for name in sorted(os.listdir(root)):
-        if name not in listed and name not in _ALLOWED_EXTRA and not (root / name).is_dir():
+        if name not in listed and name not in _ALLOWED_EXTRA and name not in beside and not (root / name).is_dir():
             report.problems.append(f"{name}: not part of the dataset (not in the manifest)")
     if sum(entry.samples for entry in manifest.files) != manifest.num_samples:
         report.problems.append(f"{MANIFEST_NAME}: files hold {sum(e.samples for e in manifest.files):,} samples, "
@@ -115,6 +123,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
 
 def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, source: str | os.PathLike | None,
                          decode: bool, progress: Callable[[str], None] | None, missing: set[str]) -> None:
+    from fastdata.image.captions import Caption
     from fastdata.loader import dataset
 
     single = manifest.label_kind == "single"  # a multi-label sample counts once for each of its classes
@@ -126,6 +135,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
     labels: list[Label] = []
     with_metadata = source is not None and bool(manifest.metadata_fields)
     metadata: dict[str, dict] = {}  # key -> stored metadata, to compare with the source's
+    captions: dict[str, tuple] = {}  # image-text pairs: key -> (caption, token ids), to compare with the source's
     undecodable = 0
     complete = True  # every sample of every file was read
     for file_id, entry in enumerate(manifest.files):
@@ -140,7 +150,12 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
                 continue
             read += 1
             keys.append(sample.key)
-            labels.append(sample.label)
+            if isinstance(sample.label, Caption):  # image-text pairs: one class, and the caption
+                ids = sample.label.ids
+                captions[sample.key] = (sample.label.text, None if ids is None else ids.tolist())
+                labels.append(0)
+            else:
+                labels.append(sample.label)
             if with_metadata:
                 metadata[sample.key] = sample.metadata or {}
             if decode and not _decodes(ds, sample, report):
@@ -159,7 +174,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
         report.checked.append(f"decoded every readable sample ({undecodable} failed)")
     if source is not None:
         _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report,
-                              metadata if with_metadata else None)
+                              metadata if with_metadata else None, captions)
 
 
 def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False) -> Iterator[EncodedSample | str]:
@@ -214,7 +229,7 @@ def _check_labels(manifest: Manifest, labels: list[Label], report: VerifyReport)
 
 
 def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
-                          metadata: dict[str, dict] | None = None) -> None:
+                          metadata: dict[str, dict] | None = None, captions: dict[str, tuple] | None = None) -> None:
     """The dataset's samples, labels (and `metadata`, when given) against its source, listed again as the
     conversion listed it (by the converter the manifest names: its `relist`)."""
     from fastdata.converters import REGISTRY, load
@@ -236,8 +251,14 @@ def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label
     if metadata is not None:
         changed = [p for i, (p, _) in enumerate(listing.samples)
                    if p in metadata and metadata[p] != (listing.metadata[i] if listing.metadata else {})]
+    recaptioned = []
+    if captions and listing.captions is not None:
+        tokens = listing.caption_tokens
+        recaptioned = [p for i, (p, _) in enumerate(listing.samples) if p in captions and captions[p] != (
+            listing.captions[i], None if tokens is None else tokens[i].tolist())]
     for what, paths in (("in the source but not in the dataset", missing), ("labelled differently", wrong),
-                        ("in the dataset but not in the source", extra), ("with other metadata", changed)):
+                        ("in the dataset but not in the source", extra), ("with other metadata", changed),
+                        ("with another caption or other token ids", recaptioned)):
         if paths:
             report.problems.append(f"{len(paths)} sample(s) {what}: {', '.join(paths[:5])}"
                                    + (" ..." if len(paths) > 5 else ""))
