@@ -18,6 +18,10 @@ A new source kind lists its samples once, in their order, and says where their b
   `fastdata.dataset(OUT, metadata=True)`; not read by the loader.
 - `origin` (optional): `origin(index) -> dict` of JSON scalars added to a rejected sample's manifest entry, to find
   it in the source (`{"list": "train.csv", "row": 17}`; `fastdata.formats.manifest.rejected_place` prints it).
+- `targets` (optional): per-sample targets beyond the label (detection boxes and masks), a `TargetSource`:
+  the driver stores `targets.record(index)` with each sample it keeps (`fastdata.formats.targets`), after checking
+  that the image decodes to the size the targets refer to (a sample that does not is rejected, named);
+  its `digest()` joins the resume fingerprint and its `info()` the manifest (`target_kind`, `targets`).
 - `details` (optional): more facts for the manifest's `source` block (what `verify --source` needs to list the
   source again the same way, say).
 
@@ -81,6 +85,28 @@ class FileReader:
         return files_digest((key, self.root / key) for key in keys)
 
 
+class TargetSource(Protocol):
+    """A source's per-sample targets (see the module docstring), indexed like `ImageSource.samples`."""
+
+    kind: str  # the manifest's target_kind ("detection")
+
+    def record(self, index: int) -> bytes:
+        """Sample `index`'s target record, as stored (`fastdata.formats.targets`)."""
+        ...
+
+    def size(self, index: int) -> tuple[int, int]:
+        """(width, height): the image size sample `index`'s targets refer to."""
+        ...
+
+    def digest(self) -> str:
+        """A digest that changes whenever any target may have changed (part of the resume fingerprint)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """The manifest's `targets` block."""
+        ...
+
+
 @dataclass
 class ImageSource:
     """What a converter hands the driver: the samples to store, in their order, with their labels, where their
@@ -97,6 +123,7 @@ class ImageSource:
     metadata: Sequence[dict[str, Any]] | None = None  # per sample, in `samples`' order
     origin: Callable[[int], dict[str, Any]] | None = None  # sample index -> where it is in the source
     details: dict[str, Any] = field(default_factory=dict)  # more facts for the manifest's source block
+    targets: TargetSource | None = None  # per-sample targets (detection), in `samples`' order
     # the source is every image file found under `root` (ImageFolder): an output inside it would be taken in as data
     # by the next conversion, so it is refused
     walks_root: bool = False
@@ -150,8 +177,11 @@ class ImageSource:
         for index, (key, label) in enumerate(self.samples):
             extra = f"\t{sorted(self.metadata[index].items())!r}" if self.metadata is not None else ""
             digest.update(f"{key}\t{label!r}{extra}\n".encode("utf-8", "surrogateescape"))  # keys: file names
-        return {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
-                "digest": digest.hexdigest()}
+        found = {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
+                 "digest": digest.hexdigest()}
+        if self.targets is not None:  # only then: a conversion without targets resumes as before
+            found["targets"] = self.targets.digest()
+        return found
 
     def info(self) -> dict[str, Any]:
         """The manifest's `source` block."""

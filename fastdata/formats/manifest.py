@@ -18,8 +18,10 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 #: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`) and per-sample
 #: metadata (`metadata_fields`); a dataset that uses either is written as version 2, so that an older fastdata
-#: refuses it with "upgrade fastdata" instead of misreading its labels.
-NEWEST_FORMAT_VERSION = 2
+#: refuses it with "upgrade fastdata" instead of misreading its labels. 3 adds per-sample targets (`target_kind:
+#: "detection"`, `fastdata.formats.targets`): only a dataset that has them is written as version 3.
+NEWEST_FORMAT_VERSION = 3
+TARGETS_FORMAT_VERSION = 3
 PARTIAL_SUFFIX = ".partial"
 
 
@@ -54,11 +56,17 @@ class Manifest:
     # then count each class a sample holds)
     label_kind: str = "single"
     metadata_fields: list[str] = field(default_factory=list)  # the per-sample metadata's keys (none: no metadata)
+    # datasets with per-sample targets only (left out of the JSON otherwise): "detection", and what the targets
+    # hold (`category_ids`: the source's category id of each class; `masks`: whether they hold masks; counts)
+    target_kind: str | None = None
+    targets: dict[str, Any] | None = None
 
     @property
     def needed_format_version(self) -> int:
         """The oldest format version that describes this dataset (see NEWEST_FORMAT_VERSION)."""
-        return NEWEST_FORMAT_VERSION if self.label_kind != "single" or self.metadata_fields else FORMAT_VERSION
+        if self.target_kind is not None:
+            return TARGETS_FORMAT_VERSION
+        return 2 if self.label_kind != "single" or self.metadata_fields else FORMAT_VERSION
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -69,7 +77,11 @@ class Manifest:
         return sum(f.bytes for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for name in ("target_kind", "targets"):  # a dataset without targets is written as before they existed
+            if data[name] is None:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:

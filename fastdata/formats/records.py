@@ -84,7 +84,8 @@ class ImageRecord:
     """One image ready to store. `key` is the source-relative path, `ext` the member extension
     (`jpg`, `png`, ...) that matches the bytes, `codec` the decoder chosen at conversion time, `label` one class
     id or (multi-label) a tuple of them, `metadata` the sample's other source columns as JSON scalars (None: the
-    source has none)."""
+    source has none), `target` the sample's stored target record (`fastdata.formats.targets`; None: the dataset
+    has none)."""
 
     key: str
     data: bytes
@@ -94,6 +95,7 @@ class ImageRecord:
     height: int
     codec: int
     metadata: dict[str, Any] | None = None
+    target: bytes | None = None
 
 
 def exception_text(exc: BaseException) -> str:

@@ -34,6 +34,7 @@ class WriterOptions:
     dtype: np.dtype | None = None
     chunk_tokens: int = CHUNK_TOKENS
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS
+    targets: bool = False  # images: the samples carry target records (detection)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _text(manifest: Manifest, root: Path) -> dict[str, Any]:
 STORAGE: dict[tuple[str, str], Storage] = {
     ("image", "lmdb"): Storage(
         "image", "lmdb", True,
-        lambda directory, o: LmdbWriter(directory, commit_every=o.commit_every),
+        lambda directory, o: LmdbWriter(directory, commit_every=o.commit_every, targets=o.targets),
         lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes), manifest.label_kind)),
     ("image", "wds"): Storage(
         "image", "wds", False,
