@@ -105,13 +105,16 @@ CHECKSUM_FIELD = "manifest_sha256"
 
 def rejected_place(entry: dict[str, Any]) -> str:
     """Where a rejected item of a manifest was (`entry` as the manifest lists it): its path, with the line of a text
-    source (`path:line`), the list file and row of a listed image (`list row N: path`), or the tar shard of a member
+    source (`path:line`), the list file and row of a listed image (`list row N: path`), the annotation file and
+image id of an annotated image (`annotations image N: path`), or the tar shard of a member
     (`shard!member`; a path that already names its shard, as a reader's `locate` does, is kept as it is)."""
     if entry.get("shard"):
         shard, path = str(entry["shard"]), str(entry["path"])
         return path if path.startswith(f"{shard}!") else f"{shard}!{path}"
     if entry.get("list"):
         return f"{entry['list']} row {entry['row']}: {entry['path']}"
+    if entry.get("image_id") is not None:  # an image of an annotation file (COCO)
+        return f"{entry['annotations']} image {entry['image_id']}: {entry['path']}"
     if entry.get("line"):
         return f"{entry['path']}:{entry['line']}"
     return str(entry["path"])
