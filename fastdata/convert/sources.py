@@ -171,17 +171,16 @@ class ImageSource:
         return list(dict.fromkeys(name for row in self.metadata for name in row))
 
     def fingerprint(self) -> dict[str, Any]:
-        """The resume fingerprint's `source` block: changes when the listing (keys, labels, metadata) or the bytes
-        behind it (the reader's digest) may have changed."""
+        """The resume fingerprint's `source` block: changes when the listing (keys, labels, metadata, targets) or the
+        bytes behind it (the reader's digest) may have changed."""
         digest = hashlib.sha256(self.sample_reader.digest([key for key, _ in self.samples]).encode())
         for index, (key, label) in enumerate(self.samples):
             extra = f"\t{sorted(self.metadata[index].items())!r}" if self.metadata is not None else ""
             digest.update(f"{key}\t{label!r}{extra}\n".encode("utf-8", "surrogateescape"))  # keys: file names
-        found = {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
-                 "digest": digest.hexdigest()}
         if self.targets is not None:  # only then: a conversion without targets resumes as before
-            found["targets"] = self.targets.digest()
-        return found
+            digest.update(f"targets\t{self.targets.digest()}\n".encode())
+        return {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
+                "digest": digest.hexdigest()}
 
     def info(self) -> dict[str, Any]:
         """The manifest's `source` block."""

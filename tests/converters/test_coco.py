@@ -13,7 +13,6 @@ import sys
 import tarfile
 import textwrap
 
-import lmdb
 import numpy as np
 import pytest
 import torch
@@ -31,13 +30,14 @@ from builders import (
 
 import fastdata
 from fastdata.errors import ConfigError, OutputExistsError
+from fastdata.formats.lmdb import shared_environment
 from fastdata.formats.targets import decode_detection
 
 pycocotools = pytest.importorskip("pycocotools")
 from pycocotools import mask as mask_api  # noqa: E402
 from pycocotools.coco import COCO  # noqa: E402
 
-FORMATS = {"lmdb": ("out.lmdb", {}), "wds": ("out-wds", {"format": "wds", "shard_size": "8KB", "seed": 1})}
+FORMATS = {"lmdb": ("out.lmdb", {"seed": 1}), "wds": ("out-wds", {"format": "wds", "shard_size": "8KB", "seed": 1})}
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +63,9 @@ def stored_rles(path) -> dict[int, list[bytes]]:
     """image id -> the RLE counts each stored record holds (read from the storage itself, LMDB or shards)."""
     raw = []
     if path.suffix == ".lmdb":
-        with lmdb.open(str(path), readonly=True, lock=False, max_dbs=8) as env:
-            db = env.open_db(b"targets", create=False)
-            with env.begin() as txn:
-                raw = [bytes(v) for _, v in txn.cursor(db=db)]
+        env, dbs = shared_environment(path, ("targets",))
+        with env.begin() as txn:
+            raw = [bytes(v) for _, v in txn.cursor(db=dbs["targets"])]
     else:
         for shard in sorted(path.glob("*.tar")):
             with tarfile.open(shard) as tar:
@@ -121,6 +120,7 @@ def test_a_sample_without_masks_asked_has_none_and_metadata_still_comes(source, 
     convert(source, tmp_path / "out.lmdb")
     ds = fastdata.dataset(tmp_path / "out.lmdb")
     image, target = ds[0]
+    assert image.shape == (3, COCO_IMAGES[0][3], COCO_IMAGES[0][2])
     assert "masks" not in target and target["image_id"] == COCO_IMAGES[0][0]
     assert ds.target_kind == "detection"
     assert fastdata.dataset(tmp_path / "out.lmdb", metadata=True)[0][2] == {}
@@ -149,8 +149,9 @@ def test_boxes_only_annotations_make_a_dataset_without_masks(tmp_path):
 def test_classification_datasets_stay_as_they_were(solid_lmdb, solid_wds):
     raw = json.loads((solid_lmdb / "manifest.json").read_text())
     assert "target_kind" not in raw and "targets" not in raw and raw["format_version"] == 1
-    with lmdb.open(str(solid_lmdb), readonly=True, lock=False, max_dbs=8) as env, env.begin() as txn:
-        assert b"targets" not in {bytes(k) for k, _ in txn.cursor()}
+    env, _ = shared_environment(solid_lmdb)
+    with env.begin() as txn:
+        assert {bytes(k) for k, _ in txn.cursor()} == {b"images", b"keys", b"meta", b"metadata", b"records"}
     for shard in solid_wds.glob("*.tar"):
         with tarfile.open(shard) as tar:
             assert not [m.name for m in tar if m.name.endswith(".det")]
@@ -182,19 +183,18 @@ def test_verify_checks_the_dataset_against_its_annotations(source, tmp_path, cap
 
 
 def test_missing_and_missized_images_are_rejected_with_their_image_id(tmp_path, capsys):
-    files = write_coco(tmp_path)
-    (files.images / COCO_IMAGES[2][1]).unlink()
-    data = copy.deepcopy(files.data)
-    data["images"][3]["width"] += 1  # the file is 33 pixels wide; no annotation reaches past 33
+    data = coco_dict()
+    data["images"][4]["width"] += 1  # the file is 30 pixels wide (and the image has no annotations to refuse)
     files = write_coco(tmp_path, data)
+    (files.images / COCO_IMAGES[2][1]).unlink()
     summary = convert(files, tmp_path / "out.lmdb")
     assert summary.rejected == [
         {"path": COCO_IMAGES[2][1], "reason": "unreadable (No such file or directory)",
          "annotations": str(files.annotations), "image_id": 55},
-        {"path": COCO_IMAGES[3][1], "reason": "decodes to 33x41 pixels, its annotations say 34x41 (boxes and masks "
-         "would not fit the image)", "annotations": str(files.annotations), "image_id": 3}]
+        {"path": COCO_IMAGES[4][1], "reason": "decodes to 30x20 pixels, its annotations say 31x20 (boxes and masks "
+         "would not fit the image)", "annotations": str(files.annotations), "image_id": 200}]
     assert f"{files.annotations} image 55: {COCO_IMAGES[2][1]}: unreadable" in str(summary)
-    assert sorted(samples_by_image(tmp_path / "out.lmdb")) == [7, 101, 200]
+    assert sorted(samples_by_image(tmp_path / "out.lmdb")) == [3, 7, 101]
 
     code, _, err = cli(capsys, "convert", "coco", files.annotations, files.images, tmp_path / "strict.lmdb",
                        "--strict", "-q")
