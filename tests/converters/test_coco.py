@@ -178,6 +178,17 @@ def test_verify_checks_the_dataset_against_its_annotations(source, tmp_path, cap
     code, out, err = cli(capsys, "verify", tmp_path / "out.lmdb", "--source", other.annotations)
     assert code == 1 and "labelled differently: val/000055.jpg" in out + err
 
+    moved = copy.deepcopy(source.data)
+    _first(moved, 7)["bbox"][1] += 0.5  # a box only: the labels stay the same
+    other = write_coco(tmp_path / "moved", moved)
+    for dataset in (tmp_path / "out.lmdb", tmp_path / "wds"):
+        if not dataset.exists():
+            convert(source, dataset, format="wds")
+        code, out, err = cli(capsys, "verify", dataset, "--source", other.annotations)
+        assert code == 1 and "1 sample(s) with other targets (boxes, labels, masks, ...): train/sub/000007.png" in out
+        assert "labelled differently" not in out
+        assert cli(capsys, "verify", dataset, "--source", source.annotations)[0] == 0
+
 
 # ------------------------------------------------------------------------------------------- rejected images
 
