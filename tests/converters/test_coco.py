@@ -32,6 +32,7 @@ import fastdata
 from fastdata.errors import ConfigError, OutputExistsError
 from fastdata.formats.lmdb import shared_environment
 from fastdata.formats.targets import decode_detection
+from fastdata.tools.info import describe
 
 pycocotools = pytest.importorskip("pycocotools")
 from pycocotools import mask as mask_api  # noqa: E402
@@ -111,6 +112,8 @@ def test_a_conversion_holds_exactly_the_annotations(source, reference, tmp_path,
         for label in set(target["labels"].tolist()):
             images_per_class[label] += 1
     assert info.class_counts == images_per_class
+    assert "targets     detection: 13 annotations (4 crowd), with masks" in describe(tmp_path / name)
+    assert f"source      {source.annotations.absolute()} (images under" in describe(tmp_path / name)
     assert sum(a["iscrowd"] for a in reference.dataset["annotations"]) == info.targets["crowd"] == 4
     empty = samples[200][1]
     assert empty["boxes"].shape == (0, 4) and empty["masks"].shape == (0, 20, 30)
