@@ -12,7 +12,9 @@ image: `fastdata convert coco ANNOTATIONS.json IMAGES_DIR OUT`.
   source pixels, as given), `iscrowd`, `area` (the annotation's own, as COCO's evaluation uses it; without one, the
   mask's area, else the box's), and its mask as COCO compressed RLE: polygons and uncompressed RLE are converted
   exactly as pycocotools' `COCO.annToRLE` converts them. A dataset holds masks when its annotations have
-  segmentations (all of them: a file where only some do is refused).
+  segmentations (all of them: a file where only some do is refused). Polygons of fewer than 3 points or an odd
+  number of coordinates are left out of their masks (as detectron2 does), counted in the manifest
+  (`targets.degenerate_polygons`) and warned about once; an annotation left with none has an empty mask.
 - Bad input is refused before anything is written, in one line naming the annotation or image id: a box outside
   its image (beyond a 1-pixel tolerance; boxes within it are kept as given, not clipped) or with a negative side,
   a category id not in `categories`, an annotation for an image id not in `images`, an RLE segmentation whose size
@@ -26,6 +28,7 @@ import json
 import math
 import os
 import posixpath
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +89,8 @@ def _entries(path: Path, data: dict[str, Any], name: str, fields: dict[str, Any]
             raise SourceError(f"{path}: {name}[{number}] is not a JSON object")
         for field, check in fields.items():
             if not check(entry.get(field)):
-                what = f"{name[:-1]} {entry['id']}" if _is_id(entry.get("id")) else f"{name}[{number}]"
+                singular = {"images": "image", "annotations": "annotation", "categories": "category"}[name]
+                what = f"{singular} {entry['id']}" if _is_id(entry.get("id")) else f"{name}[{number}]"
                 raise SourceError(f"{path}: {what} has no valid {field!r} (got {entry.get(field)!r})")
     return entries
 
@@ -162,6 +166,8 @@ class CocoTargets:
         mask = _mask_api()
         segmentation = ann["segmentation"]
         if isinstance(segmentation, list):
+            if not segmentation:  # every polygon of it was degenerate (see scan): an empty mask
+                return mask.encode(np.zeros((height, width), np.uint8, order="F"))
             return mask.merge(mask.frPyObjects(segmentation, height, width))
         if isinstance(segmentation["counts"], list):
             return mask.frPyObjects(segmentation, height, width)
@@ -171,6 +177,21 @@ class CocoTargets:
 def _has_segmentation(ann: dict[str, Any]) -> bool:
     segmentation = ann.get("segmentation")
     return segmentation is not None and segmentation != []
+
+
+def _drop_degenerate_polygons(ann: dict[str, Any], example: list[int]) -> int:
+    """Leave out of a polygon segmentation the polygons of fewer than 3 points or an odd number of coordinates
+    (pycocotools would read 4 numbers as a box, and refuses fewer); how many were left out. The first annotation
+    that had one is put in `example`."""
+    segmentation = ann["segmentation"]
+    if not isinstance(segmentation, list):
+        return 0
+    kept = [p for p in segmentation if len(p) >= 6 and len(p) % 2 == 0]
+    if len(kept) != len(segmentation):
+        ann["segmentation"] = kept  # the in-memory copy: an annotation left with none gets an empty mask
+        if not example:
+            example.append(ann["id"])
+    return len(segmentation) - len(kept)
 
 
 def _check_annotation(path: Path, ann: dict[str, Any], image: dict[str, Any]) -> None:
@@ -204,6 +225,12 @@ def _check_annotation(path: Path, ann: dict[str, Any], image: dict[str, Any]) ->
     if size != [height, width]:
         raise SourceError(f"{where}: RLE segmentation of size {size} (height, width) differs from its "
                           f"{width}x{height} image's [{height}, {width}]")
+    counts = segmentation["counts"]
+    if isinstance(counts, str) and not counts.isascii():
+        raise SourceError(f"{where}: compressed RLE counts must be ASCII text (pycocotools' encoding)")
+    if isinstance(counts, list) and (not all(_is_id(c) and c >= 0 for c in counts) or sum(counts) != width * height):
+        raise SourceError(f"{where}: uncompressed RLE counts must be non-negative integers adding up to the "
+                          f"image's {width * height} pixels")
 
 
 def scan(annotations_path: str | os.PathLike[str], images_dir: str | os.PathLike[str],
@@ -230,6 +257,7 @@ def scan(annotations_path: str | os.PathLike[str], images_dir: str | os.PathLike
     index_of = {image["id"]: i for i, image in enumerate(images)}
     per_image: list[list[dict[str, Any]]] = [[] for _ in images]
     with_masks = without_masks = None
+    degenerate, degenerate_example = 0, []  # polygons left out of masks, and the first annotation holding one
     for ann in annotations:
         if ann["image_id"] not in index_of:
             raise SourceError(f"{path}: annotation {ann['id']} is for image id {ann['image_id']}, which is not in "
@@ -241,9 +269,14 @@ def scan(annotations_path: str | os.PathLike[str], images_dir: str | os.PathLike
         _check_annotation(path, ann, image)
         if _has_segmentation(ann):
             with_masks = with_masks or ann
+            degenerate += _drop_degenerate_polygons(ann, degenerate_example)
         else:
             without_masks = without_masks or ann
         per_image[index_of[ann["image_id"]]].append(ann)
+    if degenerate:
+        warnings.warn(f"{path}: {degenerate} polygon(s) of fewer than 3 points or an odd number of coordinates "
+                      f"(first: annotation {degenerate_example[0]}) left out of their masks, as detectron2 leaves "
+                      "them out; their boxes are kept", stacklevel=2)
     if with_masks is not None and without_masks is not None:
         raise SourceError(f"{path}: annotation {without_masks['id']} has no segmentation while annotation "
                           f"{with_masks['id']} has one; a dataset's annotations all have masks or none has")
@@ -259,7 +292,7 @@ def scan(annotations_path: str | os.PathLike[str], images_dir: str | os.PathLike
     stored = [a for i in kept for a in per_image[i]]
     info = {"category_ids": [c["id"] for c in categories], "masks": with_masks is not None,
             "annotations": len(stored), "crowd": sum(1 for a in stored if a.get("iscrowd", 0)),
-            "box_format": "xyxy"}
+            "box_format": "xyxy", "degenerate_polygons": degenerate}
     targets = CocoTargets([images[i] for i in kept], [per_image[i] for i in kept], label_of,
                           with_masks is not None, f"{digest} skip_empty={skip_empty}", info)
     details = {"annotations": str(path.absolute()), "root": str(root.absolute()), "skip_empty": skip_empty,

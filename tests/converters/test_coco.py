@@ -262,11 +262,19 @@ def bad_annotations(case: str) -> tuple[dict, list[str]]:
     if case == "image without size":
         del data["images"][1]["height"]
         return data, ["image 7 has no valid 'height'"]
+    if case == "category without name":
+        del data["categories"][1]["name"]
+        return data, ["category 3 has no valid 'name'"]
+    if case == "rle counts short":
+        crowd = _first(data, 7, iscrowd=1)  # image 7's crowd mask is uncompressed RLE
+        crowd["segmentation"]["counts"][-1] -= 1
+        return data, [f"annotation {crowd['id']} (image 7", "adding up to the image's 2240 pixels"]
     raise AssertionError(case)
 
 
 BAD_CASES = ["box outside", "box above", "negative side", "unknown category", "unknown image", "rle size",
-             "duplicate annotation id", "some without masks", "no bbox", "no categories", "image without size"]
+             "duplicate annotation id", "some without masks", "no bbox", "no categories", "image without size",
+             "category without name", "rle counts short"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -278,6 +286,33 @@ def test_bad_annotations_are_one_line_naming_the_id_and_write_nothing(tmp_path, 
     assert code == 2, (stdout, err)
     assert_one_line_error(err, str(files.annotations), *needles)
     assert not out.exists() and not (tmp_path / "out.lmdb.partial").exists()
+
+
+def test_degenerate_polygons_are_left_out_of_masks_counted_and_warned(tmp_path):
+    data = coco_dict()
+    whole = _first(data, 7)
+    whole["segmentation"] = [[1.0, 1.0, 5.0, 1.0]]  # two points: no area
+    part = _first(data, 55)
+    part["segmentation"] = [*part["segmentation"], [30.0, 2.0, 45.0, 4.0, 40.0, 30.0, 9.0]]  # odd, beside a good one
+    files = write_coco(tmp_path, data)
+    with pytest.warns(UserWarning, match=r"2 polygon\(s\) of fewer than 3 points or an odd number"):
+        convert(files, tmp_path / "out.lmdb")
+    assert fastdata.info(tmp_path / "out.lmdb").targets["degenerate_polygons"] == 2
+    samples = samples_by_image(tmp_path / "out.lmdb", masks=True)
+    reference = coco_dict()
+    for image_id, ann, expected in ((7, whole, None), (55, part, _first(reference, 55))):
+        target = samples[image_id][1]
+        row = target["annotation_ids"].tolist().index(ann["id"])
+        assert target["boxes"][row].tolist() == [ann["bbox"][0], ann["bbox"][1], ann["bbox"][0] + ann["bbox"][2],
+                                                 ann["bbox"][1] + ann["bbox"][3]]
+        decoded = target["masks"][row].numpy()
+        if expected is None:
+            assert decoded.sum() == 0
+        else:  # the good polygons' mask, as pycocotools makes it without the odd one
+            coco = COCO()
+            coco.dataset = reference
+            coco.createIndex()
+            assert np.array_equal(decoded, coco.annToMask(expected))
 
 
 def test_max_size_is_refused(source, tmp_path, capsys):
