@@ -18,7 +18,8 @@ image: `fastdata convert coco ANNOTATIONS.json IMAGES_DIR OUT`.
 - Bad input is refused before anything is written, in one line naming the annotation or image id: a box outside
   its image (beyond a 1-pixel tolerance; boxes within it are kept as given, not clipped) or with a negative side,
   a category id not in `categories`, an annotation for an image id not in `images`, an RLE segmentation whose size
-  differs from its image's, duplicate ids or file names, missing fields.
+  differs from its image's (or uncompressed counts that do not add up to its pixels), duplicate ids or file names,
+  missing fields.
 """
 
 from __future__ import annotations
