@@ -8,6 +8,7 @@ import importlib
 #: `relist(src, manifest) -> ImageSource` (its source listed again as the conversion that wrote `manifest` listed it,
 #: for `fastdata verify --source`).
 REGISTRY: dict[str, str] = {
+    "coco": "fastdata.converters.coco",
     "hf": "fastdata.converters.hf",
     "imagefolder": "fastdata.converters.imagefolder",
     "list": "fastdata.converters.filelist",
@@ -19,6 +20,7 @@ REGISTRY: dict[str, str] = {
 #: name -> the one-line description `fastdata --help` and `fastdata convert --help` list (without importing the
 #: converter: they stay fast)
 SUMMARIES: dict[str, str] = {
+    "coco": "Pack a COCO instances file's images with their boxes, labels and masks into LMDB or WebDataset shards.",
     "hf": "Pack a Hugging Face image dataset (save_to_disk, Parquet / Arrow, cached Hub name) into LMDB or WebDataset.",
     "imagefolder": "Pack an ImageFolder tree (SRC/<class>/<image>) into LMDB or WebDataset shards.",
     "list": "Pack the images a CSV / TSV / JSONL / Parquet file list names into LMDB or WebDataset shards.",

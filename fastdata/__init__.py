@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fastdata._version import __version__
 
 if TYPE_CHECKING:  # what static tools see; at run time the names resolve on first use (below)
+    from fastdata.converters.coco import convert_coco
     from fastdata.converters.filelist import convert_list
     from fastdata.converters.hf import convert_hf
     from fastdata.converters.imagefolder import convert_imagefolder
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
 
 #: public name -> the module that defines it
 _PUBLIC: dict[str, str] = {
+    "convert_coco": "fastdata.converters.coco",
     "convert_hf": "fastdata.converters.hf",
     "convert_imagefolder": "fastdata.converters.imagefolder",
     "convert_list": "fastdata.converters.filelist",
@@ -39,7 +41,8 @@ _PUBLIC: dict[str, str] = {
     "info": "fastdata.tools.info",
 }
 
-__all__ = ["__version__", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs", "convert_text",
+__all__ = ["__version__", "convert_coco", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs",
+           "convert_text",
            "convert_webdataset", "dataset", "info", "loader", "meter"]
 
 

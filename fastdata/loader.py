@@ -10,7 +10,7 @@ import torch
 
 from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
-from fastdata.formats.manifest import read_manifest
+from fastdata.formats.manifest import Manifest, read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
@@ -26,7 +26,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             cache_dir: str | os.PathLike[str] | None = None, cache_max_bytes: int | str | None = None,
             storage_options: dict[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
             uneven: str = "pad", scale: tuple[float, float] | None = None,
-            ratio: tuple[float, float] | None = None, metadata: bool = False, max_length: int | None = None
+            ratio: tuple[float, float] | None = None, metadata: bool = False, max_length: int | None = None,
+            masks: bool = False
             ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
@@ -45,6 +46,10 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     DistributedSampler, instead.)
     An image-text pair dataset (`fastdata convert pairs`) gives `(image, caption)`: the caption's text, or when the
     dataset stores token ids `{"caption", "input_ids", "attention_mask"}` (int64 `[max_length]`, default 77).
+    A detection dataset (`fastdata convert coco`) gives `(uint8 CHW tensor, target dict)`: `boxes` float32 `[N, 4]`
+    (xyxy, source pixels), `labels` int64 `[N]` (indexing `ds.classes`), `iscrowd` int64 `[N]`, `area` float32
+    `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8 `[N, H, W]`; whole
+    images only (`augment=None`: augmenting boxes and masks is not built yet).
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
@@ -72,13 +77,15 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             source columns (e.g. a file list's); not read otherwise.
         max_length: image-text pairs stored with token ids: tokens per caption row (default 77, CLIP's): longer
             captions truncated keeping the tokenizer's closing special tokens, shorter ones padded.
+        masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
+            (needs pycocotools).
     """
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         metadata=metadata, max_length=max_length)
+                         metadata=metadata, max_length=max_length, masks=masks)
     if isinstance(data, TextDataset):
         _refuse_image_options(path, _augment_given(augment, None, image_size, scale, ratio))
         if max_length is not None:
@@ -94,9 +101,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
-                  ratio: Any = None, metadata: bool = False, max_length: int | None = None
-                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
-    """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
+                  ratio: Any = None, metadata: bool = False, max_length: int | None = None, masks: bool = False,
+                  loading: bool = False) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+    """The dataset at `path`, whole (the loader splits epochs between ranks itself); `loading`: for `loader`."""
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
     check_int("seed", seed)
@@ -107,21 +114,38 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
     if is_url(path):
         store = remote.shards(str(path))
+        _check_detection(path, store.manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
-                               on_error=on_error, store=store, metadata=metadata, **extra)
+                               on_error=on_error, store=store, metadata=metadata, masks=masks, **extra)
     if remote.given:
         raise ConfigError(f"cache_dir, cache_max_bytes and storage_options apply to remote URLs; {path} is local")
     root = Path(path)
     manifest = read_manifest(root)
     if manifest.kind == "text":
-        if metadata:
-            raise ConfigError(f"{path}: metadata=True applies to image datasets; this one holds text")
+        if metadata or masks:
+            raise ConfigError(f"{path}: {'metadata' if metadata else 'masks'}=True applies to image datasets; this one "
+                              "holds text")
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
+    _check_detection(path, manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
-               metadata=metadata, **extra)
+               metadata=metadata, masks=masks, **extra)
+
+
+def _check_detection(path: str | os.PathLike[str], manifest: Manifest, loading: bool, augmenting: list[str]) -> None:
+    """What a detection dataset cannot do yet: batches from `loader` (boxes and masks through its crops, and a
+    collate of targets of varying length), and augmentation (geometric transforms must move the boxes too)."""
+    if manifest.target_kind != "detection":
+        return
+    if loading:
+        raise ConfigError(f"{path}: fastdata.loader does not load {manifest.target_kind} datasets yet (augmenting "
+                          "boxes and masks is not built); use fastdata.dataset(PATH) with a DataLoader and a collate "
+                          "that keeps each image's target dict")
+    if augmenting:
+        raise ConfigError(f"{path}: {', '.join(augmenting)}: a {manifest.target_kind} dataset gives whole images "
+                          "with their targets (augmenting boxes and masks is not built yet); pass augment=None")
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
@@ -287,7 +311,7 @@ def loader(
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         max_length=max_length)
+                         max_length=max_length, loading=True)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))

@@ -76,7 +76,8 @@ def test_version(capsys):
 def test_help_lists_every_convert_subcommand_with_its_description(capsys):
     from fastdata.converters import REGISTRY, SUMMARIES
 
-    assert sorted(REGISTRY) == sorted(SUMMARIES) == ["hf", "imagefolder", "list", "pairs", "text", "webdataset"]
+    assert sorted(REGISTRY) == sorted(SUMMARIES) == ["coco", "hf", "imagefolder", "list", "pairs", "text",
+                                                     "webdataset"]
     for argv, prefix in ((["--help"], "convert "), (["convert", "--help"], "")):
         code, out, _ = cli(capsys, *argv)
         assert code == 0

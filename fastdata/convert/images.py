@@ -23,7 +23,7 @@ from fastdata.config import available_cores, check_bool, check_int, check_option
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions, verify_record
 from fastdata.convert.ray import ENGINES, RayWork
-from fastdata.convert.sources import ImageSource, SampleReader
+from fastdata.convert.sources import ImageSource, SampleReader, TargetSource
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
@@ -162,8 +162,10 @@ def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
     return fingerprint(fmt, options, listing.fingerprint())
 
 
-def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int) -> LmdbWriter | WdsWriter:
-    options = WriterOptions(shard_bytes=shard_bytes, commit_every=commit_every)
+def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int, listing: ImageSource
+                 ) -> LmdbWriter | WdsWriter:
+    options = WriterOptions(shard_bytes=shard_bytes, commit_every=commit_every, targets=listing.targets is not None,
+                            pairs=listing.captions is not None)
     return storage("image", fmt).open_writer(directory, options)
 
 
@@ -237,6 +239,9 @@ def convert_images(
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     listing = list_source()
+    if listing.targets is not None and max_size is not None:
+        raise ConfigError(f"--max-size: a {listing.kind} source has {listing.targets.kind} targets in source pixels, "
+                          "which a re-encoded smaller image would no longer match; convert without --max-size")
     check_output(out, overwrite, source=listing.root if listing.walks_root else None)
 
     order = np.arange(len(listing.samples))
@@ -248,7 +253,7 @@ def convert_images(
     tasks: list[Task] = [(*listing.samples[i], encode) for i in order]
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
-                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every),
+                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing),
                                      _Progress.parse)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
     resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
@@ -281,6 +286,7 @@ def convert_images(
                "resumed_at": resumed_at},
         label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
         target_kind=listing.target_kind, pairs=listing.pairs,
+        targets=None if listing.targets is None else listing.targets.info(),
     )
     manifest.format_version = manifest.needed_format_version
     for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
@@ -289,6 +295,16 @@ def convert_images(
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen)
+
+
+def _with_target(record: ImageRecord, targets: TargetSource, index: int) -> tuple[ImageRecord | None, str]:
+    """(the record with sample `index`'s target, "") or, when the image is not of the size its targets refer to,
+    (None, the reason it is rejected)."""
+    width, height = targets.size(index)
+    if (record.width, record.height) != (width, height):
+        return None, (f"decodes to {record.width}x{record.height} pixels, its annotations say {width}x{height} "
+                      "(boxes and masks would not fit the image)")
+    return replace(record, target=targets.record(index)), ""
 
 
 @dataclass
@@ -320,6 +336,8 @@ def _write_all(writer: LmdbWriter | WdsWriter, work: _Work, state: _Progress, wo
             index = int(work.order[state.next_task])
             state.bytes_in += size
             state.next_task += 1
+            if record is not None and listing.targets is not None:
+                record, reason = _with_target(record, listing.targets, index)
             if record is None:
                 entry = {"path": key, "reason": reason, **listing.origin_of(index)}
                 if strict:

@@ -22,6 +22,10 @@ A new source kind lists its samples once, in their order, and says where their b
   `samples`' order, stored with its image; with `caption_tokens` (each caption's token ids, a uint16/uint32 array)
   stored as well, `pairs` (the manifest's `pairs` section: the tokens' dtype and padding, ...) and `files` (name ->
   bytes written beside the data, e.g. the tokenizer). The labels of a pair source are all class 0 of one class.
+- `targets` (optional): per-sample targets beyond the label (detection boxes and masks), a `TargetSource`:
+  the driver stores `targets.record(index)` with each sample it keeps (`fastdata.formats.targets`), after checking
+  that the image decodes to the size the targets refer to (a sample that does not is rejected, named);
+  its `digest()` joins the resume fingerprint and its `info()` the manifest (`target_kind`, `targets`).
 - `details` (optional): more facts for the manifest's `source` block (what `verify --source` needs to list the
   source again the same way, say).
 
@@ -85,6 +89,28 @@ class FileReader:
         return files_digest((key, self.root / key) for key in keys)
 
 
+class TargetSource(Protocol):
+    """A source's per-sample targets (see the module docstring), indexed like `ImageSource.samples`."""
+
+    kind: str  # the manifest's target_kind ("detection")
+
+    def record(self, index: int) -> bytes:
+        """Sample `index`'s target record, as stored (`fastdata.formats.targets`)."""
+        ...
+
+    def size(self, index: int) -> tuple[int, int]:
+        """(width, height): the image size sample `index`'s targets refer to."""
+        ...
+
+    def digest(self) -> str:
+        """A digest that changes whenever any target may have changed (part of the resume fingerprint)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """The manifest's `targets` block."""
+        ...
+
+
 @dataclass
 class ImageSource:
     """What a converter hands the driver: the samples to store, in their order, with their labels, where their
@@ -105,6 +131,7 @@ class ImageSource:
     caption_tokens: Sequence[Any] | None = None  # with a tokenizer: each caption's token ids
     pairs: dict[str, Any] | None = None  # image-text pairs: the manifest's `pairs` section
     files: dict[str, bytes] = field(default_factory=dict)  # written beside the data (a pair source's tokenizer)
+    targets: TargetSource | None = None  # per-sample targets (detection), in `samples`' order
     # the source is every image file found under `root` (ImageFolder): an output inside it would be taken in as data
     # by the next conversion, so it is refused
     walks_root: bool = False
@@ -145,8 +172,11 @@ class ImageSource:
 
     @property
     def target_kind(self) -> str:
-        """"pairs" for a source of image-text pairs, "class" for labelled images (`fastdata.formats.manifest`)."""
-        return "pairs" if self.captions is not None else "class"
+        """"pairs" for a source of image-text pairs, its targets' kind ("detection") for one with targets, "class"
+        for labelled images (`fastdata.formats.manifest`)."""
+        if self.captions is not None:
+            return "pairs"
+        return "class" if self.targets is None else self.targets.kind
 
     def metadata_fields(self) -> list[str]:
         """The keys the samples' metadata holds, in the order first met."""
@@ -158,8 +188,8 @@ class ImageSource:
         return list(dict.fromkeys(name for row in self.metadata for name in row))
 
     def fingerprint(self) -> dict[str, Any]:
-        """The resume fingerprint's `source` block: changes when the listing (keys, labels, metadata) or the bytes
-        behind it (the reader's digest) may have changed."""
+        """The resume fingerprint's `source` block: changes when the listing (keys, labels, metadata, targets) or the
+        bytes behind it (the reader's digest) may have changed."""
         digest = hashlib.sha256(self.sample_reader.digest([key for key, _ in self.samples]).encode())
         for index, (key, label) in enumerate(self.samples):
             extra = f"\t{sorted(self.metadata[index].items())!r}" if self.metadata is not None else ""
@@ -168,6 +198,8 @@ class ImageSource:
             digest.update(f"{key}\t{label!r}{extra}\n".encode("utf-8", "surrogateescape"))  # keys: file names
         if self.pairs is not None:  # how the captions are stored (the tokenizer's digest, ...)
             digest.update(repr(sorted(self.pairs.items())).encode())
+        if self.targets is not None:  # only then: a conversion without targets resumes as before
+            digest.update(f"targets\t{self.targets.digest()}\n".encode())
         return {"path": self.sample_reader.describe(), "files": len(self.samples), "classes": len(self.classes),
                 "digest": digest.hexdigest()}
 

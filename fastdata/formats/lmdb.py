@@ -12,6 +12,8 @@ Layout (no pickle; every value is raw bytes with a fixed layout, or JSON):
 - image-text pairs (`target_kind: "pairs"`): sub-database `captions`, same key, value = the caption as UTF-8 text,
   and with a tokenizer sub-database `tokens`, same key, value = its token ids as little-endian uint16 or uint32
   (the manifest's `pairs.dtype`).
+- sub-database `targets` (datasets with targets, e.g. detection; created only for them): same key, value = the
+  sample's target record (`fastdata.formats.targets`).
 Sample i is the i-th image written, which the converter makes ImageFolder's sample i.
 """
 
@@ -103,7 +105,7 @@ class LmdbWriter:
     replayed, so `MapFullError` never reaches the user."""
 
     def __init__(self, directory: Path, commit_every: int = _COMMIT_EVERY,
-                 map_size: int = _INITIAL_MAP_SIZE) -> None:
+                 map_size: int = _INITIAL_MAP_SIZE, targets: bool = False, pairs: bool = False) -> None:
         import lmdb
 
         self.directory = Path(directory)
@@ -111,8 +113,11 @@ class LmdbWriter:
         self.commit_every = commit_every
         self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                               sync=False, metasync=False, writemap=False, meminit=False)
-        self._dbs = {name: self._env.open_db(name.encode())
-                     for name in ("images", "keys", "meta", "records", "metadata", "captions", "tokens")}
+        # `targets`, `captions` and `tokens` only for a dataset that has them: every other dataset stays
+        # byte-identical to what it was
+        names = (("images", "keys", "meta", "records", "metadata") + (("captions", "tokens") if pairs else ())
+                 + (("targets",) if targets else ()))
+        self._dbs = {name: self._env.open_db(name.encode()) for name in names}
         with self._env.begin() as txn:
             self.count = txn.stat(self._dbs["images"])["entries"]
         self._pending: list[tuple[bytes, bytes, str]] = []  # (key, value, db) puts of the open transaction
@@ -170,10 +175,16 @@ class LmdbWriter:
         if record.metadata is not None:
             self._put(key, json.dumps(record.metadata, ensure_ascii=False).encode("utf-8"), "metadata", append=True)
         if record.caption is not None:
+            if "captions" not in self._dbs:
+                raise ValueError(f"{self.directory}: a record with a caption, for a writer opened without pairs")
             self._put(key, record.caption.encode("utf-8"), "captions", append=True)
         if record.tokens is not None:
             self._put(key, np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes(),
                       "tokens", append=True)
+        if record.target is not None:
+            if "targets" not in self._dbs:
+                raise ValueError(f"{self.directory}: a record with a target, for a writer opened without targets")
+            self._put(key, record.target, "targets", append=True)
         self.count += 1
 
     def checkpoint_due(self) -> bool:
@@ -368,6 +379,18 @@ class LmdbReader:
         if value is None:
             raise CorruptSampleError(f"{self.directory}: record {index} is missing from '{db}'")
         return value
+    def target(self, index: int) -> bytes:
+        """Sample `index`'s stored target record (`fastdata.formats.targets`); NotADatasetError when the dataset
+        holds no targets, CorruptSampleError when this sample's is missing."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
+        env = self._open()
+        _, dbs = shared_environment(self.directory, ("targets",))
+        with env.begin() as txn:
+            value = txn.get(index_key(index), db=dbs["targets"])
+        if value is None:
+            raise CorruptSampleError(f"{self.directory}: sample {index}'s target record is missing")
+        return bytes(value)
 
     @property
     def widths(self) -> np.ndarray:

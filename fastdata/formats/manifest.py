@@ -19,12 +19,16 @@ FORMAT_VERSION = 1
 #: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`), per-sample
 #: metadata (`metadata_fields`) and image-text pairs (`target_kind: "pairs"`); a dataset that uses any of them is
 #: written as version 2, so that an older fastdata refuses it with "upgrade fastdata" instead of misreading it.
-NEWEST_FORMAT_VERSION = 2
+#: 3 adds per-sample targets (`target_kind: "detection"`, `fastdata.formats.targets`): only a dataset that has them
+#: is written as version 3.
+NEWEST_FORMAT_VERSION = 3
+TARGETS_FORMAT_VERSION = 3
 PARTIAL_SUFFIX = ".partial"
 #: What an image dataset's samples hold besides the image: "class" (class labels: one id, or a set of ids) or
 #: "pairs" (image-text pairs: a caption, and token ids when converted with a tokenizer; the manifest's `pairs`
-#: section says how they are stored). Anything but "class" needs format version 2.
-TARGET_KINDS = ("class", "pairs")
+#: section says how they are stored) or "detection" (boxes, labels and masks per image: the manifest's `targets`
+#: section, `fastdata.formats.targets`). "pairs" needs format version 2, "detection" 3.
+TARGET_KINDS = ("class", "pairs", "detection")
 
 
 @dataclass
@@ -58,14 +62,19 @@ class Manifest:
     # then count each class a sample holds)
     label_kind: str = "single"
     metadata_fields: list[str] = field(default_factory=list)  # the per-sample metadata's keys (none: no metadata)
-    target_kind: str = "class"  # kind "image": see TARGET_KINDS
+    target_kind: str = "class"  # kind "image": see TARGET_KINDS (left out of the JSON when "class")
     pairs: dict[str, Any] | None = None  # target_kind "pairs": tokens (dtype, tokenizer, padding) and caption counts
+    # target_kind "detection": what the targets hold (`category_ids`: the source's category id of each class;
+    # `masks`: whether they hold masks; counts)
+    targets: dict[str, Any] | None = None
 
     @property
     def needed_format_version(self) -> int:
         """The oldest format version that describes this dataset (see NEWEST_FORMAT_VERSION)."""
+        if self.target_kind == "detection":
+            return TARGETS_FORMAT_VERSION
         newer = self.label_kind != "single" or self.metadata_fields or self.target_kind != "class"
-        return NEWEST_FORMAT_VERSION if newer else FORMAT_VERSION
+        return 2 if newer else FORMAT_VERSION
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -76,7 +85,14 @@ class Manifest:
         return sum(f.bytes for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        # a dataset of class labels is written as before targets existed
+        if data["target_kind"] == "class":
+            del data["target_kind"]
+        for name in ("pairs", "targets"):
+            if data[name] is None:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -100,13 +116,16 @@ CHECKSUM_FIELD = "manifest_sha256"
 
 def rejected_place(entry: dict[str, Any]) -> str:
     """Where a rejected item of a manifest was (`entry` as the manifest lists it): its path, with the line of a text
-    source (`path:line`), the list file and row of a listed image (`list row N: path`), or the tar shard of a member
+    source (`path:line`), the list file and row of a listed image (`list row N: path`), the annotation file and
+image id of an annotated image (`annotations image N: path`), or the tar shard of a member
     (`shard!member`; a path that already names its shard, as a reader's `locate` does, is kept as it is)."""
     if entry.get("shard"):
         shard, path = str(entry["shard"]), str(entry["path"])
         return path if path.startswith(f"{shard}!") else f"{shard}!{path}"
     if entry.get("list"):
         return f"{entry['list']} row {entry['row']}: {entry['path']}"
+    if entry.get("image_id") is not None:  # an image of an annotation file (COCO)
+        return f"{entry['annotations']} image {entry['image_id']}: {entry['path']}"
     if entry.get("line"):
         return f"{entry['path']}:{entry['line']}"
     return str(entry["path"])

@@ -85,7 +85,8 @@ class ImageRecord:
     (`jpg`, `png`, ...) that matches the bytes, `codec` the decoder chosen at conversion time, `label` one class
     id or (multi-label) a tuple of them, `metadata` the sample's other source columns as JSON scalars (None: the
     source has none). An image-text pair (`target_kind: "pairs"`) also has its `caption` and, when converted with
-    a tokenizer, the caption's token ids `tokens` (a uint16 or uint32 numpy array)."""
+    a tokenizer, the caption's token ids `tokens` (a uint16 or uint32 numpy array); a detection sample its `target`,
+    the stored target record (`fastdata.formats.targets`; None: the dataset has none)."""
 
     key: str
     data: bytes
@@ -97,6 +98,7 @@ class ImageRecord:
     metadata: dict[str, Any] | None = None
     caption: str | None = None
     tokens: Any = None
+    target: bytes | None = None
 
 
 def exception_text(exc: BaseException) -> str:

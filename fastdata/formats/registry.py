@@ -34,6 +34,8 @@ class WriterOptions:
     dtype: np.dtype | None = None
     chunk_tokens: int = CHUNK_TOKENS
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS
+    targets: bool = False  # images: the samples carry target records (detection)
+    pairs: bool = False  # images: the samples carry captions and maybe token ids (image-text pairs)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ def _text(manifest: Manifest, root: Path) -> dict[str, Any]:
 STORAGE: dict[tuple[str, str], Storage] = {
     ("image", "lmdb"): Storage(
         "image", "lmdb", True,
-        lambda directory, o: LmdbWriter(directory, commit_every=o.commit_every),
+        lambda directory, o: LmdbWriter(directory, commit_every=o.commit_every, targets=o.targets,
+                                                pairs=o.pairs),
         lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes), manifest.label_kind)),
     ("image", "wds"): Storage(
         "image", "wds", False,

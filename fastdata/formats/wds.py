@@ -6,9 +6,10 @@ Each sample is three tar members sharing a key: `{key}.{jpg|png|...}` (the image
 one integer): its `.json` "label" is the list of its class ids. A sample with metadata has it in its `.json`
 too ("metadata": {...}). An image-text pair (`target_kind: "pairs"`) has no `.cls`: its caption is the member
 `{key}.txt` (UTF-8, as img2dataset writes it) and the `.json` "caption", and with a tokenizer its token ids are the
-`.json` "tokens" (a list of integers). Keys are the source-relative path without its extension, with dots
-replaced and no leading '/', so that webdataset's "key = name up to the first dot" grouping holds and every member
-name is a relative path.
+`.json` "tokens" (a list of integers). A sample with a target (detection) has a `{key}.det` member, the target
+record of `fastdata.formats.targets` (the same bytes LMDB stores), and its `.json` says so ("target": "det"). Keys
+are the source-relative path without its extension, with dots replaced and no leading '/', so that webdataset's
+"key = name up to the first dot" grouping holds and every member name is a relative path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord, label_to_jso
 from fastdata.formats.tar_shards import ShardWriter
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
+TARGET_EXT = "det"  # the member holding a sample's target record
 
 
 def sanitize_key(relative_path: str) -> str:
@@ -82,6 +84,8 @@ class WdsWriter:
                       "height": record.height, "codec": record.codec}
         if record.metadata is not None:
             meta["metadata"] = record.metadata
+        if record.target is not None:
+            meta["target"] = TARGET_EXT
         members = [(f"{key}.{record.ext}", record.data)]
         if record.caption is not None:  # an image-text pair: no class
             meta["caption"] = record.caption
@@ -91,6 +95,8 @@ class WdsWriter:
         elif not isinstance(record.label, tuple):
             members.append((f"{key}.cls", str(record.label).encode("ascii")))
         members.append((f"{key}.json", json.dumps(meta).encode("ascii")))  # ASCII: a key may hold lone surrogates
+        if record.target is not None:
+            members.append((f"{key}.{TARGET_EXT}", record.target))
         self.shards.append(members)
         self.shards.sample_done()
 
@@ -116,7 +122,7 @@ class WdsWriter:
 
 #: Member types that can execute code when loaded with pickle (webdataset's default decoders do): never read.
 PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib"})
-_USED_EXTS = IMAGE_EXTS | {"json", "cls"}
+_USED_EXTS = IMAGE_EXTS | {"json", "cls", "det"}
 
 
 def unsafe_member_reason(ext: str, payload: bytes) -> str | None:
@@ -154,7 +160,8 @@ def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool]
                unsafe_members: str = "error", seekable: bool = False
                ) -> Iterator[tuple[int, tuple[str, bytes, str, dict] | None]]:
     """`(offset, sample)` for every sample of an open shard, in stored order (offset = its number in the
-    shard); `sample` is `(key, image bytes, image ext, metadata)` as `iter_shard` gives, or None for the
+    shard); `sample` is `(key, image bytes, image ext, metadata)` as `iter_shard` gives (a sample with a target:
+    metadata["target"] holds its `.det` member's bytes), or None for the
     offsets `want` rejects: their member headers are still checked, their bytes are not read (skipped by
     seeking when `seekable`, else read past in the stream). `where` names the shard in errors."""
     current_key: str | None = None
@@ -173,6 +180,11 @@ def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool]
             meta = json.loads(parts["json"])
         except ValueError as exc:
             raise CorruptSampleError(f"{where}: sample {current_key!r} has unreadable .json ({exc})") from exc
+        if isinstance(meta, dict) and meta.get("target") == TARGET_EXT:
+            if TARGET_EXT not in parts:
+                raise CorruptSampleError(f"{where}: sample {current_key!r} lacks its .{TARGET_EXT} member (its .json "
+                                         "says it has a target)")
+            meta["target"] = parts[TARGET_EXT]
         return offset, (current_key, parts[image_ext], image_ext, meta)
 
     try:

@@ -27,6 +27,7 @@ class EncodedSample:
     position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
     origin: str = ""  # the data file it was read from, when the dataset has several (a shard's name)
     metadata: dict | None = None  # its stored metadata, where the format reads it with the sample (WebDataset)
+    target: bytes | None = None  # its stored target record, where the format reads it with the sample (WebDataset)
 
 
 @dataclass

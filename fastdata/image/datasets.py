@@ -1,7 +1,8 @@
 """Datasets over converted images: map-style for LMDB, iterable for WebDataset shards.
 
 Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder (multi-label datasets: a
-multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.captions`),
+multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.captions`; detection
+datasets: the target dict of `fastdata.image.detection`),
 `(image, label, metadata dict)` when opened with `metadata=True`, and
 both can build whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
 """
@@ -26,6 +27,7 @@ from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.captions import target_codec
+from fastdata.image.detection import check_targets, detection_target
 from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
@@ -47,10 +49,12 @@ class _ImageMetaMixin:
 
     def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: Any, seed: int,
                on_error: str, metadata: bool, scale: Any = None, ratio: Any = None,
-               max_length: int | None = None) -> None:
+               max_length: int | None = None, masks: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
+        check_targets(manifest, str(self.root), masks)
+        self.masks = masks  # detection: targets carry their decoded masks
         self.manifest = manifest
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio,
                                        labels=target_codec(manifest, str(self.root), max_length))
@@ -69,6 +73,20 @@ class _ImageMetaMixin:
     def pairs(self) -> bool:
         """Whether the samples are image-text pairs (a caption per image, no classes)."""
         return self.manifest.target_kind == "pairs"
+
+    @property
+    def target_kind(self) -> str:
+        """What a sample gives besides its image: "class" (a class label), "pairs" (a caption) or "detection" (a
+        target dict: boxes, labels, ...)."""
+        return self.manifest.target_kind
+
+    def _label(self, sample: EncodedSample) -> Any:
+        """What a sample gives besides its image: its class label or caption, or (detection) its target dict."""
+        if self.manifest.target_kind != "detection":
+            return self.pipeline.labels.one(sample.label)
+        if sample.target is None:
+            raise CorruptSampleError(f"{self.root}: sample {sample.key!r} has no stored target")
+        return detection_target(sample.target, f"{self.root}: sample {sample.key!r}", self.masks)
 
     @property
     def multi_label(self) -> bool:
@@ -90,8 +108,8 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: Any = None,
                  seed: int = 0, on_error: str = "raise", metadata: bool = False, *, scale: Any = None,
-                 ratio: Any = None, max_length: int | None = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length)
+                 ratio: Any = None, max_length: int | None = None, masks: bool = False) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks)
         self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
 
     @property
@@ -121,8 +139,10 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         if index < 0:
             index += len(self)
         sample = self.encoded(index)
+        if self.manifest.target_kind == "detection":
+            sample.target = self.reader.target(index)
         image = self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch))
-        label = self.pipeline.labels.one(sample.label)
+        label = self._label(sample)
         if self.with_metadata:
             return image, label, self.metadata(index)
         return image, label
@@ -163,8 +183,8 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
 
     def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: Any = None,
                  seed: int = 0, on_error: str = "raise", store: Any = None, metadata: bool = False, *,
-                 scale: Any = None, ratio: Any = None, max_length: int | None = None) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length)
+                 scale: Any = None, ratio: Any = None, max_length: int | None = None, masks: bool = False) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks)
         if store is None:
             store = storage("image", manifest.format, root).open_reader(Path(root), manifest)
         self.store = store
@@ -208,10 +228,12 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                     yield offset, None
                     continue
                 key, data, _ext, meta = stored
+                target = meta.get("target")
                 try:
                     sample = EncodedSample(meta["path"], data, self.pipeline.labels.from_json(meta),
                                            int(meta["width"]), int(meta["height"]), int(meta["codec"]),
-                                           (shard_id, offset), name, meta.get("metadata"))
+                                           (shard_id, offset), name, meta.get("metadata"),
+                                           target if isinstance(target, bytes) else None)
                 except (KeyError, TypeError, ValueError) as exc:
                     raise CorruptSampleError(f"{where}: sample {key!r} has incomplete metadata ({exc!r})") from exc
                 yield offset, sample
@@ -269,7 +291,7 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                 self.skipped_count += 1
                 warnings.warn(f"skipped (on_error='skip'): {exc}", stacklevel=2)
                 continue
-            label = self.pipeline.labels.one(sample.label)
+            label = self._label(sample)
             if self.with_metadata:
                 yield self.pipeline.to_tensor(image), label, dict(sample.metadata or {})
             else:

@@ -44,6 +44,8 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         paths = m.source.get("path", "?")
         paths = ", ".join(paths) if isinstance(paths, list) else paths
         lines.append(f"  source      {len(m.source.get('files', []))} file(s) from {paths}")
+    elif m.source.get("kind") == "coco":
+        lines.append(f"  source      {m.source.get('annotations', '?')} (images under {m.source.get('root', '?')})")
     elif m.source.get("lists"):  # convert list
         lists = m.source["lists"]
         shown = ", ".join(lists[:3]) + (f", ... ({len(lists)} lists)" if len(lists) > 3 else "")
@@ -53,6 +55,11 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
                      f"{m.source.get('ignored', 0)} non-image files ignored)")
     if m.metadata_fields:
         lines.append(f"  metadata    {', '.join(m.metadata_fields)} (fastdata.dataset(PATH, metadata=True))")
+    if m.target_kind == "detection":
+        t = m.targets or {}
+        lines.append(f"  targets     {m.target_kind}: {t.get('annotations', 0):,} annotations ({t.get('crowd', 0):,} "
+                     f"crowd), {'with' if t.get('masks') else 'no'} masks (fastdata.dataset(PATH) gives (image, "
+                     "target dict))")
     lines.append(f"  rejected    {m.stats.get('rejected_records', len(m.rejected))}")
     for r in m.rejected[:10]:
         lines.append(f"    {rejected_place(r)}: {r['reason']}")

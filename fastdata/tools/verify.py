@@ -136,6 +136,8 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
     with_metadata = source is not None and bool(manifest.metadata_fields)
     metadata: dict[str, dict] = {}  # key -> stored metadata, to compare with the source's
     captions: dict[str, tuple] = {}  # image-text pairs: key -> (caption, token ids), to compare with the source's
+    with_targets = source is not None and manifest.target_kind == "detection"
+    targets: dict[str, bytes | None] = {}  # key -> stored target record, to compare with the source's
     undecodable = 0
     complete = True  # every sample of every file was read
     for file_id, entry in enumerate(manifest.files):
@@ -143,7 +145,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
             complete = False
             continue
         read = 0
-        for sample in _file_samples(ds, file_id, entry.name, with_metadata):
+        for sample in _file_samples(ds, file_id, entry.name, with_metadata, with_targets):
             if isinstance(sample, str):  # a sample (LMDB) or the rest of the file (WDS) could not be read
                 complete = False
                 report.problems.append(sample)
@@ -158,6 +160,8 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
                 labels.append(sample.label)
             if with_metadata:
                 metadata[sample.key] = sample.metadata or {}
+            if with_targets:
+                targets[sample.key] = sample.target
             if decode and not _decodes(ds, sample, report):
                 undecodable += 1
             if progress and len(labels) % 10000 == 0:
@@ -174,13 +178,14 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
         report.checked.append(f"decoded every readable sample ({undecodable} failed)")
     if source is not None:
         _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report,
-                              metadata if with_metadata else None, captions)
+                              metadata if with_metadata else None, captions, targets if with_targets else None)
 
 
-def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False) -> Iterator[EncodedSample | str]:
+def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False, with_targets: bool = False
+                  ) -> Iterator[EncodedSample | str]:
     """The stored samples of one data file, in order; a problem string (naming the file and what failed) in
-    place of what cannot be read: one LMDB sample, or the rest of a WebDataset shard. `with_metadata`: LMDB
-    samples carry their stored metadata too (WebDataset samples always do)."""
+    place of what cannot be read: one LMDB sample, or the rest of a WebDataset shard. `with_metadata` /
+    `with_targets`: LMDB samples carry their stored metadata / target record too (WebDataset samples always do)."""
     if not hasattr(ds, "encoded"):  # WebDataset: a damaged tar member ends the shard
         read = 0
         try:
@@ -197,6 +202,8 @@ def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False)
             sample = ds.encoded(index)
             if with_metadata:
                 sample.metadata = ds.reader.metadata(index)
+            if with_targets:
+                sample.target = ds.reader.target(index)
             yield sample
         except (FastdataError, lmdb.Error, ValueError) as exc:
             yield f"{name}: sample #{index} unreadable ({type(exc).__name__}: {exc})"
@@ -229,9 +236,10 @@ def _check_labels(manifest: Manifest, labels: list[Label], report: VerifyReport)
 
 
 def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
-                          metadata: dict[str, dict] | None = None, captions: dict[str, tuple] | None = None) -> None:
-    """The dataset's samples, labels (and `metadata`, when given) against its source, listed again as the
-    conversion listed it (by the converter the manifest names: its `relist`)."""
+                          metadata: dict[str, dict] | None = None, captions: dict[str, tuple] | None = None,
+                          targets: dict[str, bytes | None] | None = None) -> None:
+    """The dataset's samples, labels (and `metadata`, `captions` and `targets`, when given) against its source,
+    listed again as the conversion listed it (by the converter the manifest names: its `relist`)."""
     from fastdata.converters import REGISTRY, load
 
     kind = manifest.source.get("kind", "imagefolder")
@@ -256,9 +264,14 @@ def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label
         tokens = listing.caption_tokens
         recaptioned = [p for i, (p, _) in enumerate(listing.samples) if p in captions and captions[p] != (
             listing.captions[i], None if tokens is None else tokens[i].tolist())]
+    other_targets = []
+    if targets is not None and listing.targets is not None:
+        other_targets = [p for i, (p, _) in enumerate(listing.samples)
+                         if p in targets and targets[p] != listing.targets.record(i)]
     for what, paths in (("in the source but not in the dataset", missing), ("labelled differently", wrong),
                         ("in the dataset but not in the source", extra), ("with other metadata", changed),
-                        ("with another caption or other token ids", recaptioned)):
+                        ("with another caption or other token ids", recaptioned),
+                        ("with other targets (boxes, labels, masks, ...)", other_targets)):
         if paths:
             report.problems.append(f"{len(paths)} sample(s) {what}: {', '.join(paths[:5])}"
                                    + (" ..." if len(paths) > 5 else ""))

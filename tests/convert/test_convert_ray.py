@@ -9,12 +9,14 @@ import re
 import pytest
 from builders import (
     BAD_FILES,
+    COCO_IMAGES,
     build_bad_tree,
     build_solid_tree,
     build_tricky_tree,
     cli,
     list_frame,
     wds_sample,
+    write_coco,
     write_list,
     write_wds_shards,
 )
@@ -133,3 +135,18 @@ def test_ray_engine_converts_webdataset_shards_alike(ray_instance, tmp_path):
     assert summaries["ray"].images == 12 and summaries["ray"].ray.outside_ray == 0
     assert len(summaries["ray"].ray.task_ids) == 2  # 12 samples in tasks of 8
     assert facts(tmp_path / "ray") == facts(tmp_path / "local")
+
+
+def test_ray_engine_converts_coco_alike(ray_instance, tmp_path):
+    """Detection targets are attached where the records are written: a COCO conversion with a missing image gives
+    the local engine's dataset (byte-identical shards, with their .det members; the same rejection)."""
+    files = write_coco(tmp_path / "coco")
+    (files.images / COCO_IMAGES[1][1]).unlink()
+    options = dict(format="wds", shard_size="8KB", workers=2, progress=False)
+    local = fastdata.convert_coco(files.annotations, files.images, tmp_path / "local", **options)
+    distributed = fastdata.convert_coco(files.annotations, files.images, tmp_path / "ray", engine="ray", **options)
+    assert distributed.engine == "ray" and distributed.ray.outside_ray == 0
+    assert distributed.rejected == local.rejected and [r["image_id"] for r in local.rejected] == [COCO_IMAGES[1][0]]
+    assert [(f.name, f.sha256) for f in fastdata.info(tmp_path / "ray").files] == \
+        [(f.name, f.sha256) for f in fastdata.info(tmp_path / "local").files]
+    assert fastdata.info(tmp_path / "ray").target_kind == "detection"
