@@ -10,12 +10,12 @@ import torch
 
 from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
-from fastdata.formats.manifest import Manifest, read_manifest
+from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
-from fastdata.image.loader import ImageLoader, ImageOptions, PairLoader
+from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
@@ -47,9 +47,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     An image-text pair dataset (`fastdata convert pairs`) gives `(image, caption)`: the caption's text, or when the
     dataset stores token ids `{"caption", "input_ids", "attention_mask"}` (int64 `[max_length]`, default 77).
     A detection dataset (`fastdata convert coco`) gives `(uint8 CHW tensor, target dict)`: `boxes` float32 `[N, 4]`
-    (xyxy, source pixels), `labels` int64 `[N]` (indexing `ds.classes`), `iscrowd` int64 `[N]`, `area` float32
-    `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8 `[N, H, W]`; whole
-    images only (`augment=None`: augmenting boxes and masks is not built yet).
+    (xyxy, in the returned image's pixels), `labels` int64 `[N]` (indexing `ds.classes`), `iscrowd` int64 `[N]`,
+    `area` float32 `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8
+    `[N, H, W]`; `augment` as for `loader` (None: the whole image and its target as stored).
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
@@ -61,7 +61,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             of a WebDataset directory.
         augment: None (whole images, as stored), "train", "val", an albumentations or torchvision transform, or a
             callable on an HWC uint8 RGB array (as for `loader`).
-        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224).
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection:
+            the canvas, default 640).
         seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`).
         on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
             of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
@@ -71,7 +72,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         rank: WebDataset: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: WebDataset: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
-        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`).
+        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`; detection:
+            the scale jitter's range, default (0.1, 2)).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         metadata: images: give `(image, label, metadata)` per sample, metadata being the dict of the sample's other
             source columns (e.g. a file list's); not read otherwise.
@@ -114,7 +116,6 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
     if is_url(path):
         store = remote.shards(str(path))
-        _check_detection(path, store.manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
                                on_error=on_error, store=store, metadata=metadata, masks=masks, **extra)
     if remote.given:
@@ -128,24 +129,9 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
-    _check_detection(path, manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
                metadata=metadata, masks=masks, **extra)
-
-
-def _check_detection(path: str | os.PathLike[str], manifest: Manifest, loading: bool, augmenting: list[str]) -> None:
-    """What a detection dataset cannot do yet: batches from `loader` (boxes and masks through its crops, and a
-    collate of targets of varying length), and augmentation (geometric transforms must move the boxes too)."""
-    if manifest.target_kind != "detection":
-        return
-    if loading:
-        raise ConfigError(f"{path}: fastdata.loader does not load {manifest.target_kind} datasets yet (augmenting "
-                          "boxes and masks is not built); use fastdata.dataset(PATH) with a DataLoader and a collate "
-                          "that keeps each image's target dict")
-    if augmenting:
-        raise ConfigError(f"{path}: {', '.join(augmenting)}: a {manifest.target_kind} dataset gives whole images "
-                          "with their targets (augmenting boxes and masks is not built yet); pass augment=None")
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
@@ -204,6 +190,7 @@ def loader(
     max_length: int | None = None,
     bucketing: bool | None = None,
     eos_token: str | None = None,
+    masks: bool = False,
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
@@ -297,6 +284,8 @@ def loader(
         max_length: text, padded: tokens per row at most (default 1024; longer documents are truncated).
         bucketing: text, padded: batch documents of similar length together.
         eos_token: text: the end-of-text token that follows each document (default: the conversion's).
+        masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in the batch's pixels
+            (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
     """
     rank, world_size = resolve_world(rank, world_size)
     options = LoaderOptions(
@@ -311,11 +300,13 @@ def loader(
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         max_length=max_length, loading=True)
+                         max_length=max_length, masks=masks, loading=True)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))
         return text_loader(data, options, text)
+    if data.target_kind == "detection":
+        return DetectionLoader(data, options, ImageOptions(**image_options))
     text_only = [name for name in text.given() if not (data.pairs and name == "max_length")]
     if text_only:
         raise ConfigError(f"{', '.join(text_only)}: for text datasets only; {path} holds images")

@@ -16,6 +16,7 @@ import torch
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import TARGET_KINDS, Manifest
+from fastdata.image.detection import DetectionCodec
 from fastdata.image.labels import LabelCodec
 
 #: Tokens per row when `max_length` is not given: CLIP's context length.
@@ -157,8 +158,10 @@ class CaptionCodec:
         return {"caption": caption.text, "input_ids": ids[0], "attention_mask": mask[0]}
 
 
-def target_codec(manifest: Manifest, where: str, max_length: int | None = None) -> LabelCodec | CaptionCodec:
-    """How the samples of an image dataset carry their targets: class labels, or captions (image-text pairs)."""
+def target_codec(manifest: Manifest, where: str, max_length: int | None = None, masks: bool = False
+                 ) -> LabelCodec | CaptionCodec | DetectionCodec:
+    """How the samples of an image dataset carry their targets: class labels, captions (image-text pairs), or
+    detection targets (with their instance masks when `masks`)."""
     if manifest.target_kind not in TARGET_KINDS:
         raise NotADatasetError(f"{where}: unknown target kind {manifest.target_kind!r} in the manifest (known: "
                                f"{', '.join(TARGET_KINDS)}); upgrade fastdata")
@@ -166,4 +169,6 @@ def target_codec(manifest: Manifest, where: str, max_length: int | None = None) 
         return CaptionCodec.of(manifest, where, max_length)
     if max_length is not None:
         raise ConfigError(f"max_length: for text datasets and image-text pairs only; {where} holds images")
+    if manifest.target_kind == "detection":
+        return DetectionCodec(masks)
     return LabelCodec.of(manifest, where)

@@ -27,7 +27,7 @@ from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.captions import target_codec
-from fastdata.image.detection import check_targets, detection_target
+from fastdata.image.detection import check_targets
 from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
@@ -57,7 +57,7 @@ class _ImageMetaMixin:
         self.masks = masks  # detection: targets carry their decoded masks
         self.manifest = manifest
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio,
-                                       labels=target_codec(manifest, str(self.root), max_length))
+                                       labels=target_codec(manifest, str(self.root), max_length, masks))
         self.on_error = on_error
         self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0
@@ -81,12 +81,9 @@ class _ImageMetaMixin:
         return self.manifest.target_kind
 
     def _label(self, sample: EncodedSample) -> Any:
-        """What a sample gives besides its image: its class label or caption, or (detection) its target dict."""
-        if self.manifest.target_kind != "detection":
-            return self.pipeline.labels.one(sample.label)
-        if sample.target is None:
-            raise CorruptSampleError(f"{self.root}: sample {sample.key!r} has no stored target")
-        return detection_target(sample.target, f"{self.root}: sample {sample.key!r}", self.masks)
+        """What a processed sample gives besides its image: its class label or caption, or (detection) its target
+        dict in the output's pixels."""
+        return self.pipeline.labels.one(sample.label)
 
     @property
     def multi_label(self) -> bool:
@@ -126,8 +123,10 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
     def encoded(self, index: int) -> EncodedSample:
         """Sample `index` as stored (bytes and header facts), not yet decoded."""
         r = self.reader
+        target = r.target(index) if self.manifest.target_kind == "detection" else None
         return EncodedSample(r.key(index), r.read(index), self.pipeline.labels.read(r, index),
-                             int(r.widths[index]), int(r.heights[index]), int(r.codecs[index]), (index,))
+                             int(r.widths[index]), int(r.heights[index]), int(r.codecs[index]), (index,),
+                             target=target)
 
     def metadata(self, index: int) -> dict:
         """Sample `index`'s stored metadata (its source row's other columns; {} when the source had none)."""
@@ -139,8 +138,6 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         if index < 0:
             index += len(self)
         sample = self.encoded(index)
-        if self.manifest.target_kind == "detection":
-            sample.target = self.reader.target(index)
         image = self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch))
         label = self._label(sample)
         if self.with_metadata:

@@ -1,16 +1,26 @@
 """Detection targets as the read side hands them over: a stored record (`fastdata.formats.targets`) -> the dict of
-tensors torchvision's detection models take, masks decoded from their COCO RLE with pycocotools only when asked."""
+tensors torchvision's detection models take, masks decoded from their COCO RLE with pycocotools only when asked.
+
+`DetectionCodec` takes the place of `LabelCodec` in the sample pipeline (as `CaptionCodec` does for pairs): the
+pipeline reads each sample's stored record (`EncodedSample.target`), maps it with the geometry its pixels got
+(`placed`) and leaves the result as the sample's label, so that a target travels with its image through every path
+of the loader (a skipped image drops its target, a borrowed sample brings its own); `batch` packs a batch's targets
+into a `DetectionBatch` of a few concatenated tensors (cheap to hand over from a worker, pinnable)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.targets import DetectionRecord, decode_detection
+from fastdata.image.boxes import map_boxes, map_masks, nonempty
+from fastdata.image.detection_presets import Placement, scale_area
 
 
 def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
@@ -27,34 +37,179 @@ def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
                           "segmentations)")
 
 
-def decode_masks(record: DetectionRecord) -> torch.Tensor:
-    """The record's masks, uint8 `[N, H, W]` (0/1), decoded from their RLE with pycocotools."""
+def mask_array(record: DetectionRecord) -> np.ndarray:
+    """The record's masks as a C-contiguous uint8 array `[N, H, W]` (0/1), decoded from their RLE (pycocotools)."""
     if record.rles is None:
         raise ConfigError(f"image {record.image_id}: its detection target holds no masks")
     if not record.rles:
-        return torch.zeros((0, record.height, record.width), dtype=torch.uint8)
+        return np.zeros((0, record.height, record.width), np.uint8)
     try:
         from pycocotools import mask
     except ImportError as exc:
         raise ConfigError("masks=True decodes COCO RLE masks with pycocotools: pip install 'fastdata[coco]'") from exc
     size = [record.height, record.width]
     decoded = mask.decode([{"size": size, "counts": rle} for rle in record.rles])  # [H, W, N], Fortran order
-    return torch.from_numpy(np.ascontiguousarray(decoded.transpose(2, 0, 1)))
+    return np.ascontiguousarray(decoded.transpose(2, 0, 1))
 
 
-def detection_target(raw: bytes, where: str, masks: bool = False) -> dict[str, Any]:
-    """One sample's target: `boxes` float32 `[N, 4]` (xyxy, source pixels), `labels` int64 `[N]`, `iscrowd` int64
-    `[N]`, `area` float32 `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks` uint8 `[N, H, W]`.
-    `where` names the sample in errors."""
-    record = decode_detection(raw, where)
-    target: dict[str, Any] = {
-        "boxes": torch.from_numpy(record.boxes.astype(np.float32)),  # astype copies: the record's bytes are read-only
-        "labels": torch.from_numpy(record.labels.astype(np.int64)),
-        "iscrowd": torch.from_numpy(record.iscrowd.astype(np.int64)),
-        "area": torch.from_numpy(record.areas.astype(np.float32)),
-        "annotation_ids": torch.from_numpy(record.ids.astype(np.int64)),
-        "image_id": int(record.image_id),
-    }
-    if masks:
-        target["masks"] = decode_masks(record)
-    return target
+@dataclass
+class DetectionTarget:
+    """One sample's target as the pipeline made it (output pixels): `boxes` float32 [N, 4] xyxy, `labels`,
+    `iscrowd`, `annotation_ids` int64 [N], `area` float32 [N], `image_id`, and `masks` uint8 [N, H, W] or None."""
+
+    image_id: int
+    boxes: np.ndarray
+    labels: np.ndarray
+    iscrowd: np.ndarray
+    area: np.ndarray
+    annotation_ids: np.ndarray
+    masks: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.boxes)
+
+    def keep(self, rows: np.ndarray) -> DetectionTarget:
+        """The annotations at `rows` (a bool mask or indices) only."""
+        return replace(self, boxes=self.boxes[rows], labels=self.labels[rows], iscrowd=self.iscrowd[rows],
+                       area=self.area[rows], annotation_ids=self.annotation_ids[rows],
+                       masks=None if self.masks is None else self.masks[rows])
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict torchvision's detection references use (tensors; `image_id` an int)."""
+        out: dict[str, Any] = {"boxes": torch.from_numpy(self.boxes), "labels": torch.from_numpy(self.labels),
+                               "iscrowd": torch.from_numpy(self.iscrowd), "area": torch.from_numpy(self.area),
+                               "annotation_ids": torch.from_numpy(self.annotation_ids), "image_id": self.image_id}
+        if self.masks is not None:
+            out["masks"] = torch.from_numpy(self.masks)
+        return out
+
+
+def _of_record(record: DetectionRecord) -> DetectionTarget:
+    """The record's annotations as stored (source pixels), copied (a record's arrays are read-only)."""
+    return DetectionTarget(int(record.image_id), record.boxes.astype(np.float32).reshape(-1, 4),
+                           record.labels.astype(np.int64), record.iscrowd.astype(np.int64),
+                           record.areas.astype(np.float32), record.ids.astype(np.int64))
+
+
+_TENSORS = ("boxes", "labels", "iscrowd", "area", "annotation_ids", "image_ids", "counts", "masks")
+
+
+@dataclass
+class DetectionBatch:
+    """The targets of a batch, in the batch's order, as a few concatenated tensors (one pickle and one pin per
+    field, however many boxes): annotation fields over all M boxes of the batch (`boxes` float32 [M, 4], `labels`,
+    `iscrowd`, `annotation_ids` int64 [M], `area` float32 [M], `masks` uint8 [M, H, W] or None), and per image
+    `image_ids` and `counts` (int64 [B]: image i's boxes follow the `counts[:i].sum()` before them)."""
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    iscrowd: torch.Tensor
+    area: torch.Tensor
+    annotation_ids: torch.Tensor
+    image_ids: torch.Tensor
+    counts: torch.Tensor
+    masks: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def _apply(self, fn: Any) -> DetectionBatch:
+        return DetectionBatch(**{name: None if getattr(self, name) is None else fn(getattr(self, name))
+                                 for name in _TENSORS})
+
+    def pin_memory(self) -> DetectionBatch:
+        return self._apply(lambda tensor: tensor.pin_memory())
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> DetectionBatch:
+        return self._apply(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+
+    def as_list(self) -> list[dict[str, Any]]:
+        """One target dict per image (views of the batch's tensors): `boxes`, `labels`, `iscrowd`, `area`,
+        `annotation_ids`, `image_id` (int), and `masks` when the batch has them."""
+        counts = self.counts.tolist()
+        names = [f.name for f in fields(self) if f.name not in ("image_ids", "counts", "masks")]
+        parts = {name: getattr(self, name).split(counts) for name in names}
+        if self.masks is not None:
+            parts["masks"] = self.masks.split(counts)
+        image_ids = self.image_ids.tolist()
+        return [{**{name: parts[name][row] for name in parts}, "image_id": image_ids[row]}
+                for row in range(len(counts))]
+
+
+@dataclass(frozen=True)
+class DetectionCodec:
+    """How a detection dataset's targets follow its images: the stored record of each sample (read with it:
+    `EncodedSample.target`), mapped by the pipeline with the sample's geometry, and batched; `masks`: with the
+    instance masks (decoded from their RLE)."""
+
+    masks: bool = False
+
+    def read(self, reader: Any, index: int) -> None:
+        """Nothing: a detection sample's target travels as `EncodedSample.target` (read with its bytes)."""
+        return None
+
+    def from_json(self, meta: dict) -> None:
+        """Nothing (see `read`): a WebDataset sample's target is its `.det` member."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What a loader state must match to resume."""
+        return {"detection": True, "masks": self.masks}
+
+    def record(self, sample: Any, where: str) -> DetectionRecord:
+        """The sample's stored record, checked against its image: CorruptSampleError naming `where` when it is
+        missing, damaged, or made for an image of another size."""
+        if sample.target is None:
+            raise CorruptSampleError(f"{where}: has no stored detection target")
+        record = decode_detection(sample.target, where)
+        if (record.width, record.height) != (sample.width, sample.height):
+            raise CorruptSampleError(f"{where}: its detection target (image {record.image_id}) is for a "
+                                     f"{record.width}x{record.height} image, but the image is "
+                                     f"{sample.width}x{sample.height}")
+        return record
+
+    def whole(self, record: DetectionRecord) -> DetectionTarget:
+        """The record's target as stored (source pixels; masks decoded when asked)."""
+        target = _of_record(record)
+        if self.masks:
+            target.masks = mask_array(record)
+        return target
+
+    def placed(self, record: DetectionRecord, placement: Placement, canvas: tuple[int, int]) -> DetectionTarget:
+        """The record's target after the crop of `placement` was resized to its size at the top-left of `canvas`:
+        boxes mapped and clipped to the placed image, those left with no area dropped with their other fields,
+        areas scaled, masks mapped by nearest neighbour into the canvas (padded with 0)."""
+        target = _of_record(record)
+        crop, (out_h, out_w) = placement.crop, placement.size
+        target.boxes = map_boxes(target.boxes, crop, out_h, out_w)
+        target.area = scale_area(target.area, crop, out_h, out_w)
+        kept = nonempty(target.boxes)
+        target = target.keep(kept)
+        if self.masks:
+            target.masks = map_masks(mask_array(record)[kept], crop, out_h, out_w, canvas)
+        return target
+
+    def batch(self, targets: Sequence[DetectionTarget]) -> DetectionBatch:
+        def cat(name: str, shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
+            arrays = [getattr(t, name) for t in targets]
+            return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(shape, dtype))
+
+        masks = None
+        if self.masks:
+            shapes = {t.masks.shape[1:] for t in targets if t.masks is not None and len(t.masks)}
+            if len(shapes) > 1:
+                raise ConfigError(f"cannot batch instance masks of different sizes {sorted(shapes)}: use a preset or "
+                                  "a transform that ends in a fixed size")
+            size = shapes.pop() if shapes else (0, 0)
+            arrays = [t.masks if t.masks is not None and len(t.masks) else np.zeros((0, *size), np.uint8)
+                      for t in targets]
+            masks = torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros((0, *size), np.uint8))
+        return DetectionBatch(cat("boxes", (0, 4), np.float32), cat("labels", (0,), np.int64),
+                              cat("iscrowd", (0,), np.int64), cat("area", (0,), np.float32),
+                              cat("annotation_ids", (0,), np.int64),
+                              torch.tensor([t.image_id for t in targets], dtype=torch.int64),
+                              torch.tensor([len(t) for t in targets], dtype=torch.int64), masks)
+
+    def one(self, target: DetectionTarget) -> dict[str, Any]:
+        """One sample's target dict (`DetectionTarget.as_dict`)."""
+        return target.as_dict()

@@ -180,8 +180,8 @@ class ImageLoader(ResumableLoader):
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         targets = pipeline.labels.describe()
-        if targets:  # captions (image-text pairs): the rows' length
-            config["captions"] = targets
+        if targets:  # captions (image-text pairs): the rows' length; detection: whether masks come
+            config["detection" if self.dataset.target_kind == "detection" else "captions"] = targets
         return config
 
     def _pass_length(self, start: int) -> int:
@@ -346,10 +346,36 @@ class PairLoader(ImageLoader):
             yield {"images": images, **captions.as_dict()}
 
 
+class DetectionLoader(ImageLoader):
+    """Iterable of `(images, targets)` over a detection dataset: images as `ImageLoader` makes them (the presets:
+    uint8 `[B, 3, S, S]` canvases, each image at the top-left, padded with 0), targets a list of B dicts
+    (`DetectionBatch.as_list`: `boxes` float32 `[N, 4]` xyxy in the canvas' pixels, `labels`, `iscrowd`,
+    `annotation_ids` int64 `[N]`, `area` float32 `[N]`, `image_id`, and with `masks=True` `masks` uint8
+    `[N, S, S]`). Everything else is `ImageLoader`'s: the order, the rank split, exact resume, skipped images (whose
+    targets go with them) and borrowed samples. Decoded in the workers only (decode="device" is refused)."""
+
+    def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
+                 image: ImageOptions | None = None) -> None:
+        if data.pipeline.preset is None and data.pipeline.augment is None:
+            raise ConfigError(f"{data.root}: augment=None gives whole images of different sizes, which do not "
+                              "stack: use augment='train' or 'val' (a padded canvas), or fastdata.dataset(PATH) for "
+                              "whole images with their targets")
+        super().__init__(data, options, image)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, list[dict[str, Any]]]]:  # type: ignore[override]
+        for images, targets in super().__iter__():
+            yield images, targets.as_list()
+
+
 def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
     """"auto" -> "device" when the target is a CUDA device whose nvjpeg works and the augment is a preset."""
     if decode not in DECODE_MODES:
         raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+    if data.target_kind == "detection":
+        if decode == "device":
+            raise ConfigError("decode='device' supports class labels and image-text pairs; detection datasets "
+                              "decode in the workers (decode='worker' or 'auto')")
+        return "worker"
     if decode == "device" and data.pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
                           "(decode='worker')")

@@ -25,6 +25,9 @@ from fastdata.image.augment import (
 from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
+from fastdata.image.detection import DetectionCodec
+from fastdata.image.detection_custom import check_detection_custom, wrap_detection_custom
+from fastdata.image.detection_presets import is_detection_preset, make_detection_preset
 from fastdata.image.labels import LabelCodec
 from fastdata.image.output import OutputFormat
 from fastdata.image.region import (
@@ -49,7 +52,7 @@ class SamplePipeline:
 
     def __init__(self, augment: Any, image_size: Any, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
-                 scale: Any = None, ratio: Any = None, labels: LabelCodec | None = None) -> None:
+                 scale: Any = None, ratio: Any = None, labels: LabelCodec | DetectionCodec | None = None) -> None:
         self.max_pixels = max_pixels
         self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
@@ -61,11 +64,22 @@ class SamplePipeline:
         self.augment = augment
         self.seed = seed
         self.source = source
-        if isinstance(augment, str):
+        # detection: targets follow the pixels' geometry (fastdata.image.detection); None for other targets
+        self.detection = self.labels if isinstance(self.labels, DetectionCodec) else None
+        self.preset: Any
+        if self.detection is not None and (isinstance(augment, str) or is_detection_preset(augment)):
+            self.preset = make_detection_preset(augment, image_size, scale, ratio)
+            self.image_size = self.preset.size
+        elif isinstance(augment, str):
             self.preset = make_preset(augment, image_size, scale, ratio)
             self.image_size = self.preset.size
+        elif is_detection_preset(augment):
+            raise ConfigError(f"{source}: {type(augment).__name__} is a detection preset; this dataset holds no "
+                              "detection targets")
         else:
             check_custom(augment, image_size, scale, ratio)
+            if self.detection is not None and augment is not None:
+                check_detection_custom(augment)
             self.preset, self.image_size = None, None
         self._custom = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
@@ -111,6 +125,9 @@ class SamplePipeline:
     def _where(self, sample: EncodedSample) -> str:
         return f"{self.source}/{sample.origin}" if sample.origin else self.source
 
+    def _name(self, sample: EncodedSample) -> str:
+        return f"{self._where(sample)}: sample {sample.key!r}"
+
     def _check_pixels(self, sample: EncodedSample) -> None:
         # from the stored header facts, before decoding; both decoders check the bytes' own header too
         if sample.width * sample.height > self.max_pixels:
@@ -138,11 +155,20 @@ class SamplePipeline:
         as a CHW tensor (`as_chw`). Adds the decode and augment seconds to `times` if given."""
         started = perf_counter()
         result: np.ndarray | torch.Tensor
+        record = self.detection.record(sample, self._name(sample)) if self.detection is not None else None
         if self.preset is not None:
-            params = self.preset.params(sample.width, sample.height, sample_rng(self.seed, epoch, *sample.position))
-            size = self.preset.out_size
+            rng = sample_rng(self.seed, epoch, *sample.position)
+            canvas = self.preset.out_size
             if out is None:
-                out = np.empty((*size, 3), np.uint8)
+                out = np.empty((*canvas, 3), np.uint8)
+            if record is not None:  # detection: the crop goes to the canvas' top-left, the rest is padded with 0
+                placement = self.preset.place(sample.width, sample.height, rng, record.boxes)
+                params, size = placement.crop, placement.size
+                result = out
+                out = pad_around(out, size)
+            else:
+                params, size = self.preset.params(sample.width, sample.height, rng), canvas
+                result = out
             decoder = self.region_decoder_for_presets() if sample.codec == CODEC_CV_JPEG else None
             decode_started = perf_counter()
             if decoder is not None:  # only the crop's rows/columns, at the smallest DCT scale that suffices
@@ -155,17 +181,26 @@ class SamplePipeline:
                 image = self._decode(sample, reduce)
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
-            result = out
+            if self.detection is not None and record is not None:
+                sample.label = self.detection.placed(record, placement, canvas)
         else:
             image = self._decode(sample)
             decode_s = perf_counter() - started
             if self.augment is None:
                 result = image
+                if self.detection is not None and record is not None:
+                    sample.label = self.detection.whole(record)
+            elif self.detection is not None and record is not None:
+                if self._custom is None:
+                    self._custom = wrap_detection_custom(self.augment)
+                custom, sample.label = self._custom(image, self.detection.whole(record),
+                                                    sample_seed(self.seed, epoch, *sample.position))
+                result = as_chw(custom, self._name(sample))
             else:
                 if self._custom is None:
                     self._custom = wrap_custom(self.augment)
                 result = as_chw(self._custom(image, sample_seed(self.seed, epoch, *sample.position)),
-                                f"{self._where(sample)}: sample {sample.key!r}")
+                                self._name(sample))
         if times is not None:
             times.decode += decode_s
             times.augment += perf_counter() - started - decode_s
@@ -246,6 +281,14 @@ class SamplePipeline:
         if isinstance(image, torch.Tensor):
             return image
         return torch.from_numpy(image).permute(2, 0, 1)
+
+
+def pad_around(canvas: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The top-left `size` (height, width) of `canvas` (H x W x 3), the rest of it set to 0 (detection's padding)."""
+    height, width = size
+    canvas[height:] = 0
+    canvas[:height, width:] = 0
+    return canvas[:height, :width]
 
 
 def _output_tensor(shape: tuple[int, ...], buffers: BatchBuffers | None, dtype: torch.dtype = torch.uint8
