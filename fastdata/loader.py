@@ -15,6 +15,7 @@ from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
+from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
@@ -109,7 +110,8 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
     check_int("seed", seed)
-    if augment is not None and not isinstance(augment, str) and not callable(augment):
+    if augment is not None and not isinstance(augment, str) and not callable(augment) \
+            and not is_detection_preset(augment):
         raise ConfigError(f"augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
                           f"callable on an HWC uint8 array, got {augment!r} ({type(augment).__name__})")
     remote = remote or RemoteOptions()

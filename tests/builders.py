@@ -983,3 +983,67 @@ def write_coco(root: Path, data: dict | None = None, name: str = "instances.json
     path = root / name
     path.write_text(json.dumps(data))
     return CocoFiles(path, images, data)
+
+
+# A COCO source for detection loading: every image a background whose green encodes its position in the list
+# (RECT_GREEN0 + RECT_GREEN_STEP * number; red always RECT_BACKGROUND_RED, blue 200) with one filled red rectangle,
+# annotated by its box and polygon (pixel edges), and a second, smaller box elsewhere; JPEGs and PNGs of odd sizes
+# alternate; ids not contiguous; the last image has no annotations.
+RECT_GREEN0, RECT_GREEN_STEP, RECT_BACKGROUND_RED = 30, 9, 40
+
+
+def rect_image_id(number: int) -> int:
+    return 1000 + 3 * number
+
+
+def rect_of(number: int, width: int, height: int) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1) of image `number`'s red rectangle (pixel edges): a quarter of each side, even edges."""
+    x0, y0 = (width // 4 + number % 3) // 2 * 2, height // 3 // 2 * 2
+    return x0, y0, x0 + max(4, width // 4) // 2 * 2, y0 + max(4, height // 4) // 2 * 2
+
+
+def rect_size(number: int) -> tuple[int, int]:
+    return 40 + (number * 7) % 50, 30 + (number * 11) % 40
+
+
+def rect_picture(number: int, rectangle: bool = True) -> np.ndarray:
+    width, height = rect_size(number)
+    image = np.empty((height, width, 3), np.uint8)
+    image[...] = (RECT_BACKGROUND_RED, RECT_GREEN0 + RECT_GREEN_STEP * number, 200)
+    if rectangle:
+        x0, y0, x1, y1 = rect_of(number, width, height)
+        image[y0:y1, x0:x1] = (255, 0, 0)
+    return image
+
+
+def rect_number_of(green: float) -> int:
+    """The list position an image's background green encodes."""
+    return round((green - RECT_GREEN0) / RECT_GREEN_STEP)
+
+
+def write_coco_rectangles(root: Path, count: int = 23) -> CocoFiles:
+    """Write the rectangles COCO source (see RECT_*) of `count` images under `root`."""
+    images, annotations = [], []
+    ann_id = iter(range(5, 10**6, 7))
+    for number in range(count):
+        width, height = rect_size(number)
+        kind = "png" if number % 2 else "jpeg"
+        name = f"img/{number:03d}.{'png' if kind == 'png' else 'jpg'}"
+        write_image(root / "images" / name, rect_picture(number, number < count - 1), kind)
+        image_id = rect_image_id(number)
+        images.append({"id": image_id, "file_name": name, "width": width, "height": height})
+        if number == count - 1:
+            continue
+        x0, y0, x1, y1 = rect_of(number, width, height)
+        polygon = [float(v) for v in (x0, y0, x1, y0, x1, y1, x0, y1)]
+        annotations.append({"id": next(ann_id), "image_id": image_id, "category_id": 1, "iscrowd": 0,
+                            "segmentation": [polygon], "area": float((x1 - x0) * (y1 - y0)),
+                            "bbox": [x0, y0, x1 - x0, y1 - y0]})
+        small = [2.0, 2.0, 8.0, 2.0, 8.0, 6.0, 2.0, 6.0]
+        annotations.append({"id": next(ann_id), "image_id": image_id, "category_id": 2, "iscrowd": 0,
+                            "segmentation": [small], "area": 24.0, "bbox": [2.0, 2.0, 6.0, 4.0]})
+    data = {"images": images, "annotations": annotations,
+            "categories": [{"id": 1, "name": "rectangle"}, {"id": 2, "name": "corner"}]}
+    path = root / "instances.json"
+    path.write_text(json.dumps(data))
+    return CocoFiles(path, root / "images", data)

@@ -18,25 +18,46 @@ import torch
 MakeLoader = Callable[[int], Any]
 
 
+def _equal(u, v) -> bool:
+    """Tensors, lists (of target dicts: detection) and plain values, compared exactly."""
+    if isinstance(u, torch.Tensor):
+        return isinstance(v, torch.Tensor) and u.dtype == v.dtype and torch.equal(u, v)
+    if isinstance(u, dict):
+        return isinstance(v, dict) and u.keys() == v.keys() and all(_equal(u[k], v[k]) for k in u)
+    if isinstance(u, list | tuple):
+        return isinstance(v, list | tuple) and len(u) == len(v) and all(map(_equal, u, v))
+    return u == v
+
+
 def same(a, b) -> bool:
-    """Batches equal exactly: image batches as (images, labels), text and image-text pair batches as dicts (pairs:
-    a list of captions beside the tensors)."""
+    """Batches equal exactly: image batches as (images, labels) (detection: (images, list of target dicts)), text
+    and image-text pair batches as dicts (pairs: a list of captions beside the tensors)."""
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
         if isinstance(x, dict) and x.keys() != y.keys():
             return False
         pairs = zip(x.values(), y.values(), strict=True) if isinstance(x, dict) else zip(x, y, strict=True)
-        if not all(torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v for u, v in pairs):
+        if not all(_equal(u, v) for u, v in pairs):
             return False
     return True
+
+
+def _clone(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clone(v) for v in value]
+    return value
 
 
 def clone(batch):
     """A copy of a batch that outlives the loader's reuse of its buffers."""
     if isinstance(batch, dict):
         return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()}
-    return tuple(t.clone() for t in batch)
+    return tuple(_clone(t) for t in batch)
 
 
 def run_with_states(loader) -> tuple[list, list, list[dict]]:

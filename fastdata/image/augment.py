@@ -8,6 +8,7 @@ same parameters on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -267,7 +268,8 @@ def describe_augment(augment: Any) -> str | None:
         return None
     if isinstance(augment, str):
         augment = make_preset(augment)
-    if isinstance(augment, RandomResizedCropFlip | ResizeCenterCrop):
+    if isinstance(augment, RandomResizedCropFlip | ResizeCenterCrop) or (
+            dataclasses.is_dataclass(augment) and not isinstance(augment, type)):  # presets (detection's too)
         return repr(augment)
     try:
         import json

@@ -41,7 +41,9 @@ def nearest_indices(start: float, length: float, out: int, size: int, flip: bool
     """The source pixel each of `out` output pixels takes, nearest to its centre: floor(start + (i + 0.5) *
     length / out), clipped to 0..size-1 (reversed when `flip`). For a whole-pixel `start` this is torch's
     "nearest-exact" (torchvision's InterpolationMode.NEAREST_EXACT) after cropping."""
-    index = np.floor(start + (np.arange(out) + 0.5) * (length / out)).astype(np.int64)
+    # + 1e-9: a centre that lands exactly on a source pixel's edge (exactly, e.g. 26.5 * 38 / 53 = 19) takes the
+    # pixel after it, as exact arithmetic does, however the float sum rounds
+    index = np.floor(start + (np.arange(out) + 0.5) * (length / out) + 1e-9).astype(np.int64)
     np.clip(index, 0, size - 1, out=index)
     return index[::-1] if flip else index
 

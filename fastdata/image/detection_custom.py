@@ -35,7 +35,7 @@ def wrap_detection_custom(transform: Any) -> DetectionTransform:
         is_album = False
     if is_album:
         processor = getattr(transform, "processors", {}).get("bboxes")
-        if processor is None or processor.params.coord_format != "pascal_voc" or not processor.params.label_fields:
+        if processor is None or processor.params.format != "pascal_voc" or not processor.params.label_fields:
             raise ConfigError(ACCEPTED + f"; got an albumentations {type(transform).__name__} without them")
         return _albumentations(transform, list(processor.params.label_fields))
     if torchvision_convention(transform) == "v2":

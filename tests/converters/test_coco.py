@@ -1,7 +1,7 @@
 """`fastdata convert coco` (converters/coco.py): a COCO instances file, written as users have it and read back with
 pycocotools' own COCO class, converts to exactly its annotations (ids, categories, boxes, labels, iscrowd, areas,
 masks), in LMDB and WebDataset; resumes; refuses bad annotations in one line before writing anything; and the
-read side gives `(image, target dict)` while the loader refuses detection datasets for now."""
+read side gives `(image, target dict)` (loading with augmentation: tests/image/test_detection_loading.py)."""
 
 from __future__ import annotations
 
@@ -160,14 +160,6 @@ def test_classification_datasets_stay_as_they_were(solid_lmdb, solid_wds):
             assert not [m.name for m in tar if m.name.endswith(".det")]
     with pytest.raises(ConfigError, match="masks=True applies to detection datasets"):
         fastdata.dataset(solid_lmdb, masks=True)
-
-
-def test_the_loader_refuses_detection_datasets_in_one_line(source, tmp_path, capsys):
-    convert(source, tmp_path / "out.lmdb")
-    with pytest.raises(ConfigError, match="does not load detection datasets yet"):
-        fastdata.loader(tmp_path / "out.lmdb", num_workers=0)
-    with pytest.raises(ConfigError, match="augmenting boxes and masks is not built yet"):
-        fastdata.dataset(tmp_path / "out.lmdb", augment="train")
 
 
 def test_verify_checks_the_dataset_against_its_annotations(source, tmp_path, capsys):
