@@ -108,7 +108,7 @@ def test_boxes_and_masks_equal_torchvision_for_the_same_geometry(coco_lmdb, pres
     half a source pixel against its box; fastdata keeps masks on the same geometry as the boxes and pixels.)"""
     augment = {"train": "train", "val": "val", "iou": ScaleJitterCrop(SIZE, (0.3, 2.0), iou_crop=True)}[preset]
     whole = fastdata.dataset(coco_lmdb, masks=True)
-    compared = 0
+    compared, flips = 0, []
     for seed in range(6):
         options = {"image_size": SIZE} if isinstance(augment, str) else {}
         data = fastdata.dataset(coco_lmdb, augment=augment, seed=seed, masks=True, **options)
@@ -133,7 +133,9 @@ def test_boxes_and_masks_equal_torchvision_for_the_same_geometry(coco_lmdb, pres
             scale = (placement.width / placement.crop.width) * (placement.height / placement.crop.height)
             assert torch.allclose(got["area"], target["area"][keep] * scale, rtol=1e-5)
             compared += len(boxes)
+            flips.append(placement.crop.flip)
     assert compared > 20
+    assert (0 < sum(flips) < len(flips)) == (preset != "val")  # train flips some samples (p=0.5), val none
 
 
 def test_val_resizes_the_longer_side_and_pads(rect_lmdb):
@@ -312,23 +314,33 @@ def test_a_target_for_an_image_of_another_size_is_named(rect_lmdb, tmp_path):
 
 
 def test_albumentations_with_bbox_params_moves_the_targets(rect_lmdb):
+    """Pad to 96 x 96 at the top-left, crop x 10..90 (which drops the corner box at x 2..8, with its label and
+    mask), flip: the rectangle's box, label and mask follow."""
     A = pytest.importorskip("albumentations")
-    transform = A.Compose([A.HorizontalFlip(p=1.0), A.PadIfNeeded(96, 96, position="top_left", border_mode=0),
-                           A.Crop(0, 0, 96, 96)],
+    transform = A.Compose([A.PadIfNeeded(96, 96, position="top_left", border_mode=0), A.Crop(10, 0, 90, 90),
+                           A.HorizontalFlip(p=1.0)],
                           bbox_params=A.BboxParams(format="pascal_voc", label_fields=["classes"]))
     whole = fastdata.dataset(rect_lmdb, masks=True)
     data = fastdata.dataset(rect_lmdb, augment=transform, masks=True)
     for index in (0, 3):
         image, target = whole[index]
-        width = image.shape[2]
+        height, width = image.shape[1:]
         out, got = data[index]
-        assert out.shape == (3, 96, 96)
-        flipped = target["boxes"][:, [2, 1, 0, 3]] * torch.tensor([-1, 1, -1, 1]) + torch.tensor([width, 0] * 2)
-        assert torch.allclose(got["boxes"], flipped, atol=1e-4)
-        assert torch.equal(got["labels"], target["labels"])
-        assert got["masks"].shape == (len(target["labels"]), 96, 96)
-        assert torch.equal(got["masks"][:, : image.shape[1], :width], target["masks"].flip(-1))
+        assert out.shape == (3, 90, 80)
+        rect = target["labels"] == 0
+        expected = target["boxes"][rect][:, [2, 1, 0, 3]] * torch.tensor([-1, 1, -1, 1]) + torch.tensor([90, 0] * 2)
+        assert torch.allclose(got["boxes"], expected, atol=1e-4)
+        assert torch.equal(got["labels"], target["labels"][rect])
+        assert torch.equal(got["annotation_ids"], target["annotation_ids"][rect])
+        padded = torch.zeros((int(rect.sum()), 96, 96), dtype=torch.uint8)
+        padded[:, :height, :width] = target["masks"][rect]
+        assert torch.equal(got["masks"], padded[:, :90, 10:90].flip(-1))
         assert _check_inside(out, got, f"image {index}")
+    corner = A.Compose([A.Crop(0, 0, 10, 10)], bbox_params=A.BboxParams(format="pascal_voc", label_fields=["c"]))
+    _, got = fastdata.dataset(rect_lmdb, augment=corner)[0]
+    _, target = whole[0]
+    assert torch.equal(got["labels"], target["labels"][target["labels"] == 1])  # the rectangle's row dropped first
+    assert torch.allclose(got["boxes"], target["boxes"][target["labels"] == 1])
     ld = fastdata.loader(rect_lmdb, batch_size=4, augment=transform, num_workers=0, masks=True)
     assert sum(len(t) for _, t in ld) == 23
 
