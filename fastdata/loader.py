@@ -232,6 +232,15 @@ def loader(
     fsspec (`storage_options` go to the file system), are checked against the manifest's sha256 before use,
     and are kept in `cache_dir` (at most `cache_max_bytes`, e.g. "20GB") when it is given.
 
+    Detection datasets (`fastdata convert coco`) yield `(images, targets)`: images uint8 `[B, 3, S, S]` (S =
+    `image_size`, default 640), each image at the canvas' top-left, padded with 0; targets a list of B dicts
+    (`boxes` float32 `[N, 4]` xyxy in the canvas' pixels, `labels`, `iscrowd`, `annotation_ids` int64 `[N]`,
+    `area` float32 `[N]`, `image_id`, with `masks=True` `masks` uint8 `[N, S, S]`). There `augment="train"` is
+    torchvision's ScaleJitter (`scale`: its range, default (0.1, 2)) + a window of at most S x S + flip, `"val"`
+    resizes the longer side to S; boxes and masks follow the pixels' exact geometry (docs/detection.md).
+    albumentations with `bbox_params` and torchvision v2 transforms are accepted; `decode="device"` and
+    `augment=None` are refused.
+
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
     to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
@@ -246,9 +255,11 @@ def loader(
             Resize(int(image_size / 0.875)) + CenterCrop(image_size)), None (whole images, which must then share
             one size to be batched), an albumentations transform (ending in `Normalize` / `ToTensorV2` gives
             float32 batches), a torchvision transform (v2: uint8 CHW tensor in; v1: PIL image in), or a callable
-            on an HWC uint8 RGB array; each sample's randomness is seeded from `(seed, epoch, sample)`.
-        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224); refused
-            with a transform of your own, which sets its own size.
+            on an HWC uint8 RGB array; each sample's randomness is seeded from `(seed, epoch, sample)`. Detection
+            datasets: "train" (scale jitter + window + flip), "val" (longer side), a `ScaleJitterCrop` /
+            `ResizeLongerPad` preset, an albumentations Compose with `bbox_params` or a torchvision v2 transform.
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection:
+            the canvas, default 640); refused with a transform of your own, which sets its own size.
         shuffle: reshuffle every epoch from `(seed, epoch)`; False keeps the dataset's stored order.
         num_workers: worker processes building batches (None: one per available core, at most 16; 0: in this
             process).
@@ -278,7 +289,7 @@ def loader(
         mean: with a floating `dtype`: the per-channel mean, in 0..1 units (default ImageNet's).
         std: with a floating `dtype`: the per-channel standard deviation, in 0..1 units (default ImageNet's).
         scale: "train": RandomResizedCrop's range of the crop's area, as a fraction of the image (default
-            (0.08, 1)).
+            (0.08, 1)); detection: the scale jitter's range of factors (default (0.1, 2)).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         seq_len: text, packed: tokens per block (default 1024).
         packing: text: True (default) packs documents into blocks of `seq_len`; False gives one document per

@@ -25,6 +25,8 @@ from builders import (
     pair_shard_sample,
     pairs_frame,
     train_bytelevel,
+    write_coco,
+    write_coco_rectangles,
     write_hf_sources,
     write_jsonl,
     write_list,
@@ -243,6 +245,42 @@ def pairs_from_shards(pair_shards, tmp_path_factory) -> Path:
 def pairs(request, pairs_lmdb, pairs_wds) -> Path:
     """The solid pairs with token ids, as LMDB and as WebDataset shards."""
     return pairs_lmdb if request.param == "lmdb" else pairs_wds
+
+
+def _convert_coco(source, out: Path, **options) -> Path:
+    fastdata.convert_coco(source.annotations, source.images, out, workers=1, progress=False, **options)
+    return out
+
+
+@pytest.fixture(scope="session")
+def rect_source(tmp_path_factory):
+    """The rectangles COCO source (builders.write_coco_rectangles): 23 images, each a red rectangle in its box."""
+    return write_coco_rectangles(tmp_path_factory.mktemp("rects"))
+
+
+@pytest.fixture(scope="session")
+def rect_lmdb(rect_source, tmp_path_factory) -> Path:
+    return _convert_coco(rect_source, tmp_path_factory.mktemp("rects_lmdb") / "rects.lmdb")
+
+
+@pytest.fixture(scope="session")
+def rect_wds(rect_source, tmp_path_factory) -> Path:
+    return _convert_coco(rect_source, tmp_path_factory.mktemp("rects_wds") / "rects-wds", format="wds",
+                         shard_size="6KB")
+
+
+@pytest.fixture(params=["lmdb", "wds"])
+def rects(request, rect_lmdb, rect_wds) -> Path:
+    """The rectangles COCO source converted, as LMDB and as WebDataset shards."""
+    return rect_lmdb if request.param == "lmdb" else rect_wds
+
+
+@pytest.fixture(scope="session")
+def coco_lmdb(tmp_path_factory) -> Path:
+    """The converter tests' COCO source (builders.write_coco: polygons of several parts, compressed and
+    uncompressed RLE crowds) converted to LMDB."""
+    root = tmp_path_factory.mktemp("coco_lmdb")
+    return _convert_coco(write_coco(root), root / "coco.lmdb")
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """The README and the documentation stay true and self-contained: every ```python block of README.md and of
 docs/ runs as written (its "train.lmdb" / "val.lmdb" pointed at a tiny converted sample, "pairs.lmdb" at tiny
-image-text pairs), the set-up is two
+image-text pairs, "coco.lmdb" at a tiny COCO conversion), the set-up is two
 commands, the README stays short, and every local link points at a file inside the repository."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 DATASET_NAMES = ('"train.lmdb"', '"val.lmdb"')
 PAIRS_NAME = '"pairs.lmdb"'  # image-text pairs (docs/pairs.md): pointed at the solid pairs with token ids
+COCO_NAME = '"coco.lmdb"'  # detection (docs/detection.md): pointed at the converter tests' COCO source, with masks
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -30,14 +31,19 @@ def test_readme_has_python_snippets() -> None:
 
 @pytest.mark.parametrize(("page", "index"), SNIPPETS,
                          ids=[f"{page.relative_to(ROOT)}-{index}" for page, index in SNIPPETS])
-def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Path) -> None:
+def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Path, coco_lmdb: Path) -> None:
     code = python_blocks(page)[index]
     for name in DATASET_NAMES:
         code = code.replace(name, repr(str(readme_lmdb)))
     code = code.replace(PAIRS_NAME, repr(str(pairs_lmdb)))
+    code = code.replace(COCO_NAME, repr(str(coco_lmdb)))
     namespace: dict = {}
     exec(compile(code, f"{page.relative_to(ROOT)} snippet {index}", "exec"), namespace)
-    if "loader" in namespace and hasattr(namespace["loader"], "dataset"):
+    if "targets" in namespace:  # detection: a canvas of the asked size, a target dict per image
+        images, targets = namespace["images"], namespace["targets"]
+        assert images.shape[1:] == (3, *images.shape[-2:]) and len(targets) == len(images)
+        assert all(t["boxes"].shape[1:] == (4,) for t in targets)
+    elif "loader" in namespace and hasattr(namespace["loader"], "dataset"):
         assert namespace["images"].shape[1:] == (3, 224, 224)
         if "labels" in namespace:  # image-text pairs have captions instead
             assert namespace["labels"].dtype.is_floating_point is False

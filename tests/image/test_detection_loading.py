@@ -14,7 +14,6 @@ from builders import (
     rect_image_id,
     rect_number_of,
     write_coco,
-    write_coco_rectangles,
 )
 from contracts import check_resumes, clone, same
 
@@ -30,43 +29,6 @@ from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402
 
 SIZE = 32
-
-
-def _convert(source, out, **options):
-    return fastdata.convert_coco(source.annotations, source.images, out, workers=1, progress=False, **options)
-
-
-@pytest.fixture(scope="module")
-def rect_source(tmp_path_factory):
-    return write_coco_rectangles(tmp_path_factory.mktemp("rects"))
-
-
-@pytest.fixture(scope="module")
-def rect_lmdb(rect_source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rl") / "rects.lmdb"
-    _convert(rect_source, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def rect_wds(rect_source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rw") / "rects-wds"
-    _convert(rect_source, out, format="wds", shard_size="6KB")
-    return out
-
-
-@pytest.fixture(params=["lmdb", "wds"])
-def rects(request, rect_lmdb, rect_wds):
-    return rect_lmdb if request.param == "lmdb" else rect_wds
-
-
-@pytest.fixture(scope="module")
-def coco_lmdb(tmp_path_factory):
-    """The converter tests' COCO source (polygons of several parts, compressed and uncompressed RLE crowds)."""
-    root = tmp_path_factory.mktemp("coco")
-    out = root / "coco.lmdb"
-    _convert(write_coco(root), out)
-    return out
 
 
 # ------------------------------------------------------------------------------ geometry against torchvision
@@ -262,7 +224,7 @@ def test_a_skipped_image_drops_its_target(rect_lmdb, tmp_path):
 def test_masks_are_refused_where_none_are_stored(tmp_path):
     root = tmp_path / "src"
     source = write_coco(root, _without_segmentation())
-    _convert(source, tmp_path / "boxes.lmdb")
+    fastdata.convert_coco(source.annotations, source.images, tmp_path / "boxes.lmdb", workers=1, progress=False)
     with pytest.raises(ConfigError, match="holds no masks"):
         fastdata.loader(tmp_path / "boxes.lmdb", image_size=SIZE, masks=True, num_workers=0)
 
