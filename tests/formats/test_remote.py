@@ -248,3 +248,21 @@ def test_a_failed_fetch_leaves_nothing(tmp_path):
     with pytest.raises(OSError, match="connection reset"):
         cache.open("cd" * 32, 100, broken)
     assert cache_files(tmp_path) == []
+
+
+def test_detection_shards_load_remotely_as_locally(rect_wds, tmp_path):
+    """A COCO conversion's shards over http: the same images and target dicts as the local shards."""
+    from contracts import clone, same
+
+    shutil.copytree(rect_wds, tmp_path / "www" / "rects")
+    served = Server(tmp_path / "www")
+    try:
+        def run(path):
+            loader = fastdata.loader(path, batch_size=5, image_size=24, num_workers=0, seed=2, masks=True,
+                                     cache_dir=tmp_path / "cache" if "://" in str(path) else None)
+            return [clone(batch) for batch in loader]
+
+        remote, local = run(served.url("rects")), run(rect_wds)
+        assert same(remote, local) and sum(len(targets) for _, targets in remote) == 23
+    finally:
+        served.close()
