@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from time import perf_counter
+from typing import Any
 
 import torch
 
@@ -27,7 +28,8 @@ class EncodedSample:
     position: tuple[int, ...]  # what seeds its augmentation (index, or shard and offset), with the epoch
     origin: str = ""  # the data file it was read from, when the dataset has several (a shard's name)
     metadata: dict | None = None  # its stored metadata, where the format reads it with the sample (WebDataset)
-    target: bytes | None = None  # its stored target record, where the format reads it with the sample (WebDataset)
+    target: bytes | None = None  # its stored target record (detection), read with the sample
+    made: Any = None  # detection: its target as the pipeline made it, in the output's pixels (DetectionTarget)
 
 
 @dataclass

@@ -170,5 +170,5 @@ def target_codec(manifest: Manifest, where: str, max_length: int | None = None, 
     if max_length is not None:
         raise ConfigError(f"max_length: for text datasets and image-text pairs only; {where} holds images")
     if manifest.target_kind == "detection":
-        return DetectionCodec(masks)
+        return DetectionCodec(masks, LabelCodec.of(manifest, where))
     return LabelCodec.of(manifest, where)

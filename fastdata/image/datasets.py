@@ -83,7 +83,7 @@ class _ImageMetaMixin:
     def _label(self, sample: EncodedSample) -> Any:
         """What a processed sample gives besides its image: its class label or caption, or (detection) its target
         dict in the output's pixels."""
-        return self.pipeline.labels.one(sample.label)
+        return self.pipeline.labels.one(self.pipeline.target_of(sample))
 
     @property
     def multi_label(self) -> bool:

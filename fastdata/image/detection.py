@@ -10,7 +10,7 @@ into a `DetectionBatch` of a few concatenated tensors (cheap to hand over from a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -18,9 +18,11 @@ import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.manifest import Manifest
+from fastdata.formats.records import Label
 from fastdata.formats.targets import DetectionRecord, decode_detection
 from fastdata.image.boxes import map_boxes, map_masks, nonempty
 from fastdata.image.detection_presets import Placement, scale_area
+from fastdata.image.labels import LabelCodec
 
 
 def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
@@ -139,18 +141,20 @@ class DetectionBatch:
 @dataclass(frozen=True)
 class DetectionCodec:
     """How a detection dataset's targets follow its images: the stored record of each sample (read with it:
-    `EncodedSample.target`), mapped by the pipeline with the sample's geometry, and batched; `masks`: with the
-    instance masks (decoded from their RLE)."""
+    `EncodedSample.target`), mapped by the pipeline with the sample's geometry (`EncodedSample.made`), and
+    batched; `masks`: with the instance masks (decoded from their RLE). A sample's `label` stays its stored class
+    set (`classes`), which `fastdata verify` checks."""
 
     masks: bool = False
+    classes: LabelCodec = field(default_factory=lambda: LabelCodec("multi"))
 
-    def read(self, reader: Any, index: int) -> None:
-        """Nothing: a detection sample's target travels as `EncodedSample.target` (read with its bytes)."""
-        return None
+    def read(self, reader: Any, index: int) -> Label:
+        """Sample `index`'s stored class set (its target travels as `EncodedSample.target`)."""
+        return self.classes.read(reader, index)
 
-    def from_json(self, meta: dict) -> None:
-        """Nothing (see `read`): a WebDataset sample's target is its `.det` member."""
-        return None
+    def from_json(self, meta: dict) -> Label:
+        """A WebDataset sample's stored class set (its target is its `.det` member)."""
+        return self.classes.from_json(meta)
 
     def describe(self) -> dict[str, Any]:
         """What a loader state must match to resume."""

@@ -304,7 +304,7 @@ class ImageLoader(ResumableLoader):
                           f"is replaced by one sample borrowed from later in the epoch ({sample.key!r}) so that "
                           f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
                           stacklevel=3)
-        return image[None], pipeline.labels.batch([sample.label])
+        return image[None], pipeline.labels.batch([pipeline.target_of(sample)])
 
     @property
     def device_fallbacks(self) -> int:

@@ -125,6 +125,11 @@ class SamplePipeline:
     def _where(self, sample: EncodedSample) -> str:
         return f"{self.source}/{sample.origin}" if sample.origin else self.source
 
+    def target_of(self, sample: EncodedSample) -> Any:
+        """What a processed sample's batch row carries besides its image: its label or caption, or (detection)
+        the target `process` made with the pixels' geometry."""
+        return sample.made if self.detection is not None else sample.label
+
     def _name(self, sample: EncodedSample) -> str:
         return f"{self._where(sample)}: sample {sample.key!r}"
 
@@ -182,18 +187,18 @@ class SamplePipeline:
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
             if self.detection is not None and record is not None:
-                sample.label = self.detection.placed(record, placement, canvas)
+                sample.made = self.detection.placed(record, placement, canvas)
         else:
             image = self._decode(sample)
             decode_s = perf_counter() - started
             if self.augment is None:
                 result = image
                 if self.detection is not None and record is not None:
-                    sample.label = self.detection.whole(record)
+                    sample.made = self.detection.whole(record)
             elif self.detection is not None and record is not None:
                 if self._custom is None:
                     self._custom = wrap_detection_custom(self.augment)
-                custom, sample.label = self._custom(image, self.detection.whole(record),
+                custom, sample.made = self._custom(image, self.detection.whole(record),
                                                     sample_seed(self.seed, epoch, *sample.position))
                 result = as_chw(custom, self._name(sample))
             else:
@@ -266,7 +271,7 @@ class SamplePipeline:
                 else:
                     cv2.split(image, [planes[len(labels), channel] for channel in order])
                 times.collate += perf_counter() - started
-            labels.append(sample.label)
+            labels.append(self.target_of(sample))
         collate_started = perf_counter()
         if size:
             tensor = tensor[: len(labels)]
