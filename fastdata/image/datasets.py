@@ -2,7 +2,8 @@
 
 Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder (multi-label datasets: a
 multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.captions`; detection
-datasets: the target dict of `fastdata.image.detection`),
+datasets: the target dict of `fastdata.image.detection`; segmentation datasets: the mask of
+`fastdata.image.segmentation`),
 `(image, label, metadata dict)` when opened with `metadata=True`, and
 both can build whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
 """
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
-from fastdata.formats.manifest import Manifest
+from fastdata.formats.manifest import RECORD_TARGET_KINDS, Manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
@@ -30,6 +31,7 @@ from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets, detection_target
 from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
+from fastdata.image.segmentation import mask_dtype, segmentation_mask
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
 
@@ -76,17 +78,21 @@ class _ImageMetaMixin:
 
     @property
     def target_kind(self) -> str:
-        """What a sample gives besides its image: "class" (a class label), "pairs" (a caption) or "detection" (a
-        target dict: boxes, labels, ...)."""
+        """What a sample gives besides its image: "class" (a class label), "pairs" (a caption), "detection" (a
+        target dict: boxes, labels, ...) or "segmentation" (a mask of class ids)."""
         return self.manifest.target_kind
 
     def _label(self, sample: EncodedSample) -> Any:
-        """What a sample gives besides its image: its class label or caption, or (detection) its target dict."""
-        if self.manifest.target_kind != "detection":
+        """What a sample gives besides its image: its class label or caption, (detection) its target dict, or
+        (segmentation) its mask."""
+        if self.manifest.target_kind not in RECORD_TARGET_KINDS:
             return self.pipeline.labels.one(sample.label)
         if sample.target is None:
             raise CorruptSampleError(f"{self.root}: sample {sample.key!r} has no stored target")
-        return detection_target(sample.target, f"{self.root}: sample {sample.key!r}", self.masks)
+        where = f"{self.root}: sample {sample.key!r}"
+        if self.manifest.target_kind == "segmentation":
+            return segmentation_mask(sample.target, where, mask_dtype(self.manifest))
+        return detection_target(sample.target, where, self.masks)
 
     @property
     def multi_label(self) -> bool:
@@ -139,7 +145,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         if index < 0:
             index += len(self)
         sample = self.encoded(index)
-        if self.manifest.target_kind == "detection":
+        if self.manifest.target_kind in RECORD_TARGET_KINDS:
             sample.target = self.reader.target(index)
         image = self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch))
         label = self._label(sample)
