@@ -233,6 +233,11 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_an_interrupted_segmentation_conversion_resumes_to_the_same_dataset(tmp_path, fmt):
     listed, frame = build_segmentation_list(tmp_path / "src")
+    for row, key in enumerate(frame["mask"]):  # one class id of each map's own: each sample's ids must be counted
+        width, height = seg_size(sample_id(key))
+        ids = seg_ids(sample_id(key), width, height)
+        ids[1, 1] = 100 + row
+        write_label_map(tmp_path / "src" / key, ids, "P" if sample_id(key) % 2 else "L")
     name, options = FORMATS[fmt]
     convert(listed, tmp_path / "reference" / name, commit_every=2, **options)
     out = tmp_path / name
@@ -253,6 +258,7 @@ def test_an_interrupted_segmentation_conversion_resumes_to_the_same_dataset(tmp_
     summary = convert(listed, out, commit_every=2, **options)
     assert summary.resumed_at
     reference = fastdata.info(tmp_path / "reference" / name)
+    assert reference.targets["classes_seen"] == SEG_CLASSES + SEG_COUNT
     assert fastdata.info(out).targets == reference.targets  # the class ids counted before the kill too
     got, want = stored(out), stored(tmp_path / "reference" / name)
     assert sorted(got) == sorted(want)
