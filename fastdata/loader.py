@@ -49,7 +49,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     A detection dataset (`fastdata convert coco`) gives `(uint8 CHW tensor, target dict)`: `boxes` float32 `[N, 4]`
     (xyxy, source pixels), `labels` int64 `[N]` (indexing `ds.classes`), `iscrowd` int64 `[N]`, `area` float32
     `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8 `[N, H, W]`; whole
-    images only (`augment=None`: augmenting boxes and masks is not built yet).
+    images only (`augment=None`: augmenting boxes and masks is not built yet). A semantic segmentation dataset
+    (`fastdata convert list --mask-column`) gives `(uint8 CHW tensor, mask)`, the mask `[H, W]` of class ids (uint8;
+    int64 for 16-bit label maps), whole images only too.
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
