@@ -13,6 +13,14 @@ read with pyarrow. One row per image:
   `['cat', 'dog']`, as pandas writes lists) is a list. A column mixing these types is refused.
 - A missing label (null, empty cell, NaN) is refused, naming its row: every sample needs one; a multi-label sample
   of no class is written `[]`.
+- `--mask-column` (semantic segmentation, `fastdata.convert.masks`): the column holding each image's label map, a
+  path relative to the root like the image's: a single-channel PNG of class ids (8-bit; 16-bit when ids exceed
+  255; a palette PNG's indices are its ids, as VOC ships them), stored losslessly with the image. The label
+  column is then optional: without one every sample is in one class, "unlabelled"; `--num-classes` bounds the
+  label maps' ids (the `--ignore-index`, default 255, apart) instead of the labels'. A row without a label map,
+  a label map that is missing, not a PNG (a JPEG is lossy), a colour (RGB) map or one with an alpha channel is a
+  one-line error naming its row, before anything is written; one whose size differs from its decoded image, or
+  holding an id not below `--num-classes`, is rejected like an undecodable image, named with its row.
 - Every other column (or those named by `--metadata-columns`) is kept per sample as JSON scalars: text, numbers,
   booleans, None (null, empty cells and NaN), dates and times as ISO text. Nested values are refused.
 
@@ -33,7 +41,7 @@ import os
 import posixpath
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import Path
@@ -42,12 +50,15 @@ from typing import Any
 import click
 
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.masks import LabelMapTargets, scan_label_maps
 from fastdata.convert.sources import ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
+from fastdata.formats.masks import DEFAULT_IGNORE_INDEX
 from fastdata.formats.records import Label
 
 SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet")
+NO_LABEL_CLASS = "unlabelled"  # segmentation lists without a label column: every sample in this one class
 _INTEGER = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?|-?(nan|inf|infinity)", re.IGNORECASE)
 
@@ -211,6 +222,13 @@ class ListOptions:
     num_classes: int | None = None
     allow_outside_root: bool = False
     metadata_columns: tuple[str, ...] | None = None  # None: every other column
+    mask_column: str | None = None  # semantic segmentation: the column of label map paths
+    ignore_index: int = DEFAULT_IGNORE_INDEX  # with mask_column: the label maps' "no class" id
+
+    @property
+    def named_columns(self) -> tuple[str, ...]:
+        """The columns with a role (not metadata)."""
+        return (self.image_column, self.label_column) + ((self.mask_column,) if self.mask_column else ())
 
 
 def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> ImageSource:
@@ -219,6 +237,9 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
     options = options or ListOptions()
     if options.num_classes is not None and options.num_classes < 1:
         raise ConfigError(f"--num-classes must be at least 1, got {options.num_classes}")
+    if options.mask_column is not None and not 0 <= options.ignore_index <= 65535:
+        raise ConfigError(f"--ignore-index must be within 0..65535 (a label map's pixel value), got "
+                          f"{options.ignore_index}")
     files = list_files(spec)
     root = Path(options.root) if options.root is not None else default_root(spec)
     if not root.is_dir():
@@ -227,11 +248,22 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
     labels: list[Any] = []
     columns: dict[str, list[Any]] = {}
     starts: list[int] = []
-    text_columns = (options.image_column, options.label_column)
+    masks: list[Any] = []
+    with_labels = True  # a segmentation list may have no label column
     for path in files:
-        table = _read_table(path, text_columns)
+        table = _read_table(path, options.named_columns)
         names = list(table.column_names)
-        for role, name in (("--image-column", options.image_column), ("--label-column", options.label_column)):
+        roles = [("--image-column", options.image_column), ("--label-column", options.label_column)]
+        if options.mask_column is not None:  # labels optional: those of the first list file say
+            roles[1] = ("--mask-column", options.mask_column)
+            if path == files[0]:
+                with_labels = options.label_column in names
+            elif not with_labels and options.label_column in names:
+                raise SourceError(f"{path}: has a label column {options.label_column!r}, the first list "
+                                  f"{files[0]} has none; label every list's images or none")
+            if with_labels:
+                roles.append(("--label-column", options.label_column))
+        for role, name in roles:
             if name not in names:
                 raise SourceError(f"{path}: no column {name!r} (its columns: {', '.join(names) or 'none'}); name "
                                   f"the right one with {role}")
@@ -241,7 +273,10 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
             values = _metadata_values(path, name, table.column(name).to_pylist())
             columns.setdefault(name, [None] * len(paths)).extend(values)
         paths.extend(table.column(options.image_column).to_pylist())
-        labels.extend(table.column(options.label_column).to_pylist())
+        if with_labels:
+            labels.extend(table.column(options.label_column).to_pylist())
+        if options.mask_column is not None:
+            masks.extend(table.column(options.mask_column).to_pylist())
         for values in columns.values():
             values.extend([None] * (len(paths) - len(values)))  # a column this file lacks
     rows = _Rows(files, starts)
@@ -249,7 +284,18 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
         raise SourceError(f"{spec}: the list has no rows (every image to convert is one row)")
     keys = _keys(paths, rows, root, options)
     text_cells = [p.suffix.lower() in (".csv", ".tsv") for p in files]
-    classes, parsed, kind = _labels(labels, rows, options, text_cells)
+    targets = None
+    if options.mask_column is not None:
+        mask_keys = [_relative(value, index, rows, root, options, options.mask_column)[0]
+                     for index, value in enumerate(masks)]
+        mask_paths = [Path(key) if os.path.isabs(key) else root / key for key in mask_keys]
+        targets = LabelMapTargets(mask_paths, scan_label_maps(mask_paths, rows.name), options.ignore_index,
+                                  options.num_classes)
+    if not with_labels:
+        classes, parsed, kind = [NO_LABEL_CLASS], [0] * len(paths), "single"
+    else:
+        label_options = options if options.mask_column is None else replace(options, num_classes=None)
+        classes, parsed, kind = _labels(labels, rows, label_options, text_cells)
     counts = [0] * len(classes)
     for label in parsed:
         for class_id in label if isinstance(label, tuple) else (label,):
@@ -259,14 +305,16 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
                                 "num_classes": options.num_classes, "allow_outside_root": options.allow_outside_root,
                                 "metadata_columns": None if options.metadata_columns is None
                                 else list(options.metadata_columns)}}
+    if options.mask_column is not None:
+        details["list_options"].update(mask_column=options.mask_column, ignore_index=options.ignore_index)
     return ImageSource("list", root, classes, list(zip(keys, parsed, strict=True)),
                        empty_classes=[name for name, n in zip(classes, counts, strict=True) if n == 0],
                        label_kind=kind, metadata=ColumnMetadata(columns, list(range(len(paths)))) if columns else None,
-                       origin=rows.origin, details=details)
+                       origin=rows.origin, details=details, targets=targets)
 
 
 def _metadata_names(path: Path, names: list[str], options: ListOptions) -> list[str]:
-    others = [n for n in names if n not in (options.image_column, options.label_column)]
+    others = [n for n in names if n not in options.named_columns]
     if options.metadata_columns is None:
         return others
     unknown = [n for n in options.metadata_columns if n not in others]
@@ -294,28 +342,35 @@ def _metadata_values(path: Path, name: str, values: list[Any]) -> list[Any]:
     return out
 
 
+def _relative(value: Any, index: int, rows: _Rows, root: Path, options: ListOptions, column: str
+              ) -> tuple[str, bool]:
+    """(key, outside): a path cell normalised relative to the root (absolute when outside it); SourceError naming
+    the row for an empty cell, or a path outside the root unless allowed."""
+    if not isinstance(value, str) or not value:
+        raise SourceError(f"{rows.name(index)}: column {column!r} holds no path ({value!r})")
+    if os.path.isabs(value):
+        normal = os.path.normpath(value)
+        relative = os.path.relpath(normal, os.path.abspath(root))
+        outside = relative == ".." or relative.startswith("../")
+        key = normal if outside else Path(relative).as_posix()
+    else:
+        key = posixpath.normpath(value)
+        outside = key == ".." or key.startswith("../")
+    if outside and not options.allow_outside_root:
+        raise SourceError(f"{rows.name(index)}: path {value!r} is outside the root {root} (refused; pass "
+                          "--allow-outside-root to convert images from outside it, or --root a folder that "
+                          "holds them all)")
+    return key, outside
+
+
 def _keys(paths: list[Any], rows: _Rows, root: Path, options: ListOptions) -> list[str]:
     """Each row's image path as its key (normalised, relative to the root); refuses empty paths, paths outside the
     root (unless allowed) and paths listed twice."""
-    base = os.path.abspath(root)
     keys: list[str] = []
     first: dict[str, int] = {}
     duplicate: str | None = None
     for index, value in enumerate(paths):
-        if not isinstance(value, str) or not value:
-            raise SourceError(f"{rows.name(index)}: column {options.image_column!r} holds no path ({value!r})")
-        if os.path.isabs(value):
-            normal = os.path.normpath(value)
-            relative = os.path.relpath(normal, base)
-            outside = relative == ".." or relative.startswith("../")
-            key = normal if outside else Path(relative).as_posix()
-        else:
-            key = posixpath.normpath(value)
-            outside = key == ".." or key.startswith("../")
-        if outside and not options.allow_outside_root:
-            raise SourceError(f"{rows.name(index)}: path {value!r} is outside the root {root} (refused; pass "
-                              "--allow-outside-root to convert images from outside it, or --root a folder that "
-                              "holds them all)")
+        key, _ = _relative(value, index, rows, root, options, options.image_column)
         if key in first and duplicate is None:
             duplicate = key
         first.setdefault(key, index)
@@ -443,12 +498,14 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
                                  num_classes=recorded.get("num_classes"),
                                  allow_outside_root=recorded.get("allow_outside_root", False),
                                  metadata_columns=None if recorded.get("metadata_columns") is None
-                                 else tuple(recorded["metadata_columns"])))
+                                 else tuple(recorded["metadata_columns"]), mask_column=recorded.get("mask_column"),
+                                 ignore_index=recorded.get("ignore_index", DEFAULT_IGNORE_INDEX)))
 
 
 def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str], *, root: str | os.PathLike[str] |
                  None = None, image_column: str = "path", label_column: str = "label", num_classes: int | None = None,
-                 allow_outside_root: bool = False, metadata_columns: Sequence[str] | None = None, **options: Any
+                 allow_outside_root: bool = False, metadata_columns: Sequence[str] | None = None,
+                 mask_column: str | None = None, ignore_index: int = DEFAULT_IGNORE_INDEX, **options: Any
                  ) -> ConversionSummary:
     """Pack the images a file list names into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards): the
     list's columns as the module docstring says, every image verified by decoding it, missing or unusable ones
@@ -464,14 +521,22 @@ def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str],
         root: the folder the image paths are relative to (default: the list's folder).
         image_column: the column holding each image's path.
         label_column: the column holding each label: a class name, an integer class id, or a list of either
-            (multi-label: loaded as multi-hot float32 `[B, C]`).
-        num_classes: the number of classes of integer labels (default: the largest id + 1).
+            (multi-label: loaded as multi-hot float32 `[B, C]`). Optional with `mask_column`: without it, every
+            sample is in one class, "unlabelled".
+        num_classes: the number of classes of integer labels (default: the largest id + 1); with `mask_column`,
+            the bound on the label maps' class ids instead (checked; the ignore index apart).
         allow_outside_root: accept image paths outside `root` (`..`, absolute paths elsewhere).
         metadata_columns: the columns kept as per-sample metadata (default: every other column; empty: none).
+        mask_column: semantic segmentation: the column holding each image's label map, a single-channel PNG of
+            class ids (8- or 16-bit, or palette indices), relative to `root`; stored losslessly, and
+            `fastdata.dataset(out)[i]` gives `(image, mask)`.
+        ignore_index: with `mask_column`: the label maps' "no class" value (default 255), left out of the class
+            ids counted and of the `num_classes` check.
         **options: the options of `fastdata.convert.images.convert_images`.
     """
     settings = ListOptions(None if root is None else str(root), image_column, label_column, num_classes,
-                           allow_outside_root, None if metadata_columns is None else tuple(metadata_columns))
+                           allow_outside_root, None if metadata_columns is None else tuple(metadata_columns),
+                           mask_column, ignore_index)
     return convert_images(lambda: scan(list_path, settings), out, **options)
 
 
@@ -499,20 +564,27 @@ def cli_command() -> click.Command:
                   help="Accept image paths outside --root ('..', absolute paths elsewhere).")
     @click.option("--metadata-columns", default=None, metavar="A,B",
                   help="Columns kept as per-sample metadata. Default: every other column; '' keeps none.")
+    @click.option("--mask-column", default=None,
+                  help="Semantic segmentation: column holding each image's label map (a single-channel PNG of "
+                       "class ids). The label column is then optional.")
+    @click.option("--ignore-index", type=int, default=DEFAULT_IGNORE_INDEX, show_default=True,
+                  help="With --mask-column: the label maps' 'no class' value.")
     @convert_options
     def command(list_path: str, out: Path, root: Path | None, image_column: str, label_column: str,
-                num_classes: int | None, allow_outside_root: bool, metadata_columns: str | None, **options) -> None:
+                num_classes: int | None, allow_outside_root: bool, metadata_columns: str | None,
+                mask_column: str | None, ignore_index: int, **options) -> None:
         """Pack the images that the file list LIST names into OUT.
 
         LIST is a .csv, .tsv, .jsonl or .parquet file, or a folder or glob of them (concatenated in sorted
-        order), one row per image: its path, its label, and other columns kept as metadata.
+        order), one row per image: its path, its label, and other columns kept as metadata; with
+        --mask-column, its label map too (semantic segmentation).
         OUT ending in .lmdb writes one LMDB dataset (sample i = row i); --format wds writes WebDataset tar
         shards into the directory OUT.
         """
         quiet = options.pop("quiet")
         click.echo(str(convert_list(list_path, out, root=root, image_column=image_column, label_column=label_column,
                                     num_classes=num_classes, allow_outside_root=allow_outside_root,
-                                    metadata_columns=_split_names(metadata_columns), progress=not quiet,
-                                    **options)))
+                                    metadata_columns=_split_names(metadata_columns), mask_column=mask_column,
+                                    ignore_index=ignore_index, progress=not quiet, **options)))
 
     return command

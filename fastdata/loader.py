@@ -10,7 +10,7 @@ import torch
 
 from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
-from fastdata.formats.manifest import read_manifest
+from fastdata.formats.manifest import Manifest, read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
@@ -51,6 +51,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     (xyxy, in the returned image's pixels), `labels` int64 `[N]` (indexing `ds.classes`), `iscrowd` int64 `[N]`,
     `area` float32 `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8
     `[N, H, W]`; `augment` as for `loader` (None: the whole image and its target as stored).
+    A semantic segmentation dataset (`fastdata convert list --mask-column`) gives `(uint8 CHW tensor, mask)`, the
+    mask `[H, W]` of class ids (uint8; int64 for 16-bit label maps), whole images only.
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
@@ -118,6 +120,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
     if is_url(path):
         store = remote.shards(str(path))
+        _check_segmentation(path, store.manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
                                on_error=on_error, store=store, metadata=metadata, masks=masks, **extra)
     if remote.given:
@@ -131,9 +134,24 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
+    _check_segmentation(path, manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
                metadata=metadata, masks=masks, **extra)
+
+
+def _check_segmentation(path: str | os.PathLike[str], manifest: Manifest, loading: bool, augmenting: list[str]
+                        ) -> None:
+    """What a semantic segmentation dataset cannot do yet (its masks must follow the loader's crops, built after
+    the detection geometry): batches from `loader`, and augmentation. Remove this when they can."""
+    if manifest.target_kind != "segmentation":
+        return
+    if loading:
+        raise ConfigError(f"{path}: fastdata.loader does not load segmentation datasets yet (masks through its crops "
+                          "are not built); use fastdata.dataset(PATH) with a DataLoader: (image, mask) per sample")
+    if augmenting:
+        raise ConfigError(f"{path}: {', '.join(augmenting)}: a segmentation dataset gives whole images with their "
+                          "masks (augmenting masks is not built yet); pass augment=None")
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:

@@ -38,7 +38,7 @@ from fastdata.formats.manifest import (
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord, Label
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
-from fastdata.formats.wds import WdsWriter
+from fastdata.formats.wds import WdsWriter, target_member
 from fastdata.image.decode import opencv_single_threaded
 
 
@@ -155,6 +155,7 @@ class _Progress(ProgressRecord):
     rejected: list[dict[str, Any]] = field(default_factory=list)
     bytes_in: int = 0
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
+    target_state: dict[str, Any] = field(default_factory=dict)  # what the source's targets counted so far
 
 
 def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
@@ -165,7 +166,7 @@ def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
 def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int, listing: ImageSource
                  ) -> LmdbWriter | WdsWriter:
     options = WriterOptions(shard_bytes=shard_bytes, commit_every=commit_every, targets=listing.targets is not None,
-                            pairs=listing.captions is not None)
+                            pairs=listing.captions is not None, target_ext=target_member(listing.target_kind))
     return storage("image", fmt).open_writer(directory, options)
 
 
@@ -256,6 +257,8 @@ def convert_images(
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing),
                                      _Progress.parse)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
+    if resumed is not None and hasattr(listing.targets, "restore"):
+        listing.targets.restore(resumed.target_state)
     resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
     if isinstance(writer, WdsWriter) and resumed is not None:
         rejected_paths = {r["path"] for r in resumed.rejected}
@@ -266,16 +269,16 @@ def convert_images(
     started = time.perf_counter()
     with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
-            writer.checkpoint(state.to_json())  # records the fingerprint at once
+            writer.checkpoint(_progress_json(state, listing))  # records the fingerprint at once
         _write_all(writer, _Work(listing, tasks, order), state, workers, strict, progress,
                    engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers,
                            "ray_seen": ray_seen})
         if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
             files = writer.close()
             state.files = [asdict(entry) for entry in files]
-            writer.checkpoint(state.to_json())
+            writer.checkpoint(_progress_json(state, listing))
         else:
-            writer.checkpoint(state.to_json())
+            writer.checkpoint(_progress_json(state, listing))
             files = writer.close()
     seconds = time.perf_counter() - started
     manifest = Manifest(
@@ -297,14 +300,26 @@ def convert_images(
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen)
 
 
+def _progress_json(state: _Progress, listing: ImageSource) -> bytes:
+    """`state` as a checkpoint stores it, with what the source's targets have counted (segmentation: class ids)."""
+    if hasattr(listing.targets, "state"):
+        state.target_state = listing.targets.state()
+    return state.to_json()
+
+
 def _with_target(record: ImageRecord, targets: TargetSource, index: int) -> tuple[ImageRecord | None, str]:
     """(the record with sample `index`'s target, "") or, when the image is not of the size its targets refer to,
     (None, the reason it is rejected)."""
-    width, height = targets.size(index)
-    if (record.width, record.height) != (width, height):
-        return None, (f"decodes to {record.width}x{record.height} pixels, its annotations say {width}x{height} "
-                      "(boxes and masks would not fit the image)")
-    return replace(record, target=targets.record(index)), ""
+    try:
+        width, height = targets.size(index)
+        if (record.width, record.height) != (width, height):
+            what = "label map is" if targets.kind == "segmentation" else "annotations say"
+            return None, (f"decodes to {record.width}x{record.height} pixels, its {what} {width}x{height} "
+                          f"({'the mask' if targets.kind == 'segmentation' else 'boxes and masks'} would not fit "
+                          "the image)")
+        return replace(record, target=targets.record(index)), ""
+    except (OSError, ValueError) as exc:  # a target that cannot be stored: the sample is rejected, named
+        return None, str(exc)
 
 
 @dataclass
@@ -356,7 +371,7 @@ def _write_all(writer: LmdbWriter | WdsWriter, work: _Work, state: _Progress, wo
             if writer.checkpoint_due():
                 if isinstance(writer, WdsWriter):
                     state.files = [asdict(entry) for entry in writer.finished_shards]
-                writer.checkpoint(state.to_json())
+                writer.checkpoint(_progress_json(state, listing))
             bar.update()
             now = time.perf_counter()
             if now - last_postfix > 0.5:

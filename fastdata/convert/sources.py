@@ -22,10 +22,13 @@ A new source kind lists its samples once, in their order, and says where their b
   `samples`' order, stored with its image; with `caption_tokens` (each caption's token ids, a uint16/uint32 array)
   stored as well, `pairs` (the manifest's `pairs` section: the tokens' dtype and padding, ...) and `files` (name ->
   bytes written beside the data, e.g. the tokenizer). The labels of a pair source are all class 0 of one class.
-- `targets` (optional): per-sample targets beyond the label (detection boxes and masks), a `TargetSource`:
-  the driver stores `targets.record(index)` with each sample it keeps (`fastdata.formats.targets`), after checking
-  that the image decodes to the size the targets refer to (a sample that does not is rejected, named);
-  its `digest()` joins the resume fingerprint and its `info()` the manifest (`target_kind`, `targets`).
+- `targets` (optional): per-sample targets beyond the label (detection boxes and masks, segmentation label maps:
+  `fastdata.convert.masks`), a `TargetSource`: the driver stores `targets.record(index)` with each sample it keeps
+  (`fastdata.formats.targets`, `fastdata.formats.masks`), after checking that the image decodes to the size the
+  targets refer to (a sample that does not, or whose `size`/`record` raises OSError or ValueError, is rejected,
+  named with that reason); its `digest()` joins the resume fingerprint and its `info()` the manifest
+  (`target_kind`, `targets`). A TargetSource that counts what it stores (for `info()`) may also have
+  `state() -> dict` (JSON, kept with each checkpoint) and `restore(state)` (called on a resumption).
 - `details` (optional): more facts for the manifest's `source` block (what `verify --source` needs to list the
   source again the same way, say).
 
@@ -92,7 +95,7 @@ class FileReader:
 class TargetSource(Protocol):
     """A source's per-sample targets (see the module docstring), indexed like `ImageSource.samples`."""
 
-    kind: str  # the manifest's target_kind ("detection")
+    kind: str  # the manifest's target_kind ("detection", "segmentation")
 
     def record(self, index: int) -> bytes:
         """Sample `index`'s target record, as stored (`fastdata.formats.targets`)."""

@@ -13,7 +13,7 @@ Layout (no pickle; every value is raw bytes with a fixed layout, or JSON):
   and with a tokenizer sub-database `tokens`, same key, value = its token ids as little-endian uint16 or uint32
   (the manifest's `pairs.dtype`).
 - sub-database `targets` (datasets with targets, e.g. detection; created only for them): same key, value = the
-  sample's target record (`fastdata.formats.targets`).
+  sample's target record (`fastdata.formats.targets`; segmentation: the label map PNG, `fastdata.formats.masks`).
 Sample i is the i-th image written, which the converter makes ImageFolder's sample i.
 """
 

@@ -19,7 +19,8 @@ FORMAT_VERSION = 1
 #: The newest format version this fastdata reads: 2 adds multi-label samples (`label_kind: "multi"`), per-sample
 #: metadata (`metadata_fields`) and image-text pairs (`target_kind: "pairs"`); a dataset that uses any of them is
 #: written as version 2, so that an older fastdata refuses it with "upgrade fastdata" instead of misreading it.
-#: 3 adds per-sample targets (`target_kind: "detection"`, `fastdata.formats.targets`): only a dataset that has them
+#: 3 adds per-sample targets (`target_kind: "detection"` or "segmentation", `fastdata.formats.targets` and
+#: `fastdata.formats.masks`): only a dataset that has them
 #: is written as version 3.
 NEWEST_FORMAT_VERSION = 3
 TARGETS_FORMAT_VERSION = 3
@@ -27,8 +28,13 @@ PARTIAL_SUFFIX = ".partial"
 #: What an image dataset's samples hold besides the image: "class" (class labels: one id, or a set of ids) or
 #: "pairs" (image-text pairs: a caption, and token ids when converted with a tokenizer; the manifest's `pairs`
 #: section says how they are stored) or "detection" (boxes, labels and masks per image: the manifest's `targets`
-#: section, `fastdata.formats.targets`). "pairs" needs format version 2, "detection" 3.
-TARGET_KINDS = ("class", "pairs", "detection")
+#: section, `fastdata.formats.targets`) or "segmentation" (a label map per image, `fastdata.formats.masks`; the
+#: `targets` section: mask dtype, ignore index, class ids seen). "pairs" needs format version 2, "detection" and
+#: "segmentation" 3.
+TARGET_KINDS = ("class", "pairs", "detection", "segmentation")
+#: The target kinds stored as a record per sample (LMDB's `targets` sub-database, a WebDataset target member):
+#: detection (`fastdata.formats.targets`) and semantic segmentation label maps (`fastdata.formats.masks`).
+RECORD_TARGET_KINDS = ("detection", "segmentation")
 
 
 @dataclass
@@ -65,13 +71,14 @@ class Manifest:
     target_kind: str = "class"  # kind "image": see TARGET_KINDS (left out of the JSON when "class")
     pairs: dict[str, Any] | None = None  # target_kind "pairs": tokens (dtype, tokenizer, padding) and caption counts
     # target_kind "detection": what the targets hold (`category_ids`: the source's category id of each class;
-    # `masks`: whether they hold masks; counts)
+    # `masks`: whether they hold masks; counts); "segmentation": `mask_dtype`, `ignore_index`, `num_classes`,
+    # `classes_seen`, `max_class_id`
     targets: dict[str, Any] | None = None
 
     @property
     def needed_format_version(self) -> int:
         """The oldest format version that describes this dataset (see NEWEST_FORMAT_VERSION)."""
-        if self.target_kind == "detection":
+        if self.target_kind in RECORD_TARGET_KINDS:
             return TARGETS_FORMAT_VERSION
         newer = self.label_kind != "single" or self.metadata_fields or self.target_kind != "class"
         return 2 if newer else FORMAT_VERSION

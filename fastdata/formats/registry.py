@@ -36,6 +36,7 @@ class WriterOptions:
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS
     targets: bool = False  # images: the samples carry target records (detection)
     pairs: bool = False  # images: the samples carry captions and maybe token ids (image-text pairs)
+    target_ext: str = "det"  # images, WebDataset: the member holding a sample's target (`wds.TARGET_MEMBERS`)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ STORAGE: dict[tuple[str, str], Storage] = {
         lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes), manifest.label_kind)),
     ("image", "wds"): Storage(
         "image", "wds", False,
-        lambda directory, o: WdsWriter(directory, o.shard_bytes),
+        lambda directory, o: WdsWriter(directory, o.shard_bytes, o.target_ext),
         lambda root, manifest: LocalShards(root, manifest.files)),
     ("text", "lmdb"): Storage(
         "text", "lmdb", True,

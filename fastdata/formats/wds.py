@@ -6,8 +6,10 @@ Each sample is three tar members sharing a key: `{key}.{jpg|png|...}` (the image
 one integer): its `.json` "label" is the list of its class ids. A sample with metadata has it in its `.json`
 too ("metadata": {...}). An image-text pair (`target_kind: "pairs"`) has no `.cls`: its caption is the member
 `{key}.txt` (UTF-8, as img2dataset writes it) and the `.json` "caption", and with a tokenizer its token ids are the
-`.json` "tokens" (a list of integers). A sample with a target (detection) has a `{key}.det` member, the target
-record of `fastdata.formats.targets` (the same bytes LMDB stores), and its `.json` says so ("target": "det"). Keys
+`.json` "tokens" (a list of integers). A sample with a target has a member
+holding it, the same bytes LMDB stores, and its `.json` names that member ("target": "det"): detection,
+`{key}.det`, the target record of `fastdata.formats.targets`; segmentation, `{key}.seg.png`, the label map of
+`fastdata.formats.masks`. Keys
 are the source-relative path without its extension, with dots replaced and no leading '/', so that webdataset's
 "key = name up to the first dot" grouping holds and every member name is a relative path.
 """
@@ -23,11 +25,20 @@ from typing import BinaryIO
 
 from fastdata.errors import CorruptSampleError
 from fastdata.formats.manifest import FileEntry
+from fastdata.formats.masks import MASK_EXT
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord, label_to_json
 from fastdata.formats.tar_shards import ShardWriter
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
-TARGET_EXT = "det"  # the member holding a sample's target record
+TARGET_EXT = "det"  # the member holding a sample's detection target record
+#: The member that holds a sample's target, per target kind (segmentation: a PNG label map, which webdataset's own
+#: decoders read as an image).
+TARGET_MEMBERS = {"detection": TARGET_EXT, "segmentation": MASK_EXT}
+
+
+def target_member(target_kind: str) -> str:
+    """The extension of the member holding a sample's target in a dataset of `target_kind`."""
+    return TARGET_MEMBERS.get(target_kind, TARGET_EXT)
 
 
 def sanitize_key(relative_path: str) -> str:
@@ -48,8 +59,9 @@ class WdsWriter:
     `ShardWriter`: `.tmp` until complete, `checkpoint()` after each completed shard records the caller's progress,
     so a killed conversion resumes at the first unfinished shard and redoes nothing else)."""
 
-    def __init__(self, directory: Path, shard_size: int) -> None:
+    def __init__(self, directory: Path, shard_size: int, target_ext: str = TARGET_EXT) -> None:
         self.shards = ShardWriter(directory, shard_size)
+        self.target_ext = target_ext  # the member holding a sample's target (TARGET_MEMBERS)
         self.directory = self.shards.directory
         self._used_keys: set[str] = set()
 
@@ -85,7 +97,7 @@ class WdsWriter:
         if record.metadata is not None:
             meta["metadata"] = record.metadata
         if record.target is not None:
-            meta["target"] = TARGET_EXT
+            meta["target"] = self.target_ext
         members = [(f"{key}.{record.ext}", record.data)]
         if record.caption is not None:  # an image-text pair: no class
             meta["caption"] = record.caption
@@ -96,7 +108,7 @@ class WdsWriter:
             members.append((f"{key}.cls", str(record.label).encode("ascii")))
         members.append((f"{key}.json", json.dumps(meta).encode("ascii")))  # ASCII: a key may hold lone surrogates
         if record.target is not None:
-            members.append((f"{key}.{TARGET_EXT}", record.target))
+            members.append((f"{key}.{self.target_ext}", record.target))
         self.shards.append(members)
         self.shards.sample_done()
 
@@ -122,7 +134,7 @@ class WdsWriter:
 
 #: Member types that can execute code when loaded with pickle (webdataset's default decoders do): never read.
 PICKLE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib"})
-_USED_EXTS = IMAGE_EXTS | {"json", "cls", "det"}
+_USED_EXTS = IMAGE_EXTS | {"json", "cls", *TARGET_MEMBERS.values()}
 
 
 def unsafe_member_reason(ext: str, payload: bytes) -> str | None:
@@ -161,7 +173,7 @@ def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool]
                ) -> Iterator[tuple[int, tuple[str, bytes, str, dict] | None]]:
     """`(offset, sample)` for every sample of an open shard, in stored order (offset = its number in the
     shard); `sample` is `(key, image bytes, image ext, metadata)` as `iter_shard` gives (a sample with a target:
-    metadata["target"] holds its `.det` member's bytes), or None for the
+    metadata["target"] holds its target member's bytes), or None for the
     offsets `want` rejects: their member headers are still checked, their bytes are not read (skipped by
     seeking when `seekable`, else read past in the stream). `where` names the shard in errors."""
     current_key: str | None = None
@@ -180,11 +192,12 @@ def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool]
             meta = json.loads(parts["json"])
         except ValueError as exc:
             raise CorruptSampleError(f"{where}: sample {current_key!r} has unreadable .json ({exc})") from exc
-        if isinstance(meta, dict) and meta.get("target") == TARGET_EXT:
-            if TARGET_EXT not in parts:
-                raise CorruptSampleError(f"{where}: sample {current_key!r} lacks its .{TARGET_EXT} member (its .json "
+        target_ext = meta.get("target") if isinstance(meta, dict) else None
+        if target_ext in TARGET_MEMBERS.values():
+            if target_ext not in parts:
+                raise CorruptSampleError(f"{where}: sample {current_key!r} lacks its .{target_ext} member (its .json "
                                          "says it has a target)")
-            meta["target"] = parts[TARGET_EXT]
+            meta["target"] = parts[target_ext]
         return offset, (current_key, parts[image_ext], image_ext, meta)
 
     try:

@@ -2,7 +2,8 @@
 
 Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder (multi-label datasets: a
 multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.captions`; detection
-datasets: the target dict of `fastdata.image.detection`),
+datasets: the target dict of `fastdata.image.detection`; segmentation datasets: the mask of
+`fastdata.image.segmentation`),
 `(image, label, metadata dict)` when opened with `metadata=True`, and
 both can build whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
 """
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
-from fastdata.formats.manifest import Manifest
+from fastdata.formats.manifest import RECORD_TARGET_KINDS, Manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
@@ -30,6 +31,7 @@ from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
 from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
+from fastdata.image.segmentation import mask_dtype, segmentation_mask
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
 
@@ -76,13 +78,17 @@ class _ImageMetaMixin:
 
     @property
     def target_kind(self) -> str:
-        """What a sample gives besides its image: "class" (a class label), "pairs" (a caption) or "detection" (a
-        target dict: boxes, labels, ...)."""
+        """What a sample gives besides its image: "class" (a class label), "pairs" (a caption), "detection" (a
+        target dict: boxes, labels, ...) or "segmentation" (a mask of class ids)."""
         return self.manifest.target_kind
 
     def _label(self, sample: EncodedSample) -> Any:
-        """What a processed sample gives besides its image: its class label or caption, or (detection) its target
-        dict in the output's pixels."""
+        """What a processed sample gives besides its image: its class label or caption, (detection) its target dict
+        in the output's pixels, or (segmentation) its mask as stored."""
+        if self.manifest.target_kind == "segmentation":
+            if sample.target is None:
+                raise CorruptSampleError(f"{self.root}: sample {sample.key!r} has no stored target")
+            return segmentation_mask(sample.target, f"{self.root}: sample {sample.key!r}", mask_dtype(self.manifest))
         return self.pipeline.labels.one(self.pipeline.target_of(sample))
 
     @property
@@ -123,7 +129,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
     def encoded(self, index: int) -> EncodedSample:
         """Sample `index` as stored (bytes and header facts), not yet decoded."""
         r = self.reader
-        target = r.target(index) if self.manifest.target_kind == "detection" else None
+        target = r.target(index) if self.manifest.target_kind in RECORD_TARGET_KINDS else None
         return EncodedSample(r.key(index), r.read(index), self.pipeline.labels.read(r, index),
                              int(r.widths[index]), int(r.heights[index]), int(r.codecs[index]), (index,),
                              target=target)

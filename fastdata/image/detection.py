@@ -30,7 +30,8 @@ def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
     `fastdata.image.captions.target_codec`)."""
     if manifest.target_kind != "detection":
         if masks:
-            what = "image-text pairs" if manifest.target_kind == "pairs" else "class labels only"
+            what = {"pairs": "image-text pairs", "segmentation": "semantic segmentation label maps, which every "
+                    "sample gives as its mask without masks=True"}.get(manifest.target_kind, "class labels only")
             raise ConfigError(f"{where}: masks=True applies to detection datasets (fastdata convert coco); this one "
                               f"holds {what}")
         return

@@ -60,6 +60,12 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         lines.append(f"  targets     {m.target_kind}: {t.get('annotations', 0):,} annotations ({t.get('crowd', 0):,} "
                      f"crowd), {'with' if t.get('masks') else 'no'} masks (fastdata.dataset(PATH) gives (image, "
                      "target dict))")
+    elif m.target_kind == "segmentation":
+        t = m.targets or {}
+        bound = f" of --num-classes {t['num_classes']}" if t.get("num_classes") is not None else ""
+        lines.append(f"  targets     segmentation: label maps ({t.get('mask_dtype', 'uint8')} masks), "
+                     f"{t.get('classes_seen', 0)} class ids seen{bound}, largest {t.get('max_class_id')}, ignore "
+                     f"index {t.get('ignore_index')} (fastdata.dataset(PATH) gives (image, mask))")
     lines.append(f"  rejected    {m.stats.get('rejected_records', len(m.rejected))}")
     for r in m.rejected[:10]:
         lines.append(f"    {rejected_place(r)}: {r['reason']}")

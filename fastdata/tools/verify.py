@@ -17,6 +17,7 @@ from fastdata.errors import FastdataError
 from fastdata.formats.manifest import (
     CHECKSUM_FIELD,
     MANIFEST_NAME,
+    RECORD_TARGET_KINDS,
     Manifest,
     content_checksum,
     read_manifest,
@@ -136,7 +137,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
     with_metadata = source is not None and bool(manifest.metadata_fields)
     metadata: dict[str, dict] = {}  # key -> stored metadata, to compare with the source's
     captions: dict[str, tuple] = {}  # image-text pairs: key -> (caption, token ids), to compare with the source's
-    with_targets = source is not None and manifest.target_kind == "detection"
+    with_targets = source is not None and manifest.target_kind in RECORD_TARGET_KINDS
     targets: dict[str, bytes | None] = {}  # key -> stored target record, to compare with the source's
     undecodable = 0
     complete = True  # every sample of every file was read
@@ -267,12 +268,22 @@ def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label
     other_targets = []
     if targets is not None and listing.targets is not None:
         other_targets = [p for i, (p, _) in enumerate(listing.samples)
-                         if p in targets and targets[p] != listing.targets.record(i)]
+                         if p in targets and targets[p] != _source_target(listing.targets, i)]
+    what_targets = "label maps" if manifest.target_kind == "segmentation" else "boxes, labels, masks, ..."
     for what, paths in (("in the source but not in the dataset", missing), ("labelled differently", wrong),
                         ("in the dataset but not in the source", extra), ("with other metadata", changed),
                         ("with another caption or other token ids", recaptioned),
-                        ("with other targets (boxes, labels, masks, ...)", other_targets)):
+                        (f"with other targets ({what_targets})", other_targets)):
         if paths:
             report.problems.append(f"{len(paths)} sample(s) {what}: {', '.join(paths[:5])}"
                                    + (" ..." if len(paths) > 5 else ""))
     report.checked.append(f"against the source {src}")
+
+
+def _source_target(targets: Any, index: int) -> bytes | None:
+    """The source's target record of sample `index`, as the conversion would store it (None when it no longer can
+    be: the stored one then differs)."""
+    try:
+        return targets.record(index)
+    except (OSError, ValueError):
+        return None
