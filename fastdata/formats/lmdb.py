@@ -162,29 +162,36 @@ class LmdbWriter:
         self._pending.clear()
         self._txn = self._env.begin(write=True)
 
-    def add(self, record: ImageRecord) -> None:
-        key = index_key(self.count)
-        self._put(key, record.data, "images", append=True)
-        self._put(key, key_bytes(record.key), "keys", append=True)
+    @staticmethod
+    def lay_out(record: ImageRecord) -> tuple[tuple[str, bytes], ...]:
+        """The values `record` is stored as, (sub-database, value) in the order they are put: what a conversion
+        worker prepares so that the writer only puts them (`add`)."""
         if isinstance(record.label, tuple):
             facts = (_RECORD_META.pack(_MULTI, record.width, record.height, record.codec)
                      + np.asarray(record.label, dtype="<i4").tobytes())
         else:
             facts = _RECORD_META.pack(record.label, record.width, record.height, record.codec)
-        self._put(key, facts, "records", append=True)
+        values = [("images", record.data), ("keys", key_bytes(record.key)), ("records", facts)]
         if record.metadata is not None:
-            self._put(key, json.dumps(record.metadata, ensure_ascii=False).encode("utf-8"), "metadata", append=True)
+            values.append(("metadata", json.dumps(record.metadata, ensure_ascii=False).encode("utf-8")))
         if record.caption is not None:
-            if "captions" not in self._dbs:
-                raise ValueError(f"{self.directory}: a record with a caption, for a writer opened without pairs")
-            self._put(key, record.caption.encode("utf-8"), "captions", append=True)
+            values.append(("captions", record.caption.encode("utf-8")))
         if record.tokens is not None:
-            self._put(key, np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes(),
-                      "tokens", append=True)
+            values.append(("tokens", np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes()))
         if record.target is not None:
-            if "targets" not in self._dbs:
-                raise ValueError(f"{self.directory}: a record with a target, for a writer opened without targets")
-            self._put(key, record.target, "targets", append=True)
+            values.append(("targets", record.target))
+        return tuple(values)
+
+    def add(self, record: ImageRecord | tuple[tuple[str, bytes], ...]) -> None:
+        """Append the next record: an `ImageRecord`, or its values as `lay_out` laid them out (in a worker)."""
+        values = self.lay_out(record) if isinstance(record, ImageRecord) else record
+        key = index_key(self.count)
+        for db, value in values:
+            if db not in self._dbs:
+                what = "caption" if db in ("captions", "tokens") else "target"
+                raise ValueError(f"{self.directory}: a record with a {what}, for a writer opened without "
+                                 f"{'pairs' if what == 'caption' else 'targets'}")
+            self._put(key, value, db, append=True)
         self.count += 1
 
     def checkpoint_due(self) -> bool:
