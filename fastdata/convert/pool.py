@@ -85,20 +85,29 @@ def chunk_results(job: ChunkJob, start: int, stop: int, workers: int, stats: Poo
     """`job.run_chunk` over positions start..stop-1 in chunks, on `workers` processes (1: in this process), the
     results in position order."""
     sizer = sizer or ChunkSizer(workers)
-    if workers <= 1:
+
+    def ranges() -> Iterator[tuple[int, int]]:
         position = start
-        while position < stop:
-            result = job.run_chunk(position, position + (size := sizer.next_size(stop - position)))
-            _count(stats, sizer, result, size)
+        while position < stop:  # sized when given out, from what the chunks done so far measured
+            size = sizer.next_size(stop - position)
+            yield position, position + size
             position += size
+
+    if workers <= 1:
+        for task in ranges():
+            result = job.run_chunk(*task)
+            _count(stats, sizer, result, task[1] - task[0])
             yield result
         return
-    with _Workers(job, workers, worker_init) as pool:
-        yield from pool.results(start, stop, sizer, stats)
+    with Workers(job, workers, worker_init) as pool:
+        for (chunk_start, chunk_stop), result in pool.results(ranges(), stats, ahead=8):
+            sizer.observe(chunk_stop - chunk_start, result.seconds)
+            yield result
 
 
-def _count(stats: PoolStats, sizer: ChunkSizer, result: Any, items: int) -> None:
-    sizer.observe(items, result.seconds)
+def _count(stats: PoolStats, sizer: ChunkSizer | None, result: Any, items: int) -> None:
+    if sizer is not None:
+        sizer.observe(items, result.seconds)
     stats.items += items
     stats.worker_seconds += result.seconds
     stats.worker_cpu_seconds += result.cpu_seconds
@@ -130,16 +139,17 @@ def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None) -> 
     sender = threading.Thread(target=send_all, daemon=True)
     sender.start()
     try:
-        while (task := conn.recv()) is not None:
+        while (message := conn.recv()) is not None:
+            sequence, task = message
             try:
-                outbox.put(job.run_chunk(*task))
+                outbox.put((sequence, job.run_chunk(*task)))
             except BaseException as exc:  # handed to the parent, which raises it
                 text = traceback.format_exc()
                 try:
                     pickle.dumps(exc)
                 except Exception:
                     exc = None
-                outbox.put(_Failure(exc, text))
+                outbox.put((sequence, _Failure(exc, text)))
     except (EOFError, OSError):  # the parent went away
         pass
     finally:
@@ -147,10 +157,13 @@ def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None) -> 
         sender.join()
 
 
-class _Workers:
-    """`workers` processes serving one job."""
+class Workers:
+    """`workers` processes serving one job, each sent tasks (tuples of arguments of `job.run_chunk`)."""
 
-    def __init__(self, job: ChunkJob, workers: int, worker_init: Callable[[], None] | None) -> None:
+    def __init__(self, job: ChunkJob, workers: int, worker_init: Callable[[], None] | None = None,
+                 describe: Callable[[tuple], str] = lambda task: f"write positions {task[0]}..{task[1] - 1}"
+                 ) -> None:
+        self.describe = describe
         context = multiprocessing.get_context(start_method())
         self.connections: list[Any] = []
         self.processes: list[Any] = []
@@ -171,35 +184,50 @@ class _Workers:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, interactive)  # a Ctrl-C that came meanwhile lands here
 
-    def __enter__(self) -> _Workers:
+    def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         self.close(graceful=kind is None)
 
-    def results(self, start: int, stop: int, sizer: ChunkSizer, stats: PoolStats) -> Iterator[Any]:
-        next_position, emit = start, start
-        in_hand: list[deque[tuple[int, int]]] = [deque() for _ in self.connections]
+    def results(self, tasks: Iterator[tuple], stats: PoolStats, ahead: int = 8) -> Iterator[tuple[tuple, Any]]:
+        """(task, `job.run_chunk(*task)`) for every task, in task order. Each worker holds two tasks; at most
+        `ahead` tasks per worker are given out beyond the oldest one not yet handed back (which a slow task
+        holds up), bounding the results kept waiting for it."""
+        tasks = iter(tasks)
+        in_hand: list[deque[int]] = [deque() for _ in self.connections]
+        given: dict[int, tuple] = {}  # sequence number -> task, until handed back
         done: dict[int, Any] = {}
         owner = {conn: i for i, conn in enumerate(self.connections)}
         owner.update({process.sentinel: i for i, process in enumerate(self.processes)})
+        next_sequence = emit = 0
+        exhausted = False
+        budget = ahead * len(self.connections)
 
-        def give_out(worker: int) -> None:
-            nonlocal next_position
-            size = sizer.next_size(stop - next_position)
-            self.connections[worker].send((next_position, next_position + size))
-            in_hand[worker].append((next_position, next_position + size))
-            next_position += size
+        def refill() -> None:
+            nonlocal next_sequence, exhausted
+            for worker, held in enumerate(in_hand):
+                while not exhausted and len(held) < 2 and next_sequence - emit < budget:
+                    task = next(tasks, None)
+                    if task is None:
+                        exhausted = True
+                        break
+                    self.connections[worker].send((next_sequence, task))
+                    held.append(next_sequence)
+                    given[next_sequence] = task
+                    next_sequence += 1
 
-        for _ in range(2):
-            for worker in range(len(self.connections)):
-                if next_position < stop:
-                    give_out(worker)
-        while emit < stop:
+        refill()
+        while emit < next_sequence or not exhausted:
             if emit in done:
                 result = done.pop(emit)
-                emit += len(result.results)
-                yield result
+                task = given.pop(emit)
+                emit += 1
+                refill()
+                yield task, result
+                continue
+            if emit == next_sequence:  # nothing given out (an empty task list)
+                refill()
                 continue
             waiting_since = time.perf_counter()
             ready = wait([*self.connections, *(p.sentinel for p in self.processes)])
@@ -208,25 +236,24 @@ class _Workers:
                 worker = owner[handle]
                 if handle is not self.connections[worker]:
                     if not self.connections[worker].poll():  # died (its last words, if any, are read first)
-                        self._died(worker, in_hand[worker])
+                        self._died(worker, [given[n] for n in in_hand[worker]])
                     continue
-                message = self.connections[worker].recv()
+                sequence, message = self.connections[worker].recv()
                 if isinstance(message, _Failure):
                     if message.error is not None:
                         raise message.error
                     raise WorkerError(f"a conversion worker failed:\n{message.text}")
-                chunk_start, chunk_stop = in_hand[worker].popleft()
-                _count(stats, sizer, message, chunk_stop - chunk_start)
-                done[message.start] = message
-                if next_position < stop:
-                    give_out(worker)
+                in_hand[worker].remove(sequence)
+                _count(stats, None, message, len(message.results))
+                done[sequence] = message
+            refill()
 
-    def _died(self, worker: int, in_hand: deque[tuple[int, int]]) -> None:
+    def _died(self, worker: int, in_hand: list[tuple]) -> None:
         process = self.processes[worker]
         process.join(1)
         code = process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        where = f" while converting write positions {in_hand[0][0]}..{in_hand[0][1] - 1}" if in_hand else ""
+        where = f" while working on {self.describe(in_hand[0])}" if in_hand else ""
         raise WorkerError(f"a conversion worker (pid {process.pid}) died ({how}){where}; out of memory, or a "
                           "crash in an image library. Run the same command again to resume")
 
