@@ -3,8 +3,8 @@
 Class names, label ids and sample order are torchvision's own: `find_classes` / `make_dataset` are repeated here
 step for step (sorted class folders, a sorted recursive walk that follows links, torchvision's extension list,
 case-insensitive), without importing torchvision, which would cost the command seconds and every conversion worker
-a copy of torch; the tests hold the two listings equal on tricky trees. Every file is verified by decoding it (`fastdata.convert.encode`), so a broken file is rejected
-at conversion time, not at sample 9,999,999 of an epoch.
+a copy of torch; the tests hold the two listings equal on tricky trees. Every file is verified by decoding it
+(`fastdata.convert.encode`), so a broken file is rejected at conversion time, not at sample 9,999,999 of an epoch.
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import textwrap
 import numpy as np
 import pytest
 from builders import build_solid_tree, run_python
+from fastdata.converters.imagefolder import scan
 from torchvision.datasets.folder import find_classes, make_dataset
 
 from fastdata.convert.images import convert_images
 from fastdata.convert.pool import ChunkSizer
 from fastdata.convert.sources import FileReader
-from fastdata.converters.imagefolder import scan
 from fastdata.errors import WorkerError
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord
 from fastdata.formats.tar_shards import tar_members
