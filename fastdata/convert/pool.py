@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import pickle
 import queue
 import signal
+import struct
 import sys
 import threading
 import time
@@ -113,6 +115,56 @@ def _count(stats: PoolStats, sizer: ChunkSizer | None, result: Any, items: int) 
     stats.worker_cpu_seconds += result.cpu_seconds
 
 
+# Messages between the parent and a worker: an 8-byte length, then the pickle, over the socket of a duplex Pipe.
+# The parent reads a result straight into one buffer of its size: `Connection.recv` gathers it in a BytesIO, which
+# for results of megabytes (the laid-out images of a chunk) costs the parent more than all its other work.
+# (Windows pipes have no file descriptor: Connection's own framing there.)
+_RAW = sys.platform != "win32"
+_LENGTH = struct.Struct("!Q")
+
+
+def send(conn: Any, message: Any) -> None:
+    if not _RAW:
+        conn.send(message)
+        return
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_LENGTH.pack(len(data)) + data) if len(data) < 1 << 16 else None
+    fd = conn.fileno()
+    if view is None:  # large: the length, then the pickle as it is (no concatenated copy)
+        _write_all(fd, memoryview(_LENGTH.pack(len(data))))
+        view = memoryview(data)
+    _write_all(fd, view)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def receive(conn: Any, scratch: bytearray | None = None) -> Any:
+    """The next message from `conn`; read into `scratch` (grown as needed, kept by the caller for the next one:
+    a fresh buffer per message would cost its page faults every time)."""
+    if not _RAW:
+        return conn.recv()
+    scratch = bytearray() if scratch is None else scratch
+    fd = conn.fileno()
+    (size,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, scratch))
+    return pickle.loads(_read_exactly(fd, size, scratch))
+
+
+def _read_exactly(fd: int, size: int, scratch: bytearray) -> memoryview:
+    """The next `size` bytes of `fd`, read into the start of `scratch`."""
+    if len(scratch) < size:
+        scratch.extend(bytes(size - len(scratch)))
+    view, got = memoryview(scratch)[:size], 0
+    while got < size:
+        count = os.readv(fd, [view[got:]])
+        if not count:
+            raise EOFError("the other end of a conversion worker's pipe closed")
+        got += count
+    return view
+
+
 @dataclass
 class _Failure:
     """A chunk that raised: the exception (when it pickles) and its traceback text."""
@@ -134,12 +186,12 @@ def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None) -> 
 
     def send_all() -> None:
         while (message := outbox.get()) is not None:
-            conn.send(message)
+            send(conn, message)
 
     sender = threading.Thread(target=send_all, daemon=True)
     sender.start()
     try:
-        while (message := conn.recv()) is not None:
+        while (message := receive(conn)) is not None:
             sequence, task = message
             try:
                 outbox.put((sequence, job.run_chunk(*task)))
@@ -167,6 +219,7 @@ class Workers:
         context = multiprocessing.get_context(start_method())
         self.connections: list[Any] = []
         self.processes: list[Any] = []
+        self.scratch = [bytearray() for _ in range(workers)]  # each worker's receive buffer
         # Ctrl-C is held back while the workers start: one that came in the middle would leave the workers
         # started so far running on, and a worker it reached before it ignores SIGINT would die
         interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -212,7 +265,7 @@ class Workers:
                     if task is None:
                         exhausted = True
                         break
-                    self.connections[worker].send((next_sequence, task))
+                    send(self.connections[worker], (next_sequence, task))
                     held.append(next_sequence)
                     given[next_sequence] = task
                     next_sequence += 1
@@ -238,7 +291,10 @@ class Workers:
                     if not self.connections[worker].poll():  # died (its last words, if any, are read first)
                         self._died(worker, [given[n] for n in in_hand[worker]])
                     continue
-                sequence, message = self.connections[worker].recv()
+                try:
+                    sequence, message = receive(self.connections[worker], self.scratch[worker])
+                except (EOFError, OSError):  # its end closed: it died
+                    self._died(worker, [given[n] for n in in_hand[worker]])
                 if isinstance(message, _Failure):
                     if message.error is not None:
                         raise message.error
@@ -263,7 +319,7 @@ class Workers:
         if graceful:
             for conn in self.connections:
                 with contextlib.suppress(OSError):
-                    conn.send(None)
+                    send(conn, None)
         deadline = time.monotonic() + (2.0 if graceful else 0.0)
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))

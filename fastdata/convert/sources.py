@@ -37,6 +37,7 @@ source.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,8 @@ class FileReader:
 
     def digest(self, keys: Sequence[str]) -> str:
         """sha256 over each file's name, size and mtime (a missing file counts as size and mtime -1)."""
-        return files_digest((key, self.root / key) for key in keys)
+        root = str(self.root)  # joined as strings: a Path per file costs more than its stat
+        return files_digest((key, os.path.join(root, key)) for key in keys)
 
 
 class TargetSource(Protocol):
