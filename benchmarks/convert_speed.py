@@ -15,8 +15,11 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       and children), and from them the images/s predicted at 8, 16 and 64 cores, by this model: every image
       costs `w` CPU seconds in some worker and `p` in the parent (the writer), so on `c` cores the run is bounded
       by the total CPU, `c / (w + p)` images/s, and by the parent, a single process, `1 / p` images/s:
-      `predicted(c) = min(c / (w + p), 1 / p)`. (The parent's figure includes everything it does: listing,
-      pool start, writing, hashing the output, the manifest; storage bandwidth is not in the model.)
+      `predicted(c) = min(c / (w + p), 1 / p)`. `p` and `w` are per-image costs, without the fixed ones (starting
+      the workers, imports, the manifest): the same conversion of a small sample of --small images gives those,
+      and p = (parent CPU of the run - of the small run) / (images - small images), w likewise. Both include
+      everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
+      is not in the model.
   (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
 Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
 
@@ -234,6 +237,7 @@ def median_ratio(times: dict[str, list[float]], name: str, baseline: str) -> flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--small", type=int, default=48, help="images of the run that measures the fixed costs")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--text-mb", type=float, default=20.0)
@@ -244,9 +248,10 @@ def main() -> None:
     from fastdata.tools.sample import cached_sample_imagefolder
 
     src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
+    small_src = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)
     work = args.data / "convert_speed"
     work.mkdir(parents=True, exist_ok=True)
-    for path in src.rglob("*"):  # the page cache warm for all
+    for path in [*src.rglob("*"), *small_src.rglob("*")]:  # the page cache warm for all
         if path.is_file():
             path.read_bytes()
     kinds = {"(a) baseline: read + sha256 + decode 1/8, fork pool": "baseline",
@@ -272,14 +277,19 @@ def main() -> None:
         rate = statistics.median(r["images"] / r["seconds"] for r in results)
         print(f"| {name} | {rate:,.0f} | {median_ratio(times, name, baseline):.2f} |")
     print("\n| conversion | parent CPU ms/image | workers CPU ms/image | parent / worker | predicted images/s at "
-          "8 / 16 / 64 cores |\n|---|---:|---:|---:|---|")
+          "8 / 16 / 64 cores | fixed CPU s: parent, workers |\n|---|---:|---:|---:|---|---|")
     for name, kind in kinds.items():
         if not kind.endswith("-local"):
             continue
-        parent = statistics.median(r["parent_cpu"] / r["images"] for r in runs[name])
-        worker = statistics.median(r["workers_cpu"] / r["images"] for r in runs[name])
+        small = [in_child(kind, small_src, work / f"{kind}-small", args.workers) for _ in range(args.repeats)]
+        fixed_parent = statistics.median(r["parent_cpu"] for r in small)
+        fixed_workers = statistics.median(r["workers_cpu"] for r in small)
+        extra = runs[name][0]["images"] - small[0]["images"]
+        parent = statistics.median((r["parent_cpu"] - fixed_parent) / extra for r in runs[name])
+        worker = statistics.median((r["workers_cpu"] - fixed_workers) / extra for r in runs[name])
         predicted = " / ".join(f"{min(c / (worker + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
-        print(f"| {name[4:]} | {parent * 1e3:.3f} | {worker * 1e3:.3f} | {parent / worker:.1%} | {predicted} |")
+        print(f"| {name[4:]} | {parent * 1e3:.3f} | {worker * 1e3:.3f} | {parent / worker:.1%} | {predicted} | "
+              f"{fixed_parent:.3f}, {fixed_workers:.3f} |")
 
     if args.skip_text:
         return

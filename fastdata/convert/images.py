@@ -1,6 +1,8 @@
 """The image conversion driver, generic over the source: a source's listing (`fastdata.convert.sources.ImageSource`,
-made by a converter in `fastdata.converters`) -> parallel read (the source's `SampleReader`) / verify / encode
-(`fastdata.convert.encode`, local processes or Ray) -> format writer -> manifest.
+made by a converter in `fastdata.converters`) -> per-sample work in the workers (`fastdata.convert.image_work`:
+read with the source's `SampleReader`, verify / encode with `fastdata.convert.encode`, lay the record out as the
+writer stores it; local forked processes, `fastdata.convert.pool`, or Ray) -> this process writes the laid-out
+records in order (format writer) -> manifest.
 
 The output is built under `OUT.partial` and renamed into place only after the manifest (written last) is
 on disk, so an interrupted conversion never leaves anything that opens as a complete dataset.
