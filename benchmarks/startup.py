@@ -1,4 +1,5 @@
-"""How long `fastdata --version`, `fastdata --help` and `python -c "import fastdata"` take to start, against
+"""How long `fastdata --version`, `fastdata --help`, `python -c "import fastdata"` and a whole `fastdata convert
+imagefolder` of 8 images (2 workers: the time to the first converted image is less) take to start, against
 `python -c pass` (the interpreter's own start) in the same run: one untimed run of each, then --repeats rounds that
 run every command once, in turn; the table gives the median and the fastest wall time of each, and the median of
 the per-round differences from the baseline (what fastdata itself adds). `import torch` is timed alongside, as
@@ -17,6 +18,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,13 +32,16 @@ def fastdata_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "fastdata"]
 
 
-def commands() -> dict[str, list[str]]:
-    """Label -> argv; the first is the baseline."""
+def commands(scratch: Path) -> dict[str, list[str]]:
+    """Label -> argv; the first is the baseline. `scratch` holds the conversion's 8 images and its output."""
     fastdata = fastdata_command()
     return {"python -c pass (baseline)": [sys.executable, "-c", "pass"],
             'python -c "import fastdata"': [sys.executable, "-c", "import fastdata"],
             "fastdata --version": [*fastdata, "--version"],
             "fastdata --help": [*fastdata, "--help"],
+            "fastdata convert imagefolder (8 images)": [*fastdata, "convert", "imagefolder", str(scratch / "src"),
+                                                        str(scratch / "out.lmdb"), "--overwrite", "--workers", "2",
+                                                        "-q"],
             'python -c "import torch" (not paid)': [sys.executable, "-c", "import torch"]}
 
 
@@ -66,7 +71,11 @@ def main() -> None:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    runs = commands()
+    scratch = Path(tempfile.mkdtemp(prefix="fastdata-startup-"))
+    from fastdata.tools.sample import make_sample_imagefolder
+
+    make_sample_imagefolder(scratch / "src", images=8, classes=2, png_fraction=0.0, workers=1)
+    runs = commands(scratch)
     if args.no_torch:
         runs = {label: argv for label, argv in runs.items() if "torch" not in label}
     times = measure(runs, args.repeats)
@@ -80,6 +89,7 @@ def main() -> None:
         over = statistics.median(t - b for t, b in zip(seconds, baseline, strict=True))
         print(f"{label:<38} {statistics.median(seconds) * 1e3:>10.0f} {min(seconds) * 1e3:>11.0f} "
               f"{over * 1e3:>17.0f}")
+    shutil.rmtree(scratch)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """ImageFolder trees (`SRC/<class>/**/<image>`) -> the image conversion driver (`fastdata.convert.images`).
 
-Class names, label ids and sample order are torchvision's own (`find_classes` / `make_dataset` are called
-directly, so they cannot drift): sorted class folders, recursive walk, torchvision's extension list,
-case-insensitive. Every file is verified by decoding it (`fastdata.convert.encode`), so a broken file is rejected
-at conversion time, not at sample 9,999,999 of an epoch.
+Class names, label ids and sample order are torchvision's own: `find_classes` / `make_dataset` are repeated here
+step for step (sorted class folders, a sorted recursive walk that follows links, torchvision's extension list,
+case-insensitive), without importing torchvision, which would cost the command seconds and every conversion worker
+a copy of torch; the tests hold the two listings equal on tricky trees. Every file is verified by decoding it
+(`fastdata.convert.encode`), so a broken file is rejected at conversion time, not at sample 9,999,999 of an epoch.
 """
 
 from __future__ import annotations
@@ -23,21 +24,17 @@ from fastdata.formats.records import IMAGE_EXTENSIONS
 
 def scan(src: str | os.PathLike[str]) -> ImageSource:
     """List the samples of an ImageFolder tree exactly as torchvision's ImageFolder would."""
-    from torchvision.datasets.folder import find_classes, make_dataset
-
     root = Path(src)
     if not root.exists():
         raise SourceError(f"{root}: source folder does not exist")
     if not root.is_dir():
         raise SourceError(f"{root}: source is not a folder (expected SRC/<class>/<image>...)")
-    try:
-        classes, class_to_idx = find_classes(str(root))
-    except FileNotFoundError as exc:
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
         has_files = any(root.iterdir())
         what = "holds no class folders" if has_files else "is empty"
-        raise SourceError(f"{root}: source {what} (expected SRC/<class>/<image>..., one folder per class)") from exc
-    samples = make_dataset(str(root), class_to_idx, extensions=IMAGE_EXTENSIONS, allow_empty=True)
-    relative = [(Path(path).relative_to(root).as_posix(), label) for path, label in samples]
+        raise SourceError(f"{root}: source {what} (expected SRC/<class>/<image>..., one folder per class)")
+    relative = _image_files(root, classes)
     counts = [0] * len(classes)
     for _, label in relative:
         counts[label] += 1
@@ -46,6 +43,21 @@ def scan(src: str | os.PathLike[str]) -> ImageSource:
                           f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
     return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes),
                        [name for name, n in zip(classes, counts, strict=True) if n == 0], walks_root=True)
+
+
+def _image_files(root: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """(path relative to `root` with '/' separators, class id) of every image file, in torchvision's
+    `make_dataset` order."""
+    found = []
+    for label, name in enumerate(classes):
+        class_dir = os.path.join(root, name)
+        if not os.path.isdir(class_dir):
+            continue
+        for dirpath, _, filenames in sorted(os.walk(class_dir, followlinks=True)):
+            folder = (name + dirpath[len(class_dir):]).replace(os.sep, "/")
+            found += [(f"{folder}/{filename}", label) for filename in sorted(filenames)
+                      if filename.lower().endswith(IMAGE_EXTENSIONS)]
+    return found
 
 
 def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:

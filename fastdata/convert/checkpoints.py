@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -58,13 +59,13 @@ class ProgressRecord:
 P = TypeVar("P", bound=ProgressRecord)
 
 
-def files_digest(files: Iterable[tuple[str, Path]]) -> str:
+def files_digest(files: Iterable[tuple[str, str | Path]]) -> str:
     """sha256 over (name, size, mtime) of each `(name, path)`: changes when a file is added, removed, renamed,
     resized or touched (a missing file counts as size and mtime -1)."""
     digest = hashlib.sha256()
     for name, path in files:
         try:
-            stat = path.stat()
+            stat = os.stat(path)
             size, mtime = stat.st_size, stat.st_mtime_ns
         except OSError:
             size, mtime = -1, -1

@@ -1,6 +1,8 @@
 """The image conversion driver, generic over the source: a source's listing (`fastdata.convert.sources.ImageSource`,
-made by a converter in `fastdata.converters`) -> parallel read (the source's `SampleReader`) / verify / encode
-(`fastdata.convert.encode`, local processes or Ray) -> format writer -> manifest.
+made by a converter in `fastdata.converters`) -> per-sample work in the workers (`fastdata.convert.image_work`:
+read with the source's `SampleReader`, verify / encode with `fastdata.convert.encode`, lay the record out as the
+writer stores it; local forked processes, `fastdata.convert.pool`, or Ray) -> this process writes the laid-out
+records in order (format writer) -> manifest.
 
 The output is built under `OUT.partial` and renamed into place only after the manifest (written last) is
 on disk, so an interrupted conversion never leaves anything that opens as a complete dataset.
@@ -8,11 +10,12 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +24,11 @@ import numpy as np
 from fastdata._version import __version__
 from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
-from fastdata.convert.encode import EncodeOptions, verify_record
+from fastdata.convert.encode import EncodeOptions
+from fastdata.convert.image_work import ChunkResult, SampleJob
+from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork
-from fastdata.convert.sources import ImageSource, SampleReader, TargetSource
+from fastdata.convert.sources import ImageSource
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
@@ -35,7 +40,7 @@ from fastdata.formats.manifest import (
     rejected_place,
     write_atomic,
 )
-from fastdata.formats.records import DEFAULT_MAX_PIXELS, ImageRecord, Label
+from fastdata.formats.records import DEFAULT_MAX_PIXELS
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter, target_member
@@ -60,6 +65,7 @@ class ConversionSummary:
     resumed_at: int | None = None  # images already done by an interrupted run this one resumed
     engine: str = "local"
     ray: RayWork | None = None  # with engine="ray": the Ray tasks and actors that ran the work, as Ray told them
+    writer_waited: float = 0.0  # seconds the writer (this process) waited for the workers' next results
 
     def __str__(self) -> str:
         rate = self.images / self.seconds if self.seconds > 0 else float("inf")
@@ -70,7 +76,8 @@ class ConversionSummary:
             f"  images    {self.images:,} in {self.classes} classes",
             f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
             f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s, "
-            f"{self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s)",
+            f"{self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s, the writer waited for the workers "
+            f"{self.writer_waited / max(self.seconds, 1e-9):.0%} of the time)",
             f"  ignored   {self.ignored:,} non-image files",
             f"  rejected  {len(self.rejected):,} files",
         ]
@@ -85,65 +92,43 @@ class ConversionSummary:
         return "\n".join(lines)
 
 
-Task = tuple[str, Label, EncodeOptions]  # (key, label, options): what a worker gets for one sample
-Result = tuple[str, Label, "ImageRecord | None", str, int]  # (key, label, record or None, reject reason, bytes read)
+# The job of a Ray worker process, installed once by the pool's initializer: pickled once per worker rather than
+# with every chunk, since it holds the source's listing and its reader
+_WORKER: dict[str, SampleJob] = {}
 
-# The conversion worker process's reader, installed once by the pool's initializer: pickled once per worker rather
-# than with every task, since a source's reader may hold a table of where every sample is.
-_WORKER: dict[str, SampleReader] = {}
-
-
-def _work(reader: SampleReader, task: Task) -> Result:
-    """Read one sample's bytes and verify them: (key, label, record or None, reject reason, bytes read)."""
-    key, label, options = task
-    try:
-        data = reader.read(key)
-    except OSError as exc:
-        return key, label, None, f"unreadable ({exc.strerror or exc})", 0
-    try:
-        return key, label, verify_record(data, key, label, options), "", len(data)
-    except ValueError as exc:
-        return key, label, None, str(exc), len(data)
+RAY_CHUNK = 8  # write positions per Ray task
 
 
-def _pooled_work(task: Task) -> Result:
-    return _work(_WORKER["reader"], task)
+def _worker_init(job: SampleJob | None = None) -> None:
+    """Set up a conversion worker: one OpenCV thread if OpenCV was imported (never imported just for this: a
+    conversion worker does not need it), and for Ray, the job."""
+    if "cv2" in sys.modules:
+        opencv_single_threaded()
+    if job is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver handles Ctrl-C
+        _WORKER["job"] = job
 
 
-def _worker_init(reader: SampleReader | None = None) -> None:
-    # Ctrl-C reaches every process of the terminal's process group: the main process handles it (it ends the pool
-    # and says how to resume); a worker left to it would print its own traceback. (It starts with SIGINT blocked:
-    # see `_results`)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    opencv_single_threaded()
-    if reader is not None:
-        _WORKER["reader"] = reader
+def _installed_chunk(task: tuple[int, int]) -> ChunkResult:
+    return _WORKER["job"].run_chunk(*task)
 
 
-def _results(tasks: list[Task], reader: SampleReader, workers: int, engine: str = "local",
+def _results(job: SampleJob, start: int, stop: int, workers: int, stats: PoolStats, engine: str = "local",
              ray_address: str | None = None, requested_workers: int | None = None,
-             ray_seen: RayWork | None = None) -> Iterator[Result]:
+             ray_seen: RayWork | None = None) -> Iterator[ChunkResult]:
+    """The job's chunk results over write positions start..stop-1, in order, from the local pool or Ray."""
     if engine == "ray":
         from fastdata.convert.ray import ray_results
 
-        yield from ray_results(_pooled_work, tasks, requested_workers if ray_address else workers, ray_address,
-                               _worker_init, ray_seen, initargs=(reader,))
+        chunks = [(p, min(p + RAY_CHUNK, stop)) for p in range(start, stop, RAY_CHUNK)]
+        for result in ray_results(_installed_chunk, chunks, requested_workers if ray_address else workers,
+                                  ray_address, _worker_init, ray_seen, initargs=(job,), chunksize=1):
+            stats.items += len(result.results)
+            stats.worker_seconds += result.seconds
+            stats.worker_cpu_seconds += result.cpu_seconds
+            yield result
         return
-    if workers <= 1:
-        yield from (_work(reader, task) for task in tasks)
-        return
-    # Ctrl-C is held back while the pool starts: one that came in the middle would leave the workers started so far
-    # (and the thread that replaces them) running on, and a worker it reached before `_worker_init` would die.
-    # The workers, and the pool's threads that start more of them, keep SIGINT blocked
-    interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        pool = multiprocessing.get_context().Pool(workers, initializer=_worker_init, initargs=(reader,))
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, interactive)
-        raise
-    with pool:
-        signal.pthread_sigmask(signal.SIG_SETMASK, interactive)  # a Ctrl-C that came meanwhile ends the pool here
-        yield from pool.imap(_pooled_work, tasks, chunksize=8)
+    yield from chunk_results(job, start, stop, workers, stats, worker_init=_worker_init)
 
 
 @dataclass
@@ -251,7 +236,6 @@ def convert_images(
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
                "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict}
     encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels)
-    tasks: list[Task] = [(*listing.samples[i], encode) for i in order]
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing),
@@ -262,7 +246,8 @@ def convert_images(
     resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
     if isinstance(writer, WdsWriter) and resumed is not None:
         rejected_paths = {r["path"] for r in resumed.rejected}
-        written = [task[0] for task in tasks[: resumed.next_task] if task[0] not in rejected_paths]
+        keys = (listing.samples[i][0] for i in order[: resumed.next_task].tolist())
+        written = [key for key in keys if key not in rejected_paths]
         writer.resume([FileEntry(**f) for f in resumed.files], written)
     partial = partial_path(out)
     ray_seen = RayWork() if engine == "ray" else None
@@ -270,9 +255,11 @@ def convert_images(
     with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
             writer.checkpoint(_progress_json(state, listing))  # records the fingerprint at once
-        _write_all(writer, _Work(listing, tasks, order), state, workers, strict, progress,
-                   engine={"engine": engine, "ray_address": ray_address, "requested_workers": requested_workers,
-                           "ray_seen": ray_seen})
+        job = SampleJob(listing.sample_reader, listing.samples, order, encode, writer.lay_out, listing.targets,
+                        listing.metadata, listing.captions, listing.caption_tokens)
+        stats = _write_all(writer, job, listing, state, workers, strict, progress,
+                           engine={"engine": engine, "ray_address": ray_address,
+                                   "requested_workers": requested_workers, "ray_seen": ray_seen})
         if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
             files = writer.close()
             state.files = [asdict(entry) for entry in files]
@@ -297,7 +284,8 @@ def convert_images(
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
-                             listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen)
+                             listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,
+                             writer_waited=stats.waited)
 
 
 def _progress_json(state: _Progress, listing: ImageSource) -> bytes:
@@ -307,74 +295,60 @@ def _progress_json(state: _Progress, listing: ImageSource) -> bytes:
     return state.to_json()
 
 
-def _with_target(record: ImageRecord, targets: TargetSource, index: int) -> tuple[ImageRecord | None, str]:
-    """(the record with sample `index`'s target, "") or, when the image is not of the size its targets refer to,
-    (None, the reason it is rejected)."""
-    try:
-        width, height = targets.size(index)
-        if (record.width, record.height) != (width, height):
-            what = "label map is" if targets.kind == "segmentation" else "annotations say"
-            return None, (f"decodes to {record.width}x{record.height} pixels, its {what} {width}x{height} "
-                          f"({'the mask' if targets.kind == 'segmentation' else 'boxes and masks'} would not fit "
-                          "the image)")
-        return replace(record, target=targets.record(index)), ""
-    except (OSError, ValueError) as exc:  # a target that cannot be stored: the sample is rejected, named
-        return None, str(exc)
-
-
-@dataclass
-class _Work:
-    """A conversion's tasks in the order they are written: task i is sample `order[i]` of `listing`."""
-
-    listing: ImageSource
-    tasks: list[Task]
-    order: np.ndarray
-
-
-def _write_all(writer: LmdbWriter | WdsWriter, work: _Work, state: _Progress, workers: int, strict: bool,
-               progress: bool, engine: dict | None = None) -> None:
-    """Feed the tasks from `state.next_task` on through the pool into the writer, checkpointing `state`."""
+def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSource, state: _Progress, workers: int,
+               strict: bool, progress: bool, engine: dict | None = None) -> PoolStats:
+    """Write the laid-out records of the write positions from `state.next_task` on, in order, as the workers hand
+    them over; checkpoint `state`. Returns what the pool measured."""
     from tqdm import tqdm
 
+    stats = PoolStats()
+    total = len(job.order)
     last_postfix = started = time.perf_counter()
     bytes_at_start = state.bytes_in
 
     def figures() -> str:
-        rate = (state.bytes_in - bytes_at_start) / 1e6 / max(time.perf_counter() - started, 1e-9)
-        return f"{rate:.1f} MB/s, {len(state.rejected)} rejected"
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        rate = (state.bytes_in - bytes_at_start) / 1e6 / elapsed
+        return f"{rate:.1f} MB/s, writer waited {stats.waited / elapsed:.0%}, {len(state.rejected)} rejected"
 
-    listing, reader = work.listing, work.listing.sample_reader
-    with tqdm(total=len(work.tasks), initial=state.next_task, unit="img", desc="converting", disable=not progress,
+    counts, samples, order = state.counts, listing.samples, job.order
+    with tqdm(total=total, initial=state.next_task, unit="img", desc="converting", disable=not progress,
               smoothing=0.1) as bar:
-        for key, label, record, reason, size in _results(work.tasks[state.next_task:], reader, workers,
-                                                         **(engine or {})):
-            index = int(work.order[state.next_task])
-            state.bytes_in += size
-            state.next_task += 1
-            if record is not None and listing.targets is not None:
-                record, reason = _with_target(record, listing.targets, index)
-            if record is None:
-                entry = {"path": key, "reason": reason, **listing.origin_of(index)}
-                if strict:
-                    where = rejected_place({**entry, "path": reader.locate(key)})
-                    raise RejectedFileError(f"{where}: {reason} (--strict: nothing written)")
-                state.rejected.append(entry)
-            else:
-                if listing.metadata is not None:
-                    record = replace(record, metadata=listing.metadata[index])
-                if listing.captions is not None:
-                    tokens = listing.caption_tokens[index] if listing.caption_tokens is not None else None
-                    record = replace(record, caption=listing.captions[index], tokens=tokens)
-                writer.add(record)
-                for class_id in (label if isinstance(label, tuple) else (label,)):
-                    state.counts[class_id] += 1
-            if writer.checkpoint_due():
-                if isinstance(writer, WdsWriter):
-                    state.files = [asdict(entry) for entry in writer.finished_shards]
-                writer.checkpoint(_progress_json(state, listing))
-            bar.update()
+        for chunk in _results(job, state.next_task, total, workers, stats, **(engine or {})):
+            for (laid, reason, size), note in zip(chunk.results, chunk.notes or repeat(None), strict=False):
+                index = int(order[state.next_task])
+                state.bytes_in += size
+                state.next_task += 1
+                if note is not None:  # what the worker's target source counted (segmentation: class ids)
+                    listing.targets.observe(note)  # type: ignore[union-attr]
+                if laid is None:
+                    _reject(listing, index, reason, state, strict)
+                else:
+                    writer.add(laid)
+                    label = samples[index][1]
+                    if isinstance(label, tuple):
+                        for class_id in label:
+                            counts[class_id] += 1
+                    else:
+                        counts[label] += 1
+                if writer.checkpoint_due():
+                    if isinstance(writer, WdsWriter):
+                        state.files = [asdict(entry) for entry in writer.finished_shards]
+                    writer.checkpoint(_progress_json(state, listing))
+            bar.update(len(chunk.results))
             now = time.perf_counter()
             if now - last_postfix > 0.5:
                 bar.set_postfix_str(figures())
                 last_postfix = now
         bar.set_postfix_str(figures())  # the bar is left showing the final count, the summary's
+    return stats
+
+
+def _reject(listing: ImageSource, index: int, reason: str, state: _Progress, strict: bool) -> None:
+    """Record sample `index` as rejected for `reason` (with `strict`, raise instead)."""
+    key = listing.samples[index][0]
+    entry = {"path": key, "reason": reason, **listing.origin_of(index)}
+    if strict:
+        where = rejected_place({**entry, "path": listing.sample_reader.locate(key)})
+        raise RejectedFileError(f"{where}: {reason} (--strict: nothing written)")
+    state.rejected.append(entry)

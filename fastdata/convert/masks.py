@@ -62,8 +62,16 @@ class LabelMapTargets:
         return header.width, header.height
 
     def record(self, index: int) -> bytes:
-        """Sample `index`'s label map as stored: the file's bytes (greyscale), or its palette indices re-encoded
-        as greyscale; ValueError (the reject reason) when it changed since listing or holds an id too large."""
+        """Sample `index`'s label map as stored (`noted_record`), its class ids counted."""
+        data, ids = self.noted_record(index)
+        self.observe(ids)
+        return data
+
+    def noted_record(self, index: int) -> tuple[bytes, list[int]]:
+        """(sample `index`'s label map as stored: the file's bytes (greyscale), or its palette indices re-encoded
+        as greyscale; the class ids it holds, for `observe`), without counting them: a conversion worker makes the
+        record, the writer process counts. ValueError (the reject reason) when the map changed since listing or
+        holds an id too large."""
         data, ids = self.read(index)
         values = np.unique(ids).tolist()
         if self.num_classes is not None:
@@ -71,8 +79,11 @@ class LabelMapTargets:
             if bad:
                 raise ValueError(f"label map {self.paths[index]} holds class id {bad[0]}, not below --num-classes "
                                  f"{self.num_classes} (nor the ignore index {self.ignore_index})")
-        self.seen.update(v for v in values if v != self.ignore_index)
-        return encode_label_map(ids) if self.headers[index].palette else data
+        return (encode_label_map(ids) if self.headers[index].palette else data), values
+
+    def observe(self, ids: list[int]) -> None:
+        """Count the class ids a stored label map holds (the ignore index apart)."""
+        self.seen.update(v for v in ids if v != self.ignore_index)
 
     def read(self, index: int) -> tuple[bytes, np.ndarray]:
         """The map's file bytes and its ids; ValueError naming the file when it no longer matches its listing."""

@@ -41,12 +41,12 @@ def _in_ray_context(work: Callable[[Any], Any]) -> Callable[[Any], tuple[str | N
 
 
 def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | None, address: str | None,
-                initializer: Callable[..., None], seen: RayWork | None = None, initargs: tuple = ()
-                ) -> Iterator[Any]:
+                initializer: Callable[..., None], seen: RayWork | None = None, initargs: tuple = (),
+                chunksize: int = 8) -> Iterator[Any]:
     """`work(task)` for every task, in task order, over a pool of `workers` Ray processes (None: every CPU
     of the cluster), each set up once by `initializer(*initargs)`. Starts a local Ray instance (or connects to
     `address`) unless Ray is already initialised, and shuts down only what it started. `seen` collects the Ray
-    tasks and actors that ran the work."""
+    tasks and actors that ran the work; each Ray task runs `chunksize` tasks."""
     try:
         import ray
         from ray.util.multiprocessing import Pool
@@ -58,7 +58,7 @@ def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | Non
                  log_to_driver=False, configure_logging=False)
     try:
         with Pool(processes=workers, initializer=initializer, initargs=initargs) as pool:
-            for task_id, actor_id, result in pool.imap(_in_ray_context(work), tasks, chunksize=8):
+            for task_id, actor_id, result in pool.imap(_in_ray_context(work), tasks, chunksize=chunksize):
                 if seen is not None:
                     if actor_id is None:
                         seen.outside_ray += 1

@@ -28,7 +28,9 @@ A new source kind lists its samples once, in their order, and says where their b
   targets refer to (a sample that does not, or whose `size`/`record` raises OSError or ValueError, is rejected,
   named with that reason); its `digest()` joins the resume fingerprint and its `info()` the manifest
   (`target_kind`, `targets`). A TargetSource that counts what it stores (for `info()`) may also have
-  `state() -> dict` (JSON, kept with each checkpoint) and `restore(state)` (called on a resumption).
+  `state() -> dict` (JSON, kept with each checkpoint) and `restore(state)` (called on a resumption); as records
+  are made in the conversion workers, such a source makes them with `noted_record(index) -> (record, note)` and
+  the writer process counts the note with `observe(note)`.
 - `details` (optional): more facts for the manifest's `source` block (what `verify --source` needs to list the
   source again the same way, say).
 
@@ -40,6 +42,7 @@ source.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,7 +92,8 @@ class FileReader:
 
     def digest(self, keys: Sequence[str]) -> str:
         """sha256 over each file's name, size and mtime (a missing file counts as size and mtime -1)."""
-        return files_digest((key, self.root / key) for key in keys)
+        root = str(self.root)  # joined as strings: a Path per file costs more than its stat
+        return files_digest((key, os.path.join(root, key)) for key in keys)
 
 
 class TargetSource(Protocol):

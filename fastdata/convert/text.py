@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import check_bool, check_int, parse_size
+from fastdata.config import check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.checkpoints import (
     ProgressRecord,
     files_digest,
@@ -29,12 +29,13 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
+from fastdata.convert.pool import PoolStats
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
+from fastdata.convert.text_work import encode, encoded_batches
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
-from fastdata.formats.records import exception_text
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -70,6 +71,7 @@ class TextConversionSummary:
     notes: list[str] = field(default_factory=list)
     resumed_at: int | None = None  # source records already consumed by an interrupted run this one resumed
     resumed_documents: int | None = None  # and the documents it had written
+    writer_waited: float | None = None  # with workers: seconds the writer (this process) waited for them
 
     def __str__(self) -> str:
         secs = max(self.seconds, 1e-9)
@@ -89,7 +91,9 @@ class TextConversionSummary:
             f"  eos       {eos}",
             f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
             f"  time      {self.seconds:.1f} s ({self.documents / secs:,.0f} documents/s, "
-            f"{self.tokens / secs / 1e6:,.2f} M tokens/s, {self.bytes_in / 1e6 / secs:,.1f} MB/s)",
+            f"{self.tokens / secs / 1e6:,.2f} M tokens/s, {self.bytes_in / 1e6 / secs:,.1f} MB/s"
+            + ("" if self.writer_waited is None else
+               f", the writer waited for the workers {self.writer_waited / secs:.0%} of the time") + ")",
             f"  rejected  {self.rejected_count:,} records",
         ]
         lines += [f"    {r}" for r in self.rejected[:50]]
@@ -101,18 +105,8 @@ class TextConversionSummary:
 
 
 def _encode(tokenizer: Any, texts: list[str]) -> list[list[int] | str]:
-    """Ids of each text (no special tokens added), or the reason a text cannot be tokenized."""
-    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # same ids, no offsets
-    try:
-        return [e.ids for e in encode_batch(texts, add_special_tokens=False)]
-    except Exception:  # one bad text (e.g. a lone surrogate from a JSON escape) fails the batch: find it
-        results: list[list[int] | str] = []
-        for text in texts:
-            try:
-                results.append(tokenizer.encode(text, add_special_tokens=False).ids)
-            except Exception as exc:
-                results.append(f"cannot be tokenized ({exception_text(exc)})")
-        return results
+    """Tokenizing in this process (no workers): `fastdata.convert.text_work.encode`."""
+    return encode(tokenizer, texts)
 
 
 @dataclass
@@ -149,13 +143,15 @@ def _checkpoint(writer: TextLmdbWriter | TextWdsWriter, state: _TextProgress) ->
 
 def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
                   dtype: np.dtype, strict: bool, state: _TextProgress, total_bytes: int, done_bytes: int,
-                  progress: bool, checkpoint_bytes: int) -> None:
+                  progress: bool, checkpoint_bytes: int, workers: int | None = None) -> PoolStats:
     """Tokenize and write the records of `batches` in order, counting them in `state` and checkpointing it
     whenever the writer asks (a filled LMDB chunk group, a finished shard) and after the batch that takes the
-    source read past `checkpoint_bytes` more since the last byte-driven checkpoint."""
+    source read past `checkpoint_bytes` more since the last byte-driven checkpoint. Returns what the tokenizing
+    measured (`workers`: see `fastdata.convert.text_work`)."""
     from tqdm import tqdm
 
     checkpointed_at = done_bytes
+    stats = PoolStats()
     started = last_postfix = time.perf_counter()
     documents_at_start, tokens_at_start = state.documents, state.tokens
 
@@ -166,8 +162,9 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
 
     with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
               disable=not progress, smoothing=0.1) as bar:
-        for batch in in_background(batches, _QUEUE_BATCHES):
-            encoded = iter(_encode(tokenizer, [r.text for r in batch.records if isinstance(r, Document)]))
+        for batch, ids_of_documents in encoded_batches(in_background(batches, _QUEUE_BATCHES), tokenizer, dtype,
+                                                       workers, stats, lambda tok, texts: _encode(tok, texts)):
+            encoded = iter(ids_of_documents)
             for record, (file_number, consumed) in zip(batch.records, batch.marks, strict=True):
                 state.next_file, state.file_records = file_number, consumed
                 state.records += 1
@@ -196,6 +193,7 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
                 bar.set_postfix_str(figures())
                 last_postfix = now
         bar.set_postfix_str(figures())  # the bar is left showing the final count, the summary's
+    return stats
 
 
 def convert_documents(
@@ -213,6 +211,7 @@ def convert_documents(
     chunk_tokens: int = CHUNK_TOKENS,
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
     checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
+    workers: int | None = None,
 ) -> TextConversionSummary:
     """Tokenize the documents of `list_source()` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"`
     shards), with the `tokenizers` file `tokenizer`; the source is listed once the options have been checked.
@@ -242,6 +241,8 @@ def convert_documents(
         chunk_tokens: LMDB: token ids per stored chunk.
         commit_every_chunks: LMDB: chunks between commits.
         checkpoint_every: source read between checkpoints: "4MB", ... or a byte count.
+        workers: tokenize on this many worker processes, one thread each (None: in this process, on the
+            tokenizer's own thread pool). The ids, and so the dataset, are the same either way.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = resolve_format(out, format)
@@ -251,6 +252,9 @@ def convert_documents(
                                                                                           commit_every_chunks)
     overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
     progress = check_bool("progress", progress)
+    workers = check_optional_int("workers", workers)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
     if eos_token is not None and not isinstance(eos_token, str):
         raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {eos_token!r}")
     if checkpoint_bytes < 1:
@@ -297,8 +301,8 @@ def convert_documents(
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
         batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
-        _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
-                      progress, checkpoint_bytes)
+        stats = _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
+                              progress, checkpoint_bytes, workers)
         if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
             data_files, layout = writer.close()
             _checkpoint(writer, state)
@@ -326,4 +330,5 @@ def convert_documents(
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
                                  data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,
-                                 seconds, notes, resumed_at=resumed_at, resumed_documents=resumed_documents)
+                                 seconds, notes, resumed_at=resumed_at, resumed_documents=resumed_documents,
+                                 writer_waited=stats.waited if workers is not None else None)

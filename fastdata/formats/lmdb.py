@@ -94,6 +94,7 @@ def release_environments() -> None:
 _RECORD_META = struct.Struct("<iiiB")  # label, width, height, codec of one record (+ class ids: see _MULTI)
 _MULTI = -1  # the label field of a multi-label record, whose class ids follow as little-endian int32
 _INITIAL_MAP_SIZE = 1 << 30
+_RESERVE = 1 << 16  # map bytes kept free for what a commit itself writes (its free-page list)
 
 
 class LmdbWriter:
@@ -101,8 +102,9 @@ class LmdbWriter:
 
     Records are committed in transactions of `commit_every` records together with the caller's progress
     record (`checkpoint`), so a killed conversion resumes from its last checkpoint with the data and the
-    progress always in agreement. The map grows as needed: a full map is enlarged and the transaction
-    replayed, so `MapFullError` never reaches the user."""
+    progress always in agreement. The map grows as needed: ahead of each transaction, to leave room for a few
+    like the last, and when a transaction fills it all the same, it is enlarged and the transaction replayed, so
+    `MapFullError` never reaches the user."""
 
     def __init__(self, directory: Path, commit_every: int = _COMMIT_EVERY,
                  map_size: int = _INITIAL_MAP_SIZE, targets: bool = False, pairs: bool = False) -> None:
@@ -120,26 +122,56 @@ class LmdbWriter:
         self._dbs = {name: self._env.open_db(name.encode()) for name in names}
         with self._env.begin() as txn:
             self.count = txn.stat(self._dbs["images"])["entries"]
-        self._pending: list[tuple[bytes, bytes, str]] = []  # (key, value, db) puts of the open transaction
-        self._txn = self._env.begin(write=True)
+        self._page = self._env.stat()["psize"]
+        # The puts of the open transaction, (key, value, db), to replay into a larger map. The values are kept only
+        # once the transaction comes near the end of the map (`_room`): before that, a value is None and is read
+        # back from the transaction itself if a replay may come; holding every value would keep a transaction's
+        # worth of record bytes alive (the writer's page faults, not only its memory).
+        self._pending: list[tuple[bytes, bytes | None, str]] = []
+        self._keeping = False  # whether the values of `_pending` are kept
+        self._txn_bytes = 0  # an upper bound of the map bytes the open transaction's puts use
+        self._last_txn_bytes = 0
+        self._begin()
 
     def saved_progress(self) -> bytes | None:
         """The progress record of the last checkpoint, if this environment holds one."""
         with self._env.begin() as txn:
             return txn.get(b"progress", db=self._dbs["meta"])
 
+    def _begin(self) -> None:
+        """Open the next write transaction, the map first enlarged to leave room for a few more like the last."""
+        info = self._env.info()
+        used = (info["last_pgno"] + 1) * self._page
+        wanted = used + 4 * self._last_txn_bytes + _RESERVE
+        if self._last_txn_bytes and info["map_size"] < wanted:
+            self._env.set_mapsize(max(info["map_size"] * 2, wanted))
+        self._room = self._env.info()["map_size"] - used
+        self._txn = self._env.begin(write=True)
+        self._keeping = False
+        self._txn_bytes = 0
+
     def _put(self, key: bytes, value: bytes, db: str, append: bool = False) -> None:
         import lmdb
 
-        self._pending.append((key, value, db))
+        self._txn_bytes += self._page * (len(value) // self._page + 2) + len(key)  # pages, a branch page too
+        if not self._keeping and self._txn_bytes > self._room // 2 - _RESERVE:
+            self._keep_values()
+        self._pending.append((key, value if self._keeping else None, db))
         try:
             self._txn.put(key, value, db=self._dbs[db], append=append)
         except lmdb.MapFullError:
             self._grow_and_replay()
 
+    def _keep_values(self) -> None:
+        """From now on keep the values of this transaction's puts, those so far read back from it."""
+        self._pending = [(key, value if value is not None else self._txn.get(key, db=self._dbs[db]), db)
+                         for key, value, db in self._pending]
+        self._keeping = True
+
     def _grow_and_replay(self) -> None:
         import lmdb
 
+        assert self._keeping, "a full map before the transaction came near its end"
         self._txn.abort()
         while True:
             self._env.set_mapsize(self._env.info()["map_size"] * 2)
@@ -160,31 +192,39 @@ class LmdbWriter:
             self._grow_and_replay()
             self._txn.commit()
         self._pending.clear()
-        self._txn = self._env.begin(write=True)
+        self._last_txn_bytes = self._txn_bytes
+        self._begin()
 
-    def add(self, record: ImageRecord) -> None:
-        key = index_key(self.count)
-        self._put(key, record.data, "images", append=True)
-        self._put(key, key_bytes(record.key), "keys", append=True)
+    @staticmethod
+    def lay_out(record: ImageRecord) -> tuple[tuple[str, bytes], ...]:
+        """The values `record` is stored as, (sub-database, value) in the order they are put: what a conversion
+        worker prepares so that the writer only puts them (`add`)."""
         if isinstance(record.label, tuple):
             facts = (_RECORD_META.pack(_MULTI, record.width, record.height, record.codec)
                      + np.asarray(record.label, dtype="<i4").tobytes())
         else:
             facts = _RECORD_META.pack(record.label, record.width, record.height, record.codec)
-        self._put(key, facts, "records", append=True)
+        values = [("images", record.data), ("keys", key_bytes(record.key)), ("records", facts)]
         if record.metadata is not None:
-            self._put(key, json.dumps(record.metadata, ensure_ascii=False).encode("utf-8"), "metadata", append=True)
+            values.append(("metadata", json.dumps(record.metadata, ensure_ascii=False).encode("utf-8")))
         if record.caption is not None:
-            if "captions" not in self._dbs:
-                raise ValueError(f"{self.directory}: a record with a caption, for a writer opened without pairs")
-            self._put(key, record.caption.encode("utf-8"), "captions", append=True)
+            values.append(("captions", record.caption.encode("utf-8")))
         if record.tokens is not None:
-            self._put(key, np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes(),
-                      "tokens", append=True)
+            values.append(("tokens", np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes()))
         if record.target is not None:
-            if "targets" not in self._dbs:
-                raise ValueError(f"{self.directory}: a record with a target, for a writer opened without targets")
-            self._put(key, record.target, "targets", append=True)
+            values.append(("targets", record.target))
+        return tuple(values)
+
+    def add(self, record: ImageRecord | tuple[tuple[str, bytes], ...]) -> None:
+        """Append the next record: an `ImageRecord`, or its values as `lay_out` laid them out (in a worker)."""
+        values = self.lay_out(record) if isinstance(record, ImageRecord) else record
+        key = index_key(self.count)
+        for db, value in values:
+            if db not in self._dbs:
+                what = "caption" if db in ("captions", "tokens") else "target"
+                raise ValueError(f"{self.directory}: a record with a {what}, for a writer opened without "
+                                 f"{'pairs' if what == 'caption' else 'targets'}")
+            self._put(key, value, db, append=True)
         self.count += 1
 
     def checkpoint_due(self) -> bool:

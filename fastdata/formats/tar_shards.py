@@ -37,6 +37,20 @@ def check_kept_files(directory: Path, files: list[tuple[str, int]], what: str) -
                                       f"it had {size:,}; {START_AGAIN}")
 
 
+def tar_members(members: list[tuple[str, bytes]]) -> bytes:
+    """Members (name, payload) as `ShardWriter.append` writes them into a shard, header, data and padding, byte for
+    byte: what a conversion worker lays out so that the writer only appends the bytes (`append_blob`)."""
+    parts = []
+    for name, payload in members:
+        info = tarfile.TarInfo(name)
+        info.size = len(payload)
+        info.mode = 0o444
+        info.mtime = 0  # reproducible shards: same input, same bytes
+        parts += (info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"), payload,
+                  bytes(-len(payload) % _BLOCK))
+    return b"".join(parts)
+
+
 class ShardWriter:
     """Samples (groups of named members) into tar shards, in order. `on_shard_closed(name)` runs when a shard is
     complete, before it is renamed into place (the text writer writes the shard's index then)."""
@@ -104,6 +118,15 @@ class ShardWriter:
             self._tar.addfile(info, io.BytesIO(payload))
             offsets.append(self._tar.offset - -(-len(payload) // _BLOCK) * _BLOCK)
         return offsets
+
+    def append_blob(self, blob: bytes) -> None:
+        """Write one sample's members, laid out by `tar_members`, into the open shard (opened if needed). Call
+        `sample_done()` after it."""
+        if self._tar is None:
+            self._open_shard()
+        assert self._tar is not None
+        self._shard_file.write(blob)
+        self._tar.offset += len(blob)
 
     def sample_done(self) -> None:
         """Count the sample just appended; close the shard once it has reached the shard size."""

@@ -20,6 +20,7 @@ import io
 import json
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,7 +28,7 @@ from fastdata.errors import CorruptSampleError
 from fastdata.formats.manifest import FileEntry
 from fastdata.formats.masks import MASK_EXT
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord, label_to_json
-from fastdata.formats.tar_shards import ShardWriter
+from fastdata.formats.tar_shards import ShardWriter, tar_members
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
 TARGET_EXT = "det"  # the member holding a sample's detection target record
@@ -90,26 +91,20 @@ class WdsWriter:
         self._used_keys.add(key)
         return key
 
-    def add(self, record: ImageRecord) -> None:
-        key = self._unique_key(record.key)
-        meta: dict = {"path": record.key, "label": label_to_json(record.label), "width": record.width,
-                      "height": record.height, "codec": record.codec}
-        if record.metadata is not None:
-            meta["metadata"] = record.metadata
-        if record.target is not None:
-            meta["target"] = self.target_ext
-        members = [(f"{key}.{record.ext}", record.data)]
-        if record.caption is not None:  # an image-text pair: no class
-            meta["caption"] = record.caption
-            if record.tokens is not None:
-                meta["tokens"] = record.tokens.tolist()
-            members.append((f"{key}.txt", record.caption.encode("utf-8")))
-        elif not isinstance(record.label, tuple):
-            members.append((f"{key}.cls", str(record.label).encode("ascii")))
-        members.append((f"{key}.json", json.dumps(meta).encode("ascii")))  # ASCII: a key may hold lone surrogates
-        if record.target is not None:
-            members.append((f"{key}.{self.target_ext}", record.target))
-        self.shards.append(members)
+    @property
+    def lay_out(self) -> Callable[[ImageRecord], tuple[str, str, bytes]]:
+        """A picklable function: record -> (source path, key, the sample's tar members as they are written into
+        the shard): what a conversion worker prepares so that the writer only appends them (`add`). The key is the
+        sanitized path; the writer renames the members in the rare case that another sample took it first."""
+        return partial(lay_out, target_ext=self.target_ext)
+
+    def add(self, record: ImageRecord | tuple[str, str, bytes]) -> None:
+        """Append the next sample: an `ImageRecord`, or its members as `lay_out` laid them out (in a worker)."""
+        path, key, blob = self.lay_out(record) if isinstance(record, ImageRecord) else record
+        unique = self._unique_key(path)
+        if unique != key:  # two paths that sanitize alike: the later one's members get the unique key
+            blob = _renamed(blob, key, unique)
+        self.shards.append_blob(blob)
         self.shards.sample_done()
 
     def checkpoint_due(self) -> bool:
@@ -130,6 +125,46 @@ class WdsWriter:
     def abort(self) -> None:
         """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
         self.shards.abort()
+
+
+def lay_out(record: ImageRecord, target_ext: str = TARGET_EXT) -> tuple[str, str, bytes]:
+    """(source path, key, tar members) of `record`, laid out as `WdsWriter.add` appends them; `target_ext`: the
+    member holding its target (`TARGET_MEMBERS`)."""
+    key = sanitize_key(record.key)
+    return record.key, key, tar_members(_members(record, key, target_ext))
+
+
+def _members(record: ImageRecord, key: str, target_ext: str = TARGET_EXT) -> list[tuple[str, bytes]]:
+    """A sample's members (name, payload), in the order they are written."""
+    meta: dict = {"path": record.key, "label": label_to_json(record.label), "width": record.width,
+                  "height": record.height, "codec": record.codec}
+    if record.metadata is not None:
+        meta["metadata"] = record.metadata
+    if record.target is not None:
+        meta["target"] = target_ext
+    members = [(f"{key}.{record.ext}", record.data)]
+    if record.caption is not None:  # an image-text pair: no class
+        meta["caption"] = record.caption
+        if record.tokens is not None:
+            meta["tokens"] = record.tokens.tolist()
+        members.append((f"{key}.txt", record.caption.encode("utf-8")))
+    elif not isinstance(record.label, tuple):
+        members.append((f"{key}.cls", str(record.label).encode("ascii")))
+    members.append((f"{key}.json", json.dumps(meta).encode("ascii")))  # ASCII: a key may hold lone surrogates
+    if record.target is not None:
+        members.append((f"{key}.{target_ext}", record.target))
+    return members
+
+
+def _renamed(blob: bytes, key: str, new_key: str) -> bytes:
+    """The members of `blob` (`tar_members`), each named `new_key` + what followed `key` in its name."""
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as tar:
+        members = []
+        for member in tar:
+            payload = tar.extractfile(member)
+            assert payload is not None and member.name.startswith(key)
+            members.append((new_key + member.name[len(key):], payload.read()))
+    return tar_members(members)
 
 
 #: Member types that can execute code when loaded with pickle (webdataset's default decoders do): never read.

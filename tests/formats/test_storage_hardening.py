@@ -30,6 +30,22 @@ def test_lmdb_map_grows_instead_of_failing(tmp_path):
     assert reader.labels.tolist() == [i % 3 for i in range(60)]
 
 
+def test_lmdb_map_grows_for_a_huge_record_in_the_middle_of_a_transaction(tmp_path):
+    """Records put while the map has room are not held by the writer; a huge one later in the same transaction
+    fills the map, and the transaction is replayed whole into a larger one (the earlier records read back)."""
+    writer = LmdbWriter(tmp_path / "h.lmdb", commit_every=1000, map_size=1 << 20)
+    payloads = [bytes([i]) * 20_000 for i in range(10)] + [b"\x07" * 3_000_000] + [bytes([i]) * 30_000
+                                                                                  for i in range(40)]
+    for i, payload in enumerate(payloads):
+        writer.add(ImageRecord(f"k{i}", payload, "jpg", 1, 10, 10, 0))
+        if i == 25:
+            writer.checkpoint(b"{}")  # and more transactions after it, the map grown ahead of them
+    entries = writer.close()
+    reader = LmdbReader(tmp_path / "h.lmdb", entries[0].samples, 3)
+    assert [reader.read(i) for i in range(len(payloads))] == payloads
+    assert [reader.key(i) for i in range(len(payloads))] == [f"k{i}" for i in range(len(payloads))]
+
+
 def test_damaged_lmdb_metadata_is_refused(small_solid_lmdb, tmp_path):
     import shutil
 

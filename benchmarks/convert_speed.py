@@ -1,0 +1,315 @@
+"""Conversion at the speed of verification (issue 19): images/s of `fastdata convert imagefolder` against the
+verification a converter must do, run bare in a fork pool, on the same photo-like JPEGs, in one run; and text
+conversion with `--workers` against the tokenizer's fastest batched call and HF `datasets`.
+
+Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imagefolder(jpeg_only=True)`):
+  (a) the baseline: `verify_in_pool` below, ~30 lines doing only what a converter must do per image (read the
+      file, sha256 it, decode it at 1/8 DCT scale with `cv2.IMREAD_REDUCED_COLOR_8`) in a fork pool of --workers
+      processes;
+  (b) `fastdata convert imagefolder` to LMDB and to WebDataset shards (whole runs: listing, verifying, writing,
+      hashing, manifest), the ratio to (a);
+  (c) FFCV's writer (`DatasetWriter` with `RGBImageField(write_mode="jpg")`: it decodes and re-encodes every
+      image, as it always does), or the row omitted with the reason when `import ffcv` fails;
+  (d) a raw LMDB copy: every file's bytes put into LMDB in one process, nothing verified (what writing costs);
+  (e) the conversion parent's CPU seconds per image and its workers' (getrusage of the conversion process, self
+      and children), and from them the images/s predicted at 8, 16 and 64 cores, by this model: every image
+      costs `w` CPU seconds in some worker and `p` in the parent (the writer), so on `c` cores the run is bounded
+      by the total CPU, `c / (w + p)` images/s, and by the parent, a single process, `1 / p` images/s:
+      `predicted(c) = min(c / (w + p), 1 / p)`. `p` and `w` are per-image costs, without the fixed ones (starting
+      the workers, imports, the manifest): the same conversion of a small sample of --small images gives those,
+      and p = (parent CPU of the run - of the small run) / (images - small images), w likewise. Both include
+      everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
+      is not in the model.
+  (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
+Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
+
+Text (benchmarks/text_corpus.py's corpus of English text on this machine and its byte-level BPE tokenizer):
+  (g) `fastdata convert text --workers N` (LMDB; in-process API call, reading, tokenizing, writing, manifest) vs
+      `Tokenizer.encode_batch_fast` over every document already in memory, in one process (the tokenizer's own
+      thread pool) vs HF `datasets`: `Dataset.from_dict(...).map(tokenize, batched=True, num_proc=N)` + packing
+      into blocks (`group_texts` of the HF examples), when `datasets` is installed.
+
+--repeats runs of every contender, alternating; the tables give medians and the median of the per-run ratios.
+Targets (issue 19): images >= 0.8x (a), parent CPU per image <= 5% of a worker's; text >= 0.9x
+encode_batch_fast and >= datasets map.
+
+    python benchmarks/convert_speed.py --images 4000 --repeats 3 --text-mb 20
+
+Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# ---------------------------------------------------------------------------------------------- (a) the baseline
+
+
+def verify_one(path: str) -> int:
+    """What a converter must do for one image: read it, hash it, prove it decodes (at 1/8 DCT scale)."""
+    import cv2
+    import numpy as np
+
+    data = Path(path).read_bytes()
+    hashlib.sha256(data).digest()
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_COLOR_8)
+    if image is None:
+        raise ValueError(f"{path}: does not decode")
+    return len(data)
+
+
+def one_opencv_thread() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def verify_in_pool(files: list[str], workers: int) -> float:
+    """Verify every file in a fork pool of `workers` processes; returns the seconds it took."""
+    started = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(workers, initializer=one_opencv_thread) as pool:
+        for _ in pool.imap_unordered(verify_one, files, chunksize=32):
+            pass
+    return time.perf_counter() - started
+
+
+# ---------------------------------------------------------------------------------------------- runs in a child
+
+_CHILD = r"""
+import json, resource, sys, time
+kind, src, out, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+def cpu(who):
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+if kind != "baseline" and kind != "raw-lmdb" and kind != "ffcv":
+    from fastdata.converters.imagefolder import convert_imagefolder
+started, parent_started = time.perf_counter(), cpu(resource.RUSAGE_SELF)
+if kind == "baseline":
+    import convert_speed
+    from pathlib import Path
+    files = sorted(str(p) for p in Path(src).rglob("*") if p.is_file())
+    convert_speed.verify_in_pool(files, workers)
+    images = len(files)
+elif kind == "raw-lmdb":
+    import convert_speed
+    images = convert_speed.raw_lmdb_copy(src, out)
+elif kind == "ffcv":
+    import convert_speed
+    images = convert_speed.ffcv_write(src, out, workers)
+else:
+    fmt, engine = kind.split("-")
+    summary = convert_imagefolder(src, out, format=fmt, workers=workers, engine=engine, progress=False)
+    images = summary.images
+seconds = time.perf_counter() - started
+print(json.dumps({"images": images, "seconds": seconds, "parent_cpu": cpu(resource.RUSAGE_SELF) - parent_started,
+                  "workers_cpu": cpu(resource.RUSAGE_CHILDREN)}))
+"""
+
+
+def in_child(kind: str, src: Path, out: Path, workers: int) -> dict:
+    """Run contender `kind` in a fresh Python process: its images, seconds, and its own CPU seconds during the
+    run (its imports before it excluded) and its children's (the workers it waited for)."""
+    if out.exists():
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    done = subprocess.run([sys.executable, "-c", _CHILD, kind, str(src), str(out), str(workers),
+                           str(Path(__file__).parent)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{kind} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def raw_lmdb_copy(src: str, out: str) -> int:
+    """(d) every file's bytes into LMDB, one process, transactions of 2048 puts, nothing verified."""
+    import lmdb
+
+    files = sorted(p for p in Path(src).rglob("*") if p.is_file())
+    env = lmdb.open(out, map_size=1 << 36, sync=False, metasync=False)
+    for start in range(0, len(files), 2048):
+        with env.begin(write=True) as txn:
+            for i, path in enumerate(files[start:start + 2048], start):
+                txn.put(i.to_bytes(8, "big"), path.read_bytes(), append=True)
+    env.sync(True)
+    env.close()
+    return len(files)
+
+
+def ffcv_write(src: str, out: str, workers: int) -> int:
+    """(c) FFCV's writer over the ImageFolder (RGBImageField, jpg: FFCV re-encodes every image)."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+    from torchvision.datasets import ImageFolder
+
+    data = ImageFolder(src)
+    fields = {"image": RGBImageField(write_mode="jpg"), "label": IntField()}
+    DatasetWriter(out, fields, num_workers=workers).from_indexed_dataset(data)
+    return len(data)
+
+
+def unavailable(module: str) -> str | None:
+    """Why `import module` fails in a fresh process (None: it works)."""
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, check=False)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["failed"])[-1]
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+
+def text_contenders(corpus: Path, tokenizer: Path, workers: int, out: Path) -> dict[str, Callable[[], float]]:
+    """Name -> a function that runs the contender once and returns its seconds."""
+    from text_corpus import iter_texts
+
+    import fastdata
+
+    texts = list(iter_texts(corpus))
+
+    def encode_batch_fast() -> float:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer))
+        started = time.perf_counter()
+        tok.encode_batch_fast(texts, add_special_tokens=False)
+        return time.perf_counter() - started
+
+    def fastdata_text() -> float:
+        target = out / "text.lmdb"
+        shutil.rmtree(target, ignore_errors=True)
+        started = time.perf_counter()
+        fastdata.convert_text(corpus, target, tokenizer=tokenizer, workers=workers, progress=False)
+        return time.perf_counter() - started
+
+    contenders = {"encode_batch_fast, one process": encode_batch_fast,
+                  f"fastdata convert text --workers {workers}": fastdata_text}
+    reason = unavailable("datasets")
+    if reason is None:
+        def datasets_map() -> float:
+            import datasets
+            from tokenizers import Tokenizer
+
+            datasets.disable_progress_bars()
+            tok = Tokenizer.from_file(str(tokenizer))
+            eos = tok.token_to_id("<|endoftext|>")
+            block = 1024
+
+            def tokenize(batch: dict) -> dict:
+                encoded = tok.encode_batch_fast(batch["text"], add_special_tokens=False)
+                return {"input_ids": [[*e.ids, eos] for e in encoded]}
+
+            started = time.perf_counter()
+            data = datasets.Dataset.from_dict({"text": texts})
+            ids = data.map(tokenize, batched=True, num_proc=workers, remove_columns=["text"])
+
+            def group_texts(batch: dict) -> dict:  # HF's run_clm packing
+                flat = [t for doc in batch["input_ids"] for t in doc]
+                usable = len(flat) // block * block
+                return {"input_ids": [flat[i:i + block] for i in range(0, usable, block)]}
+
+            ids.map(group_texts, batched=True, num_proc=workers)
+            return time.perf_counter() - started
+
+        contenders[f"HF datasets map(num_proc={workers}) + packing"] = datasets_map
+    else:
+        print(f"  HF datasets: omitted ({reason})")
+    return contenders
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def median_ratio(times: dict[str, list[float]], name: str, baseline: str) -> float:
+    """Median over runs of (baseline seconds / contender seconds): > 1 is faster than the baseline."""
+    return statistics.median(b / c for b, c in zip(times[baseline], times[name], strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--small", type=int, default=48, help="images of the run that measures the fixed costs")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--text-mb", type=float, default=20.0)
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    parser.add_argument("--skip-text", action="store_true")
+    args = parser.parse_args()
+
+    from fastdata.tools.sample import cached_sample_imagefolder
+
+    src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
+    small_src = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)
+    work = args.data / "convert_speed"
+    work.mkdir(parents=True, exist_ok=True)
+    for path in [*src.rglob("*"), *small_src.rglob("*")]:  # the page cache warm for all
+        if path.is_file():
+            path.read_bytes()
+    kinds = {"(a) baseline: read + sha256 + decode 1/8, fork pool": "baseline",
+             "(b) fastdata convert imagefolder -> LMDB": "lmdb-local",
+             "(b) fastdata convert imagefolder -> WebDataset": "wds-local",
+             "(d) raw LMDB copy, nothing verified (1 process)": "raw-lmdb"}
+    for module, name, kind in (("ffcv", "(c) FFCV DatasetWriter (re-encodes)", "ffcv"),
+                               ("ray", "(f) fastdata --engine ray (local Ray) -> LMDB", "lmdb-ray")):
+        reason = unavailable(module)
+        if reason is None:
+            kinds[name] = kind
+        else:
+            print(f"{name}: omitted ({reason})")
+    runs: dict[str, list[dict]] = {name: [] for name in kinds}
+    print(f"images: {args.images} photo-like JPEGs in {src}, {args.workers} workers, {args.repeats} repeats")
+    for _ in range(args.repeats):
+        for name, kind in kinds.items():
+            runs[name].append(in_child(kind, src, work / kind, args.workers))
+    times = {name: [r["seconds"] / r["images"] for r in results] for name, results in runs.items()}
+    baseline = next(iter(kinds))
+    print("\n| contender | images/s | x (a) |\n|---|---:|---:|")
+    for name, results in runs.items():
+        rate = statistics.median(r["images"] / r["seconds"] for r in results)
+        print(f"| {name} | {rate:,.0f} | {median_ratio(times, name, baseline):.2f} |")
+    print("\n| conversion | parent CPU ms/image | workers CPU ms/image | parent / worker | predicted images/s at "
+          "8 / 16 / 64 cores | fixed CPU s: parent, workers |\n|---|---:|---:|---:|---|---|")
+    for name, kind in kinds.items():
+        if not kind.endswith("-local"):
+            continue
+        small = [in_child(kind, small_src, work / f"{kind}-small", args.workers) for _ in range(args.repeats)]
+        fixed_parent = statistics.median(r["parent_cpu"] for r in small)
+        fixed_workers = statistics.median(r["workers_cpu"] for r in small)
+        extra = runs[name][0]["images"] - small[0]["images"]
+        parent = statistics.median((r["parent_cpu"] - fixed_parent) / extra for r in runs[name])
+        worker = statistics.median((r["workers_cpu"] - fixed_workers) / extra for r in runs[name])
+        predicted = " / ".join(f"{min(c / (worker + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
+        print(f"| {name[4:]} | {parent * 1e3:.3f} | {worker * 1e3:.3f} | {parent / worker:.1%} | {predicted} | "
+              f"{fixed_parent:.3f}, {fixed_workers:.3f} |")
+
+    if args.skip_text:
+        return
+    from text_corpus import build_corpus, train_tokenizer
+
+    corpus = build_corpus(args.data / f"convert_speed_text_{args.text_mb:g}mb.jsonl", args.text_mb)
+    tokenizer = train_tokenizer(corpus, args.data / f"convert_speed_tokenizer_{args.text_mb:g}mb.json",
+                                train_mb=min(args.text_mb, 16))
+    contenders = text_contenders(corpus, tokenizer, args.workers, work)
+    text_times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(args.repeats):
+        for name, run in contenders.items():
+            text_times[name].append(run())
+    megabytes = corpus.stat().st_size / 1e6
+    first = next(iter(contenders))
+    print(f"\ntext: {megabytes:.1f} MB of JSONL\n\n| contender | MB/s | x encode_batch_fast |\n|---|---:|---:|")
+    for name, seconds in text_times.items():
+        print(f"| {name} | {megabytes / statistics.median(seconds):,.1f} | "
+              f"{median_ratio(text_times, name, first):.2f} |")
+
+
+if __name__ == "__main__":
+    main()

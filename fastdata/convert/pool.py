@@ -1,0 +1,330 @@
+"""The local conversion engine: worker processes, forked where the platform allows (so they start in milliseconds,
+inheriting the job instead of unpickling it, and import nothing the parent has not), each sent ranges of
+positions ("chunks") whose size follows the measured cost per item, their results handed back in position order.
+
+Each worker keeps two chunks in hand (one in work, one queued) and sends its results from a thread of its own, so it
+never waits for the parent; the parent only reads results and gives out the next chunk, and measures how long it
+waited for the next result in order (`PoolStats.waited`): the share of the run its writer stood idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import queue
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Protocol
+
+from fastdata.errors import WorkerError
+
+
+class ChunkJob(Protocol):
+    """What the workers run: positions start..stop-1 -> a result whose `results` has one entry per position."""
+
+    def run_chunk(self, start: int, stop: int) -> Any:
+        ...
+
+
+@dataclass
+class PoolStats:
+    """What a run of the pool measured: items done, the seconds the consumer waited for the next chunk in order,
+    and the workers' own seconds (wall and CPU) on the items."""
+
+    items: int = 0
+    waited: float = 0.0
+    worker_seconds: float = 0.0
+    worker_cpu_seconds: float = 0.0
+
+
+class ChunkSizer:
+    """Chunk sizes from the measured time per item: a probe of `probe` items first, then chunks of about
+    `target_seconds` of work (never above `largest`), and never more than an even share of what is left among the
+    workers' queues, so that the last chunks end together rather than one worker finishing alone."""
+
+    def __init__(self, workers: int, target_seconds: float = 0.03, probe: int = 2, largest: int = 1024) -> None:
+        self.workers = workers
+        self.target_seconds = target_seconds
+        self.probe = probe
+        self.largest = largest
+        self.items = 0
+        self.seconds = 0.0
+
+    def observe(self, items: int, seconds: float) -> None:
+        self.items += items
+        self.seconds += seconds
+
+    def next_size(self, remaining: int) -> int:
+        if not self.items:
+            size = self.probe
+        else:
+            per_item = max(self.seconds / self.items, 1e-6)
+            size = min(self.largest, max(1, round(self.target_seconds / per_item)))
+        fair_share = -(-remaining // (2 * self.workers))  # two chunks in hand per worker
+        return max(1, min(size, fair_share, remaining))
+
+
+def start_method() -> str:
+    """"fork" where the platform offers it (not macOS, whose system libraries may not survive a fork), else the
+    platform's default."""
+    methods = multiprocessing.get_all_start_methods()
+    return "fork" if "fork" in methods and sys.platform != "darwin" else methods[0]
+
+
+def chunk_results(job: ChunkJob, start: int, stop: int, workers: int, stats: PoolStats,
+                  sizer: ChunkSizer | None = None, worker_init: Callable[[], None] | None = None
+                  ) -> Iterator[Any]:
+    """`job.run_chunk` over positions start..stop-1 in chunks, on `workers` processes (1: in this process), the
+    results in position order."""
+    sizer = sizer or ChunkSizer(workers)
+
+    def ranges() -> Iterator[tuple[int, int]]:
+        position = start
+        while position < stop:  # sized when given out, from what the chunks done so far measured
+            size = sizer.next_size(stop - position)
+            yield position, position + size
+            position += size
+
+    if workers <= 1:
+        for task in ranges():
+            result = job.run_chunk(*task)
+            _count(stats, sizer, result, task[1] - task[0])
+            yield result
+        return
+    with Workers(job, workers, worker_init) as pool:
+        for (chunk_start, chunk_stop), result in pool.results(ranges(), stats, ahead=8):
+            sizer.observe(chunk_stop - chunk_start, result.seconds)
+            yield result
+
+
+def _count(stats: PoolStats, sizer: ChunkSizer | None, result: Any, items: int) -> None:
+    if sizer is not None:
+        sizer.observe(items, result.seconds)
+    stats.items += items
+    stats.worker_seconds += result.seconds
+    stats.worker_cpu_seconds += result.cpu_seconds
+
+
+# Messages between the parent and a worker: an 8-byte length, then the pickle, over the socket of a duplex Pipe.
+# The parent reads a result straight into one buffer of its size: `Connection.recv` gathers it in a BytesIO, which
+# for results of megabytes (the laid-out images of a chunk) costs the parent more than all its other work.
+# (Windows pipes have no file descriptor: Connection's own framing there.)
+_RAW = sys.platform != "win32"
+_LENGTH = struct.Struct("!Q")
+
+
+def send(conn: Any, message: Any) -> None:
+    if not _RAW:
+        conn.send(message)
+        return
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_LENGTH.pack(len(data)) + data) if len(data) < 1 << 16 else None
+    fd = conn.fileno()
+    if view is None:  # large: the length, then the pickle as it is (no concatenated copy)
+        _write_all(fd, memoryview(_LENGTH.pack(len(data))))
+        view = memoryview(data)
+    _write_all(fd, view)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def receive(conn: Any, scratch: bytearray | None = None) -> Any:
+    """The next message from `conn`; read into `scratch` (grown as needed, kept by the caller for the next one:
+    a fresh buffer per message would cost its page faults every time)."""
+    if not _RAW:
+        return conn.recv()
+    scratch = bytearray() if scratch is None else scratch
+    fd = conn.fileno()
+    (size,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, scratch))
+    return pickle.loads(_read_exactly(fd, size, scratch))
+
+
+def _read_exactly(fd: int, size: int, scratch: bytearray) -> memoryview:
+    """The next `size` bytes of `fd`, read into the start of `scratch`."""
+    if len(scratch) < size:
+        scratch.extend(bytes(size - len(scratch)))
+    view, got = memoryview(scratch)[:size], 0
+    while got < size:
+        count = os.readv(fd, [view[got:]])
+        if not count:
+            raise EOFError("the other end of a conversion worker's pipe closed")
+        got += count
+    return view
+
+
+@dataclass
+class _Failure:
+    """A chunk that raised: the exception (when it pickles) and its traceback text."""
+
+    error: BaseException | None
+    text: str
+
+
+def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None) -> None:
+    """A worker's loop: run each chunk it is sent; a thread sends the results, so the next chunk starts while the
+    parent has not read the last one yet."""
+    # Ctrl-C reaches every process of the terminal's process group: the parent handles it (it stops the workers and
+    # says how to resume); a worker left to it would print its own traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if worker_init is not None:
+        worker_init()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def send_all() -> None:
+        while (message := outbox.get()) is not None:
+            send(conn, message)
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    try:
+        while (message := receive(conn)) is not None:
+            sequence, task = message
+            try:
+                outbox.put((sequence, job.run_chunk(*task)))
+            except BaseException as exc:  # handed to the parent, which raises it
+                text = traceback.format_exc()
+                try:
+                    pickle.dumps(exc)
+                except Exception:
+                    exc = None
+                outbox.put((sequence, _Failure(exc, text)))
+    except (EOFError, OSError):  # the parent went away
+        pass
+    finally:
+        outbox.put(None)
+        sender.join()
+
+
+class Workers:
+    """`workers` processes serving one job, each sent tasks (tuples of arguments of `job.run_chunk`)."""
+
+    def __init__(self, job: ChunkJob, workers: int, worker_init: Callable[[], None] | None = None,
+                 describe: Callable[[tuple], str] = lambda task: f"write positions {task[0]}..{task[1] - 1}"
+                 ) -> None:
+        self.describe = describe
+        context = multiprocessing.get_context(start_method())
+        self.connections: list[Any] = []
+        self.processes: list[Any] = []
+        self.scratch = [bytearray() for _ in range(workers)]  # each worker's receive buffer
+        # Ctrl-C is held back while the workers start: one that came in the middle would leave the workers
+        # started so far running on, and a worker it reached before it ignores SIGINT would die
+        interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for _ in range(workers):
+                parent_end, child_end = context.Pipe(duplex=True)
+                process = context.Process(target=_serve, args=(job, child_end, worker_init), daemon=True)
+                process.start()
+                child_end.close()
+                self.connections.append(parent_end)
+                self.processes.append(process)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, interactive)  # a Ctrl-C that came meanwhile lands here
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        self.close(graceful=kind is None)
+
+    def results(self, tasks: Iterator[tuple], stats: PoolStats, ahead: int = 8) -> Iterator[tuple[tuple, Any]]:
+        """(task, `job.run_chunk(*task)`) for every task, in task order. Each worker holds two tasks; at most
+        `ahead` tasks per worker are given out beyond the oldest one not yet handed back (which a slow task
+        holds up), bounding the results kept waiting for it."""
+        tasks = iter(tasks)
+        in_hand: list[deque[int]] = [deque() for _ in self.connections]
+        given: dict[int, tuple] = {}  # sequence number -> task, until handed back
+        done: dict[int, Any] = {}
+        owner = {conn: i for i, conn in enumerate(self.connections)}
+        owner.update({process.sentinel: i for i, process in enumerate(self.processes)})
+        next_sequence = emit = 0
+        exhausted = False
+        budget = ahead * len(self.connections)
+
+        def refill() -> None:
+            nonlocal next_sequence, exhausted
+            for worker, held in enumerate(in_hand):
+                while not exhausted and len(held) < 2 and next_sequence - emit < budget:
+                    task = next(tasks, None)
+                    if task is None:
+                        exhausted = True
+                        break
+                    send(self.connections[worker], (next_sequence, task))
+                    held.append(next_sequence)
+                    given[next_sequence] = task
+                    next_sequence += 1
+
+        refill()
+        while emit < next_sequence or not exhausted:
+            if emit in done:
+                result = done.pop(emit)
+                task = given.pop(emit)
+                emit += 1
+                refill()
+                yield task, result
+                continue
+            if emit == next_sequence:  # nothing given out (an empty task list)
+                refill()
+                continue
+            waiting_since = time.perf_counter()
+            ready = wait([*self.connections, *(p.sentinel for p in self.processes)])
+            stats.waited += time.perf_counter() - waiting_since
+            for handle in ready:
+                worker = owner[handle]
+                if handle is not self.connections[worker]:
+                    if not self.connections[worker].poll():  # died (its last words, if any, are read first)
+                        self._died(worker, [given[n] for n in in_hand[worker]])
+                    continue
+                try:
+                    sequence, message = receive(self.connections[worker], self.scratch[worker])
+                except (EOFError, OSError):  # its end closed: it died
+                    self._died(worker, [given[n] for n in in_hand[worker]])
+                if isinstance(message, _Failure):
+                    if message.error is not None:
+                        raise message.error
+                    raise WorkerError(f"a conversion worker failed:\n{message.text}")
+                in_hand[worker].remove(sequence)
+                _count(stats, None, message, len(message.results))
+                done[sequence] = message
+            refill()
+
+    def _died(self, worker: int, in_hand: list[tuple]) -> None:
+        process = self.processes[worker]
+        process.join(1)
+        code = process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        where = f" while working on {self.describe(in_hand[0])}" if in_hand else ""
+        raise WorkerError(f"a conversion worker (pid {process.pid}) died ({how}){where}; out of memory, or a "
+                          "crash in an image library. Run the same command again to resume")
+
+    def close(self, graceful: bool = False) -> None:
+        """Stop the workers: asked to end when all went well (terminated if they do not), terminated at once
+        otherwise (an error, Ctrl-C: results they may still be sending are not wanted)."""
+        if graceful:
+            for conn in self.connections:
+                with contextlib.suppress(OSError):
+                    send(conn, None)
+        deadline = time.monotonic() + (2.0 if graceful else 0.0)
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        for conn in self.connections:
+            conn.close()

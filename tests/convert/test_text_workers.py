@@ -1,0 +1,67 @@
+"""`fastdata convert text --workers N` (`fastdata.convert.text_work`): documents tokenized on worker processes
+give the dataset tokenizing in one process gives, byte for byte, whatever the number of workers, with a huge
+document and an untokenizable record among the others; tasks are cut by size, a huge document alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from builders import cli, make_corpus, reference_ids, train_bytelevel
+
+import fastdata
+from fastdata.convert import text_work
+from fastdata.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text_workers")
+    docs = make_corpus(400, seed=3)
+    docs.insert(50, " ".join(docs[:120]) * 8)  # a huge document among small ones
+    tokenizer = train_bytelevel(root / "tokenizer.json", docs[:200])
+    with open(root / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for i, doc in enumerate(docs):
+            f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+            if i == 200:
+                f.write('{"text": "a lone surrogate \\ud800 cannot be tokenized"}\n')
+    return root, docs, tokenizer
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_workers_give_the_same_dataset_byte_for_byte(corpus, tmp_path, monkeypatch, fmt):
+    root, docs, tokenizer = corpus
+    monkeypatch.setattr(text_work, "TASK_CHARS", 2000)  # many tasks, the huge document one of its own
+    digests = {}
+    for workers in (None, 1, 2, 4):
+        out = tmp_path / f"w{workers}" / ("out.lmdb" if fmt == "lmdb" else "out")
+        summary = fastdata.convert_text(root / "corpus.jsonl", out, tokenizer=tokenizer, format=fmt,
+                                        shard_size="16KB", batch_size="8KB", workers=workers, progress=False)
+        assert summary.documents == len(docs) and summary.rejected_count == 1
+        assert "cannot be tokenized" in summary.rejected[0].reason
+        files = fastdata.info(out).files
+        if fmt == "lmdb":  # LMDB leaves unused page bytes as they were: compare what it stores
+            data = fastdata.dataset(out)
+            digests[workers] = [data.tokens(i).tolist() for i in range(len(docs))]
+        else:
+            digests[workers] = [(f.name, f.sha256) for f in files]
+    assert digests[1] == digests[2] == digests[4] == digests[None]
+    if fmt == "lmdb":
+        assert digests[2][50] == reference_ids(tokenizer, docs[50])
+
+
+def test_tasks_are_cut_by_size_and_a_huge_text_goes_alone(monkeypatch):
+    monkeypatch.setattr(text_work, "TASK_CHARS", 10)
+    assert text_work._cut(["aaaa", "bbbb", "cc", "d" * 50, "e", "ff"]) == [["aaaa", "bbbb", "cc"], ["d" * 50],
+                                                                         ["e", "ff"]]
+    assert text_work._cut([]) == [[]]  # a batch of rejections only still has its place in the order
+
+
+def test_workers_option(corpus, tmp_path, capsys):
+    root, _, tokenizer = corpus
+    code, out, err = cli(capsys, "convert", "text", root / "corpus.jsonl", tmp_path / "o.lmdb", "--tokenizer",
+                         tokenizer, "--workers", "2", "-q")
+    assert code == 0, err
+    assert "the writer waited for the workers" in out
+    with pytest.raises(ConfigError, match="--workers must be at least 1"):
+        fastdata.convert_text(root / "corpus.jsonl", tmp_path / "x.lmdb", tokenizer=tokenizer, workers=0)
