@@ -10,7 +10,7 @@ import torch
 
 from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
-from fastdata.formats.manifest import Manifest, read_manifest
+from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
@@ -107,8 +107,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
                   ratio: Any = None, metadata: bool = False, max_length: int | None = None, masks: bool = False,
-                  loading: bool = False) -> LmdbImageDataset | WdsImageDataset | TextDataset:
-    """The dataset at `path`, whole (the loader splits epochs between ranks itself); `loading`: for `loader`."""
+                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+    """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
     check_int("seed", seed)
@@ -120,7 +120,6 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
     if is_url(path):
         store = remote.shards(str(path))
-        _check_segmentation(path, store.manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
                                on_error=on_error, store=store, metadata=metadata, masks=masks, **extra)
     if remote.given:
@@ -134,24 +133,9 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
-    _check_segmentation(path, manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
                metadata=metadata, masks=masks, **extra)
-
-
-def _check_segmentation(path: str | os.PathLike[str], manifest: Manifest, loading: bool, augmenting: list[str]
-                        ) -> None:
-    """What a semantic segmentation dataset cannot do yet (its masks must follow the loader's crops, built after
-    the detection geometry): batches from `loader`, and augmentation. Remove this when they can."""
-    if manifest.target_kind != "segmentation":
-        return
-    if loading:
-        raise ConfigError(f"{path}: fastdata.loader does not load segmentation datasets yet (masks through its crops "
-                          "are not built); use fastdata.dataset(PATH) with a DataLoader: (image, mask) per sample")
-    if augmenting:
-        raise ConfigError(f"{path}: {', '.join(augmenting)}: a segmentation dataset gives whole images with their "
-                          "masks (augmenting masks is not built yet); pass augment=None")
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
@@ -331,7 +315,7 @@ def loader(
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         max_length=max_length, masks=masks, loading=True)
+                         max_length=max_length, masks=masks)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))

@@ -49,15 +49,16 @@ def nearest_indices(start: float, length: float, out: int, size: int, flip: bool
 
 
 def map_masks(masks: np.ndarray, params: CropParams, out_h: int, out_w: int, canvas: tuple[int, int] | None = None,
-              ) -> np.ndarray:
-    """0/1 uint8 masks [N, H, W] (source pixels) -> [N, out_h, out_w] by the crop `params`, nearest neighbour
-    (`nearest_indices`), mirrored if `params.flip`; with `canvas` (height, width) placed at its top-left and padded
-    with 0 to that size."""
+              fill: int = 0) -> np.ndarray:
+    """Masks [N, H, W] (source pixels; 0/1 instance masks, or label maps of class ids) -> [N, out_h, out_w] of
+    their dtype by the crop `params`, nearest neighbour (`nearest_indices`), mirrored if `params.flip`; with
+    `canvas` (height, width) placed at its top-left and the rest filled with `fill` (detection: 0; semantic
+    segmentation: the ignore index)."""
     count, height, width = masks.shape
     rows = nearest_indices(params.top, params.height, out_h, height)
     cols = nearest_indices(params.left, params.width, out_w, width, params.flip)
     full_h, full_w = canvas if canvas is not None else (out_h, out_w)
-    out = np.zeros((count, full_h, full_w), np.uint8)
+    out = np.full((count, full_h, full_w), fill, masks.dtype)
     if count:
         out[:, :out_h, :out_w] = masks[:, rows[:, None], cols[None, :]]
     return out

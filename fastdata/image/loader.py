@@ -180,8 +180,10 @@ class ImageLoader(ResumableLoader):
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         targets = pipeline.labels.describe()
-        if targets:  # captions (image-text pairs): the rows' length; detection: whether masks come
-            config["detection" if self.dataset.target_kind == "detection" else "captions"] = targets
+        if targets:  # captions (image-text pairs): the rows' length; detection: whether masks come; segmentation:
+            # the masks' dtype and padding
+            kind = self.dataset.target_kind
+            config[kind if kind in ("detection", "segmentation") else "captions"] = targets
         return config
 
     def _pass_length(self, start: int) -> int:
@@ -371,10 +373,10 @@ def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
     """"auto" -> "device" when the target is a CUDA device whose nvjpeg works and the augment is a preset."""
     if decode not in DECODE_MODES:
         raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    if data.target_kind == "detection":
+    if data.target_kind in ("detection", "segmentation"):
         if decode == "device":
-            raise ConfigError("decode='device' supports class labels and image-text pairs; detection datasets "
-                              "decode in the workers (decode='worker' or 'auto')")
+            raise ConfigError(f"decode='device' supports class labels and image-text pairs; {data.target_kind} "
+                              "datasets decode in the workers (decode='worker' or 'auto')")
         return "worker"
     if decode == "device" and data.pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
