@@ -52,7 +52,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     `area` float32 `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8
     `[N, H, W]`; `augment` as for `loader` (None: the whole image and its target as stored).
     A semantic segmentation dataset (`fastdata convert list --mask-column`) gives `(uint8 CHW tensor, mask)`, the
-    mask `[H, W]` of class ids (uint8; int64 for 16-bit label maps), whole images only.
+    mask `[H, W]` of class ids (uint8; int64 for 16-bit label maps); `augment` as for `loader` (None: the whole
+    image and its mask as stored).
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
@@ -64,8 +65,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             of a WebDataset directory.
         augment: None (whole images, as stored), "train", "val", an albumentations or torchvision transform, or a
             callable on an HWC uint8 RGB array (as for `loader`).
-        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection:
-            the canvas, default 640).
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection
+            and segmentation: the canvas, default 640).
         seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`).
         on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
             of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
@@ -75,8 +76,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         rank: WebDataset: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: WebDataset: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
-        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`; detection:
-            the scale jitter's range, default (0.1, 2)).
+        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`; detection
+            and segmentation: the scale jitter's range, default (0.1, 2)).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         metadata: images: give `(image, label, metadata)` per sample, metadata being the dict of the sample's other
             source columns (e.g. a file list's); not read otherwise.
@@ -243,6 +244,12 @@ def loader(
     albumentations with `bbox_params` and torchvision v2 transforms are accepted; `decode="device"` and
     `augment=None` are refused.
 
+    Semantic segmentation datasets (`fastdata convert list --mask-column`) yield `(images, masks)`: images as for
+    detection (the same presets and canvas), masks `[B, S, S]` of class ids (uint8; int64 for 16-bit label maps)
+    sampled nearest-centre with the pixels' exact geometry, the canvas' padding set to the dataset's ignore index
+    (default 255; docs/segmentation.md). albumentations (`image=`, `mask=`) and torchvision v2 transforms
+    (`tv_tensors.Image`, `tv_tensors.Mask`) are accepted; `decode="device"` is refused.
+
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
     to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
@@ -258,10 +265,12 @@ def loader(
             one size to be batched), an albumentations transform (ending in `Normalize` / `ToTensorV2` gives
             float32 batches), a torchvision transform (v2: uint8 CHW tensor in; v1: PIL image in), or a callable
             on an HWC uint8 RGB array; each sample's randomness is seeded from `(seed, epoch, sample)`. Detection
-            datasets: "train" (scale jitter + window + flip), "val" (longer side), a `ScaleJitterCrop` /
-            `ResizeLongerPad` preset, an albumentations Compose with `bbox_params` or a torchvision v2 transform.
-        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection:
-            the canvas, default 640); refused with a transform of your own, which sets its own size.
+            and segmentation datasets: "train" (scale jitter + window + flip), "val" (longer side), a
+            `ScaleJitterCrop` / `ResizeLongerPad` preset, an albumentations transform (detection: a Compose with
+            `bbox_params`) or a torchvision v2 transform.
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection
+            and segmentation: the canvas, default 640); refused with a transform of your own, which sets its own
+            size.
         shuffle: reshuffle every epoch from `(seed, epoch)`; False keeps the dataset's stored order.
         num_workers: worker processes building batches (None: one per available core, at most 16; 0: in this
             process).
@@ -291,7 +300,7 @@ def loader(
         mean: with a floating `dtype`: the per-channel mean, in 0..1 units (default ImageNet's).
         std: with a floating `dtype`: the per-channel standard deviation, in 0..1 units (default ImageNet's).
         scale: "train": RandomResizedCrop's range of the crop's area, as a fraction of the image (default
-            (0.08, 1)); detection: the scale jitter's range of factors (default (0.1, 2)).
+            (0.08, 1)); detection and segmentation: the scale jitter's range of factors (default (0.1, 2)).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         seq_len: text, packed: tokens per block (default 1024).
         packing: text: True (default) packs documents into blocks of `seq_len`; False gives one document per
