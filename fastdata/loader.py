@@ -10,7 +10,7 @@ import torch
 
 from fastdata.config import LoaderOptions, available_cores, check_int
 from fastdata.errors import ConfigError, NotADatasetError
-from fastdata.formats.manifest import Manifest, read_manifest
+from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
@@ -52,7 +52,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     `area` float32 `[N]`, `annotation_ids` int64 `[N]`, `image_id` (int), and with `masks=True` `masks` uint8
     `[N, H, W]`; `augment` as for `loader` (None: the whole image and its target as stored).
     A semantic segmentation dataset (`fastdata convert list --mask-column`) gives `(uint8 CHW tensor, mask)`, the
-    mask `[H, W]` of class ids (uint8; int64 for 16-bit label maps), whole images only.
+    mask `[H, W]` of class ids (uint8; int64 for 16-bit label maps); `augment` as for `loader` (None: the whole
+    image and its mask as stored).
     A text dataset (either format) gives `len` = documents, `ds[i] -> {"input_ids": int64 tensor}`,
     `.tokenizer`, `.total_tokens` (the image arguments do not apply, and are refused).
     An http(s):// or s3:// URL of a WebDataset image conversion opens it remotely (shards verified against
@@ -64,8 +65,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             of a WebDataset directory.
         augment: None (whole images, as stored), "train", "val", an albumentations or torchvision transform, or a
             callable on an HWC uint8 RGB array (as for `loader`).
-        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection:
-            the canvas, default 640).
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection
+            and segmentation: the canvas, default 640).
         seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`).
         on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
             of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
@@ -75,8 +76,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         rank: WebDataset: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: WebDataset: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
-        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`; detection:
-            the scale jitter's range, default (0.1, 2)).
+        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`; detection
+            and segmentation: the scale jitter's range, default (0.1, 2)).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         metadata: images: give `(image, label, metadata)` per sample, metadata being the dict of the sample's other
             source columns (e.g. a file list's); not read otherwise.
@@ -107,8 +108,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
                   ratio: Any = None, metadata: bool = False, max_length: int | None = None, masks: bool = False,
-                  loading: bool = False) -> LmdbImageDataset | WdsImageDataset | TextDataset:
-    """The dataset at `path`, whole (the loader splits epochs between ranks itself); `loading`: for `loader`."""
+                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+    """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
     check_int("seed", seed)
@@ -120,7 +121,6 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
     if is_url(path):
         store = remote.shards(str(path))
-        _check_segmentation(path, store.manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
                                on_error=on_error, store=store, metadata=metadata, masks=masks, **extra)
     if remote.given:
@@ -134,24 +134,9 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         return TextDataset(root, manifest)
     if manifest.kind != "image":
         raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images")
-    _check_segmentation(path, manifest, loading, _augment_given(augment, None, image_size, scale, ratio))
     cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
     return cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
                metadata=metadata, masks=masks, **extra)
-
-
-def _check_segmentation(path: str | os.PathLike[str], manifest: Manifest, loading: bool, augmenting: list[str]
-                        ) -> None:
-    """What a semantic segmentation dataset cannot do yet (its masks must follow the loader's crops, built after
-    the detection geometry): batches from `loader`, and augmentation. Remove this when they can."""
-    if manifest.target_kind != "segmentation":
-        return
-    if loading:
-        raise ConfigError(f"{path}: fastdata.loader does not load segmentation datasets yet (masks through its crops "
-                          "are not built); use fastdata.dataset(PATH) with a DataLoader: (image, mask) per sample")
-    if augmenting:
-        raise ConfigError(f"{path}: {', '.join(augmenting)}: a segmentation dataset gives whole images with their "
-                          "masks (augmenting masks is not built yet); pass augment=None")
 
 
 def _augment_given(augment: Any, default: Any, image_size: Any, scale: Any, ratio: Any) -> list[str]:
@@ -259,6 +244,12 @@ def loader(
     albumentations with `bbox_params` and torchvision v2 transforms are accepted; `decode="device"` and
     `augment=None` are refused.
 
+    Semantic segmentation datasets (`fastdata convert list --mask-column`) yield `(images, masks)`: images as for
+    detection (the same presets and canvas), masks `[B, S, S]` of class ids (uint8; int64 for 16-bit label maps)
+    sampled nearest-centre with the pixels' exact geometry, the canvas' padding set to the dataset's ignore index
+    (default 255; docs/segmentation.md). albumentations (`image=`, `mask=`) and torchvision v2 transforms
+    (`tv_tensors.Image`, `tv_tensors.Mask`) are accepted; `decode="device"` is refused.
+
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
     `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
     to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
@@ -274,10 +265,12 @@ def loader(
             one size to be batched), an albumentations transform (ending in `Normalize` / `ToTensorV2` gives
             float32 batches), a torchvision transform (v2: uint8 CHW tensor in; v1: PIL image in), or a callable
             on an HWC uint8 RGB array; each sample's randomness is seeded from `(seed, epoch, sample)`. Detection
-            datasets: "train" (scale jitter + window + flip), "val" (longer side), a `ScaleJitterCrop` /
-            `ResizeLongerPad` preset, an albumentations Compose with `bbox_params` or a torchvision v2 transform.
-        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection:
-            the canvas, default 640); refused with a transform of your own, which sets its own size.
+            and segmentation datasets: "train" (scale jitter + window + flip), "val" (longer side), a
+            `ScaleJitterCrop` / `ResizeLongerPad` preset, an albumentations transform (detection: a Compose with
+            `bbox_params`) or a torchvision v2 transform.
+        image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection
+            and segmentation: the canvas, default 640); refused with a transform of your own, which sets its own
+            size.
         shuffle: reshuffle every epoch from `(seed, epoch)`; False keeps the dataset's stored order.
         num_workers: worker processes building batches (None: one per available core, at most 16; 0: in this
             process).
@@ -307,7 +300,7 @@ def loader(
         mean: with a floating `dtype`: the per-channel mean, in 0..1 units (default ImageNet's).
         std: with a floating `dtype`: the per-channel standard deviation, in 0..1 units (default ImageNet's).
         scale: "train": RandomResizedCrop's range of the crop's area, as a fraction of the image (default
-            (0.08, 1)); detection: the scale jitter's range of factors (default (0.1, 2)).
+            (0.08, 1)); detection and segmentation: the scale jitter's range of factors (default (0.1, 2)).
         ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         seq_len: text, packed: tokens per block (default 1024).
         packing: text: True (default) packs documents into blocks of `seq_len`; False gives one document per
@@ -331,7 +324,7 @@ def loader(
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         max_length=max_length, masks=masks, loading=True)
+                         max_length=max_length, masks=masks)
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))

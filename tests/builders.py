@@ -1112,3 +1112,35 @@ def build_segmentation_list(root: Path, suffix: str = ".csv", wide: bool = False
 def _mkdir(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# ----------------------------------------------------------------------------------------------------
+# segmentation rectangles (fastdata convert list --mask-column): the rectangles' pictures (rect_picture: the
+# background's green encodes the list position, a red rectangle) as JPEGs and PNGs alternating, each with a label
+# map holding SEG_RECT_CLASS over exactly the rectangle's pixels and SEG_BACKGROUND0 + number elsewhere
+
+SEG_RECT_CLASS, SEG_BACKGROUND0 = 7, 30
+
+
+def seg_rect_ids(number: int) -> np.ndarray:
+    """Picture `number`'s label map: its own background class, the rectangle's class over the red pixels."""
+    width, height = rect_size(number)
+    ids = np.full((height, width), SEG_BACKGROUND0 + number, np.uint8)
+    x0, y0, x1, y1 = rect_of(number, width, height)
+    ids[y0:y1, x0:x1] = SEG_RECT_CLASS
+    return ids
+
+
+def build_segmentation_rects(root: Path, count: int = 23) -> Path:
+    """Write the segmentation rectangles source (see SEG_RECT_CLASS) of `count` samples under `root`; returns its
+    CSV list (columns `path`, `mask`)."""
+    import pandas as pd
+
+    rows = []
+    for number in range(count):
+        kind = "png" if number % 2 else "jpeg"
+        name = f"img/{number:03d}.{'png' if kind == 'png' else 'jpg'}"
+        write_image(root / name, rect_picture(number), kind)
+        write_label_map(root / f"ann/{number:03d}.png", seg_rect_ids(number))
+        rows.append({"path": name, "mask": f"ann/{number:03d}.png"})
+    return write_list(pd.DataFrame(rows), root / "list.csv")

@@ -17,6 +17,7 @@ from builders import (
     Tree,
     build_bad_tree,
     build_photo_tree,
+    build_segmentation_rects,
     build_solid_tree,
     build_tricky_tree,
     clip_like_tokenizer,
@@ -245,6 +246,33 @@ def pairs_from_shards(pair_shards, tmp_path_factory) -> Path:
 def pairs(request, pairs_lmdb, pairs_wds) -> Path:
     """The solid pairs with token ids, as LMDB and as WebDataset shards."""
     return pairs_lmdb if request.param == "lmdb" else pairs_wds
+
+
+@pytest.fixture(scope="session")
+def seg_rect_list(tmp_path_factory) -> Path:
+    """The segmentation rectangles source (builders.build_segmentation_rects): 23 pictures with label maps."""
+    return build_segmentation_rects(tmp_path_factory.mktemp("seg_rects") / "src")
+
+
+@pytest.fixture(scope="session")
+def seg_rect_lmdb(seg_rect_list, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("seg_rects_lmdb") / "seg.lmdb"
+    fastdata.convert_list(seg_rect_list, out, mask_column="mask", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def seg_rect_wds(seg_rect_list, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("seg_rects_wds") / "seg-wds"
+    fastdata.convert_list(seg_rect_list, out, mask_column="mask", format="wds", shard_size="6KB", workers=1,
+                          progress=False)
+    return out
+
+
+@pytest.fixture(params=["lmdb", "wds"])
+def seg_rects(request, seg_rect_lmdb, seg_rect_wds) -> Path:
+    """The segmentation rectangles converted, as LMDB and as WebDataset shards."""
+    return seg_rect_lmdb if request.param == "lmdb" else seg_rect_wds
 
 
 def _convert_coco(source, out: Path, **options) -> Path:

@@ -1,6 +1,6 @@
 """The README and the documentation stay true and self-contained: every ```python block of README.md and of
 docs/ runs as written (its "train.lmdb" / "val.lmdb" pointed at a tiny converted sample, "pairs.lmdb" at tiny
-image-text pairs, "coco.lmdb" at a tiny COCO conversion), the set-up is two
+image-text pairs, "coco.lmdb" at a tiny COCO conversion, "seg.lmdb" at tiny label maps), the set-up is two
 commands, the README stays short, and every local link points at a file inside the repository."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -16,6 +17,7 @@ PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 DATASET_NAMES = ('"train.lmdb"', '"val.lmdb"')
 PAIRS_NAME = '"pairs.lmdb"'  # image-text pairs (docs/pairs.md): pointed at the solid pairs with token ids
 COCO_NAME = '"coco.lmdb"'  # detection (docs/detection.md): pointed at the converter tests' COCO source, with masks
+SEG_NAME = '"seg.lmdb"'  # semantic segmentation (docs/segmentation.md): pointed at the segmentation rectangles
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -31,18 +33,23 @@ def test_readme_has_python_snippets() -> None:
 
 @pytest.mark.parametrize(("page", "index"), SNIPPETS,
                          ids=[f"{page.relative_to(ROOT)}-{index}" for page, index in SNIPPETS])
-def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Path, coco_lmdb: Path) -> None:
+def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Path, coco_lmdb: Path,
+                      seg_rect_lmdb: Path) -> None:
     code = python_blocks(page)[index]
     for name in DATASET_NAMES:
         code = code.replace(name, repr(str(readme_lmdb)))
     code = code.replace(PAIRS_NAME, repr(str(pairs_lmdb)))
     code = code.replace(COCO_NAME, repr(str(coco_lmdb)))
+    code = code.replace(SEG_NAME, repr(str(seg_rect_lmdb)))
     namespace: dict = {}
     exec(compile(code, f"{page.relative_to(ROOT)} snippet {index}", "exec"), namespace)
     if "targets" in namespace:  # detection: a canvas of the asked size, a target dict per image
         images, targets = namespace["images"], namespace["targets"]
         assert images.shape[1:] == (3, *images.shape[-2:]) and len(targets) == len(images)
         assert all(t["boxes"].shape[1:] == (4,) for t in targets)
+    elif "masks" in namespace:  # segmentation: a mask of class ids per image, the canvas' size
+        images, masks = namespace["images"], namespace["masks"]
+        assert masks.shape == (len(images), *images.shape[-2:]) and masks.dtype == torch.uint8
     elif "loader" in namespace and hasattr(namespace["loader"], "dataset"):
         assert namespace["images"].shape[1:] == (3, 224, 224)
         if "labels" in namespace:  # image-text pairs have captions instead

@@ -18,6 +18,7 @@ from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import TARGET_KINDS, Manifest
 from fastdata.image.detection import DetectionCodec
 from fastdata.image.labels import LabelCodec
+from fastdata.image.segmentation import SegmentationCodec
 
 #: Tokens per row when `max_length` is not given: CLIP's context length.
 DEFAULT_MAX_LENGTH = 77
@@ -159,9 +160,9 @@ class CaptionCodec:
 
 
 def target_codec(manifest: Manifest, where: str, max_length: int | None = None, masks: bool = False
-                 ) -> LabelCodec | CaptionCodec | DetectionCodec:
-    """How the samples of an image dataset carry their targets: class labels, captions (image-text pairs), or
-    detection targets (with their instance masks when `masks`)."""
+                 ) -> LabelCodec | CaptionCodec | DetectionCodec | SegmentationCodec:
+    """How the samples of an image dataset carry their targets: class labels, captions (image-text pairs),
+    detection targets (with their instance masks when `masks`) or semantic segmentation masks."""
     if manifest.target_kind not in TARGET_KINDS:
         raise NotADatasetError(f"{where}: unknown target kind {manifest.target_kind!r} in the manifest (known: "
                                f"{', '.join(TARGET_KINDS)}); upgrade fastdata")
@@ -171,4 +172,6 @@ def target_codec(manifest: Manifest, where: str, max_length: int | None = None, 
         raise ConfigError(f"max_length: for text datasets and image-text pairs only; {where} holds images")
     if manifest.target_kind == "detection":
         return DetectionCodec(masks, LabelCodec.of(manifest, where))
+    if manifest.target_kind == "segmentation":
+        return SegmentationCodec.of(manifest, where)
     return LabelCodec.of(manifest, where)

@@ -31,7 +31,6 @@ from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
 from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
-from fastdata.image.segmentation import mask_dtype, segmentation_mask
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
 
@@ -84,11 +83,7 @@ class _ImageMetaMixin:
 
     def _label(self, sample: EncodedSample) -> Any:
         """What a processed sample gives besides its image: its class label or caption, (detection) its target dict
-        in the output's pixels, or (segmentation) its mask as stored."""
-        if self.manifest.target_kind == "segmentation":
-            if sample.target is None:
-                raise CorruptSampleError(f"{self.root}: sample {sample.key!r} has no stored target")
-            return segmentation_mask(sample.target, f"{self.root}: sample {sample.key!r}", mask_dtype(self.manifest))
+        or (segmentation) its mask, in the output's pixels."""
         return self.pipeline.labels.one(self.pipeline.target_of(sample))
 
     @property

@@ -173,6 +173,10 @@ class DetectionCodec:
                                      f"{sample.width}x{sample.height}")
         return record
 
+    def boxes_of(self, record: DetectionRecord) -> np.ndarray:
+        """The record's boxes (source pixels), which the IoU-safe crop of a preset draws around."""
+        return record.boxes
+
     def whole(self, record: DetectionRecord) -> DetectionTarget:
         """The record's target as stored (source pixels; masks decoded when asked)."""
         target = _of_record(record)

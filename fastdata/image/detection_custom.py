@@ -43,11 +43,6 @@ def wrap_detection_custom(transform: Any) -> DetectionTransform:
     raise ConfigError(ACCEPTED + f"; got {type(transform).__name__}")
 
 
-def check_detection_custom(transform: Any) -> None:
-    """Refuse what `wrap_detection_custom` would refuse, at configuration time."""
-    wrap_detection_custom(transform)
-
-
 def _follow(target: DetectionTarget, rows: np.ndarray, boxes: np.ndarray, masks: Any) -> DetectionTarget:
     """`target` after a transform kept the boxes at `rows` as `boxes` (output pixels), with `masks` (all rows)."""
     rows = np.asarray(rows, np.int64).reshape(-1)

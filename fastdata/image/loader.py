@@ -84,7 +84,8 @@ def _worker_init(_worker_id: int) -> None:
 class ImageLoader(ResumableLoader):
     """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
     images [B, 3, H, W] (uint8, or normalised floats with a floating `dtype`; a custom transform's own CHW output),
-    labels int64 [B] (multi-label datasets: multi-hot float32 [B, C]). Each new pass is the next epoch
+    labels int64 [B] (multi-label datasets: multi-hot float32 [B, C]; semantic segmentation datasets: masks
+    `[B, H, W]` of class ids, `fastdata.image.segmentation`). Each new pass is the next epoch
     (reshuffled from (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
     exactly in the middle of an epoch."""
@@ -180,8 +181,10 @@ class ImageLoader(ResumableLoader):
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         targets = pipeline.labels.describe()
-        if targets:  # captions (image-text pairs): the rows' length; detection: whether masks come
-            config["detection" if self.dataset.target_kind == "detection" else "captions"] = targets
+        if targets:  # captions (image-text pairs): the rows' length; detection: whether masks come; segmentation:
+            # the masks' dtype and padding
+            kind = self.dataset.target_kind
+            config[kind if kind in ("detection", "segmentation") else "captions"] = targets
         return config
 
     def _pass_length(self, start: int) -> int:
@@ -371,10 +374,10 @@ def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
     """"auto" -> "device" when the target is a CUDA device whose nvjpeg works and the augment is a preset."""
     if decode not in DECODE_MODES:
         raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    if data.target_kind == "detection":
+    if data.target_kind in ("detection", "segmentation"):
         if decode == "device":
-            raise ConfigError("decode='device' supports class labels and image-text pairs; detection datasets "
-                              "decode in the workers (decode='worker' or 'auto')")
+            raise ConfigError(f"decode='device' supports class labels and image-text pairs; {data.target_kind} "
+                              "datasets decode in the workers (decode='worker' or 'auto')")
         return "worker"
     if decode == "device" and data.pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "

@@ -26,7 +26,7 @@ from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
 from fastdata.image.detection import DetectionCodec
-from fastdata.image.detection_custom import check_detection_custom, wrap_detection_custom
+from fastdata.image.detection_custom import wrap_detection_custom
 from fastdata.image.detection_presets import is_detection_preset, make_detection_preset
 from fastdata.image.labels import LabelCodec
 from fastdata.image.output import OutputFormat
@@ -39,6 +39,8 @@ from fastdata.image.region import (
     unavailable_reason,
     warn_fallback,
 )
+from fastdata.image.segmentation import SegmentationCodec
+from fastdata.image.segmentation_custom import wrap_segmentation_custom
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
 
@@ -52,7 +54,8 @@ class SamplePipeline:
 
     def __init__(self, augment: Any, image_size: Any, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
-                 scale: Any = None, ratio: Any = None, labels: LabelCodec | DetectionCodec | None = None) -> None:
+                 scale: Any = None, ratio: Any = None,
+                 labels: LabelCodec | DetectionCodec | SegmentationCodec | None = None) -> None:
         self.max_pixels = max_pixels
         self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
@@ -64,22 +67,23 @@ class SamplePipeline:
         self.augment = augment
         self.seed = seed
         self.source = source
-        # detection: targets follow the pixels' geometry (fastdata.image.detection); None for other targets
-        self.detection = self.labels if isinstance(self.labels, DetectionCodec) else None
+        # detection and segmentation: targets follow the pixels' geometry (fastdata.image.detection,
+        # fastdata.image.segmentation); None for other targets
+        self.spatial = self.labels if isinstance(self.labels, DetectionCodec | SegmentationCodec) else None
         self.preset: Any
-        if self.detection is not None and (isinstance(augment, str) or is_detection_preset(augment)):
+        if self.spatial is not None and (isinstance(augment, str) or is_detection_preset(augment)):
             self.preset = make_detection_preset(augment, image_size, scale, ratio)
             self.image_size = self.preset.size
         elif isinstance(augment, str):
             self.preset = make_preset(augment, image_size, scale, ratio)
             self.image_size = self.preset.size
         elif is_detection_preset(augment):
-            raise ConfigError(f"{source}: {type(augment).__name__} is a detection preset; this dataset holds no "
-                              "detection targets")
+            raise ConfigError(f"{source}: {type(augment).__name__} is a detection and segmentation preset; this "
+                              "dataset holds neither boxes nor masks")
         else:
             check_custom(augment, image_size, scale, ratio)
-            if self.detection is not None and augment is not None:
-                check_detection_custom(augment)
+            if self.spatial is not None and augment is not None:
+                self._wrap_spatial_custom()  # ConfigError now for a transform the targets cannot follow
             self.preset, self.image_size = None, None
         self._custom = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
@@ -122,13 +126,19 @@ class SamplePipeline:
             warn_fallback(unavailable_reason(self.jpeg_libraries))
         return decoder
 
+    def _wrap_spatial_custom(self) -> Any:
+        """The custom transform, adapted to carry the sample's boxes or mask with its pixels."""
+        if isinstance(self.spatial, SegmentationCodec):
+            return wrap_segmentation_custom(self.augment, self.spatial.dtype)
+        return wrap_detection_custom(self.augment)
+
     def _where(self, sample: EncodedSample) -> str:
         return f"{self.source}/{sample.origin}" if sample.origin else self.source
 
     def target_of(self, sample: EncodedSample) -> Any:
         """What a processed sample's batch row carries besides its image: its label or caption, or (detection)
-        the target `process` made with the pixels' geometry."""
-        return sample.made if self.detection is not None else sample.label
+        the target `process` made with the pixels' geometry; (segmentation) the mask."""
+        return sample.made if self.spatial is not None else sample.label
 
     def _name(self, sample: EncodedSample) -> str:
         return f"{self._where(sample)}: sample {sample.key!r}"
@@ -160,14 +170,14 @@ class SamplePipeline:
         as a CHW tensor (`as_chw`). Adds the decode and augment seconds to `times` if given."""
         started = perf_counter()
         result: np.ndarray | torch.Tensor
-        record = self.detection.record(sample, self._name(sample)) if self.detection is not None else None
+        record = self.spatial.record(sample, self._name(sample)) if self.spatial is not None else None
         if self.preset is not None:
             rng = sample_rng(self.seed, epoch, *sample.position)
             canvas = self.preset.out_size
             if out is None:
                 out = np.empty((*canvas, 3), np.uint8)
-            if record is not None:  # detection: the crop goes to the canvas' top-left, the rest is padded with 0
-                placement = self.preset.place(sample.width, sample.height, rng, record.boxes)
+            if record is not None:  # boxes, masks: the crop goes to the canvas' top-left, the rest padded with 0
+                placement = self.preset.place(sample.width, sample.height, rng, self.spatial.boxes_of(record))
                 params, size = placement.crop, placement.size
                 result = out
                 out = pad_around(out, size)
@@ -186,20 +196,20 @@ class SamplePipeline:
                 image = self._decode(sample, reduce)
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
-            if self.detection is not None and record is not None:
-                sample.made = self.detection.placed(record, placement, canvas)
+            if self.spatial is not None and record is not None:
+                sample.made = self.spatial.placed(record, placement, canvas)
         else:
             image = self._decode(sample)
             decode_s = perf_counter() - started
             if self.augment is None:
                 result = image
-                if self.detection is not None and record is not None:
-                    sample.made = self.detection.whole(record)
-            elif self.detection is not None and record is not None:
+                if self.spatial is not None and record is not None:
+                    sample.made = self.spatial.whole(record)
+            elif self.spatial is not None and record is not None:
                 if self._custom is None:
-                    self._custom = wrap_detection_custom(self.augment)
-                custom, sample.made = self._custom(image, self.detection.whole(record),
-                                                    sample_seed(self.seed, epoch, *sample.position))
+                    self._custom = self._wrap_spatial_custom()
+                given = record if isinstance(self.spatial, SegmentationCodec) else self.spatial.whole(record)
+                custom, sample.made = self._custom(image, given, sample_seed(self.seed, epoch, *sample.position))
                 result = as_chw(custom, self._name(sample))
             else:
                 if self._custom is None:

@@ -1,8 +1,8 @@
 """`fastdata convert list --mask-column` (converters/filelist.py, fastdata/convert/masks.py): images with PNG label
 maps (8-bit greyscale, VOC's palette PNGs, 16-bit), listed by CSV/parquet lists written with pandas, convert to
 exactly their label maps in LMDB and WebDataset; bad label maps are refused in one line naming their row, or
-rejected named; `verify --source` sees a changed map; an interrupted conversion resumes; the loader refuses
-segmentation datasets for now."""
+rejected named; `verify --source` sees a changed map; an interrupted conversion resumes. Loading through the
+presets: tests/image/test_segmentation_loading.py."""
 
 from __future__ import annotations
 
@@ -207,13 +207,9 @@ def test_verify_against_the_source_sees_a_changed_label_map(tmp_path, fmt):
     assert any("with other targets (label maps)" in p and frame["path"][0] in p for p in report.problems), report
 
 
-def test_the_loader_and_augmentation_refuse_segmentation_for_now(tmp_path):
+def test_masks_true_is_refused_for_segmentation_whose_samples_carry_their_mask(tmp_path):
     listed, _ = build_segmentation_list(tmp_path / "src")
     convert(listed, tmp_path / "out.lmdb")
-    with pytest.raises(ConfigError, match="does not load segmentation datasets yet"):
-        fastdata.loader(tmp_path / "out.lmdb", batch_size=2)
-    with pytest.raises(ConfigError, match="augmenting masks is not built yet"):
-        fastdata.dataset(tmp_path / "out.lmdb", augment="train")
     with pytest.raises(ConfigError, match="masks=True applies to detection"):
         fastdata.dataset(tmp_path / "out.lmdb", masks=True)
 
