@@ -301,14 +301,8 @@ def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], CustomResult]:
 
     torchvision transforms and plain callables without `rng` run with the global RNGs (random, numpy, torch)
     seeded for the sample (`SeededGlobalRngs`)."""
-    try:
-        import albumentations as A
-
-        is_album = isinstance(transform, A.BasicTransform | A.BaseCompose)
-    except ImportError:  # pragma: no cover - albumentations is a dependency
-        is_album = False
-    if is_album:
-        compose = transform if hasattr(transform, "set_random_seed") else A.Compose([transform])
+    compose = albumentations_compose(transform)
+    if compose is not None:
 
         def run_album(image: np.ndarray, seed: int) -> CustomResult:
             compose.set_random_seed(seed)
@@ -329,6 +323,18 @@ def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], CustomResult]:
             return transform(converted)
 
     return run_seeded
+
+
+def albumentations_compose(transform: Any) -> Any:
+    """An albumentations transform as a Compose that can be reseeded per sample (`set_random_seed`): a Compose as
+    it is, a single transform wrapped in one; None for anything that is not albumentations."""
+    try:
+        import albumentations as A
+    except ImportError:  # pragma: no cover - albumentations is a dependency
+        return None
+    if not isinstance(transform, A.BasicTransform | A.BaseCompose):
+        return None
+    return transform if hasattr(transform, "set_random_seed") else A.Compose([transform])
 
 
 def torchvision_convention(transform: Any) -> str | None:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fastdata.errors import ConfigError
-from fastdata.image.augment import SeededGlobalRngs, torchvision_convention
+from fastdata.image.augment import SeededGlobalRngs, albumentations_compose, torchvision_convention
 from fastdata.image.segmentation import as_mask
 
 SegmentationTransform = Callable[[np.ndarray, np.ndarray, int], tuple[Any, torch.Tensor]]
@@ -26,14 +26,8 @@ ACCEPTED = ("augment for a segmentation dataset must be 'train', 'val', a preset
 def wrap_segmentation_custom(transform: Any, dtype: torch.dtype) -> SegmentationTransform:
     """`fn(hwc_uint8_rgb, label_map, sample_seed) -> (image result, mask of dtype)`; ConfigError (one line, saying
     what is accepted) for any other transform."""
-    try:
-        import albumentations as A
-
-        is_album = isinstance(transform, A.BasicTransform | A.BaseCompose)
-    except ImportError:  # pragma: no cover - albumentations is a dependency
-        is_album = False
-    if is_album:
-        compose = transform if hasattr(transform, "set_random_seed") else A.Compose([transform])
+    compose = albumentations_compose(transform)
+    if compose is not None:
 
         def run_album(image: np.ndarray, ids: np.ndarray, seed: int) -> tuple[Any, torch.Tensor]:
             compose.set_random_seed(seed)
