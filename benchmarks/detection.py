@@ -38,7 +38,8 @@ import numpy as np
 import fastdata
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files, median_ratio
+from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
+from fastdata.tools.bench_report import target_table
 from fastdata.tools.sample import cached_sample_imagefolder
 
 TARGET = 2.0  # issue 18: fastdata at least 2x torchvision's CocoDetection + transforms.v2
@@ -150,16 +151,7 @@ def loading_table(results: list[LoaderResult], baseline: LoaderResult, config: B
     print(f"\n## loading detection, scale jitter {scale} into {size} x {size}, flip{', masks' if masks else ''}: "
           f"{config.warmup_passes} untimed + {config.epochs} timed passes per run, batch {config.batch_size}, "
           f"{config.num_workers} workers, {config.repeats} alternating runs\n")
-    print(f"| loader | img/s | vs {baseline.name} | first batch s |")
-    print("|---|---:|---:|---:|")
-    for r in results:
-        print(f"| {r.name} | {r.images_per_s:,.0f} | {r.ratio_to(baseline):.2f}x | {r.first_batch_s:.2f} |")
-    print()
-    for r in results:
-        if r is baseline:
-            continue
-        ratio = median_ratio([run.images_per_s for run in r.runs], [run.images_per_s for run in baseline.runs])
-        print(f"  {r.name}: {ratio:.2f}x; {'meets' if ratio >= TARGET else 'MISSES'} the {TARGET:g}x target")
+    print(target_table(results, baseline, TARGET, unit="img/s"))
 
 
 # ---------------------------------------------------------------------------------------------- main

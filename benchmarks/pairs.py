@@ -38,7 +38,8 @@ import fastdata
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
 from fastdata.tools.bench_baseline import _transform
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files, median_ratio
+from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
+from fastdata.tools.bench_report import target_table
 from fastdata.tools.sample import cached_sample_imagefolder
 
 TARGET = 2.0  # issue 18: fastdata at least 2x the webdataset pipeline
@@ -169,16 +170,7 @@ def loading_table(results: list[LoaderResult], baseline: LoaderResult, config: B
     print(f"\n## loading pairs, augment={config.augment}: {config.warmup_passes} untimed + {config.epochs} timed "
           f"passes per run, batch {config.batch_size}, image size {config.image_size}, {config.num_workers} "
           f"workers, {config.repeats} alternating runs, input_ids [B, {MAX_LENGTH}]\n")
-    print(f"| loader | pairs/s | vs {baseline.name} | first batch s |")
-    print("|---|---:|---:|---:|")
-    for r in results:
-        print(f"| {r.name} | {r.images_per_s:,.0f} | {r.ratio_to(baseline):.2f}x | {r.first_batch_s:.2f} |")
-    print()
-    for r in results:
-        if r is baseline:
-            continue
-        ratio = median_ratio([run.images_per_s for run in r.runs], [run.images_per_s for run in baseline.runs])
-        print(f"  {r.name}: {ratio:.2f}x; {'meets' if ratio >= TARGET else 'MISSES'} the {TARGET:g}x target")
+    print(target_table(results, baseline, TARGET, unit="pairs/s"))
 
 
 # ---------------------------------------------------------------------------------------------- main
