@@ -37,15 +37,21 @@ def check_kept_files(directory: Path, files: list[tuple[str, int]], what: str) -
                                       f"it had {size:,}; {START_AGAIN}")
 
 
+def member_info(name: str, size: int) -> tarfile.TarInfo:
+    """The header of a shard member: read-only, mtime 0 (reproducible shards: same input, same bytes)."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o444
+    info.mtime = 0
+    return info
+
+
 def tar_members(members: list[tuple[str, bytes]]) -> bytes:
     """Members (name, payload) as `ShardWriter.append` writes them into a shard, header, data and padding, byte for
     byte: what a conversion worker lays out so that the writer only appends the bytes (`append_blob`)."""
     parts = []
     for name, payload in members:
-        info = tarfile.TarInfo(name)
-        info.size = len(payload)
-        info.mode = 0o444
-        info.mtime = 0  # reproducible shards: same input, same bytes
+        info = member_info(name, len(payload))
         parts += (info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"), payload,
                   bytes(-len(payload) % _BLOCK))
     return b"".join(parts)
@@ -111,11 +117,7 @@ class ShardWriter:
         assert self._tar is not None
         offsets = []
         for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            info.mode = 0o444
-            info.mtime = 0  # reproducible shards: same input, same bytes
-            self._tar.addfile(info, io.BytesIO(payload))
+            self._tar.addfile(member_info(name, len(payload)), io.BytesIO(payload))
             offsets.append(self._tar.offset - -(-len(payload) // _BLOCK) * _BLOCK)
         return offsets
 
