@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -74,15 +73,18 @@ class _WorkerReader:
     def __init__(self, dataset: WdsImageDataset, plan: EpochPlan, epoch: int,
                  buffers: BatchBuffers | None = None) -> None:
         self.dataset, self.plan, self.epoch, self.buffers = dataset, plan, epoch, buffers
-        self.wanted: Counter[int] = Counter()
+        # how many of this worker's batches still want each stream position: an int32 per position rather than a
+        # dict entry per wanted sample, which at millions of samples held a worker's start-up and memory
+        self.wanted = np.zeros(int(plan.starts[-1]), np.int32)
         self.kept: dict[int, EncodedSample] = {}
         self._slot = -1  # the stream shard being read, and its samples from the next offset on
         self._samples: Iterator[tuple[int, EncodedSample | None]] | None = None
         self._next_offset = 0
 
-    def batches(self, batches: list[tuple[int, np.ndarray]]) -> Iterator[Batch]:
+    def batches(self, batches: Iterable[tuple[int, np.ndarray]]) -> Iterator[Batch]:
+        batches = list(batches)  # one (number, view) pair per batch of this worker
         for _, positions in batches:
-            self.wanted.update(positions.tolist())
+            np.add.at(self.wanted, positions, 1)
         try:
             for _, positions in batches:
                 started = perf_counter()
@@ -103,7 +105,7 @@ class _WorkerReader:
         sample = self.kept[position]
         self.wanted[position] -= 1
         if self.wanted[position] <= 0:
-            del self.kept[position], self.wanted[position]
+            del self.kept[position]
         return sample
 
     def _read_until(self, position: int) -> None:

@@ -4,7 +4,7 @@ process, so the epoch set there reaches persistent workers with every item."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -38,8 +38,8 @@ class EpochBatchSampler:
         order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
         return interleaved_part(order, self.rank, self.world_size, self.uneven, self.start)
 
-    def epoch_batches(self) -> list[np.ndarray]:
-        """This rank's batches of the current epoch (from `start` on, before skipping)."""
+    def epoch_batches(self) -> Sequence[np.ndarray]:
+        """This rank's batches of the current epoch (from `start` on, before skipping), made as they are asked for."""
         return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
@@ -71,7 +71,7 @@ class BucketBatchSampler(EpochBatchSampler):
         self.lengths = np.asarray(lengths)
         self.window = batch_size * window_batches
 
-    def epoch_batches(self) -> list[np.ndarray]:
+    def epoch_batches(self) -> Sequence[np.ndarray]:
         order = self.rank_indices()
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         batches: list[np.ndarray] = []

@@ -12,7 +12,7 @@ number of workers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,18 +30,18 @@ class EpochPlan:
 
     shard_order: np.ndarray  # shard ids in stream order
     starts: np.ndarray  # stream position of each stream shard's first sample, plus the stream length at the end
-    batches: list[np.ndarray]
+    batches: Sequence[np.ndarray]  # made one at a time as they are asked for (`fastdata.order.epoch.Batches`)
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index into `shard_order`, offset inside that shard) of each stream position."""
         slot = np.searchsorted(self.starts, positions, side="right") - 1
         return slot, positions - self.starts[slot]
 
-    def worker_batches(self, skip: int, worker: int, num_workers: int) -> list[tuple[int, np.ndarray]]:
+    def worker_batches(self, skip: int, worker: int, num_workers: int) -> Iterator[tuple[int, np.ndarray]]:
         """(batch number, stream positions) of the batches worker `worker` builds when the epoch starts after
         `skip` batches (a resumed epoch), dealt round-robin in the order the DataLoader collects them."""
-        numbered = list(enumerate(self.batches))[skip:]
-        return numbered[worker::max(1, num_workers)]
+        for number in range(skip + worker, len(self.batches), max(1, num_workers)):
+            yield number, self.batches[number]
 
 
 def window_order(total: int, seed: int, epoch: int, shuffle: bool, window: int) -> np.ndarray:
