@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -463,6 +464,25 @@ class LmdbReader:
         return key_from_bytes(self._get("keys", index))
 
     def all_keys(self) -> list[str]:
+        return list(self.iter_keys())
+
+    def iter_keys(self) -> Iterator[str]:
+        """Every sample's key in index order, read with one cursor (none held in memory beyond the one given)."""
         env = self._open()
         with env.begin() as txn, txn.cursor(db=self._dbs["keys"]) as cursor:
-            return [key_from_bytes(bytes(v)) for v in cursor.iternext(keys=False, values=True)]
+            for value in cursor.iternext(keys=False, values=True):
+                yield key_from_bytes(bytes(value))
+
+    def iter_labels(self, chunk: int = 1 << 16) -> Iterator[int | list[int]]:
+        """Every sample's label in index order (class ids, or lists of class ids), made a chunk at a time from the
+        label arrays."""
+        if self.label_kind == "single":
+            labels = self._array("labels")
+            for start in range(0, len(labels), chunk):
+                yield from labels[start:start + chunk].tolist()
+            return
+        offsets, values = self._array("label_offsets"), self._array("label_values")
+        for start in range(0, self.num_samples, chunk):
+            bounds = offsets[start:min(start + chunk, self.num_samples) + 1].tolist()
+            ids = values[bounds[0]:bounds[-1]].tolist()
+            yield from (ids[lo - bounds[0]:hi - bounds[0]] for lo, hi in itertools.pairwise(bounds))

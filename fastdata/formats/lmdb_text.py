@@ -21,7 +21,7 @@ import numpy as np
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.lmdb import DATA_FILE, index_key
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.tokens import TokenReader
+from fastdata.formats.tokens import DocumentEnds, TokenReader
 
 CHUNK_TOKENS = 1 << 18
 ENDS_PER_CHUNK = 1 << 16
@@ -168,11 +168,12 @@ class TextLmdbReader(TokenReader):
         self._dbs: dict[str, Any] = {}
         self._pid = -1
         self._ends: np.ndarray | None = None
+        self._document_ends: DocumentEnds | None = None
         if not (self.directory / DATA_FILE).is_file():
             raise NotADatasetError(f"{self.directory}: {DATA_FILE} is missing; the dataset is damaged")
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_env": None, "_dbs": {}, "_pid": -1, "_ends": None}
+        return {**self.__dict__, "_env": None, "_dbs": {}, "_pid": -1, "_ends": None, "_document_ends": None}
 
     def _open(self) -> Any:
         from fastdata.formats.lmdb import is_current
@@ -198,6 +199,38 @@ class TextLmdbReader(TokenReader):
                     f"says {self.num_documents} / {self.total_tokens}; the dataset is damaged")
             self._ends = ends
         return self._ends
+
+    @property
+    def document_ends(self) -> DocumentEnds:
+        """The documents' ends, a stored chunk (ENDS_PER_CHUNK documents) at a time: opening reads only each
+        chunk's size and last value."""
+        if self._document_ends is None:
+            env = self._open()
+            sizes, lasts = [], []
+            with env.begin(buffers=True) as txn, txn.cursor(db=self._dbs["ends"]) as cursor:
+                for number, (key, value) in enumerate(cursor.iternext(keys=True, values=True)):
+                    if bytes(key) != index_key(number) or not len(value) or len(value) % 8:
+                        raise NotADatasetError(f"{self.directory}: document index chunk {number} is missing or "
+                                               "damaged; the dataset is damaged")
+                    sizes.append(len(value) // 8)
+                    lasts.append(int.from_bytes(bytes(value[len(value) - 8:]), "little", signed=True))
+            documents, last = sum(sizes), (lasts[-1] if lasts else 0)
+            if documents != self.num_documents or last != self.total_tokens:
+                raise NotADatasetError(
+                    f"{self.directory}: document index holds {documents} documents / {last} tokens, the manifest "
+                    f"says {self.num_documents} / {self.total_tokens}; the dataset is damaged")
+            first_docs = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            self._document_ends = DocumentEnds(first_docs, np.array(lasts, np.int64), self._ends_chunk)
+        return self._document_ends
+
+    def _ends_chunk(self, number: int) -> np.ndarray:
+        env = self._open()
+        with env.begin() as txn:
+            value = txn.get(index_key(number), db=self._dbs["ends"])
+        if value is None:
+            raise CorruptSampleError(f"{self.directory}: document index chunk {number} is missing; the dataset is "
+                                     "damaged")
+        return np.frombuffer(value, "<i8")
 
     def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
         env, size, itemsize, db = self._open(), self.chunk_tokens, self.dtype.itemsize, self._dbs["tokens"]

@@ -21,7 +21,7 @@ import numpy as np
 from fastdata.errors import START_AGAIN, CorruptSampleError, NotADatasetError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, sha256_file
 from fastdata.formats.tar_shards import ShardWriter, check_kept_files
-from fastdata.formats.tokens import TokenReader
+from fastdata.formats.tokens import DocumentEnds, TokenReader
 
 INDEX_SUFFIX = ".idx"
 
@@ -161,6 +161,8 @@ class TextWdsReader(TokenReader):
         self.directory = Path(directory)
         self.files = list(files)
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._document_ends: DocumentEnds | None = None
+        self._pairs: dict[int, np.ndarray] = {}  # shard -> its index file, memory-mapped ([documents, 2] int64)
         self._handles: dict[int, Any] = {}
         for entry in self.files:
             for name in (entry.name, index_name(entry.name)):
@@ -168,7 +170,7 @@ class TextWdsReader(TokenReader):
                     raise NotADatasetError(f"{self.directory / name}: missing; the dataset is damaged")
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_handles": {}, "_index": None}
+        return {**self.__dict__, "_handles": {}, "_index": None, "_document_ends": None, "_pairs": {}}
 
     def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._index is None:
@@ -198,6 +200,46 @@ class TextWdsReader(TokenReader):
         """Cumulative token count at the end of each document (int64, one per document)."""
         return self._load_index()[2]
 
+    @property
+    def document_ends(self) -> DocumentEnds:
+        """The documents' ends, a shard at a time: opening reads each shard's token count (from its index, a
+        vectorised sum: no per-document objects are kept), a shard's ends are computed when it is read."""
+        if self._document_ends is None:
+            totals = []
+            for entry in self.files:
+                path = self.directory / index_name(entry.name)
+                pairs = np.fromfile(path, dtype="<i8")
+                if len(pairs) != 2 * entry.samples:
+                    raise NotADatasetError(f"{path}: holds {len(pairs) // 2} documents, the manifest says "
+                                           f"{entry.samples}; the dataset is damaged")
+                totals.append(int(pairs[1::2].sum()))
+            last_ends = np.cumsum(totals, dtype=np.int64)
+            total = int(last_ends[-1]) if len(last_ends) else 0
+            documents = sum(entry.samples for entry in self.files)
+            if documents != self.num_documents or total != self.total_tokens:
+                raise NotADatasetError(f"{self.directory}: shard indexes hold {documents} documents / {total} "
+                                       f"tokens, the manifest says {self.num_documents} / {self.total_tokens}")
+            first_docs = np.concatenate([[0], np.cumsum([e.samples for e in self.files], dtype=np.int64)])
+            self._document_ends = DocumentEnds(first_docs, last_ends, self._shard_ends)
+        return self._document_ends
+
+    def _shard_pairs(self, shard: int) -> np.ndarray:
+        """Shard `shard`'s index, (byte offset of its ids, token count) per document, memory-mapped."""
+        pairs = self._pairs.get(shard)
+        if pairs is None:
+            path = self.directory / index_name(self.files[shard].name)
+            pairs = np.memmap(path, dtype="<i8", mode="r").reshape(-1, 2) if path.stat().st_size else \
+                np.zeros((0, 2), np.int64)
+            if len(pairs) != self.files[shard].samples:
+                raise CorruptSampleError(f"{path}: holds {len(pairs)} documents, the manifest says "
+                                         f"{self.files[shard].samples}; the dataset is damaged")
+            self._pairs[shard] = pairs
+        return pairs
+
+    def _shard_ends(self, shard: int) -> np.ndarray:
+        base = int(self.document_ends.last_ends[shard - 1]) if shard else 0
+        return base + np.cumsum(self._shard_pairs(shard)[:, 1], dtype=np.int64)
+
     def _handle(self, shard: int) -> Any:
         handle = self._handles.get(shard)
         if handle is None:
@@ -205,20 +247,25 @@ class TextWdsReader(TokenReader):
         return handle
 
     def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
-        shards, offsets, ends = self._load_index()
+        index = self.document_ends
         size, pos = self.dtype.itemsize, 0
         for start, stop in zip(starts, stops, strict=True):
-            doc = int(np.searchsorted(ends, start, side="right"))
+            doc = int(index.searchsorted(np.array([start]), side="right")[0])
             while start < stop:
-                doc_start = int(ends[doc - 1]) if doc else 0
-                hi = min(stop, int(ends[doc]))
-                if hi > start:
-                    target = out[pos:pos + hi - start].view(np.uint8)
-                    handle = self._handle(int(shards[doc]))
-                    got = os.preadv(handle.fileno(), [target], int(offsets[doc]) + (start - doc_start) * size)
-                    if got != len(target):
-                        raise CorruptSampleError(f"{handle.name}: document {doc} is truncated; the dataset is "
-                                                 "damaged")
-                    pos += hi - start
-                    start = hi
-                doc += 1
+                shard = int(np.searchsorted(index.first_docs, doc, side="right")) - 1
+                ends, offsets = index.chunk(shard), self._shard_pairs(shard)[:, 0]
+                local = doc - int(index.first_docs[shard])
+                while start < stop and local < len(ends):
+                    doc_start = int(ends[local - 1]) if local else (int(index.last_ends[shard - 1]) if shard else 0)
+                    hi = min(stop, int(ends[local]))
+                    if hi > start:
+                        target = out[pos:pos + hi - start].view(np.uint8)
+                        handle = self._handle(shard)
+                        got = os.preadv(handle.fileno(), [target], int(offsets[local]) + (start - doc_start) * size)
+                        if got != len(target):
+                            raise CorruptSampleError(f"{handle.name}: document {doc} is truncated; the dataset "
+                                                     "is damaged")
+                        pos += hi - start
+                        start = hi
+                    local += 1
+                    doc += 1

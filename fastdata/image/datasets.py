@@ -31,6 +31,7 @@ from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
 from fastdata.image.device import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
+from fastdata.image.stored_lists import StoredSamples, StoredTargets
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
 
@@ -111,15 +112,17 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
 
     @property
-    def samples(self) -> list[tuple[str, Any]]:
-        """(source-relative path, label) per index, as torchvision's ImageFolder.samples (built on demand); a
-        multi-label sample's label is the list of its class ids."""
-        return list(zip(self.reader.all_keys(), self.reader.label_list(), strict=True))
+    def samples(self) -> StoredSamples:
+        """(source-relative path, label) per index, as torchvision's ImageFolder.samples; a multi-label sample's
+        label is the list of its class ids. A sequence read from storage as it is asked for (equal to the list)."""
+        return StoredSamples(self.reader)
 
     @property
-    def targets(self) -> list[Any]:
-        """Every sample's label: class ids, or (multi-label) lists of class ids."""
-        return self.reader.label_list()
+    def targets(self) -> StoredTargets:
+        """Every sample's label: class ids, or (multi-label) lists of class ids. A sequence over the label arrays
+        (equal to the list; `np.asarray(ds.targets)` gives a single-label dataset's labels without a Python int
+        per sample)."""
+        return StoredTargets(self.reader)
 
     def encoded(self, index: int) -> EncodedSample:
         """Sample `index` as stored (bytes and header facts), not yet decoded."""
