@@ -90,8 +90,12 @@ class DocumentEnds:
             here = chunks == k
             first = int(self.first_docs[k])
             values = self.chunk(k)
-            if per_doc:
-                values = values + per_doc * np.arange(first, first + len(values), dtype=np.int64)
+            if per_doc:  # one temporary array the size of the chunk
+                shifted = np.arange(first, first + len(values), dtype=np.int64)
+                if per_doc != 1:
+                    shifted *= per_doc
+                shifted += values
+                values = shifted
             out[here] = first + np.searchsorted(values, positions[here], side=side)
         return out
 
