@@ -14,7 +14,8 @@ about 3.5 KB per image and 2 KB per document in WebDataset shards (tar headers):
     python benchmarks/startup_scale.py --sizes 10k,100k,1M --text-sizes 10k,100k,1M,10M
     python benchmarks/startup_scale.py --sizes 10k,100k --text-sizes 10k,100k   # quick check
 
-Each child prints its phases as JSON: import (`import fastdata`), open (`fastdata.loader(...)`), first batch
+Every dataset's files are read once before it is measured (page cache warm for every size). Each child prints its
+phases as JSON: import (`import fastdata`), open (`fastdata.loader(...)`), first batch
 (`next(iter(loader))`), and `resource.getrusage(RUSAGE_SELF).ru_maxrss` (the main process only; the workers are
 children and not counted), plus the RSS right after the import (the floor the dataset adds to).
 """
@@ -203,6 +204,14 @@ del it, loader
 """
 
 
+def warm(path: Path) -> None:
+    """Read every file of a dataset once, so that every size is measured with its files in the page cache."""
+    for file in sorted(p for p in path.iterdir() if p.is_file()):
+        with open(file, "rb") as f:
+            while f.read(16 << 20):
+                pass
+
+
 def measure(path: Path, kind: str, workers: int, batch: int) -> dict:
     """One fresh child's phases and RSS."""
     done = subprocess.run([sys.executable, "-c", CHILD, str(path), kind, str(workers), str(batch)],
@@ -248,6 +257,7 @@ def main() -> None:
                 for k, n in plan:
                     if k != kind:
                         continue
+                    warm(paths[(kind, fmt, n)])
                     got = median_run(paths[(kind, fmt, n)], kind, w, 8 if kind == "text" else args.batch_size,
                                      args.repeats)
                     base = base or got

@@ -83,8 +83,9 @@ class _WorkerReader:
 
     def batches(self, batches: Iterable[tuple[int, np.ndarray]]) -> Iterator[Batch]:
         batches = list(batches)  # one (number, view) pair per batch of this worker
-        for _, positions in batches:
-            np.add.at(self.wanted, positions, 1)
+        if batches:
+            counts = np.bincount(np.concatenate([positions for _, positions in batches]), minlength=len(self.wanted))
+            self.wanted += counts.astype(np.int32)
         try:
             for _, positions in batches:
                 started = perf_counter()
