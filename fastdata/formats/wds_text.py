@@ -60,9 +60,13 @@ class TextWdsWriter:
 
     def _write_index(self, shard_name: str) -> None:
         path = self.directory / index_name(shard_name)
+        pairs = np.asarray(self._index, dtype="<i8").reshape(-1, 2)
         with open(path, "wb") as f:
-            f.write(np.asarray(self._index, dtype="<i8").reshape(-1, 2).tobytes())
-        self._index_entries.append({"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
+            f.write(pairs.tobytes())
+        # the shard's token count too, so that a reader finds where each shard starts in the token stream
+        # without reading every index (`TextWdsReader.document_ends`)
+        self._index_entries.append({"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path),
+                                    "tokens": int(pairs[:, 1].sum())})
         self._index = []
 
     def checkpoint_due(self) -> bool:
@@ -160,6 +164,9 @@ class TextWdsReader(TokenReader):
         super().__init__(text)
         self.directory = Path(directory)
         self.files = list(files)
+        # each shard's token count, as the manifest lists it with the shard's index (conversions since it did)
+        self._shard_tokens = {entry["name"]: entry["tokens"] for entry in text.get("index_files", [])
+                              if isinstance(entry, dict) and isinstance(entry.get("tokens"), int)}
         self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._document_ends: DocumentEnds | None = None
         self._pairs: dict[int, np.ndarray] = {}  # shard -> its index file, memory-mapped ([documents, 2] int64)
@@ -202,17 +209,21 @@ class TextWdsReader(TokenReader):
 
     @property
     def document_ends(self) -> DocumentEnds:
-        """The documents' ends, a shard at a time: opening reads each shard's token count (from its index, a
-        vectorised sum: no per-document objects are kept), a shard's ends are computed when it is read."""
+        """The documents' ends, a shard at a time: opening takes each shard's token count from the manifest (or,
+        for a dataset converted before it listed them, from the shard's index: a vectorised sum, nothing kept);
+        a shard's ends are computed, and checked against that count, when it is read."""
         if self._document_ends is None:
             totals = []
             for entry in self.files:
-                path = self.directory / index_name(entry.name)
-                pairs = np.fromfile(path, dtype="<i8")
-                if len(pairs) != 2 * entry.samples:
-                    raise NotADatasetError(f"{path}: holds {len(pairs) // 2} documents, the manifest says "
-                                           f"{entry.samples}; the dataset is damaged")
-                totals.append(int(pairs[1::2].sum()))
+                tokens = self._shard_tokens.get(index_name(entry.name))
+                if tokens is None:
+                    path = self.directory / index_name(entry.name)
+                    pairs = np.fromfile(path, dtype="<i8")
+                    if len(pairs) != 2 * entry.samples:
+                        raise NotADatasetError(f"{path}: holds {len(pairs) // 2} documents, the manifest says "
+                                               f"{entry.samples}; the dataset is damaged")
+                    tokens = int(pairs[1::2].sum())
+                totals.append(tokens)
             last_ends = np.cumsum(totals, dtype=np.int64)
             total = int(last_ends[-1]) if len(last_ends) else 0
             documents = sum(entry.samples for entry in self.files)
@@ -237,8 +248,14 @@ class TextWdsReader(TokenReader):
         return pairs
 
     def _shard_ends(self, shard: int) -> np.ndarray:
-        base = int(self.document_ends.last_ends[shard - 1]) if shard else 0
-        return base + np.cumsum(self._shard_pairs(shard)[:, 1], dtype=np.int64)
+        index = self.document_ends
+        base = int(index.last_ends[shard - 1]) if shard else 0
+        ends = base + np.cumsum(self._shard_pairs(shard)[:, 1], dtype=np.int64)
+        if (int(ends[-1]) if len(ends) else base) != int(index.last_ends[shard]):
+            path = self.directory / index_name(self.files[shard].name)
+            raise CorruptSampleError(f"{path}: holds {int(ends[-1]) - base if len(ends) else 0} tokens, the manifest "
+                                     f"says {int(index.last_ends[shard]) - base}; the dataset is damaged")
+        return ends
 
     def _handle(self, shard: int) -> Any:
         handle = self._handles.get(shard)

@@ -9,7 +9,7 @@ import pytest
 from builders import many_document, write_many_documents
 
 import fastdata
-from fastdata.formats import lmdb_text
+from fastdata.formats import lmdb_text, wds_text
 from fastdata.formats.tokens import DocumentEnds
 from fastdata.text.blocks import PackedBlocks
 
@@ -81,3 +81,22 @@ def test_a_damaged_lmdb_document_index_is_refused_naming_the_dataset(tmp_path, m
     reader = lmdb_text.TextLmdbReader(out, manifest.text)
     with pytest.raises(fastdata.errors.NotADatasetError, match="document index holds 40 documents"):
         reader.document_ends  # noqa: B018
+
+
+def test_wds_shard_token_counts_come_from_the_manifest_else_from_the_indexes(tmp_path):
+    out = write_many_documents(tmp_path / "d", 60, "wds", shard_bytes=2048)
+    manifest = fastdata.info(out)
+    listed = manifest.text["index_files"]
+    assert len(listed) > 3 and all(isinstance(entry["tokens"], int) for entry in listed)
+    expected = fastdata.dataset(out).store.ends
+    older = {**manifest.text, "index_files": [{k: v for k, v in e.items() if k != "tokens"} for e in listed]}
+    reader = wds_text.TextWdsReader(out, manifest.files, older)  # converted before the counts were listed
+    np.testing.assert_array_equal(reader.document_ends.take(np.arange(60)), expected)
+    wrong = [dict(e) for e in listed]
+    wrong[1]["tokens"] += 1
+    wrong[2]["tokens"] -= 1  # the total still agrees: only the shards' own index tells
+    reader = wds_text.TextWdsReader(out, manifest.files, {**manifest.text, "index_files": wrong})
+    np.testing.assert_array_equal(reader.document_ends.take(np.arange(manifest.files[0].samples)),
+                                  expected[:manifest.files[0].samples])
+    with pytest.raises(fastdata.errors.CorruptSampleError, match=f"{wrong[1]['name']}: holds .* tokens, the manifest"):
+        reader.read(0, int(expected[-1]))
