@@ -19,9 +19,9 @@ from fastdata.formats import lmdb_text
 
 SMALL, LARGE = 2_000, 20_000
 # bytes a loader may allocate per sample: image datasets keep 13 bytes of sizes, codec and label per sample
-# (LMDB) and an int64 epoch order (both); text keeps an int64 order over blocks (fewer than documents here) and
-# reads its document index a chunk at a time
-PER_SAMPLE = {"image": 32, "text": 16}
+# (LMDB) and an int64 epoch order (both); text keeps the packed stream's end-of-text positions (an int64 per
+# document, made chunk by chunk) and an int64 order over blocks (fewer than documents here)
+PER_SAMPLE = {"image": 32, "text": 24}
 
 
 @pytest.fixture(scope="module")

@@ -186,18 +186,9 @@ class TextLmdbReader(TokenReader):
 
     @property
     def ends(self) -> np.ndarray:
-        """Cumulative token count at the end of each document (int64, one per document)."""
+        """Cumulative token count at the end of each document (int64, one per document), made once per process."""
         if self._ends is None:
-            env = self._open()
-            with env.begin() as txn, txn.cursor(db=self._dbs["ends"]) as cursor:
-                parts = [np.frombuffer(value, "<i8") for value in cursor.iternext(keys=False, values=True)]
-            ends = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            last = int(ends[-1]) if len(ends) else 0
-            if len(ends) != self.num_documents or last != self.total_tokens:
-                raise NotADatasetError(
-                    f"{self.directory}: document index holds {len(ends)} documents / {last} tokens, the manifest "
-                    f"says {self.num_documents} / {self.total_tokens}; the dataset is damaged")
-            self._ends = ends
+            self._ends = self.document_ends.full()
         return self._ends
 
     @property

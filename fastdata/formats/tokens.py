@@ -27,15 +27,16 @@ def stored_dtype(name: str) -> np.dtype:
     return np.dtype(name).newbyteorder("<")
 
 
-#: Bytes of document ends a reader keeps cached (`DocumentEnds`): a corpus of up to ~8M documents stays whole.
-ENDS_CACHE_BYTES = 64 << 20
+#: Bytes of document ends a reader keeps cached (`DocumentEnds`): the ends and the end-of-text positions of a corpus
+#: of up to ~8M documents stay whole; a larger one keeps the chunks it used last.
+ENDS_CACHE_BYTES = 128 << 20
 
 
 class DocumentEnds:
     """The cumulative token count at the end of each document (`ends[i]`: document i is tokens `[ends[i - 1],
     ends[i])`), read a chunk of documents at a time. Opening needs only each chunk's first document and last end
     (one pair per chunk: a reader starts as fast over 10M documents as over 10k); a chunk is read when one of its
-    documents is asked for, and recently read chunks stay cached up to `cache_bytes`.
+    documents is asked for, and recently used chunks stay cached up to `cache_bytes`.
 
     `first_docs` (K + 1): the first document of each of the K chunks, then the number of documents; `last_ends`
     (K): the end of each chunk's last document; `load(k)`: chunk k's ends (int64, absolute)."""
@@ -45,24 +46,44 @@ class DocumentEnds:
         self.first_docs = np.asarray(first_docs, np.int64)
         self.last_ends = np.asarray(last_ends, np.int64)
         self._load, self.cache_bytes = load, cache_bytes
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (chunk, per_doc) -> its values
         self._cached_bytes = 0
 
     def __len__(self) -> int:
         return int(self.first_docs[-1])
 
-    def chunk(self, k: int) -> np.ndarray:
-        """Chunk `k`'s ends, read on first use."""
-        found = self._cache.get(k)
+    def chunk(self, k: int, per_doc: int = 0) -> np.ndarray:
+        """Chunk `k`'s ends, plus `per_doc` per document before each (1: the stream positions of the end-of-text
+        tokens after them), read and made on first use."""
+        found = self._cache.get((k, per_doc))
         if found is not None:
-            self._cache.move_to_end(k)
+            self._cache.move_to_end((k, per_doc))
             return found
-        found = self._load(k)
-        self._cache[k] = found
+        if per_doc:
+            first = int(self.first_docs[k])
+            found = np.arange(first, first + len(self.chunk(k)), dtype=np.int64)
+            if per_doc != 1:
+                found *= per_doc
+            found += self.chunk(k)
+        else:
+            found = self._load(k)
+        self._cache[(k, per_doc)] = found
         self._cached_bytes += found.nbytes
         while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
             self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
         return found
+
+    def full(self, per_doc: int = 0) -> np.ndarray:
+        """Every document's end, plus `per_doc` per document before it (1: the end-of-text positions of the packed
+        stream), as one int64 array made chunk by chunk (no other array of its size on the way, nothing cached)."""
+        out = np.empty(len(self), np.int64)
+        for k in range(len(self.last_ends)):
+            lo, hi = int(self.first_docs[k]), int(self.first_docs[k + 1])
+            cached = self._cache.get((k, 0))
+            out[lo:hi] = cached if cached is not None else self._load(k)
+            if per_doc:
+                out[lo:hi] += np.arange(lo, hi, dtype=np.int64) * per_doc
+        return out
 
     def take(self, docs: np.ndarray) -> np.ndarray:
         """The ends of documents `docs` (int64; an empty document number -1 gives 0, the start of the stream)."""
@@ -88,15 +109,7 @@ class DocumentEnds:
         out = np.full(positions.shape, len(self), np.int64)
         for k in np.unique(chunks[chunks < len(keys)]).tolist():
             here = chunks == k
-            first = int(self.first_docs[k])
-            values = self.chunk(k)
-            if per_doc:  # one temporary array the size of the chunk
-                shifted = np.arange(first, first + len(values), dtype=np.int64)
-                if per_doc != 1:
-                    shifted *= per_doc
-                shifted += values
-                values = shifted
-            out[here] = first + np.searchsorted(values, positions[here], side=side)
+            out[here] = self.first_docs[k] + np.searchsorted(self.chunk(k, per_doc), positions[here], side=side)
         return out
 
 

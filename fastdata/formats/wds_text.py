@@ -167,7 +167,6 @@ class TextWdsReader(TokenReader):
         # each shard's token count, as the manifest lists it with the shard's index (conversions since it did)
         self._shard_tokens = {entry["name"]: entry["tokens"] for entry in text.get("index_files", [])
                               if isinstance(entry, dict) and isinstance(entry.get("tokens"), int)}
-        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._document_ends: DocumentEnds | None = None
         self._pairs: dict[int, np.ndarray] = {}  # shard -> its index file, memory-mapped ([documents, 2] int64)
         self._handles: dict[int, Any] = {}
@@ -177,35 +176,12 @@ class TextWdsReader(TokenReader):
                     raise NotADatasetError(f"{self.directory / name}: missing; the dataset is damaged")
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_handles": {}, "_index": None, "_document_ends": None, "_pairs": {}}
-
-    def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._index is None:
-            shards, offsets, lengths = [], [], []
-            for number, entry in enumerate(self.files):
-                path = self.directory / index_name(entry.name)
-                pairs = np.fromfile(path, dtype="<i8")
-                if len(pairs) != 2 * entry.samples:
-                    raise NotADatasetError(f"{path}: holds {len(pairs) // 2} documents, the manifest says "
-                                           f"{entry.samples}; the dataset is damaged")
-                pairs = pairs.reshape(-1, 2)
-                shards.append(np.full(len(pairs), number, np.int32))
-                offsets.append(pairs[:, 0])
-                lengths.append(pairs[:, 1])
-            lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-            ends = np.cumsum(lengths_all, dtype=np.int64)
-            total = int(ends[-1]) if len(ends) else 0
-            if len(ends) != self.num_documents or total != self.total_tokens:
-                raise NotADatasetError(f"{self.directory}: shard indexes hold {len(ends)} documents / {total} "
-                                       f"tokens, the manifest says {self.num_documents} / {self.total_tokens}")
-            self._index = (np.concatenate(shards) if shards else np.zeros(0, np.int32),
-                           np.concatenate(offsets) if offsets else np.zeros(0, np.int64), ends)
-        return self._index
+        return {**self.__dict__, "_handles": {}, "_document_ends": None, "_pairs": {}}
 
     @property
     def ends(self) -> np.ndarray:
-        """Cumulative token count at the end of each document (int64, one per document)."""
-        return self._load_index()[2]
+        """Cumulative token count at the end of each document (int64, one per document), made on each call."""
+        return self.document_ends.full()
 
     @property
     def document_ends(self) -> DocumentEnds:
@@ -239,8 +215,9 @@ class TextWdsReader(TokenReader):
         pairs = self._pairs.get(shard)
         if pairs is None:
             path = self.directory / index_name(self.files[shard].name)
-            pairs = np.memmap(path, dtype="<i8", mode="r").reshape(-1, 2) if path.stat().st_size else \
-                np.zeros((0, 2), np.int64)
+            # a plain array over the mapped file: its pages are read as they are used, shared between processes
+            pairs = (np.memmap(path, dtype="<i8", mode="r").view(np.ndarray) if path.stat().st_size
+                     else np.zeros(0, np.int64)).reshape(-1, 2)
             if len(pairs) != self.files[shard].samples:
                 raise CorruptSampleError(f"{path}: holds {len(pairs)} documents, the manifest says "
                                          f"{self.files[shard].samples}; the dataset is damaged")
@@ -265,24 +242,25 @@ class TextWdsReader(TokenReader):
 
     def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
         index = self.document_ends
-        size, pos = self.dtype.itemsize, 0
+        size, pos, shard, ends, offsets, base = self.dtype.itemsize, 0, -1, index.last_ends, index.last_ends, 0
         for start, stop in zip(starts, stops, strict=True):
-            doc = int(index.searchsorted(np.array([start]), side="right")[0])
+            local = -1  # the document of `start` in its shard, once found
             while start < stop:
-                shard = int(np.searchsorted(index.first_docs, doc, side="right")) - 1
-                ends, offsets = index.chunk(shard), self._shard_pairs(shard)[:, 0]
-                local = doc - int(index.first_docs[shard])
-                while start < stop and local < len(ends):
-                    doc_start = int(ends[local - 1]) if local else (int(index.last_ends[shard - 1]) if shard else 0)
-                    hi = min(stop, int(ends[local]))
-                    if hi > start:
-                        target = out[pos:pos + hi - start].view(np.uint8)
-                        handle = self._handle(shard)
-                        got = os.preadv(handle.fileno(), [target], int(offsets[local]) + (start - doc_start) * size)
-                        if got != len(target):
-                            raise CorruptSampleError(f"{handle.name}: document {doc} is truncated; the dataset "
-                                                     "is damaged")
-                        pos += hi - start
-                        start = hi
-                    local += 1
-                    doc += 1
+                if shard < 0 or not base <= start < int(ends[-1]):  # the shard that holds token `start`
+                    shard = int(np.searchsorted(index.last_ends, start, side="right"))
+                    ends, offsets = index.chunk(shard), self._shard_pairs(shard)[:, 0]
+                    base, local = (int(index.last_ends[shard - 1]) if shard else 0), -1
+                if local < 0:
+                    local = int(np.searchsorted(ends, start, side="right"))
+                doc_start = int(ends[local - 1]) if local else base
+                hi = min(stop, int(ends[local]))
+                if hi > start:
+                    target = out[pos:pos + hi - start].view(np.uint8)
+                    handle = self._handle(shard)
+                    got = os.preadv(handle.fileno(), [target], int(offsets[local]) + (start - doc_start) * size)
+                    if got != len(target):
+                        raise CorruptSampleError(f"{handle.name}: document {int(index.first_docs[shard]) + local} "
+                                                 "is truncated; the dataset is damaged")
+                    pos += hi - start
+                    start = hi
+                local += 1  # the next document (a shard's last one: the shard check above moves on)

@@ -35,6 +35,10 @@ class PackedBlocks:
         self.store = store
         self.seq_len = seq_len
         self.eos_id = int(eos_id)
+        self._eos_positions: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_eos_positions": None}
 
     @property
     def stream_tokens(self) -> int:
@@ -45,10 +49,11 @@ class PackedBlocks:
 
     @property
     def eos_positions(self) -> np.ndarray:
-        """Stream position of the end-of-text token after each document (all of them, made on each call; batches
-        find the ones they need chunk by chunk)."""
-        ends = self.store.ends
-        return ends + np.arange(len(ends), dtype=np.int64)
+        """Stream position of the end-of-text token after each document: made once per process, chunk by chunk
+        from the stored document index (one int64 per document; the ends themselves are not kept)."""
+        if self._eos_positions is None:
+            self._eos_positions = self.store.document_ends.full(per_doc=1)
+        return self._eos_positions
 
     def rows(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Blocks as rows of L + 1 stream tokens [len(blocks), L + 1] (int64, or written into `out`): all
@@ -57,10 +62,10 @@ class PackedBlocks:
         if len(ks) and (ks.min() < 0 or ks.max() >= len(self)):
             raise IndexError(f"block index out of range for {len(self)} blocks")
         width = self.seq_len + 1
-        ends = self.store.document_ends  # read a chunk at a time: the stream's eos positions are ends[i] + i
+        eos = self.eos_positions
         starts = ks * self.seq_len
-        first = ends.searchsorted(starts, per_doc=1)
-        per_row = ends.searchsorted(starts + width, per_doc=1) - first  # end-of-text tokens in each block
+        first = np.searchsorted(eos, starts, side="left")
+        per_row = np.searchsorted(eos, starts + width, side="left") - first  # end-of-text tokens in each block
         tokens = self.store.read_many(starts - first, width - per_row)
         rows = np.empty((len(ks), width), np.int64) if out is None else out
         total = int(per_row.sum())
@@ -69,9 +74,8 @@ class PackedBlocks:
             return rows
         row_of = np.repeat(np.arange(len(ks)), per_row)
         nth = np.arange(total) - np.repeat(np.cumsum(per_row) - per_row, per_row)
-        docs = np.repeat(first, per_row) + nth
         is_token = np.ones(rows.shape, bool)
-        is_token[row_of, ends.take(docs) + docs - starts[row_of]] = False
+        is_token[row_of, eos[np.repeat(first, per_row) + nth] - starts[row_of]] = False
         rows[is_token] = tokens
         rows[~is_token] = self.eos_id
         return rows
@@ -125,7 +129,8 @@ class PaddedDocuments:
         return np.minimum(sizes, self.max_length)
 
     def _sequence(self, index: int) -> np.ndarray:
-        start, stop = (int(v) for v in self.store.document_ends.take(np.array([index - 1, index])))
+        ends = self.store.ends
+        start, stop = (int(ends[index - 1]) if index else 0), int(ends[index])
         tokens = self.store.read(start, min(stop, start + self.max_length + 1)).astype(np.int64)
         if self.eos_id is not None and stop - start <= self.max_length:
             tokens = np.append(tokens, np.int64(self.eos_id))

@@ -51,8 +51,8 @@ class TextDataset(Dataset):
 
     def tokens(self, index: int) -> np.ndarray:
         """Document `index`'s token ids in the stored dtype."""
-        start, stop = self.store.document_ends.take(np.array([index - 1, index]))
-        return self.store.read(int(start), int(stop))
+        ends = self.store.ends
+        return self.store.read(int(ends[index - 1]) if index else 0, int(ends[index]))
 
     @property
     def total_tokens(self) -> int:
