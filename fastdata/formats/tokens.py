@@ -27,9 +27,8 @@ def stored_dtype(name: str) -> np.dtype:
     return np.dtype(name).newbyteorder("<")
 
 
-#: Bytes of document ends a reader keeps cached (`DocumentEnds`): the ends and the end-of-text positions of a corpus
-#: of up to ~8M documents stay whole; a larger one keeps the chunks it used last.
-ENDS_CACHE_BYTES = 128 << 20
+#: Bytes of document ends a reader keeps cached (`DocumentEnds.chunk`): the chunks it used last.
+ENDS_CACHE_BYTES = 64 << 20
 
 
 class DocumentEnds:
@@ -46,28 +45,19 @@ class DocumentEnds:
         self.first_docs = np.asarray(first_docs, np.int64)
         self.last_ends = np.asarray(last_ends, np.int64)
         self._load, self.cache_bytes = load, cache_bytes
-        self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (chunk, per_doc) -> its values
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._cached_bytes = 0
 
     def __len__(self) -> int:
         return int(self.first_docs[-1])
 
-    def chunk(self, k: int, per_doc: int = 0) -> np.ndarray:
-        """Chunk `k`'s ends, plus `per_doc` per document before each (1: the stream positions of the end-of-text
-        tokens after them), read and made on first use."""
-        found = self._cache.get((k, per_doc))
+    def chunk(self, k: int) -> np.ndarray:
+        """Chunk `k`'s ends, read on first use."""
+        found = self._cache.get(k)
         if found is not None:
-            self._cache.move_to_end((k, per_doc))
+            self._cache.move_to_end(k)
             return found
-        if per_doc:
-            first = int(self.first_docs[k])
-            found = np.arange(first, first + len(self.chunk(k)), dtype=np.int64)
-            if per_doc != 1:
-                found *= per_doc
-            found += self.chunk(k)
-        else:
-            found = self._load(k)
-        self._cache[(k, per_doc)] = found
+        found = self._cache[k] = self._load(k)
         self._cached_bytes += found.nbytes
         while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
             self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
@@ -79,7 +69,7 @@ class DocumentEnds:
         out = np.empty(len(self), np.int64)
         for k in range(len(self.last_ends)):
             lo, hi = int(self.first_docs[k]), int(self.first_docs[k + 1])
-            cached = self._cache.get((k, 0))
+            cached = self._cache.get(k)
             out[lo:hi] = cached if cached is not None else self._load(k)
             if per_doc:
                 out[lo:hi] += np.arange(lo, hi, dtype=np.int64) * per_doc
@@ -109,7 +99,10 @@ class DocumentEnds:
         out = np.full(positions.shape, len(self), np.int64)
         for k in np.unique(chunks[chunks < len(keys)]).tolist():
             here = chunks == k
-            out[here] = self.first_docs[k] + np.searchsorted(self.chunk(k, per_doc), positions[here], side=side)
+            values = self.chunk(k)
+            if per_doc:
+                values = values + per_doc * np.arange(self.first_docs[k], self.first_docs[k + 1], dtype=np.int64)
+            out[here] = self.first_docs[k] + np.searchsorted(values, positions[here], side=side)
         return out
 
 
