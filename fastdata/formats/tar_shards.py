@@ -51,10 +51,42 @@ def tar_members(members: list[tuple[str, bytes]]) -> bytes:
     byte: what a conversion worker lays out so that the writer only appends the bytes (`append_blob`)."""
     parts = []
     for name, payload in members:
-        info = member_info(name, len(payload))
-        parts += (info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"), payload,
-                  bytes(-len(payload) % _BLOCK))
+        parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % _BLOCK))
     return b"".join(parts)
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The tar header block(s) of a member, exactly as `tarfile` writes `member_info(name, size)` in PAX format.
+
+    A plain ASCII name of at most 100 characters needs one ustar block, and that block differs from member to
+    member only in its name, size and checksum fields: those are patched into a template `tarfile` made (so the
+    bytes are tarfile's own), at a few microseconds instead of tarfile's ~30 per member (about an eighth of a
+    WebDataset conversion worker's time per image). Other names (long, non-ASCII) go through tarfile itself."""
+    if len(name) <= _NAME_FIELD and name.isascii() and size < _SIZE_LIMIT:
+        encoded = name.encode("ascii")
+        size_field = b"%011o\0" % size
+        header = bytearray(_TEMPLATE)
+        header[:len(encoded)] = encoded
+        header[_SIZE_AT:_SIZE_AT + 12] = size_field
+        checksum = _TEMPLATE_SUM + sum(encoded) + sum(size_field) - _TEMPLATE_SIZE_SUM
+        header[_CHECKSUM_AT:_CHECKSUM_AT + 8] = b"%06o\0 " % checksum
+        return bytes(header)
+    return member_info(name, size).tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+def _ustar_template() -> tuple[bytes, int, int]:
+    """tarfile's header of a member with an empty name and size 0, the byte sum of the header as its checksum
+    is computed (checksum field as spaces), and the byte sum of its size field."""
+    header = member_info("", 0).tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+    assert len(header) == _BLOCK, "tarfile wrote more than one block for a plain member"
+    blank = header[:_CHECKSUM_AT] + b" " * 8 + header[_CHECKSUM_AT + 8:]
+    return blank, sum(blank), sum(header[_SIZE_AT:_SIZE_AT + 12])
+
+
+# ustar fields: name[100] mode[8] uid[8] gid[8] size[12] mtime[12] chksum[8] ...
+_NAME_FIELD, _SIZE_AT, _CHECKSUM_AT = 100, 124, 148
+_SIZE_LIMIT = 8**11  # sizes that fit the 11 octal digits of the size field
+_TEMPLATE, _TEMPLATE_SUM, _TEMPLATE_SIZE_SUM = _ustar_template()
 
 
 class ShardWriter:
