@@ -10,15 +10,16 @@ same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fastdata.errors import START_AGAIN, StagingDamagedError
-from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
+from fastdata.formats.manifest import FileEntry, write_atomic
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 PROGRESS_FILE = "progress.json"
@@ -130,8 +131,8 @@ class ShardWriter:
     def _open_shard(self, file: BinaryIO | None = None) -> None:
         if file is None:
             file = open(self.directory / (self.shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
-        self._shard_file = file
-        self._tar = tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (same)
+        self._shard_file = _HashedFile(file)
+        self._tar = tarfile.open(fileobj=self._shard_file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self.shard_samples = 0
 
     def continue_shard(self, file: BinaryIO, samples: int) -> None:
@@ -194,7 +195,7 @@ class ShardWriter:
             self.on_shard_closed(name)
         path = self.directory / name
         os.replace(self.directory / (name + ".tmp"), path)
-        self._entries.append(FileEntry(name, path.stat().st_size, sha256_file(path), self.shard_samples))
+        self._entries.append(FileEntry(name, path.stat().st_size, self._shard_file.hexdigest(), self.shard_samples))
         self._tar = None
         self._shard_finished = True
 
@@ -222,3 +223,29 @@ class ShardWriter:
             self._tar.close()
             self._shard_file.close()
             self._tar = None
+
+
+class _HashedFile:
+    """A shard's file, its sha256 computed from the bytes as they are written (the part before the position it is
+    opened at, on a resume, read back once): closing a shard does not read it all back to hash it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self._digest = hashlib.sha256()
+        end, fd, position = file.tell(), file.fileno(), 0
+        while position < end:
+            piece = os.pread(fd, min(1 << 22, end - position), position)
+            if not piece:
+                break
+            self._digest.update(piece)
+            position += len(piece)
+
+    def write(self, data: Any) -> int:
+        self._digest.update(data)
+        return self.file.write(data)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, name, mode: the file's own
+        return getattr(self.file, name)
