@@ -34,8 +34,8 @@ COUNTERS = {  # sampled figure -> (counter track, unit) (fastdata.meter.system)
     "workers_cpu_cores": ("workers CPU", "cores"), "others_cpu_cores": ("other processes CPU", "cores"),
     "gpu_util_percent": ("GPU busy", "%"), "gpu_memory_used_mb": ("GPU memory", "MB"),
 }
-LOOP_TID = 0  # the training loop's track; worker w is track w + 1, an in-process loader's LOADER_TID
-LOADER_TID = 1_000_000
+LOADER_TID = 1_000_000  # the track of an in-process loader's batches (worker w's is w + 1, the loop's the pid:
+# the main thread's id, and never 0, which Perfetto keeps for the idle thread)
 
 
 def rank_path(path: str | Path, rank: int | None, world_size: int) -> Path:
@@ -68,6 +68,7 @@ class Tracer:
         self._counters: set[str] = set()
         self._dropped = 0
         self._compute: tuple[int, float] | None = None  # (step, perf_counter start) of the open compute span
+        self._received = 0  # loader batches handed to worker_batch (the loop receives them in this order)
         self._written = 0
 
     # ---------------------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ class Tracer:
         """Step `number` waited for its batch from `wait_started` to `wait_ended` (perf_counter seconds); the
         previous step's compute ran until `wait_started`."""
         self.end_compute(wait_started)
-        self._span("data wait", LOOP_TID, self._us(wait_started), self._us(wait_ended), {"step": number})
+        self._span("data wait", self.pid, self._us(wait_started), self._us(wait_ended), {"step": number})
         self._compute = (number, wait_ended)
 
     def end_compute(self, ended: float) -> None:
@@ -84,13 +85,15 @@ class Tracer:
         if self._compute is not None:
             number, started = self._compute
             self._compute = None
-            self._span("compute", LOOP_TID, self._us(started), self._us(max(started, ended)), {"step": number})
+            self._span("compute", self.pid, self._us(started), self._us(max(started, ended)), {"step": number})
 
     def worker_batch(self, span: tuple[int, int, int] | None, times: StageTimes) -> None:
         """One batch a loader worker made: `span` is (worker id, -1 in this process; started and ended,
         monotonic ns), `times` its stage seconds. Drawn as a "batch" span with the stages inside it, laid end to
         end in flow order: read comes first, but decode and augment alternate sample by sample, so their spans
-        show each stage's total within the batch, not when each sample's ran."""
+        show each stage's total within the batch, not when each sample's ran. The span's `received` is its
+        number in the order the loop receives batches (step `received`, for a loader that yields one per batch)."""
+        self._received += 1
         if span is None:
             return
         worker, started_ns, ended_ns = span
@@ -98,7 +101,7 @@ class Tracer:
         with self._lock:
             self._workers.add(worker)
         start, end = started_ns / 1000, max(started_ns, ended_ns) / 1000
-        self._span("batch", tid, start, end, {"worker": worker})
+        self._span("batch", tid, start, end, {"worker": worker, "received": self._received})
         at = start
         for stage in WORKER_STAGES:
             seconds = getattr(times, stage)
@@ -133,9 +136,9 @@ class Tracer:
             workers, counters, dropped = sorted(self._workers), sorted(self._counters), self._dropped
         meta: list[dict[str, Any]] = [self._meta("process_name", None, {"name": f"{self.name} (pid {self.pid})"}),
                                       self._meta("process_sort_index", None, {"sort_index": self.rank or 0}),
-                                      self._meta("thread_name", LOOP_TID, {"name": "training loop (data wait / "
+                                      self._meta("thread_name", self.pid, {"name": "training loop (data wait / "
                                                                                      "compute)"}),
-                                      self._meta("thread_sort_index", LOOP_TID, {"sort_index": -1})]
+                                      self._meta("thread_sort_index", self.pid, {"sort_index": -1})]
         for worker in workers:
             tid = LOADER_TID if worker < 0 else worker + 1
             name = "loader (in the training process)" if worker < 0 else f"loader worker {worker}"
