@@ -730,6 +730,61 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# fastdata.meter's trace files (Chrome / Perfetto Trace Event Format)
+
+# The Trace Event Format (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU) as far
+# as this trace uses it: complete events (X), counters (C), metadata (M).
+_NUMBER = {"type": "number"}
+TRACE_SCHEMA = {
+    "type": "object",
+    "required": ["traceEvents"],
+    "properties": {
+        "traceEvents": {"type": "array", "items": {"$ref": "#/$defs/event"}},
+        "displayTimeUnit": {"enum": ["ms", "ns"]},
+        "otherData": {"type": "object"},
+    },
+    "$defs": {
+        "event": {
+            "type": "object",
+            "required": ["name", "ph", "pid"],
+            "properties": {"name": {"type": "string"}, "ph": {"enum": ["X", "C", "M"]}, "pid": {"type": "integer"},
+                           "tid": {"type": "integer"}, "ts": _NUMBER, "dur": _NUMBER, "args": {"type": "object"}},
+            "allOf": [
+                {"if": {"properties": {"ph": {"const": "X"}}},
+                 "then": {"required": ["ts", "dur", "tid"], "properties": {"dur": {"minimum": 0}}}},
+                {"if": {"properties": {"ph": {"const": "C"}}},
+                 "then": {"required": ["ts", "args"],
+                          "properties": {"args": {"minProperties": 1, "additionalProperties": _NUMBER}}}},
+                {"if": {"properties": {"ph": {"const": "M"}}},
+                 "then": {"required": ["args"], "properties": {
+                     "name": {"enum": ["process_name", "thread_name", "process_sort_index", "thread_sort_index"]}}}},
+            ],
+        },
+    },
+}
+
+
+def check_trace(path: Path) -> dict:
+    """Load a trace file and check it as Perfetto and chrome://tracing read it; returns it."""
+    import jsonschema  # the dev extra
+
+    trace = json.loads(Path(path).read_text())
+    jsonschema.validate(trace, TRACE_SCHEMA)
+    events = trace["traceEvents"]
+    timed = [e for e in events if e["ph"] != "M"]
+    assert timed, "no events"
+    assert all(e["ph"] == "M" for e in events[: len(events) - len(timed)]), "metadata events come first"
+    assert [e["ts"] for e in timed] == sorted(e["ts"] for e in timed), "events are not in time order"
+    meta = [e for e in events if e["ph"] == "M"]
+    named_processes = {e["pid"] for e in meta if e["name"] == "process_name"}
+    named_threads = {(e["pid"], e["tid"]) for e in meta if e["name"] == "thread_name"}
+    assert all(e.get("tid") != 0 for e in events), "tid 0 is the idle thread's in Perfetto"
+    assert {e["pid"] for e in timed} <= named_processes, "a process without a name"
+    assert {(e["pid"], e["tid"]) for e in timed if e["ph"] == "X"} <= named_threads, "a track without a name"
+    return trace
+
+
+# ----------------------------------------------------------------------------------------------------
 # Hugging Face datasets (converters/hf.py), built with the `datasets` library itself
 
 # ClassLabel names, in the dataset's own (unsorted) order: a conversion must keep it, and the ids with it.
