@@ -22,8 +22,12 @@ def scalars(figures: dict[str, Any], prefix: str = PREFIX) -> dict[str, float]:
 
 
 def tensorboard(writer: Any, prefix: str = PREFIX) -> Callable[[dict[str, Any]], None]:
-    """An `on_log` callback writing each figure with `writer.add_scalar(prefix + name, value, step)`:
-    `writer` is a `torch.utils.tensorboard.SummaryWriter` (or anything with its `add_scalar`)."""
+    """An `on_log` callback writing each figure with `writer.add_scalar(prefix + name, value, step)`.
+
+    Args:
+        writer: a `torch.utils.tensorboard.SummaryWriter` (or anything with its `add_scalar`).
+        prefix: put before each figure's name (its TensorBoard tag).
+    """
     if not callable(getattr(writer, "add_scalar", None)):
         raise TypeError(f"tensorboard() needs a torch.utils.tensorboard.SummaryWriter (something with add_scalar), "
                         f"got {type(writer).__name__}")
@@ -37,9 +41,13 @@ def tensorboard(writer: Any, prefix: str = PREFIX) -> Callable[[dict[str, Any]],
 
 
 def lightning(logger: Any, prefix: str = PREFIX) -> Callable[[dict[str, Any]], None]:
-    """An `on_log` callback calling `logger.log_metrics({prefix + name: value, ...}, step)`: `logger` is a
-    Lightning logger (`lightning.pytorch.loggers.CSVLogger`, `TensorBoardLogger`, `WandbLogger`..., e.g.
-    `trainer.logger`)."""
+    """An `on_log` callback calling `logger.log_metrics({prefix + name: value, ...}, step)`.
+
+    Args:
+        logger: a Lightning logger (`lightning.pytorch.loggers.CSVLogger`, `TensorBoardLogger`, `WandbLogger`...,
+            e.g. `trainer.logger`).
+        prefix: put before each figure's name (its metric name).
+    """
     if not callable(getattr(logger, "log_metrics", None)):
         raise TypeError(f"lightning() needs a Lightning logger (something with log_metrics), got "
                         f"{type(logger).__name__}")
