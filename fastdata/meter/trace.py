@@ -62,8 +62,10 @@ class Tracer:
         self.pid = os.getpid()
         self.name = name or "fastdata.meter" + (f" rank {rank}" if rank is not None and world_size > 1 else "")
         self._offset_ns = time.monotonic_ns() - time.perf_counter_ns()  # perf_counter -> CLOCK_MONOTONIC
-        self._lock = threading.Lock()  # the sampler's thread adds counters while the loop adds spans
-        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()  # for the counts the sampler's thread and the loop both change
+        # (name, tid or None for a counter, start us, end us or None, args): made into JSON events when written,
+        # so that the loop's cost per step is one tuple appended
+        self._events: list[tuple[str, int | None, float, float | None, dict[str, Any] | None]] = []
         self._workers: set[int] = set()
         self._counters: set[str] = set()
         self._dropped = 0
@@ -98,8 +100,7 @@ class Tracer:
             return
         worker, started_ns, ended_ns = span
         tid = LOADER_TID if worker < 0 else worker + 1
-        with self._lock:
-            self._workers.add(worker)
+        self._workers.add(worker)
         start, end = started_ns / 1000, max(started_ns, ended_ns) / 1000
         self._span("batch", tid, start, end, {"worker": worker, "received": self._received})
         at = start
@@ -114,14 +115,13 @@ class Tracer:
     def sample(self, started: float, figures: dict[str, float | None]) -> None:
         """System figures averaged over the interval that began at `started` (time.monotonic seconds), drawn as
         counters from then on."""
-        ts = round(started * 1e6, 3)
+        ts = started * 1e6
         for key, (track, unit) in COUNTERS.items():
             value = figures.get(key)
             if value is None:
                 continue
-            with self._lock:
-                self._counters.add(track)
-            self._add({"name": track, "ph": "C", "ts": ts, "pid": self.pid, "args": {unit: round(float(value), 3)}})
+            self._counters.add(track)
+            self._add(track, None, ts, None, {unit: round(float(value), 3)})
 
     # ---------------------------------------------------------------------------------------------
     @property
@@ -132,8 +132,9 @@ class Tracer:
     def trace(self) -> dict[str, Any]:
         """The trace as the JSON object the file holds: metadata events first, then every event in time order."""
         with self._lock:
-            events = sorted(self._events, key=lambda e: (e["ts"], -e.get("dur", 0.0)))
-            workers, counters, dropped = sorted(self._workers), sorted(self._counters), self._dropped
+            raw, dropped = list(self._events), self._dropped
+        workers, counters = sorted(set(self._workers)), sorted(set(self._counters))
+        events = sorted((self._event(*e) for e in raw), key=lambda e: (e["ts"], -e.get("dur", 0.0)))
         meta: list[dict[str, Any]] = [self._meta("process_name", None, {"name": f"{self.name} (pid {self.pid})"}),
                                       self._meta("process_sort_index", None, {"sort_index": self.rank or 0}),
                                       self._meta("thread_name", self.pid, {"name": "training loop (data wait / "
@@ -158,8 +159,9 @@ class Tracer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
+            text = json.dumps(self.trace(), separators=(",", ":"))  # the C encoder (json.dump's is Python)
             with open(tmp, "w") as f:
-                json.dump(self.trace(), f, separators=(",", ":"))
+                f.write(text)
             os.replace(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -176,18 +178,27 @@ class Tracer:
         return (perf_seconds * 1e9 + self._offset_ns) / 1000
 
     def _span(self, name: str, tid: int, start_us: float, end_us: float, args: dict[str, Any] | None) -> None:
-        event: dict[str, Any] = {"name": name, "ph": "X", "ts": round(start_us, 3),
-                                 "dur": round(max(0.0, end_us - start_us), 3), "pid": self.pid, "tid": tid}
+        self._add(name, tid, start_us, end_us, args)
+
+    def _add(self, name: str, tid: int | None, start_us: float, end_us: float | None,
+             args: dict[str, Any] | None) -> None:
+        if len(self._events) < self.max_events:  # list.append is atomic: no lock on the loop's path
+            self._events.append((name, tid, start_us, end_us, args))
+        else:
+            with self._lock:
+                self._dropped += 1
+
+    def _event(self, name: str, tid: int | None, start_us: float, end_us: float | None,
+               args: dict[str, Any] | None) -> dict[str, Any]:
+        """One stored event as the Trace Event Format's JSON: a complete event (X), or a counter (C)."""
+        ts = round(start_us, 3)
+        if tid is None:
+            return {"name": name, "ph": "C", "ts": ts, "pid": self.pid, "args": args}
+        event: dict[str, Any] = {"name": name, "ph": "X", "ts": ts, "dur": round(max(0.0, end_us - start_us), 3),
+                                 "pid": self.pid, "tid": tid}
         if args:
             event["args"] = args
-        self._add(event)
-
-    def _add(self, event: dict[str, Any]) -> None:
-        with self._lock:
-            if len(self._events) >= self.max_events:
-                self._dropped += 1
-            else:
-                self._events.append(event)
+        return event
 
     def _meta(self, name: str, tid: int | None, args: dict[str, Any]) -> dict[str, Any]:
         event: dict[str, Any] = {"name": name, "ph": "M", "pid": self.pid, "args": args}
