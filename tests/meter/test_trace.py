@@ -57,8 +57,8 @@ def test_a_plain_iterable_gets_step_spans_and_counters(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_fastdata_loader_worker_spans_share_the_loops_clock(solid_lmdb, tmp_path, workers):
-    loader = fastdata.loader(solid_lmdb, batch_size=4, augment="train", image_size=16, num_workers=workers)
+def test_fastdata_loader_worker_spans_share_the_loops_clock(solid, tmp_path, workers):
+    loader = fastdata.loader(solid, batch_size=4, augment="train", image_size=16, num_workers=workers)
     path = tmp_path / "loader.json"
     m = fastdata.meter(loader, trace=path, interval=0.05)
     for _ in range(2):  # two passes: the file is rewritten with both
