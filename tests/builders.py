@@ -740,9 +740,9 @@ TRACE_SCHEMA = {
     "required": ["traceEvents"],
     "properties": {
         "traceEvents": {"type": "array", "items": {"$ref": "#/$defs/event"}},
-        "displayTimeUnit": {"enum": ["ms", "ns"]},
         "otherData": {"type": "object"},
     },
+    "additionalProperties": False,  # Perfetto's JSON reader stops at a top-level key it does not know
     "$defs": {
         "event": {
             "type": "object",
@@ -768,9 +768,14 @@ def check_trace(path: Path) -> dict:
     """Load a trace file and check it as Perfetto and chrome://tracing read it; returns it."""
     import jsonschema  # the dev extra
 
-    trace = json.loads(Path(path).read_text())
+    text = Path(path).read_text(encoding="utf-8")
+    trace = json.loads(text)
     jsonschema.validate(trace, TRACE_SCHEMA)
+    # Perfetto's JSON tokenizer: traceEvents first, no \u escapes, no array as an event's own value
+    assert text.startswith('{"traceEvents":['), text[:40]
+    assert "\\u" not in text
     events = trace["traceEvents"]
+    assert not [e for e in events if any(isinstance(v, list) for v in e.values())]
     timed = [e for e in events if e["ph"] != "M"]
     assert timed, "no events"
     assert all(e["ph"] == "M" for e in events[: len(events) - len(timed)]), "metadata events come first"

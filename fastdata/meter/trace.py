@@ -152,15 +152,18 @@ class Tracer:
         if dropped:
             other["note"] = (f"the trace holds the first {self.max_events:,} events; {dropped:,} later ones were "
                              "left out (a shorter run, or meter(..., trace_max_events=N), shows more)")
-        return {"traceEvents": meta + events, "displayTimeUnit": "ms", "otherData": other}
+        # traceEvents first and otherData, nothing else: Perfetto's JSON reader stops at a top-level key it
+        # does not know, and takes displayTimeUnit only at the start of the file (µs is the default anyway)
+        return {"traceEvents": meta + events, "otherData": other}
 
     def write(self) -> Path:
         """Write the trace file whole (a temporary file beside it, then renamed over it)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            text = json.dumps(self.trace(), separators=(",", ":"))  # the C encoder (json.dump's is Python)
-            with open(tmp, "w") as f:
+            # json.dumps: the C encoder (json.dump's is Python); UTF-8 as is, as Perfetto's reader takes no \u escapes
+            text = json.dumps(self.trace(), separators=(",", ":"), ensure_ascii=False)
+            with open(tmp, "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(tmp, self.path)
         finally:
