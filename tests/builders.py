@@ -786,7 +786,22 @@ def check_trace(path: Path) -> dict:
     assert all(e.get("tid") != 0 for e in events), "tid 0 is the idle thread's in Perfetto"
     assert {e["pid"] for e in timed} <= named_processes, "a process without a name"
     assert {(e["pid"], e["tid"]) for e in timed if e["ph"] == "X"} <= named_threads, "a track without a name"
+    open_slices: dict[tuple[int, int], list[tuple[int, str]]] = {}  # track -> stack of (end ns, name)
+    for e in timed:  # slices nest on each track as Perfetto reads them: a slice ends inside the one it starts in
+        if e["ph"] != "X":
+            continue
+        start, end = perfetto_ns(e["ts"]), perfetto_ns(e["ts"]) + perfetto_ns(e["dur"])
+        stack = open_slices.setdefault((e["pid"], e["tid"]), [])
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        assert not stack or end <= stack[-1][0], f"{e} overlaps {stack[-1][1]!r} without nesting in it"
+        stack.append((end, e["name"]))
     return trace
+
+
+def perfetto_ns(us: float) -> int:
+    """A trace's microseconds as Perfetto's JSON importer reads them: `int(value * 1000)`, truncated."""
+    return int(us * 1000)
 
 
 # ----------------------------------------------------------------------------------------------------

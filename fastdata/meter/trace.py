@@ -8,9 +8,14 @@ track.
 
 One clock for every process: CLOCK_MONOTONIC (`time.monotonic_ns`), which on Linux is system-wide, so the spans a
 worker process records line up with the training process's own (the loop times itself with `perf_counter`, mapped
-onto the same clock by an offset taken once). Timestamps are that clock's microseconds, so traces of ranks on one
-machine share a time axis. The events are kept in memory up to `max_events` (the first ones; what is left out is
-counted and said in `otherData`), and the file is rewritten whole, atomically, at the end of each pass and at close.
+onto the same clock by an offset taken once). Events are kept as integer nanoseconds of that clock and written as
+microseconds from the trace's origin (`otherData.origin_monotonic_ns`, the first event's millisecond; the traces
+of ranks on one machine align by the difference of their origins), each value a quarter nanosecond above its
+nanosecond: Perfetto reads `ts` and `dur` as `int(value * 1000)`, so every span then ends exactly where the next
+one starts, and a stage ends inside its batch, instead of overlapping by a nanosecond of rounding (which Perfetto
+draws as a wrongly nested slice). The events are kept in memory up to `max_events` (the first ones; what is left
+out is counted and said in `otherData`), and the file is rewritten whole, atomically, at the end of each pass and
+at close.
 """
 
 from __future__ import annotations
@@ -63,9 +68,9 @@ class Tracer:
         self.name = name or "fastdata.meter" + (f" rank {rank}" if rank is not None and world_size > 1 else "")
         self._offset_ns = time.monotonic_ns() - time.perf_counter_ns()  # perf_counter -> CLOCK_MONOTONIC
         self._lock = threading.Lock()  # for the counts the sampler's thread and the loop both change
-        # (name, tid or None for a counter, start us, end us or None, args): made into JSON events when written,
+        # (name, tid or None for a counter, start ns, end ns or None, args): made into JSON events when written,
         # so that the loop's cost per step is one tuple appended
-        self._events: list[tuple[str, int | None, float, float | None, dict[str, Any] | None]] = []
+        self._events: list[tuple[str, int | None, int, int | None, dict[str, Any] | None]] = []
         self._workers: set[int] = set()
         self._counters: set[str] = set()
         self._dropped = 0
@@ -78,7 +83,7 @@ class Tracer:
         """Step `number` waited for its batch from `wait_started` to `wait_ended` (perf_counter seconds); the
         previous step's compute ran until `wait_started`."""
         self.end_compute(wait_started)
-        self._span("data wait", self.pid, self._us(wait_started), self._us(wait_ended), {"step": number})
+        self._span("data wait", self.pid, self._ns(wait_started), self._ns(wait_ended), {"step": number})
         self._compute = (number, wait_ended)
 
     def end_compute(self, ended: float) -> None:
@@ -87,7 +92,7 @@ class Tracer:
         if self._compute is not None:
             number, started = self._compute
             self._compute = None
-            self._span("compute", self.pid, self._us(started), self._us(max(started, ended)), {"step": number})
+            self._span("compute", self.pid, self._ns(started), self._ns(max(started, ended)), {"step": number})
 
     def worker_batch(self, span: tuple[int, int, int] | None, times: StageTimes) -> None:
         """One batch a loader worker made: `span` is (worker id, -1 in this process; started and ended,
@@ -101,21 +106,21 @@ class Tracer:
         worker, started_ns, ended_ns = span
         tid = LOADER_TID if worker < 0 else worker + 1
         self._workers.add(worker)
-        start, end = started_ns / 1000, max(started_ns, ended_ns) / 1000
-        self._span("batch", tid, start, end, {"worker": worker, "received": self._received})
-        at = start
+        end = max(started_ns, ended_ns)
+        self._span("batch", tid, started_ns, end, {"worker": worker, "received": self._received})
+        at = started_ns
         for stage in WORKER_STAGES:
             seconds = getattr(times, stage)
             if seconds <= 0:
                 continue
-            stop = min(end, at + seconds * 1e6)
+            stop = min(end, at + round(seconds * 1e9))
             self._span(stage, tid, at, stop, None)
             at = stop
 
     def sample(self, started: float, figures: dict[str, float | None]) -> None:
         """System figures averaged over the interval that began at `started` (time.monotonic seconds), drawn as
         counters from then on."""
-        ts = started * 1e6
+        ts = round(started * 1e9)
         for key, (track, unit) in COUNTERS.items():
             value = figures.get(key)
             if value is None:
@@ -134,7 +139,9 @@ class Tracer:
         with self._lock:
             raw, dropped = list(self._events), self._dropped
         workers, counters = sorted(set(self._workers)), sorted(set(self._counters))
-        events = sorted((self._event(*e) for e in raw), key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        raw.sort(key=lambda e: (e[2], -(e[3] or e[2])))  # by start, a batch before the stages inside it
+        origin = raw[0][2] // 1_000_000 * 1_000_000 if raw else 0
+        events = [self._event(origin, *e) for e in raw]
         meta: list[dict[str, Any]] = [self._meta("process_name", None, {"name": f"{self.name} (pid {self.pid})"}),
                                       self._meta("process_sort_index", None, {"sort_index": self.rank or 0}),
                                       self._meta("thread_name", self.pid, {"name": "training loop (data wait / "
@@ -145,7 +152,8 @@ class Tracer:
             name = "loader (in the training process)" if worker < 0 else f"loader worker {worker}"
             meta += [self._meta("thread_name", tid, {"name": name}), self._meta("thread_sort_index", tid,
                                                                                  {"sort_index": tid})]
-        other = {"producer": "fastdata.meter", "clock": CLOCK, "events": len(events), "max_events": self.max_events,
+        other = {"producer": "fastdata.meter", "clock": CLOCK, "origin_monotonic_ns": origin,
+                 "events": len(events), "max_events": self.max_events,
                  "dropped_events": dropped, "counters": counters}
         if self.rank is not None:
             other.update(rank=self.rank, world_size=self.world_size)
@@ -177,27 +185,28 @@ class Tracer:
         return len(self._events) != self._written
 
     # ---------------------------------------------------------------------------------------------
-    def _us(self, perf_seconds: float) -> float:
-        return (perf_seconds * 1e9 + self._offset_ns) / 1000
+    def _ns(self, perf_seconds: float) -> int:
+        """perf_counter seconds -> CLOCK_MONOTONIC nanoseconds."""
+        return round(perf_seconds * 1e9) + self._offset_ns
 
-    def _span(self, name: str, tid: int, start_us: float, end_us: float, args: dict[str, Any] | None) -> None:
-        self._add(name, tid, start_us, end_us, args)
+    def _span(self, name: str, tid: int, start_ns: int, end_ns: int, args: dict[str, Any] | None) -> None:
+        self._add(name, tid, start_ns, end_ns, args)
 
-    def _add(self, name: str, tid: int | None, start_us: float, end_us: float | None,
+    def _add(self, name: str, tid: int | None, start_ns: int, end_ns: int | None,
              args: dict[str, Any] | None) -> None:
         if len(self._events) < self.max_events:  # list.append is atomic: no lock on the loop's path
-            self._events.append((name, tid, start_us, end_us, args))
+            self._events.append((name, tid, start_ns, end_ns, args))
         else:
             with self._lock:
                 self._dropped += 1
 
-    def _event(self, name: str, tid: int | None, start_us: float, end_us: float | None,
+    def _event(self, origin: int, name: str, tid: int | None, start_ns: int, end_ns: int | None,
                args: dict[str, Any] | None) -> dict[str, Any]:
         """One stored event as the Trace Event Format's JSON: a complete event (X), or a counter (C)."""
-        ts = round(start_us, 3)
+        ts = _us(start_ns - origin)
         if tid is None:
             return {"name": name, "ph": "C", "ts": ts, "pid": self.pid, "args": args}
-        event: dict[str, Any] = {"name": name, "ph": "X", "ts": ts, "dur": round(max(0.0, end_us - start_us), 3),
+        event: dict[str, Any] = {"name": name, "ph": "X", "ts": ts, "dur": _us(max(0, end_ns - start_ns)),
                                  "pid": self.pid, "tid": tid}
         if args:
             event["args"] = args
@@ -208,3 +217,9 @@ class Tracer:
         if tid is not None:
             event["tid"] = tid
         return event
+
+
+def _us(ns: int) -> float:
+    """Integer nanoseconds as the microseconds a trace holds, a quarter nanosecond above: read back by Perfetto as
+    `int(us * 1000)` (truncated) or rounded, either gives `ns` exactly."""
+    return round((ns + 0.25) / 1000, 5)

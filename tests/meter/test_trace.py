@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import check_trace
+from builders import check_trace, perfetto_ns
 
 import fastdata
 from fastdata.meter.ranks import compare_ranks, ranks_line
@@ -107,11 +107,13 @@ def test_tracer_stages_fit_in_their_batch_and_rank_paths(tmp_path):
     tracer.worker_batch((3, 10_000_000, 20_000_000), times)  # 10 ms
     tracer.worker_batch(None, times)  # a batch made without a span: nothing drawn
     trace = check_trace(tracer.write())
+    assert trace["otherData"]["origin_monotonic_ns"] == 10_000_000  # microseconds from there
     batch = spans(trace, "batch")[0]
-    assert (batch["tid"], batch["ts"], batch["dur"]) == (4, 10_000.0, 10_000.0)
-    stages = [(e["name"], e["ts"], e["dur"]) for e in trace["traceEvents"] if e["name"] in WORKER_STAGES]
-    assert stages == [("read", 10_000.0, 2_000.0), ("decode", 12_000.0, 4_000.0), ("augment", 16_000.0, 3_000.0),
-                      ("collate", 19_000.0, 1_000.0)]  # clamped at the batch's end
+    assert (batch["tid"], perfetto_ns(batch["ts"]), perfetto_ns(batch["dur"])) == (4, 0, 10_000_000)
+    stages = [(e["name"], perfetto_ns(e["ts"]), perfetto_ns(e["dur"])) for e in trace["traceEvents"]
+              if e["name"] in WORKER_STAGES]
+    assert stages == [("read", 0, 2_000_000), ("decode", 2_000_000, 4_000_000), ("augment", 6_000_000, 3_000_000),
+                      ("collate", 9_000_000, 1_000_000)]  # clamped at the batch's end
     assert rank_path("run.json", None, 1) == Path("run.json")
     assert rank_path("out/run.json", 1, 2) == Path("out/run.rank1.json")
     assert rank_path("out/run", 0, 4) == Path("out/run.rank0.json")
