@@ -314,6 +314,8 @@ def run_contenders(contenders: list[Contender], config: BenchConfig, progress: C
     benchmark script goes through, so that no contender is treated differently. With `trace_dir` (and
     `config.metered`), each run's timed passes are written there as a Perfetto trace (`trace_name`)."""
     say = progress or (lambda _line: None)
+    if trace_dir is not None and not config.metered:
+        raise ConfigError("a trace comes from fastdata.meter: trace_dir needs BenchConfig(metered=True)")
     if config.page_cache == "warm":
         read = warm_page_cache(f for c in contenders for f in c.files)
         say(f"bench: read every loader's files once before timing ({read / 1e6:,.1f} MB into the page cache)")

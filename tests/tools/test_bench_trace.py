@@ -8,7 +8,9 @@ from builders import build_solid_tree, check_trace
 
 import fastdata
 from fastdata.cli import main
-from fastdata.tools.bench import trace_name
+from fastdata.errors import ConfigError
+from fastdata.tools.bench import run_contenders, trace_name
+from fastdata.tools.bench_fair import BenchConfig
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +44,8 @@ def test_bench_trace_writes_one_trace_per_loader_and_run(tiny, tmp_path, capsys)
         assert len(steps) == 3  # one timed pass of ceil(10 / 4) batches
         workers = {e["tid"] for e in trace["traceEvents"] if e["name"] == "batch"}
         assert workers == ({1, 2} if name == "fastdata-lmdb" else set())
+
+
+def test_a_trace_needs_the_meter(tmp_path):
+    with pytest.raises(ConfigError, match="metered=True"):
+        run_contenders([], BenchConfig(metered=False), trace_dir=tmp_path)
