@@ -167,11 +167,14 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
               help="Draw throughput and data wait over time for every loader, side by side (needs matplotlib).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="Write every figure (runs, timelines, system figures) as JSON.")
+@click.option("--trace", "trace_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Write a Chrome / Perfetto trace of every loader's timed passes into DIR, one per loader and run "
+                   "(open in ui.perfetto.dev: data wait and compute per step, worker spans, system counters).")
 def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | None, baseline_export: bool,
           baseline_source: bool, export_dir: Path | None,
           epochs: int, warmup_passes: int, page_cache: str, batch_size: int, image_size: int, augment: str,
           workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
-          json_path: Path | None) -> None:
+          json_path: Path | None, trace_dir: Path | None) -> None:
     """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch, data
     wait), against the ImageFolder baseline and the synthetic upper bound, in one run. Every loader gets
     fastdata.loader's DataLoader settings, the same warm-up and the same page-cache treatment."""
@@ -191,7 +194,7 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
                         progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound,
                         baseline_source=baseline_source, export_dir=export_dir, baseline_list=baseline_list,
-                        baseline_export=baseline_export)
+                        baseline_export=baseline_export, trace_dir=trace_dir)
     click.echo(format_table(results, data_wait=step != "none"))
     summary = format_summary(results)
     if summary:
@@ -199,6 +202,8 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     if json_path is not None:
         click.echo(f"figures: {write_json(json_path, results, config, path, baseline_imagefolder or baseline_list)}",
                    err=True)
+    if trace_dir is not None:
+        click.echo(f"traces: {trace_dir} (open each in ui.perfetto.dev or chrome://tracing)", err=True)
     if plot is not None:
         title = f"fastdata bench {path.name}: batch {batch_size}, {config.num_workers} workers, step {step}"
         click.echo(f"plot: {plot_runs(plot, results, title)}", err=True)

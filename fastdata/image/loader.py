@@ -130,6 +130,7 @@ class ImageLoader(ResumableLoader):
         self._skipped: dict[str, str] = {}  # key -> reason, each bad sample once however many epochs meet it
         self.borrowed: list[tuple[int, int, str]] = []  # (epoch, batch, key lent to it): see fastdata.borrow
         self.stage_times = StageTimes()  # per-stage seconds summed over workers and batches (fastdata.meter reads it)
+        self.trace_sink: Any = None  # fastdata.meter's trace sets it: called with each batch's (span, stage times)
         self.drop_last, self.uneven = options.drop_last, options.uneven
         self.rank, self.world_size = options.rank, options.world_size
         self._init_progress()
@@ -250,6 +251,8 @@ class ImageLoader(ResumableLoader):
                 self._note_skipped(batch.skipped)
             self.stage_times.add(batch.times)
             self.stage_times.batches += 1
+            if self.trace_sink is not None:
+                self.trace_sink(batch.span, batch.times)
             yield batch
 
     def _batches_on_device(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
