@@ -55,9 +55,10 @@ def meter(iterable: Iterable[T], *, sync: bool | None = None, log_every: int | N
             collate per batch (fastdata loaders), system samples as counters. Rewritten at the end of every pass
             and at `close()`. In a torch.distributed job each rank writes its own (`run.json` -> `run.rank1.json`).
         trace_max_events: events the trace keeps (the first ones; the file says how many were left out).
-        ranks: in a torch.distributed job, `report()` gathers every rank's data wait and names the slowest rank
-            (a collective: call `report()` on every rank). None: when torch.distributed is initialised with
-            more than one rank; False: never (`report(ranks=False)` also turns it off for one call).
+        ranks: in a torch.distributed job, every rank's data wait is gathered at the end of each whole pass (all
+            ranks get there together) and `report()`, on any rank, names the slowest rank. None: when
+            torch.distributed is initialised with more than one rank; False: never (`report(ranks=False)` leaves
+            the line out of one report).
     """
     return Meter(iterable, sync=sync, log_every=log_every, batch_size=batch_size, warmup_steps=warmup_steps,
                  interval=interval, system=system, log=log, on_log=on_log, trace=trace,
@@ -246,6 +247,7 @@ class Meter(Generic[T]):
         self._trace_to, self._trace_max = trace, trace_max_events
         self._tracer: Tracer | None = None  # made at the first pass, when the rank is known
         self._ranks_wanted = ranks
+        self._ranks_compared: dict[str, Any] | None = None  # gathered at the end of the last whole pass
         self._sampler = SystemSampler(interval=interval) if system else None
         self._facts = LoaderFacts.of(iterable)
         self._counts = _Counts()
@@ -318,6 +320,7 @@ class Meter(Generic[T]):
                     counts.wait += perf() - t0
                     if tracer is not None:
                         tracer.end_compute(t0)
+                    self._compare_ranks()
                     return
                 t1 = perf()
                 n = sizer(item)
@@ -419,8 +422,9 @@ class Meter(Generic[T]):
     def report(self, *, ranks: bool | None = None) -> MeterReport:
         """What was measured so far, with a verdict (`input-bound`, `compute-bound`, `cpu-contended` (the data is
         there but other processes took the CPU), `balanced`, or `no steps measured`), the reasons behind it and
-        what to try. In a torch.distributed job (unless `ranks`, or the meter's `ranks`, is False) every rank's
-        data wait is gathered and the slowest rank named: then every rank must call it."""
+        what to try. In a torch.distributed job (unless `ranks`, or the meter's `ranks`, is False) it names the
+        slowest rank from every rank's data wait, as gathered at the end of the last whole pass (not a collective:
+        call it on any rank)."""
         c = self._counts
         seconds = self._measured_seconds()
         warm = self._warm if (self._warm is not None and c.steps > self.warmup_steps) else None
@@ -443,15 +447,25 @@ class Meter(Generic[T]):
         if self._tracer is not None:
             report.trace = str(self._tracer.path)
         wanted = self._ranks_wanted if ranks is None else ranks
-        distributed = distributed_rank() if wanted is not False else None
-        if distributed is not None:
-            mine = {"data_wait_fraction": report.data_wait_fraction, "samples_per_s": report.samples_per_s,
-                    "steps": report.steps}
-            report.ranks = compare_ranks(gather_figures(mine), distributed[0])
+        if wanted is not False and self._ranks_compared is not None:
+            report.ranks = self._ranks_compared
             advice = straggler_advice(report.ranks)
             if advice is not None:
                 report.suggestions.insert(0, advice)
         return report
+
+    def _compare_ranks(self) -> None:
+        """At the end of a whole pass, in a torch.distributed job: gather every rank's data wait (a collective,
+        which every rank reaches together, since every rank's loader yields the same number of batches) for
+        `report()`, which then needs no collective and may be called on one rank only. A loop that leaves a pass
+        early (break) gathers nothing: its report has no ranks line."""
+        distributed = distributed_rank() if self._ranks_wanted is not False else None
+        if distributed is None:
+            return
+        mine = self.report(ranks=False)
+        figures = {"data_wait_fraction": mine.data_wait_fraction, "samples_per_s": mine.samples_per_s,
+                   "steps": mine.steps}
+        self._ranks_compared = compare_ranks(gather_figures(figures), distributed[0])
 
 
 def _cuda_available() -> bool:

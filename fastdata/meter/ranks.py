@@ -29,7 +29,8 @@ def distributed_rank() -> tuple[int, int] | None:
 
 
 def gather_figures(figures: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's `figures`, in rank order: a collective, so every rank must call it (report() on every rank)."""
+    """Every rank's `figures`, in rank order: a collective, so every rank must call it (the meter does, at the end
+    of each whole pass)."""
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * dist.get_world_size()
