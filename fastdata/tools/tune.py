@@ -6,7 +6,9 @@ The search is bounded, not a grid. For each decode placement, worker counts clim
 `max_workers`, default one more than the cores, since workers waiting on storage leave a core idle) at prefetch 2,
 and stop climbing when the loop no longer waits for data (the meter's data wait is under `wait_floor`: the step
 is the wall, more workers cannot help) or when throughput falls. The gaps around the best rung are then bisected,
-and prefetch 4 and 8 are tried at the best point (unless the loop never waits there). Each point is one loader
+and prefetch 4 and 8 are tried at the best point (unless the loop never waits there). With budget left, the two
+best points are measured again, alternating (`confirm` rounds), and a point's figure is the mean of its runs, so
+that one lucky window decides less. Each point is one loader
 with persistent workers: `warmup` batches untimed (worker start-up, the first round of batches), then a measured
 window of `window_s` seconds through the step, timed by `fastdata.meter`. A point starts only when the budget
 still holds it (the costliest point so far as the estimate). The choice is the cheapest point (fewest workers,
@@ -19,6 +21,7 @@ import gc
 import multiprocessing
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +67,7 @@ class Measured:
     images_per_s: float
     data_wait: float | None
     seconds: float
+    runs: int = 1
 
     def as_choice(self) -> Choice:
         p = self.point
@@ -83,12 +87,25 @@ class Search:
     def seconds(self) -> float:
         return sum(m.seconds for m in self.measured)
 
+    def points(self) -> list[Measured]:
+        """One figure per point, in the order first measured: the mean of its runs (seconds: their sum)."""
+        runs: dict[Point, list[Measured]] = {}
+        for m in self.measured:
+            runs.setdefault(m.point, []).append(m)
+        out = []
+        for point, done in runs.items():
+            waits = [m.data_wait for m in done]
+            out.append(Measured(point, sum(m.images_per_s for m in done) / len(done),
+                                None if None in waits else sum(waits) / len(waits),  # type: ignore[arg-type]
+                                sum(m.seconds for m in done), len(done)))
+        return out
+
     def get(self, point: Point) -> Measured | None:
-        return next((m for m in self.measured if m.point == point), None)
+        return next((m for m in self.points() if m.point == point), None)
 
     def best(self, decode: str | None = None) -> Measured | None:
         """The cheapest point within `tolerance` of the fastest (of one decode placement, or of all)."""
-        pool = [m for m in self.measured if decode is None or m.point.decode == decode]
+        pool = [m for m in self.points() if decode is None or m.point.decode == decode]
         if not pool:
             return None
         top = max(m.images_per_s for m in pool)
@@ -114,7 +131,7 @@ def ladder(max_workers: int) -> list[int]:
 
 def search(measure: Callable[[Point], Measured], *, max_workers: int, budget_s: float,
            decodes: Iterable[str] = ("worker",), prefetch: Iterable[int] = PREFETCH, wait_floor: float = WAIT_FLOOR,
-           tolerance: float = TOLERANCE, say: Callable[[str], None] | None = None) -> Search:
+           tolerance: float = TOLERANCE, confirm: int = 2, say: Callable[[str], None] | None = None) -> Search:
     """Measure points with `measure` (see the module's docstring) until the search is done or `budget_s`, counted
     as the sum of the points' own seconds, would be exceeded by the next point."""
     check_int("max_workers", max_workers, minimum=1)
@@ -123,9 +140,9 @@ def search(measure: Callable[[Point], Measured], *, max_workers: int, budget_s: 
     prefetch = list(prefetch)
     say = say or (lambda _line: None)
 
-    def run(point: Point) -> Measured | None:
+    def run(point: Point, again: bool = False) -> Measured | None:
         done = result.get(point)
-        if done is not None:
+        if done is not None and not again:
             return done
         if result.measured and result.seconds + max(m.seconds for m in result.measured) > budget_s:
             if not any(n.startswith("budget") for n in result.notes):
@@ -151,6 +168,10 @@ def search(measure: Callable[[Point], Measured], *, max_workers: int, budget_s: 
             for depth in prefetch[1:]:
                 if run(Point(best.point.num_workers, depth, best.point.decode)) is None:
                     break
+    for _ in range(confirm):
+        leaders = sorted(result.points(), key=lambda m: -m.images_per_s)[:2]
+        if len(leaders) < 2 or any(run(m.point, again=True) is None for m in leaders):
+            break
     return result
 
 
@@ -228,6 +249,14 @@ def measure_point(path: str | os.PathLike[str], point: Point, config: TuneConfig
     """One point: a loader with persistent workers, `warmup` batches untimed (default: one per worker, plus
     one), then batches through `step` for `config.window_s` seconds (at least two), timed by fastdata.meter;
     the workers are gone when this returns."""
+    with warnings.catch_warnings():
+        # one worker more than the cores is a point of the search, not a mistake to warn about at every point
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        return _measure_point(path, point, config, step, warmup)
+
+
+def _measure_point(path: str | os.PathLike[str], point: Point, config: TuneConfig, step: Step,
+                   warmup: int | None) -> Measured:
     from fastdata.loader import loader
     from fastdata.meter.loop import meter
 
@@ -335,7 +364,7 @@ def run_tune(path: str | os.PathLike[str], config: TuneConfig, tune_dir: str | o
     choice = found.choice
     by_decode = {d: b.as_choice() for d in decodes if (b := found.best(d)) is not None}
     entry = TuneEntry(key=key, choice=choice.as_choice(), by_decode=by_decode,
-                      measured=[m.as_choice() for m in found.measured], step=step.name, budget_s=config.budget_s,
+                      measured=[m.as_choice() for m in found.points()], step=step.name, budget_s=config.budget_s,
                       seconds=round(found.seconds, 2), created=now_utc())
     notes: list[str] = []
     stored = _store(entry, root, tune_dir, notes)
@@ -358,15 +387,17 @@ def _store(entry: TuneEntry, root: Path | None, tune_dir: str | os.PathLike[str]
 
 def format_search(found: Search) -> str:
     """The measured points in order, with images/s, data wait, the share of the best, and the choice marked."""
-    choice = found.choice
-    top = max(m.images_per_s for m in found.measured)
-    header = f"  {'workers':>7} {'prefetch':>8} {'decode':>6} {'images/s':>10} {'data wait':>9} {'of best':>8}"
+    choice = found.choice.point
+    points = found.points()
+    top = max(m.images_per_s for m in points)
+    header = (f"  {'workers':>7} {'prefetch':>8} {'decode':>6} {'images/s':>10} {'data wait':>9} {'of best':>8} "
+              f"{'runs':>4}")
     lines = [header, "  " + "-" * (len(header) - 2)]
-    for m in found.measured:
+    for m in points:
         p = m.point
-        mark = "  <- choice" if m is choice else ""
+        mark = "  <- choice" if p == choice else ""
         lines.append(f"  {p.num_workers:>7} {p.prefetch_factor:>8} {p.decode:>6} {m.images_per_s:>10,.0f} "
-                     f"{_percent(m.data_wait):>9} {m.images_per_s / top if top else 0:>8.0%}{mark}")
+                     f"{_percent(m.data_wait):>9} {m.images_per_s / top if top else 0:>8.0%} {m.runs:>4}{mark}")
     return "\n".join(lines)
 
 
@@ -378,7 +409,7 @@ def format_result(path: str | os.PathLike[str], result: TuneResult, config: Tune
     lines += [f"  {note}" for note in found.notes + result.notes]
     decode = f", decode={c.decode!r}" if len(entry.by_decode) > 1 else ""
     lines.append(f"choice: num_workers={c.num_workers}, prefetch_factor={c.prefetch_factor}{decode}: "
-                 f"{c.images_per_s:,.0f} images/s (step {entry.step}; {len(found.measured)} points in "
+                 f"{c.images_per_s:,.0f} images/s (step {entry.step}; {len(found.measured)} runs in "
                  f"{found.seconds:.0f} s)")
     lines.append(f"kept in {result.stored}")
     options = [f"batch_size={config.batch_size}"]

@@ -69,7 +69,7 @@ def test_ladder_doubles_up_to_the_cap():
 def test_the_search_picks_the_best_point_it_measured():
     rates = full({1: 100, 2: 180, 3: 250, 4: 240}, {4: 1.1, 8: 0.9})
     measure, asked = table(rates)
-    found = search(measure, max_workers=4, budget_s=100, tolerance=0.0)
+    found = search(measure, max_workers=4, budget_s=100, tolerance=0.0, confirm=0)
     measured = {(m.point.num_workers, m.point.prefetch_factor): m.images_per_s for m in found.measured}
     best = max(measured, key=measured.get)
     assert (found.choice.point.num_workers, found.choice.point.prefetch_factor) == best == (3, 4)
@@ -88,7 +88,7 @@ def test_within_tolerance_the_cheaper_point_wins():
 def test_climbing_stops_when_the_step_is_the_wall():
     """Once the loop no longer waits for data, more workers cannot help: not measured, and prefetch neither."""
     measure, asked = table(full({1: 100, 2: 150, 4: 151, 8: 152}), waits={1: 0.4, 2: 0.01})
-    found = search(measure, max_workers=8, budget_s=100)
+    found = search(measure, max_workers=8, budget_s=100, confirm=0)
     assert [p.num_workers for p in asked] == [1, 2]
     assert found.choice.point == Point(2, 2)
     assert any("the step is the wall" in note for note in found.notes)
@@ -97,8 +97,23 @@ def test_climbing_stops_when_the_step_is_the_wall():
 
 def test_climbing_stops_when_throughput_falls_and_the_gap_is_bisected():
     measure, asked = table(full({1: 100, 2: 180, 3: 200, 4: 260, 5: 250, 6: 230, 8: 150}))
-    search(measure, max_workers=8, budget_s=100, prefetch=(2,))
-    assert [p.num_workers for p in asked] == [1, 2, 4, 8, 3, 6, 5]
+    search(measure, max_workers=8, budget_s=100, prefetch=(2,), confirm=1)
+    assert [p.num_workers for p in asked] == [1, 2, 4, 8, 3, 6, 5, 4, 5]  # then the two best again
+
+
+def test_the_leaders_are_measured_again_and_a_lucky_window_does_not_decide():
+    readings = {2: [250.0] * 3, 3: [300.0, 200.0, 200.0]}  # 3 workers: one lucky first window
+
+    def measure(point: Point) -> Measured:
+        return Measured(point, readings[point.num_workers].pop(0) if point.num_workers in readings else 100.0,
+                        0.5, 1.0)
+
+    found = search(measure, max_workers=3, budget_s=100, prefetch=(2,), confirm=2)
+    assert found.choice.point == Point(2, 2)
+    assert {m.point.num_workers: m.runs for m in found.points()} == {1: 1, 2: 3, 3: 3}
+    assert found.get(Point(3, 2)).images_per_s == pytest.approx(700 / 3)
+    readings.update({2: [250.0], 3: [300.0]})
+    assert search(measure, max_workers=3, budget_s=100, prefetch=(2,), confirm=0).choice.point == Point(3, 2)
 
 
 def test_the_budget_bounds_the_search():
