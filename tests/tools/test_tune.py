@@ -250,3 +250,9 @@ def test_cli_tune_then_auto(capsys, dataset, tmp_path):
 def test_cli_tune_refuses_a_bad_step(capsys, dataset):
     code, _, err = cli(capsys, "tune", dataset, "--step", "fast!")
     assert code == 2 and err.startswith("error: step must be none, to-device")
+
+
+def test_auto_over_text_warns_and_uses_the_default(small_text_lmdb):
+    with pytest.warns(RuntimeWarning, match="fastdata tune measures image datasets; give a text loader its"):
+        loader = fastdata.loader(small_text_lmdb, num_workers="auto", batch_size=2, seq_len=16)
+    assert (loader.num_workers, loader.tuned.source) == (default_workers(), "default")
