@@ -46,7 +46,7 @@ from fastdata.tuning import (
 PREFETCH = (2, 4, 8)
 WAIT_FLOOR = 0.05  # below this data wait, the step is the wall: more workers cannot help
 TOLERANCE = 0.03  # points within 3% of the best count as equal; the cheapest of them is chosen
-DROP = 0.05  # a rung more than 5% slower than the best so far ends the climb
+DROP = 0.10  # a rung more than 10% slower than the best so far ends the climb (less would be noise)
 
 
 @dataclass(frozen=True)
@@ -352,6 +352,7 @@ def run_tune(path: str | os.PathLike[str], config: TuneConfig, tune_dir: str | o
     dataset (`tune.json` in its directory), else, when that cannot be written (remote, read-only), in the user
     cache `default_tune_dir()`; the fallback is said in `notes`. `measure` replaces the real measurement (tests)."""
     say = progress or (lambda _line: None)
+    started = time.perf_counter()
     key, root = tune_key(path, config)
     step = parse_step(config.step)
     decodes = decodes_for(path, config)
@@ -359,7 +360,8 @@ def run_tune(path: str | os.PathLike[str], config: TuneConfig, tune_dir: str | o
         def measure(point: Point) -> Measured:
             return measure_point(path, point, config, step)
 
-    found = search(measure, max_workers=config.workers_cap(), budget_s=config.budget_s, decodes=decodes,
+    budget = max(0.0, config.budget_s - (time.perf_counter() - started))  # opening the dataset, the step's set-up
+    found = search(measure, max_workers=config.workers_cap(), budget_s=budget, decodes=decodes,
                    prefetch=config.prefetch, say=say)
     choice = found.choice
     by_decode = {d: b.as_choice() for d in decodes if (b := found.best(d)) is not None}
