@@ -256,3 +256,14 @@ def test_auto_over_text_warns_and_uses_the_default(small_text_lmdb):
     with pytest.warns(RuntimeWarning, match="fastdata tune measures image datasets; give a text loader its"):
         loader = fastdata.loader(small_text_lmdb, num_workers="auto", batch_size=2, seq_len=16)
     assert (loader.num_workers, loader.tuned.source) == (default_workers(), "default")
+
+
+def test_webdataset_shards_are_tuned_and_reused_too(tiny, tmp_path):
+    src = build_solid_tree(tmp_path / "src", count=COUNT).root
+    shards = tmp_path / "shards"
+    fastdata.convert_imagefolder(src, shards, format="wds", shard_size="8KB", workers=1, progress=False)
+    measure, _ = table(full({1: 100, 2: 300, 3: 90}))
+    assert run_tune(shards, TuneConfig(max_workers=3, **TINY), measure=measure).stored == shards / TUNE_FILE
+    loader = fastdata.loader(shards, num_workers="auto", **TINY)
+    assert (loader.num_workers, loader.tuned.source) == (2, str(shards / TUNE_FILE))
+    assert verify(shards).ok, str(verify(shards))
