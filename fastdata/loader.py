@@ -319,13 +319,15 @@ def loader(
             `tune.json` inside the dataset's directory is read first).
     """
     rank, world_size = resolve_world(rank, world_size)
-    auto = [check_int_or_auto("num_workers", num_workers, 0) if num_workers is not None else None,
+    auto = [None if num_workers is None else check_int_or_auto("num_workers", num_workers, 0),
             check_int_or_auto("prefetch_factor", prefetch_factor, 1)]
+    if tune_dir is not None and AUTO not in auto:
+        raise ConfigError("tune_dir applies to num_workers='auto' or prefetch_factor='auto'")
     options = LoaderOptions(
         batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-        num_workers=min(available_cores(), 16) if num_workers in (None, AUTO) else num_workers,
+        num_workers=min(available_cores(), 16) if auto[0] in (None, AUTO) else auto[0],
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        prefetch_factor=2 if prefetch_factor == AUTO else prefetch_factor,
+        prefetch_factor=2 if auto[1] == AUTO else auto[1],
         persistent_workers=default_persistent_workers(augment) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context, timeout=timeout,
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))

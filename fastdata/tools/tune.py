@@ -369,8 +369,17 @@ def run_tune(path: str | os.PathLike[str], config: TuneConfig, tune_dir: str | o
                       measured=[m.as_choice() for m in found.points()], step=step.name, budget_s=config.budget_s,
                       seconds=round(found.seconds, 2), created=now_utc())
     notes: list[str] = []
+    if config.device is None and _cuda_available():
+        notes.append("CUDA is available: for a loader given device='cuda', tune with --device cuda (decoding on the "
+                     "GPU is measured too)")
     stored = _store(entry, root, tune_dir, notes)
     return TuneResult(found, entry, stored, notes)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _store(entry: TuneEntry, root: Path | None, tune_dir: str | os.PathLike[str] | None, notes: list[str]) -> Path:

@@ -215,6 +215,8 @@ def test_num_workers_takes_an_int_or_auto(dataset):
         fastdata.loader(dataset, num_workers="many", **TINY)
     with pytest.raises(ConfigError, match="prefetch_factor must be an int or 'auto'"):
         fastdata.loader(dataset, prefetch_factor="2", **TINY)
+    with pytest.raises(ConfigError, match="tune_dir applies to num_workers='auto' or prefetch_factor='auto'"):
+        fastdata.loader(dataset, num_workers=1, tune_dir=dataset, **TINY)
 
 
 # ------------------------------------------------------------------------------------------ real measurement
