@@ -6,6 +6,7 @@ the default, tune.json accepted by verify, and the CLI end to end over a tiny da
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 import warnings
 
@@ -224,9 +225,11 @@ def test_num_workers_takes_an_int_or_auto(dataset):
 
 def test_a_real_point_measures_images_and_data_wait(dataset):
     config = TuneConfig(window_s=0.05, **TINY)
-    measured = measure_point(dataset, Point(1, 2), config, parse_step("2ms"))
+    before = {p.pid for p in multiprocessing.active_children()}
+    measured = measure_point(dataset, Point(2, 2), config, parse_step("2ms"))
     assert measured.images_per_s > 0 and measured.seconds > 0
     assert measured.data_wait is not None and 0 <= measured.data_wait <= 1
+    assert {p.pid for p in multiprocessing.active_children()} <= before  # its workers are gone
 
 
 def test_steps_parse():
