@@ -146,8 +146,8 @@ def search(measure: Callable[[Point], Measured], *, max_workers: int, budget_s: 
             return done
         if result.measured and result.seconds + max(m.seconds for m in result.measured) > budget_s:
             if not any(n.startswith("budget") for n in result.notes):
-                result.notes.append(f"budget: {budget_s:g} s spent before {_label(point)} ({result.seconds:.1f} s "
-                                    "used); --budget gives the search more time")
+                result.notes.append(f"budget: {_label(point)} would not fit in the budget of {budget_s:.0f} s "
+                                    f"({result.seconds:.1f} s used); --budget gives the search more time")
             return None
         measured = measure(point)
         result.measured.append(measured)
@@ -179,17 +179,18 @@ def _climb(run: Callable[[Point], Measured | None], result: Search, rungs: list[
            wait_floor: float) -> list[int]:
     """Measure the rungs upwards until the step is the wall or throughput falls; the rungs measured."""
     done: list[int] = []
-    top = 0.0
+    top, top_workers = 0.0, 0
     for workers in rungs:
         measured = run(Point(workers, prefetch, decode))
         if measured is None:
             break
         done.append(workers)
         if measured.images_per_s < top * (1 - DROP):
-            result.notes.append(f"workers ({decode} decode): stopped at {workers}, slower than {done[-2]} "
+            result.notes.append(f"workers ({decode} decode): stopped at {workers}, slower than {top_workers} "
                                 f"({measured.images_per_s:,.0f} < {top:,.0f} images/s)")
             break
-        top = max(top, measured.images_per_s)
+        if measured.images_per_s > top:
+            top, top_workers = measured.images_per_s, workers
         if measured.data_wait is not None and measured.data_wait < wait_floor:
             if workers != rungs[-1]:
                 result.notes.append(f"workers ({decode} decode): stopped at {workers}, the loop waits "
