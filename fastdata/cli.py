@@ -90,6 +90,7 @@ def cli() -> None:
     fastdata convert text corpus/ corpus.lmdb --tokenizer tokenizer.json
     fastdata info train.lmdb                           # what is inside
     fastdata bench train.lmdb --baseline-imagefolder train/
+    fastdata tune train.lmdb --step 120ms              # best num_workers / prefetch, for "auto"
     fastdata doctor train.lmdb                         # check the machine and the data
     fastdata demo                                      # all of it on a built-in sample
     """

@@ -77,10 +77,6 @@ class Choice:
     images_per_s: float = 0.0
     data_wait: float | None = None
 
-    @property
-    def label(self) -> str:
-        return f"workers={self.num_workers} prefetch={self.prefetch_factor} decode={self.decode}"
-
 
 @dataclass(frozen=True)
 class TuneEntry:
