@@ -104,7 +104,8 @@ def main() -> None:
 
     print(f"\nfull grid ({len(points)} points, {grid_s:.0f} s):")
     print(format_grid(runs, chosen))
-    print(f"\nfastdata tune ({len(result.search.measured)} points, {tune_s:.0f} s):")
+    print(f"\nfastdata tune ({len(result.search.points())} points, {len(result.search.measured)} runs, "
+          f"{tune_s:.0f} s):")
     print(format_search(result.search))
     for note in result.search.notes:
         print(f"  {note}")
