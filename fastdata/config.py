@@ -32,6 +32,19 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     return int(value)
 
 
+AUTO = "auto"  # num_workers / prefetch_factor: the stored `fastdata tune` result (fastdata.tuning)
+
+
+def check_int_or_auto(name: str, value: Any, minimum: int | None = None) -> int | str:
+    """"auto", or `value` checked by `check_int` (ConfigError naming option `name`, what was given, and that "auto"
+    is taken too)."""
+    if isinstance(value, str):
+        if value != AUTO:
+            raise ConfigError(f"{name} must be an int or {AUTO!r}, got {_given(value)}")
+        return AUTO
+    return check_int(name, value, minimum)
+
+
 def check_optional_int(name: str, value: Any, minimum: int | None = None) -> int | None:
     """None, or `value` checked by `check_int`."""
     return None if value is None else check_int(name, value, minimum)
