@@ -17,6 +17,7 @@ from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
+from fastdata.mixing import mixed_loader
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
@@ -161,7 +162,7 @@ def default_persistent_workers(augment: Any) -> bool:
 
 
 def loader(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | list[str | os.PathLike[str]],
     batch_size: int = 256,
     augment: Any = "train",
     image_size: int | tuple[int, int] | None = None,
@@ -196,6 +197,10 @@ def loader(
     bucketing: bool | None = None,
     eos_token: str | None = None,
     masks: bool = False,
+    weights: list[float] | None = None,
+    samples_per_epoch: int | None = None,
+    epoch_end: str = "first",
+    exhausted: str = "cycle",
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
@@ -310,6 +315,13 @@ def loader(
         eos_token: text: the end-of-text token that follows each document (default: the conversion's).
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in the batch's pixels
             (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
+        weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
+            batch holds each dataset's share, rounded; 0 leaves a dataset out.
+        samples_per_epoch: a mixture's epoch length in samples (all ranks together); None: `epoch_end` decides.
+        epoch_end: a mixture's epoch ends when the "first" (default) or the "last" dataset has given all its
+            samples.
+        exhausted: a mixture's dataset that runs out before the epoch ends is "cycle"d (reshuffled, restarted)
+            or "stop"ped (left out, the other weights renormalised).
     """
     rank, world_size = resolve_world(rank, world_size)
     options = LoaderOptions(
@@ -322,6 +334,13 @@ def loader(
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.mixing)
+        return mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
+                            on_error=on_error, scale=scale, ratio=ratio, masks=masks,
+                            samples_per_epoch=samples_per_epoch, epoch_end=epoch_end, exhausted=exhausted)
+    if weights is not None or samples_per_epoch is not None or (epoch_end, exhausted) != ("first", "cycle"):
+        raise ConfigError("weights, samples_per_epoch, epoch_end and exhausted apply to a mixture: pass a list of "
+                          "dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
                          max_length=max_length, masks=masks)

@@ -25,7 +25,7 @@ ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata.formats": "formats",
     "fastdata.order": "order", "fastdata.meter": "meter",
     "fastdata.image": "image", "fastdata.text": "text",
-    "fastdata.loader": "loader", "fastdata.convert": "convert",
+    "fastdata.loader": "loader", "fastdata.mixing": "loader", "fastdata.convert": "convert",
     "fastdata.converters": "converters",
     "fastdata.tools": "tools",
     "fastdata.cli": "face", "fastdata.__main__": "face", "fastdata": "face",

@@ -25,16 +25,17 @@ order inside each window is shuffled from (seed, epoch), so that a batch's posit
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
 from fastdata.config import check_int, check_number
-from fastdata.errors import ConfigError
-from fastdata.order.epoch import num_batches
-from fastdata.order.ranks import check_not_empty, check_uneven, make_even, rank_count
+from fastdata.errors import ConfigError, ResumeError
+from fastdata.order.ranks import check_not_empty, check_uneven, make_even
+from fastdata.order.samplers import EpochBatchSampler
 
 EPOCH_ENDS = ("first", "last")
 EXHAUSTED = ("cycle", "stop")
@@ -219,9 +220,9 @@ def mixed_part(order: np.ndarray, rank: int, world_size: int, uneven: str, batch
     return np.concatenate([head, tail[rank * share:(rank + 1) * share]])
 
 
-class MixedBatchSampler:
-    """EpochBatchSampler's interface over a mixture: yields `(epoch, global indices)` per batch of this rank's
-    part of the epoch; `start` / `skip` say where a resumed epoch continues. Runs in the main process; the
+class MixedBatchSampler(EpochBatchSampler):
+    """EpochBatchSampler over a mixture: yields `(epoch, global indices)` per batch of this rank's part of the
+    epoch (`mixed_part`); `start` / `skip` say where a resumed epoch continues. Runs in the main process; the
     epoch's stream is computed once per epoch (cached)."""
 
     repartitions = True  # all ranks together always hold a prefix of the stream
@@ -229,13 +230,8 @@ class MixedBatchSampler:
     def __init__(self, plan: MixPlan, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
                  rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
         self.plan = plan
-        self.num_samples = plan.epoch_length()
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
-        self.rank, self.world_size, self.uneven = rank, world_size, check_uneven(uneven)
-        check_not_empty(self.num_samples, world_size, uneven, "the mixture's epoch")
-        self.epoch = 0
-        self.start = 0
-        self.skip = 0
+        check_not_empty(plan.epoch_length(), world_size, check_uneven(uneven), "the mixture's epoch")
+        super().__init__(plan.epoch_length(), batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
         self._cached: tuple[int, MixedEpoch] | None = None
 
     def stream(self, epoch: int | None = None) -> MixedEpoch:
@@ -249,23 +245,40 @@ class MixedBatchSampler:
         return mixed_part(self.stream().indices, self.rank, self.world_size, self.uneven, self.batch_size,
                           self.start)
 
-    def epoch_batches(self) -> list[np.ndarray]:
-        indices = self.rank_indices()
-        stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
-        return [indices[i:i + self.batch_size] for i in range(0, stop, self.batch_size)]
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        epoch = self.epoch
-        for chunk in self.epoch_batches()[self.skip:]:
-            yield epoch, chunk
-
-    def __len__(self) -> int:
-        return self.pass_length(0)
-
-    def pass_length(self, start: int) -> int:
-        return num_batches(rank_count(self.num_samples - start, self.world_size, self.uneven), self.batch_size,
-                           self.drop_last)
-
     def consumed(self, epoch: int, slots: int) -> list[dict[str, int]]:
         """Per source, what the first `slots` slots of `epoch`'s stream took (see MixedEpoch.consumed)."""
         return self.stream(epoch).consumed(min(slots, self.num_samples), self.plan.sizes)
+
+
+class MixedResumable:
+    """For loaders over a mixture (before ResumableLoader in the bases): the resume config names the mixture
+    (its sources' fingerprints, weights and epoch rule), and the state records each source's position at the
+    state's place (`sources`: samples consumed this epoch, all ranks together, and the cycle), checked when
+    restored."""
+
+    plan: MixPlan
+    _sampler: Any
+
+    def _mix_config(self, names: list[str], fingerprints: list[str]) -> dict[str, Any]:
+        plan = self.plan
+        return {"mix": names, "sources": fingerprints, "weights": list(plan.parts), "sizes": list(plan.sizes),
+                "samples_per_epoch": plan.length, "epoch_end": plan.end, "exhausted": plan.exhausted}
+
+    def _positions(self, epoch: int, start: int, done: int, complete: bool) -> list[dict[str, int]]:
+        sampler = self._sampler
+        slots = sampler.num_samples if complete else start + done * sampler.batch_size * sampler.world_size
+        return sampler.consumed(epoch, slots)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()  # type: ignore[misc]
+        state["positions"] = self._positions(state["epoch"], state["start"], state["batches"], state["complete"])
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)  # type: ignore[misc]
+        here = self._next  # type: ignore[attr-defined]
+        ours = self._positions(here.epoch, here.start, here.skip, here.complete)
+        if state.get("positions") is not None and state["positions"] != ours:
+            raise ResumeError(f"the state's per-source positions {state['positions']} are not where this mixture's "
+                              f"schedule stands at the same place ({ours}): it was saved by another fastdata "
+                              "version's schedule; resume from an epoch boundary with that version")
