@@ -18,6 +18,7 @@ from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.mixing import mixed_loader
+from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
@@ -334,6 +335,9 @@ def loader(
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
+        plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
+        path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
     if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.mixing)
         return mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
                             on_error=on_error, scale=scale, ratio=ratio, masks=masks,
