@@ -264,7 +264,8 @@ def loader(
 
     Args:
         path: the converted dataset: an LMDB directory (`OUT.lmdb`), a WebDataset directory, or the
-            http(s):// or s3:// URL of a WebDataset directory.
+            http(s):// or s3:// URL of a WebDataset directory; or a list of local ones, mixed by `weights`
+            (docs/mixing.md).
         batch_size: samples (images, or text rows) per batch.
         augment: "train" (torchvision's RandomResizedCrop + horizontal flip), "val" (torchvision's
             Resize(int(image_size / 0.875)) + CenterCrop(image_size)), None (whole images, which must then share

@@ -38,6 +38,9 @@ def open_sources(paths: Sequence[str | os.PathLike[str]], augment: Any = None, *
     """Each local dataset at `paths`, opened as `fastdata.dataset` opens it, and all of one kind."""
     if isinstance(paths, (str, bytes, os.PathLike)) or not paths:
         raise ConfigError(f"a mixture takes a list of dataset paths, got {paths!r}")
+    if augment is not None and not isinstance(augment, str) and not callable(augment):
+        raise ConfigError(f"augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
+                          f"callable on an HWC uint8 array, got {augment!r} ({type(augment).__name__})")
     opened: list[LmdbImageDataset | WdsImageDataset | TextDataset] = []
     for path in paths:
         if is_url(path):
@@ -151,7 +154,7 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
         batch_size: samples per batch of the batch sampler.
         augment: as for `fastdata.dataset` (images): None, "train", "val", or a transform.
         image_size: as for `fastdata.dataset`.
-        shuffle: draw each source's order from (seed, epoch, source, cycle); False keeps the stored order.
+        shuffle: draw each source's order (each cycle's) from (seed, epoch, source); False keeps the stored order.
         seed: the seed of the schedule and the augmentation.
         drop_last: leave out each epoch's last, short batch (of each rank's part).
         rank: this process's rank (None: torch.distributed's when initialised, else 0).

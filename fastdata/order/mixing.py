@@ -6,7 +6,7 @@ the epoch's stream is every emission in time order (ties: lower source first). T
 Webster apportionment as a sequence: after any t slots, source i has had round(w_i * t) of them, within one,
 whatever t is, so a batch, or any window of N batches, holds its weight's share, rounded, and the shares do
 not drift over the epoch. The k-th sample of source i is element k mod n_i of its permutation for cycle
-k // n_i, drawn from (seed, epoch, i, cycle): each epoch, and each time round a source, a fresh order.
+k // n_i, drawn from (seed, epoch, i): each epoch, and each time round a source, a fresh order.
 A weight of 0 never emits: that source is never read and never ends an epoch.
 
 How long an epoch is (`length` = samples_per_epoch; else `end`):
@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -138,7 +139,12 @@ class MixPlan:
 
     def sources_and_draws(self) -> tuple[np.ndarray, np.ndarray]:
         """The epoch's stream before any shuffle: per slot its source, and which of that source's draws it is
-        (0, 1, ... : draw k is element k % n of the source's permutation for cycle k // n). Same every epoch."""
+        (0, 1, ... : draw k is element k % n of the source's permutation for cycle k // n). Same every epoch,
+        so computed once (read-only arrays)."""
+        return self._stream
+
+    @cached_property
+    def _stream(self) -> tuple[np.ndarray, np.ndarray]:
         counts, horizon = self._emission_counts()
         times, sources, draws = [], [], []
         for i in self.active:
@@ -153,7 +159,10 @@ class MixPlan:
         order = np.argsort(time, kind="stable")  # sources were concatenated in index order: ties go to the lower
         if self.length is not None:
             order = order[:self.length]
-        return np.concatenate(sources)[order], np.concatenate(draws)[order]
+        stream = np.concatenate(sources)[order], np.concatenate(draws)[order]
+        for array in stream:
+            array.flags.writeable = False
+        return stream
 
     def epoch_length(self) -> int:
         """Slots (samples, all ranks together) in one epoch of this plan."""
@@ -161,12 +170,13 @@ class MixPlan:
 
 
 def source_order(size: int, seed: int, epoch: int, source: int, cycles: int, shuffle: bool) -> np.ndarray:
-    """Source `source`'s samples for `cycles` passes over it, one after the other: each a permutation drawn from
-    (seed, epoch, source, cycle), or 0..n-1 each time unshuffled."""
+    """Source `source`'s samples for `cycles` passes over it, one after the other: pass c is the permutation
+    that sorts row c of the random numbers drawn from (seed, epoch, source) (so a small source cycled many times
+    costs one draw), or 0..n-1 each time unshuffled."""
     if not shuffle:
         return np.tile(np.arange(size, dtype=np.int64), cycles)
-    return np.concatenate([np.random.default_rng((seed, epoch, source, cycle)).permutation(size)
-                           for cycle in range(cycles)]).astype(np.int64)
+    keys = np.random.default_rng((seed, epoch, source)).random((cycles, size))
+    return np.argsort(keys, axis=1, kind="stable").reshape(-1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -198,8 +208,10 @@ def mixed_epoch(plan: MixPlan, seed: int, epoch: int, shuffle: bool, batch_size:
         indices[mine] = offsets[i] + source_order(n, seed, epoch, int(i), cycles, shuffle)[k]
     if shuffle and len(plan.active) > 1 and len(sources):
         keys = np.random.default_rng((seed, epoch, _SHUFFLE_TAG)).random(len(sources))
-        window = np.arange(len(sources)) // batch_size
-        order = np.lexsort((keys, window))
+        whole = len(keys) - len(keys) % batch_size  # each window of batch_size slots reordered by its keys
+        heads = np.argsort(keys[:whole].reshape(-1, batch_size), axis=1, kind="stable")
+        heads += np.arange(0, whole, batch_size, dtype=np.int64)[:, None]
+        order = np.concatenate([heads.reshape(-1), whole + np.argsort(keys[whole:], kind="stable")])
         indices, sources, draws = indices[order], sources[order], draws[order]
     return MixedEpoch(indices, sources, draws)
 
@@ -230,7 +242,7 @@ class MixedBatchSampler(EpochBatchSampler):
     def __init__(self, plan: MixPlan, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
                  rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
         self.plan = plan
-        check_not_empty(plan.epoch_length(), world_size, check_uneven(uneven), "the mixture's epoch")
+        check_not_empty(plan.epoch_length(), world_size, check_uneven(uneven), "the mixture's epoch")  # cached
         super().__init__(plan.epoch_length(), batch_size, shuffle, seed, drop_last, rank, world_size, uneven)
         self._cached: tuple[int, MixedEpoch] | None = None
 
@@ -253,7 +265,7 @@ class MixedBatchSampler(EpochBatchSampler):
 class MixedResumable:
     """For loaders over a mixture (before ResumableLoader in the bases): the resume config names the mixture
     (its sources' fingerprints, weights and epoch rule), and the state records each source's position at the
-    state's place (`sources`: samples consumed this epoch, all ranks together, and the cycle), checked when
+    state's place (`positions`: samples consumed this epoch, all ranks together, and the cycle), checked when
     restored."""
 
     plan: MixPlan
