@@ -88,6 +88,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
             (needs pycocotools).
     """
+    if isinstance(path, (list, tuple)):
+        raise ConfigError("fastdata.dataset opens one dataset; for a weighted mixture of several use "
+                          "fastdata.mix(paths, weights=...) (docs/mixing.md)")
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)

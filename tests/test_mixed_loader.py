@@ -186,7 +186,7 @@ def test_text_mixtures_share_one_tokenizer(text_mix):
         seeded_loader([a, c], augment=None, seq_len=16)
 
 
-def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, solid_wds, multi_label_lmdb, text_mix):
+def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, solid_wds, multi_label_lmdb, text_mix, pets_lmdb):
     cases = [([solid_lmdb, solid_wds], "convert it to LMDB"),
              ([solid_lmdb, multi_label_lmdb], "cannot mix single-label and multi-label"),
              ([solid_lmdb, text_mix[0]], "cannot mix images and text"),
@@ -196,9 +196,39 @@ def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, solid_wds, multi_l
             seeded_loader(paths, weights=[1] if "weights" in message else None)
     with pytest.raises(ConfigError, match="apply to a mixture: pass a list"):
         seeded_loader(solid_lmdb, weights=[1])
+    with pytest.raises(ConfigError, match=r"use fastdata\.mix\(paths, weights=\.\.\.\)"):
+        fastdata.dataset([solid_lmdb, pets_lmdb])
+
+
+def test_multi_label_datasets_mix_into_multi_hot_rows(multi_label_lmdb):
+    loader = seeded_loader([multi_label_lmdb, multi_label_lmdb], weights=[1, 1], batch_size=8, augment="val")
+    plain = fastdata.dataset(multi_label_lmdb)
+    row_of = {sample_id_of(image): row for image, row in plain}  # each sample's multi-hot row, read alone
+    assert loader.classes == plain.classes
+    for images, labels in loader:
+        assert labels.dtype == torch.float32 and labels.shape == (len(images), len(plain.classes))
+        assert all(torch.equal(row, row_of[sample_id_of(image)]) for image, row in zip(images, labels, strict=True))
 
 
 def test_mixture_batches_are_the_same_for_any_number_of_workers(solid_lmdb, pets_lmdb):
     zero = [clone(b) for b in mixed(solid_lmdb, pets_lmdb, augment="train")]
     two = [clone(b) for b in mixed(solid_lmdb, pets_lmdb, augment="train", num_workers=2)]
     assert same(zero, two) and not np.array_equal(zero[0][1].numpy(), zero[1][1].numpy())
+
+
+def test_a_mid_epoch_state_resumes_on_another_world_size(solid_lmdb, pets_lmdb):
+    """Two ranks stop after 2 batches each; one process resumes: together they see the epoch's samples once."""
+    def make(**ranks):
+        return mixed(solid_lmdb, pets_lmdb, epoch_end="last", uneven="drop", **ranks)
+
+    seen, state = [], None
+    for rank in range(2):
+        loader = make(rank=rank, world_size=2)
+        iterator = iter(loader)
+        seen += [s for _ in range(2) for s in identify(*next(iterator))]
+        state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    seen += [s for batch in resumed for s in identify(*batch)]
+    whole = [s for batch in make() for s in identify(*batch)]
+    assert Counter(seen) == Counter(whole)
