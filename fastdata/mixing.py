@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastdata.config import LoaderOptions, check_int
+from fastdata.config import LoaderOptions, check_bool, check_int
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
@@ -88,7 +88,8 @@ def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[floa
     check_image_sources(paths, sources)
     data = MixedImageDataset(sources, names, augment, image_size, options.seed, on_error,  # type: ignore[arg-type]
                              scale=scale, ratio=ratio)
-    plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted)
+    plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
+                        [str(p) for p in paths])
     return MixedImageLoader(data, plan, options, ImageOptions(**image_options))
 
 
@@ -181,8 +182,10 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
         check_image_sources([str(p) for p in paths], sources)
         dataset = MixedImageDataset(sources, source_names(paths), augment, image_size, seed, on_error,  # type: ignore
                                     scale=scale, ratio=ratio)
-    plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted)
-    return Mixture(dataset, MixedBatchSampler(plan, batch_size, bool(shuffle), seed, bool(drop_last), rank,
-                                              world_size, uneven))
+    plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
+                        [str(p) for p in paths])
+    sampler = MixedBatchSampler(plan, batch_size, check_bool("shuffle", shuffle), seed,
+                                check_bool("drop_last", drop_last), rank, world_size, uneven)
+    return Mixture(dataset, sampler)
 
 

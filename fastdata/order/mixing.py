@@ -2,11 +2,13 @@
 that source's samples, as pure functions of (weights, sizes, seed, epoch), no IO.
 
 The schedule. Source i (weight w_i, normalised to sum 1) emits its k-th sample at virtual time (k + 1/2) / w_i;
-the epoch's stream is every emission in time order (ties: lower source first). This is the Sainte-Laguë /
-Webster apportionment as a sequence: after any t slots, source i has had round(w_i * t) of them, within one,
-whatever t is, so a batch, or any window of N batches, holds its weight's share, rounded, and the shares do
-not drift over the epoch. The k-th sample of source i is element k mod n_i of its permutation for cycle
-k // n_i, drawn from (seed, epoch, i): each epoch, and each time round a source, a fresh order.
+the epoch's stream is every emission in time order (ties: lower source first), the weights taken as exact
+ratios of integers so that ties are exact. This is the Sainte-Laguë / Webster apportionment as a sequence: with
+two sources every window of m consecutive slots (a batch, any run of N batches) holds floor(w_i * m) or
+ceil(w_i * m) of source i; with more, each source stays within about one of w_i * t over the first t slots and
+within two in any window; the shares do not drift over the epoch. The k-th sample of source i is element
+k mod n_i of its permutation for cycle k // n_i, drawn from (seed, epoch, i): each epoch, and each time round a
+source, a fresh order.
 A weight of 0 never emits: that source is never read and never ends an epoch.
 
 How long an epoch is (`length` = samples_per_epoch; else `end`):
@@ -41,7 +43,9 @@ from fastdata.order.samplers import EpochBatchSampler
 EPOCH_ENDS = ("first", "last")
 EXHAUSTED = ("cycle", "stop")
 PARTS = 10**6  # weights are exact ratios of integer parts summing to at most this
-_SHUFFLE_TAG = 0x6D6978  # "mix": the in-batch shuffle's stream of random numbers, apart from the sources'
+#: "mix": the random streams of the schedule are (seed, epoch, _TAG, 0) for the in-batch shuffle and (seed, epoch,
+#: _TAG, 1 + i) for source i, apart from the augmentation's (seed, epoch, sample index)
+_TAG = 0x6D6978
 
 
 def check_weights(weights: Sequence[float] | None, count: int) -> tuple[int, ...]:
@@ -86,8 +90,8 @@ class MixPlan:
 
     @classmethod
     def make(cls, sizes: Sequence[int], weights: Sequence[float] | None = None, length: int | None = None,
-             end: str = "first", exhausted: str = "cycle") -> MixPlan:
-        """A checked plan (ConfigError naming the option that is wrong)."""
+             end: str = "first", exhausted: str = "cycle", paths: Sequence[str] | None = None) -> MixPlan:
+        """A checked plan (ConfigError naming the option that is wrong; `paths` name the sources in it)."""
         if end not in EPOCH_ENDS:
             raise ConfigError(f"epoch_end must be one of {EPOCH_ENDS}, got {end!r}")
         if exhausted not in EXHAUSTED:
@@ -100,8 +104,9 @@ class MixPlan:
         parts = check_weights(weights, len(sizes))
         empty = [i for i, n in enumerate(sizes) if n == 0 and parts[i] > 0]
         if empty:
-            raise ConfigError(f"dataset {empty[0]} of the mixture is empty but has a weight above 0; "
-                              "give it weight 0 or leave it out")
+            which = paths[empty[0]] if paths else f"dataset {empty[0]} of the mixture"
+            raise ConfigError(f"{which} has no samples (with these options) but a weight above 0; give it weight 0 "
+                              "or leave it out")
         return cls(sizes, parts, length, end, exhausted)
 
     @property
@@ -175,7 +180,7 @@ def source_order(size: int, seed: int, epoch: int, source: int, cycles: int, shu
     costs one draw), or 0..n-1 each time unshuffled."""
     if not shuffle:
         return np.tile(np.arange(size, dtype=np.int64), cycles)
-    keys = np.random.default_rng((seed, epoch, source)).random((cycles, size))
+    keys = np.random.default_rng((seed, epoch, _TAG, 1 + source)).random((cycles, size))
     return np.argsort(keys, axis=1, kind="stable").reshape(-1).astype(np.int64)
 
 
@@ -189,8 +194,8 @@ class MixedEpoch:
     draws: np.ndarray
 
     def consumed(self, slots: int, sizes: Sequence[int]) -> list[dict[str, int]]:
-        """Per source, what the first `slots` slots took from it: samples drawn (`consumed`) and the pass over
-        the source they ended in (`cycle`, counted from 0)."""
+        """Per source, what the first `slots` slots took from it: samples drawn (`consumed`) and the passes over
+        the source completed (`cycle`: the cycle its next draw belongs to, counted from 0)."""
         counts = np.bincount(self.sources[:slots], minlength=len(sizes))
         return [{"consumed": int(c), "cycle": int(c) // n if n else 0} for c, n in zip(counts, sizes, strict=True)]
 
@@ -207,7 +212,7 @@ def mixed_epoch(plan: MixPlan, seed: int, epoch: int, shuffle: bool, batch_size:
         cycles = int(k.max()) // n + 1 if len(k) else 0
         indices[mine] = offsets[i] + source_order(n, seed, epoch, int(i), cycles, shuffle)[k]
     if shuffle and len(plan.active) > 1 and len(sources):
-        keys = np.random.default_rng((seed, epoch, _SHUFFLE_TAG)).random(len(sources))
+        keys = np.random.default_rng((seed, epoch, _TAG, 0)).random(len(sources))
         whole = len(keys) - len(keys) % batch_size  # each window of batch_size slots reordered by its keys
         heads = np.argsort(keys[:whole].reshape(-1, batch_size), axis=1, kind="stable")
         heads += np.arange(0, whole, batch_size, dtype=np.int64)[:, None]

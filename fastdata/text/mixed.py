@@ -140,7 +140,7 @@ def mixed_text_loader(paths: list[str], names: list[str], sources: list[TextData
         max_length = DEFAULT_MAX_LENGTH if text.max_length is None else text.max_length
         batcher = MixedPaddedDocuments([d.padded(max_length, text.eos_token) for d in sources], paths)
         sizes = [len(s) for s in batcher.sources]
-    plan = MixPlan.make(sizes, weights, samples_per_epoch, epoch_end, exhausted)
+    plan = MixPlan.make(sizes, weights, samples_per_epoch, epoch_end, exhausted, paths)
     return MixedTextLoader(sources, names, batcher, plan, options)
 
 

@@ -73,7 +73,7 @@ def test_bad_epoch_options_are_refused():
         MixPlan.make([5, 5], exhausted="never")
     with pytest.raises(ConfigError, match="samples_per_epoch must be at least 1"):
         MixPlan.make([5, 5], length=0)
-    with pytest.raises(ConfigError, match="dataset 1 of the mixture is empty"):
+    with pytest.raises(ConfigError, match="dataset 1 of the mixture has no samples"):
         MixPlan.make([5, 0])
 
 
