@@ -143,6 +143,11 @@ def test_mix_for_your_own_dataloader(solid_lmdb, pets_lmdb):
                            image_size=16, seed=7)
     data = torch.utils.data.DataLoader(mixture.dataset, batch_sampler=mixture.batch_sampler)
     assert mixture.classes == UNION and len(data) == len(mixture)
+    targets = mixture.dataset.targets
+    assert len(targets) == SOLID_COUNT + SMALL_SOLID_COUNT
+    for index in (0, SOLID_COUNT - 1, SOLID_COUNT, SOLID_COUNT + 5):  # both sources, at their edges
+        image, label = mixture.dataset[index]
+        assert targets[index] == label == (3 if index >= SOLID_COUNT else 0) + solid_label(sample_id_of(image))
     epochs = []
     for epoch in range(2):
         mixture.set_epoch(epoch)

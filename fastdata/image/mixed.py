@@ -97,6 +97,15 @@ class MixedImageDataset(LmdbImageDataset):
         return [(f"{name}/{key}", label) for name, data in zip(self.names, self.sources, strict=True)
                 for key, label in data.samples]
 
+    @property
+    def targets(self) -> list[Any]:
+        """Every sample's label in the union label space: class ids, or (multi-label) lists of class ids."""
+        out: list[Any] = []
+        for data, mapping in zip(self.sources, self.label_maps, strict=True):
+            out += [[int(mapping[i]) for i in t] if isinstance(t, (list, tuple)) else int(mapping[t])
+                    for t in data.targets]
+        return out
+
     def fingerprints(self) -> list[str]:
         return [dataset_fingerprint(data.manifest) for data in self.sources]
 
