@@ -75,10 +75,9 @@ def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[floa
                            scale=scale, ratio=ratio)
     names, paths = source_names(paths), [str(p) for p in paths]
     if isinstance(sources[0], TextDataset):
-        given = [k for k, v in image_options.items() if v not in (None, False, "auto")]
+        given = ["augment"] if augment is not None and not (isinstance(augment, str) and augment == "train") else []
         given += [k for k, v in {"image_size": image_size, "scale": scale, "ratio": ratio}.items() if v is not None]
-        if augment is not None and augment != "train":
-            given.insert(0, "augment")
+        given += ImageOptions.given_in(image_options)
         if given:
             raise ConfigError(f"{', '.join(given)}: for image datasets only; the mixture holds text")
         return mixed_text_loader(paths, names, sources, weights, options, text, samples_per_epoch,  # type: ignore
