@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from builders import SMALL_SOLID_COUNT, SOLID_COUNT, sample_id_of, seeded_loader, solid_label
+from builders import SMALL_SOLID_COUNT, SOLID_COUNT, corrupt_copy, sample_id_of, seeded_loader, solid_label
 from contracts import check_checkpoint_loop, check_resumes, clone, same
 
 import fastdata
@@ -237,3 +237,13 @@ def test_a_mid_epoch_state_resumes_on_another_world_size(solid_lmdb, pets_lmdb):
     seen += [s for batch in resumed for s in identify(*batch)]
     whole = [s for batch in make() for s in identify(*batch)]
     assert Counter(seen) == Counter(whole)
+
+
+def test_a_skipped_sample_is_named_with_its_source(solid_lmdb, pets_lmdb, tmp_path):
+    broken, key = corrupt_copy(pets_lmdb, tmp_path, 4, b"not an image")
+    loader = mixed(solid_lmdb, broken, on_error="skip")
+    sizes = [len(labels) for _images, labels in loader]
+    assert [k for k, _reason in loader.skipped] == [f"corrupt/{key}"]
+    assert sum(sizes) == sum(len(labels) for _images, labels in mixed(solid_lmdb, pets_lmdb)) - 1
+    with pytest.raises(Exception, match=f"corrupt/{key}"):
+        list(mixed(solid_lmdb, broken))
