@@ -6,7 +6,7 @@ the epoch's stream is every emission in time order (ties: lower source first), t
 ratios of integers so that ties are exact. This is the Sainte-Laguë / Webster apportionment as a sequence: with
 two sources every window of m consecutive slots (a batch, any run of N batches) holds floor(w_i * m) or
 ceil(w_i * m) of source i; with more, each source stays within about one of w_i * t over the first t slots and
-within two in any window; the shares do not drift over the epoch. The k-th sample of source i is element
+about two in any window (measured: 1.3 and 2.4 at most for six sources); the shares do not drift over the epoch. The k-th sample of source i is element
 k mod n_i of its permutation for cycle k // n_i, drawn from (seed, epoch, i): each epoch, and each time round a
 source, a fresh order.
 A weight of 0 never emits: that source is never read and never ends an epoch.
