@@ -4,11 +4,11 @@ that source's samples, as pure functions of (weights, sizes, seed, epoch), no IO
 The schedule. Source i (weight w_i, normalised to sum 1) emits its k-th sample at virtual time (k + 1/2) / w_i;
 the epoch's stream is every emission in time order (ties: lower source first), the weights taken as exact
 ratios of integers so that ties are exact. This is the Sainte-Laguë / Webster apportionment as a sequence: with
-two sources every window of m consecutive slots (a batch, any run of N batches) holds floor(w_i * m) or
-ceil(w_i * m) of source i; with more, each source stays within about one of w_i * t over the first t slots and
-about two in any window (measured: 1.3 and 2.4 at most for six sources); the shares do not drift over the epoch. The k-th sample of source i is element
-k mod n_i of its permutation for cycle k // n_i, drawn from (seed, epoch, i): each epoch, and each time round a
-source, a fresh order.
+two sources every window of m consecutive slots holds floor(w_i * m) or ceil(w_i * m) of source i (the in-batch
+shuffle keeps this for every batch and run of batches); with more, each source stays within about one of
+w_i * t over the first t slots and about two in any window (measured: 1.3 and 2.4 at most for six sources).
+The shares do not drift over the epoch. The k-th sample of source i is element k mod n_i of its permutation
+for cycle k // n_i, drawn from (seed, epoch, i): each epoch, and each time round a source, a fresh order.
 A weight of 0 never emits: that source is never read and never ends an epoch.
 
 How long an epoch is (`length` = samples_per_epoch; else `end`):
