@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
+from fastdata.mixing import mixed_loader
+from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
@@ -88,6 +91,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
             (needs pycocotools).
     """
+    if isinstance(path, (list, tuple)):
+        raise ConfigError("fastdata.dataset opens one dataset; for a weighted mixture of several use "
+                          "fastdata.mix(paths, weights=...) (docs/mixing.md)")
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
@@ -163,7 +169,7 @@ def default_persistent_workers(augment: Any) -> bool:
 
 
 def loader(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | list[str | os.PathLike[str]],
     batch_size: int = 256,
     augment: Any = "train",
     image_size: int | tuple[int, int] | None = None,
@@ -199,6 +205,10 @@ def loader(
     eos_token: str | None = None,
     masks: bool = False,
     tune_dir: str | os.PathLike[str] | None = None,
+    weights: list[float] | None = None,
+    samples_per_epoch: int | None = None,
+    epoch_end: str = "first",
+    exhausted: str = "cycle",
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
@@ -261,7 +271,8 @@ def loader(
 
     Args:
         path: the converted dataset: an LMDB directory (`OUT.lmdb`), a WebDataset directory, or the
-            http(s):// or s3:// URL of a WebDataset directory.
+            http(s):// or s3:// URL of a WebDataset directory; or a list of local ones, mixed by `weights`
+            (docs/mixing.md).
         batch_size: samples (images, or text rows) per batch.
         augment: "train" (torchvision's RandomResizedCrop + horizontal flip), "val" (torchvision's
             Resize(int(image_size / 0.875)) + CenterCrop(image_size)), None (whole images, which must then share
@@ -317,6 +328,13 @@ def loader(
             (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
         tune_dir: where "auto" also looks for `fastdata tune` results (default `~/.cache/fastdata/tune`; a
             `tune.json` inside the dataset's directory is read first).
+        weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
+            batch holds each dataset's share, rounded; 0 leaves a dataset out.
+        samples_per_epoch: a mixture's epoch length in samples (all ranks together); None: `epoch_end` decides.
+        epoch_end: a mixture's epoch ends when the "first" (default) or the "last" dataset has given all its
+            samples.
+        exhausted: a mixture's dataset that runs out before the epoch ends is "cycle"d (reshuffled, restarted)
+            or "stop"ped (left out, the other weights renormalised).
     """
     rank, world_size = resolve_world(rank, world_size)
     auto = [None if num_workers is None else check_int_or_auto("num_workers", num_workers, 0),
@@ -334,6 +352,22 @@ def loader(
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
+        plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
+        path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
+    if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.mixing)
+        if AUTO in auto:
+            warnings.warn(f"num_workers/prefetch_factor='auto' over a mixture: `fastdata tune` results are per "
+                          f"dataset, so the defaults are used ({options.num_workers} workers, prefetch "
+                          f"{options.prefetch_factor}); pass numbers to choose", stacklevel=2)
+        mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
+                             on_error=on_error, scale=scale, ratio=ratio, masks=masks,
+                             samples_per_epoch=samples_per_epoch, epoch_end=epoch_end, exhausted=exhausted)
+        mixed.tuned = None
+        return mixed
+    if weights is not None or samples_per_epoch is not None or (epoch_end, exhausted) != ("first", "cycle"):
+        raise ConfigError("weights, samples_per_epoch, epoch_end and exhausted apply to a mixture: pass a list of "
+                          "dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
                          max_length=max_length, masks=masks)

@@ -212,14 +212,14 @@ def solid_label(sample_id: int) -> int:
     return sample_id % len(SOLID_CLASSES)
 
 
-def build_solid_tree(root: Path, count: int = SOLID_COUNT) -> Tree:
-    """`count` images in 3 classes, id encoded in the green channel (see `solid_pattern`). Sizes vary
-    (21..69 px, odd); every third image is a 4:4:4 quality-100 JPEG, the rest PNG."""
+def build_solid_tree(root: Path, count: int = SOLID_COUNT, classes: tuple[str, ...] = SOLID_CLASSES) -> Tree:
+    """`count` images in 3 classes (named `classes`), id encoded in the green channel (see `solid_pattern`).
+    Sizes vary (21..69 px, odd); every third image is a 4:4:4 quality-100 JPEG, the rest PNG."""
     tree = Tree(root)
     rng = np.random.default_rng(1234)
     for sample_id in range(count):
         width, height = (int(v) * 2 + 1 for v in rng.integers(10, 35, size=2))
-        name = SOLID_CLASSES[solid_label(sample_id)]
+        name = classes[solid_label(sample_id)]
         array = solid_pattern(sample_id, width, height)
         if sample_id % 3 == 1:
             relative = f"{name}/s{sample_id:03d}.jpg"

@@ -91,7 +91,8 @@ class ImageLoader(ResumableLoader):
     exactly in the middle of an epoch."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
-                 image: ImageOptions | None = None) -> None:
+                 image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
+        """`sampler` (LMDB only) replaces the epoch's batch order drawn from `options` (a mixture's schedule)."""
         image = image or ImageOptions()
         self.dataset = data
         self.options = options
@@ -142,7 +143,7 @@ class ImageLoader(ResumableLoader):
         self._buffers = (BatchBuffers(num_workers, options.prefetch_factor + 4)
                          if num_workers and data.pipeline.output_size and not data.pipeline.ship_encoded else None)
         if isinstance(data, LmdbImageDataset):
-            self._sampler: EpochBatchSampler | None = EpochBatchSampler(
+            self._sampler: EpochBatchSampler | None = sampler or EpochBatchSampler(
                 len(data), batch_size, options.shuffle, options.seed, options.drop_last, options.rank,
                 options.world_size, options.uneven)
             self._batches: LmdbBatches | WdsBatches = LmdbBatches(data, self._buffers)
