@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import re
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -169,6 +172,19 @@ def worker_ignores_ctrl_c() -> None:
     the worker started is dropped here)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    sys.excepthook = functools.partial(_quiet_hand_over, sys.excepthook)
+
+
+def _quiet_hand_over(previous: Callable[..., None], kind: type[BaseException], value: BaseException,
+                     trace: Any) -> None:
+    """A worker's `sys.excepthook`: a batch's shared memory is handed to the main process by multiprocessing's
+    resource sharer (a thread of the worker, which reports its errors through this hook); when Ctrl-C stops the
+    main process in the middle of taking one, that thread's connection breaks, which is no error of the run (the
+    main process says it was interrupted): nothing is printed for it. Anything else goes to the `previous` hook."""
+    if issubclass(kind, (EOFError, ConnectionError)) and any(
+            frame.filename.endswith("resource_sharer.py") for frame in traceback.extract_tb(trace)):
+        return
+    previous(kind, value, trace)
 
 
 def failed_pass(dataloader: Any, batches: Any, exc: BaseException) -> BaseException:
