@@ -1,0 +1,309 @@
+"""Restart-indexed JPEG storage: decode in proportion to the crop (issue 21).
+
+A JPEG's entropy-coded data must be decoded from the start of the scan: every decoder pays for the rows above and
+beside a crop. A JPEG rewritten losslessly (DCT coefficients copied, as `jpegtran -restart 1B` does) with a restart
+marker after every MCU is instead a set of independently decodable pieces, and the pieces a crop covers behind a
+header that says the crop's size form a valid JPEG of the crop, which decodes in time proportional to its area:
+
+- `rewrite` does the rewrite through the libjpeg-turbo the region decoder loaded (csrc/jpeg_restart.c): baseline,
+  Huffman tables optimised (smaller than the standard tables most sources use, which pays for most of the markers),
+  APPn/COM markers (EXIF, ICC) kept. It refuses, with UnsupportedJpegError, what it does not handle: arithmetic
+  coding, 12-bit, lossless, CMYK/YCCK, damaged entropy data (keep the original bytes).
+- `RestartIndex` locates the pieces (`to_bytes`: about 2 bytes per MCU) so that a loader never scans the file.
+- `assemble` / `crop_jpeg` build the sub-JPEG of a box (plus a margin of one MCU where chroma is subsampled: the
+  decoder's chroma upsampling treats the sub-image's edges as image edges), renumbering the restart markers
+  (RST0..7 must cycle), and `decode_region` decodes the region a crop plan asked for from it. The sub-JPEG decodes,
+  inside the margin, bit for bit to the whole image's pixels (tests/image/test_restart_jpeg.py, at every DCT scale).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdata.errors import CorruptSampleError, FastdataError, UnsupportedJpegError
+from fastdata.formats.records import DEFAULT_MAX_PIXELS
+from fastdata.image.region import Region, RegionDecoder, region_decoder, scaled_size, unavailable_reason
+
+INDEX_MAGIC = b"FDRI"
+INDEX_VERSION = 1
+# magic, version, bytes per segment length (2 or 4), width, height, MCU width, MCU height (pixels), then byte
+# positions in the JPEG: its SOF marker, the start and end of the APPn/COM run a sub-JPEG leaves out, the scan data
+_INDEX_HEAD = struct.Struct("<4sBBHHBBIIII")
+
+_SOS, _EOI, _DRI, _COM, _APP0, _APP14 = 0xDA, 0xD9, 0xDD, 0xFE, 0xE0, 0xEE
+_NO_LENGTH = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})  # TEM, SOI, RST0-7
+
+
+@dataclass(frozen=True)
+class RestartIndex:
+    """Where the pieces of a JPEG with a restart marker after every MCU are: MCU `i` (row-major over the
+    `columns` x `rows` grid of `mcu_width` x `mcu_height` pixels) is jpeg[offsets[i] : offsets[i + 1] - 2] (each
+    piece is followed by its 2-byte RSTn marker, the last by EOI). A sub-JPEG's header is
+    jpeg[:keep_until] + jpeg[tables_from:offsets[0]] (the APPn/COM segments between, EXIF and ICC, are not needed
+    to decode) with the SOF segment at `sof_offset` patched to the sub-image's size."""
+
+    width: int
+    height: int
+    mcu_width: int
+    mcu_height: int
+    sof_offset: int
+    keep_until: int
+    tables_from: int
+    offsets: np.ndarray  # uint32, columns * rows + 1
+
+    @property
+    def columns(self) -> int:
+        return -(-self.width // self.mcu_width)
+
+    @property
+    def rows(self) -> int:
+        return -(-self.height // self.mcu_height)
+
+    @property
+    def margin_mcus(self) -> int:
+        """MCUs of margin a sub-JPEG needs around a box to decode the box's pixels as the whole image does: none
+        when the MCU is one 8x8 block (no chroma subsampling: every block decodes on its own), else one."""
+        return 0 if (self.mcu_width, self.mcu_height) == (8, 8) else 1
+
+    def to_bytes(self) -> bytes:
+        """The stored form: a 28-byte head, then each piece's length (its marker included) as little-endian
+        uint16 (uint32 where a piece is longer: an MCU of ten blocks can reach a few kB, never 64 kB)."""
+        lengths = np.diff(self.offsets.astype(np.int64))
+        size = 2 if int(lengths.max(initial=0)) < 1 << 16 else 4
+        head = _INDEX_HEAD.pack(INDEX_MAGIC, INDEX_VERSION, size, self.width, self.height, self.mcu_width,
+                                self.mcu_height, self.sof_offset, self.keep_until, self.tables_from,
+                                int(self.offsets[0]))
+        return head + lengths.astype("<u2" if size == 2 else "<u4").tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | memoryview, name: str = "JPEG") -> RestartIndex:
+        """The index `to_bytes` wrote. Raises CorruptSampleError naming `name` when it is not one."""
+        if len(data) < _INDEX_HEAD.size:
+            raise CorruptSampleError(f"{name}: restart index of {len(data)} bytes is truncated: convert it again")
+        magic, version, size, width, height, mcu_w, mcu_h, sof, keep, tables, scan = _INDEX_HEAD.unpack_from(data)
+        if magic != INDEX_MAGIC or version != INDEX_VERSION or size not in (2, 4) or mcu_w % 8 or mcu_h % 8 or \
+                not (width and height and mcu_w and mcu_h):
+            raise CorruptSampleError(f"{name}: not a version-{INDEX_VERSION} restart index (magic {magic!r}, "
+                                     f"version {version}): convert it again with this fastdata")
+        count = -(-width // mcu_w) * -(-height // mcu_h)
+        if len(data) != _INDEX_HEAD.size + count * size:
+            raise CorruptSampleError(f"{name}: restart index has {len(data)} bytes, expected "
+                                     f"{_INDEX_HEAD.size + count * size} for {count} MCUs: convert it again")
+        lengths = np.frombuffer(data, "<u2" if size == 2 else "<u4", count, _INDEX_HEAD.size)
+        offsets = np.empty(count + 1, np.uint32)
+        offsets[0] = scan
+        np.cumsum(lengths, out=offsets[1:], dtype=np.uint32)
+        offsets[1:] += np.uint32(scan)
+        return cls(width, height, mcu_w, mcu_h, sof, keep, tables, offsets)
+
+
+def segment_offsets(jpeg: bytes | memoryview) -> np.ndarray:
+    """Where each restart segment of the JPEG's first scan starts, then 2 past the start of the marker ending the
+    scan (uint32): the C extension's scan, or numpy's where it is not built (the same answer: in entropy-coded
+    data 0xFF is followed by 0x00, 0xFF or a marker, so FF D0..D7 is always a restart marker). ValueError when
+    the bytes have no scan."""
+    try:
+        from fastdata.image import _jpeg_region
+    except ImportError:
+        return _segment_offsets_numpy(jpeg)
+    return np.frombuffer(_jpeg_region.restart_scan(jpeg), np.uint32)
+
+
+def _header_segments(view: bytes | memoryview) -> list[tuple[int, int, int]]:
+    """(marker, start, end) of each marker segment up to and including SOS (ValueError where there is none)."""
+    size = len(view)
+    if size < 4 or view[0] != 0xFF or view[1] != 0xD8:
+        raise ValueError("not a JPEG (no SOI marker)")
+    found, pos = [], 2
+    while pos + 4 <= size:
+        marker = view[pos + 1]
+        if view[pos] != 0xFF or marker == 0xFF:
+            pos += 1
+            continue
+        if marker in _NO_LENGTH:
+            pos += 2
+            continue
+        if marker == _EOI:
+            break
+        end = pos + 2 + ((view[pos + 2] << 8) | view[pos + 3])
+        found.append((marker, pos, end))
+        if marker == _SOS:
+            return found
+        pos = end
+    raise ValueError("no scan (SOS marker) in the JPEG header")
+
+
+def _segment_offsets_numpy(jpeg: bytes | memoryview) -> np.ndarray:
+    start = _header_segments(jpeg)[-1][2]
+    data = np.frombuffer(jpeg, np.uint8)[start:]
+    markers = np.flatnonzero((data[:-1] == 0xFF) & (data[1:] != 0) & (data[1:] != 0xFF))
+    restarts = markers[(data[markers + 1] & 0xF8) == 0xD0]
+    end = markers[(data[markers + 1] & 0xF8) != 0xD0]
+    last = end[0] + 2 if len(end) else len(data)
+    restarts = restarts[restarts < last]
+    return np.concatenate([[0], restarts + 2, [last]]).astype(np.uint32) + np.uint32(start)
+
+
+def _droppable(marker: int, view: bytes | memoryview, start: int) -> bool:
+    """APPn and COM segments a decoder does not need: all but a JFIF APP0 and an Adobe APP14 (libjpeg reads the
+    colour space from those two)."""
+    if marker == _COM or (0xE1 <= marker <= 0xEF and marker != _APP14):
+        return True
+    return marker == _APP0 and bytes(view[start + 4:start + 9]) != b"JFIF\0"
+
+
+def build_index(jpeg: bytes | memoryview, offsets: np.ndarray | None = None, name: str = "JPEG") -> RestartIndex:
+    """The index of a JPEG with a restart marker after every MCU (what `rewrite` writes), checked: one sequential
+    Huffman scan of all components, restart interval 1, one piece per MCU, EOI at the end. `offsets` are the
+    JPEG's `segment_offsets` where already known. Raises UnsupportedJpegError otherwise."""
+    try:
+        segments = _header_segments(jpeg)
+    except ValueError as exc:
+        raise UnsupportedJpegError(f"{name}: {exc}") from None
+    sof = [s for s in segments if s[0] in (0xC0, 0xC1)]
+    dri = [s for s in segments if s[0] == _DRI]
+    problem = ""
+    if not sof:
+        problem = "no baseline or extended sequential Huffman frame"
+    elif not dri or jpeg[dri[-1][1] + 4] << 8 | jpeg[dri[-1][1] + 5] != 1:
+        problem = "no restart marker after every MCU (restart interval 1)"
+    if problem:
+        raise UnsupportedJpegError(f"{name}: {problem}: rewrite it first (fastdata.image.restart.rewrite)")
+    sof_at = sof[0][1]
+    height, width = struct.unpack_from(">HH", jpeg, sof_at + 5)
+    components = jpeg[sof_at + 9]
+    factors = [jpeg[sof_at + 11 + 3 * c] for c in range(components)]
+    if jpeg[segments[-1][1] + 4] != components:
+        raise UnsupportedJpegError(f"{name}: the scan does not hold all {components} components: rewrite it first")
+    h_max, v_max = (1, 1) if components == 1 else (max(f >> 4 for f in factors), max(f & 15 for f in factors))
+    keep_until = tables_from = sof_at
+    for k, (marker, start, _) in enumerate(segments):
+        if _droppable(marker, jpeg, start):
+            keep_until = start
+            tables_from = start
+            for marker_after, start_after, end_after in segments[k:]:
+                if not _droppable(marker_after, jpeg, start_after):
+                    break
+                tables_from = end_after
+            break
+    if offsets is None:
+        offsets = segment_offsets(jpeg)
+    index = RestartIndex(width, height, 8 * h_max, 8 * v_max, sof_at, keep_until, tables_from, offsets)
+    expected = index.columns * index.rows + 1
+    if len(offsets) != expected or offsets[0] != segments[-1][2] or jpeg[int(offsets[-1]) - 1] != _EOI:
+        raise UnsupportedJpegError(f"{name}: {len(offsets) - 1} restart segments ending in marker "
+                                   f"0x{jpeg[int(offsets[-1]) - 1]:02X}, expected {expected - 1} (one per MCU) "
+                                   "and EOI: rewrite it first")
+    return index
+
+
+def rewrite(data: bytes | memoryview, decoder: RegionDecoder | None = None, optimize: bool = True,
+            max_pixels: int = DEFAULT_MAX_PIXELS, name: str = "JPEG") -> tuple[bytes, RestartIndex]:
+    """The JPEG `data` rewritten losslessly with a restart marker after every MCU, and its index. `decoder` is the
+    libjpeg-turbo to use (default: the process's region decoder). Raises UnsupportedJpegError for a JPEG it does
+    not rewrite (keep the original), CorruptSampleError for bytes libjpeg cannot read or over `max_pixels`."""
+    decoder = decoder or region_decoder()
+    if decoder is None:
+        raise FastdataError(f"no libjpeg-turbo for the restart rewrite: {unavailable_reason()}")
+    try:
+        jpeg, offsets = decoder.restart_rewrite(data, 1, optimize, max_pixels)
+    except NotImplementedError as exc:
+        raise UnsupportedJpegError(f"{name}: {exc}: keep its original bytes") from None
+    except ValueError as exc:
+        raise CorruptSampleError(f"{name}: cannot be rewritten: {exc}") from None
+    return jpeg, build_index(jpeg, offsets, name)
+
+
+@dataclass(frozen=True)
+class SubJpeg:
+    """A JPEG of a rectangle of whole MCUs of a restart-indexed JPEG: `data`, and where its top-left pixel and
+    size are in the whole image's pixels (`left` and `top` are multiples of the MCU size, hence of 8)."""
+
+    data: bytearray
+    left: int
+    top: int
+    width: int
+    height: int
+
+    def region(self, region: Region) -> Region:
+        """`region` (at its scale, in the whole image's pixels) in this sub-JPEG's pixels at that scale."""
+        scale = region.scale_num
+        return Region(scale, region.left - self.left * scale // 8, region.top - self.top * scale // 8,
+                      region.width, region.height)
+
+
+def assemble(jpeg: bytes | memoryview, index: RestartIndex, first_column: int, first_row: int, end_column: int,
+             end_row: int) -> SubJpeg:
+    """The sub-JPEG of the MCUs in columns [first_column, end_column) and rows [first_row, end_row): the header
+    with the sub-image's size, the pieces row by row (each row's pieces are contiguous in the file: one copy),
+    restart markers renumbered RST0..7 in turn, EOI."""
+    columns = index.columns
+    if not (0 <= first_column < end_column <= columns and 0 <= first_row < end_row <= index.rows):
+        raise ValueError(f"MCU columns [{first_column}, {end_column}) x rows [{first_row}, {end_row}) outside the "
+                         f"{columns} x {index.rows} grid")
+    mcu_w, mcu_h = index.mcu_width, index.mcu_height
+    left, top = first_column * mcu_w, first_row * mcu_h
+    width, height = min(end_column * mcu_w, index.width) - left, min(end_row * mcu_h, index.height) - top
+    keep, tables, scan = index.keep_until, index.tables_from, int(index.offsets[0])
+    sof = index.sof_offset if index.sof_offset < keep else index.sof_offset - (tables - keep)
+    head_size = keep + scan - tables
+    offsets = index.offsets
+    row_first = np.arange(first_row, end_row) * columns + first_column
+    starts, ends = offsets[row_first], offsets[row_first + (end_column - first_column)]
+    row_sizes = ends.astype(np.int64) - starts
+    out = bytearray(head_size + int(row_sizes.sum()))
+    view = memoryview(jpeg)
+    out[:keep] = view[:keep]
+    out[keep:head_size] = view[tables:scan]
+    struct.pack_into(">HH", out, sof + 5, height, width)
+    at = head_size
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        out[at:at + end - start] = view[start:end]
+        at += end - start
+    # the second byte of the marker after each piece: (piece end in the file) - 1, moved to its row's place in out
+    shift = head_size + np.concatenate([[0], np.cumsum(row_sizes)[:-1]]) - starts
+    pieces = row_first[:, None] + np.arange(1, end_column - first_column + 1)
+    marks = (offsets[pieces].astype(np.int64) - 1 + shift[:, None]).ravel()
+    patch = np.frombuffer(out, np.uint8)
+    patch[marks[:-1]] = 0xD0 + (np.arange(len(marks) - 1) & 7)
+    patch[marks[-1]] = _EOI
+    return SubJpeg(out, left, top, width, height)
+
+
+def crop_jpeg(jpeg: bytes | memoryview, index: RestartIndex, left: int, top: int, width: int, height: int,
+              margin_mcus: int | None = None) -> SubJpeg:
+    """The sub-JPEG holding the box (left, top, width, height) of the whole image's pixels, with `margin_mcus`
+    MCUs around it where the image has them (default: `index.margin_mcus`, what decoding the box's pixels
+    exactly as the whole image needs)."""
+    if width < 1 or height < 1 or left < 0 or top < 0 or left + width > index.width or top + height > index.height:
+        raise ValueError(f"box {width}x{height} at ({left}, {top}) outside the {index.width}x{index.height} image")
+    margin = index.margin_mcus if margin_mcus is None else margin_mcus
+    mcu_w, mcu_h = index.mcu_width, index.mcu_height
+    return assemble(jpeg, index, max(0, left // mcu_w - margin), max(0, top // mcu_h - margin),
+                    min(index.columns, -(-(left + width) // mcu_w) + margin),
+                    min(index.rows, -(-(top + height) // mcu_h) + margin))
+
+
+def sub_jpeg_for(jpeg: bytes | memoryview, index: RestartIndex, region: Region) -> SubJpeg:
+    """The sub-JPEG that decodes `region` (planned on the whole image, e.g. by region.plan_region) exactly as the
+    whole image does: its MCUs at the region's scale (an MCU is mcu_width * scale_num / 8 pixels wide there), plus
+    the margin."""
+    scale = region.scale_num
+    if not (region.left >= 0 and region.left + region.width <= scaled_size(index.width, scale)
+            and region.top >= 0 and region.top + region.height <= scaled_size(index.height, scale)):
+        raise ValueError(f"region {region} outside the {index.width}x{index.height} image at scale {scale}/8")
+    mcu_w, mcu_h, margin = index.mcu_width * scale // 8, index.mcu_height * scale // 8, index.margin_mcus
+    return assemble(jpeg, index, max(0, region.left // mcu_w - margin), max(0, region.top // mcu_h - margin),
+                    min(index.columns, -(-(region.left + region.width) // mcu_w) + margin),
+                    min(index.rows, -(-(region.top + region.height) // mcu_h) + margin))
+
+
+def decode_region(decoder: RegionDecoder, jpeg: bytes | memoryview, index: RestartIndex, region: Region,
+                  bgr: bool = False, out: np.ndarray | None = None,
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """`decoder.decode(jpeg, region)`'s pixels, decoded from the sub-JPEG of the MCUs the region covers only."""
+    sub = sub_jpeg_for(jpeg, index, region)
+    return decoder.decode(sub.data, sub.region(region), bgr, out, max_pixels)
