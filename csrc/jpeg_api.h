@@ -63,5 +63,6 @@ static inline const jpeg_api *get_api(PyObject *capsule) {
 /* jpeg_restart.c */
 PyObject *fd_restart_rewrite(PyObject *module, PyObject *args);
 PyObject *fd_restart_scan(PyObject *module, PyObject *args);
+PyObject *fd_restart_assemble(PyObject *module, PyObject *args);
 
 #endif

@@ -342,6 +342,9 @@ static PyMethodDef methods[] = {
     {"restart_scan", fd_restart_scan, METH_VARARGS,
      "restart_scan(data) -> offsets (uint32 bytes): where each restart segment of the JPEG's first scan starts,\n"
      "then where its entropy-coded data ends. ValueError when it has no scan. Releases the GIL."},
+    {"restart_assemble", fd_restart_assemble, METH_VARARGS,
+     "restart_assemble(data, offsets, columns, keep, tables, sof, c0, r0, c1, r1, width, height) -> bytes: the\n"
+     "sub-JPEG of MCU columns [c0, c1) x rows [r0, r1) (see fastdata.image.restart.assemble)."},
     {NULL, NULL, 0, NULL},
 };
 

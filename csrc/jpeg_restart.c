@@ -291,8 +291,8 @@ PyObject *fd_restart_rewrite(PyObject *module, PyObject *args) {
                         "this libjpeg lacks the transcoding entry points (jpeg_read_coefficients, ...)");
         goto done;
     }
-    if (interval < 1 || interval > 65535) {
-        PyErr_Format(PyExc_ValueError, "interval_mcus must be 1..65535, got %d", interval);
+    if (interval < 0 || interval > 65535) {  /* 0: no restart markers (to measure what they cost) */
+        PyErr_Format(PyExc_ValueError, "interval_mcus must be 0..65535, got %d", interval);
         goto done;
     }
     dest.capacity = (size_t)src.len + (size_t)src.len / 4 + 4096;
@@ -345,5 +345,67 @@ PyObject *fd_restart_scan(PyObject *module, PyObject *args) {
     else result = PyBytes_FromStringAndSize((const char *)offsets, count * (Py_ssize_t)sizeof(uint32_t));
     free(offsets);
     PyBuffer_Release(&src);
+    return result;
+}
+
+/* The sub-JPEG of the MCU columns [c0, c1) x rows [r0, r1) of a JPEG with a restart marker after every MCU:
+ * data[:keep] + data[tables:offsets[0]] (SOF at `sof` in it patched to width x height), each row's pieces (one copy:
+ * they are contiguous in the file), restart markers renumbered RST0..7 in turn, EOI. Every offset used is checked
+ * against the data (a stored index may not match its JPEG): ValueError, never a read outside it. */
+PyObject *fd_restart_assemble(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer src, index;
+    Py_ssize_t columns, keep, tables, sof, c0, r0, c1, r1;
+    unsigned int width, height;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnnnnnII", &src, &index, &columns, &keep, &tables, &sof, &c0, &r0, &c1, &r1,
+                          &width, &height))
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *data = (const unsigned char *)src.buf;
+    const uint32_t *offsets = (const uint32_t *)index.buf;
+    Py_ssize_t count = index.len / (Py_ssize_t)sizeof(uint32_t), size = src.len;
+    const char *problem = NULL;
+    if (columns < 1 || c0 < 0 || c1 <= c0 || c1 > columns || r0 < 0 || r1 <= r0 || r1 * columns + 1 > count)
+        problem = "MCU range outside the index";
+    else if (keep < 0 || keep > tables || tables > (Py_ssize_t)offsets[0] || (Py_ssize_t)offsets[0] > size ||
+             sof < 0 || sof + 9 > keep + (Py_ssize_t)offsets[0] - tables)
+        problem = "header positions outside the JPEG";
+    Py_ssize_t head = keep + (Py_ssize_t)offsets[0] - tables, total = head + 2;
+    for (Py_ssize_t r = r0; problem == NULL && r < r1; r++) {
+        for (Py_ssize_t i = r * columns + c0; i < r * columns + c1; i++) {
+            if ((Py_ssize_t)offsets[i + 1] > size || (Py_ssize_t)offsets[i + 1] < (Py_ssize_t)offsets[i] + 2 ||
+                data[offsets[i + 1] - 2] != 0xFF) {
+                problem = "the restart index does not match the JPEG";
+                break;
+            }
+        }
+        total += (Py_ssize_t)offsets[r * columns + c1] - (Py_ssize_t)offsets[r * columns + c0];
+    }
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total - 2);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    memcpy(out, data, (size_t)keep);
+    memcpy(out + keep, data + tables, (size_t)(offsets[0] - (uint32_t)tables));
+    out[sof + 5] = (unsigned char)(height >> 8);
+    out[sof + 6] = (unsigned char)height;
+    out[sof + 7] = (unsigned char)(width >> 8);
+    out[sof + 8] = (unsigned char)width;
+    Py_ssize_t at = head;
+    unsigned int piece = 0;
+    for (Py_ssize_t r = r0; r < r1; r++) {
+        uint32_t start = offsets[r * columns + c0], end = offsets[r * columns + c1];
+        memcpy(out + at, data + start, end - start);
+        for (Py_ssize_t i = r * columns + c0; i < r * columns + c1; i++)
+            out[at + (Py_ssize_t)(offsets[i + 1] - start) - 1] = (unsigned char)(0xD0 + (piece++ & 7));
+        at += end - start;
+    }
+    out[at - 1] = M_EOI;
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&index);
     return result;
 }

@@ -20,6 +20,7 @@ from fastdata.errors import CorruptSampleError, UnsupportedJpegError
 from fastdata.image.region import Region, scaled_size
 from fastdata.image.restart import (
     RestartIndex,
+    _assemble_numpy,
     _segment_offsets_numpy,
     assemble,
     build_index,
@@ -159,6 +160,25 @@ def test_a_sub_jpeg_decodes_a_region_as_the_whole_image_does(decoder, rewritten,
         got = decode_region(decoder, jpeg, index, region)
         expected = whole[region.top:region.top + region.height, region.left:region.left + region.width]
         assert np.array_equal(got, expected), region
+
+
+@pytest.mark.parametrize("kind", ["4:2:0", "4:2:2", "4:4:0", "4:1:1", "progressive 4:2:0", "tiny 5x3 4:2:0",
+                                  "tall 9x203 4:2:2"])
+def test_every_region_edge_position_decodes_as_the_whole_image(decoder, rewritten, kind):
+    """Every start and end position of a region, across every MCU column (row), at every scale: where the margin
+    and the minimum span are decided (subsampled chroma only)."""
+    _, jpeg, index = rewritten[kind]
+    for scale_num in range(1, 9):
+        w, h = scaled_size(index.width, scale_num), scaled_size(index.height, scale_num)
+        whole = decoder.decode(jpeg, Region(scale_num, 0, 0, w, h))
+        across = [Region(scale_num, left, h // 3, size, max(1, h // 3)) for left in range(w)
+                  for size in (1, 2, 3, 9) if left + size <= w]
+        down = [Region(scale_num, w // 3, top, max(1, w // 3), size) for top in range(h)
+                for size in (1, 2, 3, 9) if top + size <= h]
+        for region in across + down:
+            got = decode_region(decoder, jpeg, index, region)
+            assert np.array_equal(got, whole[region.top:region.top + region.height,
+                                             region.left:region.left + region.width]), region
 
 
 @pytest.mark.parametrize("kind", ["4:4:4", "4:2:0", "4:2:2", "4:4:0", "grayscale",
@@ -325,6 +345,26 @@ def test_damaged_entropy_data_is_refused_and_unreadable_bytes_are_corrupt(decode
         rewrite(b"not a jpeg at all", decoder)
     with pytest.raises(CorruptSampleError, match="over the limit"):
         rewrite(original, decoder, max_pixels=64 * 63)
+
+
+def test_the_numpy_assembly_equals_the_extensions(rewritten):
+    for kind in ("4:2:0", "grayscale", "Pillow 4:2:0 with EXIF, ICC, comment", "restart every 3 MCUs 4:2:2"):
+        _, jpeg, index = rewritten[kind]
+        for span in ((0, 0, index.columns, index.rows), (1, 1, 2, 2), (2, 1, index.columns, 3)):
+            sub = assemble(jpeg, index, *span)
+            sof = index.sof_offset - (index.tables_from - index.keep_until)
+            assert _assemble_numpy(jpeg, index, *span, sof, sub.width, sub.height) == sub.data, (kind, span)
+
+
+def test_an_index_that_does_not_match_its_jpeg_is_refused(rewritten):
+    _, jpeg, index = rewritten["4:2:0"]
+    _, other, _ = rewritten["4:2:2"]
+    with pytest.raises(ValueError, match="does not match"):
+        assemble(other, index, 0, 0, index.columns, index.rows)
+    with pytest.raises(ValueError, match="does not match"):
+        _assemble_numpy(other, index, 0, 0, index.columns, index.rows, index.sof_offset, 16, 16)
+    with pytest.raises(ValueError, match="does not match"):
+        assemble(jpeg[:len(jpeg) // 2], index, 0, 0, index.columns, index.rows)
 
 
 def test_boxes_and_regions_outside_the_image_are_refused(rewritten):
