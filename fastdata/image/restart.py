@@ -27,7 +27,7 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, FastdataError, UnsupportedJpegError
 from fastdata.formats.records import DEFAULT_MAX_PIXELS
-from fastdata.image.region import Region, RegionDecoder, region_decoder, scaled_size, unavailable_reason
+from fastdata.image.region import Region, RegionDecoder, probes, region_decoder, scaled_size, unavailable_reason
 
 INDEX_MAGIC = b"FDRI"
 INDEX_VERSION = 1
@@ -376,3 +376,47 @@ def decode_region(decoder: RegionDecoder, jpeg: bytes | memoryview, index: Resta
     """`decoder.decode(jpeg, region)`'s pixels, decoded from the sub-JPEG of the MCUs the region covers only."""
     sub = sub_jpeg_for(jpeg, index, region)
     return decoder.decode(sub.data, sub.region(region), bgr, out, max_pixels)
+
+
+def edge_regions(width: int, height: int, mcu_width: int, mcu_height: int) -> list[Region]:
+    """Regions (scale 8, to be rescaled by the caller) of a `width` x `height` image whose edges fall where
+    `sub_jpeg_for` decides about margins: on, one and two pixels past an MCU boundary, one pixel short of one, and
+    the last pixel (in the last, possibly partial MCU)."""
+    left, top = 2 * mcu_width, 2 * mcu_height
+    found = [Region(8, width - 1, height - 1, 1, 1), Region(8, 0, 0, width, height)]
+    for shift in (0, 1, 2):
+        found.append(Region(8, min(left + shift, width - 1), min(top + shift, height - 1), 1, 1))
+        found.append(Region(8, max(0, left - 1 - shift), max(0, top - 1 - shift),
+                            min(mcu_width + 1, width - max(0, left - 1 - shift)),
+                            min(mcu_height + 1, height - max(0, top - 1 - shift))))
+    return found
+
+
+def self_check(decoder: RegionDecoder) -> tuple[str, int]:
+    """Prove the library `decoder` uses on the region decoder's probe JPEGs (region.probes: 4:2:0, 4:2:2, 4:4:4 and
+    progressive 4:2:0, 99 x 75): each rewritten decodes to the original's pixels (OpenCV's) at every probe scale,
+    and regions of it whose edges fall on, beside and inside MCU boundaries (`edge_regions`) decode from their
+    sub-JPEGs bit for bit as the whole image does. Returns ("", cases) when all pass, else (the first failing
+    case, cases checked until then): a library whose upsampling differs from the one measured is not used."""
+    cases = 0
+    for probe in probes():
+        try:
+            jpeg, index = rewrite(probe.data, decoder, name=f"the {probe.kind} probe")
+        except FastdataError as exc:
+            return str(exc), cases
+        for scale_num, expected in probe.expected.items():
+            height, width = expected.shape[:2]
+            case = f"{probe.kind} JPEG at scale {scale_num}/8"
+            whole = decoder.decode(jpeg, Region(scale_num, 0, 0, width, height))
+            cases += 1
+            if not np.array_equal(whole, expected):
+                return f"{case}: the rewritten JPEG decodes to other pixels than the original", cases
+            mcu_w, mcu_h = index.mcu_width * scale_num // 8, index.mcu_height * scale_num // 8
+            for region in edge_regions(width, height, mcu_w, mcu_h):
+                region = Region(scale_num, region.left, region.top, region.width, region.height)
+                got = decode_region(decoder, jpeg, index, region)
+                cases += 1
+                if not np.array_equal(got, whole[region.top:region.top + region.height,
+                                                  region.left:region.left + region.width]):
+                    return f"{case}: the sub-JPEG of {region} decodes to other pixels than the whole image", cases
+    return "", cases

@@ -28,6 +28,7 @@ from fastdata.image.restart import (
     decode_region,
     rewrite,
     segment_offsets,
+    self_check,
     sub_jpeg_for,
 )
 
@@ -406,3 +407,11 @@ def test_the_sof_patch_is_the_sub_images_size(rewritten):
     assert (sub.width, sub.height) == (index.width - 48, index.height - 16)
     at = bytes(sub.data).index(b"\xff\xc0")
     assert struct.unpack_from(">HH", sub.data, at + 5) == (sub.height, sub.width)
+
+
+def test_the_self_check_passes_and_fails_where_sub_jpegs_would_be_wrong(decoder, monkeypatch):
+    failure, cases = self_check(decoder)
+    assert failure == "" and cases > 100
+    monkeypatch.setattr("fastdata.image.restart.EDGE_GUARD", 0)  # no margin where a region starts on an MCU edge
+    failure, _ = self_check(decoder)
+    assert "at scale 8/8: the sub-JPEG of Region(" in failure and "decodes to other pixels" in failure
