@@ -272,10 +272,10 @@ def test_a_jpeg_from_another_encoder_with_one_mcu_restarts_is_indexed_as_it_is(d
 
 
 @pytest.mark.parametrize("kind", ["4:2:0", "grayscale", "tall 9x203 4:2:2"])
-def test_the_index_round_trips_in_two_bytes_per_mcu(rewritten, kind):
+def test_the_index_round_trips_in_one_byte_per_mcu(rewritten, kind):
     index = rewritten[kind][2]
     stored = index.to_bytes()
-    assert len(stored) == 28 + 2 * index.columns * index.rows
+    assert np.diff(index.offsets).max() < 256 and len(stored) == 28 + index.columns * index.rows
     again = RestartIndex.from_bytes(stored)
     assert again.offsets.dtype == np.uint32 and np.array_equal(again.offsets, index.offsets)
     fields = ("width", "height", "mcu_width", "mcu_height", "sof_offset", "keep_until", "tables_from")
@@ -288,10 +288,12 @@ def test_the_index_round_trips_in_two_bytes_per_mcu(rewritten, kind):
         RestartIndex.from_bytes(stored[:10])
 
 
-def test_long_pieces_are_indexed_in_four_bytes():
-    index = RestartIndex(16, 8, 8, 8, 2, 2, 2, np.array([600, 700, 70000], np.uint32))
+@pytest.mark.parametrize("offsets, size", [([600, 700, 955], 1), ([600, 700, 956], 2), ([600, 700, 66235], 2),
+                                           ([600, 700, 66236], 4)])
+def test_longer_pieces_are_indexed_in_two_or_four_bytes(offsets, size):
+    index = RestartIndex(16, 8, 8, 8, 2, 2, 2, np.array(offsets, np.uint32))
     stored = index.to_bytes()
-    assert len(stored) == 28 + 2 * 4 and np.array_equal(RestartIndex.from_bytes(stored).offsets, index.offsets)
+    assert len(stored) == 28 + 2 * size and np.array_equal(RestartIndex.from_bytes(stored).offsets, index.offsets)
 
 
 def test_build_index_refuses_a_jpeg_without_one_restart_per_mcu(rewritten):
