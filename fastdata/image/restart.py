@@ -10,10 +10,13 @@ header that says the crop's size form a valid JPEG of the crop, which decodes in
   APPn/COM markers (EXIF, ICC) kept. It refuses, with UnsupportedJpegError, what it does not handle: arithmetic
   coding, 12-bit, lossless, CMYK/YCCK, damaged entropy data (keep the original bytes).
 - `RestartIndex` locates the pieces (`to_bytes`: 1 or 2 bytes per MCU) so that a loader never scans the file.
-- `assemble` / `crop_jpeg` build the sub-JPEG of a box (plus a margin of one MCU where chroma is subsampled: the
-  decoder's chroma upsampling treats the sub-image's edges as image edges), renumbering the restart markers
-  (RST0..7 must cycle), and `decode_region` decodes the region a crop plan asked for from it. The sub-JPEG decodes,
-  inside the margin, bit for bit to the whole image's pixels (tests/image/test_restart_jpeg.py, at every DCT scale).
+- `sub_jpeg_for` (a region planned on the whole image, at its DCT scale) and `crop_jpeg` (a box of pixels) pick
+  the MCUs to decode, `assemble` builds their sub-JPEG (in C: the covered pieces of each row are one copy; restart
+  markers renumbered, as RST0..7 must cycle; EOI), and `decode_region` decodes the planned region from it. Where
+  chroma is subsampled the span gets one more MCU on a side the region comes within EDGE_GUARD pixels of, and at
+  least MIN_SPAN pixels: libjpeg's chroma upsampling treats a sub-image's edges as image edges. So the region
+  decodes bit for bit as from the whole image, at every DCT scale (tests/image/test_restart_jpeg.py sweeps every
+  edge position), and `self_check` proves a library on probe JPEGs before use, as the region decoder does.
 """
 
 from __future__ import annotations

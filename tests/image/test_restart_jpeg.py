@@ -80,6 +80,7 @@ SOURCES = {
     "restart every 3 MCUs 4:2:2": lambda: cv2_jpeg(photo(117, 75), "422", restart=3),
     "Pillow 4:2:0 with EXIF, ICC, comment": lambda: pil_jpeg(photo(117, 75), exif=EXIF, icc_profile=ICC,
                                                               comment=b"a comment"),
+    "RGB colour space (Adobe marker)": lambda: pil_jpeg(photo(117, 75), keep_rgb=True, subsampling=0),
     "tiny 5x3 4:2:0": lambda: cv2_jpeg(photo(5, 3), "420"),
     "one MCU 16x16 4:2:0": lambda: cv2_jpeg(photo(16, 16), "420"),
     "tall 9x203 4:2:2": lambda: cv2_jpeg(photo(9, 203), "422"),
