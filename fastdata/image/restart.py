@@ -232,6 +232,18 @@ def rewrite(data: bytes | memoryview, decoder: RegionDecoder | None = None, opti
     return jpeg, build_index(jpeg, offsets, name)
 
 
+def same_pixels(original: bytes | memoryview, rewritten: bytes | memoryview) -> bool:
+    """Whether two JPEGs decode (OpenCV, full size, every channel as stored) to exactly the same pixels: the check
+    a converter or `verify --decode` makes of a rewrite against its source."""
+    import cv2
+
+    def decode(data: bytes | memoryview) -> np.ndarray | None:
+        return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+
+    before, after = decode(original), decode(rewritten)
+    return before is not None and after is not None and before.shape == after.shape and bool((before == after).all())
+
+
 @dataclass(frozen=True)
 class SubJpeg:
     """A JPEG of a rectangle of whole MCUs of a restart-indexed JPEG: `data`, and where its top-left pixel and

@@ -27,6 +27,7 @@ from fastdata.image.restart import (
     crop_jpeg,
     decode_region,
     rewrite,
+    same_pixels,
     segment_offsets,
     self_check,
     sub_jpeg_for,
@@ -116,6 +117,7 @@ def test_the_rewrite_decodes_to_exactly_the_originals_pixels(rewritten, kind):
     for decode in (pil_pixels, cv2_pixels):
         before, after = decode(original), decode(jpeg)
         assert before.shape == after.shape and np.array_equal(before, after), decode.__name__
+    assert same_pixels(original, jpeg)
     with Image.open(io.BytesIO(jpeg)) as image:
         assert (image.width, image.height) == (index.width, index.height)
         assert not image.info.get("progressive") and not image.info.get("progression")
@@ -418,3 +420,10 @@ def test_the_self_check_passes_and_fails_where_sub_jpegs_would_be_wrong(decoder,
     monkeypatch.setattr("fastdata.image.restart.EDGE_GUARD", 0)  # no margin where a region starts on an MCU edge
     failure, _ = self_check(decoder)
     assert "at scale 8/8: the sub-JPEG of Region(" in failure and "decodes to other pixels" in failure
+
+
+def test_same_pixels_tells_a_lossless_rewrite_from_a_reencode(rewritten):
+    original, jpeg, _ = rewritten["4:2:0"]
+    reencoded = cv2_jpeg(cv2_pixels(original), "420")
+    assert same_pixels(original, jpeg) and not same_pixels(original, reencoded)
+    assert not same_pixels(original, b"garbage") and not same_pixels(original, rewritten["grayscale"][1])
