@@ -58,6 +58,15 @@ def pil_jpeg(array: np.ndarray, **options) -> bytes:
     return out.getvalue()
 
 
+def gray_2x2(data: bytes) -> bytes:
+    """A grayscale JPEG whose one component says 2x2 sampling (legal, decoded as 1x1; an MCU is still a block)."""
+    out = bytearray(data)
+    at = out.index(b"\xff\xc0")
+    assert out[at + 9] == 1 and out[at + 11] == 0x11
+    out[at + 11] = 0x22
+    return bytes(out)
+
+
 ICC = b"\x00\x00\x02\x0cfake icc profile for the test" + bytes(range(256)) * 3
 
 
@@ -77,6 +86,7 @@ SOURCES = {
     "4:1:1": lambda: cv2_jpeg(photo(117, 75), "411"),
     "grayscale": lambda: cv2_jpeg(photo(117, 75)[:, :, 1]),
     "progressive 4:2:0": lambda: cv2_jpeg(photo(117, 75), "420", progressive=True),
+    "grayscale, 2x2 sampling factors": lambda: gray_2x2(cv2_jpeg(photo(117, 75)[:, :, 2])),
     "progressive grayscale": lambda: cv2_jpeg(photo(117, 75)[:, :, 0], progressive=True),
     "restart every 3 MCUs 4:2:2": lambda: cv2_jpeg(photo(117, 75), "422", restart=3),
     "Pillow 4:2:0 with EXIF, ICC, comment": lambda: pil_jpeg(photo(117, 75), exif=EXIF, icc_profile=ICC,
@@ -137,7 +147,8 @@ def test_the_rewrite_has_a_restart_marker_after_every_mcu(rewritten, kind):
 
 def test_mcu_size_follows_the_sampling(rewritten):
     sizes = {kind: (index.mcu_width, index.mcu_height) for kind, (_, _, index) in rewritten.items()}
-    assert sizes["4:4:4"] == (8, 8) and sizes["grayscale"] == (8, 8) and sizes["4:2:2"] == (16, 8)
+    assert sizes["4:4:4"] == sizes["grayscale"] == sizes["grayscale, 2x2 sampling factors"] == (8, 8)
+    assert sizes["4:2:2"] == (16, 8)
     assert sizes["4:2:0"] == (16, 16) and sizes["4:4:0"] == (8, 16) and sizes["4:1:1"] == (32, 8)
 
 
