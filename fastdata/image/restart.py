@@ -9,7 +9,7 @@ header that says the crop's size form a valid JPEG of the crop, which decodes in
   Huffman tables optimised (smaller than the standard tables most sources use, which pays for most of the markers),
   APPn/COM markers (EXIF, ICC) kept. It refuses, with UnsupportedJpegError, what it does not handle: arithmetic
   coding, 12-bit, lossless, CMYK/YCCK, damaged entropy data (keep the original bytes).
-- `RestartIndex` locates the pieces (`to_bytes`: 1 or 2 bytes per MCU) so that a loader never scans the file.
+- `RestartIndex` locates the pieces (`to_bytes`: about 1 byte per MCU) so that a loader never scans the file.
 - `sub_jpeg_for` (a region planned on the whole image, at its DCT scale) and `crop_jpeg` (a box of pixels) pick
   the MCUs to decode, `assemble` builds their sub-JPEG (in C: the covered pieces of each row are one copy; restart
   markers renumbered, as RST0..7 must cycle; EOI), and `decode_region` decodes the planned region from it. Where
@@ -34,10 +34,10 @@ from fastdata.image.region import Region, RegionDecoder, probes, region_decoder,
 
 INDEX_MAGIC = b"FDRI"
 INDEX_VERSION = 1
-# magic, version, bytes per segment length (1, 2 or 4), width, height, MCU width, MCU height (pixels), then byte
+# magic, version, encoding of the piece lengths, width, height, MCU width, MCU height (pixels), then byte
 # positions in the JPEG: its SOF marker, the start and end of the APPn/COM run a sub-JPEG leaves out, the scan data
 _INDEX_HEAD = struct.Struct("<4sBBHHBBIIII")
-_LENGTH_TYPES = {1: "u1", 2: "<u2", 4: "<u4"}
+_ESCAPED_BYTES, _ESCAPE = 1, 255  # the lengths' encoding (the only one): bytes, 255 = the next uint32 after them
 
 #: Pixels (at the decode's scale) from a sub-JPEG's edge within which its pixels may differ from the whole image's
 #: where chroma is subsampled: twice the one pixel measured (fancy upsampling's one neighbour).
@@ -82,35 +82,42 @@ class RestartIndex:
         return 0 if (self.mcu_width, self.mcu_height) == (8, 8) else 1
 
     def to_bytes(self) -> bytes:
-        """The stored form: a 28-byte head, then each piece's length (its marker included) in the fewest bytes
-        that hold the longest: 1 (pieces under 256 bytes: typical of 4:2:0 photos at quality 75-95, about 1.5%
-        of the JPEG), 2 or 4 (little-endian)."""
+        """The stored form: a 28-byte head, each piece's length (its marker included) in one byte, 255 standing
+        for "the next of the long lengths", then those (uint32 little-endian, in order). Pieces of 4:2:0 photos
+        at quality 75-95 are mostly 20-200 bytes: about one byte per MCU, 1-2% of the JPEG."""
         lengths = np.diff(self.offsets.astype(np.int64))
-        longest = int(lengths.max(initial=0))
-        size = 1 if longest < 1 << 8 else 2 if longest < 1 << 16 else 4
-        head = _INDEX_HEAD.pack(INDEX_MAGIC, INDEX_VERSION, size, self.width, self.height, self.mcu_width,
-                                self.mcu_height, self.sof_offset, self.keep_until, self.tables_from,
+        head = _INDEX_HEAD.pack(INDEX_MAGIC, INDEX_VERSION, _ESCAPED_BYTES, self.width, self.height,
+                                self.mcu_width, self.mcu_height, self.sof_offset, self.keep_until, self.tables_from,
                                 int(self.offsets[0]))
-        return head + lengths.astype(_LENGTH_TYPES[size]).tobytes()
+        return (head + np.minimum(lengths, _ESCAPE).astype(np.uint8).tobytes()
+                + lengths[lengths >= _ESCAPE].astype("<u4").tobytes())
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview, name: str = "JPEG") -> RestartIndex:
         """The index `to_bytes` wrote. Raises CorruptSampleError naming `name` when it is not one."""
         if len(data) < _INDEX_HEAD.size:
             raise CorruptSampleError(f"{name}: restart index of {len(data)} bytes is truncated: convert it again")
-        magic, version, size, width, height, mcu_w, mcu_h, sof, keep, tables, scan = _INDEX_HEAD.unpack_from(data)
-        if magic != INDEX_MAGIC or version != INDEX_VERSION or size not in _LENGTH_TYPES or mcu_w % 8 or mcu_h % 8 or \
-                not (width and height and mcu_w and mcu_h):
+        magic, version, encoding, width, height, mcu_w, mcu_h, sof, keep, tables, scan = \
+            _INDEX_HEAD.unpack_from(data)
+        if magic != INDEX_MAGIC or version != INDEX_VERSION or encoding != _ESCAPED_BYTES or mcu_w % 8 or \
+                mcu_h % 8 or not (width and height and mcu_w and mcu_h):
             raise CorruptSampleError(f"{name}: not a version-{INDEX_VERSION} restart index (magic {magic!r}, "
                                      f"version {version}): convert it again with this fastdata")
         count = -(-width // mcu_w) * -(-height // mcu_h)
-        if len(data) != _INDEX_HEAD.size + count * size:
-            raise CorruptSampleError(f"{name}: restart index has {len(data)} bytes, expected "
-                                     f"{_INDEX_HEAD.size + count * size} for {count} MCUs: convert it again")
-        lengths = np.frombuffer(data, _LENGTH_TYPES[size], count, _INDEX_HEAD.size)
+        short = np.frombuffer(data, np.uint8, min(count, max(0, len(data) - _INDEX_HEAD.size)), _INDEX_HEAD.size)
+        escaped = np.flatnonzero(short == _ESCAPE)
+        expected = _INDEX_HEAD.size + count + 4 * len(escaped)
+        if len(short) != count or len(data) != expected:
+            raise CorruptSampleError(f"{name}: restart index has {len(data)} bytes, expected {expected} for "
+                                     f"{count} MCUs: convert it again")
         offsets = np.empty(count + 1, np.uint32)
         offsets[0] = scan
-        np.cumsum(lengths, out=offsets[1:], dtype=np.uint32)
+        if len(escaped):
+            lengths = short.astype(np.uint32)
+            lengths[escaped] = np.frombuffer(data, "<u4", len(escaped), _INDEX_HEAD.size + count)
+            np.cumsum(lengths, out=offsets[1:])
+        else:
+            np.cumsum(short, out=offsets[1:], dtype=np.uint32)
         offsets[1:] += np.uint32(scan)
         return cls(width, height, mcu_w, mcu_h, sof, keep, tables, offsets)
 

@@ -302,12 +302,14 @@ def test_the_index_round_trips_in_one_byte_per_mcu(rewritten, kind):
         RestartIndex.from_bytes(stored[:10])
 
 
-@pytest.mark.parametrize("offsets, size", [([600, 700, 955], 1), ([600, 700, 956], 2), ([600, 700, 66235], 2),
-                                           ([600, 700, 66236], 4)])
-def test_longer_pieces_are_indexed_in_two_or_four_bytes(offsets, size):
-    index = RestartIndex(16, 8, 8, 8, 2, 2, 2, np.array(offsets, np.uint32))
+def test_long_pieces_are_indexed_after_the_short_ones():
+    lengths = [100, 254, 255, 256, 70000, 3]
+    offsets = np.concatenate([[600], 600 + np.cumsum(lengths)]).astype(np.uint32)
+    index = RestartIndex(48, 8, 8, 8, 2, 2, 2, offsets)
     stored = index.to_bytes()
-    assert len(stored) == 28 + 2 * size and np.array_equal(RestartIndex.from_bytes(stored).offsets, index.offsets)
+    assert len(stored) == 28 + 6 + 3 * 4 and np.array_equal(RestartIndex.from_bytes(stored).offsets, offsets)
+    with pytest.raises(CorruptSampleError, match="expected 46 for 6 MCUs"):
+        RestartIndex.from_bytes(stored[:-1])
 
 
 def test_build_index_refuses_a_jpeg_without_one_restart_per_mcu(rewritten):
