@@ -15,7 +15,8 @@
  * PIL._imaging) is linked against. Every decode checks the JPEG header's own width x height against a pixel limit
  * before decoding anything: stored metadata may lie. The headers in csrc/libjpeg-turbo are libjpeg-turbo's (libjpeg API/ABI 6.2, stable across
  * libjpeg-turbo 1.5-3.x); jpeg_CreateDecompress() checks the struct size and version, so a mismatched library
- * is refused with an error instead of misbehaving.
+ * is refused with an error instead of misbehaving. jpeg_restart.c, in the same module, adds the lossless
+ * restart-marker rewrite and the assembly of sub-JPEGs (the capsule layout is in jpeg_api.h).
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE /* dladdr */
