@@ -128,11 +128,10 @@ def segment_offsets(jpeg: bytes | memoryview) -> np.ndarray:
     scan (uint32): the C extension's scan, or numpy's where it is not built (the same answer: in entropy-coded
     data 0xFF is followed by 0x00, 0xFF or a marker, so FF D0..D7 is always a restart marker). ValueError when
     the bytes have no scan."""
-    try:
-        from fastdata.image import _jpeg_region
-    except ImportError:
+    extension = _extension()
+    if extension is None:
         return _segment_offsets_numpy(jpeg)
-    return np.frombuffer(_jpeg_region.restart_scan(jpeg), np.uint32)
+    return np.frombuffer(extension.restart_scan(jpeg), np.uint32)
 
 
 def _header_segments(view: bytes | memoryview) -> list[tuple[int, int, int]]:
@@ -186,21 +185,28 @@ def build_index(jpeg: bytes | memoryview, offsets: np.ndarray | None = None, nam
         segments = _header_segments(jpeg)
     except ValueError as exc:
         raise UnsupportedJpegError(f"{name}: {exc}") from None
+    size = len(jpeg)
     sof = [s for s in segments if s[0] in (0xC0, 0xC1)]
-    dri = [s for s in segments if s[0] == _DRI]
+    dri = [s for s in segments if s[0] == _DRI and s[2] == s[1] + 6 <= size]
     problem = ""
     if not sof:
         problem = "no baseline or extended sequential Huffman frame"
-    elif not dri or jpeg[dri[-1][1] + 4] << 8 | jpeg[dri[-1][1] + 5] != 1:
+    elif not dri or struct.unpack_from(">H", jpeg, dri[-1][1] + 4)[0] != 1:
         problem = "no restart marker after every MCU (restart interval 1)"
     if problem:
         raise UnsupportedJpegError(f"{name}: {problem}: rewrite it first (fastdata.image.restart.rewrite)")
-    sof_at = sof[0][1]
-    height, width = struct.unpack_from(">HH", jpeg, sof_at + 5)
-    components = jpeg[sof_at + 9]
-    factors = [jpeg[sof_at + 11 + 3 * c] for c in range(components)]
-    if jpeg[segments[-1][1] + 4] != components:
+    sof_at, sof_end = sof[0][1], min(sof[0][2], size)
+    components = jpeg[sof_at + 9] if sof_at + 10 <= sof_end else 0
+    factors = [jpeg[sof_at + 11 + 3 * c] for c in range(components) if sof_at + 12 + 3 * c <= sof_end]
+    scan_at = segments[-1][1]
+    if len(factors) != components or not components or not all(f >> 4 in (1, 2, 3, 4) and f & 15 in (1, 2, 3, 4)
+                                                               for f in factors):
+        raise UnsupportedJpegError(f"{name}: a damaged frame header (SOF segment)")
+    if scan_at + 5 > size or jpeg[scan_at + 4] != components:
         raise UnsupportedJpegError(f"{name}: the scan does not hold all {components} components: rewrite it first")
+    height, width = struct.unpack_from(">HH", jpeg, sof_at + 5)
+    if not (width and height):
+        raise UnsupportedJpegError(f"{name}: a frame header of {width}x{height} pixels")
     h_max, v_max = (1, 1) if components == 1 else (max(f >> 4 for f in factors), max(f & 15 for f in factors))
     keep_until = tables_from = sof_at
     for k, (marker, start, _) in enumerate(segments):
@@ -213,13 +219,16 @@ def build_index(jpeg: bytes | memoryview, offsets: np.ndarray | None = None, nam
                 tables_from = end_after
             break
     if offsets is None:
-        offsets = segment_offsets(jpeg)
+        try:
+            offsets = segment_offsets(jpeg)
+        except ValueError as exc:
+            raise UnsupportedJpegError(f"{name}: {exc}") from None
     index = RestartIndex(width, height, 8 * h_max, 8 * v_max, sof_at, keep_until, tables_from, offsets)
     expected = index.columns * index.rows + 1
-    if len(offsets) != expected or offsets[0] != segments[-1][2] or jpeg[int(offsets[-1]) - 1] != _EOI:
-        raise UnsupportedJpegError(f"{name}: {len(offsets) - 1} restart segments ending in marker "
-                                   f"0x{jpeg[int(offsets[-1]) - 1]:02X}, expected {expected - 1} (one per MCU) "
-                                   "and EOI: rewrite it first")
+    last = jpeg[int(offsets[-1]) - 1] if 0 < int(offsets[-1]) <= size else -1
+    if len(offsets) != expected or offsets[0] != segments[-1][2] or last != _EOI:
+        raise UnsupportedJpegError(f"{name}: {len(offsets) - 1} restart segments ending in marker 0x{last:02X}, "
+                                   f"expected {expected - 1} (one per MCU) and EOI: rewrite it first")
     return index
 
 

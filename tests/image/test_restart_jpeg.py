@@ -7,6 +7,7 @@ with UnsupportedJpegError (kept as they are by a converter)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import struct
 import threading
@@ -440,3 +441,38 @@ def test_same_pixels_tells_a_lossless_rewrite_from_a_reencode(rewritten):
     reencoded = cv2_jpeg(cv2_pixels(original), "420")
     assert same_pixels(original, jpeg) and not same_pixels(original, reencoded)
     assert not same_pixels(original, b"garbage") and not same_pixels(original, rewritten["grayscale"][1])
+
+
+def raised(call, *args) -> str:
+    """The name of the exception `call(*args)` raises, or "" (any exception type shows in a failing test)."""
+    try:
+        call(*args)
+    except Exception as exc:  # what is raised is the test's subject
+        return type(exc).__name__
+    return ""
+
+
+def test_damaged_jpegs_and_indexes_raise_one_clear_error(rewritten):
+    """Random damage to a rewritten JPEG or its stored index: build_index raises UnsupportedJpegError,
+    RestartIndex.from_bytes CorruptSampleError, assemble ValueError (a decoder then says what is wrong), never
+    anything else."""
+    rng = np.random.default_rng(5)
+    seen: dict[str, set[str]] = {"build_index": set(), "assemble": set(), "from_bytes": set()}
+    for kind in ("4:2:0", "grayscale", "Pillow 4:2:0 with EXIF, ICC, comment"):
+        _, jpeg, index = rewritten[kind]
+        stored = index.to_bytes()
+        for _ in range(200):
+            damaged = bytearray(jpeg)
+            for _ in range(int(rng.integers(1, 4))):
+                damaged[int(rng.integers(0, len(damaged)))] = int(rng.integers(0, 256))
+            damaged = bytes(damaged[:int(rng.integers(2, len(damaged) + 1))] if rng.random() < 0.3 else damaged)
+            seen["build_index"].add(raised(build_index, damaged))
+            seen["assemble"].add(raised(assemble, damaged, index, 0, 0, index.columns, index.rows))
+            bad_index = bytearray(stored)
+            bad_index[int(rng.integers(0, len(bad_index)))] = int(rng.integers(0, 256))
+            seen["from_bytes"].add(raised(RestartIndex.from_bytes, bytes(bad_index)))
+            with contextlib.suppress(CorruptSampleError):
+                again = RestartIndex.from_bytes(bytes(bad_index))
+                seen["assemble"].add(raised(assemble, jpeg, again, 0, 0, again.columns, again.rows))
+    assert seen == {"build_index": {"", "UnsupportedJpegError"}, "assemble": {"", "ValueError"},
+                    "from_bytes": {"", "CorruptSampleError"}}
