@@ -13,7 +13,7 @@ setup(
     ext_modules=[
         Extension(
             "fastdata.image._jpeg_region",
-            sources=["csrc/jpeg_region.c"],
+            sources=["csrc/jpeg_region.c", "csrc/jpeg_restart.c"],
             include_dirs=["csrc/libjpeg-turbo"],
             libraries=["dl"] if sys.platform.startswith("linux") else [],
             extra_compile_args=["-O2"] if sys.platform != "win32" else [],

@@ -19,7 +19,8 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       the workers, imports, the manifest): the same conversion of a small sample of --small images gives those,
       and p = (parent CPU of the run - of the small run) / (images - small images), w likewise. Both include
       everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
-      is not in the model.
+      is not in the model. The column "hashing the output" is the CPU that sha256 of the written files costs
+      per image (measured after the run): the part of `p` that is serial in one output file.
   (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
 Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
 
@@ -229,6 +230,18 @@ def text_contenders(corpus: Path, tokenizer: Path, workers: int, out: Path) -> d
 # ---------------------------------------------------------------------------------------------- report
 
 
+def output_hash_seconds(out: Path) -> float:
+    """CPU seconds to sha256 the data files of the dataset at `out` (what the writer's hashing costs; the page
+    cache warm, as it is when the writer hashes)."""
+    files = [p for p in out.rglob("*") if p.is_file() and p.name not in ("manifest.json", "lock.mdb")]
+    for path in files:
+        path.read_bytes()
+    started = time.process_time()
+    for path in files:
+        hashlib.sha256(path.read_bytes()).digest()
+    return time.process_time() - started
+
+
 def median_ratio(times: dict[str, list[float]], name: str, baseline: str) -> float:
     """Median over runs of (baseline seconds / contender seconds): > 1 is faster than the baseline."""
     return statistics.median(b / c for b, c in zip(times[baseline], times[name], strict=True))
@@ -276,8 +289,8 @@ def main() -> None:
     for name, results in runs.items():
         rate = statistics.median(r["images"] / r["seconds"] for r in results)
         print(f"| {name} | {rate:,.0f} | {median_ratio(times, name, baseline):.2f} |")
-    print("\n| conversion | parent CPU ms/image | workers CPU ms/image | parent / worker | predicted images/s at "
-          "8 / 16 / 64 cores | fixed CPU s: parent, workers |\n|---|---:|---:|---:|---|---|")
+    print("\n| conversion | parent CPU ms/image | of it, hashing the output | workers CPU ms/image | parent / worker | "
+          "predicted images/s at 8 / 16 / 64 cores | fixed CPU s: parent, workers |\n|---|---:|---:|---:|---:|---|---|")
     for name, kind in kinds.items():
         if not kind.endswith("-local"):
             continue
@@ -288,7 +301,9 @@ def main() -> None:
         parent = statistics.median((r["parent_cpu"] - fixed_parent) / extra for r in runs[name])
         worker = statistics.median((r["workers_cpu"] - fixed_workers) / extra for r in runs[name])
         predicted = " / ".join(f"{min(c / (worker + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
-        print(f"| {name[4:]} | {parent * 1e3:.3f} | {worker * 1e3:.3f} | {parent / worker:.1%} | {predicted} | "
+        hashing = output_hash_seconds(work / kind) / runs[name][0]["images"]
+        print(f"| {name[4:]} | {parent * 1e3:.3f} | {hashing * 1e3:.3f} | {worker * 1e3:.3f} | {parent / worker:.1%} | "
+              f"{predicted} | "
               f"{fixed_parent:.3f}, {fixed_workers:.3f} |")
 
     if args.skip_text:

@@ -1,7 +1,8 @@
 """What `fastdata.meter` costs per step: a loop over batches already in memory, plain and metered, in the same
 run (one untimed pass each, then --repeats alternating runs; the overhead is the median of the per-run
 differences), so the difference is the meter's own work per step. Then a loop whose step takes 10 ms (busy
-wait, which is steadier than sleep), plain and metered, as a share of the step.
+wait, which is steadier than sleep), plain and metered, as a share of the step. Last, what `trace=` adds: the
+empty loop metered with a trace, the file written at the end of each pass included.
 
     python benchmarks/meter_overhead.py --steps 200000 --repeats 5
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 
@@ -98,6 +100,11 @@ def main() -> None:
     print(f"as a share of a 10 ms step: {worst / 0.010:.4%} from the empty loop; "
           f"{(metered - plain) / plain:+.4%} measured on the 10 ms loop itself, {args.slow_steps} steps per pass, "
           f"the per-pass cost ({per_pass * 1e3:.1f} ms) included (target < 1%)")
+    with tempfile.TemporaryDirectory(prefix="fastdata-trace-") as tmp:
+        plain, untraced = measure(batches, args.repeats, None)
+        _, traced = measure(batches, args.repeats, None, trace=f"{tmp}/run.json")
+    print(f"trace=: {(traced - untraced) * 1e6:.2f} us per step on top of the meter ({args.steps:,} steps a pass, "
+          f"two events a step, the file written at the end of each pass included)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@
  * PIL._imaging) is linked against. Every decode checks the JPEG header's own width x height against a pixel limit
  * before decoding anything: stored metadata may lie. The headers in csrc/libjpeg-turbo are libjpeg-turbo's (libjpeg API/ABI 6.2, stable across
  * libjpeg-turbo 1.5-3.x); jpeg_CreateDecompress() checks the struct size and version, so a mismatched library
- * is refused with an error instead of misbehaving.
+ * is refused with an error instead of misbehaving. jpeg_restart.c, in the same module, adds the lossless
+ * restart-marker rewrite and the assembly of sub-JPEGs (the capsule layout is in jpeg_api.h).
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE /* dladdr */
@@ -27,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jpeglib.h"
+#include "jpeg_api.h"
 #include "jerror.h"
 
 /* Columns decoded beyond the region's right edge, so that its last column is not the crop's edge for chroma
@@ -36,37 +37,8 @@
 #define EDGE_MARGIN 8
 #define ROWS_PER_CALL 16
 
-typedef struct jpeg_error_mgr *(*std_error_fn)(struct jpeg_error_mgr *);
-typedef void (*create_fn)(j_decompress_ptr, int, size_t);
-typedef void (*destroy_fn)(j_decompress_ptr);
-typedef void (*mem_src_fn)(j_decompress_ptr, const unsigned char *, unsigned long);
-typedef int (*read_header_fn)(j_decompress_ptr, boolean);
-typedef boolean (*start_fn)(j_decompress_ptr);
-typedef void (*crop_fn)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
-typedef JDIMENSION (*skip_fn)(j_decompress_ptr, JDIMENSION);
-typedef JDIMENSION (*read_fn)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
-
-typedef struct {
-    void *handle;
-    std_error_fn std_error;
-    create_fn create;
-    destroy_fn destroy;
-    mem_src_fn mem_src;
-    read_header_fn read_header;
-    start_fn start;
-    crop_fn crop;
-    skip_fn skip;
-    read_fn read;
-} jpeg_api;
-
-#define CAPSULE_NAME "fastdata._jpeg_region.api"
-
 /* The library is never dlclose()d: a decode in another thread may still be using it. */
 static void free_api(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, CAPSULE_NAME)); }
-
-static const jpeg_api *get_api(PyObject *capsule) {
-    return (const jpeg_api *)PyCapsule_GetPointer(capsule, CAPSULE_NAME);  /* sets TypeError if not one */
-}
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -121,6 +93,17 @@ static PyObject *load(PyObject *module, PyObject *arg) {
     RESOLVE(crop, crop_fn, "jpeg_crop_scanline");
     RESOLVE(skip, skip_fn, "jpeg_skip_scanlines");
     RESOLVE(read, read_fn, "jpeg_read_scanlines");
+    /* the lossless rewrite's entry points (jpeg_restart.c): optional, so a decode-only library still loads */
+    api.save_markers = (save_markers_fn)dlsym(handle, "jpeg_save_markers");
+    api.read_coefficients = (read_coefficients_fn)dlsym(handle, "jpeg_read_coefficients");
+    api.create_compress = (create_compress_fn)dlsym(handle, "jpeg_CreateCompress");
+    api.destroy_compress = (destroy_compress_fn)dlsym(handle, "jpeg_destroy_compress");
+    api.copy_critical = (copy_critical_fn)dlsym(handle, "jpeg_copy_critical_parameters");
+    api.write_coefficients = (write_coefficients_fn)dlsym(handle, "jpeg_write_coefficients");
+    api.write_marker = (write_marker_fn)dlsym(handle, "jpeg_write_marker");
+    api.finish_compress = (finish_compress_fn)dlsym(handle, "jpeg_finish_compress");
+    api.has_transcode = api.save_markers && api.read_coefficients && api.create_compress && api.destroy_compress &&
+                        api.copy_critical && api.write_coefficients && api.write_marker && api.finish_compress;
     jpeg_api *copy = malloc(sizeof(jpeg_api));
     if (copy == NULL) return PyErr_NoMemory();
     *copy = api;
@@ -351,6 +334,18 @@ static PyMethodDef methods[] = {
      "a header whose width x height is over max_pixels (checked before decoding)."},
     {"header", header, METH_VARARGS,
      "header(api, data, scale_num=8) -> (width, height, components) of the image decoded at scale_num/8."},
+    {"restart_rewrite", fd_restart_rewrite, METH_VARARGS,
+     "restart_rewrite(api, data, interval_mcus, optimize, max_pixels) -> (jpeg, offsets): rewrite the JPEG `data`\n"
+     "losslessly (DCT coefficients copied) as a baseline Huffman JPEG with a restart marker every interval_mcus\n"
+     "MCUs, APPn/COM markers kept; `offsets` (uint32 bytes) are where each restart segment starts, then where EOI\n"
+     "is. Releases the GIL. NotImplementedError for a JPEG it does not rewrite (arithmetic coding, not 8-bit,\n"
+     "CMYK/YCCK, lossless, damaged entropy data), ValueError for one libjpeg cannot read."},
+    {"restart_scan", fd_restart_scan, METH_VARARGS,
+     "restart_scan(data) -> offsets (uint32 bytes): where each restart segment of the JPEG's first scan starts,\n"
+     "then where its entropy-coded data ends. ValueError when it has no scan. Releases the GIL."},
+    {"restart_assemble", fd_restart_assemble, METH_VARARGS,
+     "restart_assemble(data, offsets, columns, keep, tables, sof, c0, r0, c1, r1, width, height) -> bytes: the\n"
+     "sub-JPEG of MCU columns [c0, c1) x rows [r0, r1) (see fastdata.image.restart.assemble)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.converters.webdataset import convert_webdataset
     from fastdata.loader import dataset, loader
     from fastdata.meter.loop import meter
+    from fastdata.mixing import mix
     from fastdata.tools.info import info
 
 #: public name -> the module that defines it
@@ -38,12 +39,13 @@ _PUBLIC: dict[str, str] = {
     "dataset": "fastdata.loader",
     "loader": "fastdata.loader",
     "meter": "fastdata.meter.loop",
+    "mix": "fastdata.mixing",
     "info": "fastdata.tools.info",
 }
 
 __all__ = ["__version__", "convert_coco", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs",
            "convert_text",
-           "convert_webdataset", "dataset", "info", "loader", "meter"]
+           "convert_webdataset", "dataset", "info", "loader", "meter", "mix"]
 
 
 class _PackageFace(types.ModuleType):

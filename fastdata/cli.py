@@ -1,4 +1,4 @@
-"""`fastdata` command line: convert | info | verify | bench | doctor | demo.
+"""`fastdata` command line: convert | info | verify | bench | tune | doctor | demo.
 
 Every error a user can cause prints as one line, `error: <what is wrong and what to do>`, exit code 2 (1 for
 --strict rejections), never a traceback; Ctrl-C prints one line, exit code 130. Heavy modules (torch, the
@@ -90,6 +90,7 @@ def cli() -> None:
     fastdata convert text corpus/ corpus.lmdb --tokenizer tokenizer.json
     fastdata info train.lmdb                           # what is inside
     fastdata bench train.lmdb --baseline-imagefolder train/
+    fastdata tune train.lmdb --step 120ms              # best num_workers / prefetch, for "auto"
     fastdata doctor train.lmdb                         # check the machine and the data
     fastdata demo                                      # all of it on a built-in sample
     """
@@ -167,11 +168,14 @@ def verify(path: Path, source: Path | None, decode: bool) -> None:
               help="Draw throughput and data wait over time for every loader, side by side (needs matplotlib).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="Write every figure (runs, timelines, system figures) as JSON.")
+@click.option("--trace", "trace_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Write a Chrome / Perfetto trace of every loader's timed passes into DIR, one per loader and run "
+                   "(open in ui.perfetto.dev: data wait and compute per step, worker spans, system counters).")
 def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | None, baseline_export: bool,
           baseline_source: bool, export_dir: Path | None,
           epochs: int, warmup_passes: int, page_cache: str, batch_size: int, image_size: int, augment: str,
           workers: int | None, repeats: int, step: str, upper_bound: bool, plot: Path | None,
-          json_path: Path | None) -> None:
+          json_path: Path | None, trace_dir: Path | None) -> None:
     """Measure the loader's throughput over the dataset at PATH (images/s, MB/s, time to first batch, data
     wait), against the ImageFolder baseline and the synthetic upper bound, in one run. Every loader gets
     fastdata.loader's DataLoader settings, the same warm-up and the same page-cache treatment."""
@@ -191,7 +195,7 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     results = run_bench(path, config, baseline_imagefolder=baseline_imagefolder,
                         progress=lambda line: click.echo(line, err=True), upper_bound=upper_bound,
                         baseline_source=baseline_source, export_dir=export_dir, baseline_list=baseline_list,
-                        baseline_export=baseline_export)
+                        baseline_export=baseline_export, trace_dir=trace_dir)
     click.echo(format_table(results, data_wait=step != "none"))
     summary = format_summary(results)
     if summary:
@@ -199,9 +203,52 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     if json_path is not None:
         click.echo(f"figures: {write_json(json_path, results, config, path, baseline_imagefolder or baseline_list)}",
                    err=True)
+    if trace_dir is not None:
+        click.echo(f"traces: {trace_dir} (open each in ui.perfetto.dev or chrome://tracing)", err=True)
     if plot is not None:
         title = f"fastdata bench {path.name}: batch {batch_size}, {config.num_workers} workers, step {step}"
         click.echo(f"plot: {plot_runs(plot, results, title)}", err=True)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--step", default="none", show_default=True, metavar="STEP",
+              help="What the loop does with each batch while measuring: none, to-device, a step time such as "
+                   "50ms (the host waits, as while the GPU runs a step), or a torchvision model name such as "
+                   "resnet18 (a real training step, on the GPU when there is one). Give your own step's time: "
+                   "the best settings depend on it.")
+@click.option("--batch-size", default=256, show_default=True, help="As the loader will have it.")
+@click.option("--augment", type=click.Choice(["train", "val"]), default="train", show_default=True)
+@click.option("--image-size", type=int, default=None, help="As the loader will have it (default: the loader's).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Normalised float batches, as the loader's dtype= (default: uint8).")
+@click.option("--device", default=None, metavar="DEVICE",
+              help="Batches arrive on DEVICE (e.g. cuda), as the loader's device=; with CUDA and nvjpeg, decoding "
+                   "on the GPU is measured too.")
+@click.option("--budget", default=60.0, show_default=True, help="Seconds the search may take (points that would "
+              "not fit are not started).")
+@click.option("--window", default=3.0, show_default=True, help="Measured seconds per point, after its warm-up.")
+@click.option("--max-workers", type=int, default=None,
+              help="Most workers tried (default: one more than the usable cores, at most 16).")
+@click.option("--tune-dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Keep the result in DIR (give the loader tune_dir=DIR). Default: tune.json in the dataset's "
+                   "directory, or ~/.cache/fastdata/tune when that cannot be written.")
+def tune(path: Path, step: str, batch_size: int, augment: str, image_size: int | None, dtype: str | None,
+         device: str | None, budget: float, window: float, max_workers: int | None, tune_dir: Path | None) -> None:
+    """Find the loader's best num_workers and prefetch_factor (and decode placement with a CUDA device) for the
+    dataset at PATH on this machine, in a short bounded search; print the table and the choice, and keep it for
+    fastdata.loader(..., num_workers="auto", prefetch_factor="auto")."""
+    from fastdata.tools.tune import TuneConfig, format_result, run_tune
+
+    torch_dtype = None
+    if dtype is not None:
+        import torch
+
+        torch_dtype = getattr(torch, dtype)
+    config = TuneConfig(batch_size=batch_size, augment=augment, image_size=image_size, dtype=torch_dtype,
+                        device=device, step=step, budget_s=budget, window_s=window, max_workers=max_workers)
+    result = run_tune(path, config, tune_dir=tune_dir, progress=lambda line: click.echo(line, err=True))
+    click.echo(format_result(path, result, config))
 
 
 @cli.command()

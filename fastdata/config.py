@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 import re
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -30,6 +33,19 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
     return int(value)
+
+
+AUTO = "auto"  # num_workers / prefetch_factor: the stored `fastdata tune` result (fastdata.tuning)
+
+
+def check_int_or_auto(name: str, value: Any, minimum: int | None = None) -> int | str:
+    """"auto", or `value` checked by `check_int` (ConfigError naming option `name`, what was given, and that "auto"
+    is taken too)."""
+    if isinstance(value, str):
+        if value != AUTO:
+            raise ConfigError(f"{name} must be an int or {AUTO!r}, got {_given(value)}")
+        return AUTO
+    return check_int(name, value, minimum)
 
 
 def check_optional_int(name: str, value: Any, minimum: int | None = None) -> int | None:
@@ -156,6 +172,19 @@ def worker_ignores_ctrl_c() -> None:
     the worker started is dropped here)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    sys.excepthook = functools.partial(_quiet_hand_over, sys.excepthook)
+
+
+def _quiet_hand_over(previous: Callable[..., None], kind: type[BaseException], value: BaseException,
+                     trace: Any) -> None:
+    """A worker's `sys.excepthook`: a batch's shared memory is handed to the main process by multiprocessing's
+    resource sharer (a thread of the worker, which reports its errors through this hook); when Ctrl-C stops the
+    main process in the middle of taking one, that thread's connection breaks, which is no error of the run (the
+    main process says it was interrupted): nothing is printed for it. Anything else goes to the `previous` hook."""
+    if issubclass(kind, (EOFError, ConnectionError)) and any(
+            frame.filename.endswith("resource_sharer.py") for frame in traceback.extract_tb(trace)):
+        return
+    previous(kind, value, trace)
 
 
 def failed_pass(dataloader: Any, batches: Any, exc: BaseException) -> BaseException:

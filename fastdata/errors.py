@@ -41,6 +41,11 @@ class CorruptSampleError(FastdataError):
     """A stored or source sample cannot be decoded."""
 
 
+class UnsupportedJpegError(FastdataError):
+    """A JPEG the lossless restart-marker rewrite does not handle (arithmetic coding, not 8-bit, lossless, CMYK/YCCK,
+    damaged entropy data), or stored bytes that are not a restart-indexed JPEG: keep (or decode) the original."""
+
+
 class DeviceDecodeError(FastdataError):
     """The device decoder (decode="device") ran out of memory or keeps failing; the message names the batch."""
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fastdata.config import LoaderOptions, available_cores, check_int
+from fastdata.config import AUTO, LoaderOptions, available_cores, check_int, check_int_or_auto
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
@@ -17,9 +19,12 @@ from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
+from fastdata.mixing import mixed_loader
+from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
+from fastdata.tuning import Tuned, dataset_root, loader_key, resolve_auto, tune_files
 
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *,
@@ -86,6 +91,9 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
             (needs pycocotools).
     """
+    if isinstance(path, (list, tuple)):
+        raise ConfigError("fastdata.dataset opens one dataset; for a weighted mixture of several use "
+                          "fastdata.mix(paths, weights=...) (docs/mixing.md)")
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
@@ -161,17 +169,17 @@ def default_persistent_workers(augment: Any) -> bool:
 
 
 def loader(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | list[str | os.PathLike[str]],
     batch_size: int = 256,
     augment: Any = "train",
     image_size: int | tuple[int, int] | None = None,
     shuffle: bool = True,
-    num_workers: int | None = None,
+    num_workers: int | str | None = None,
     seed: int = 0,
     drop_last: bool = False,
     *,
     pin_memory: bool | None = None,
-    prefetch_factor: int = 2,
+    prefetch_factor: int | str = 2,
     persistent_workers: bool | None = None,
     multiprocessing_context: Any = None,
     on_error: str = "raise",
@@ -196,6 +204,11 @@ def loader(
     bucketing: bool | None = None,
     eos_token: str | None = None,
     masks: bool = False,
+    tune_dir: str | os.PathLike[str] | None = None,
+    weights: list[float] | None = None,
+    samples_per_epoch: int | None = None,
+    epoch_end: str = "first",
+    exhausted: str = "cycle",
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
@@ -258,7 +271,8 @@ def loader(
 
     Args:
         path: the converted dataset: an LMDB directory (`OUT.lmdb`), a WebDataset directory, or the
-            http(s):// or s3:// URL of a WebDataset directory.
+            http(s):// or s3:// URL of a WebDataset directory; or a list of local ones, mixed by `weights`
+            (docs/mixing.md).
         batch_size: samples (images, or text rows) per batch.
         augment: "train" (torchvision's RandomResizedCrop + horizontal flip), "val" (torchvision's
             Resize(int(image_size / 0.875)) + CenterCrop(image_size)), None (whole images, which must then share
@@ -273,12 +287,14 @@ def loader(
             size.
         shuffle: reshuffle every epoch from `(seed, epoch)`; False keeps the dataset's stored order.
         num_workers: worker processes building batches (None: one per available core, at most 16; 0: in this
-            process).
+            process; "auto": the `fastdata tune` result stored for this dataset, machine and options, see
+            `loader.tuned`; without one, the default with a warning naming why).
         seed: the seed of the epochs' order and of the augmentations; the same seed gives the same batches for
             any `num_workers`.
         drop_last: leave out the last, short batch of each epoch (of each rank's part).
         pin_memory: hand batches over in pinned memory (None: when CUDA is available).
-        prefetch_factor: batches each worker prepares ahead.
+        prefetch_factor: batches each worker prepares ahead ("auto": the `fastdata tune` result, as for
+            `num_workers`).
         persistent_workers: keep the workers alive between passes (None: yes for "train" or a transform of
             your own, no for "val" or None, so that an evaluation loader holds no processes while training runs).
         multiprocessing_context: the workers' start method ("fork", "spawn", "forkserver"; None: the platform's).
@@ -310,28 +326,75 @@ def loader(
         eos_token: text: the end-of-text token that follows each document (default: the conversion's).
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in the batch's pixels
             (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
+        tune_dir: where "auto" also looks for `fastdata tune` results (default `~/.cache/fastdata/tune`; a
+            `tune.json` inside the dataset's directory is read first).
+        weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
+            batch holds each dataset's share, rounded; 0 leaves a dataset out.
+        samples_per_epoch: a mixture's epoch length in samples (all ranks together); None: `epoch_end` decides.
+        epoch_end: a mixture's epoch ends when the "first" (default) or the "last" dataset has given all its
+            samples.
+        exhausted: a mixture's dataset that runs out before the epoch ends is "cycle"d (reshuffled, restarted)
+            or "stop"ped (left out, the other weights renormalised).
     """
     rank, world_size = resolve_world(rank, world_size)
+    auto = [None if num_workers is None else check_int_or_auto("num_workers", num_workers, 0),
+            check_int_or_auto("prefetch_factor", prefetch_factor, 1)]
+    if tune_dir is not None and AUTO not in auto:
+        raise ConfigError("tune_dir applies to num_workers='auto' or prefetch_factor='auto'")
     options = LoaderOptions(
         batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-        num_workers=min(available_cores(), 16) if num_workers is None else num_workers,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory, prefetch_factor=prefetch_factor,
+        num_workers=min(available_cores(), 16) if auto[0] in (None, AUTO) else auto[0],
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        prefetch_factor=2 if auto[1] == AUTO else auto[1],
         persistent_workers=default_persistent_workers(augment) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context, timeout=timeout,
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
+        plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
+        path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
+    if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.mixing)
+        if AUTO in auto:
+            warnings.warn(f"num_workers/prefetch_factor='auto' over a mixture: `fastdata tune` results are per "
+                          f"dataset, so the defaults are used ({options.num_workers} workers, prefetch "
+                          f"{options.prefetch_factor}); pass numbers to choose", stacklevel=2)
+        mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
+                             on_error=on_error, scale=scale, ratio=ratio, masks=masks,
+                             samples_per_epoch=samples_per_epoch, epoch_end=epoch_end, exhausted=exhausted)
+        mixed.tuned = None
+        return mixed
+    if weights is not None or samples_per_epoch is not None or (epoch_end, exhausted) != ("first", "cycle"):
+        raise ConfigError("weights, samples_per_epoch, epoch_end and exhausted apply to a mixture: pass a list of "
+                          "dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
                          max_length=max_length, masks=masks)
+    tuned = None
+    if AUTO in auto:
+        tuned = _tuned(data, path, options, auto, image_options, augment, tune_dir)
+        options = dataclasses.replace(options, num_workers=tuned.num_workers, prefetch_factor=tuned.prefetch_factor)
+        image_options["decode"] = tuned.decode or decode
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))
-        return text_loader(data, options, text)
-    if data.target_kind == "detection":
-        return DetectionLoader(data, options, ImageOptions(**image_options))
-    text_only = [name for name in text.given() if not (data.pairs and name == "max_length")]
-    if text_only:
-        raise ConfigError(f"{', '.join(text_only)}: for text datasets only; {path} holds images")
-    return (PairLoader if data.pairs else ImageLoader)(data, options, ImageOptions(**image_options))
+        built: ImageLoader | TextLoader = text_loader(data, options, text)
+    elif data.target_kind == "detection":
+        built = DetectionLoader(data, options, ImageOptions(**image_options))
+    else:
+        text_only = [name for name in text.given() if not (data.pairs and name == "max_length")]
+        if text_only:
+            raise ConfigError(f"{', '.join(text_only)}: for text datasets only; {path} holds images")
+        built = (PairLoader if data.pairs else ImageLoader)(data, options, ImageOptions(**image_options))
+    built.tuned = tuned  # what "auto" chose and where it came from (None: nothing was asked to be tuned)
+    return built
+
+
+def _tuned(data: Any, path: Any, options: LoaderOptions, auto: list[Any], image_options: dict[str, Any],
+           augment: Any, tune_dir: Any) -> Tuned:
+    """num_workers / prefetch_factor (and the decode placement) for a loader that asked for "auto"."""
+    key, why_not = loader_key(data, options.batch_size, augment, image_options["dtype"], image_options["device"],
+                              options.world_size)
+    files = tune_files(dataset_root(data), key.dataset, tune_dir) if key is not None else []
+    return resolve_auto(key, files, auto[0], auto[1], image_options["decode"], str(path), why_not)

@@ -93,6 +93,32 @@ def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pets_lmdb(tmp_path_factory) -> Path:
+    """12 solid images (ids 0..11) in other classes than the solid tree's ("cat", "dog", "eel"): a second source
+    for mixtures, whose labels tell it apart."""
+    root = tmp_path_factory.mktemp("pets")
+    tree = build_solid_tree(root / "src", count=SMALL_SOLID_COUNT, classes=("cat", "dog", "eel"))
+    fastdata.convert_imagefolder(tree.root, root / "pets.lmdb", workers=1, progress=False)
+    return root / "pets.lmdb"
+
+
+@pytest.fixture(scope="session")
+def text_mix(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """Three small text datasets: an LMDB and a WebDataset one made with one tokenizer, and an LMDB one made with
+    another (mixtures must share their tokenizer)."""
+    root = tmp_path_factory.mktemp("text_mix")
+    first, second = make_corpus(40, seed=3), make_corpus(25, seed=4)
+    tokenizer = train_bytelevel(root / "bpe.json", first + second)
+    a, b, c = root / "a.lmdb", root / "b", root / "c.lmdb"
+    fastdata.convert_text(write_jsonl(root / "a.jsonl", first), a, tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(write_jsonl(root / "b.jsonl", second), b, tokenizer=tokenizer, format="wds",
+                          shard_size="2KB", progress=False)
+    fastdata.convert_text(write_jsonl(root / "c.jsonl", second), c,
+                          tokenizer=train_bytelevel(root / "other.json", second, vocab=300), progress=False)
+    return a, b, c
+
+
+@pytest.fixture(scope="session")
 def photo_tree(tmp_path_factory) -> Tree:
     return build_photo_tree(tmp_path_factory.mktemp("photo_like") / "src")
 

@@ -39,7 +39,7 @@ def test_options_are_frozen_and_validated():
     ({"image_size": 64.0}, "image_size must be an int or (height, width) of ints, got 64.0 (float)"),
     ({"image_size": (64, "64")}, "image_size must be an int or (height, width) of ints, got (64, '64') (tuple)"),
     ({"batch_size": 32.0}, "batch_size must be an int, got 32.0 (float)"),
-    ({"num_workers": "2"}, "num_workers must be an int, got '2' (str)"),
+    ({"num_workers": "2"}, "num_workers must be an int or 'auto', got '2' (str)"),
     ({"seed": 1.5}, "seed must be an int, got 1.5 (float)"),
     ({"shuffle": "yes"}, "shuffle must be True or False, got 'yes' (str)"),
     ({"pin_memory": 1}, "pin_memory must be True or False, got 1 (int)"),

@@ -34,7 +34,8 @@ def test_readme_has_python_snippets() -> None:
 @pytest.mark.parametrize(("page", "index"), SNIPPETS,
                          ids=[f"{page.relative_to(ROOT)}-{index}" for page, index in SNIPPETS])
 def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Path, coco_lmdb: Path,
-                      seg_rect_lmdb: Path) -> None:
+                      seg_rect_lmdb: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # what a snippet writes (a trace, logs) lands there
     code = python_blocks(page)[index]
     for name in DATASET_NAMES:
         code = code.replace(name, repr(str(readme_lmdb)))

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import pickle
 import queue
 import signal
-import struct
 import sys
 import threading
 import time
@@ -26,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
+from fastdata.convert.messages import out_of_band, receive, send
 from fastdata.errors import WorkerError
 
 
@@ -115,56 +114,6 @@ def _count(stats: PoolStats, sizer: ChunkSizer | None, result: Any, items: int) 
     stats.worker_cpu_seconds += result.cpu_seconds
 
 
-# Messages between the parent and a worker: an 8-byte length, then the pickle, over the socket of a duplex Pipe.
-# The parent reads a result straight into one buffer of its size: `Connection.recv` gathers it in a BytesIO, which
-# for results of megabytes (the laid-out images of a chunk) costs the parent more than all its other work.
-# (Windows pipes have no file descriptor: Connection's own framing there.)
-_RAW = sys.platform != "win32"
-_LENGTH = struct.Struct("!Q")
-
-
-def send(conn: Any, message: Any) -> None:
-    if not _RAW:
-        conn.send(message)
-        return
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_LENGTH.pack(len(data)) + data) if len(data) < 1 << 16 else None
-    fd = conn.fileno()
-    if view is None:  # large: the length, then the pickle as it is (no concatenated copy)
-        _write_all(fd, memoryview(_LENGTH.pack(len(data))))
-        view = memoryview(data)
-    _write_all(fd, view)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def receive(conn: Any, scratch: bytearray | None = None) -> Any:
-    """The next message from `conn`; read into `scratch` (grown as needed, kept by the caller for the next one:
-    a fresh buffer per message would cost its page faults every time)."""
-    if not _RAW:
-        return conn.recv()
-    scratch = bytearray() if scratch is None else scratch
-    fd = conn.fileno()
-    (size,) = _LENGTH.unpack(_read_exactly(fd, _LENGTH.size, scratch))
-    return pickle.loads(_read_exactly(fd, size, scratch))
-
-
-def _read_exactly(fd: int, size: int, scratch: bytearray) -> memoryview:
-    """The next `size` bytes of `fd`, read into the start of `scratch`."""
-    if len(scratch) < size:
-        scratch.extend(bytes(size - len(scratch)))
-    view, got = memoryview(scratch)[:size], 0
-    while got < size:
-        count = os.readv(fd, [view[got:]])
-        if not count:
-            raise EOFError("the other end of a conversion worker's pipe closed")
-        got += count
-    return view
-
-
 @dataclass
 class _Failure:
     """A chunk that raised: the exception (when it pickles) and its traceback text."""
@@ -186,6 +135,9 @@ def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None) -> 
 
     def send_all() -> None:
         while (message := outbox.get()) is not None:
+            result = message[1]
+            if isinstance(getattr(result, "results", None), list):  # the large byte strings go out of band
+                result.results = out_of_band(result.results)
             send(conn, message)
 
     sender = threading.Thread(target=send_all, daemon=True)

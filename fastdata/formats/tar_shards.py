@@ -10,15 +10,16 @@ same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fastdata.errors import START_AGAIN, StagingDamagedError
-from fastdata.formats.manifest import FileEntry, sha256_file, write_atomic
+from fastdata.formats.manifest import FileEntry, write_atomic
 
 SHARD_PATTERN = "shard-{:06d}.tar"
 PROGRESS_FILE = "progress.json"
@@ -51,10 +52,42 @@ def tar_members(members: list[tuple[str, bytes]]) -> bytes:
     byte: what a conversion worker lays out so that the writer only appends the bytes (`append_blob`)."""
     parts = []
     for name, payload in members:
-        info = member_info(name, len(payload))
-        parts += (info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"), payload,
-                  bytes(-len(payload) % _BLOCK))
+        parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % _BLOCK))
     return b"".join(parts)
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The tar header block(s) of a member, exactly as `tarfile` writes `member_info(name, size)` in PAX format.
+
+    A plain ASCII name of at most 100 characters needs one ustar block, and that block differs from member to
+    member only in its name, size and checksum fields: those are patched into a template `tarfile` made (so the
+    bytes are tarfile's own), at a few microseconds instead of tarfile's ~30 per member (about an eighth of a
+    WebDataset conversion worker's time per image). Other names (long, non-ASCII) go through tarfile itself."""
+    if len(name) <= _NAME_FIELD and name.isascii() and size < _SIZE_LIMIT:
+        encoded = name.encode("ascii")
+        size_field = b"%011o\0" % size
+        header = bytearray(_TEMPLATE)
+        header[:len(encoded)] = encoded
+        header[_SIZE_AT:_SIZE_AT + 12] = size_field
+        checksum = _TEMPLATE_SUM + sum(encoded) + sum(size_field) - _TEMPLATE_SIZE_SUM
+        header[_CHECKSUM_AT:_CHECKSUM_AT + 8] = b"%06o\0 " % checksum
+        return bytes(header)
+    return member_info(name, size).tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+def _ustar_template() -> tuple[bytes, int, int]:
+    """tarfile's header of a member with an empty name and size 0, the byte sum of the header as its checksum
+    is computed (checksum field as spaces), and the byte sum of its size field."""
+    header = member_info("", 0).tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+    assert len(header) == _BLOCK, "tarfile wrote more than one block for a plain member"
+    blank = header[:_CHECKSUM_AT] + b" " * 8 + header[_CHECKSUM_AT + 8:]
+    return blank, sum(blank), sum(header[_SIZE_AT:_SIZE_AT + 12])
+
+
+# ustar fields: name[100] mode[8] uid[8] gid[8] size[12] mtime[12] chksum[8] ...
+_NAME_FIELD, _SIZE_AT, _CHECKSUM_AT = 100, 124, 148
+_SIZE_LIMIT = 8**11  # sizes that fit the 11 octal digits of the size field
+_TEMPLATE, _TEMPLATE_SUM, _TEMPLATE_SIZE_SUM = _ustar_template()
 
 
 class ShardWriter:
@@ -98,8 +131,8 @@ class ShardWriter:
     def _open_shard(self, file: BinaryIO | None = None) -> None:
         if file is None:
             file = open(self.directory / (self.shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
-        self._shard_file = file
-        self._tar = tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 (same)
+        self._shard_file = _HashedFile(file)
+        self._tar = tarfile.open(fileobj=self._shard_file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self.shard_samples = 0
 
     def continue_shard(self, file: BinaryIO, samples: int) -> None:
@@ -162,7 +195,7 @@ class ShardWriter:
             self.on_shard_closed(name)
         path = self.directory / name
         os.replace(self.directory / (name + ".tmp"), path)
-        self._entries.append(FileEntry(name, path.stat().st_size, sha256_file(path), self.shard_samples))
+        self._entries.append(FileEntry(name, path.stat().st_size, self._shard_file.hexdigest(), self.shard_samples))
         self._tar = None
         self._shard_finished = True
 
@@ -190,3 +223,29 @@ class ShardWriter:
             self._tar.close()
             self._shard_file.close()
             self._tar = None
+
+
+class _HashedFile:
+    """A shard's file, its sha256 computed from the bytes as they are written (the part before the position it is
+    opened at, on a resume, read back once): closing a shard does not read it all back to hash it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self._digest = hashlib.sha256()
+        end, fd, position = file.tell(), file.fileno(), 0
+        while position < end:
+            piece = os.pread(fd, min(1 << 22, end - position), position)
+            if not piece:
+                break
+            self._digest.update(piece)
+            position += len(piece)
+
+    def write(self, data: Any) -> int:
+        self._digest.update(data)
+        return self.file.write(data)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, name, mode: the file's own
+        return getattr(self.file, name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from time import perf_counter
+from time import monotonic_ns, perf_counter
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import RECORD_TARGET_KINDS, Manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
-from fastdata.image.batch import Batch, EncodedBatch, EncodedSample
+from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, worker_span
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
@@ -149,11 +149,13 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         return image, label
 
     def get_batch(self, indices: np.ndarray, epoch: int, buffers: BatchBuffers | None = None) -> Batch:
+        started_ns = monotonic_ns()
         started = perf_counter()
         samples = [self.encoded(int(i)) for i in indices]
         read_s = perf_counter() - started
         batch = build_batch(self.pipeline, samples, epoch, self.on_error, buffers)
         batch.times.read += read_s
+        batch.span = worker_span(started_ns)
         return batch
 
 

@@ -91,7 +91,8 @@ class ImageLoader(ResumableLoader):
     exactly in the middle of an epoch."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
-                 image: ImageOptions | None = None) -> None:
+                 image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
+        """`sampler` (LMDB only) replaces the epoch's batch order drawn from `options` (a mixture's schedule)."""
         image = image or ImageOptions()
         self.dataset = data
         self.options = options
@@ -130,6 +131,7 @@ class ImageLoader(ResumableLoader):
         self._skipped: dict[str, str] = {}  # key -> reason, each bad sample once however many epochs meet it
         self.borrowed: list[tuple[int, int, str]] = []  # (epoch, batch, key lent to it): see fastdata.borrow
         self.stage_times = StageTimes()  # per-stage seconds summed over workers and batches (fastdata.meter reads it)
+        self.trace_sink: Any = None  # fastdata.meter's trace sets it: called with each batch's (span, stage times)
         self.drop_last, self.uneven = options.drop_last, options.uneven
         self.rank, self.world_size = options.rank, options.world_size
         self._init_progress()
@@ -141,7 +143,7 @@ class ImageLoader(ResumableLoader):
         self._buffers = (BatchBuffers(num_workers, options.prefetch_factor + 4)
                          if num_workers and data.pipeline.output_size and not data.pipeline.ship_encoded else None)
         if isinstance(data, LmdbImageDataset):
-            self._sampler: EpochBatchSampler | None = EpochBatchSampler(
+            self._sampler: EpochBatchSampler | None = sampler or EpochBatchSampler(
                 len(data), batch_size, options.shuffle, options.seed, options.drop_last, options.rank,
                 options.world_size, options.uneven)
             self._batches: LmdbBatches | WdsBatches = LmdbBatches(data, self._buffers)
@@ -250,6 +252,8 @@ class ImageLoader(ResumableLoader):
                 self._note_skipped(batch.skipped)
             self.stage_times.add(batch.times)
             self.stage_times.batches += 1
+            if self.trace_sink is not None:
+                self.trace_sink(batch.span, batch.times)
             yield batch
 
     def _batches_on_device(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

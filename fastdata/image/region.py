@@ -85,6 +85,15 @@ class RegionDecoder:
         self._module.decode_into(self._api, data, out, region.scale_num, region.left, region.top, bgr, max_pixels)
         return out
 
+    def restart_rewrite(self, data: bytes | memoryview, interval_mcus: int = 1, optimize: bool = True,
+                        max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[bytes, np.ndarray]:
+        """The JPEG `data` rewritten losslessly with a restart marker every `interval_mcus` MCUs (baseline,
+        Huffman tables optimised if `optimize`), and where each restart segment starts then 2 past the start of
+        EOI (uint32). Raises NotImplementedError for a JPEG it does not rewrite, ValueError for unreadable bytes
+        (fastdata.image.restart.rewrite turns both into fastdata errors)."""
+        jpeg, offsets = self._module.restart_rewrite(self._api, data, interval_mcus, optimize, max_pixels)
+        return jpeg, np.frombuffer(offsets, np.uint32)
+
     def header(self, data: bytes | memoryview, scale_num: int = 8) -> tuple[int, int, int]:
         """(width, height, components) of the JPEG decoded at scale_num/8."""
         return self._module.header(self._api, data, scale_num)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from time import perf_counter
+from time import monotonic_ns, perf_counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptSampleError
-from fastdata.image.batch import Batch, EncodedSample
+from fastdata.image.batch import Batch, EncodedSample, worker_span
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import build_batch
 from fastdata.order.stream import DEFAULT_WINDOW, EpochPlan, StreamPlanner
@@ -88,6 +88,7 @@ class _WorkerReader:
             self.wanted += counts.astype(np.int32)
         try:
             for _, positions in batches:
+                started_ns = monotonic_ns()
                 started = perf_counter()
                 for position in np.unique(positions).tolist():  # in stream order: each shard is read once
                     if position not in self.kept:
@@ -96,6 +97,7 @@ class _WorkerReader:
                 read_s = perf_counter() - started
                 batch = build_batch(self.dataset.pipeline, samples, self.epoch, self.dataset.on_error, self.buffers)
                 batch.times.read += read_s
+                batch.span = worker_span(started_ns)
                 yield batch
         finally:
             self._close()

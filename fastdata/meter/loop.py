@@ -4,7 +4,9 @@ For each step it times the wait for the next batch (data wait) against the time 
 (compute); with CUDA in use it also records two CUDA events per step (no blocking sync in the loop) so that
 the wait the *GPU* saw is measured, not the host's. A background sampler records CPU, iowait, disk, RSS and
 GPU figures (`fastdata.meter.system`); with `fastdata.loader`, the per-stage seconds of its workers say which
-stage is the wall. `report()` turns all of it into a verdict with reasons and suggestions.
+stage is the wall. `report()` turns all of it into a verdict with reasons and suggestions; in a torch.distributed
+job it compares the ranks and names a straggler (`fastdata.meter.ranks`). `trace=` writes the timeline as a
+Perfetto trace (`fastdata.meter.trace`); `on_log=` hands the live figures to a callback (`fastdata.meter.hooks`).
 """
 
 from __future__ import annotations
@@ -13,18 +15,24 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from fastdata.meter import hooks
+from fastdata.meter.ranks import compare_ranks, distributed_rank, gather_figures, straggler_advice
 from fastdata.meter.report import LoaderFacts, MeterReport, Window, build_report
 from fastdata.meter.stages import StageTimes
 from fastdata.meter.system import SystemSampler
+from fastdata.meter.trace import MAX_EVENTS, Tracer
 
 T = TypeVar("T")
 
 
 def meter(iterable: Iterable[T], *, sync: bool | None = None, log_every: int | None = None,
           batch_size: int | Callable[[Any], int] | None = None, warmup_steps: int = 1, interval: float = 1.0,
-          system: bool = True, log: Callable[[str], None] | None = None) -> Meter[T]:
+          system: bool = True, log: Callable[[str], None] | None = None,
+          on_log: Callable[[dict[str, Any]], None] | None = None, trace: str | Path | None = None,
+          trace_max_events: int = MAX_EVENTS, ranks: bool | None = None) -> Meter[T]:
     """Wrap `iterable` so that iterating the result yields its items unchanged while timing every step.
 
     Args:
@@ -37,10 +45,28 @@ def meter(iterable: Iterable[T], *, sync: bool | None = None, log_every: int | N
         warmup_steps: first steps left out of rates and fractions (worker start-up; `first_batch_s` reports it).
         interval: seconds between system samples.
         system: sample CPU, iowait, disk, memory and GPU figures once every `interval` (False: timings only).
-        log: where live lines go (default: stderr).
+        log: where live lines go (default: stderr; with `on_log` and no `log`, no lines are printed).
+        on_log: called every `log_every` steps with the live figures as a dict (`step`, `seconds`, `steps_per_s`,
+            `samples_per_s`, `data_wait_fraction` since the last call, and the last system sample's
+            `cpu_percent`, `iowait_percent`, `gpu_util_percent`, `rss_mb`, ...; unavailable ones left out).
+            `fastdata.meter.tensorboard(writer)` and `fastdata.meter.lightning(logger)` make one.
+        trace: write the timeline to this JSON file, a Chrome / Perfetto trace (ui.perfetto.dev,
+            chrome://tracing): data wait and compute per step, each loader worker's read / decode / augment /
+            collate per batch (fastdata loaders), system samples as counters. Rewritten at the end of every pass
+            and at `close()`. In a torch.distributed job each rank writes its own (`run.json` -> `run.rank1.json`).
+        trace_max_events: events the trace keeps (the first ones; the file says how many were left out).
+        ranks: in a torch.distributed job, every rank's data wait is gathered at the end of each whole pass (all
+            ranks get there together) and `report()`, on any rank, names the slowest rank. None: when
+            torch.distributed is initialised with more than one rank; False: never (`report(ranks=False)` leaves
+            the line out of one report).
     """
     return Meter(iterable, sync=sync, log_every=log_every, batch_size=batch_size, warmup_steps=warmup_steps,
-                 interval=interval, system=system, log=log)
+                 interval=interval, system=system, log=log, on_log=on_log, trace=trace,
+                 trace_max_events=trace_max_events, ranks=ranks)
+
+
+meter.tensorboard = hooks.tensorboard  # type: ignore[attr-defined]  # fastdata.meter.tensorboard(writer)
+meter.lightning = hooks.lightning  # type: ignore[attr-defined]  # fastdata.meter.lightning(logger)
 
 
 def infer_batch_size(item: Any) -> int | None:
@@ -193,7 +219,9 @@ class Meter(Generic[T]):
 
     def __init__(self, iterable: Iterable[T], *, sync: bool | None, log_every: int | None,
                  batch_size: int | Callable[[Any], int] | None, warmup_steps: int, interval: float, system: bool,
-                 log: Callable[[str], None] | None) -> None:
+                 log: Callable[[str], None] | None, on_log: Callable[[dict[str, Any]], None] | None = None,
+                 trace: str | Path | None = None, trace_max_events: int = MAX_EVENTS,
+                 ranks: bool | None = None) -> None:
         if not (isinstance(iterable, Iterable) or hasattr(iterable, "__getitem__")):
             raise TypeError(f"fastdata.meter() needs an iterable (a DataLoader, fastdata.loader(...), a list, a "
                             f"generator...), got {type(iterable).__name__} {_short_repr(iterable)}")
@@ -203,6 +231,10 @@ class Meter(Generic[T]):
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         if batch_size is not None and not callable(batch_size) and int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int or a function of the batch, got {batch_size!r}")
+        if on_log is not None and not callable(on_log):
+            raise TypeError(f"on_log must be a function of the figures dict, got {type(on_log).__name__}")
+        if trace_max_events < 1:
+            raise ValueError(f"trace_max_events must be a positive number of events, got {trace_max_events}")
         self.iterable = iterable
         self.log_every = log_every
         self.warmup_steps = warmup_steps
@@ -210,7 +242,12 @@ class Meter(Generic[T]):
         self._sizer: Callable[[Any], int | None] = (
             infer_batch_size if batch_size is None else batch_size if callable(batch_size)
             else (lambda _item, n=int(batch_size): n))
-        self._log = log or _stderr_line
+        self._log = log or (None if on_log is not None else _stderr_line)
+        self._on_log = on_log
+        self._trace_to, self._trace_max = trace, trace_max_events
+        self._tracer: Tracer | None = None  # made at the first pass, when the rank is known
+        self._ranks_wanted = ranks
+        self._ranks_compared: dict[str, Any] | None = None  # gathered at the end of the last whole pass
         self._sampler = SystemSampler(interval=interval) if system else None
         self._facts = LoaderFacts.of(iterable)
         self._counts = _Counts()
@@ -237,9 +274,30 @@ class Meter(Generic[T]):
         self.close()
 
     def close(self) -> None:
-        """Stop the background sampler (a later pass starts it again)."""
+        """Stop the background sampler (a later pass starts it again) and write the trace (with `trace=`)."""
         if self._sampler is not None:
             self._sampler.stop()
+        if self._tracer is not None and self._tracer.unwritten:
+            self._tracer.write()
+
+    @property
+    def trace_path(self) -> Path | None:
+        """The trace file this meter writes (this rank's), once the first pass has begun; None without `trace=`."""
+        return self._tracer.path if self._tracer is not None else None
+
+    def _start_trace(self) -> Tracer | None:
+        """The tracer of this meter, made at the first pass (the rank is known by then), wired to the system
+        sampler and, for a fastdata loader, to its workers' batches."""
+        if self._trace_to is None:
+            return None
+        if self._tracer is None:
+            rank, world = distributed_rank() or (None, 1)
+            self._tracer = Tracer(self._trace_to, rank=rank, world_size=world, max_events=self._trace_max)
+            if self._sampler is not None:
+                self._sampler.on_sample = self._tracer.sample
+        if hasattr(self.iterable, "trace_sink"):
+            self.iterable.trace_sink = self._tracer.worker_batch
+        return self._tracer
 
     def __iter__(self) -> Iterator[T]:
         counts, timeline, sizer = self._counts, self._timeline, self._sizer
@@ -249,6 +307,7 @@ class Meter(Generic[T]):
         stage_source = getattr(self.iterable, "stage_times", None)
         if self._stages_start is None and isinstance(stage_source, StageTimes):
             self._stages_start = stage_source.copy()
+        tracer = self._start_trace()
         if self._sampler is not None:
             self._sampler.start()
         t0 = self._pass_started = perf()
@@ -259,6 +318,9 @@ class Meter(Generic[T]):
                     item = next(iterator)
                 except StopIteration:
                     counts.wait += perf() - t0
+                    if tracer is not None:
+                        tracer.end_compute(t0)
+                    self._compare_ranks()
                     return
                 t1 = perf()
                 n = sizer(item)
@@ -269,6 +331,8 @@ class Meter(Generic[T]):
                 counts.samples += n
                 counts.wait += t1 - t0
                 timeline.add(t0, t1, n)
+                if tracer is not None:
+                    tracer.step(counts.steps, t0, t1)
                 cuda = self._cuda
                 if cuda is not None:
                     cuda.ready(counts.steps > warmup, first_in_pass)
@@ -289,10 +353,16 @@ class Meter(Generic[T]):
                         self._cuda.boundary()
                         t0 = perf()
         finally:
-            self._seconds_done += perf() - self._pass_started
+            ended = perf()
+            self._seconds_done += ended - self._pass_started
             self._pass_started = None
             if self._sampler is not None:
                 self._sampler.stop()
+            if tracer is not None:
+                tracer.end_compute(ended)  # a loop that stopped early: its last step ends here
+                if hasattr(self.iterable, "trace_sink"):
+                    self.iterable.trace_sink = None
+                tracer.write()
 
     # ---------------------------------------------------------------------------------------------
     def _decide_sync(self) -> None:
@@ -319,26 +389,42 @@ class Meter(Generic[T]):
         self._warm = (self._measured_seconds(now), c.steps, c.samples, c.wait)
 
     def _log_line(self, now: float) -> None:
+        figures = self._figures(now)
+        if self._on_log is not None:
+            self._on_log(dict(figures))
+        if self._log is None:
+            return
+        parts = [f"step {figures['step']:,}", f"{figures['steps_per_s']:,.1f} steps/s"]
+        if "samples_per_s" in figures:
+            parts.append(f"{figures['samples_per_s']:,.0f} samples/s")
+        parts.append(f"data wait {figures['data_wait_fraction']:.0%}")
+        cpu, gpu = figures.get("cpu_percent"), figures.get("gpu_util_percent")
+        parts.append("CPU n/a" if cpu is None else f"CPU {cpu:.0f}%")
+        parts.append("GPU n/a" if gpu is None else f"GPU {gpu:.0f}%")
+        self._log("[fastdata.meter] " + " | ".join(parts))
+
+    def _figures(self, now: float) -> dict[str, Any]:
+        """The live figures since the last call: rates and data wait, and the last system sample."""
         c = self._counts
         seconds = self._measured_seconds(now)
         mark = self._log_mark or (0.0, 0, 0, 0.0)
         span = max(1e-9, seconds - mark[0])
         steps, samples, wait = c.steps - mark[1], c.samples - mark[2], c.wait - mark[3]
         self._log_mark = (seconds, c.steps, c.samples, c.wait)
-        latest = self._sampler.latest if self._sampler is not None else {}
-        parts = [f"step {c.steps:,}", f"{steps / span:,.1f} steps/s"]
+        figures: dict[str, Any] = {"step": c.steps, "seconds": round(seconds, 6), "steps_per_s": steps / span}
         if c.samples_known:
-            parts.append(f"{samples / span:,.0f} samples/s")
-        parts.append(f"data wait {min(1.0, wait / span):.0%}")
-        cpu, gpu = latest.get("cpu_percent"), latest.get("gpu_util_percent")
-        parts.append("CPU n/a" if cpu is None else f"CPU {cpu:.0f}%")
-        parts.append("GPU n/a" if gpu is None else f"GPU {gpu:.0f}%")
-        self._log("[fastdata.meter] " + " | ".join(parts))
+            figures["samples_per_s"] = samples / span
+        figures["data_wait_fraction"] = min(1.0, wait / span)
+        latest = self._sampler.latest if self._sampler is not None else {}
+        figures.update((name, value) for name, value in latest.items() if value is not None)
+        return figures
 
-    def report(self) -> MeterReport:
+    def report(self, *, ranks: bool | None = None) -> MeterReport:
         """What was measured so far, with a verdict (`input-bound`, `compute-bound`, `cpu-contended` (the data is
         there but other processes took the CPU), `balanced`, or `no steps measured`), the reasons behind it and
-        what to try."""
+        what to try. In a torch.distributed job (unless `ranks`, or the meter's `ranks`, is False) it names the
+        slowest rank from every rank's data wait, as gathered at the end of the last whole pass (not a collective:
+        call it on any rank)."""
         c = self._counts
         seconds = self._measured_seconds()
         warm = self._warm if (self._warm is not None and c.steps > self.warmup_steps) else None
@@ -354,10 +440,32 @@ class Meter(Generic[T]):
         if self._stages_start is not None and isinstance(source, StageTimes):
             stages = source.minus(self._stages_start)
         system = self._sampler.summary() if self._sampler is not None else None
-        return build_report(steps=c.steps, samples=c.samples if c.samples_known else None, seconds=seconds,
-                            first_batch_s=self._first_batch_s, window=window, system=system, stages=stages,
-                            loader=self._facts, cuda=self._cuda is not None,
-                            timeline=self._timeline.as_dict())
+        report = build_report(steps=c.steps, samples=c.samples if c.samples_known else None, seconds=seconds,
+                              first_batch_s=self._first_batch_s, window=window, system=system, stages=stages,
+                              loader=self._facts, cuda=self._cuda is not None,
+                              timeline=self._timeline.as_dict())
+        if self._tracer is not None:
+            report.trace = str(self._tracer.path)
+        wanted = self._ranks_wanted if ranks is None else ranks
+        if wanted is not False and self._ranks_compared is not None:
+            report.ranks = self._ranks_compared
+            advice = straggler_advice(report.ranks)
+            if advice is not None:
+                report.suggestions.insert(0, advice)
+        return report
+
+    def _compare_ranks(self) -> None:
+        """At the end of a whole pass, in a torch.distributed job: gather every rank's data wait (a collective,
+        which every rank reaches together, since every rank's loader yields the same number of batches) for
+        `report()`, which then needs no collective and may be called on one rank only. A loop that leaves a pass
+        early (break) gathers nothing: its report has no ranks line."""
+        distributed = distributed_rank() if self._ranks_wanted is not False else None
+        if distributed is None:
+            return
+        mine = self.report(ranks=False)
+        figures = {"data_wait_fraction": mine.data_wait_fraction, "samples_per_s": mine.samples_per_s,
+                   "steps": mine.steps}
+        self._ranks_compared = compare_ranks(gather_figures(figures), distributed[0])
 
 
 def _cuda_available() -> bool:

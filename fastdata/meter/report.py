@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastdata.config import available_cores
+from fastdata.meter.ranks import ranks_line
 from fastdata.meter.stages import STAGES, StageTimes
 
 INPUT_BOUND_AT = 0.30  # data wait fraction from which the loop is input-bound
@@ -69,7 +70,8 @@ class MeterReport:
     wait cover the measured window after the first `warmup_steps` (whose time `first_batch_s` shows).
     `samples` is None when no batch size could be inferred. `system` holds the sampled figures (None where
     unavailable, with the reason in `system["unavailable"]`); `stages` the per-stage worker seconds of a
-    fastdata loader."""
+    fastdata loader. `ranks` compares the ranks of a torch.distributed job (`fastdata.meter.ranks.compare_ranks`),
+    `trace` is the trace file written."""
 
     steps: int
     samples: int | None
@@ -91,6 +93,8 @@ class MeterReport:
     stages: dict[str, Any] | None = None
     loader: dict[str, Any] = field(default_factory=dict)
     timeline: dict[str, Any] = field(default_factory=dict)
+    trace: str | None = None  # the trace file written (`trace=`), this rank's
+    ranks: dict[str, Any] | None = None  # every rank's data wait and the straggler (`fastdata.meter.ranks`)
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure as plain JSON types."""
@@ -361,6 +365,10 @@ def format_report(r: MeterReport) -> str:
     if r.stages:
         lines.append("  stages       " + ", ".join(f"{k} {r.stages['share'][k]:.0%}" for k in STAGES)
                      + f" of {r.stages['worker_seconds']:.2f} worker-s")
+    if r.ranks:
+        lines.append(f"  ranks        {ranks_line(r.ranks)}")
+    if r.trace:
+        lines.append(f"  trace        {r.trace} (open it in ui.perfetto.dev or chrome://tracing)")
     lines.append("  why")
     lines += [f"    - {reason}" for reason in r.reasons]
     if r.suggestions:

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastdata.config import available_cores
@@ -41,15 +42,18 @@ class _Mean:
 class SystemSampler:
     """Samples system figures every `interval` seconds between `start()` and `stop()`.
 
-    `latest` holds the last sample (for live log lines); `summary()` the means (RSS and memory: maxima).
+    `latest` holds the last sample (for live log lines), also handed to `on_sample` (the meter's trace);
+    `summary()` the means (RSS and memory: maxima).
     """
 
-    def __init__(self, interval: float = 1.0, gpu: bool = True, pid: int | None = None) -> None:
+    def __init__(self, interval: float = 1.0, gpu: bool = True, pid: int | None = None,
+                 on_sample: Callable[[float, dict[str, float | None]], None] | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval}")
         self.interval = interval
         self.pid = os.getpid() if pid is None else pid
         self.latest: dict[str, float | None] = {}
+        self.on_sample = on_sample  # called with (interval start, time.monotonic s; its figures) after each sample
         self._want_gpu = gpu
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -233,6 +237,8 @@ class SystemSampler:
             if now.get("gpu"):
                 self._account_gpu(now["gpu"], dt, latest)
             self.latest = latest
+        if self.on_sample is not None:
+            self.on_sample(prev["t"], dict(latest))
 
     def _account_cpu(self, prev: list, now: list, dt: float, latest: dict) -> float | None:
         """Account one interval of the machine's CPU; returns its busy cores (None without a figure)."""
@@ -254,7 +260,9 @@ class SystemSampler:
             self._mean("cpu_percent").add(cpu, dt)
             latest["cpu_percent"] = cpu
             if sys.platform.startswith("linux"):
-                self._mean("iowait_percent").add(100.0 * max(0.0, iowait_all) / total_all, dt)
+                iowait = 100.0 * max(0.0, iowait_all) / total_all
+            self._mean("iowait_percent").add(iowait, dt)
+            latest["iowait_percent"] = iowait
             return busy_all / total_all * len(now)  # busy CPU-seconds over all CPU-seconds, in cores
         return None
 
@@ -276,6 +284,8 @@ class SystemSampler:
         self._mean("main_cpu_cores").add(main, dt)
         self._mean("workers_cpu_cores").add(workers, dt)
         latest["workers_cpu_cores"] = workers
+        latest["main_cpu_cores"] = main
+        latest["rss_mb"] = now["rss"] / 2**20
         self._max["rss_mb"] = max(self._max.get("rss_mb", 0.0), now["rss"] / 2**20)
         self._max["workers"] = max(self._max.get("workers", 0.0), float(len(now["children"])))
         return main + workers
@@ -292,6 +302,7 @@ class SystemSampler:
             self._mean("gpu_util_percent").add(util, dt)
             latest["gpu_util_percent"] = util
             used = sum(u.memory_used_mb for u in seen)
+            latest["gpu_memory_used_mb"] = used
             self._max["gpu_memory_used_mb"] = max(self._max.get("gpu_memory_used_mb", 0.0), used)
 
     def _mean(self, name: str) -> _Mean:

@@ -5,10 +5,11 @@ memory through the same step), so that the distance to "data loading costs nothi
 fairness rules (settings, warm-up, page cache, alternating repeats, median of per-run ratios) are
 `fastdata.tools.bench_fair`'s; `run_contenders` applies them, here and in every script in benchmarks/. Every run
 goes through `fastdata.meter` (unless `metered=False`), whose timeline feeds `--plot` and `--json`
-(`fastdata.tools.bench_report`)."""
+(`fastdata.tools.bench_report`), and with `--trace DIR` a Perfetto trace per contender and run (`trace_name`)."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import tempfile
 import time
@@ -112,12 +113,14 @@ Step = Callable[[Any, Any], Any]
 
 def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_image: float,
                 step: str | Step | None = None, warmup_passes: int = WARMUP_PASSES,
-                before_timing: Callable[[], Any] | None = None, metered: bool = True) -> RunResult:
+                before_timing: Callable[[], Any] | None = None, metered: bool = True,
+                trace: Path | None = None) -> RunResult:
     """Build a loader with `make()`, run `warmup_passes` untimed passes over it, then time `epochs` passes,
     doing `step` (a name from STEPS or a function of `(images, labels)`) with every batch of both. Without
     warm-up passes the clock starts before `make()`, so worker start-up is timed. `before_timing` runs
     between the two (e.g. to evict the page cache). `first_batch_s`: from `make()` to the first batch. With
-    `metered`, the timed passes go through fastdata.meter (data wait, timeline, system figures)."""
+    `metered`, the timed passes go through fastdata.meter (data wait, timeline, system figures), and with `trace`
+    its timeline of them is written there (a Chrome / Perfetto trace)."""
     from fastdata.meter.loop import meter
 
     work, finish = make_step(step)
@@ -142,7 +145,7 @@ def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_
     if before_timing is not None:
         before_timing()
     measure_from = time.perf_counter() if warmup_passes else started
-    timed = meter(loader, interval=0.5) if metered else loader
+    timed = meter(loader, interval=0.5, trace=trace) if metered else loader
     counted = 0
     for _ in range(epochs):
         for images, labels in timed:
@@ -231,7 +234,8 @@ class Contender:
 def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None = None,
               progress: Callable[[str], None] | None = None, upper_bound: bool = False,
               baseline_source: bool = False, export_dir: Path | None = None,
-              baseline_list: Path | None = None, baseline_export: bool = False) -> list[LoaderResult]:
+              baseline_list: Path | None = None, baseline_export: bool = False,
+              trace_dir: Path | None = None) -> list[LoaderResult]:
     """Time fastdata.loader over `path` (and the torchvision ImageFolder baseline, and with `upper_bound` the
     same batches from memory), alternating the loaders `config.repeats` times so that machine noise hits all
     alike. Every contender gets the same DataLoader settings, warm-up passes and page-cache treatment, and
@@ -243,7 +247,8 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
     results say "different inputs"). A dataset converted from a file list takes `baseline_list` (the list) instead:
     its baseline is a torchvision-style Dataset over the images the list names. `baseline_export` (for a source
     that is not files torchvision reads: a Hugging Face dataset, WebDataset shards) makes the baseline a
-    torchvision-style Dataset over the dataset's stored bytes exported as files."""
+    torchvision-style Dataset over the dataset's stored bytes exported as files. `trace_dir`: a Perfetto trace
+    of every run there (`run_contenders`)."""
     manifest = read_manifest(path)
     say = progress or (lambda _line: None)
     source = _baseline_source(path, manifest.source.get("kind", "imagefolder"), baseline_imagefolder, baseline_list,
@@ -270,7 +275,7 @@ def run_bench(path: Path, config: BenchConfig, baseline_imagefolder: Path | None
             batches, per_pass = collect_batches(fast.make(), config.upper_bound_mb * 10**6)
             contenders.append(Contender(LoaderResult(UPPER_BOUND, role="upper-bound"),
                                         lambda: MemoryBatches(batches, per_pass), fast.bytes_per_image, []))
-        return run_contenders(contenders, config, say, f"{manifest.num_samples:,} images")
+        return run_contenders(contenders, config, say, f"{manifest.num_samples:,} images", trace_dir=trace_dir)
 
 
 #: how to ask for the baseline that fits each source kind (any other kind: --baseline-export)
@@ -295,13 +300,22 @@ def _baseline_source(path: Path, kind: str, imagefolder: Path | None, file_list:
     return imagefolder if imagefolder is not None else file_list
 
 
+def trace_name(name: str, repeat: int) -> str:
+    """The trace file of run `repeat` (from 0) of contender `name`: "fastdata (lmdb)" -> "fastdata-lmdb.run1.json"."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "loader"
+    return f"{slug}.run{repeat + 1}.json"
+
+
 def run_contenders(contenders: list[Contender], config: BenchConfig, progress: Callable[[str], None] | None = None,
-                   what: str = "the data") -> list[LoaderResult]:
+                   what: str = "the data", trace_dir: Path | None = None) -> list[LoaderResult]:
     """Run every contender `config.repeats` times, alternating, each run `config.warmup_passes` untimed passes
     then `config.epochs` timed ones over a freshly built loader; the files of every contender are read once
     before any timing ("warm") or evicted before each timed run ("cold"). The one loop every bench and
-    benchmark script goes through, so that no contender is treated differently."""
+    benchmark script goes through, so that no contender is treated differently. With `trace_dir` (and
+    `config.metered`), each run's timed passes are written there as a Perfetto trace (`trace_name`)."""
     say = progress or (lambda _line: None)
+    if trace_dir is not None and not config.metered:
+        raise ConfigError("a trace comes from fastdata.meter: trace_dir needs BenchConfig(metered=True)")
     if config.page_cache == "warm":
         read = warm_page_cache(f for c in contenders for f in c.files)
         say(f"bench: read every loader's files once before timing ({read / 1e6:,.1f} MB into the page cache)")
@@ -311,9 +325,10 @@ def run_contenders(contenders: list[Contender], config: BenchConfig, progress: C
         say(f"bench: {result.name}, run {repeat + 1}/{config.repeats} ({config.warmup_passes} untimed + "
             f"{config.epochs} timed passes over {what}, step: {config.step})")
         evict = (lambda: evict_page_cache(contender.files)) if config.page_cache == "cold" else None
+        trace = Path(trace_dir) / trace_name(result.name, repeat) if trace_dir is not None else None
         result.runs.append(time_loader(result.name, contender.make, config.epochs, contender.bytes_per_image,
                                        step=config.step, warmup_passes=config.warmup_passes, before_timing=evict,
-                                       metered=config.metered))
+                                       metered=config.metered, trace=trace))
 
     alternate(contenders, config.repeats, run)
     return [c.result for c in contenders]

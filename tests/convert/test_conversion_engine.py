@@ -86,10 +86,11 @@ def _record(key: str, **fields) -> ImageRecord:
 
 
 def test_laid_out_tar_members_are_what_tarfile_writes():
-    """Headers, payloads and padding as `TarFile.addfile` writes them, long and non-ASCII names (PAX headers)
-    included."""
+    """Headers, payloads and padding as `TarFile.addfile` writes them: plain names (the patched ustar template),
+    names of exactly 100 and 101 characters, long and non-ASCII names (PAX headers)."""
     members = [("a/" + "long" * 40 + ".jpg", b"x" * 1000), ("ü/naïve.json", b"{}"), ("odd\udcff.cls", b"12"),
-               ("empty.txt", b"")]
+               ("empty.txt", b""), ("n01440764/n01440764_10026.jpg", b"y" * 53_117), ("k" * 100, b"z" * 512),
+               ("k" * 101, b"z" * 513), ("plain/name with spaces.cls", b"7")]
     expected = io.BytesIO()
     with tarfile.open(fileobj=expected, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, payload in members:

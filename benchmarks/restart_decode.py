@@ -1,0 +1,134 @@
+"""Restart-indexed JPEGs (issue 21): decoding a RandomResizedCrop's region from the sub-JPEG of the MCUs it covers,
+against today's region decode of the original file, on one core, and what the lossless rewrite costs in bytes and
+conversion time (with optimised Huffman tables, the default, and with the standard ones).
+
+For every JPEG of the benchmarks' sample ImageFolder (fastdata.tools.sample.cached_sample_imagefolder, JPEG only),
+one RandomResizedCrop 224 is drawn from its size (seeded, as the train preset does) and planned as today
+(`plan_region`: the smallest power-of-two DCT scale that keeps the crop at least 224 pixels, the rows and columns it
+covers); then timed, each over all images, alternating, median of `--repeats` passes:
+
+- region, original (today): the extension decodes the region of the source file;
+- region, rewritten whole file: the same, of the rewritten file (what the restart markers alone cost);
+- sub-JPEG (stored index): RestartIndex.from_bytes + assemble the covered MCUs + region decode of the sub-JPEG
+  (what a loader does with the index stored beside the image);
+- sub-JPEG (index from a scan): the same with the index rebuilt by scanning the file for restart markers;
+- assemble only: RestartIndex.from_bytes + assemble, no decode;
+- whole image, full size (OpenCV): what PIL-style loaders decode before cropping.
+
+    python benchmarks/restart_decode.py [--images 2000] [--repeats 5]
+
+Run nothing else heavy meanwhile: the ratios are only as good as the machine is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from fastdata.errors import UnsupportedJpegError
+from fastdata.formats.records import CODEC_CV_JPEG
+from fastdata.image.augment import RandomResizedCropFlip
+from fastdata.image.decode import decode_rgb
+from fastdata.image.headers import jpeg_size
+from fastdata.image.region import plan_region, region_decoder
+from fastdata.image.restart import RestartIndex, build_index, decode_region, rewrite, sub_jpeg_for
+from fastdata.order.epoch import sample_rng
+from fastdata.tools.sample import cached_sample_imagefolder
+
+
+def timed_pass(decode: Callable[[int], object], count: int) -> float:
+    """ms of this process's CPU time per call (everything runs on one thread: less disturbed by other load than
+    wall time)."""
+    started = time.process_time()
+    for i in range(count):
+        decode(i)
+    return (time.process_time() - started) / count * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=2000, help="sample JPEGs (generated once, then reused)")
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    import cv2
+
+    cv2.setNumThreads(1)
+    decoder = region_decoder()
+    if decoder is None:
+        raise SystemExit("the region decoder is not available here (see `fastdata doctor`)")
+    folder = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
+    originals = [path.read_bytes() for path in sorted(folder.rglob("*")) if path.suffix.lower() in (".jpg", ".jpeg")]
+
+    started = time.process_time()
+    rewritten, refused = [], []
+    for i, data in enumerate(originals):
+        try:
+            rewritten.append((i, *rewrite(data, decoder)))
+        except UnsupportedJpegError as exc:
+            refused.append(str(exc))
+    rewrite_ms = (time.process_time() - started) / len(originals) * 1e3
+    started = time.process_time()
+    standard_bytes = sum(len(decoder.restart_rewrite(originals[i], 1, False)[0]) for i, _, _ in rewritten)
+    standard_ms = (time.process_time() - started) / len(originals) * 1e3
+    started = time.process_time()
+    for i, _, _ in rewritten:
+        decode_rgb(originals[i], CODEC_CV_JPEG)
+    whole_ms = (time.process_time() - started) / len(originals) * 1e3
+
+    records = []  # (original, rewritten, stored index, region)
+    preset = RandomResizedCropFlip(224)
+    for i, jpeg, index in rewritten:
+        width, height = jpeg_size(originals[i])
+        params = preset.params(width, height, sample_rng(0, 0, i))
+        records.append((originals[i], jpeg, index.to_bytes(), plan_region(width, height, params, 224)))
+
+    def sub(i: int) -> object:
+        _, jpeg, stored, region = records[i]
+        return sub_jpeg_for(jpeg, RestartIndex.from_bytes(stored), region)
+
+    ways: dict[str, Callable[[int], object]] = {
+        "region, original (today)": lambda i: decoder.decode(records[i][0], records[i][3]),
+        "region, rewritten whole file": lambda i: decoder.decode(records[i][1], records[i][3]),
+        "sub-JPEG (stored index)": lambda i: decode_region(decoder, records[i][1],
+                                                           RestartIndex.from_bytes(records[i][2]), records[i][3]),
+        "sub-JPEG (index from a scan)": lambda i: decode_region(decoder, records[i][1], build_index(records[i][1]),
+                                                                records[i][3]),
+        "assemble only (stored index)": sub,
+        "whole image, full size (OpenCV)": lambda i: decode_rgb(records[i][0], CODEC_CV_JPEG),
+    }
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for decode in ways.values():  # one untimed pass each
+        timed_pass(decode, len(records))
+    for _ in range(args.repeats):
+        for name, decode in ways.items():
+            times[name].append(timed_pass(decode, len(records)))
+
+    source_bytes = sum(len(records[k][0]) for k in range(len(records)))
+    jpeg_bytes = sum(len(r[1]) for r in records)
+    index_bytes = sum(len(r[2]) for r in records)
+    covered = np.mean([len(sub(k).data) / len(records[k][1]) for k in range(len(records))])
+    print(f"{len(originals)} JPEGs of {folder} ({len(refused)} refused by the rewrite), one RandomResizedCrop 224 "
+          f"each; one thread, CPU time; median of {args.repeats} alternating passes\n")
+    print(f"rewrite: {rewrite_ms:.2f} ms per image ({rewrite_ms / whole_ms:.2f}x a full-size OpenCV decode); bytes "
+          f"{jpeg_bytes / source_bytes - 1:+.1%} (JPEG) {index_bytes / source_bytes:+.1%} (index) vs the sources; "
+          f"a sub-JPEG holds {covered:.0%} of its file's bytes on average; with the standard Huffman tables "
+          f"instead of optimised ones: {standard_ms:.2f} ms per image, bytes {standard_bytes / source_bytes - 1:+.1%}"
+          "\n")
+    print("| decode | ms per image | vs today's region decode |")
+    print("|---|---:|---:|")
+    today = statistics.median(times["region, original (today)"])
+    for name, values in times.items():
+        ms = statistics.median(values)
+        print(f"| {name} | {ms:.3f} | {ms / today:.2f}x |")
+    for reason in sorted(set(refused))[:5]:
+        print("refused:", reason)
+
+
+if __name__ == "__main__":
+    main()

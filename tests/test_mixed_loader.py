@@ -1,0 +1,256 @@
+"""Weighted mixtures through `fastdata.loader([a, b], weights=...)` and `fastdata.mix`: the union label space, the
+counts per epoch and per batch, the resume contract (k = 0, 1, middle, last batch), states of another mixture
+refused, two ranks with equal batches, a weight of 0, a single source, text mixtures (one tokenizer) and the
+sources that cannot be mixed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from builders import SMALL_SOLID_COUNT, SOLID_COUNT, corrupt_copy, sample_id_of, seeded_loader, solid_label
+from contracts import check_checkpoint_loop, check_resumes, clone, same
+
+import fastdata
+from fastdata.errors import ConfigError, ResumeError
+
+UNION = ["solid/alpha", "solid/beta", "solid/gamma", "pets/cat", "pets/dog", "pets/eel"]
+
+
+def mixed(solid_lmdb, pets_lmdb, **options):
+    settings = dict(weights=[0.7, 0.3], batch_size=10, augment="val")
+    settings.update(options)
+    return seeded_loader([solid_lmdb, pets_lmdb], **settings)
+
+
+def identify(images, labels) -> list[tuple[str, int]]:
+    """(source, sample id) of every sample of a batch: the label's block tells the source, the pixels the id."""
+    found = []
+    for image, label in zip(images, labels.tolist(), strict=True):
+        source, sample_id = ("solid" if label < 3 else "pets"), sample_id_of(image)
+        assert label % 3 == solid_label(sample_id), "the label does not belong to the sample"
+        found.append((source, sample_id))
+    return found
+
+
+def test_union_of_class_maps_and_counts_per_epoch(solid_lmdb, pets_lmdb):
+    loader = mixed(solid_lmdb, pets_lmdb)
+    assert loader.classes == UNION
+    for _ in range(2):
+        batches = [identify(*batch) for batch in loader]
+        assert len(batches) == len(loader)
+        seen = Counter(s for batch in batches for s in batch)
+        pets = sorted(i for s, i in seen if s == "pets")
+        assert pets == list(range(SMALL_SOLID_COUNT))  # the first source to run out: each sample once
+        # the epoch ends with the slot of pets' last sample, the 39th: round(0.7 * 39) = 27 are solid's
+        assert max(seen.values()) == 1 and sum(1 for s, _ in seen if s == "solid") == 27
+        for batch in batches[:-1]:  # every whole batch holds 7 + 3
+            assert Counter(s for s, _ in batch) == {"solid": 7, "pets": 3}
+
+
+def test_identical_class_lists_share_their_ids(solid_lmdb, small_solid_lmdb):
+    loader = seeded_loader([solid_lmdb, small_solid_lmdb], weights=[1, 1], batch_size=8, augment="val")
+    assert loader.classes == ["alpha", "beta", "gamma"]
+    for images, labels in loader:
+        assert all(label == solid_label(sample_id_of(image)) for image, label in zip(images, labels.tolist(),
+                                                                                     strict=True))
+
+
+def mixture_interrupts(n: int) -> list[int]:
+    return [0, 1, n // 2, n - 1, n]  # before the first batch, after the first, middle, before the last, after it
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("rule", [{}, {"epoch_end": "last"}, {"samples_per_epoch": 53, "exhausted": "stop"}])
+def test_mixture_resume_grid(solid_lmdb, pets_lmdb, rule, workers):
+    check_resumes(lambda w: mixed(solid_lmdb, pets_lmdb, num_workers=w, augment="train", **rule),
+                  mixture_interrupts, workers)
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_mixture_checkpoint_loop_sees_exactly_the_uninterrupted_run(solid_lmdb, pets_lmdb):
+    check_checkpoint_loop(lambda w: mixed(solid_lmdb, pets_lmdb, num_workers=w, epoch_end="last"), 0)
+
+
+def test_state_is_small_json_with_each_source_position(solid_lmdb, pets_lmdb):
+    loader = mixed(solid_lmdb, pets_lmdb, epoch_end="last")
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    state = loader.state_dict()
+    assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 1200
+    positions = state["positions"]
+    assert [p["consumed"] for p in positions] == [21, 9]  # 3 batches of 7 + 3
+    for _ in iterator:
+        pass
+    done = mixed(solid_lmdb, pets_lmdb, epoch_end="last")
+    done.load_state_dict(state)
+    assert done.state_dict()["positions"] == positions
+    end = loader.state_dict()
+    assert end["epoch"] == 1 and end["positions"] == [{"consumed": 0, "cycle": 0}] * 2
+    state["positions"][1]["consumed"] = 8
+    with pytest.raises(ResumeError, match="per-source positions"):
+        mixed(solid_lmdb, pets_lmdb, epoch_end="last").load_state_dict(state)
+
+
+@pytest.mark.parametrize(("other", "named"), [({"weights": [0.6, 0.4]}, "weights="),
+                                              ({"epoch_end": "last"}, "epoch_end="),
+                                              ({"paths": "swapped"}, "mix=")])
+def test_a_state_of_another_mixture_is_refused_naming_the_difference(solid_lmdb, pets_lmdb, other, named):
+    loader = mixed(solid_lmdb, pets_lmdb)
+    next(iter(loader))
+    state = loader.state_dict()
+    restored = mixed(pets_lmdb, solid_lmdb) if other.get("paths") else mixed(solid_lmdb, pets_lmdb, **other)
+    with pytest.raises(ResumeError, match=named):
+        restored.load_state_dict(state)
+
+
+def test_two_ranks_get_equal_batches_each_holding_the_weights(solid_lmdb, pets_lmdb):
+    per_rank = [[identify(*batch) for batch in mixed(solid_lmdb, pets_lmdb, rank=rank, world_size=2,
+                                                     epoch_end="last", batch_size=10)]
+                for rank in range(2)]
+    lengths = {len(batches) for batches in per_rank}
+    assert len(lengths) == 1 and lengths == {len(mixed(solid_lmdb, pets_lmdb, rank=1, world_size=2,
+                                                         epoch_end="last"))}
+    for batches in per_rank:
+        for batch in batches[:-1]:
+            assert Counter(s for s, _ in batch) == {"solid": 7, "pets": 3}
+    solid = sorted(i for batches in per_rank for batch in batches for s, i in batch if s == "solid")
+    assert solid[:SOLID_COUNT] == list(range(SOLID_COUNT)) or set(solid) == set(range(SOLID_COUNT))
+    single = [identify(*batch) for batch in mixed(solid_lmdb, pets_lmdb, epoch_end="last", batch_size=20)]
+    together = [a + b for a, b in zip(*per_rank, strict=True)]
+    assert [Counter(b) for b in together] == [Counter(b) for b in single]  # ranks split one global stream
+
+
+def test_a_weight_of_zero_never_appears_and_does_not_end_the_epoch(solid_lmdb, pets_lmdb):
+    loader = mixed(solid_lmdb, pets_lmdb, weights=[1, 0])
+    seen = [s for batch in loader for s in identify(*batch)]
+    assert sorted(seen) == [("solid", i) for i in range(SOLID_COUNT)] and loader.classes == UNION
+
+
+def test_a_single_source_is_the_plain_loader(solid_lmdb):
+    plain = [clone(b) for b in seeded_loader(solid_lmdb)]
+    single = seeded_loader([solid_lmdb], weights=[1])
+    assert same([clone(b) for b in single], plain)
+    assert single.state_dict() == seeded_loader(solid_lmdb).state_dict() | {"epoch": 1}
+
+
+def test_mix_for_your_own_dataloader(solid_lmdb, pets_lmdb):
+    mixture = fastdata.mix([solid_lmdb, pets_lmdb], weights=[0.7, 0.3], batch_size=10, augment="val",
+                           image_size=16, seed=7)
+    data = torch.utils.data.DataLoader(mixture.dataset, batch_sampler=mixture.batch_sampler)
+    assert mixture.classes == UNION and len(data) == len(mixture)
+    targets = mixture.dataset.targets
+    assert len(targets) == SOLID_COUNT + SMALL_SOLID_COUNT
+    for index in (0, SOLID_COUNT - 1, SOLID_COUNT, SOLID_COUNT + 5):  # both sources, at their edges
+        image, label = mixture.dataset[index]
+        assert targets[index] == label == (3 if index >= SOLID_COUNT else 0) + solid_label(sample_id_of(image))
+    epochs = []
+    for epoch in range(2):
+        mixture.set_epoch(epoch)
+        batches = [identify(images, labels) for images, labels in data]
+        assert all(Counter(s for s, _ in b) == {"solid": 7, "pets": 3} for b in batches[:-1])
+        epochs.append(batches)
+    assert epochs[0] != epochs[1]
+    loader = mixed(solid_lmdb, pets_lmdb)  # the loader draws the same schedule
+    assert [identify(*b) for b in loader] == epochs[0]
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
+    a, b, _ = text_mix
+    options = {"seq_len": 16} if packing else {"packing": False, "max_length": 24}
+
+    def make(workers, **more):
+        return seeded_loader([a, b], weights=[0.5, 0.5], batch_size=4, augment=None, num_workers=workers,
+                             epoch_end="last", **options, **more)
+
+    check_resumes(make, mixture_interrupts, 0)
+    ranks = [make(0, rank=r, world_size=2) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == sum(1 for _ in ranks[1])
+    state = make(0).state_dict()
+    assert state["config"]["mix"] == ["a", "b"] and state["config"]["format"] == "text-mix"
+
+
+def test_text_mixture_documents_keep_their_ids(text_mix):
+    a, b, _ = text_mix
+    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, epoch_end="last", exhausted="stop", seed=1)
+    docs = {len(fastdata.dataset(a)) + i: fastdata.dataset(b)[i]["input_ids"] for i in range(3)}
+    for index, ids in docs.items():
+        assert torch.equal(mixture.dataset[index]["input_ids"], ids)
+    indices = [i for batch in mixture.batch_sampler for i in batch]
+    assert sorted(indices) == list(range(len(mixture.dataset)))  # "last" + "stop": every document once
+
+
+def test_text_mixtures_share_one_tokenizer(text_mix):
+    a, _, c = text_mix
+    with pytest.raises(ConfigError, match=r"a\.lmdb and .*c\.lmdb were tokenized with different tokenizers"):
+        seeded_loader([a, c], augment=None, seq_len=16)
+
+
+def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, solid_wds, multi_label_lmdb, text_mix, pets_lmdb):
+    cases = [([solid_lmdb, solid_wds], "convert it to LMDB"),
+             ([solid_lmdb, multi_label_lmdb], "cannot mix single-label and multi-label"),
+             ([solid_lmdb, text_mix[0]], "cannot mix images and text"),
+             ([solid_lmdb, solid_lmdb], "weights has 1 numbers for 2 datasets")]
+    for paths, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            seeded_loader(paths, weights=[1] if "weights" in message else None)
+    with pytest.raises(ConfigError, match="apply to a mixture: pass a list"):
+        seeded_loader(solid_lmdb, weights=[1])
+    with pytest.raises(ConfigError, match=r"use fastdata\.mix\(paths, weights=\.\.\.\)"):
+        fastdata.dataset([solid_lmdb, pets_lmdb])
+
+
+def test_multi_label_datasets_mix_into_multi_hot_rows(multi_label_lmdb):
+    loader = seeded_loader([multi_label_lmdb, multi_label_lmdb], weights=[1, 1], batch_size=8, augment="val")
+    plain = fastdata.dataset(multi_label_lmdb)
+    row_of = {sample_id_of(image): row for image, row in plain}  # each sample's multi-hot row, read alone
+    assert loader.classes == plain.classes
+    for images, labels in loader:
+        assert labels.dtype == torch.float32 and labels.shape == (len(images), len(plain.classes))
+        assert all(torch.equal(row, row_of[sample_id_of(image)]) for image, row in zip(images, labels, strict=True))
+
+
+def test_mixture_batches_are_the_same_for_any_number_of_workers(solid_lmdb, pets_lmdb):
+    zero = [clone(b) for b in mixed(solid_lmdb, pets_lmdb, augment="train")]
+    two = [clone(b) for b in mixed(solid_lmdb, pets_lmdb, augment="train", num_workers=2)]
+    assert same(zero, two) and not np.array_equal(zero[0][1].numpy(), zero[1][1].numpy())
+
+
+def test_a_mid_epoch_state_resumes_on_another_world_size(solid_lmdb, pets_lmdb):
+    """Two ranks stop after 2 batches each; one process resumes: together they see the epoch's samples once."""
+    def make(**ranks):
+        return mixed(solid_lmdb, pets_lmdb, epoch_end="last", uneven="drop", **ranks)
+
+    seen, state = [], None
+    for rank in range(2):
+        loader = make(rank=rank, world_size=2)
+        iterator = iter(loader)
+        seen += [s for _ in range(2) for s in identify(*next(iterator))]
+        state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    seen += [s for batch in resumed for s in identify(*batch)]
+    whole = [s for batch in make() for s in identify(*batch)]
+    assert Counter(seen) == Counter(whole)
+
+
+def test_a_skipped_sample_is_named_with_its_source(solid_lmdb, pets_lmdb, tmp_path):
+    broken, key = corrupt_copy(pets_lmdb, tmp_path, 4, b"not an image")
+    loader = mixed(solid_lmdb, broken, on_error="skip")
+    sizes = [len(labels) for _images, labels in loader]
+    assert [k for k, _reason in loader.skipped] == [f"corrupt/{key}"]
+    assert sum(sizes) == sum(len(labels) for _images, labels in mixed(solid_lmdb, pets_lmdb)) - 1
+    with pytest.raises(Exception, match=f"corrupt/{key}"):
+        list(mixed(solid_lmdb, broken))
+
+
+def test_auto_workers_over_a_mixture_warns_and_uses_the_defaults(solid_lmdb, pets_lmdb):
+    with pytest.warns(UserWarning, match="over a mixture: `fastdata tune` results are per dataset"):
+        loader = fastdata.loader([solid_lmdb, pets_lmdb], weights=[1, 1], batch_size=4, num_workers="auto",
+                                 image_size=8)
+    assert loader.tuned is None and loader.num_workers >= 1
