@@ -247,7 +247,8 @@ def convert_images(
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them
         order = np.random.default_rng(seed).permutation(len(listing.samples))
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
-               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict, "jpeg_layout": jpeg_layout}
+               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict,
+               "jpeg_layout": jpeg_layout}
     encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout)
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
