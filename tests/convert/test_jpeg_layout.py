@@ -5,22 +5,26 @@ layout, the counts and the size overhead are in the manifest and the summary; "o
 from __future__ import annotations
 
 import json
+import signal
+import textwrap
 
 import numpy as np
 import pytest
 
 import fastdata
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, OutputExistsError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.restart import build_index, same_pixels
 from tests.builders import (
+    KILL_WHEN,
     SAMPLING_LAYOUT,
     build_sampling_tree,
     cli,
     damaged_entropy_jpeg,
     photo_like,
+    run_python,
 )
 
 JPEG_RECORDS = [relative for relative, _, _, how in SAMPLING_LAYOUT if how not in ("png", "cmyk")]
@@ -128,3 +132,29 @@ def test_max_size_images_are_rewritten_after_their_reencode(tree, tmp_path):
         if codec == CODEC_CV_JPEG and key != "b/cut.jpg":
             build_index(data, name=key)
     assert summary.layout is not None and summary.layout.rewritten >= len(JPEG_RECORDS)
+
+
+KILLED_RESTART = KILL_WHEN + textwrap.dedent("""
+    import sys
+    import fastdata
+    from fastdata.formats import lmdb as L
+
+    src, out = sys.argv[1:3]
+    kill_when(L.LmdbWriter, "add", lambda self: self.count == 6)  # after the checkpoint of the first 4
+    fastdata.convert_imagefolder(src, out, workers=1, commit_every=4, progress=False, jpeg_layout="restart")
+""")
+
+
+def test_a_resumed_restart_conversion_counts_what_an_uninterrupted_one_does(tree, converted, tmp_path):
+    root, _ = converted
+    out = tmp_path / "resumed.lmdb"
+    proc = run_python(KILLED_RESTART, tree.root, out)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with pytest.raises(OutputExistsError, match="jpeg_layout restart -> original"):  # not resumed so
+        fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False)
+    summary = fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False,
+                                           jpeg_layout="restart")
+    assert summary.resumed_at == 4
+    reference = read_manifest(root / "restart.lmdb").stats["jpeg_layout"]
+    assert read_manifest(out).stats["jpeg_layout"] == reference
+    assert stored(out) == stored(root / "restart.lmdb")
