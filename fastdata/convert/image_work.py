@@ -1,8 +1,9 @@
 """The per-sample work of an image conversion, all of it done in a conversion worker: read the sample's bytes (the
 source's `SampleReader`), verify them (`fastdata.convert.encode.verify_record`: header, pixel limit, a decode at
 1/8 DCT scale, re-encode with `--max-size`), check them against the sample's targets and attach its target record,
-metadata and caption, and lay the record out exactly as the writer stores it (`lay_out`, the writer's own). The
-parent process then only writes the laid-out records, in order.
+metadata and caption, with `--jpeg-layout restart` rewrite a JPEG record with restart markers
+(`fastdata.convert.layout`), and lay the record out exactly as the writer stores it (`lay_out`, the writer's own).
+The parent process then only writes the laid-out records, in order.
 
 A `SampleJob` travels to each worker once (inherited by a forked worker, pickled once into a spawned or Ray one);
 after that a worker is sent only ranges of positions.

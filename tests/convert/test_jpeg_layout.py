@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fastdata
+import fastdata.tools.info
 from fastdata.errors import ConfigError, OutputExistsError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
@@ -95,6 +96,10 @@ def test_the_manifest_and_summary_count_what_was_rewritten_and_what_was_kept(tre
     assert f"layout    restart: {len(JPEG_RECORDS)} JPEGs rewritten, 1 kept original; JPEG bytes x" \
            f"{after / before:.3f}" in text
     assert "kept original (1): unsupported JPEG: damaged entropy data" in text
+    described = fastdata.tools.info.describe(root / "restart.lmdb")
+    assert f"layout      restart: {len(JPEG_RECORDS)} JPEGs rewritten with restart markers, 1 kept original, " \
+           f"JPEG bytes x{after / before:.3f}" in described
+    assert "layout " not in fastdata.tools.info.describe(root / "original.lmdb")
 
 
 def test_the_restart_layout_reads_like_the_original_one_without_augmentation(converted):
