@@ -77,3 +77,16 @@ def test_a_library_failing_the_restart_self_check_falls_back_with_one_warning(da
     assert len(said) == 1 and "the 4:2:0 probe differs" in str(said[0].message)
     for (images, _), (want, _) in zip(got, expected, strict=True):
         assert np.array_equal(images, want)
+
+
+@pytest.mark.parametrize("first", ["original", "restart"])
+def test_a_mixture_with_a_restart_source_gives_the_original_layouts_batches(datasets, first):
+    second = "restart" if first == "original" else "original"
+    mixture = [datasets["lmdb", first], datasets["lmdb", second]]
+    loader = seeded_loader(mixture, weights=[1, 1], batch_size=4, image_size=48, seed=4)
+    assert loader.dataset.pipeline.jpeg_layout == "restart"
+    expected = batches([datasets["lmdb", "original"]] * 2, weights=[1, 1], image_size=48, seed=4)
+    got = batches(mixture, weights=[1, 1], image_size=48, seed=4)
+    assert len(got) == len(expected)
+    for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+        assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)
