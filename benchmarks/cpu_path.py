@@ -12,6 +12,10 @@ Workloads (2 workers = the machine's cores by default, batch 128, uint8 [B, 3, 2
   3. stored at max side 256 as JPEG q90 (`fastdata convert --max-size 256`): the baseline, torchvision.io and DALI
      read an ImageFolder exported from that dataset (its very bytes); FFCV reads the .beton its own writer made
      with max_resolution=256 from the same source files.
+Each workload also has a row for fastdata reading the same source JPEGs converted with `--jpeg-layout restart`
+(issue 21: each JPEG rewritten losslessly with a restart marker after every MCU, the crop decoded from the sub-JPEG
+of the MCUs it covers; the same pixels), next to today's region decode of the original bytes; the restart
+conversions' size overhead and conversion time against the original layout's are printed first.
 FFCV always stores what its writer re-encodes (JPEG q90), so its rows read FFCV's bytes, not the others': the row
 says so. Every contender gets fastdata.loader's DataLoader settings (FFCV and DALI: as many threads as workers),
 one untimed pass, the page cache warmed with its files, and `--repeats` alternating runs
@@ -163,11 +167,25 @@ def decode_ceiling(name: str, datas: list[bytes], processes: int, passes: int = 
 
 # ---------------------------------------------------------------------------------------------- the run
 
+RESTART_ROW = "fastdata (--jpeg-layout restart: sub-JPEG decode)"
+REGION_ROW = "fastdata (region decode)"
+
 
 def stored_bytes(path: Path) -> tuple[list[bytes], list[str]]:
     manifest = read_manifest(path)
     reader = LmdbReader(path, manifest.num_samples)
     return [reader.read(i) for i in range(manifest.num_samples)], [reader.key(i) for i in range(manifest.num_samples)]
+
+
+def layout_line(label: str, original, restart) -> str:
+    """The restart conversion against the original one (manifests of the same source): JPEGs rewritten and kept,
+    the size overhead, and the conversion time (each timed when it was made: a cached dataset keeps its time)."""
+    stats = restart.stats.get("jpeg_layout") or {}
+    kept = sum((stats.get("kept_original") or {}).values())
+    seconds, base = restart.stats.get("seconds") or float("nan"), original.stats.get("seconds") or float("nan")
+    return (f"restart layout, {label}: {stats.get('rewritten', 0):,} JPEGs rewritten, {kept:,} kept original; "
+            f"JPEG bytes x{stats.get('size_ratio', float('nan')):.3f}; conversion {seconds:.1f} s vs "
+            f"{base:.1f} s for the original layout ({seconds / base:.2f}x)")
 
 
 def peak_rss_mb(run: RunResult) -> float:
@@ -201,6 +219,10 @@ def run_workload(title: str, contenders: list[Contender], config: BenchConfig, c
     base_rates = [run.images_per_s for run in baseline.runs]
     print(f"| {'decode-only ceiling: ' + ceiling_name:<{width}} | {ceiling:8,.0f} | "
           f"{statistics.median(ceiling / b for b in base_rates):10.2f}x | {1:9.0%} | {'':>13} | {'':>11} |")
+    by_name = {r.name: r for r in results}
+    if RESTART_ROW in by_name and REGION_ROW in by_name:
+        print(f"\n{RESTART_ROW} vs {REGION_ROW}: {by_name[RESTART_ROW].ratio_to(by_name[REGION_ROW]):.2f}x "
+              "(median of the per-run ratios)")
 
 
 def main() -> None:
@@ -219,9 +241,15 @@ def main() -> None:
     src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)  # the issue's workload: photo JPEGs
     full = args.data / f"cpu-path-{args.images}.lmdb"
     small = args.data / f"cpu-path-{args.images}-256.lmdb"
-    for out, max_size in ((full, None), (small, 256)):
+    full_restart = args.data / f"cpu-path-{args.images}-restart.lmdb"
+    small_restart = args.data / f"cpu-path-{args.images}-256-restart.lmdb"
+    for out, max_size, layout in ((full, None, "original"), (small, 256, "original"),
+                                  (full_restart, None, "restart"), (small_restart, 256, "restart")):
         if not out.exists():
-            convert_imagefolder(src, out, progress=False, max_size=max_size, quality=90)
+            convert_imagefolder(src, out, progress=False, max_size=max_size, quality=90, jpeg_layout=layout,
+                                workers=args.workers)
+    for label, original, restart in (("full-size", full, full_restart), ("max side 256", small, small_restart)):
+        print(layout_line(label, read_manifest(original), read_manifest(restart)))
     full_source = source_baseline(src, read_manifest(full))  # the stored bytes are the source's own
     small_source = choose_baseline(small, src, export_dir=args.data / f"cpu-path-{args.images}-256-export",
                                    progress=print)  # an ImageFolder of the 256 dataset's stored bytes
@@ -270,20 +298,23 @@ def main() -> None:
         run_workload("full-size stored JPEGs, train preset (RandomResizedCrop 224 + flip)", with_peers([
             baseline_contender(full_source, train, baseline),
             torchvision_io_v2(full_source, train),
-            fastdata_contender(full, train, "fastdata (region decode)"),
+            fastdata_contender(full, train, REGION_ROW),
+            fastdata_contender(full_restart, train, RESTART_ROW),
             fastdata_contender(full, train, "fastdata (whole-image OpenCV decode)", adjust=whole_image_decode),
         ], peers(full_source, train, None)), train, *ceilings["full-size"])
     if "val" in workloads:
         run_workload("full-size stored JPEGs, val preset (resize 256 + centre crop 224)", with_peers([
             baseline_contender(full_source, val, baseline),
             torchvision_io_v2(full_source, val),
-            fastdata_contender(full, val, "fastdata (region decode)"),
+            fastdata_contender(full, val, REGION_ROW),
+            fastdata_contender(full_restart, val, RESTART_ROW),
         ], peers(full_source, val, None)), val, *ceilings["full-size"])
     if "256" in workloads:
         run_workload("stored at max side 256, JPEG q90 (--max-size 256), train preset", with_peers([
             baseline_contender(small_source, train, baseline),
             torchvision_io_v2(small_source, train),
-            fastdata_contender(small, train, "fastdata (region decode)"),
+            fastdata_contender(small, train, REGION_ROW),
+            fastdata_contender(small_restart, train, RESTART_ROW),
         ], peers(small_source, train, 256)), train, *ceilings["max side 256"])
 
 

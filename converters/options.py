@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import click
 
-from fastdata.formats.records import DEFAULT_MAX_PIXELS
+from fastdata.formats.records import DEFAULT_MAX_PIXELS, JPEG_LAYOUTS
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, FORMATS
 
 
@@ -50,6 +50,10 @@ def convert_options(command: Callable) -> Callable:
                      help="JPEG quality for images re-encoded by --max-size."),
         click.option("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Refuse images with more pixels than this, read from the header before decoding."),
+        click.option("--jpeg-layout", type=click.Choice(JPEG_LAYOUTS), default="original", show_default=True,
+                     help="restart: rewrite each JPEG losslessly with a restart marker after every MCU (same "
+                          "pixels, a few % larger), so that the loader decodes only the MCUs a crop covers; "
+                          "original: keep the source's bytes."),
         click.option("--workers", type=int, default=None, help="Worker processes. Default: all cores."),
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Where images are verified and encoded: local processes, or a Ray cluster "

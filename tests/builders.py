@@ -271,6 +271,56 @@ def build_photo_tree(root: Path) -> Tree:
     return tree
 
 
+#: (class/name, width, height, how) of the sampling tree: a JPEG of every chroma sampling OpenCV writes, grayscale,
+#: progressive, with restart markers already (every 2 MCUs), a PNG and a CMYK JPEG (neither is rewritten)
+SAMPLING_LAYOUT = [("a/s420.jpg", 301, 223, "420"), ("a/s422.jpg", 256, 190, "422"), ("a/s444.jpg", 197, 260, "444"),
+                   ("a/s440.jpg", 240, 240, "440"), ("b/gray.jpg", 277, 181, "gray"), ("b/prog.jpg", 320, 207,
+                   "progressive"), ("b/rst.jpg", 233, 300, "restart"), ("b/flat.png", 150, 111, "png"),
+                   ("b/ink.jpg", 120, 97, "cmyk")]
+
+
+def sampling_jpeg(array: np.ndarray, how: str) -> bytes:
+    """`array` as a JPEG of one SAMPLING_LAYOUT kind (OpenCV; CMYK and PNG with Pillow), quality 90."""
+    import cv2
+
+    if how == "png":
+        return encode(array, "PNG")
+    if how == "cmyk":
+        return encode(array, "JPEG", "CMYK", quality=90)
+    options = [cv2.IMWRITE_JPEG_QUALITY, 90]
+    if how == "gray":
+        array = array[:, :, 1]
+    if how == "progressive":
+        options += [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
+    if how == "restart":
+        options += [cv2.IMWRITE_JPEG_RST_INTERVAL, 2]
+    if how in ("420", "422", "444", "440"):
+        options += [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, getattr(cv2, f"IMWRITE_JPEG_SAMPLING_FACTOR_{how}")]
+    ok, encoded = cv2.imencode(".jpg", array[:, :, ::-1] if array.ndim == 3 else array, options)
+    assert ok
+    return encoded.tobytes()
+
+
+def build_sampling_tree(root: Path) -> Tree:
+    """The sampling tree (SAMPLING_LAYOUT) of photo-like pictures, for the restart layout (issue 21)."""
+    tree = Tree(root)
+    for index, (relative, width, height, how) in enumerate(SAMPLING_LAYOUT):
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(sampling_jpeg(photo_like(40 + index, width, height), how))
+        tree.images.append(relative)
+    return tree
+
+
+def damaged_entropy_jpeg(array: np.ndarray) -> bytes:
+    """A JPEG whose scan ends half-way in an EOI marker: Pillow (and so a conversion's verification) reads it,
+    filling the rest grey; the restart rewrite refuses it ("damaged entropy data")."""
+    from fastdata.image.restart import segment_offsets
+
+    original = encode(array, "JPEG", quality=90)
+    scan = int(segment_offsets(original)[0])
+    return original[:scan + (len(original) - scan) // 2] + b"\xff\xd9"
+
+
 def build_large_tree(root: Path, count: int, width: int = 700, height: int = 600) -> Tree:
     """`count` large PNGs (solid pattern, 3 classes): each takes milliseconds to verify, so that a conversion of
     the tree lasts long enough to be killed in its middle. Saved with fast compression to build quickly."""

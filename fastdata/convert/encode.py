@@ -19,6 +19,7 @@ class EncodeOptions:
     max_size: int | None = None  # re-encode images whose longer side exceeds this to JPEG
     quality: int = 90
     max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from their header, before any decoding
+    jpeg_layout: str = "original"  # "restart": JPEG records rewritten with restart markers (convert.layout)
 
 
 class _Refused(Exception):

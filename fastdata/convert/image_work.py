@@ -1,8 +1,9 @@
 """The per-sample work of an image conversion, all of it done in a conversion worker: read the sample's bytes (the
 source's `SampleReader`), verify them (`fastdata.convert.encode.verify_record`: header, pixel limit, a decode at
 1/8 DCT scale, re-encode with `--max-size`), check them against the sample's targets and attach its target record,
-metadata and caption, and lay the record out exactly as the writer stores it (`lay_out`, the writer's own). The
-parent process then only writes the laid-out records, in order.
+metadata and caption, with `--jpeg-layout restart` rewrite a JPEG record with restart markers
+(`fastdata.convert.layout`), and lay the record out exactly as the writer stores it (`lay_out`, the writer's own).
+The parent process then only writes the laid-out records, in order.
 
 A `SampleJob` travels to each worker once (inherited by a forked worker, pickled once into a spawned or Ray one);
 after that a worker is sent only ranges of positions.
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.convert.encode import EncodeOptions, verify_record
+from fastdata.convert.layout import Outcome, apply_layout
 from fastdata.convert.sources import SampleReader, TargetSource
 from fastdata.formats.records import ImageRecord, Label
 
@@ -37,6 +39,8 @@ class ChunkResult:
     # per result, what the target source noted while making its record (`noted_record`; segmentation: the class
     # ids a label map holds), for the parent's `observe`; empty when the targets note nothing
     notes: list[Any] = field(default_factory=list)
+    # per result, what the JPEG layout did to it (`fastdata.convert.layout.Outcome`); empty with layout "original"
+    layouts: list[Outcome] = field(default_factory=list)
 
 
 @dataclass
@@ -60,16 +64,22 @@ class SampleJob:
 
     def run_noted(self, position: int) -> tuple[Result, Any]:
         """`run`, and what the target source noted while making the sample's target record (None: nothing)."""
+        result, note, _ = self.run_sample(position)
+        return result, note
+
+    def run_sample(self, position: int) -> tuple[Result, Any, Outcome]:
+        """`run_noted`, and what the JPEG layout did to the record (`fastdata.convert.layout.apply_layout`)."""
+        none: Outcome = ("", 0, 0)
         index = int(self.order[position])
         key, label = self.samples[index]
         try:
             data = self.reader.read(key)
         except OSError as exc:
-            return (None, f"unreadable ({exc.strerror or exc})", 0), None
+            return (None, f"unreadable ({exc.strerror or exc})", 0), None, none
         try:
             record = verify_record(data, key, label, self.options)
         except ValueError as exc:
-            return (None, str(exc), len(data)), None
+            return (None, str(exc), len(data)), None, none
         note = None
         if self.targets is not None:
             segmentation = self.targets.kind == "segmentation"
@@ -79,26 +89,29 @@ class SampleJob:
                     what = "label map is" if segmentation else "annotations say"
                     return (None, (f"decodes to {record.width}x{record.height} pixels, its {what} {width}x{height} "
                                    f"({'the mask' if segmentation else 'boxes and masks'} would not fit the image)"),
-                            len(data)), None
+                            len(data)), None, none
                 noted = getattr(self.targets, "noted_record", None)
                 if noted is not None:
                     target, note = noted(index)
                 else:
                     target = self.targets.record(index)
             except (OSError, ValueError) as exc:  # a target that cannot be stored: the sample is rejected, named
-                return (None, str(exc), len(data)), None
+                return (None, str(exc), len(data)), None, none
             record = replace(record, target=target)
         if self.metadata is not None:
             record = replace(record, metadata=self.metadata[index])
         if self.captions is not None:
             tokens = self.caption_tokens[index] if self.caption_tokens is not None else None
             record = replace(record, caption=self.captions[index], tokens=tokens)
-        return (self.lay_out(record), "", len(data)), note
+        record, outcome = apply_layout(record, self.options.jpeg_layout, self.options.max_pixels)
+        return (self.lay_out(record), "", len(data)), note, outcome
 
     def run_chunk(self, start: int, stop: int) -> ChunkResult:
         """`run` over positions start..stop-1, timed."""
         wall, cpu = time.perf_counter(), time.process_time()
-        outcomes = [self.run_noted(position) for position in range(start, stop)]
-        notes = [note for _, note in outcomes]
-        return ChunkResult(start, [result for result, _ in outcomes], time.perf_counter() - wall,
-                           time.process_time() - cpu, notes if any(note is not None for note in notes) else [])
+        outcomes = [self.run_sample(position) for position in range(start, stop)]
+        notes = [note for _, note, _ in outcomes]
+        layouts = [layout for _, _, layout in outcomes] if self.options.jpeg_layout != "original" else []
+        return ChunkResult(start, [result for result, _, _ in outcomes], time.perf_counter() - wall,
+                           time.process_time() - cpu, notes if any(note is not None for note in notes) else [],
+                           layouts)

@@ -26,6 +26,7 @@ from fastdata.config import available_cores, check_bool, check_int, check_option
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions
 from fastdata.convert.image_work import ChunkResult, SampleJob
+from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork
 from fastdata.convert.sources import ImageSource
@@ -66,6 +67,8 @@ class ConversionSummary:
     engine: str = "local"
     ray: RayWork | None = None  # with engine="ray": the Ray tasks and actors that ran the work, as Ray told them
     writer_waited: float = 0.0  # seconds the writer (this process) waited for the workers' next results
+    jpeg_layout: str = "original"
+    layout: LayoutCounts | None = None  # jpeg_layout "restart": what the rewrite did
 
     def __str__(self) -> str:
         rate = self.images / self.seconds if self.seconds > 0 else float("inf")
@@ -82,6 +85,8 @@ class ConversionSummary:
             f"  rejected  {len(self.rejected):,} files",
         ]
         lines += [f"    {rejected_place(r)}: {r['reason']}" for r in self.rejected[:50]]
+        if self.layout is not None:
+            lines[-1:-1] = self.layout.summary_lines()  # before "rejected" and its list
         if len(self.rejected) > 50:
             lines.append(f"    ... and {len(self.rejected) - 50} more (all listed in {MANIFEST_NAME})")
         if self.empty_classes:
@@ -141,6 +146,7 @@ class _Progress(ProgressRecord):
     bytes_in: int = 0
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
     target_state: dict[str, Any] = field(default_factory=dict)  # what the source's targets counted so far
+    layout: dict[str, Any] = field(default_factory=dict)  # jpeg_layout "restart": LayoutCounts.to_json() so far
 
 
 def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
@@ -172,6 +178,7 @@ def convert_images(
     commit_every: int = 2048,
     engine: str = "local",
     ray_address: str | None = None,
+    jpeg_layout: str = "original",
 ) -> ConversionSummary:
     """Pack the images `list_source()` lists into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards); the
     source is listed once the options have been checked.
@@ -200,6 +207,9 @@ def convert_images(
         commit_every: LMDB: images between checkpoints (where an interrupted conversion resumes).
         engine: "local" (processes on this machine) or "ray" (a Ray cluster).
         ray_address: the Ray cluster for `engine="ray"` (None: start a local Ray instance).
+        jpeg_layout: "original" (store each JPEG's bytes) or "restart" (rewrite each JPEG losslessly with a
+            restart marker after every MCU, so that a loader decodes a crop in proportion to its area; a JPEG the
+            rewrite refuses keeps its bytes and is counted: `fastdata.convert.layout`).
     """
     out = Path(out)
     fmt = resolve_format(out, format)
@@ -216,6 +226,9 @@ def convert_images(
         raise ConfigError(f"--max-pixels must be positive, got {max_pixels}")
     if not 1 <= quality <= 100:
         raise ConfigError(f"--quality must be within 1..100, got {quality}")
+    jpeg_layout = check_layout(jpeg_layout)
+    if jpeg_layout == "restart":
+        check_rewriter()  # no libjpeg-turbo that passes the restart self-check: say so before any work
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if ray_address is not None and engine != "ray":
@@ -234,8 +247,9 @@ def convert_images(
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them
         order = np.random.default_rng(seed).permutation(len(listing.samples))
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
-               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict}
-    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels)
+               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict,
+               "jpeg_layout": jpeg_layout}
+    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout)
     wanted = _fingerprint(fmt, options, listing)
     writer, resumed = open_or_resume(out, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing),
@@ -268,13 +282,14 @@ def convert_images(
             writer.checkpoint(_progress_json(state, listing))
             files = writer.close()
     seconds = time.perf_counter() - started
+    layout = LayoutCounts.from_json(state.layout) if jpeg_layout == "restart" else None
     manifest = Manifest(
         format=fmt, kind="image", num_samples=sum(f.samples for f in files), classes=listing.classes,
         class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
         source=listing.info(), rejected=state.rejected,
         stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
-               "resumed_at": resumed_at},
-        label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
+               "resumed_at": resumed_at, **({} if layout is None else {"jpeg_layout": layout.to_json()})},
+        jpeg_layout=jpeg_layout, label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
         target_kind=listing.target_kind, pairs=listing.pairs,
         targets=None if listing.targets is None else listing.targets.info(),
     )
@@ -285,7 +300,7 @@ def convert_images(
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,
-                             writer_waited=stats.waited)
+                             writer_waited=stats.waited, jpeg_layout=jpeg_layout, layout=layout)
 
 
 def _progress_json(state: _Progress, listing: ImageSource) -> bytes:
@@ -312,10 +327,12 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
         return f"{rate:.1f} MB/s, writer waited {stats.waited / elapsed:.0%}, {len(state.rejected)} rejected"
 
     counts, samples, order = state.counts, listing.samples, job.order
+    layout = LayoutCounts.from_json(state.layout)
     with tqdm(total=total, initial=state.next_task, unit="img", desc="converting", disable=not progress,
               smoothing=0.1) as bar:
         for chunk in _results(job, state.next_task, total, workers, stats, **(engine or {})):
-            for (laid, reason, size), note in zip(chunk.results, chunk.notes or repeat(None), strict=False):
+            for (laid, reason, size), note, outcome in zip(chunk.results, chunk.notes or repeat(None),
+                                                           chunk.layouts or repeat(None), strict=False):
                 index = int(order[state.next_task])
                 state.bytes_in += size
                 state.next_task += 1
@@ -325,6 +342,8 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                     _reject(listing, index, reason, state, strict)
                 else:
                     writer.add(laid)
+                    if outcome is not None:
+                        layout.add(outcome)
                     label = samples[index][1]
                     if isinstance(label, tuple):
                         for class_id in label:
@@ -332,6 +351,8 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                     else:
                         counts[label] += 1
                 if writer.checkpoint_due():
+                    if job.options.jpeg_layout != "original":
+                        state.layout = layout.to_json()
                     if isinstance(writer, WdsWriter):
                         state.files = [asdict(entry) for entry in writer.finished_shards]
                     writer.checkpoint(_progress_json(state, listing))
@@ -341,6 +362,8 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                 bar.set_postfix_str(figures())
                 last_postfix = now
         bar.set_postfix_str(figures())  # the bar is left showing the final count, the summary's
+    if job.options.jpeg_layout != "original":
+        state.layout = layout.to_json()
     return stats
 
 

@@ -74,6 +74,11 @@ class Manifest:
     # `masks`: whether they hold masks; counts); "segmentation": `mask_dtype`, `ignore_index`, `num_classes`,
     # `classes_seen`, `max_class_id`
     targets: dict[str, Any] | None = None
+    # kind "image": how its JPEG records are stored (`fastdata.formats.records.JPEG_LAYOUTS`; left out of the JSON
+    # when "original"). Needs no newer format version: a "restart" JPEG is a baseline JPEG any decoder reads to the
+    # original's pixels, so a reader that does not know the field (or a layout named here) decodes it as any JPEG;
+    # the layout only tells a reader that knows it that a crop can be decoded from the MCUs it covers.
+    jpeg_layout: str = "original"
 
     @property
     def needed_format_version(self) -> int:
@@ -96,6 +101,8 @@ class Manifest:
         # a dataset of class labels is written as before targets existed
         if data["target_kind"] == "class":
             del data["target_kind"]
+        if data["jpeg_layout"] == "original":
+            del data["jpeg_layout"]
         for name in ("pairs", "targets"):
             if data[name] is None:
                 del data[name]

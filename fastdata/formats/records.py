@@ -13,6 +13,11 @@ CODEC_CV_JPEG = 0  # JPEG in mode L or RGB: OpenCV, scaled decode allowed
 CODEC_CV_OTHER = 1  # 8-bit PNG / BMP in a mode OpenCV converts exactly like Pillow
 CODEC_PIL = 2  # anything else: Pillow
 
+#: How a dataset stores its JPEG records (the manifest's `jpeg_layout`): "original", the source's bytes; "restart",
+#: rewritten losslessly with a restart marker after every MCU (`fastdata.image.restart`), which any JPEG decoder reads
+#: as it reads the original, and which a loader decodes a crop of in proportion to the crop's area.
+JPEG_LAYOUTS = ("original", "restart")
+
 #: Default pixel-count limit for decoding (Pillow's own decompression-bomb warning level, ~89.5 megapixels).
 DEFAULT_MAX_PIXELS = 89_478_485
 

@@ -59,7 +59,8 @@ class _ImageMetaMixin:
         self.masks = masks  # detection: targets carry their decoded masks
         self.manifest = manifest
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio,
-                                       labels=target_codec(manifest, str(self.root), max_length, masks))
+                                       labels=target_codec(manifest, str(self.root), max_length, masks),
+                                       jpeg_layout=manifest.jpeg_layout)
         self.on_error = on_error
         self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0

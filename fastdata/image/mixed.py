@@ -70,7 +70,10 @@ class MixedImageDataset(LmdbImageDataset):
         first = sources[0].manifest
         manifest = dataclasses.replace(
             first, num_samples=int(self.offsets[-1]), classes=classes,
-            class_counts=[0] * len(classes), files=[f for d in sources for f in d.manifest.files])
+            class_counts=[0] * len(classes), files=[f for d in sources for f in d.manifest.files],
+            # one pipeline reads every source: it looks for restart-indexed JPEGs when any source has them (an
+            # original-layout source's JPEG is then told apart by its header, and decoded as before)
+            jpeg_layout="restart" if any(d.manifest.jpeg_layout == "restart" for d in sources) else "original")
         root = Path("+".join(str(d.root) for d in sources))
         self._setup(root, manifest, augment, image_size, seed, on_error, False, scale, ratio)
         self.reader = _MixedKeys(self)  # type: ignore[assignment]  # what the loader's messages read: key(i)

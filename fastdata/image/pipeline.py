@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.errors import ConfigError, CorruptSampleError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, Label
 from fastdata.image.augment import (
     apply_crop,
@@ -39,6 +39,7 @@ from fastdata.image.region import (
     unavailable_reason,
     warn_fallback,
 )
+from fastdata.image.restart import RestartIndex, build_index, decode_region, restart_failure, warn_restart_fallback
 from fastdata.image.segmentation import SegmentationCodec
 from fastdata.image.segmentation_custom import wrap_segmentation_custom
 from fastdata.meter.stages import StageTimes
@@ -55,8 +56,13 @@ class SamplePipeline:
     def __init__(self, augment: Any, image_size: Any, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
                  scale: Any = None, ratio: Any = None,
-                 labels: LabelCodec | DetectionCodec | SegmentationCodec | None = None) -> None:
+                 labels: LabelCodec | DetectionCodec | SegmentationCodec | None = None,
+                 jpeg_layout: str = "original") -> None:
         self.max_pixels = max_pixels
+        # "restart" (the manifest's jpeg_layout): a rewritten JPEG's crop region is decoded from the sub-JPEG of the
+        # MCUs it covers (fastdata.image.restart); any other layout, or a JPEG the conversion kept as it was, by
+        # region from the whole file (same pixels)
+        self.jpeg_layout = jpeg_layout
         self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
         # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
@@ -156,9 +162,27 @@ class SamplePipeline:
         except ValueError as exc:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
 
+    def _restart_index(self, decoder: RegionDecoder, sample: EncodedSample) -> RestartIndex | None:
+        """The restart index of a restart-layout dataset's rewritten JPEG (rebuilt from its bytes, ~20 us), or None:
+        another layout, a JPEG the conversion kept as it was (counted in its manifest), or a library that failed
+        the restart self-check (warned once per process)."""
+        if self.jpeg_layout != "restart":
+            return None
+        failure = restart_failure(decoder)
+        if failure:
+            warn_restart_fallback(decoder.library, failure)
+            return None
+        try:
+            return build_index(sample.data, name=sample.key)
+        except UnsupportedJpegError:
+            return None
+
     def _decode_region(self, decoder: RegionDecoder, sample: EncodedSample, region: Region) -> np.ndarray:
         self._check_pixels(sample)
         try:
+            index = self._restart_index(decoder, sample)
+            if index is not None:  # only the MCUs the region covers are decoded
+                return decode_region(decoder, sample.data, index, region, bgr=self.bgr, max_pixels=self.max_pixels)
             return decoder.decode(sample.data, region, bgr=self.bgr, max_pixels=self.max_pixels)
         except ValueError as exc:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import struct
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -455,3 +456,19 @@ def self_check(decoder: RegionDecoder) -> tuple[str, int]:
                                                   region.left:region.left + region.width]):
                     return f"{case}: the sub-JPEG of {region} decodes to other pixels than the whole image", cases
     return "", cases
+
+
+@functools.cache
+def restart_failure(decoder: RegionDecoder) -> str:
+    """Why sub-JPEG decoding cannot be used with `decoder` ("" when it can): its `self_check`, run once per process
+    and library (a few ms)."""
+    return self_check(decoder)[0]
+
+
+@functools.cache
+def warn_restart_fallback(library: str, reason: str) -> None:
+    """Say once per process (and reason) that a restart-layout dataset's JPEGs are decoded by region from the whole
+    file, as an original-layout dataset's are: the same pixels, more entropy decoding per image."""
+    warnings.warn(f"fastdata: restart-layout JPEGs are decoded by region from the whole file, not from the crop's "
+                  f"sub-JPEG (same pixels, more decoding work per image): {library} failed the restart self-check: "
+                  f"{reason}", RuntimeWarning, stacklevel=4)

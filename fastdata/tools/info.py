@@ -53,6 +53,11 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
     else:
         lines.append(f"  source      {m.source.get('path', '?')} ({m.source.get('kind', 'imagefolder')}, "
                      f"{m.source.get('ignored', 0)} non-image files ignored)")
+    if m.jpeg_layout != "original":
+        j = stats.get("jpeg_layout") or {}
+        lines.append(f"  layout      {m.jpeg_layout}: {j.get('rewritten', 0):,} JPEGs rewritten with restart markers, "
+                     f"{sum((j.get('kept_original') or {}).values()):,} kept original, JPEG bytes "
+                     f"x{j.get('size_ratio', 1.0):.3f}")
     if m.metadata_fields:
         lines.append(f"  metadata    {', '.join(m.metadata_fields)} (fastdata.dataset(PATH, metadata=True))")
     if m.target_kind == "detection":

@@ -133,6 +133,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
             manifest.classes):
         report.problems.append(f"{MANIFEST_NAME}: class_counts do not add up to num_samples / the class list")
     ds = dataset(root)
+    restart = _restart_check(manifest, source) if decode else None
     keys: list[str] = []
     labels: list[Label] = []
     with_metadata = source is not None and bool(manifest.metadata_fields)
@@ -164,8 +165,12 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
                 metadata[sample.key] = sample.metadata or {}
             if with_targets:
                 targets[sample.key] = sample.target
-            if decode and not _decodes(ds, sample, report):
-                undecodable += 1
+            if decode:
+                image = _decodes(ds, sample, report)
+                if image is None:
+                    undecodable += 1
+                elif restart is not None:
+                    restart.check(sample, image)
             if progress and len(labels) % 10000 == 0:
                 progress(f"checked {len(labels):,} samples")
         if complete and read != entry.samples:
@@ -178,6 +183,10 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
                               "could not be read)")
     if decode:
         report.checked.append(f"decoded every readable sample ({undecodable} failed)")
+    if restart is not None:
+        problems, checked = restart.finish(complete)
+        report.problems += problems
+        report.checked.append(checked)
     if source is not None:
         _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report,
                               metadata if with_metadata else None, captions, targets if with_targets else None)
@@ -211,8 +220,31 @@ def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False,
             yield f"{name}: sample #{index} unreadable ({type(exc).__name__}: {exc})"
 
 
-def _decodes(ds: Any, sample: EncodedSample, report: VerifyReport) -> bool:
-    """Whether `sample` decodes to its stored size; a problem naming the sample is reported when not."""
+def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
+    """The restart-layout checks of `--decode` (`fastdata.tools.verify_layout`), comparing pixels with the source
+    files when `source` is given and the conversion stored them unchanged but for the rewrite (no --max-size);
+    None for another layout."""
+    from fastdata.tools.verify_layout import RestartCheck
+
+    if not RestartCheck.applies(manifest):
+        return None
+    reader = None
+    if source is not None and manifest.options.get("max_size") is None:
+        from fastdata.converters import REGISTRY, load
+
+        kind = manifest.source.get("kind", "imagefolder")
+        relist = getattr(load(kind), "relist", None) if kind in REGISTRY else None
+        if relist is not None:
+            try:
+                reader = relist(Path(source), manifest).sample_reader
+            except FastdataError:
+                reader = None  # the source check reports why the source cannot be listed
+    return RestartCheck(manifest, reader)
+
+
+def _decodes(ds: Any, sample: EncodedSample, report: VerifyReport) -> Any:
+    """`sample`'s whole decode when it decodes to its stored size, else None (a problem naming the sample is
+    reported)."""
     try:
         image = ds.pipeline.process(sample, 0)
         if image.shape[:2] != (sample.height, sample.width):
@@ -221,8 +253,8 @@ def _decodes(ds: Any, sample: EncodedSample, report: VerifyReport) -> bool:
                                 f"its stored size says {sample.width}x{sample.height}")
     except FastdataError as exc:  # the message names the sample and its file
         report.problems.append(f"undecodable: {exc}")
-        return False
-    return True
+        return None
+    return image
 
 
 def _check_labels(manifest: Manifest, labels: list[Label], report: VerifyReport) -> None:
