@@ -26,6 +26,7 @@ from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import ImageSize, output_size, pixel_box
 from fastdata.image.batch import EncodedBatch, EncodedSample
 from fastdata.image.decode import decode_rgb
+from fastdata.image.device_restart import ship_sub_jpeg
 from fastdata.image.jpeg_header import read_frame
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.meter.stages import StageTimes
@@ -88,19 +89,29 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     started = perf_counter()
     boxes = np.zeros((len(kept), 4), np.float64)
     flips = np.zeros(len(kept), bool)
+    sizes = np.array([(s.width, s.height) for s, _ in kept], np.int64).reshape(-1, 2)
+    payloads: list[bytes] = []
+    sub_jpegs = pipeline.ship_sub_jpegs and pipeline.jpeg_layout == "restart"
     for i, (sample, take) in enumerate(kept):
         if take:
             params = pipeline.preset.params(sample.width, sample.height,
                                             sample_rng(pipeline.seed, epoch, *sample.position))
             boxes[i] = (params.left, params.top, params.width, params.height)
             flips[i] = params.flip
-    lengths = np.fromiter((len(s.data) if t else 0 for s, t in kept), np.int64, len(kept))
+            shipped = ship_sub_jpeg(sample, params) if sub_jpegs else None
+            if shipped is not None:  # only the MCUs the crop reads (fastdata.image.device_restart)
+                payload, boxes[i], sizes[i] = shipped
+            else:
+                payload = sample.data
+            payloads.append(payload)
+    lengths = np.zeros(len(kept), np.int64)
+    lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = np.frombuffer(b"".join(s.data for s, t in kept if t), np.uint8)
+    data = np.frombuffer(b"".join(payloads), np.uint8)
     batch = EncodedBatch(
         torch.from_numpy(data.copy()), torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
-        torch.tensor([(s.width, s.height) for s, _ in kept], dtype=torch.int64).reshape(-1, 2),
+        torch.from_numpy(sizes),
         pipeline.labels.batch([s.label for s, _ in kept]),
         torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times)
     batch.times.collate += perf_counter() - started

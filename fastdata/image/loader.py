@@ -19,7 +19,14 @@ from fastdata.image.batch import EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
-from fastdata.image.device import DECODE_MODES, DeviceDecoder, DevicePrefetcher, device_decode_usable
+from fastdata.image.device import (
+    DECODE_MODES,
+    DeviceDecoder,
+    DevicePrefetcher,
+    decode_jpegs_torchvision,
+    device_decode_usable,
+)
+from fastdata.image.device_restart import sub_jpeg_failure, warn_whole_files
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
@@ -76,6 +83,18 @@ class ImageOptions:
                 if (value is not None if defaults[name] is None else value != defaults[name])]
 
 
+def _device_takes_sub_jpegs(device: torch.device) -> bool:
+    """Whether `device`'s JPEG decoder decodes a restart-layout crop's sub-JPEG to exactly the whole image's pixels
+    (checked on probes, once per loader; a few ms); when not, the workers ship whole files, with one warning."""
+    def decode(data: bytes) -> torch.Tensor:
+        return decode_jpegs_torchvision([torch.frombuffer(bytearray(data), dtype=torch.uint8)], device)[0]
+
+    failure = sub_jpeg_failure(decode)
+    if failure:
+        warn_whole_files(str(device), failure)
+    return not failure
+
+
 def _worker_init(_worker_id: int) -> None:
     worker_ignores_ctrl_c()
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
@@ -120,6 +139,8 @@ class ImageLoader(ResumableLoader):
         else:
             data.pipeline.output = output  # the workers make the floats, image by image
         data.pipeline.ship_encoded = self.decode == "device"
+        if data.pipeline.ship_encoded and data.pipeline.jpeg_layout == "restart" and data.pipeline.preset is not None:
+            data.pipeline.ship_sub_jpegs = _device_takes_sub_jpegs(self.device)
         if data.pipeline.preset is not None:
             # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
             # this process, before the workers fork (they inherit the warned state)

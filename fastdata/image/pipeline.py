@@ -69,6 +69,9 @@ class SamplePipeline:
         self.region_decode = True
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
         self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
+        # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
+        # once the device's decoder passed fastdata.image.device_restart.sub_jpeg_failure)
+        self.ship_sub_jpegs = False
         self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)
         self.augment = augment
         self.seed = seed

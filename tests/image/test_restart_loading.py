@@ -36,7 +36,8 @@ def datasets(tmp_path_factory):
 def batches(path, epochs: int = 2, **options) -> list[tuple[np.ndarray, np.ndarray]]:
     """Every batch of `epochs` passes (each epoch crops anew)."""
     loader = seeded_loader(path, batch_size=4, **options)
-    return [(images.numpy().copy(), labels.numpy().copy()) for _ in range(epochs) for images, labels in loader]
+    return [(images.cpu().numpy().copy(), labels.cpu().numpy().copy()) for _ in range(epochs)
+            for images, labels in loader]
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
@@ -88,5 +89,69 @@ def test_a_mixture_with_a_restart_source_gives_the_original_layouts_batches(data
     expected = batches([datasets["lmdb", "original"]] * 2, weights=[1, 1], image_size=48, seed=4)
     got = batches(mixture, weights=[1, 1], image_size=48, seed=4)
     assert len(got) == len(expected)
+    for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+        assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+@pytest.mark.parametrize("augment, image_size", [("train", 48), ("val", 64)])
+def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets, fmt, augment, image_size):
+    """decode="device" (device="cpu": torchvision's decode_jpeg, the same code path as nvjpeg's) over the restart
+    layout ships each crop's sub-JPEG, and the batches equal the original layout's, decoded on the device too."""
+    for seed in (0, 3):
+        options = dict(augment=augment, image_size=image_size, seed=seed, device="cpu", decode="device")
+        expected = batches(datasets[fmt, "original"], **options)
+        got = batches(datasets[fmt, "restart"], **options)
+        assert len(got) == len(expected) == 6
+        for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+            assert np.array_equal(labels, want_labels)
+            assert np.array_equal(images, want_images), (fmt, augment, seed)
+
+
+def test_the_device_gets_the_crops_sub_jpeg_not_the_whole_file(datasets):
+    """The bytes a worker ships for the device: a train crop's sub-JPEG holds fewer bytes than the file."""
+    from fastdata.image.device import pack_encoded
+
+    shipped = {}
+    for layout in ("original", "restart"):
+        ds = fastdata.dataset(datasets["lmdb", layout], augment="train", image_size=48)
+        ds.pipeline.ship_encoded = True
+        ds.pipeline.ship_sub_jpegs = True
+        samples = [ds.encoded(i) for i in range(len(ds))]
+        batch = pack_encoded(ds.pipeline, samples, 0)
+        taken = ~batch.worker_decoded.numpy()
+        shipped[layout] = (int(batch.offsets[-1]), int(taken.sum()))
+    assert shipped["restart"][1] == shipped["original"][1] > 0
+    assert shipped["restart"][0] < 0.9 * shipped["original"][0], shipped
+
+
+def test_a_device_decoder_that_differs_on_sub_jpegs_gets_whole_files():
+    """The probe check refuses a decoder whose sub-JPEG pixels are not the whole image's (here: one that blanks
+    each image's last column, which a sub-JPEG has elsewhere), and passes torchvision's on the CPU."""
+    import torch
+    from torchvision.io import decode_jpeg
+
+    from fastdata.image.device_restart import sub_jpeg_failure
+
+    def torchvision_cpu(data: bytes) -> torch.Tensor:
+        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def blanks_last_column(data: bytes) -> torch.Tensor:
+        image = torchvision_cpu(data).clone()
+        image[:, :, -1] = 0
+        return image
+
+    assert sub_jpeg_failure(torchvision_cpu) == ""
+    assert "decodes to other pixels than the whole image" in sub_jpeg_failure(blanks_last_column)
+
+
+@pytest.mark.cuda
+def test_nvjpeg_decode_of_sub_jpegs_gives_the_whole_files_batches(datasets):
+    """On CUDA: the restart layout's sub-JPEGs decoded by nvjpeg give the batches nvjpeg gives for the original
+    layout's whole files (if nvjpeg fails the probe check, whole files go, with a warning: the same batches)."""
+    options = dict(augment="train", image_size=48, device="cuda", decode="device")
+    expected = batches(datasets["lmdb", "original"], **options)
+    got = batches(datasets["lmdb", "restart"], **options)
+    assert len(got) == len(expected) == 6
     for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
         assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)
