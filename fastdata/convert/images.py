@@ -10,6 +10,7 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ from fastdata._version import __version__
 from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions
+from fastdata.convert.hashing import ShardHashing, hashing_processes
 from fastdata.convert.image_work import ChunkResult, SampleJob
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
@@ -154,10 +156,11 @@ def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
     return fingerprint(fmt, options, listing.fingerprint())
 
 
-def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int, listing: ImageSource
-                 ) -> LmdbWriter | WdsWriter:
+def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int, listing: ImageSource,
+                 hashing: ShardHashing | None = None) -> LmdbWriter | WdsWriter:
     options = WriterOptions(shard_bytes=shard_bytes, commit_every=commit_every, targets=listing.targets is not None,
-                            pairs=listing.captions is not None, target_ext=target_member(listing.target_kind))
+                            pairs=listing.captions is not None, target_ext=target_member(listing.target_kind),
+                            hash_elsewhere=hashing)
     return storage("image", fmt).open_writer(directory, options)
 
 
@@ -251,8 +254,11 @@ def convert_images(
                "jpeg_layout": jpeg_layout}
     encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout)
     wanted = _fingerprint(fmt, options, listing)
+    # WebDataset shards hashed by processes of their own (local engine): the writer then copies bytes, no more
+    hashing = ShardHashing(hashing_processes(workers)) if fmt == "wds" and engine == "local" and workers > 1 else None
     writer, resumed = open_or_resume(out, overwrite, wanted,
-                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing),
+                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing,
+                                                                    hashing),
                                      _Progress.parse)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
     if resumed is not None and hasattr(listing.targets, "restore"):
@@ -266,7 +272,7 @@ def convert_images(
     partial = partial_path(out)
     ray_seen = RayWork() if engine == "ray" else None
     started = time.perf_counter()
-    with keep_checkpoint_on_failure(writer, partial):
+    with keep_checkpoint_on_failure(writer, partial), (hashing.start() if hashing else contextlib.nullcontext()):
         if resumed is None:
             writer.checkpoint(_progress_json(state, listing))  # records the fingerprint at once
         job = SampleJob(listing.sample_reader, listing.samples, order, encode, writer.lay_out, listing.targets,

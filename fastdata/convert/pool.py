@@ -122,13 +122,15 @@ class _Failure:
     text: str
 
 
-def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None) -> None:
+def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None, parent_end: Any = None) -> None:
     """A worker's loop: run each chunk it is sent; a thread sends the results, so the next chunk starts while the
     parent has not read the last one yet."""
     # Ctrl-C reaches every process of the terminal's process group: the parent handles it (it stops the workers and
     # says how to resume); a worker left to it would print its own traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if parent_end is not None:  # forked: the parent's end of this worker's pipe came along; held here, a killed
+        parent_end.close()      # parent's end would never close, and the worker would wait for it forever
     if worker_init is not None:
         worker_init()
     outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -178,7 +180,9 @@ class Workers:
         try:
             for _ in range(workers):
                 parent_end, child_end = context.Pipe(duplex=True)
-                process = context.Process(target=_serve, args=(job, child_end, worker_init), daemon=True)
+                inherited = parent_end if context.get_start_method() == "fork" else None
+                process = context.Process(target=_serve, args=(job, child_end, worker_init, inherited),
+                                          daemon=True)
                 process.start()
                 child_end.close()
                 self.connections.append(parent_end)

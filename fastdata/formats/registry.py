@@ -37,6 +37,8 @@ class WriterOptions:
     targets: bool = False  # images: the samples carry target records (detection)
     pairs: bool = False  # images: the samples carry captions and maybe token ids (image-text pairs)
     target_ext: str = "det"  # images, WebDataset: the member holding a sample's target (`wds.TARGET_MEMBERS`)
+    # images, WebDataset: hashes a finished shard in another process (`tar_shards.ShardWriter`); None: the writer
+    hash_elsewhere: Any = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ STORAGE: dict[tuple[str, str], Storage] = {
         lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes), manifest.label_kind)),
     ("image", "wds"): Storage(
         "image", "wds", False,
-        lambda directory, o: WdsWriter(directory, o.shard_bytes, o.target_ext),
+        lambda directory, o: WdsWriter(directory, o.shard_bytes, o.target_ext, o.hash_elsewhere),
         lambda root, manifest: LocalShards(root, manifest.files)),
     ("text", "lmdb"): Storage(
         "text", "lmdb", True,

@@ -22,6 +22,7 @@ from fastdata.errors import START_AGAIN, StagingDamagedError
 from fastdata.formats.manifest import FileEntry, write_atomic
 
 SHARD_PATTERN = "shard-{:06d}.tar"
+PENDING = "pending-sha256:"  # a finished shard's digest in its entry while another process hashes it
 PROGRESS_FILE = "progress.json"
 _BLOCK = 512  # tar block size
 
@@ -94,12 +95,18 @@ class ShardWriter:
     """Samples (groups of named members) into tar shards, in order. `on_shard_closed(name)` runs when a shard is
     complete, before it is renamed into place (the text writer writes the shard's index then)."""
 
-    def __init__(self, directory: Path, shard_size: int, on_shard_closed: Callable[[str], None] | None = None
-                 ) -> None:
+    def __init__(self, directory: Path, shard_size: int, on_shard_closed: Callable[[str], None] | None = None,
+                 hash_elsewhere: Callable[[str], Any] | None = None) -> None:
+        """`hash_elsewhere(path)`, when given, starts hashing a finished shard in another process and returns its
+        future (`ready()`, `get()` -> the hex sha256): the writer then hashes nothing itself, and a checkpoint
+        that lists a shard still being hashed is written once its digest is in (`checkpoint`)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
         self.on_shard_closed = on_shard_closed
+        self.hash_elsewhere = hash_elsewhere
+        self._hashing: dict[str, Any] = {}  # shard name -> the future of its digest
+        self._held: list[bytes] = []  # checkpoints waiting for digests, oldest first
         self.count = 0  # samples written, finished shards included
         self.shard_samples = 0  # samples in the open shard
         self._entries: list[FileEntry] = []
@@ -131,7 +138,7 @@ class ShardWriter:
     def _open_shard(self, file: BinaryIO | None = None) -> None:
         if file is None:
             file = open(self.directory / (self.shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
-        self._shard_file = _HashedFile(file)
+        self._shard_file = _HashedFile(file, hashed=self.hash_elsewhere is None)
         self._tar = tarfile.open(fileobj=self._shard_file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self.shard_samples = 0
 
@@ -195,12 +202,20 @@ class ShardWriter:
             self.on_shard_closed(name)
         path = self.directory / name
         os.replace(self.directory / (name + ".tmp"), path)
-        self._entries.append(FileEntry(name, path.stat().st_size, self._shard_file.hexdigest(), self.shard_samples))
+        if self.hash_elsewhere is not None:
+            self._hashing[name] = self.hash_elsewhere(str(path))
+            digest = PENDING + name
+        else:
+            digest = self._shard_file.hexdigest()
+        self._entries.append(FileEntry(name, path.stat().st_size, digest, self.shard_samples))
         self._tar = None
         self._shard_finished = True
 
     def checkpoint_due(self) -> bool:
-        """Whether a shard was finished since the last checkpoint."""
+        """Whether a shard was finished since the last checkpoint (held checkpoints whose digests have come in
+        are written meanwhile)."""
+        if self._held:
+            self._write_held(wait=False)
         return self._shard_finished
 
     @property
@@ -208,13 +223,43 @@ class ShardWriter:
         return list(self._entries)
 
     def checkpoint(self, progress: bytes) -> None:
-        """Record `progress` (which must list `finished_shards`) as the point to resume from."""
-        write_atomic(self.directory / PROGRESS_FILE, progress)
+        """Record `progress` (which must list `finished_shards`) as the point to resume from; one that lists a shard
+        still being hashed elsewhere is held and written, digests filled in, once they are all in."""
         self._shard_finished = False
+        if PENDING.encode() in progress or self._held:
+            self._held.append(progress)
+            self._write_held(wait=False)
+        else:
+            write_atomic(self.directory / PROGRESS_FILE, progress)
+
+    def _write_held(self, wait: bool) -> None:
+        """Write the held checkpoints, in order, whose shards' digests are in (with `wait`: all, waiting)."""
+        while self._held:
+            progress = self._held[0]
+            names = [name for name in self._hashing if (PENDING + name).encode() in progress]
+            if not wait and not all(self._hashing[name].ready() for name in names):
+                return
+            for name in names:
+                digest = self._digest(name)
+                progress = progress.replace(f'"{PENDING}{name}"'.encode(), f'"{digest}"'.encode())
+            write_atomic(self.directory / PROGRESS_FILE, progress)
+            self._held.pop(0)
+
+    def _digest(self, name: str) -> str:
+        """The digest of shard `name` hashed elsewhere (waiting for it), filled into its entry."""
+        digest = self._hashing[name].get()
+        for i, entry in enumerate(self._entries):
+            if entry.name == name and entry.sha256 == PENDING + name:
+                self._entries[i] = FileEntry(entry.name, entry.bytes, digest, entry.samples)
+        return digest
 
     def close(self) -> list[FileEntry]:
-        """Finish the last shard; returns every shard. `progress.json` stays until the dataset is committed."""
+        """Finish the last shard; returns every shard, every digest in. `progress.json` stays until the dataset is
+        committed."""
         self._close_shard()
+        for name in self._hashing:
+            self._digest(name)
+        self._write_held(wait=True)
         return list(self._entries)
 
     def abort(self) -> None:
@@ -229,11 +274,11 @@ class _HashedFile:
     """A shard's file, its sha256 computed from the bytes as they are written (the part before the position it is
     opened at, on a resume, read back once): closing a shard does not read it all back to hash it."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: BinaryIO, hashed: bool = True) -> None:
         self.file = file
-        self._digest = hashlib.sha256()
+        self._digest = hashlib.sha256() if hashed else None
         end, fd, position = file.tell(), file.fileno(), 0
-        while position < end:
+        while hashed and position < end:
             piece = os.pread(fd, min(1 << 22, end - position), position)
             if not piece:
                 break
@@ -241,10 +286,12 @@ class _HashedFile:
             position += len(piece)
 
     def write(self, data: Any) -> int:
-        self._digest.update(data)
+        if self._digest is not None:
+            self._digest.update(data)
         return self.file.write(data)
 
     def hexdigest(self) -> str:
+        assert self._digest is not None, "a shard hashed elsewhere has no digest here"
         return self._digest.hexdigest()
 
     def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, name, mode: the file's own

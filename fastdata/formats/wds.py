@@ -22,7 +22,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fastdata.errors import CorruptSampleError
 from fastdata.formats.manifest import FileEntry
@@ -60,8 +60,9 @@ class WdsWriter:
     `ShardWriter`: `.tmp` until complete, `checkpoint()` after each completed shard records the caller's progress,
     so a killed conversion resumes at the first unfinished shard and redoes nothing else)."""
 
-    def __init__(self, directory: Path, shard_size: int, target_ext: str = TARGET_EXT) -> None:
-        self.shards = ShardWriter(directory, shard_size)
+    def __init__(self, directory: Path, shard_size: int, target_ext: str = TARGET_EXT,
+                 hash_elsewhere: Callable[[str], Any] | None = None) -> None:
+        self.shards = ShardWriter(directory, shard_size, hash_elsewhere=hash_elsewhere)
         self.target_ext = target_ext  # the member holding a sample's target (TARGET_MEMBERS)
         self.directory = self.shards.directory
         self._used_keys: set[str] = set()

@@ -30,8 +30,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
     import fastdata
     from fastdata.formats import lmdb as L, wds as W
 
-    src, out, fmt, where, at = sys.argv[1:6]
-    at = int(at)
+    src, out, fmt, where, at, workers = sys.argv[1:7]
+    at, workers = int(at), int(workers)
 
     writer = L.LmdbWriter if fmt == "lmdb" else W.WdsWriter
     if where == "add":          # before the record number `at` is added
@@ -45,12 +45,12 @@ KILLER = KILL_WHEN + textwrap.dedent("""
         import fastdata.formats.manifest as M
         kill_when(M.Manifest, "write", lambda self: True)
     fastdata.convert_imagefolder(src, out, format=None if fmt == "lmdb" else "wds", shard_size="3KB",
-                                 workers=1, commit_every=4, progress=False)
+                                 workers=workers, commit_every=4, progress=False)
 """)
 
 
-def killed_conversion(src: Path, out: Path, fmt: str, where: str, at: int = 0) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILLER, str(src), str(out), fmt, where, str(at)],
+def killed_conversion(src: Path, out: Path, fmt: str, where: str, at: int = 0, workers: int = 1) -> None:
+    proc = subprocess.run([sys.executable, "-c", KILLER, str(src), str(out), fmt, where, str(at), str(workers)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
@@ -109,6 +109,27 @@ def test_sigkill_then_rerun_resumes_to_the_same_dataset(tree, reference, tmp_pat
     if fmt == "wds":  # deterministic: the very same shard bytes
         assert [(f.name, f.sha256) for f in manifest.files] == [(f.name, f.sha256) for f in ref_manifest.files]
     assert not Path(str(out) + ".partial").exists()
+
+
+@pytest.mark.parametrize(("where", "at"), [("add", 13), ("checkpoint", 2), ("checkpoint", 5), ("close", 0)])
+def test_shards_hashed_elsewhere_resume_to_the_same_shards(tree, reference, tmp_path, where, at):
+    """With 2 workers, finished WebDataset shards are hashed by processes of their own and a checkpoint listing one
+    is held until its digest is in: a kill never leaves a checkpoint without digests, and the rerun (2 workers
+    again) gives the very shards, digests and counts of an uninterrupted 1-worker conversion."""
+    out = tmp_path / "shards"
+    killed_conversion(tree.root, out, "wds", where, at, workers=2)
+    progress = partial_path(out) / "progress.json"
+    if progress.exists():
+        assert "pending-sha256:" not in progress.read_text()
+    summary = fastdata.convert_imagefolder(tree.root, out, format="wds", shard_size="3KB", workers=2, commit_every=4,
+                                           progress=False)
+    assert summary.images == COUNT
+    manifest, ref_manifest = fastdata.info(out), fastdata.info(reference["wds"])
+    assert len(manifest.files) > 4
+    assert [(f.name, f.bytes, f.sha256) for f in manifest.files] == \
+        [(f.name, f.bytes, f.sha256) for f in ref_manifest.files]
+    assert all(f.sha256 == hashlib.sha256((out / f.name).read_bytes()).hexdigest() for f in manifest.files)
+    assert contents(out) == contents(reference["wds"])
 
 
 # An uninterrupted conversion in a child process, without any injection: what the random-time kills interrupt.
