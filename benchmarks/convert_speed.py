@@ -20,7 +20,8 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       and p = (parent CPU of the run - of the small run) / (images - small images), w likewise. Both include
       everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
       is not in the model. The column "hashing the output" is the CPU that sha256 of the written files costs
-      per image (measured after the run): the part of `p` that is serial in one output file.
+      per image (measured after the run): part of `p` for LMDB (one file, hashed by the writer); WebDataset shards
+      are flushed and hashed by processes of their own (in the workers' CPU), the writer only copies bytes.
   (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
 Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
 

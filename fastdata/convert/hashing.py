@@ -32,6 +32,12 @@ def _start_hashing_process(parent: int) -> None:
 
 
 def _hash(path: str) -> str:
+    """Put the shard on disk (its writer did not wait for that), then hash it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return sha256_file(Path(path))
 
 

@@ -97,9 +97,9 @@ class ShardWriter:
 
     def __init__(self, directory: Path, shard_size: int, on_shard_closed: Callable[[str], None] | None = None,
                  hash_elsewhere: Callable[[str], Any] | None = None) -> None:
-        """`hash_elsewhere(path)`, when given, starts hashing a finished shard in another process and returns its
-        future (`ready()`, `get()` -> the hex sha256): the writer then hashes nothing itself, and a checkpoint
-        that lists a shard still being hashed is written once its digest is in (`checkpoint`)."""
+        """`hash_elsewhere(path)`, when given, starts flushing a finished shard to disk and hashing it in another
+        process and returns its future (`ready()`, `get()` -> the hex sha256): the writer then only writes bytes,
+        and a checkpoint that lists a shard still being hashed is written once its digest is in (`checkpoint`)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
@@ -195,7 +195,10 @@ class ShardWriter:
         if self._tar is None:
             return
         self._tar.close()
-        self.sync()
+        if self.hash_elsewhere is None:
+            self.sync()
+        else:  # flushed to disk where it is hashed; no checkpoint lists it before its digest is in
+            self._shard_file.flush()
         self._shard_file.close()
         name = self.shard_name
         if self.on_shard_closed is not None:
