@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.converters.text import convert_text
     from fastdata.converters.webdataset import convert_webdataset
     from fastdata.loader import dataset, loader
+    from fastdata.loader.mixing import mix
     from fastdata.meter.loop import meter
-    from fastdata.mixing import mix
     from fastdata.tools.info import info
 
 #: public name -> the module that defines it
@@ -39,7 +39,7 @@ _PUBLIC: dict[str, str] = {
     "dataset": "fastdata.loader",
     "loader": "fastdata.loader",
     "meter": "fastdata.meter.loop",
-    "mix": "fastdata.mixing",
+    "mix": "fastdata.loader.mixing",
     "info": "fastdata.tools.info",
 }
 

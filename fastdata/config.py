@@ -35,7 +35,7 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     return int(value)
 
 
-AUTO = "auto"  # num_workers / prefetch_factor: the stored `fastdata tune` result (fastdata.tuning)
+AUTO = "auto"  # num_workers / prefetch_factor: the stored `fastdata tune` result (fastdata.loader.tuning)
 
 
 def check_int_or_auto(name: str, value: Any, minimum: int | None = None) -> int | str:

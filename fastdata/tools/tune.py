@@ -1,6 +1,6 @@
 """`fastdata tune`: find how many workers and how much prefetch (and, with a CUDA device whose nvjpeg works, where
 to decode) give a loader its best throughput on this machine, within a time budget, and keep the answer for
-`num_workers="auto"` / `prefetch_factor="auto"` (fastdata.tuning).
+`num_workers="auto"` / `prefetch_factor="auto"` (fastdata.loader.tuning).
 
 The search is bounded, not a grid. For each decode placement, worker counts climb a ladder (1, 2, 4, 8, ... up to
 `max_workers`, default one more than the cores, since workers waiting on storage leave a core idle) at prefetch 2,
@@ -29,8 +29,7 @@ from typing import Any
 
 from fastdata.config import available_cores, check_int, check_number
 from fastdata.errors import ConfigError
-from fastdata.tools.tune_steps import Step, parse_step
-from fastdata.tuning import (
+from fastdata.loader.tuning import (
     DECODES,
     TUNE_FILE,
     Choice,
@@ -42,6 +41,7 @@ from fastdata.tuning import (
     now_utc,
     write_entry,
 )
+from fastdata.tools.tune_steps import Step, parse_step
 
 PREFETCH = (2, 4, 8)
 WAIT_FLOOR = 0.05  # below this data wait, the step is the wall: more workers cannot help

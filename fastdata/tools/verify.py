@@ -24,13 +24,13 @@ from fastdata.formats.manifest import (
     sha256_file,
 )
 from fastdata.formats.records import Label
-from fastdata.tuning import TUNE_FILE
+from fastdata.loader.tuning import TUNE_FILE
 
 if TYPE_CHECKING:
     from fastdata.image.batch import EncodedSample
 
 # Files a dataset directory may hold beside the ones its manifest lists.
-_ALLOWED_EXTRA = {MANIFEST_NAME, TUNE_FILE}  # TUNE_FILE: `fastdata tune`'s result (fastdata.tuning)
+_ALLOWED_EXTRA = {MANIFEST_NAME, TUNE_FILE}  # TUNE_FILE: `fastdata tune`'s result (fastdata.loader.tuning)
 
 
 @dataclass

@@ -16,10 +16,10 @@ from builders import build_solid_tree, cli
 import fastdata
 from fastdata.config import available_cores
 from fastdata.errors import ConfigError
+from fastdata.loader.tuning import TUNE_FILE, default_workers
 from fastdata.tools.tune import Measured, Point, TuneConfig, ladder, measure_point, run_tune, search
 from fastdata.tools.tune_steps import parse_step
 from fastdata.tools.verify import verify
-from fastdata.tuning import TUNE_FILE, default_workers
 
 COUNT = 14
 TINY = {"batch_size": 4, "image_size": 16}

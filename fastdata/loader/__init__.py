@@ -19,12 +19,12 @@ from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
-from fastdata.mixing import mixed_loader
+from fastdata.loader.mixing import mixed_loader
+from fastdata.loader.tuning import Tuned, dataset_root, loader_key, resolve_auto, tune_files
 from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
 from fastdata.text.loader import TextLoader, TextOptions, text_loader
-from fastdata.tuning import Tuned, dataset_root, loader_key, resolve_auto, tune_files
 
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *,
@@ -355,7 +355,7 @@ def loader(
     if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
         plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
         path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
-    if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.mixing)
+    if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.loader.mixing)
         if AUTO in auto:
             warnings.warn(f"num_workers/prefetch_factor='auto' over a mixture: `fastdata tune` results are per "
                           f"dataset, so the defaults are used ({options.num_workers} workers, prefetch "
