@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.convert.pool import start_method
-from fastdata.formats.manifest import sha256_file
+from fastdata.formats.manifest import fsync_path, sha256_file
 
 
 def _start_hashing_process(parent: int) -> None:
@@ -33,11 +33,7 @@ def _start_hashing_process(parent: int) -> None:
 
 def _hash(path: str) -> str:
     """Put the shard on disk (its writer did not wait for that), then hash it."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(Path(path))
     return sha256_file(Path(path))
 
 

@@ -161,13 +161,18 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Put what the file or directory `path` holds on disk (through a descriptor of its own)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable."""
+    fsync_path(directory)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
