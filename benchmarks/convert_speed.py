@@ -21,7 +21,8 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
       is not in the model. The column "hashing the output" is the CPU that sha256 of the written files costs
       per image (measured after the run): part of `p` for LMDB (one file, hashed by the writer); WebDataset shards
-      are flushed and hashed by processes of their own (in the workers' CPU), the writer only copies bytes.
+      are written, flushed and hashed by processes of their own (`fastdata.convert.assembly`: their CPU is counted
+      with the workers', in `w`), the writer only says where each sample's bytes go.
   (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
 Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
 
@@ -257,6 +258,7 @@ def main() -> None:
     parser.add_argument("--text-mb", type=float, default=20.0)
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
     parser.add_argument("--skip-text", action="store_true")
+    parser.add_argument("--skip-peers", action="store_true", help="leave out FFCV and Ray (a quick check)")
     args = parser.parse_args()
 
     from fastdata.tools.sample import cached_sample_imagefolder
@@ -274,7 +276,7 @@ def main() -> None:
              "(d) raw LMDB copy, nothing verified (1 process)": "raw-lmdb"}
     for module, name, kind in (("ffcv", "(c) FFCV DatasetWriter (re-encodes)", "ffcv"),
                                ("ray", "(f) fastdata --engine ray (local Ray) -> LMDB", "lmdb-ray")):
-        reason = unavailable(module)
+        reason = "--skip-peers" if args.skip_peers else unavailable(module)
         if reason is None:
             kinds[name] = kind
         else:
@@ -290,7 +292,7 @@ def main() -> None:
     for name, results in runs.items():
         rate = statistics.median(r["images"] / r["seconds"] for r in results)
         print(f"| {name} | {rate:,.0f} | {median_ratio(times, name, baseline):.2f} |")
-    print("\n| conversion | parent CPU ms/image | of it, hashing the output | workers CPU ms/image | parent / worker | "
+    print("\n| conversion | parent CPU ms/image | hashing the output | workers CPU ms/image | parent / worker | "
           "predicted images/s at 8 / 16 / 64 cores | fixed CPU s: parent, workers |\n|---|---:|---:|---:|---:|---|---|")
     for name, kind in kinds.items():
         if not kind.endswith("-local"):
@@ -303,7 +305,9 @@ def main() -> None:
         worker = statistics.median((r["workers_cpu"] - fixed_workers) / extra for r in runs[name])
         predicted = " / ".join(f"{min(c / (worker + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
         hashing = output_hash_seconds(work / kind) / runs[name][0]["images"]
-        print(f"| {name[4:]} | {parent * 1e3:.3f} | {hashing * 1e3:.3f} | {worker * 1e3:.3f} | {parent / worker:.1%} | "
+        where = "in the parent" if "lmdb" in kind else "elsewhere"
+        print(f"| {name[4:]} | {parent * 1e3:.3f} | {hashing * 1e3:.3f} ({where}) | {worker * 1e3:.3f} | "
+              f"{parent / worker:.1%} | "
               f"{predicted} | "
               f"{fixed_parent:.3f}, {fixed_workers:.3f} |")
 

@@ -41,6 +41,9 @@ class ChunkResult:
     notes: list[Any] = field(default_factory=list)
     # per result, what the JPEG layout did to it (`fastdata.convert.layout.Outcome`); empty with layout "original"
     layouts: list[Outcome] = field(default_factory=list)
+    # in the parent: the shared memory the results' large byte strings came in (`fastdata.convert.messages`), kept
+    # when the writer hands those bytes on rather than writing them itself (None: none, or not kept)
+    shared: Any = None
 
 
 @dataclass

@@ -24,9 +24,9 @@ import numpy as np
 
 from fastdata._version import __version__
 from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
+from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions
-from fastdata.convert.hashing import ShardHashing, hashing_processes
 from fastdata.convert.image_work import ChunkResult, SampleJob
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
@@ -122,8 +122,9 @@ def _installed_chunk(task: tuple[int, int]) -> ChunkResult:
 
 def _results(job: SampleJob, start: int, stop: int, workers: int, stats: PoolStats, engine: str = "local",
              ray_address: str | None = None, requested_workers: int | None = None,
-             ray_seen: RayWork | None = None) -> Iterator[ChunkResult]:
-    """The job's chunk results over write positions start..stop-1, in order, from the local pool or Ray."""
+             ray_seen: RayWork | None = None, keep_shared: bool = False) -> Iterator[ChunkResult]:
+    """The job's chunk results over write positions start..stop-1, in order, from the local pool or Ray (local,
+    `keep_shared`: with the shared memory their bytes came in, for a writer that hands them on)."""
     if engine == "ray":
         from fastdata.convert.ray import ray_results
 
@@ -135,7 +136,7 @@ def _results(job: SampleJob, start: int, stop: int, workers: int, stats: PoolSta
             stats.worker_cpu_seconds += result.cpu_seconds
             yield result
         return
-    yield from chunk_results(job, start, stop, workers, stats, worker_init=_worker_init)
+    yield from chunk_results(job, start, stop, workers, stats, worker_init=_worker_init, keep_shared=keep_shared)
 
 
 @dataclass
@@ -157,10 +158,10 @@ def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
 
 
 def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int, listing: ImageSource,
-                 hashing: ShardHashing | None = None) -> LmdbWriter | WdsWriter:
+                 assembly: ShardAssembly | None = None) -> LmdbWriter | WdsWriter:
     options = WriterOptions(shard_bytes=shard_bytes, commit_every=commit_every, targets=listing.targets is not None,
                             pairs=listing.captions is not None, target_ext=target_member(listing.target_kind),
-                            hash_elsewhere=hashing)
+                            assembly=assembly)
     return storage("image", fmt).open_writer(directory, options)
 
 
@@ -254,11 +255,13 @@ def convert_images(
                "jpeg_layout": jpeg_layout}
     encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout)
     wanted = _fingerprint(fmt, options, listing)
-    # WebDataset shards hashed by processes of their own (local engine): the writer then copies bytes, no more
-    hashing = ShardHashing(hashing_processes(workers)) if fmt == "wds" and engine == "local" and workers > 1 else None
+    # WebDataset shards written and hashed by processes of their own (local engine): this process then only says
+    # where each sample's bytes go
+    assembly = (ShardAssembly(assembly_processes(workers)) if fmt == "wds" and engine == "local" and workers > 1
+                else None)
     writer, resumed = open_or_resume(out, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing,
-                                                                    hashing),
+                                                                    assembly),
                                      _Progress.parse)
     state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
     if resumed is not None and hasattr(listing.targets, "restore"):
@@ -272,14 +275,15 @@ def convert_images(
     partial = partial_path(out)
     ray_seen = RayWork() if engine == "ray" else None
     started = time.perf_counter()
-    with keep_checkpoint_on_failure(writer, partial), (hashing.start() if hashing else contextlib.nullcontext()):
+    with keep_checkpoint_on_failure(writer, partial), (assembly.start() if assembly else contextlib.nullcontext()):
         if resumed is None:
             writer.checkpoint(_progress_json(state, listing))  # records the fingerprint at once
         job = SampleJob(listing.sample_reader, listing.samples, order, encode, writer.lay_out, listing.targets,
                         listing.metadata, listing.captions, listing.caption_tokens)
         stats = _write_all(writer, job, listing, state, workers, strict, progress,
                            engine={"engine": engine, "ray_address": ray_address,
-                                   "requested_workers": requested_workers, "ray_seen": ray_seen})
+                                   "requested_workers": requested_workers, "ray_seen": ray_seen,
+                                   "keep_shared": assembly is not None})
         if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
             files = writer.close()
             state.files = [asdict(entry) for entry in files]
@@ -347,7 +351,10 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                 if laid is None:
                     _reject(listing, index, reason, state, strict)
                 else:
-                    writer.add(laid)
+                    if chunk.shared is not None:  # the bytes are handed on, not copied (`ShardAssembly`)
+                        writer.add(laid, chunk.shared)
+                    else:
+                        writer.add(laid)
                     if outcome is not None:
                         layout.add(outcome)
                     label = samples[index][1]

@@ -6,8 +6,11 @@ travel inside the pickle: the worker writes them once into an anonymous shared-m
 descriptor rides along with the header (SCM_RIGHTS), and the parent maps it and unpickles them as read-only
 memoryviews of that map. So the parent copies an image's bytes once, into the output, instead of three times
 (out of the socket, out of the pickle, into the output): per image, what the parent does is what caps a
-conversion on many cores. Where the platform has no memfd (macOS), buffers stay in the pickle; Windows pipes
-have no file descriptor, so Connection's own framing is used there.
+conversion on many cores. A receiver that only hands the bytes on (the WebDataset writer, whose shards are
+assembled by processes of their own: `fastdata.convert.assembly`) asks for the shared-memory file itself
+(`SharedMemory`): it passes the descriptor and the buffers' places in it along, and never touches the bytes.
+Where the platform has no memfd (macOS), buffers stay in the pickle; Windows pipes have no file descriptor, so
+Connection's own framing is used there.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 from typing import Any
 
 _RAW = sys.platform != "win32"
-_SHARED = _RAW and hasattr(os, "memfd_create")
+_SHARED = _RAW and hasattr(os, "memfd_create") and sys.platform.startswith("linux")  # sendfile from it: Linux
 _HEADER = struct.Struct("!QQ")  # pickle bytes, out-of-band buffers
 _LENGTH = struct.Struct("!Q")
 OUT_OF_BAND_MIN = 4096  # byte strings at least this long travel out of band (the pickle copies smaller ones)
@@ -95,30 +98,69 @@ def _writev_all(fd: int, views: list[memoryview]) -> None:
             views = [views[0][written:], *views[1:]]
 
 
-def receive(conn: Any, scratch: bytearray | None = None) -> Any:
+class SharedMemory:
+    """The shared-memory file a received message's out-of-band buffers are views of (`receive(..., shared=[])`):
+    where each of those views lies in it, so that the receiver can hand the bytes on to another process (the
+    descriptor, and places in it) without reading them. The descriptor is closed with `close()` or when this
+    object goes."""
+
+    def __init__(self, fd: int, views: list[memoryview], offsets: list[int]) -> None:
+        self._fd = fd
+        self._views = views  # held, so that the ids below stay theirs
+        self._offsets = {id(view): offset for view, offset in zip(views, offsets, strict=True)}
+
+    def fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError("the shared memory of a message is closed")
+        return self._fd
+
+    def locate(self, view: Any) -> int | None:
+        """The byte offset in the file of `view`, one of the message's out-of-band buffers exactly as it was
+        received; None for anything else (a byte string that travelled in the pickle, a slice of a view)."""
+        return self._offsets.get(id(view)) if isinstance(view, memoryview) else None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def receive(conn: Any, scratch: bytearray | None = None, shared: list[SharedMemory] | None = None) -> Any:
     """The next message from `conn`; read into `scratch` (grown as needed, kept by the caller for the next one:
-    a fresh buffer per message would cost its page faults every time)."""
+    a fresh buffer per message would cost its page faults every time). With a list as `shared`, a message that
+    came with shared memory appends its `SharedMemory` to it (the descriptor stays open)."""
     if not _RAW:
         return conn.recv()
     scratch = bytearray() if scratch is None else scratch
     fd = conn.fileno()
-    head, shared = _read_header(fd)
+    head, memory = _read_header(fd)
     size, count = _HEADER.unpack(head)
     if not count:
         return pickle.loads(_read_exactly(fd, size, scratch))
-    if shared is None:
+    if memory is None:
         raise EOFError("a conversion worker's message lost its shared memory")
     try:
         lengths = struct.unpack(f"!{count}Q", _read_exactly(fd, 8 * count, scratch))
         total = sum(lengths)
-        mapped = mmap.mmap(shared, total, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ)
-    finally:
-        os.close(shared)  # the map keeps the memory; it goes when the last view of it does
-    whole, views, offset = memoryview(mapped), [], 0
+        # a receiver that hands the bytes on reads few of them: its map is not populated ahead
+        populate = getattr(mmap, "MAP_POPULATE", 0) if shared is None else 0
+        mapped = mmap.mmap(memory, total, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+    except BaseException:
+        os.close(memory)
+        raise
+    if shared is None:
+        os.close(memory)  # the map keeps the memory; it goes when the last view of it does
+    whole, views, offsets, offset = memoryview(mapped), [], [], 0
     for length in lengths:
         views.append(whole[offset:offset + length])
+        offsets.append(offset)
         offset += length
+    if shared is not None:
+        shared.append(SharedMemory(memory, views, offsets))
+    # the views are read-only, so unpickling gives back these very objects (what `SharedMemory.locate` knows)
     return pickle.loads(_read_exactly(fd, size, scratch), buffers=views)
 
 

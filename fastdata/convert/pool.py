@@ -81,10 +81,11 @@ def start_method() -> str:
 
 
 def chunk_results(job: ChunkJob, start: int, stop: int, workers: int, stats: PoolStats,
-                  sizer: ChunkSizer | None = None, worker_init: Callable[[], None] | None = None
-                  ) -> Iterator[Any]:
+                  sizer: ChunkSizer | None = None, worker_init: Callable[[], None] | None = None,
+                  keep_shared: bool = False) -> Iterator[Any]:
     """`job.run_chunk` over positions start..stop-1 in chunks, on `workers` processes (1: in this process), the
-    results in position order."""
+    results in position order. With `keep_shared`, a result that came through shared memory gets it as its
+    `shared` attribute (`fastdata.convert.messages.SharedMemory`), for a writer that hands its bytes on."""
     sizer = sizer or ChunkSizer(workers)
 
     def ranges() -> Iterator[tuple[int, int]]:
@@ -100,7 +101,7 @@ def chunk_results(job: ChunkJob, start: int, stop: int, workers: int, stats: Poo
             _count(stats, sizer, result, task[1] - task[0])
             yield result
         return
-    with Workers(job, workers, worker_init) as pool:
+    with Workers(job, workers, worker_init, keep_shared=keep_shared) as pool:
         for (chunk_start, chunk_stop), result in pool.results(ranges(), stats, ahead=8):
             sizer.observe(chunk_stop - chunk_start, result.seconds)
             yield result
@@ -167,9 +168,10 @@ class Workers:
     """`workers` processes serving one job, each sent tasks (tuples of arguments of `job.run_chunk`)."""
 
     def __init__(self, job: ChunkJob, workers: int, worker_init: Callable[[], None] | None = None,
-                 describe: Callable[[tuple], str] = lambda task: f"write positions {task[0]}..{task[1] - 1}"
-                 ) -> None:
+                 describe: Callable[[tuple], str] = lambda task: f"write positions {task[0]}..{task[1] - 1}",
+                 keep_shared: bool = False) -> None:
         self.describe = describe
+        self.keep_shared = keep_shared
         context = multiprocessing.get_context(start_method())
         self.connections: list[Any] = []
         self.processes: list[Any] = []
@@ -247,10 +249,13 @@ class Workers:
                     if not self.connections[worker].poll():  # died (its last words, if any, are read first)
                         self._died(worker, [given[n] for n in in_hand[worker]])
                     continue
+                shared: list[Any] | None = [] if self.keep_shared else None
                 try:
-                    sequence, message = receive(self.connections[worker], self.scratch[worker])
+                    sequence, message = receive(self.connections[worker], self.scratch[worker], shared)
                 except (EOFError, OSError):  # its end closed: it died
                     self._died(worker, [given[n] for n in in_hand[worker]])
+                if shared and hasattr(message, "shared"):
+                    message.shared = shared[0]
                 if isinstance(message, _Failure):
                     if message.error is not None:
                         raise message.error

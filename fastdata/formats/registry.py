@@ -38,7 +38,7 @@ class WriterOptions:
     pairs: bool = False  # images: the samples carry captions and maybe token ids (image-text pairs)
     target_ext: str = "det"  # images, WebDataset: the member holding a sample's target (`wds.TARGET_MEMBERS`)
     # images, WebDataset: hashes a finished shard in another process (`tar_shards.ShardWriter`); None: the writer
-    hash_elsewhere: Any = None
+    assembly: Any = None  # image WebDataset: shards written and hashed elsewhere (`ShardWriter`)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ STORAGE: dict[tuple[str, str], Storage] = {
         lambda root, manifest: LmdbReader(root, manifest.num_samples, len(manifest.classes), manifest.label_kind)),
     ("image", "wds"): Storage(
         "image", "wds", False,
-        lambda directory, o: WdsWriter(directory, o.shard_bytes, o.target_ext, o.hash_elsewhere),
+        lambda directory, o: WdsWriter(directory, o.shard_bytes, o.target_ext, o.assembly),
         lambda root, manifest: LocalShards(root, manifest.files)),
     ("text", "lmdb"): Storage(
         "text", "lmdb", True,

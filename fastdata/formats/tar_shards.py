@@ -96,15 +96,20 @@ class ShardWriter:
     complete, before it is renamed into place (the text writer writes the shard's index then)."""
 
     def __init__(self, directory: Path, shard_size: int, on_shard_closed: Callable[[str], None] | None = None,
-                 hash_elsewhere: Callable[[str], Any] | None = None) -> None:
-        """`hash_elsewhere(path)`, when given, starts flushing a finished shard to disk and hashing it in another
-        process and returns its future (`ready()`, `get()` -> the hex sha256): the writer then only writes bytes,
-        and a checkpoint that lists a shard still being hashed is written once its digest is in (`checkpoint`)."""
+                 assembly: Any = None) -> None:
+        """`assembly`, when given, has the shards written, flushed to disk and hashed by other processes
+        (`fastdata.convert.assembly.ShardAssembly`: `begin(path)`, `write(path, at, pieces, shared)`,
+        `finish(path, trailer, size)` -> the future of the digest, `ready()` and `get()`): this writer then only
+        decides where each sample's bytes go, the same places as when it writes them itself, and a checkpoint that
+        lists a shard still being finished elsewhere is written once its digest is in (`checkpoint`). Samples come
+        to `append_blob` with the shared memory they lie in."""
+        if assembly is not None and on_shard_closed is not None:
+            raise ValueError("a shard assembled elsewhere has no on_shard_closed step")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
         self.on_shard_closed = on_shard_closed
-        self.hash_elsewhere = hash_elsewhere
+        self.assembly = assembly
         self._hashing: dict[str, Any] = {}  # shard name -> the future of its digest
         self._held: list[bytes] = []  # checkpoints waiting for digests, oldest first
         self.count = 0  # samples written, finished shards included
@@ -112,6 +117,12 @@ class ShardWriter:
         self._entries: list[FileEntry] = []
         self._tar: tarfile.TarFile | None = None
         self._shard_finished = False
+        # with an assembly: the open shard's bytes so far, and the run of pieces not yet handed over
+        self._assembled: int | None = None
+        self._run: list[Any] = []
+        self._run_at = 0
+        self._run_memory: Any = None
+        self._run_inline = 0
 
     def saved_progress(self) -> bytes | None:
         """The progress record of the last checkpoint, if the directory holds one."""
@@ -138,7 +149,7 @@ class ShardWriter:
     def _open_shard(self, file: BinaryIO | None = None) -> None:
         if file is None:
             file = open(self.directory / (self.shard_name + ".tmp"), "wb")  # noqa: SIM115 (spans add() calls)
-        self._shard_file = _HashedFile(file, hashed=self.hash_elsewhere is None)
+        self._shard_file = _HashedFile(file)
         self._tar = tarfile.open(fileobj=self._shard_file, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         self.shard_samples = 0
 
@@ -161,19 +172,56 @@ class ShardWriter:
             offsets.append(self._tar.offset - -(-len(payload) // _BLOCK) * _BLOCK)
         return offsets
 
-    def append_blob(self, blob: bytes) -> None:
+    def append_blob(self, blob: Any, shared: Any = None) -> None:
         """Write one sample's members, laid out by `tar_members`, into the open shard (opened if needed). Call
-        `sample_done()` after it."""
+        `sample_done()` after it. With an assembly, `shared` is the shared memory (`SharedMemory`) that `blob` came
+        in, if any: only the place of the bytes is handed on."""
+        if self.assembly is not None:
+            self._assemble(blob, shared)
+            return
         if self._tar is None:
             self._open_shard()
         assert self._tar is not None
         self._shard_file.write(blob)
         self._tar.offset += len(blob)
 
+    def _assemble(self, blob: Any, shared: Any) -> None:
+        """Add `blob` to the open shard's run of pieces for the assembly (opening the shard if needed)."""
+        if self._assembled is None:
+            self.assembly.begin(str(self.directory / self.shard_name))
+            self._assembled = self._run_at = self.shard_samples = 0
+        offset = shared.locate(blob) if shared is not None else None
+        if offset is not None and shared is not self._run_memory:
+            if self._run_memory is not None:
+                self._hand_over()
+            self._run_memory = shared
+        if offset is None:
+            self._run.append(bytes(blob))
+            self._run_inline += len(blob)
+        elif self._run and isinstance(self._run[-1], tuple) and sum(self._run[-1]) == offset:
+            self._run[-1] = (self._run[-1][0], self._run[-1][1] + len(blob))  # the next bytes of the same memory
+        else:
+            self._run.append((offset, len(blob)))
+        self._assembled += len(blob)
+        if self._run_inline >= _RUN_INLINE_MAX:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Send the run of pieces gathered so far to the assembly."""
+        if self._run:
+            self.assembly.write(str(self.directory / self.shard_name), self._run_at, self._run, self._run_memory)
+        self._run, self._run_memory, self._run_inline = [], None, 0
+        self._run_at = self._assembled or 0
+
     def sample_done(self) -> None:
         """Count the sample just appended; close the shard once it has reached the shard size."""
         self.shard_samples += 1
         self.count += 1
+        if self.assembly is not None:
+            assert self._assembled is not None
+            if self._assembled >= self.shard_size:
+                self._close_shard()
+            return
         assert self._tar is not None
         if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
             self._close_shard()
@@ -192,26 +240,34 @@ class ShardWriter:
             os.fsync(self._shard_file.fileno())
 
     def _close_shard(self) -> None:
+        if self.assembly is not None:
+            self._finish_elsewhere()
+            return
         if self._tar is None:
             return
         self._tar.close()
-        if self.hash_elsewhere is None:
-            self.sync()
-        else:  # flushed to disk where it is hashed; no checkpoint lists it before its digest is in
-            self._shard_file.flush()
+        self.sync()
         self._shard_file.close()
         name = self.shard_name
         if self.on_shard_closed is not None:
             self.on_shard_closed(name)
         path = self.directory / name
         os.replace(self.directory / (name + ".tmp"), path)
-        if self.hash_elsewhere is not None:
-            self._hashing[name] = self.hash_elsewhere(str(path))
-            digest = PENDING + name
-        else:
-            digest = self._shard_file.hexdigest()
-        self._entries.append(FileEntry(name, path.stat().st_size, digest, self.shard_samples))
+        self._entries.append(FileEntry(name, path.stat().st_size, self._shard_file.hexdigest(), self.shard_samples))
         self._tar = None
+        self._shard_finished = True
+
+    def _finish_elsewhere(self) -> None:
+        """Hand the open shard's last run and its trailer to the assembly; its entry waits for the digest (no
+        checkpoint lists it before that is in)."""
+        if self._assembled is None:
+            return
+        self._hand_over()
+        name, trailer = self.shard_name, tar_trailer(self._assembled)
+        size = self._assembled + len(trailer)
+        self._hashing[name] = self.assembly.finish(str(self.directory / name), trailer, size)
+        self._entries.append(FileEntry(name, size, PENDING + name, self.shard_samples))
+        self._assembled = None
         self._shard_finished = True
 
     def checkpoint_due(self) -> bool:
@@ -267,21 +323,32 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
+        self._assembled, self._run, self._run_memory = None, [], None
         if self._tar is not None:
             self._tar.close()
             self._shard_file.close()
             self._tar = None
 
 
+def tar_trailer(size: int) -> bytes:
+    """What `tarfile` writes when it closes an archive of `size` bytes: two zero blocks, then zeros up to a whole
+    record (20 blocks)."""
+    end = size + 2 * _BLOCK
+    return bytes(2 * _BLOCK + -end % tarfile.RECORDSIZE)
+
+
+_RUN_INLINE_MAX = 1 << 22  # bytes of samples that came inside the pickle gathered before they are handed over
+
+
 class _HashedFile:
     """A shard's file, its sha256 computed from the bytes as they are written (the part before the position it is
     opened at, on a resume, read back once): closing a shard does not read it all back to hash it."""
 
-    def __init__(self, file: BinaryIO, hashed: bool = True) -> None:
+    def __init__(self, file: BinaryIO) -> None:
         self.file = file
-        self._digest = hashlib.sha256() if hashed else None
+        self._digest = hashlib.sha256()
         end, fd, position = file.tell(), file.fileno(), 0
-        while hashed and position < end:
+        while position < end:
             piece = os.pread(fd, min(1 << 22, end - position), position)
             if not piece:
                 break
@@ -289,12 +356,10 @@ class _HashedFile:
             position += len(piece)
 
     def write(self, data: Any) -> int:
-        if self._digest is not None:
-            self._digest.update(data)
+        self._digest.update(data)
         return self.file.write(data)
 
     def hexdigest(self) -> str:
-        assert self._digest is not None, "a shard hashed elsewhere has no digest here"
         return self._digest.hexdigest()
 
     def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close, name, mode: the file's own

@@ -61,8 +61,8 @@ class WdsWriter:
     so a killed conversion resumes at the first unfinished shard and redoes nothing else)."""
 
     def __init__(self, directory: Path, shard_size: int, target_ext: str = TARGET_EXT,
-                 hash_elsewhere: Callable[[str], Any] | None = None) -> None:
-        self.shards = ShardWriter(directory, shard_size, hash_elsewhere=hash_elsewhere)
+                 assembly: Any = None) -> None:
+        self.shards = ShardWriter(directory, shard_size, assembly=assembly)
         self.target_ext = target_ext  # the member holding a sample's target (TARGET_MEMBERS)
         self.directory = self.shards.directory
         self._used_keys: set[str] = set()
@@ -99,13 +99,14 @@ class WdsWriter:
         sanitized path; the writer renames the members in the rare case that another sample took it first."""
         return partial(lay_out, target_ext=self.target_ext)
 
-    def add(self, record: ImageRecord | tuple[str, str, bytes]) -> None:
-        """Append the next sample: an `ImageRecord`, or its members as `lay_out` laid them out (in a worker)."""
+    def add(self, record: ImageRecord | tuple[str, str, bytes], shared: Any = None) -> None:
+        """Append the next sample: an `ImageRecord`, or its members as `lay_out` laid them out (in a worker);
+        `shared`: the shared memory those came in (`ShardWriter.append_blob`)."""
         path, key, blob = self.lay_out(record) if isinstance(record, ImageRecord) else record
         unique = self._unique_key(path)
         if unique != key:  # two paths that sanitize alike: the later one's members get the unique key
-            blob = _renamed(blob, key, unique)
-        self.shards.append_blob(blob)
+            blob = _renamed(bytes(blob), key, unique)
+        self.shards.append_blob(blob, shared)
         self.shards.sample_done()
 
     def checkpoint_due(self) -> bool:

@@ -1,0 +1,298 @@
+"""WebDataset shards written, flushed to disk and hashed by processes of their own ("assemblers"), so that the
+conversion's parent process never touches an image's bytes.
+
+Per image, whatever the parent does caps a conversion however many cores verify images; copying an image's bytes
+into the page cache alone costs ~5% of a worker's time per image, and hashing them as much again. So the parent only
+decides where each sample goes (the shard and the byte offset: shard boundaries exactly as a writer that copies the
+bytes itself would draw them) and hands the places on: the shared-memory file a worker's chunk came in
+(`fastdata.convert.messages.SharedMemory`, passed by descriptor) and, per run of samples, where it lies there and
+where it goes in the shard. Any assembler may write any run (`os.pwrite` at the given offset: runs of one shard are
+written in parallel); once every run of a finished shard is written, one assembler writes the tar trailer, flushes
+the shard to disk, hashes it, renames it into place and sends its digest back. The writer
+(`fastdata.formats.tar_shards.ShardWriter`) holds back a checkpoint that lists a shard until its digest is in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any
+
+from fastdata.convert.messages import SharedMemory
+from fastdata.convert.pool import start_method
+from fastdata.errors import WorkerError
+
+#: a run of a shard's bytes: (offset in the shared-memory file, length), or the bytes themselves (a sample that
+#: came inside the pickle, or one the writer changed)
+Piece = tuple[int, int] | bytes
+
+_HASH_BLOCK = 1 << 22
+
+
+def assembly_processes(workers: int) -> int:
+    """Assemblers that keep up with `workers` conversion workers: writing an image's bytes into the page cache and
+    hashing the finished shard are ~10% of verifying the image (~70 of ~700 us per 50 KB photo), so one per 6."""
+    return max(1, -(-workers // 6))
+
+
+class ShardAssembly:
+    """`processes` assemblers, started by `start()` (before any thread of the conversion: forked where the
+    platform allows) and stopped when the `with` block ends (killed on an error: their work is not wanted)."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._connections: list[Connection] = []
+        self._workers: list[Any] = []
+        self._load: list[int] = []  # messages sent to each assembler and not yet answered
+        self._writing: dict[str, int] = {}  # shard path -> its runs not yet written
+        self._finishing: dict[str, tuple[bytes, int]] = {}  # closed shard -> (trailer, size), sent once written
+        self._digests: dict[str, str] = {}
+
+    def start(self) -> ShardAssembly:
+        context = multiprocessing.get_context(start_method())
+        interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for _ in range(self.processes):
+                ours, theirs = context.Pipe(duplex=True)
+                process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
+                                          name="fastdata-shard-assembler")
+                process.start()
+                theirs.close()
+                self._connections.append(ours)
+                self._workers.append(process)
+                self._load.append(0)
+        except BaseException:
+            self._stop(graceful=False)
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, interactive)
+        return self
+
+    def __enter__(self) -> ShardAssembly:
+        return self
+
+    def __exit__(self, kind: type | None, *_exc: object) -> None:
+        self._stop(graceful=kind is None)
+
+    def begin(self, path: str) -> None:
+        """Start shard `path`: its `.tmp` file is created empty (the assemblers only write into it)."""
+        os.close(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
+        self._writing[path] = 0
+
+    def write(self, path: str, at: int, pieces: Sequence[Piece], shared: SharedMemory | None) -> None:
+        """Have `pieces` written one after the other into shard `path` from byte `at` on; the tuples among them
+        are places in `shared`."""
+        if not self._connections:
+            raise RuntimeError("ShardAssembly.start() first")
+        self._collect(block=False)
+        worker = min(range(len(self._load)), key=self._load.__getitem__)
+        memory = shared if any(isinstance(piece, tuple) for piece in pieces) else None
+        self._send(worker, ("write", path, at, list(pieces), memory is not None))
+        if memory is not None:
+            send_handle(self._connections[worker], memory.fileno(), self._workers[worker].pid)
+        self._writing[path] += 1
+
+    def finish(self, path: str, trailer: bytes, size: int) -> _Digest:
+        """Shard `path` is complete but for `trailer` (its total `size` bytes with it): once its runs are written,
+        have it finished (trailer, flush, sha256, renamed from `.tmp` into place). Returns the future of its
+        digest."""
+        self._finishing[path] = (trailer, size)
+        self._send_finishes()
+        return _Digest(self, path)
+
+    def _send(self, worker: int, message: Any) -> None:
+        try:
+            self._connections[worker].send(message)
+        except OSError:
+            self._died(worker)
+        self._load[worker] += 1
+
+    def _send_finishes(self) -> None:
+        for path in [p for p in self._finishing if not self._writing[p]]:
+            trailer, size = self._finishing.pop(path)
+            del self._writing[path]
+            self._send(min(range(len(self._load)), key=self._load.__getitem__), ("finish", path, trailer, size))
+
+    def _collect(self, block: bool) -> None:
+        """Take in the assemblers' answers (with `block`: waiting for at least one)."""
+        ready = wait([*self._connections, *(w.sentinel for w in self._workers)], None if block else 0)
+        for handle in ready:
+            if handle in self._connections:
+                worker = self._connections.index(handle)
+                while self._connections[worker].poll():
+                    self._answer(worker)
+        for worker, process in enumerate(self._workers):
+            if process.sentinel in ready and not self._connections[worker].poll():
+                self._died(worker)
+        self._send_finishes()
+
+    def _answer(self, worker: int) -> None:
+        try:
+            kind, path, value = self._connections[worker].recv()
+        except (EOFError, OSError):
+            self._died(worker)
+        self._load[worker] -= 1
+        if kind == "error":
+            raise WorkerError(f"{path}: writing the shard failed: {value}; free what is short (disk space?) and run "
+                              "the same command again to resume")
+        if kind == "written":
+            self._writing[path] -= 1
+        else:
+            self._digests[path] = value
+
+    def digest(self, path: str, wait_for_it: bool) -> str | None:
+        """The hex sha256 of finished shard `path` (None while it is not in and `wait_for_it` is false)."""
+        self._collect(block=False)
+        while wait_for_it and path not in self._digests:
+            self._collect(block=True)
+        return self._digests.pop(path, None)
+
+    def _died(self, worker: int) -> None:
+        process = self._workers[worker]
+        process.join(1)
+        code = process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        raise WorkerError(f"a process writing WebDataset shards (pid {process.pid}) died ({how}); out of memory? "
+                          "Run the same command again to resume")
+
+    def _stop(self, graceful: bool) -> None:
+        if graceful:
+            while self._finishing or any(self._load):
+                self._collect(block=True)
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.send(None)
+        deadline = time.monotonic() + (5.0 if graceful else 0.0)
+        for process in self._workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for connection in self._connections:
+            connection.close()
+        self._connections, self._workers, self._load = [], [], []
+
+
+class _Digest:
+    """The future of a shard's digest (`ready()`, `get()`), as the writer's checkpoints wait for it."""
+
+    def __init__(self, assembly: ShardAssembly, path: str) -> None:
+        self._assembly, self._path, self._value = assembly, path, None
+
+    def ready(self) -> bool:
+        if self._value is None:
+            self._value = self._assembly.digest(self._path, wait_for_it=False)
+        return self._value is not None
+
+    def get(self) -> str:
+        if self._value is None:
+            self._value = self._assembly.digest(self._path, wait_for_it=True)
+        assert self._value is not None
+        return self._value
+
+
+# ----------------------------------------------------------------------------------------------------
+# in an assembler
+
+
+def _serve(connection: Connection, parent_end: Connection, parent: int) -> None:
+    """An assembler's loop: write runs, finish shards, answer each message in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if start_method() == "fork":
+        parent_end.close()  # held here, a killed parent's end would never close
+    _watch_parent(parent)
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None or os.getppid() != parent:  # done, or the parent is gone: its work is not wanted
+            return
+        kind, path = message[0], message[1]
+        memory = recv_handle(connection) if kind == "write" and message[4] else None
+        try:
+            if kind == "write":
+                _write_runs(path + ".tmp", message[2], message[3], memory)
+                answer: Any = None
+            else:
+                answer = _finish(path, message[2], message[3])
+        except OSError as exc:
+            connection.send(("error", path, exc.strerror or str(exc)))
+            continue
+        finally:
+            if memory is not None:
+                os.close(memory)
+        connection.send(("written" if kind == "write" else "digest", path, answer))
+
+
+def _watch_parent(parent: int) -> None:
+    """End this process when the conversion's parent is gone (it holds no end of the parent's that would close)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="fastdata-parent-watch", daemon=True).start()
+
+
+def _write_runs(tmp: str, at: int, pieces: list[Piece], memory: int | None) -> None:
+    """Write `pieces` one after the other into `tmp` from byte `at` on; the runs in shared memory go from file to
+    file inside the kernel (`sendfile`: neither mapped nor copied through this process)."""
+    fd = os.open(tmp, os.O_WRONLY)
+    try:
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                at = _pwrite_all(fd, memoryview(piece), at)
+                continue
+            assert memory is not None
+            os.lseek(fd, at, os.SEEK_SET)
+            offset, left = piece
+            while left:
+                sent = os.sendfile(fd, memory, offset, left)
+                if not sent:
+                    raise OSError(0, "the shared memory of a chunk ended early")
+                offset, left, at = offset + sent, left - sent, at + sent
+    finally:
+        os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> int:
+    """Write all of `data` at `at`; returns where it ends."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], at + done)
+    return at + done
+
+
+def _finish(path: str, trailer: bytes, size: int) -> str:
+    """Write the trailer of the complete shard `path`.tmp, put it on disk, hash it and rename it into place."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_RDWR)
+    try:
+        os.pwrite(fd, trailer, size - len(trailer))
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise OSError(0, f"holds {actual:,} bytes, {size:,} were laid out")
+        os.fsync(fd)
+        digest = hashlib.sha256()
+        with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ) as mapped:
+            view = memoryview(mapped)
+            for start in range(0, size, _HASH_BLOCK):
+                digest.update(view[start:start + _HASH_BLOCK])
+            view.release()
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return digest.hexdigest()
