@@ -21,8 +21,10 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
       is not in the model. The column "hashing the output" is the CPU that sha256 of the written files costs
       per image (measured after the run): part of `p` for LMDB (one file, hashed by the writer); WebDataset shards
-      are written, flushed and hashed by processes of their own (`fastdata.convert.assembly`: their CPU is counted
-      with the workers', in `w`), the writer only says where each sample's bytes go.
+      are written, flushed and hashed by processes of their own (`fastdata.convert.assembly`), the writer only
+      says where each sample's bytes go: their CPU per image `a` is reported on its own (each assembler writes
+      its CPU time to a file as it ends), kept out of `w`, and added to the model as parallel work:
+      `predicted(c) = min(c / (w + a + p), 1 / p)`.
   (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
 Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
 
@@ -98,8 +100,19 @@ sys.path.insert(0, sys.argv[5])
 def cpu(who):
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
+assembler_cpu = []
 if kind != "baseline" and kind != "raw-lmdb" and kind != "ffcv":
+    import os, tempfile
     from fastdata.converters.imagefolder import convert_imagefolder
+    import fastdata.convert.assembly as assembly
+    serve, report = assembly._serve, tempfile.mkdtemp()
+    def counted_serve(*args):  # an assembler's own CPU, written where this process reads it after the run
+        try:
+            serve(*args)
+        finally:
+            with open(os.path.join(report, str(os.getpid())), "w") as file:
+                file.write(str(cpu(resource.RUSAGE_SELF)))
+    assembly._serve = counted_serve
 started, parent_started = time.perf_counter(), cpu(resource.RUSAGE_SELF)
 if kind == "baseline":
     import convert_speed
@@ -118,8 +131,11 @@ else:
     summary = convert_imagefolder(src, out, format=fmt, workers=workers, engine=engine, progress=False)
     images = summary.images
 seconds = time.perf_counter() - started
+if kind.startswith("wds"):
+    assembler_cpu = [float(open(os.path.join(report, name)).read()) for name in os.listdir(report)]
 print(json.dumps({"images": images, "seconds": seconds, "parent_cpu": cpu(resource.RUSAGE_SELF) - parent_started,
-                  "workers_cpu": cpu(resource.RUSAGE_CHILDREN)}))
+                  "workers_cpu": cpu(resource.RUSAGE_CHILDREN) - sum(assembler_cpu),
+                  "assemblers_cpu": sum(assembler_cpu)}))
 """
 
 
@@ -292,8 +308,10 @@ def main() -> None:
     for name, results in runs.items():
         rate = statistics.median(r["images"] / r["seconds"] for r in results)
         print(f"| {name} | {rate:,.0f} | {median_ratio(times, name, baseline):.2f} |")
-    print("\n| conversion | parent CPU ms/image | hashing the output | workers CPU ms/image | parent / worker | "
-          "predicted images/s at 8 / 16 / 64 cores | fixed CPU s: parent, workers |\n|---|---:|---:|---:|---:|---|---|")
+    print("\n| conversion | parent CPU ms/image | hashing the output | workers CPU ms/image | "
+          "assemblers CPU ms/image | parent / worker | predicted images/s at 8 / 16 / 64 cores | "
+          "fixed CPU s: parent, workers |\n"
+          "|---|---:|---:|---:|---:|---:|---|---|")
     for name, kind in kinds.items():
         if not kind.endswith("-local"):
             continue
@@ -303,11 +321,13 @@ def main() -> None:
         extra = runs[name][0]["images"] - small[0]["images"]
         parent = statistics.median((r["parent_cpu"] - fixed_parent) / extra for r in runs[name])
         worker = statistics.median((r["workers_cpu"] - fixed_workers) / extra for r in runs[name])
-        predicted = " / ".join(f"{min(c / (worker + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
+        assemblers = statistics.median((r["assemblers_cpu"] - statistics.median(s["assemblers_cpu"] for s in small))
+                                       / extra for r in runs[name])
+        predicted = " / ".join(f"{min(c / (worker + assemblers + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
         hashing = output_hash_seconds(work / kind) / runs[name][0]["images"]
         where = "in the parent" if "lmdb" in kind else "elsewhere"
         print(f"| {name[4:]} | {parent * 1e3:.3f} | {hashing * 1e3:.3f} ({where}) | {worker * 1e3:.3f} | "
-              f"{parent / worker:.1%} | "
+              f"{assemblers * 1e3:.3f} | {parent / worker:.1%} | "
               f"{predicted} | "
               f"{fixed_parent:.3f}, {fixed_workers:.3f} |")
 
