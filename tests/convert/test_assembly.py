@@ -54,7 +54,11 @@ def _received_chunks(chunks: list[list[bytes]]) -> list[tuple[list, SharedMemory
 
 
 def _write(directory, chunks, shard_size: int, assembly: ShardAssembly | None) -> list:
-    writer = ShardWriter(directory, shard_size, assembly=assembly)
+    return _feed(ShardWriter(directory, shard_size, assembly=assembly), chunks)
+
+
+def _feed(writer: ShardWriter, chunks) -> list:
+    """Every sample of `chunks` (as `_received_chunks` gives them) into `writer`, then close it."""
     for blobs, shared in chunks:
         for blob in blobs:
             writer.append_blob(blob, shared)
@@ -128,11 +132,7 @@ def test_a_shard_that_cannot_be_written_is_named(tmp_path):
         writer.append_blob(b"x" * 512)  # the shard's .tmp exists now; make it a directory, which cannot be written
         os.unlink(tmp_path / "shard-000000.tar.tmp")
         os.mkdir(tmp_path / "shard-000000.tar.tmp")
-        blobs, shared = chunks[0]
-        for blob in blobs:
-            writer.append_blob(blob, shared)
-            writer.sample_done()
-        writer.close()
+        _feed(writer, chunks)
 
 
 def test_a_killed_assembler_is_reported(tmp_path):
@@ -141,12 +141,7 @@ def test_a_killed_assembler_is_reported(tmp_path):
     with pytest.raises(WorkerError, match=r"a process writing WebDataset shards \(pid \d+\) died \(killed by "
                                           r"signal 9\)"), assembly:
         os.kill(assembly._workers[0].pid, signal.SIGKILL)
-        writer = ShardWriter(tmp_path, 1 << 30, assembly=assembly)
-        blobs, shared = chunks[0]
-        for blob in blobs:
-            writer.append_blob(blob, shared)
-            writer.sample_done()
-        writer.close()
+        _feed(ShardWriter(tmp_path, 1 << 30, assembly=assembly), chunks)
 
 
 def test_conversion_with_workers_gives_the_shards_of_one_worker(tmp_path):
