@@ -7,6 +7,7 @@ converters) are imported by the command that needs them, so `--version` and `--h
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     for stream, errors in ((sys.stdout, "surrogateescape"), (sys.stderr, "backslashreplace")):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors=errors)
+    _one_blas_thread()
     with CtrlC() as ctrl_c:
         try:
             code = _run(argv)
@@ -300,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             return _interrupted("")  # an error an importer made of a Ctrl-C it swallowed: the Ctrl-C is the news
     return _interrupted("") if ctrl_c.held else code
+
+
+def _one_blas_thread() -> None:
+    """Keep numpy's OpenBLAS to one thread unless the user chose otherwise: at import it starts a thread per core
+    that spins ~0.1 s of CPU, a core's worth taken from the conversion workers on a small machine, and no command
+    does linear algebra in numpy (torch has its own)."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _interrupted(hint: str) -> int:

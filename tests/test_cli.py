@@ -88,6 +88,21 @@ def test_help_lists_every_convert_subcommand_with_its_description(capsys):
     assert code == 0 and "Pack an ImageFolder tree SRC" in out
 
 
+@pytest.mark.parametrize(("preset", "numpy_first", "expected"), [(None, False, "1"), ("3", False, "3"),
+                                                                 (None, True, None)])
+def test_the_command_line_keeps_numpy_blas_to_one_thread_unless_told(preset, numpy_first, expected):
+    """OpenBLAS spins a thread per core at numpy's import (~0.1 s of CPU, taken from the conversion workers): the
+    command line asks for one thread, unless the user set OPENBLAS_NUM_THREADS or numpy was already loaded."""
+    script = (("import numpy\n" if numpy_first else "") + "import os, sys\nfrom fastdata.cli import main\n"
+              "main(['--version'])\nprint('BLAS', os.environ.get('OPENBLAS_NUM_THREADS'))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                            check=False)
+    assert result.stdout.splitlines()[-1] == f"BLAS {expected}", result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["convert", "--help"], []])
 def test_version_and_help_do_not_import_torch(argv):
     """`fastdata --version` / `--help` answer without importing torch (or the converters); the time they take is

@@ -7,8 +7,11 @@ decides where each sample goes (the shard and the byte offset: shard boundaries 
 bytes itself would draw them) and hands the places on: the shared-memory file a worker's chunk came in
 (`fastdata.convert.messages.SharedMemory`, passed by descriptor) and, per run of samples, where it lies there and
 where it goes in the shard. Any assembler may write any run (`os.pwrite` at the given offset: runs of one shard are
-written in parallel); once every run of a finished shard is written, one assembler writes the tar trailer, flushes
-the shard to disk, hashes it, renames it into place and sends its digest back. The writer
+written in parallel). Each shard has one assembler that hashes it: as the shard's written bytes grow without a gap
+by `_HASH_STEP`, the parent asks it to hash them (read back from the page cache) and to start their write-back to
+disk, so that a finished shard costs only its last few megabytes and the wait for the disk, not a pass over the
+whole shard after the last image. Once every run of a finished shard is written, its hashing assembler writes the tar
+trailer, hashes what is left, flushes the shard to disk, renames it into place and sends its digest back. The writer
 (`fastdata.formats.tar_shards.ShardWriter`) holds back a checkpoint that lists a shard until its digest is in.
 """
 
@@ -22,6 +25,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
@@ -36,6 +40,8 @@ from fastdata.errors import WorkerError
 Piece = tuple[int, int] | bytes
 
 _HASH_BLOCK = 1 << 22
+#: a shard's hashing assembler is asked to hash its bytes once this many more are written without a gap
+_HASH_STEP = 8 << 20
 
 
 def assembly_processes(workers: int) -> int:
@@ -52,8 +58,12 @@ class ShardAssembly:
         self.processes = processes
         self._connections: list[Connection] = []
         self._workers: list[Any] = []
-        self._load: list[int] = []  # messages sent to each assembler and not yet answered
-        self._writing: dict[str, int] = {}  # shard path -> its runs not yet written
+        self._sent: list[deque[_Run | None]] = []  # per assembler, its unanswered messages: a write's run, or None
+        self._runs: dict[str, deque[_Run]] = {}  # shard path -> its runs sent and not yet behind the written prefix
+        self._written: dict[str, int] = {}  # shard path -> its bytes written without a gap, from 0
+        self._hashing: dict[str, int] = {}  # shard path -> its bytes its hashing assembler was asked to hash
+        self._hasher: dict[str, int] = {}  # shard path -> the assembler that hashes and finishes it
+        self._shards = 0
         self._finishing: dict[str, tuple[bytes, int]] = {}  # closed shard -> (trailer, size), sent once written
         self._digests: dict[str, str] = {}
 
@@ -69,7 +79,7 @@ class ShardAssembly:
                 theirs.close()
                 self._connections.append(ours)
                 self._workers.append(process)
-                self._load.append(0)
+                self._sent.append(deque())
         except BaseException:
             self._stop(graceful=False)
             raise
@@ -86,7 +96,9 @@ class ShardAssembly:
     def begin(self, path: str) -> None:
         """Start shard `path`: its `.tmp` file is created empty (the assemblers only write into it)."""
         os.close(os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
-        self._writing[path] = 0
+        self._runs[path], self._written[path], self._hashing[path] = deque(), 0, 0
+        self._hasher[path] = self._shards % max(1, self.processes)
+        self._shards += 1
 
     def write(self, path: str, at: int, pieces: Sequence[Piece], shared: SharedMemory | None) -> None:
         """Have `pieces` written one after the other into shard `path` from byte `at` on; the tuples among them
@@ -94,12 +106,13 @@ class ShardAssembly:
         if not self._connections:
             raise RuntimeError("ShardAssembly.start() first")
         self._collect(block=False)
-        worker = min(range(len(self._load)), key=self._load.__getitem__)
+        worker = min(range(len(self._sent)), key=lambda w: len(self._sent[w]))
         memory = shared if any(isinstance(piece, tuple) for piece in pieces) else None
-        self._send(worker, ("write", path, at, list(pieces), memory is not None))
+        run = _Run(at, at + sum(piece[1] if isinstance(piece, tuple) else len(piece) for piece in pieces))
+        self._send(worker, ("write", path, at, list(pieces), memory is not None), run)
         if memory is not None:
             send_handle(self._connections[worker], memory.fileno(), self._workers[worker].pid)
-        self._writing[path] += 1
+        self._runs[path].append(run)
 
     def finish(self, path: str, trailer: bytes, size: int) -> _Digest:
         """Shard `path` is complete but for `trailer` (its total `size` bytes with it): once its runs are written,
@@ -109,18 +122,28 @@ class ShardAssembly:
         self._send_finishes()
         return _Digest(self, path)
 
-    def _send(self, worker: int, message: Any) -> None:
+    def _send(self, worker: int, message: Any, run: _Run | None = None) -> None:
         try:
             self._connections[worker].send(message)
         except OSError:
             self._died(worker)
-        self._load[worker] += 1
+        self._sent[worker].append(run)
 
     def _send_finishes(self) -> None:
-        for path in [p for p in self._finishing if not self._writing[p]]:
+        for path in [p for p in self._finishing if not self._runs[p]]:
             trailer, size = self._finishing.pop(path)
-            del self._writing[path]
-            self._send(min(range(len(self._load)), key=self._load.__getitem__), ("finish", path, trailer, size))
+            del self._runs[path], self._written[path], self._hashing[path]
+            self._send(self._hasher.pop(path), ("finish", path, trailer, size))
+
+    def _advance(self, path: str) -> None:
+        """Move shard `path`'s written prefix past its runs now written, and have the new bytes hashed once there
+        are `_HASH_STEP` of them."""
+        runs = self._runs[path]
+        while runs and runs[0].written:
+            self._written[path] = runs.popleft().end
+        if self._written[path] - self._hashing[path] >= _HASH_STEP:
+            self._hashing[path] = self._written[path]
+            self._send(self._hasher[path], ("hash", path, self._written[path]))
 
     def _collect(self, block: bool) -> None:
         """Take in the assemblers' answers (with `block`: waiting for at least one)."""
@@ -140,13 +163,15 @@ class ShardAssembly:
             kind, path, value = self._connections[worker].recv()
         except (EOFError, OSError):
             self._died(worker)
-        self._load[worker] -= 1
+        run = self._sent[worker].popleft()
         if kind == "error":
             raise WorkerError(f"{path}: writing the shard failed: {value}; free what is short (disk space?) and run "
                               "the same command again to resume")
         if kind == "written":
-            self._writing[path] -= 1
-        else:
+            assert run is not None
+            run.written = True
+            self._advance(path)
+        elif kind == "digest":
             self._digests[path] = value
 
     def digest(self, path: str, wait_for_it: bool) -> str | None:
@@ -166,7 +191,7 @@ class ShardAssembly:
 
     def _stop(self, graceful: bool) -> None:
         if graceful:
-            while self._finishing or any(self._load):
+            while self._finishing or any(self._sent):
                 self._collect(block=True)
             for connection in self._connections:
                 with contextlib.suppress(OSError):
@@ -179,7 +204,16 @@ class ShardAssembly:
                 process.join()
         for connection in self._connections:
             connection.close()
-        self._connections, self._workers, self._load = [], [], []
+        self._connections, self._workers, self._sent = [], [], []
+
+
+class _Run:
+    """Bytes `start`..`end` of a shard, sent to an assembler to write; `written` once it says so."""
+
+    __slots__ = ("end", "start", "written")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end, self.written = start, end, False
 
 
 class _Digest:
@@ -211,6 +245,7 @@ def _serve(connection: Connection, parent_end: Connection, parent: int) -> None:
     if start_method() == "fork":
         parent_end.close()  # held here, a killed parent's end would never close
     _watch_parent(parent)
+    hashes: dict[str, _ShardHash] = {}  # the shards this assembler hashes -> their hash so far
     while True:
         try:
             message = connection.recv()
@@ -221,18 +256,20 @@ def _serve(connection: Connection, parent_end: Connection, parent: int) -> None:
         kind, path = message[0], message[1]
         memory = recv_handle(connection) if kind == "write" and message[4] else None
         try:
+            answer: Any = None
             if kind == "write":
                 _write_runs(path + ".tmp", message[2], message[3], memory)
-                answer: Any = None
+            elif kind == "hash":
+                hashes.setdefault(path, _ShardHash()).extend(path + ".tmp", message[2])
             else:
-                answer = _finish(path, message[2], message[3])
+                answer = _finish(path, message[2], message[3], hashes.pop(path, None) or _ShardHash())
         except OSError as exc:
             connection.send(("error", path, exc.strerror or str(exc)))
             continue
         finally:
             if memory is not None:
                 os.close(memory)
-        connection.send(("written" if kind == "write" else "digest", path, answer))
+        connection.send(({"write": "written", "hash": "hashed"}.get(kind, "digest"), path, answer))
 
 
 def _watch_parent(parent: int) -> None:
@@ -275,8 +312,38 @@ def _pwrite_all(fd: int, data: memoryview, at: int) -> int:
     return at + done
 
 
-def _finish(path: str, trailer: bytes, size: int) -> str:
-    """Write the trailer of the complete shard `path`.tmp, put it on disk, hash it and rename it into place."""
+class _ShardHash:
+    """The sha256 of a shard's first `length` bytes, extended as more are written."""
+
+    def __init__(self) -> None:
+        self.digest, self.length = hashlib.sha256(), 0
+
+    def extend(self, tmp: str, end: int) -> None:
+        """Hash bytes `length`..`end` of `tmp` (written, so in the page cache) and start writing them to disk."""
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            start = self.length
+            self.extend_from(fd, end)
+            _start_writeback(fd, start, end - start)
+        finally:
+            os.close(fd)
+
+    def extend_from(self, fd: int, end: int) -> None:
+        if end <= self.length:
+            return
+        start = self.length - self.length % mmap.ALLOCATIONGRANULARITY
+        with mmap.mmap(fd, end - start, offset=start, prot=mmap.PROT_READ,
+                       flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)) as mapped:
+            view = memoryview(mapped)
+            for at in range(self.length - start, end - start, _HASH_BLOCK):
+                self.digest.update(view[at:min(at + _HASH_BLOCK, end - start)])
+            view.release()
+        self.length = end
+
+
+def _finish(path: str, trailer: bytes, size: int, hashed: _ShardHash) -> str:
+    """Write the trailer of the complete shard `path`.tmp, hash what `hashed` has not, put it on disk and rename it
+    into place."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_RDWR)
     try:
@@ -284,15 +351,33 @@ def _finish(path: str, trailer: bytes, size: int) -> str:
         actual = os.fstat(fd).st_size
         if actual != size:
             raise OSError(0, f"holds {actual:,} bytes, {size:,} were laid out")
+        hashed.extend_from(fd, size)
         os.fsync(fd)
-        digest = hashlib.sha256()
-        with mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                       prot=mmap.PROT_READ) as mapped:
-            view = memoryview(mapped)
-            for start in range(0, size, _HASH_BLOCK):
-                digest.update(view[start:start + _HASH_BLOCK])
-            view.release()
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    return digest.hexdigest()
+    return hashed.digest.hexdigest()
+
+
+def _sync_file_range() -> Any:
+    """libc's `sync_file_range` (Linux), or None."""
+    try:
+        import ctypes
+
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, start: int, length: int) -> None:
+    """Start writing bytes `start`.. of `fd` to disk without waiting (Linux; elsewhere the final fsync does it all),
+    so that the shard's fsync at its end waits for its last bytes only."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, start, length, _SYNC_FILE_RANGE_WRITE)

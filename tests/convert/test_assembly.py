@@ -15,6 +15,7 @@ import pytest
 from builders import build_photo_tree
 
 import fastdata
+from fastdata.convert import assembly as assembly_module
 from fastdata.convert.assembly import ShardAssembly
 from fastdata.convert.messages import OUT_OF_BAND_MIN, SharedMemory, out_of_band, receive, send
 from fastdata.errors import WorkerError
@@ -77,8 +78,10 @@ def test_tar_trailer_is_what_tarfile_writes(tmp_path):
         assert path.read_bytes()[size:] == tar_trailer(size)
 
 
-@pytest.mark.parametrize("processes", [1, 3])
-def test_assembled_shards_are_the_bytes_a_writer_copying_them_writes(tmp_path, processes):
+@pytest.mark.parametrize(("processes", "hash_step"), [(1, None), (3, None), (1, 1), (3, 1), (2, 7_000)])
+def test_assembled_shards_are_the_bytes_a_writer_copying_them_writes(tmp_path, monkeypatch, processes, hash_step):
+    if hash_step is not None:  # shards hashed as they grow (by every run written, or every few), not at their end
+        monkeypatch.setattr(assembly_module, "_HASH_STEP", hash_step)
     samples = _samples(160)
     sizes = [1, 7, 2, 40, 1, 1, 13, 30, 25, 40]  # samples per chunk, as workers hand them back
     chunks, start = [], 0
