@@ -26,7 +26,8 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       its CPU time to a file as it ends), kept out of `w`, and added to the model as parallel work:
       `predicted(c) = min(c / (w + a + p), 1 / p)`.
   (f) `--engine ray` on a local Ray instance (LMDB), or the row omitted with the reason when `import ray` fails.
-Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all).
+Each conversion runs in a fresh process (`python -c`, timed inside it: interpreter start excluded for all), every
+one with OPENBLAS_NUM_THREADS=1 (what the `fastdata` command line sets).
 
 Text (benchmarks/text_corpus.py's corpus of English text on this machine and its byte-level BPE tokenizer):
   (g) `fastdata convert text --workers N` (LMDB; in-process API call, reading, tokenizing, writing, manifest) vs
@@ -144,8 +145,11 @@ def in_child(kind: str, src: Path, out: Path, workers: int) -> dict:
     run (its imports before it excluded) and its children's (the workers it waited for)."""
     if out.exists():
         shutil.rmtree(out) if out.is_dir() else out.unlink()
+    # every contender with one OpenBLAS thread, as the `fastdata` command line sets it: numpy's import otherwise
+    # starts a thread per core that spins ~0.1 s (in the baseline's workers too: cv2 imports numpy)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", _CHILD, kind, str(src), str(out), str(workers),
-                           str(Path(__file__).parent)], capture_output=True, text=True, check=False)
+                           str(Path(__file__).parent)], capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -18,6 +18,7 @@ trailer, hashes what is left, flushes the shard to disk, renames it into place a
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import mmap
 import multiprocessing
@@ -359,6 +360,7 @@ def _finish(path: str, trailer: bytes, size: int, hashed: _ShardHash) -> str:
     return hashed.digest.hexdigest()
 
 
+@functools.cache
 def _sync_file_range() -> Any:
     """libc's `sync_file_range` (Linux), or None."""
     try:
@@ -372,12 +374,12 @@ def _sync_file_range() -> Any:
     return function
 
 
-_SYNC_FILE_RANGE = _sync_file_range()
 _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _start_writeback(fd: int, start: int, length: int) -> None:
     """Start writing bytes `start`.. of `fd` to disk without waiting (Linux; elsewhere the final fsync does it all),
     so that the shard's fsync at its end waits for its last bytes only."""
-    if _SYNC_FILE_RANGE is not None:
-        _SYNC_FILE_RANGE(fd, start, length, _SYNC_FILE_RANGE_WRITE)
+    sync_file_range = _sync_file_range()
+    if sync_file_range is not None:
+        sync_file_range(fd, start, length, _SYNC_FILE_RANGE_WRITE)

@@ -221,7 +221,7 @@ def test_a_failing_process_reading_loses_figures_not_the_loop(monkeypatch):
 
 def test_without_nvml_gpu_figures_are_none_with_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    m = fastdata.meter(sleepy(3, 0.0), interval=0.05)
+    m = fastdata.meter(sleepy(10, 0.02), interval=0.02)  # a run of several sampling intervals, even on a busy machine
     run(m, 0.001)
     r = m.report()
     assert r.system["gpu_util_percent"] is None
