@@ -32,6 +32,7 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.manifest import FileEntry, sha256_file
+from fastdata.formats.mapped_pages import MappedFile
 from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
 
 DATA_FILE = "data.mdb"
@@ -302,13 +303,14 @@ class LmdbReader:
         self._env = None
         self._pid = -1
         self._real_path = ""
+        self._mapped: MappedFile | None = None
         self._arrays: dict[str, np.ndarray] | None = None
         if not (self.directory / DATA_FILE).is_file():
             raise NotADatasetError(f"{self.directory}: {DATA_FILE} is missing; the dataset is damaged")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_env=None, _dbs=None, _pid=-1)
+        state.update(_env=None, _dbs=None, _pid=-1, _mapped=None)
         return state
 
     def _open(self):
@@ -316,6 +318,7 @@ class LmdbReader:
             self._real_path = os.path.realpath(self.directory)
             self._env, self._dbs = shared_environment(self.directory)
             self._pid = os.getpid()
+            self._mapped = MappedFile(os.path.join(self._real_path, DATA_FILE))
         return self._env
 
     def _array(self, name: str) -> np.ndarray:
@@ -464,8 +467,19 @@ class LmdbReader:
         return value
 
     def read(self, index: int) -> bytes:
-        """The encoded image bytes of sample `index`."""
-        return self._get("images", index)
+        """The encoded image bytes of sample `index`, copied out of the memory map, whose pages this process then
+        gives back (`fastdata.formats.mapped_pages`: a worker's resident set does not grow by what it read)."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
+        env = self._open()
+        with env.begin(buffers=True) as txn:
+            view = txn.get(index_key(index), db=self._dbs["images"])
+            if view is None:
+                raise CorruptSampleError(f"{self.directory}: record {index} is missing from 'images'")
+            data = bytes(view)
+            assert self._mapped is not None
+            self._mapped.release(view)
+        return data
 
     def key(self, index: int) -> str:
         """The source-relative path of sample `index`."""
