@@ -467,8 +467,8 @@ class LmdbReader:
         return value
 
     def read(self, index: int) -> bytes:
-        """The encoded image bytes of sample `index`, copied out of the memory map, whose pages this process then
-        gives back (`fastdata.formats.mapped_pages`: a worker's resident set does not grow by what it read)."""
+        """The encoded image bytes of sample `index`, read from the data file without mapping them
+        (`fastdata.formats.mapped_pages`: a worker's resident set does not grow by what it read)."""
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
         env = self._open()
@@ -476,10 +476,14 @@ class LmdbReader:
             view = txn.get(index_key(index), db=self._dbs["images"])
             if view is None:
                 raise CorruptSampleError(f"{self.directory}: record {index} is missing from 'images'")
-            data = bytes(view)
             assert self._mapped is not None
-            self._mapped.release(view)
-        return data
+            return self._mapped.copy(view)
+
+    def release_mapped(self) -> None:
+        """Give back this process's mapping of the data file (the B-tree pages lookups mapped): called when a batch
+        is read (`fastdata.formats.mapped_pages`)."""
+        if self._mapped is not None:
+            self._mapped.release()
 
     def key(self, index: int) -> str:
         """The source-relative path of sample `index`."""

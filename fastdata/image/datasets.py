@@ -153,6 +153,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         started_ns = monotonic_ns()
         started = perf_counter()
         samples = [self.encoded(int(i)) for i in indices]
+        self.reader.release_mapped()
         read_s = perf_counter() - started
         batch = build_batch(self.pipeline, samples, epoch, self.on_error, buffers)
         batch.times.read += read_s

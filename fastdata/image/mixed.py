@@ -114,7 +114,8 @@ class MixedImageDataset(LmdbImageDataset):
 
 
 class _MixedKeys:
-    """The one reader method the loader's error messages use: a sample's key."""
+    """The reader methods the loader uses: a sample's key (for its error messages), and giving back the mapped
+    pages of every source's data file once a batch is read."""
 
     def __init__(self, data: MixedImageDataset) -> None:
         self.data = data
@@ -122,6 +123,10 @@ class _MixedKeys:
     def key(self, index: int) -> str:
         source, local = self.data.locate(index)
         return f"{self.data.names[source]}/{self.data.sources[source].reader.key(local)}"
+
+    def release_mapped(self) -> None:
+        for source in self.data.sources:
+            source.reader.release_mapped()
 
 
 class MixedImageLoader(MixedResumable, ImageLoader):

@@ -1,20 +1,25 @@
-"""A loader reading LMDB through its memory map gives back each sample's pages once their bytes are copied out, so
-that its workers' resident set does not grow by the bytes they read over an epoch."""
+"""A loader reading LMDB reads each value from the file without mapping it and gives back what its lookups mapped,
+so that its workers' resident set does not grow by the bytes they read over an epoch."""
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 
+import numpy as np
 import pytest
+from builders import build_photo_tree
 
+import fastdata
+from fastdata.formats import mapped_pages
 from fastdata.formats.lmdb import DATA_FILE, LmdbReader, LmdbWriter, index_key, shared_environment
 from fastdata.formats.mapped_pages import MappedFile, mapped_ranges
 from fastdata.formats.records import CODEC_PIL, ImageRecord
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/maps are Linux's")
 
-SAMPLES, SIZE = 24, 200_000  # odd-sized values, each over many pages
+SAMPLES, SIZE = 27, 200_000  # odd-sized values, each over many pages
 
 
 def _value(index: int) -> bytes:
@@ -43,29 +48,39 @@ def written(tmp_path):
     return tmp_path / "d.lmdb"
 
 
-def test_reading_every_sample_leaves_its_pages_unmapped(written):
+@pytest.mark.parametrize("release_every", [1, 5, 1000])
+def test_reading_every_sample_leaves_nothing_mapped(written, monkeypatch, release_every):
+    monkeypatch.setattr(mapped_pages, "RELEASE_EVERY", release_every)
     total = sum(len(_value(i)) for i in range(SAMPLES))
-    # the measure sees pages a plain read leaves mapped: every value read through the same map, kept mapped
+    # the measure sees the pages a read through the map leaves mapped: every value read that way first
     env, dbs = shared_environment(written)
     with env.begin(buffers=True) as txn:
         for index in range(SAMPLES):
             assert bytes(txn.get(index_key(index), db=dbs["images"])) == _value(index)
     assert _mapped_kb(written / DATA_FILE) * 1024 > 0.9 * total
     reader = LmdbReader(written, SAMPLES)
-    assert [reader.read(i) for i in range(SAMPLES)] == [_value(i) for i in range(SAMPLES)]
-    assert _mapped_kb(written / DATA_FILE) * 1024 < 0.05 * total  # the B-tree's few pages at most
-    assert [reader.read(i) for i in reversed(range(SAMPLES))] == [_value(i) for i in reversed(range(SAMPLES))]
+    order = random.Random(3).sample(range(SAMPLES), SAMPLES)  # shuffled, as an epoch reads
+    assert [reader.read(i) for i in order] == [_value(i) for i in order]
+    reader.release_mapped()  # as a batch ends
+    assert _mapped_kb(written / DATA_FILE) * 1024 < 0.05 * total
+    assert [reader.read(i) for i in order[:4]] == [_value(i) for i in order[:4]]  # read again after the release
 
 
-def test_only_bytes_of_the_files_own_mapping_are_released(written):
-    env, dbs = shared_environment(written)
-    assert mapped_ranges(str(written / DATA_FILE))  # LMDB maps its data file read-only and shared
-    mapped = MappedFile(written / DATA_FILE)
+def test_a_batch_read_by_a_dataset_leaves_nothing_mapped(tmp_path):
+    tree = build_photo_tree(tmp_path / "src")
+    fastdata.convert_imagefolder(tree.root, tmp_path / "d.lmdb", workers=1, progress=False)
+    dataset = fastdata.dataset(tmp_path / "d.lmdb", augment="val")
+    batch = dataset.get_batch(np.arange(len(dataset)), epoch=0)
+    assert len(batch.labels) == len(dataset)
+    assert _mapped_kb(tmp_path / "d.lmdb" / DATA_FILE) == 0
+
+
+def test_memory_outside_the_files_mapping_is_copied_and_never_released(written):
+    shared_environment(written)
+    ranges = mapped_ranges(str(written / DATA_FILE))
+    assert ranges and all(offset == 0 for _, _, offset in ranges)  # LMDB maps its data file read-only, shared
     heap = bytearray(b"\x07" * 3 * 4096)
-    assert not mapped.release(memoryview(heap))  # other memory: never given up (anonymous pages would be zeroed)
+    assert MappedFile(written / DATA_FILE).copy(memoryview(heap)) == bytes(heap)
+    MappedFile(written / DATA_FILE).release()
     assert heap == bytearray(b"\x07" * 3 * 4096)
-    assert not MappedFile(written / "lock.mdb").release(memoryview(heap))
-    with env.begin(buffers=True) as txn:
-        view = txn.get(index_key(3), db=dbs["images"])
-        assert mapped.release(view)
-        assert bytes(view) == _value(3)  # mapped again from the page cache when read
+    assert MappedFile(written / "lock.mdb").copy(memoryview(heap)) == bytes(heap)
