@@ -15,6 +15,7 @@ lookup). Elsewhere than Linux, or for a view outside the file's mapping (as /pro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -75,13 +76,20 @@ class MappedFile:
         self._copies = 0
 
     def __del__(self) -> None:
-        if self._fd >= 0 and self._pid == os.getpid():
-            os.close(self._fd)
+        self._close()
+
+    def _close(self) -> None:
+        """Close this process's descriptor of the file (a forked child's is its own copy of its parent's)."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
 
     def _here(self) -> bool:
         """Whether values can be read unmapped here: found the mapping (once per process) and opened the file."""
         if self._pid != os.getpid():
-            self._pid, self._fd, self._copies = os.getpid(), -1, 0
+            self._close()
+            self._pid, self._copies = os.getpid(), 0
             self._ranges = mapped_ranges(self.path) if _madvise() is not None else []
             if self._ranges:
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
