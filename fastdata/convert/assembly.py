@@ -18,7 +18,6 @@ trailer, hashes what is left, flushes the shard to disk, renames it into place a
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import mmap
 import multiprocessing
@@ -35,6 +34,7 @@ from typing import Any
 from fastdata.convert.messages import SharedMemory
 from fastdata.convert.pool import start_method
 from fastdata.errors import WorkerError
+from fastdata.formats.libc import libc_function
 
 #: a run of a shard's bytes: (offset in the shared-memory file, length), or the bytes themselves (a sample that
 #: came inside the pickle, or one the writer changed)
@@ -109,7 +109,7 @@ class ShardAssembly:
         self._collect(block=False)
         worker = min(range(len(self._sent)), key=lambda w: len(self._sent[w]))
         memory = shared if any(isinstance(piece, tuple) for piece in pieces) else None
-        run = _Run(at, at + sum(piece[1] if isinstance(piece, tuple) else len(piece) for piece in pieces))
+        run = _Run(at + sum(piece[1] if isinstance(piece, tuple) else len(piece) for piece in pieces))
         self._send(worker, ("write", path, at, list(pieces), memory is not None), run)
         if memory is not None:
             send_handle(self._connections[worker], memory.fileno(), self._workers[worker].pid)
@@ -209,12 +209,12 @@ class ShardAssembly:
 
 
 class _Run:
-    """Bytes `start`..`end` of a shard, sent to an assembler to write; `written` once it says so."""
+    """A run of a shard's bytes ending at `end`, sent to an assembler to write; `written` once it says so."""
 
-    __slots__ = ("end", "start", "written")
+    __slots__ = ("end", "written")
 
-    def __init__(self, start: int, end: int) -> None:
-        self.start, self.end, self.written = start, end, False
+    def __init__(self, end: int) -> None:
+        self.end, self.written = end, False
 
 
 class _Digest:
@@ -360,26 +360,15 @@ def _finish(path: str, trailer: bytes, size: int, hashed: _ShardHash) -> str:
     return hashed.digest.hexdigest()
 
 
-@functools.cache
-def _sync_file_range() -> Any:
-    """libc's `sync_file_range` (Linux), or None."""
-    try:
-        import ctypes
-
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError, TypeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
 _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _start_writeback(fd: int, start: int, length: int) -> None:
     """Start writing bytes `start`.. of `fd` to disk without waiting (Linux; elsewhere the final fsync does it all),
     so that the shard's fsync at its end waits for its last bytes only."""
-    sync_file_range = _sync_file_range()
+    import ctypes
+
+    sync_file_range = libc_function("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint),
+                                    ctypes.c_int)
     if sync_file_range is not None:
         sync_file_range(fd, start, length, _SYNC_FILE_RANGE_WRITE)

@@ -456,28 +456,22 @@ class LmdbReader:
     def codecs(self) -> np.ndarray:
         return self._array("codecs")
 
-    def _get(self, db: str, index: int) -> bytes:
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
-        env = self._open()
-        with env.begin() as txn:
-            value = txn.get(index_key(index), db=self._dbs[db])
-        if value is None:
-            raise CorruptSampleError(f"{self.directory}: record {index} is missing from '{db}'")
-        return value
-
-    def read(self, index: int) -> bytes:
-        """The encoded image bytes of sample `index`, read from the data file without mapping them
-        (`fastdata.formats.mapped_pages`: a worker's resident set does not grow by what it read)."""
+    def _get(self, db: str, index: int, unmapped: bool = False) -> bytes:
+        """Sample `index`'s value in `db`; `unmapped`: read from the data file, not through the map
+        (`fastdata.formats.mapped_pages`)."""
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample index {index} out of range for {self.num_samples} samples")
         env = self._open()
         with env.begin(buffers=True) as txn:
-            view = txn.get(index_key(index), db=self._dbs["images"])
-            if view is None:
-                raise CorruptSampleError(f"{self.directory}: record {index} is missing from 'images'")
-            assert self._mapped is not None
-            return self._mapped.copy(view)
+            value = txn.get(index_key(index), db=self._dbs[db])
+            if value is None:
+                raise CorruptSampleError(f"{self.directory}: record {index} is missing from '{db}'")
+            return self._mapped.copy(value) if unmapped and self._mapped is not None else bytes(value)
+
+    def read(self, index: int) -> bytes:
+        """The encoded image bytes of sample `index`, read from the data file without mapping them
+        (`fastdata.formats.mapped_pages`: a worker's resident set does not grow by what it read)."""
+        return self._get("images", index, unmapped=True)
 
     def release_mapped(self) -> None:
         """Give back this process's mapping of the data file (the B-tree pages lookups mapped): called when a batch

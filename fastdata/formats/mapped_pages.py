@@ -16,12 +16,13 @@ lookup). Elsewhere than Linux, or for a view outside the file's mapping (as /pro
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 from typing import Any
 
 import numpy as np
+
+from fastdata.formats.libc import libc_function
 
 _MADV_DONTNEED = 4  # Linux
 #: copies between two releases of the whole mapping (the B-tree pages the lookups mapped meanwhile). Measured on
@@ -30,20 +31,13 @@ _MADV_DONTNEED = 4  # Linux
 RELEASE_EVERY = 8
 
 
-@functools.cache
 def _madvise() -> Any:
-    """libc's `madvise` (Linux), or None."""
+    """libc's `madvise` (Linux only: elsewhere its advice values differ), or None."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
-    try:
-        function = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
+    return libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int)
 
 
 def mapped_ranges(path: str) -> list[tuple[int, int, int]]:
