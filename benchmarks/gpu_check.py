@@ -1,132 +1,148 @@
-"""GPU check for decode="device": one command, a few minutes on a GPU machine, one table.
+"""GPU decode check for decode="device": each decoder and nvImageCodec backend mix, decode only, one table.
 
-    python benchmarks/gpu_check.py [--images 2000] [--out /tmp/gpu_check]
+    python benchmarks/gpu_check.py [--images 6144] [--json F]
 
-1. GPU decode vs CPU decode on the benchmark sample (nvjpeg vs libjpeg-turbo): max / mean abs pixel difference.
-2. Decode-only images/s on the GPU (one batched `decode_jpeg` call) for batch sizes 64 and 256.
-3. End-to-end loader images/s (random resized crop 224 + flip + normalise to bf16 on the GPU) for
-   decode="device" vs decode="worker" vs the torchvision ImageFolder baseline, and peak GPU memory; for
-   decode="device", the samples decoded in the workers (fallbacks: the sample's PNGs) and the device errors.
+For every configuration, on the sample photos' JPEGs (the same files as benchmarks/gpu_train_feed.py):
+1. pixels: each image decoded whole against Pillow's decode (libjpeg-turbo): max and mean absolute difference;
+2. decode-only images/s, one batched call per 256 images, median of 3 alternating repeats: whole files, and by
+   each train crop's covering region (RandomResizedCrop boxes drawn as the loader draws them), which is what the
+   device path asks for; images the configuration could not decode (None) are counted.
 
-Needs torch + torchvision with CUDA; lmdb, webdataset, albumentations, tokenizers, opencv-python-headless,
-scikit-image may be installed from wheels brought along (the machine may have no network):
-    pip install --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the library's own defaults (every backend,
+all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads) with and without reusing the
+decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
+alone (baseline JPEGs only: progressive files come back None).
+
+Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip install 'fastdata[gpu-cu13]'`).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
+BATCH = 256
 
-def sample(out: Path, images: int) -> tuple[Path, Path]:
+
+def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
+    """Every JPEG of the dataset (pinned host memory, as the workers hand them over) and its train crop's region."""
     import fastdata
-    from fastdata.tools.sample import cached_sample_imagefolder
+    from fastdata.image.device.kernels import cover
+    from fastdata.order.epoch import sample_rng
 
-    src, lmdb = cached_sample_imagefolder(out, images), out / f"sample-{images}.lmdb"
-    if not lmdb.exists():
-        fastdata.convert_imagefolder(src, lmdb, progress=False)
-    return src, lmdb
-
-
-def decode_agreement(lmdb: Path, n: int = 256) -> tuple[float, float]:
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    import fastdata
-
-    ds = fastdata.dataset(lmdb)
-    reader = ds.reader
-    indices = [i for i in range(min(n, len(ds))) if reader.codecs[i] == 0]
-    data = [torch.frombuffer(bytearray(reader.read(i)), dtype=torch.uint8) for i in indices]
-    gpu = decode_jpeg(data, mode=ImageReadMode.RGB, device="cuda")
-    cpu = decode_jpeg(data, mode=ImageReadMode.RGB, device="cpu")
-    diffs = [(g.cpu().int() - c.int()).abs() for g, c in zip(gpu, cpu, strict=True)]
-    return max(float(d.max()) for d in diffs), statistics.mean(float(d.float().mean()) for d in diffs)
+    ds = fastdata.dataset(lmdb, "train", image_size=224)
+    payloads, regions = [], []
+    for i in range(len(ds)):
+        sample = ds.encoded(i)
+        if sample.codec != 0:
+            continue
+        params = ds.pipeline.preset.params(sample.width, sample.height, sample_rng(0, 0, *sample.position))
+        box = np.array([[params.left, params.top, params.width, params.height]])
+        regions.append(tuple(int(v) for v in cover(box, np.array([[sample.height, sample.width]]))[0]))
+        payloads.append(torch.frombuffer(bytearray(sample.data), dtype=torch.uint8).pin_memory().numpy())
+    return payloads, regions
 
 
-def decode_rate(lmdb: Path, batch: int, repeats: int = 5) -> float:
-    from torchvision.io import ImageReadMode, decode_jpeg
+def configurations() -> dict[str, object]:
+    from fastdata.image.device.decoders import DeviceDecode, TorchvisionDecoder, nvimgcodec_missing
 
-    import fastdata
+    found: dict[str, object] = {"torchvision decode_jpeg (nvjpeg)": TorchvisionDecoder(torch.device("cuda"))}
+    if nvimgcodec_missing():
+        print("nvImageCodec is not installed:", nvimgcodec_missing())
+        return found
+    from nvidia import nvimgcodec
 
-    reader = fastdata.dataset(lmdb).reader
-    jpeg = [i for i in range(len(reader.codecs)) if reader.codecs[i] == 0][:batch]
-    data = [torch.frombuffer(bytearray(reader.read(i)), dtype=torch.uint8) for i in jpeg]
-    decode_jpeg(data, mode=ImageReadMode.RGB, device="cuda")  # warm-up
-    rates = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        decode_jpeg(data, mode=ImageReadMode.RGB, device="cuda")
-        torch.cuda.synchronize()
-        rates.append(len(data) / (time.perf_counter() - started))
-    return statistics.median(rates)
+    from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
+
+    cuda = torch.device("cuda")
+    library = NvImageCodecDecoder(cuda, DeviceDecode())
+    library._decoder = nvimgcodec.Decoder(device_id=torch.cuda.current_device())  # every backend, all cores - 1
+    library.name = f"nvimgcodec {nvimgcodec.__version__} library defaults (all backends, {os.cpu_count() - 1} threads)"
+    found[library.name] = library
+    default = NvImageCodecDecoder(cuda, DeviceDecode())
+    found[default.name + " [fastdata default]"] = default
+    no_reuse = NvImageCodecDecoder(cuda, DeviceDecode())
+    no_reuse.reuse = False
+    found[no_reuse.name + ", Images not reused"] = no_reuse
+    for options in (DeviceDecode(hardware_load=0.65), DeviceDecode(backends=("hybrid",)),
+                    DeviceDecode(backends=("hardware",)), DeviceDecode(cpu_threads=8)):
+        decoder = NvImageCodecDecoder(cuda, options)
+        found[decoder.name] = decoder
+    return found
 
 
-def loader_rate(make, epochs: int = 2, to_device: bool = False) -> tuple[float, object]:
-    """images/s after the first batch, and the loader; `to_device` moves and normalises CPU batches as a
-    training step would."""
-    loader = make()
-    first, seen = None, 0
-    for _ in range(epochs):
-        for images, labels in loader:
-            if to_device:
-                images = images.cuda(non_blocking=True).to(torch.bfloat16).div_(255)
-            if first is None:
-                torch.cuda.synchronize()
-                first = time.perf_counter()
-                continue
-            seen += len(labels)
+def agreement(decoder: object, payloads: list[np.ndarray], n: int = 256) -> dict[str, float]:
+    from PIL import Image
+
+    images = decoder.decode(payloads[:n])
+    diffs, failed = [], 0
+    for payload, image in zip(payloads[:n], images, strict=True):
+        if image is None:
+            failed += 1
+            continue
+        reference = np.asarray(Image.open(io.BytesIO(payload.tobytes())).convert("RGB")).transpose(2, 0, 1)
+        diffs.append(np.abs(image.cpu().numpy().astype(np.int16) - reference.astype(np.int16)))
+    return {"max": float(max(d.max() for d in diffs)), "mean": float(statistics.mean(d.mean() for d in diffs)),
+            "failed": failed}
+
+
+def rate(decoder: object, payloads: list[np.ndarray], regions: list | None) -> tuple[float, int]:
     torch.cuda.synchronize()
-    return seen / (time.perf_counter() - first), loader
+    started, failed = time.perf_counter(), 0
+    for i in range(0, len(payloads), BATCH):
+        images = decoder.decode(payloads[i:i + BATCH], None if regions is None else regions[i:i + BATCH])
+        failed += sum(image is None for image in images)
+    torch.cuda.synchronize()
+    return len(payloads) / (time.perf_counter() - started), failed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/gpu_check"))
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=6144)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/data")
+    parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA device here")
-    import fastdata
-    from fastdata.config import available_cores
-    from fastdata.tools.bench import BenchConfig, imagefolder_baseline
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gpu_train_feed import dataset
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    src, lmdb = sample(args.out, args.images)
-    workers = min(available_cores(), 16)
-    rows = [("device", torch.cuda.get_device_name(0)), ("cores / loader workers", f"{available_cores()} / {workers}")]
-    max_diff, mean_diff = decode_agreement(lmdb)
-    rows.append(("GPU vs CPU decode, max / mean abs diff", f"{max_diff:.0f} / {mean_diff:.3f}"))
-    for batch in (64, 256):
-        rows.append((f"decode only, batch {batch}", f"{decode_rate(lmdb, batch):,.0f} images/s"))
-
-    def fast(decode: str):
-        return lambda: fastdata.loader(lmdb, batch_size=args.batch_size, num_workers=workers, device="cuda",
-                                       decode=decode, dtype=torch.bfloat16, channels_last=True)
-
-    baseline = imagefolder_baseline(src, BenchConfig(batch_size=args.batch_size, workers=workers))
-    results = {}
-    for name, make, to_device in (("imagefolder", baseline, True), ("worker", fast("worker"), False),
-                                  ("device", fast("device"), False)):
-        torch.cuda.reset_peak_memory_stats()
-        results[name], loader = loader_rate(make, to_device=to_device)
-        rows.append((f"end to end: {name}", f"{results[name]:,.0f} images/s, peak GPU "
-                                            f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"))
-        if name == "device":  # over both epochs: fallbacks are the non-JPEG samples, errors should be 0
-            rows.append(("device path: fallbacks (decoded in workers) / device errors",
-                         f"{loader.device_fallbacks:,} / {loader.device_errors:,}"))
-    base = results["imagefolder"]
-    ratios = f"{results['device'] / base:.2f}x / {results['worker'] / base:.2f}x / 1.00x"
-    rows.append(("ratio device / worker / imagefolder", ratios))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+    _, lmdb = dataset(Path(args.out), args.images)
+    payloads, regions = jpegs(lmdb)
+    decoders = configurations()
+    results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "jpegs": len(payloads),
+                     "date": time.strftime("%Y-%m-%d"), "rows": {}}
+    for name, decoder in decoders.items():
+        decoder.decode(payloads[:BATCH])  # warm-up
+        results["rows"][name] = {"pixels": agreement(decoder, payloads), "whole": [], "regions": []}
+    for repeat in range(args.repeats):
+        order = list(decoders) if repeat % 2 == 0 else list(reversed(decoders))
+        for name in order:
+            decoder = decoders[name]
+            row = results["rows"][name]
+            row["whole"].append(rate(decoder, payloads, None))
+            if getattr(decoder, "regions", False):
+                row["regions"].append(rate(decoder, payloads, regions))
+    print(f"\n{results['machine']}, {results['cores']} cores, {len(payloads)} JPEGs, batches of {BATCH}")
+    print("| decoder | whole img/s | by crop region img/s | not decoded | max / mean diff vs Pillow |")
+    print("|---|---:|---:|---:|---:|")
+    for name, row in results["rows"].items():
+        whole = statistics.median(r for r, _ in row["whole"])
+        region = (f"{statistics.median(r for r, _ in row['regions']):,.0f} ({row['regions'][0][1]} not decoded)"
+                  if row["regions"] else "n/a")
+        pixels = row["pixels"]
+        print(f"| {name} | {whole:,.0f} | {region} | {row['whole'][0][1]} | {pixels['max']:.0f} / "
+              f"{pixels['mean']:.2f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

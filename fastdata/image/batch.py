@@ -75,8 +75,10 @@ class EncodedBatch:
         return len(self.labels)
 
     def pin_memory(self) -> EncodedBatch:
-        """Called by DataLoader's pin-memory thread: pinned bytes and pixels copy to the GPU asynchronously."""
-        return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory())
+        """Called by DataLoader's pin-memory thread: pinned bytes, pixels and labels copy to the GPU
+        asynchronously (and nvImageCodec reads the bytes straight from pinned memory)."""
+        return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory(),
+                       labels=self.labels.pin_memory())
 
 
 def worker_span(started_ns: int) -> tuple[int, int, int]:

@@ -29,7 +29,7 @@ from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, worker_span
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
-from fastdata.image.device import pack_encoded
+from fastdata.image.device.ship import pack_encoded
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.image.stored_lists import StoredSamples, StoredTargets
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,14 +20,12 @@ from fastdata.image.batch import EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
-from fastdata.image.device import (
-    DECODE_MODES,
-    DeviceDecoder,
-    DevicePrefetcher,
-    decode_jpegs_torchvision,
-    device_decode_usable,
-)
-from fastdata.image.device_restart import sub_jpeg_failure, warn_whole_files
+from fastdata.image.device.decoders import DeviceDecode, make_decoder
+from fastdata.image.device.feeder import DeviceFeeder, PassKey
+from fastdata.image.device.probes import sub_jpeg_failure, warn_whole_files
+from fastdata.image.device.ring import SlotRing
+from fastdata.image.device.ship import DECODE_MODES, SubJpegSwitch
+from fastdata.image.device.stage import DeviceStage, finish
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
@@ -49,6 +48,7 @@ class ImageOptions:
     channels_last: bool = False
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
+    device_decode: DeviceDecode | None = None
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
@@ -68,6 +68,8 @@ class ImageOptions:
                               "torch.bfloat16, torch.float16) as well")
         object.__setattr__(self, "mean", None if self.mean is None else output.mean)
         object.__setattr__(self, "std", None if self.std is None else output.std)
+        if self.device_decode is not None and not isinstance(self.device_decode, DeviceDecode):
+            raise ConfigError(f"device_decode must be a fastdata.DeviceDecode, got {self.device_decode!r}")
 
     def output_format(self) -> OutputFormat:
         """The batches' dtype and normalisation."""
@@ -83,16 +85,30 @@ class ImageOptions:
                 if (value is not None if defaults[name] is None else value != defaults[name])]
 
 
-def _device_takes_sub_jpegs(device: torch.device) -> bool:
-    """Whether `device`'s JPEG decoder decodes a restart-layout crop's sub-JPEG to exactly the whole image's pixels
-    (checked on probes, once per loader; a few ms); when not, the workers ship whole files, with one warning."""
-    def decode(data: bytes) -> torch.Tensor:
-        return decode_jpegs_torchvision([torch.frombuffer(bytearray(data), dtype=torch.uint8)], device)[0]
+@dataclass
+class Receipts:
+    """Where a loader books the workers' batches as they arrive: the samples they skipped (key -> reason, each
+    once), the stages' times, the batches received in the current pass, and the meter's trace sink."""
 
-    failure = sub_jpeg_failure(decode)
-    if failure:
-        warn_whole_files(str(device), failure)
-    return not failure
+    skipped: dict[str, str] = field(default_factory=dict)
+    stage_times: StageTimes = field(default_factory=StageTimes)
+    received: int = 0
+    trace_sink: Any = None
+
+    def book(self, batches: Iterator[Any], buffers: BatchBuffers | None) -> Iterator[Any]:
+        """The workers' batches (decoded Batch, or EncodedBatch on the device path), each booked here."""
+        self.received = 0
+        for batch in batches:
+            self.received += 1
+            if buffers is not None:  # None on the device path (EncodedBatch)
+                buffers.received(batch.slot, batch.images)
+            for key, reason in batch.skipped:
+                self.skipped.setdefault(key, reason)
+            self.stage_times.add(batch.times)
+            self.stage_times.batches += 1
+            if self.trace_sink is not None:
+                self.trace_sink(batch.span, batch.times)
+            yield batch
 
 
 def _worker_init(_worker_id: int) -> None:
@@ -120,27 +136,30 @@ class ImageLoader(ResumableLoader):
         self.decode = _resolve_decode(image.decode, self.device, data)
         if self.decode == "device" and self.device is None:
             self.device = torch.device("cpu")
-        self._device_decoder = None
         self._output = output = image.output_format()
+        self._channels_last = channels_last
         custom = data.pipeline.preset is None
         if custom and (image.mean is not None or image.std is not None):
             raise ConfigError("mean and std apply to augment='train'/'val'; a custom transform normalises its own "
                               "output (A.Normalize, v2.Normalize): leave them out")
-        if self.device is not None:
-            self._device_decoder = DeviceDecoder(self.device, data.pipeline.output_size, str(data.root), dtype=dtype,
-                                                 mean=output.mean, std=output.std, channels_last=channels_last,
-                                                 on_error=data.on_error, max_pixels=data.pipeline.max_pixels)
-        elif channels_last:
+        if self.device is None and channels_last:
             raise ConfigError("channels_last applies to batches on a device: pass device= as well")
-        elif output.floating and custom:
+        if self.device is None and output.floating and custom:
             raise ConfigError(f"dtype={dtype}: a custom transform sets its batches' dtype itself (A.Normalize, "
                               "ToTensorV2, v2.ToDtype); dtype applies to augment='train'/'val', or with device= "
                               "to a transform's uint8 batches")
-        else:
+        if self.device is None:
             data.pipeline.output = output  # the workers make the floats, image by image
+        self._device_options = image.device_decode or DeviceDecode()
+        self._stage: DeviceStage | None = None
+        self._ring: SlotRing | None = None
+        self._feeder: DeviceFeeder | None = None
         data.pipeline.ship_encoded = self.decode == "device"
-        if data.pipeline.ship_encoded and data.pipeline.jpeg_layout == "restart" and data.pipeline.preset is not None:
-            data.pipeline.ship_sub_jpegs = _device_takes_sub_jpegs(self.device)
+        if data.pipeline.ship_encoded:
+            self._stage = DeviceStage(self.device, data.pipeline.output_size, str(data.root), output=output,
+                                      channels_last=channels_last, on_error=data.on_error,
+                                      max_pixels=data.pipeline.max_pixels, regions=self._device_options.regions)
+            data.pipeline.ship_sub_jpegs = SubJpegSwitch()  # on once the feeder proved the decoder takes them
         if data.pipeline.preset is not None:
             # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
             # this process, before the workers fork (they inherit the warned state)
@@ -149,15 +168,18 @@ class ImageLoader(ResumableLoader):
         self.batch_size = batch_size = options.batch_size
         self.num_workers = num_workers = options.num_workers
         self.pin_memory = options.pin_memory
-        self._skipped: dict[str, str] = {}  # key -> reason, each bad sample once however many epochs meet it
+        # what the workers' batches are booked into (the device path's feeder thread books them too): the skipped
+        # samples (key -> reason, each once however many epochs meet it), stage times, the meter's trace sink
+        self._receipts = Receipts()
+        self._skipped = self._receipts.skipped
         self.borrowed: list[tuple[int, int, str]] = []  # (epoch, batch, key lent to it): see fastdata.borrow
-        self.stage_times = StageTimes()  # per-stage seconds summed over workers and batches (fastdata.meter reads it)
-        self.trace_sink: Any = None  # fastdata.meter's trace sets it: called with each batch's (span, stage times)
+        self.stage_times = self._receipts.stage_times  # per-stage seconds over workers and batches (fastdata.meter)
         self.drop_last, self.uneven = options.drop_last, options.uneven
         self.rank, self.world_size = options.rank, options.world_size
         self._init_progress()
         self._pass_skip = 0
         self._iterating_epoch: int | None = None
+        self._workers_pass: Any = None  # the DataLoader iterator of the pass the workers run
         common = options.dataloader_kwargs(worker_init_fn=_worker_init)
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.batch_buffers): slots for the batches in flight, those waiting here and the user's
@@ -180,6 +202,15 @@ class ImageLoader(ResumableLoader):
     @property
     def classes(self) -> list[str]:
         return self.dataset.classes
+
+    @property
+    def trace_sink(self) -> Any:
+        """fastdata.meter's trace sets it: called with each batch's (span, stage times) as it arrives."""
+        return self._receipts.trace_sink
+
+    @trace_sink.setter
+    def trace_sink(self, sink: Any) -> None:
+        self._receipts.trace_sink = sink
 
     @property
     def skipped(self) -> list[tuple[str, str]]:
@@ -227,30 +258,26 @@ class ImageLoader(ResumableLoader):
         if here.complete:  # restored after the last batch of its epoch: nothing of it is left
             self._end_pass()
             return
-        if self._sampler is not None:
-            self._sampler.epoch, self._sampler.start, self._sampler.skip = here.epoch, here.start, here.skip
-        else:
-            assert isinstance(self._batches, WdsBatches)
-            self._batches.start(here.epoch, here.skip)
         self._pass_skip = here.skip
-        if self._buffers is not None:
-            self._buffers.reset(new_workers=not self._loader.persistent_workers)
-        for images, labels in self._pass(here.epoch):
+        for images, labels in self._pass(PassKey(here.epoch, here.start, here.skip)):
             self._count_batch()
             yield images, labels
         self._end_pass()
 
-    def _pass(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The batches of one pass as the workers deliver them, with worker failures named."""
-        self._iterating_epoch = epoch
-        received = [0]
-        with ctrl_c_held():  # workers start here (the first pass of persistent ones)
-            batches = iter(self._loader)
+    def _pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of one pass, delivered as this loader does (`_deliver`), with worker failures named."""
+        self._iterating_epoch = key.epoch
         try:
-            yield from self._batches_on_device(self._from_workers(batches, received), epoch)
-        except GeneratorExit:
-            raise  # the caller stopped early: persistent workers stay for the next pass
+            if self._stage is not None:
+                yield from self._device_pass(key)
+            else:
+                yield from self._deliver(self._open_pass(key), key.epoch)
+        except GeneratorExit:  # the caller stopped early: persistent workers stay for the next pass
+            self.close_feeder()
+            raise
         except BaseException as exc:
+            self.close_feeder()
+            batches = self._workers_pass
             original = failed_pass(self._loader, batches, exc)
             if original is not exc:
                 raise original from exc  # our own message first, the worker's traceback as the cause
@@ -258,39 +285,29 @@ class ImageLoader(ResumableLoader):
             if not isinstance(exc, RuntimeError) or message.startswith("Caught ") or \
                     not ("DataLoader worker" in message or "timed out" in message):
                 raise  # an exception raised inside a worker keeps its own type and traceback
-            raise WorkerError(f"{self.dataset.root}: {message.strip()} — {self._waiting_for(epoch, received[0])}") \
-                from exc
+            raise WorkerError(f"{self.dataset.root}: {message.strip()} — "
+                              f"{self._waiting_for(key.epoch, self._receipts.received)}") from exc
         finally:
             self._iterating_epoch = None
 
-    def _from_workers(self, batches: Iterator[Any], received: list[int]) -> Iterator[Any]:
-        """The workers' batches (decoded Batch, or EncodedBatch on the device path), with their bookkeeping."""
-        for batch in batches:
-            received[0] += 1
-            if self._buffers is not None:  # None on the device path (EncodedBatch)
-                self._buffers.received(batch.slot, batch.images)
-            if batch.skipped:
-                self._note_skipped(batch.skipped)
-            self.stage_times.add(batch.times)
-            self.stage_times.batches += 1
-            if self.trace_sink is not None:
-                self.trace_sink(batch.span, batch.times)
-            yield batch
+    def _open_pass(self, key: PassKey) -> Iterator[Any]:
+        """Set the workers' order to pass `key`, start them on it (`iter` of the DataLoader: the first pass of
+        persistent workers forks them) and return their batches, booked as they come (`Receipts.book`: the
+        iterator holds no reference to this loader, so that a feeder thread reading it does not keep it alive)."""
+        if self._sampler is not None:
+            self._sampler.epoch, self._sampler.start, self._sampler.skip = key.epoch, key.start, key.skip
+        else:
+            assert isinstance(self._batches, WdsBatches)
+            self._batches.start(key.epoch, key.skip)
+        if self._buffers is not None:
+            self._buffers.reset(new_workers=not self._loader.persistent_workers)
+        with ctrl_c_held():  # workers start here (the first pass of persistent ones)
+            self._workers_pass = iter(self._loader)
+        return self._receipts.book(self._workers_pass, self._buffers)
 
-    def _batches_on_device(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """decode="device": decode + augment each batch on the device (next batch prepared on a side stream);
-        "worker" with a device: move the finished batch there and convert it; no device: as the workers made it.
+    def _deliver(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The workers' finished batches as they made them, or with a device moved there and converted.
         A batch whose samples were all skipped borrows one (fastdata.borrow), so every rank yields len(self)."""
-        if self.decode == "device":
-            prefetched = DevicePrefetcher(batches, self._device_decoder)
-            for number, (images, labels, skipped) in enumerate(prefetched, start=self._pass_skip):
-                self._note_skipped(skipped)
-                if not len(labels):
-                    images, labels = self._borrow(epoch, number)
-                    images = self._device_decoder.finish(images.to(self.device))
-                    labels = labels.to(self.device)
-                yield images, labels
-            return
         for number, batch in enumerate(batches, start=self._pass_skip):
             images, labels = batch.images, batch.labels
             if not len(labels):
@@ -299,7 +316,60 @@ class ImageLoader(ResumableLoader):
                 yield images, labels
             else:
                 images = images.to(self.device, non_blocking=True)
-                yield self._device_decoder.finish(images), labels.to(self.device, non_blocking=True)
+                yield (finish(images, self._output, self._channels_last, str(self.dataset.root)),
+                       labels.to(self.device, non_blocking=True))
+
+    def _device_pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """decode="device": the feeder's batches (fastdata.image.device.feeder), made beside the training step;
+        the feeder already preparing this pass (the epoch after the last) is adopted, any other is closed."""
+        assert self._stage is not None
+        feeder = self._feeder
+        if feeder is None or not feeder.offers(key):
+            self.close_feeder()
+            if self._ring is None:
+                stage, rows = self._stage, self.batch_size  # (the ring must not hold this loader)
+                self._ring = SlotRing(self._device_options.slots, lambda: stage.new_output(rows), stage.device)
+            self._ring.restart()
+            feeder = self._feeder = DeviceFeeder(self._stage, self._ring, weakref.WeakMethod(self._open_pass), key,
+                                                 follow=lambda done: PassKey(done.epoch + 1),
+                                                 setup=weakref.WeakMethod(self._setup_device))
+            self._feeder_closer = weakref.finalize(self, feeder.close)  # a loader dropped mid-pass stops it
+        for number, made in enumerate(feeder.batches(key), start=key.skip):
+            self._note_skipped(made.skipped)
+            self.stage_times.device += made.seconds
+            images, labels = made.images, made.labels
+            if not len(labels):
+                images, labels = self._borrow(key.epoch, number)
+                images = finish(images.to(self.device), self._output, self._channels_last, str(self.dataset.root))
+                labels = labels.to(self.device)
+            yield images, labels
+
+    def _setup_device(self) -> None:
+        """On the feeder's thread, before its first batch (the workers have started): the decoder, and over the
+        restart layout the proof that it takes sub-JPEGs (until then the workers ship whole files)."""
+        assert self._stage is not None
+        if self._stage.decoder is None:
+            self._stage.decoder = make_decoder(self._stage.device, self._device_options)
+            pipeline = self.dataset.pipeline
+            if pipeline.jpeg_layout == "restart" and self._device_options.sub_jpegs:
+                failure = sub_jpeg_failure(self._stage.decoder)
+                if failure:
+                    warn_whole_files(str(self._stage.device), failure)
+                pipeline.ship_sub_jpegs.enable(not failure)
+
+    def close_feeder(self) -> None:
+        """Stop the device path's feeder thread, if one runs (the next pass starts another)."""
+        if self._feeder is not None:
+            self._feeder_closer.detach()
+            self._feeder.close()
+            self._feeder = None
+
+    @property
+    def device_decoder(self) -> str | None:
+        """decode="device": the decoder in use (e.g. "nvimgcodec 0.9.0 (hardware, hybrid; 4 CPU threads)"), once
+        the first pass has made it; None otherwise."""
+        decoder = self._stage.decoder if self._stage is not None else None
+        return decoder.name if decoder is not None else None
 
     def _borrow(self, epoch: int, number: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch of one for batch `number` of `epoch`, whose samples were all skipped: the first later sample of
@@ -338,7 +408,7 @@ class ImageLoader(ResumableLoader):
     def device_fallbacks(self) -> int:
         """decode="device": samples the device decoder does not take (PNG, CMYK and other non-baseline/progressive
         JPEGs), decoded in the workers instead; expected, not an error."""
-        return self._device_decoder.fallbacks if self._device_decoder is not None else 0
+        return self._stage.policy.fallbacks if self._stage is not None else 0
 
     @property
     def device_errors(self) -> int:
@@ -346,7 +416,18 @@ class ImageLoader(ResumableLoader):
         on the CPU in the main process instead; or a failed batched call whose samples then decode alone).
         The first warns; out of memory, or errors in MAX_CONSECUTIVE_DEVICE_ERRORS batches in a row, raise
         DeviceDecodeError."""
-        return self._device_decoder.errors if self._device_decoder is not None else 0
+        return self._stage.policy.errors if self._stage is not None else 0
+
+    @property
+    def device_whole(self) -> int:
+        """decode="device": JPEGs the device decoder could not decode by region, decoded whole there instead."""
+        return self._stage.policy.whole if self._stage is not None else 0
+
+    @property
+    def device_rejected(self) -> int:
+        """decode="device": samples whose bytes the device decoder could not decode but the CPU could (decoded on
+        the CPU in the main process; said once). Bytes neither decodes follow on_error."""
+        return self._stage.policy.rejected if self._stage is not None else 0
 
     def _waiting_for(self, epoch: int, batch_number: int) -> str:
         """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
@@ -396,7 +477,9 @@ class DetectionLoader(ImageLoader):
 
 
 def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
-    """"auto" -> "device" when the target is a CUDA device whose nvjpeg works and the augment is a preset."""
+    """The placement: "worker" or "device". "auto" (when the loader's caller found no measurement for it, see
+    fastdata.loader) decodes in the workers: the device path is chosen by measurement (`fastdata tune`), never
+    by capability alone."""
     if decode not in DECODE_MODES:
         raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
     if data.target_kind in ("detection", "segmentation"):
@@ -407,8 +490,4 @@ def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
     if decode == "device" and data.pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
                           "(decode='worker')")
-    if decode != "auto":
-        return decode
-    usable = (device is not None and device.type == "cuda" and data.pipeline.preset is not None
-              and device_decode_usable(device))
-    return "device" if usable else "worker"
+    return "worker" if decode == "auto" else decode

@@ -18,9 +18,10 @@ from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
+from fastdata.image.device.decoders import DeviceDecode
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.loader.mixing import mixed_loader
-from fastdata.loader.tuning import Tuned, dataset_root, loader_key, resolve_auto, tune_files
+from fastdata.loader.tuning import Tuned, dataset_root, loader_key, measured_decode, resolve_auto, tune_files
 from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
@@ -191,7 +192,7 @@ def loader(
     cache_max_bytes: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
     device: torch.device | str | None = None,
-    decode: str = "auto",
+    decode: str | DeviceDecode = "auto",
     dtype: torch.dtype | None = None,
     channels_last: bool = False,
     mean: tuple[float, float, float] | None = None,
@@ -234,10 +235,13 @@ def loader(
 
     With `device` (e.g. "cuda"), batches arrive on that device, as uint8 or, with a floating `dtype`, normalised
     there (`channels_last` on request). `decode="device"` has the workers ship only the
-    JPEGs' compressed bytes and crop parameters (other images are decoded in the workers) and decodes whole batches
-    on the device (nvjpeg on CUDA), overlapped with the training step; `loader.device_fallbacks` and
-    `loader.device_errors` count what the device did not decode. `"worker"` decodes in the workers; `"auto"` picks
-    "device" for CUDA when nvjpeg works.
+    JPEGs' compressed bytes and crop parameters (other images are decoded in the workers); a feeder thread beside
+    the training step decodes each batch on the device (nvImageCodec where installed, else torchvision's nvjpeg)
+    and crops, resizes and flips it in one batched operation into preallocated slots (docs/gpu.md);
+    `decode=fastdata.DeviceDecode(...)` is the device path with the decoder's options. `loader.device_fallbacks`,
+    `loader.device_rejected` and `loader.device_errors` count what the device did not decode. `"worker"` decodes
+    in the workers; `"auto"` takes the placement `fastdata tune` measured fastest for this dataset, machine, GPU
+    and options, and the workers when nothing was measured.
 
     Distributed: each rank gets its own part of every epoch and every rank yields the same number of batches;
     `rank` and `world_size` come from torch.distributed when it is initialised, or are given. `uneven="pad"`
@@ -309,7 +313,9 @@ def loader(
         cache_max_bytes: remote datasets: the bound on `cache_dir`, in bytes or as "20GB".
         storage_options: remote datasets: options for the fsspec file system (credentials, endpoint, ...).
         device: the device batches arrive on (e.g. "cuda"); None leaves them on the CPU, as the workers made them.
-        decode: "auto", "worker" (decode in the workers) or "device" (decode whole JPEG batches on `device`).
+        decode: "auto" (what `fastdata tune` measured; else "worker"), "worker" (decode in the workers),
+            "device" (decode whole JPEG batches on `device`), or a `fastdata.DeviceDecode` (the device path with
+            its decoder's options).
         dtype: a floating dtype (torch.float32, bfloat16, float16) gives batches normalised as
             `(x / 255 - mean) / std`, made in the workers (or on `device`); None keeps uint8.
         channels_last: with `device`: hand batches over in channels-last memory format.
@@ -352,6 +358,9 @@ def loader(
     text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
                        eos_token=eos_token)
     image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    if isinstance(decode, DeviceDecode):  # the device path, with its decoder's options
+        image_options.update(decode="device", device_decode=decode)
+        decode = "device"
     if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
         plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
         path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
@@ -376,6 +385,8 @@ def loader(
         tuned = _tuned(data, path, options, auto, image_options, augment, tune_dir)
         options = dataclasses.replace(options, num_workers=tuned.num_workers, prefetch_factor=tuned.prefetch_factor)
         image_options["decode"] = tuned.decode or decode
+    elif decode == "auto" and image_options["device"] is not None and getattr(data, "pipeline", None) is not None:
+        image_options["decode"] = _measured_decode(data, options, image_options, augment, tune_dir) or "auto"
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))
@@ -389,6 +400,15 @@ def loader(
         built = (PairLoader if data.pairs else ImageLoader)(data, options, ImageOptions(**image_options))
     built.tuned = tuned  # what "auto" chose and where it came from (None: nothing was asked to be tuned)
     return built
+
+
+def _measured_decode(data: Any, options: LoaderOptions, image_options: dict[str, Any], augment: Any,
+                     tune_dir: Any) -> str | None:
+    """The decode placement `fastdata tune` measured fastest for this loader, if it was measured."""
+    key, _ = loader_key(data, options.batch_size, augment, image_options["dtype"], image_options["device"],
+                        options.world_size)
+    files = tune_files(dataset_root(data), key.dataset, tune_dir) if key is not None else []
+    return measured_decode(key, files)
 
 
 def _tuned(data: Any, path: Any, options: LoaderOptions, auto: list[Any], image_options: dict[str, Any],

@@ -130,7 +130,7 @@ def loader_key(data: Any, batch_size: int, augment: Any, dtype: Any, device: Any
 
         device = torch.device(device)
         if device.type == "cuda" and torch.cuda.is_available():
-            device = f"cuda: {torch.cuda.get_device_name(device)}"
+            device = f"cuda: {cuda_device_name(device)}"
         else:
             device = device.type
     if augment is not None and not isinstance(augment, str):
@@ -139,6 +139,25 @@ def loader_key(data: Any, batch_size: int, augment: Any, dtype: Any, device: Any
     return TuneKey(dataset=dataset_fingerprint(data.manifest), cores=available_cores(), device=device,
                    batch_size=int(batch_size), augment=augment, image_size=list(size) if size is not None else None,
                    dtype="uint8" if dtype is None else str(dtype), world_size=int(world_size)), ""
+
+
+def cuda_device_name(device: Any) -> str:
+    """The GPU's name, from NVML where it is installed, so that a loader made before its workers start does not
+    start CUDA in this process (they fork later); from CUDA otherwise."""
+    import torch
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))
+            name = pynvml.nvmlDeviceGetName(handle)
+        finally:
+            pynvml.nvmlShutdown()
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # no NVML, or a device it does not map: CUDA knows
+        return torch.cuda.get_device_name(device)
 
 
 def dataset_root(data: Any) -> Path | None:
@@ -227,6 +246,19 @@ def resolve_auto(key: TuneKey | None, files: list[Path], num_workers: Any, prefe
                                                              else int(num_workers))
     prefetch = point.prefetch_factor if prefetch_factor == AUTO else int(prefetch_factor)
     return Tuned(workers, prefetch, point.decode if decode == "auto" else None, str(path), "", entry)
+
+
+def measured_decode(key: TuneKey | None, files: list[Path]) -> str | None:
+    """`decode="auto"` without `num_workers="auto"`: the placement `fastdata tune` measured fastest for `key`
+    (this dataset, machine, GPU and loader options), or None when nothing was measured (then "auto" decodes in the
+    workers). Quiet: the defaults need no tune result."""
+    if key is None or key.device is None or not key.device.startswith("cuda"):
+        return None
+    try:
+        entry, _, _ = find_entry(key, files)
+    except ConfigError:  # a damaged tune file: "auto" stays with the workers; `fastdata tune` rewrites it
+        return None
+    return entry.choice.decode if entry is not None else None
 
 
 def tune_command(dataset: str, key: TuneKey | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-STAGES = ("read", "decode", "augment", "collate", "transfer")
+STAGES = ("read", "decode", "augment", "collate", "transfer", "device")
 
 
 @dataclass
@@ -13,7 +13,9 @@ class StageTimes:
     """Seconds spent in each stage (summed over samples, batches and workers) and the batches counted.
 
     read: storage to encoded bytes; decode: bytes to pixels; augment: crop/resize/flip or the custom transform;
-    collate: building the batch tensor; transfer: pinning it for the host-to-device copy (pin-memory thread).
+    collate: building the batch tensor; transfer: pinning it for the host-to-device copy (pin-memory thread);
+    device: decode="device"'s feeder thread (decode, batched crop and resize on the device: the host's time to
+    queue them, which runs beside the training step).
     """
 
     read: float = 0.0
@@ -21,6 +23,7 @@ class StageTimes:
     augment: float = 0.0
     collate: float = 0.0
     transfer: float = 0.0
+    device: float = 0.0
     batches: int = 0
 
     def add(self, other: StageTimes) -> None:

@@ -321,15 +321,14 @@ class TuneResult:
 
 
 def decodes_for(path: str | os.PathLike[str], config: TuneConfig) -> tuple[str, ...]:
-    """("worker",), and "device" too where batches go to a CUDA device whose nvjpeg decodes (presets only)."""
+    """("worker",), and "device" too where batches go to a CUDA device (presets only): both placements are
+    measured, and `decode="auto"` then takes the faster."""
     if config.device is None:
         return ("worker",)
     import torch
 
-    from fastdata.image.device import device_decode_usable
-
     device = torch.device(config.device)
-    if device.type == "cuda" and device_decode_usable(device):
+    if device.type == "cuda" and torch.cuda.is_available():
         return DECODES
     return ("worker",)
 

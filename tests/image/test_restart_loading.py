@@ -103,6 +103,9 @@ def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets,
         expected = batches(datasets[fmt, "original"], **options)
         got = batches(datasets[fmt, "restart"], **options)
         assert len(got) == len(expected) == 6
+        proved = seeded_loader(datasets[fmt, "restart"], batch_size=4, **options)
+        list(proved)
+        assert proved.dataset.pipeline.ship_sub_jpegs  # the feeder's probe passed: the workers ship sub-JPEGs
         for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
             assert np.array_equal(labels, want_labels)
             assert np.array_equal(images, want_images), (fmt, augment, seed)
@@ -110,13 +113,14 @@ def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets,
 
 def test_the_device_gets_the_crops_sub_jpeg_not_the_whole_file(datasets):
     """The bytes a worker ships for the device: a train crop's sub-JPEG holds fewer bytes than the file."""
-    from fastdata.image.device import pack_encoded
+    from fastdata.image.device.ship import SubJpegSwitch, pack_encoded
 
     shipped = {}
     for layout in ("original", "restart"):
         ds = fastdata.dataset(datasets["lmdb", layout], augment="train", image_size=48)
         ds.pipeline.ship_encoded = True
-        ds.pipeline.ship_sub_jpegs = True
+        ds.pipeline.ship_sub_jpegs = switch = SubJpegSwitch()
+        switch.enable()
         samples = [ds.encoded(i) for i in range(len(ds))]
         batch = pack_encoded(ds.pipeline, samples, 0)
         taken = ~batch.worker_decoded.numpy()
@@ -126,32 +130,37 @@ def test_the_device_gets_the_crops_sub_jpeg_not_the_whole_file(datasets):
 
 
 def test_a_device_decoder_that_differs_on_sub_jpegs_gets_whole_files():
-    """The probe check refuses a decoder whose sub-JPEG pixels are not the whole image's (here: one that blanks
-    each image's last column, which a sub-JPEG has elsewhere), and passes torchvision's on the CPU."""
+    """The probe check passes torchvision's decoder on the CPU and refuses one whose sub-JPEG pixels are not the
+    rewritten whole file's (here: one that blanks each image's last column, which a sub-JPEG has elsewhere), for
+    every sampling kind it probes."""
     import torch
-    from torchvision.io import decode_jpeg
 
-    from fastdata.image.device_restart import sub_jpeg_failure
+    from fastdata.image.device.decoders import TorchvisionDecoder
+    from fastdata.image.device.probes import DEVICE_PROBE_KINDS, sub_jpeg_failure
 
-    def torchvision_cpu(data: bytes) -> torch.Tensor:
-        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    class BlanksLastColumn(TorchvisionDecoder):
+        def decode(self, payloads, regions=None):
+            images = [image.clone() for image in super().decode(payloads, regions)]
+            for image in images:
+                image[:, :, -1] = 0
+            return images
 
-    def blanks_last_column(data: bytes) -> torch.Tensor:
-        image = torchvision_cpu(data).clone()
-        image[:, :, -1] = 0
-        return image
-
-    assert sub_jpeg_failure(torchvision_cpu) == ""
-    assert "decodes to other pixels than the whole image" in sub_jpeg_failure(blanks_last_column)
+    assert set(DEVICE_PROBE_KINDS) >= {"4:2:0", "4:2:2", "4:4:4", "4:4:0", "grey"}
+    assert sub_jpeg_failure(TorchvisionDecoder(torch.device("cpu"))) == ""
+    assert "decodes to other pixels than the whole rewritten file" in sub_jpeg_failure(
+        BlanksLastColumn(torch.device("cpu")))
 
 
 @pytest.mark.cuda
-def test_nvjpeg_decode_of_sub_jpegs_gives_the_whole_files_batches(datasets):
-    """On CUDA: the restart layout's sub-JPEGs decoded by nvjpeg give the batches nvjpeg gives for the original
-    layout's whole files (if nvjpeg fails the probe check, whole files go, with a warning: the same batches)."""
-    options = dict(augment="train", image_size=48, device="cuda", decode="device")
-    expected = batches(datasets["lmdb", "original"], **options)
-    got = batches(datasets["lmdb", "restart"], **options)
-    assert len(got) == len(expected) == 6
-    for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
+@pytest.mark.parametrize("decoder", ["auto", "torchvision"])
+def test_device_sub_jpegs_give_the_rewritten_whole_files_batches(datasets, decoder):
+    """On CUDA, the contract the loader relies on: over the restart layout, the crops' sub-JPEGs give exactly the
+    batches the rewritten whole files give on the same decoder (if the decoder fails the probe check, whole files
+    go, with a warning: the same batches again)."""
+    options = dict(augment="train", image_size=48, device="cuda")
+    whole = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecode(decoder=decoder, sub_jpegs=False),
+                    **options)
+    subs = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecode(decoder=decoder), **options)
+    assert len(subs) == len(whole) == 6
+    for (images, labels), (want_images, want_labels) in zip(subs, whole, strict=True):
         assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)

@@ -1,0 +1,172 @@
+"""`DeviceFeeder`: the thread that makes device batches beside the training step.
+
+The training thread only takes finished batches: `next()` is a queue get, a stream wait on the batch's event and
+the ring's bookkeeping (fastdata.image.device.ring): O(1) Python, no host synchronisation. The feeder thread, in the
+main process, takes the workers' `EncodedBatch`es, runs the device stage (fastdata.image.device.stage: decode,
+batched crop-resize-flip, normalise) on a CUDA stream of its own into the next free slot, records the slot's
+event and queues the batch. CUDA's stream priorities go from the default stream's (the lowest) upwards, so the
+feeder's stream takes the lowest, as the default: the training step's kernels are never put behind it.
+
+Passes: the feeder runs the pass it was started for, then (when `follow` names one) the pass after it, so that the
+next epoch's first batches are made while the last ones train. The loader adopts that pass when the user's next
+`iter()` asks for it (`offers`) and otherwise closes the feeder and starts another. Whatever fails in the thread
+(a worker's error, a damaged sample with on_error="raise", a device error) is raised at the training thread's
+`next()`, with its own type and traceback. `close()` stops the thread (it is also called at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import queue
+import signal
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Reference = Callable[[], T | None]  # weakref.WeakMethod / weakref.ref, or `strong(f)`
+
+import torch
+
+from fastdata.image.batch import EncodedBatch
+from fastdata.image.device.ring import SlotRing
+from fastdata.image.device.stage import DeviceBatch, DeviceStage
+
+
+@dataclass(frozen=True)
+class PassKey:
+    """Which pass: the epoch, the first batch of it (a resumed or rank-repartitioned start) and batches skipped."""
+
+    epoch: int
+    start: int = 0
+    skip: int = 0
+
+
+_END = "end"
+_BATCH = "batch"
+_ERROR = "error"
+
+
+class DeviceFeeder:
+    """Runs `stage` over the batches of `open_pass()(key)` on its own thread and stream, into `ring`'s slots.
+
+    `setup()()` runs first on the thread (the decoder is made there, after the workers started); `follow(key)` is
+    the pass to prepare after `key` (None: stop after it). `open_pass` and `setup` are references (a
+    `weakref.WeakMethod` of the loader's methods, or `strong(f)`): the thread must not keep the loader alive, so
+    that a loader its user dropped is collected and its finaliser closes the feeder."""
+
+    def __init__(self, stage: DeviceStage, ring: SlotRing, open_pass: Reference[Callable[[PassKey], Iterator[Any]]],
+                 first: PassKey, follow: Callable[[PassKey], PassKey | None],
+                 setup: Reference[Callable[[], None]] | None = None) -> None:
+        self.stage = stage
+        self.ring = ring
+        self._open_pass = open_pass
+        self._follow = follow
+        self._setup = setup
+        self._items: queue.SimpleQueue[tuple[str, PassKey, Any]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._upcoming = [first]  # passes the thread has started or will start, in order, not yet taken
+        self.current_batches: Iterator[EncodedBatch] | None = None  # what the thread reads now (the DataLoader's)
+        self.cuda = stage.device.type == "cuda"
+        self.stream = torch.cuda.Stream(stage.device) if self.cuda else None
+        self._closer = functools.partial(_close_if_alive, weakref.ref(self))
+        atexit.register(self._closer)
+        self._thread = threading.Thread(target=self._run, args=(first,), name="fastdata-device-feeder", daemon=True)
+        self._thread.start()
+
+    def offers(self, key: PassKey) -> bool:
+        """Whether the next pass this feeder delivers is `key` (and it is still running)."""
+        return self._thread.is_alive() and bool(self._upcoming) and self._upcoming[0] == key
+
+    def batches(self, key: PassKey) -> Iterator[DeviceBatch]:
+        """The training thread's side: pass `key`'s batches, each taken from its slot (its stream waits for it)."""
+        if not self._upcoming or self._upcoming[0] != key:
+            raise RuntimeError(f"this feeder does not deliver pass {key} next")
+        while True:
+            kind, _, payload = self._get()
+            if kind == _ERROR:
+                self._upcoming.clear()
+                raise payload
+            if kind == _END:
+                self._upcoming.pop(0)
+                return
+            result, slot = payload
+            self.ring.take(slot)
+            yield result
+
+    def _get(self) -> tuple[str, PassKey, Any]:
+        while True:  # a timed wait, so that Ctrl-C reaches the training thread while it waits
+            try:
+                return self._items.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    try:
+                        return self._items.get_nowait()
+                    except queue.Empty:
+                        raise RuntimeError("the device feeder thread ended without a word") from None
+
+    def _run(self, first: PassKey) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # Ctrl-C is the training thread's; workers forked from here inherit the block and drop the signal
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        key: PassKey | None = first
+        try:
+            with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+                setup = self._setup() if self._setup is not None else None
+                if setup is not None:
+                    setup()
+                del setup
+                while key is not None and not self._stop.is_set():
+                    if not self._feed(key):
+                        return
+                    self._items.put((_END, key, None))
+                    key = self._follow(key)
+                    if key is not None:
+                        self._upcoming.append(key)
+        except BaseException as exc:  # forwarded to the training thread, which raises it
+            self._items.put((_ERROR, key or first, exc))
+        finally:
+            self.current_batches = None  # the thread's last hold on the workers' iterator
+
+    def _feed(self, key: PassKey) -> bool:
+        """Make every batch of pass `key`; False when stopped on the way."""
+        open_pass = self._open_pass()
+        if open_pass is None:  # the loader is gone
+            return False
+        batches = open_pass(key)
+        del open_pass
+        self.current_batches = batches
+        for batch in batches:
+            slot = self.ring.fill_next()
+            if slot is None or self._stop.is_set():
+                return False
+            result = self.stage(batch, out=slot.tensor)
+            self.ring.filled(slot)
+            self._items.put((_BATCH, key, (result, slot)))
+        return not self._stop.is_set()
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (it finishes the batch it is making, or the workers' next batch)."""
+        self._stop.set()
+        self.ring.stop()
+        if threading.current_thread() is self._thread:  # a finaliser run by the garbage collector on this thread
+            return
+        while self._thread.is_alive():
+            self._thread.join(timeout=0.1)
+        self._upcoming.clear()
+        atexit.unregister(self._closer)
+
+
+def strong(target: Any) -> Callable[[], Any]:
+    """A reference to `target` that always holds (for callers without a loader to keep collectable)."""
+    return lambda: target
+
+
+def _close_if_alive(feeder: weakref.ref[DeviceFeeder]) -> None:
+    alive = feeder()
+    if alive is not None:
+        alive.close()

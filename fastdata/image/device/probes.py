@@ -1,0 +1,92 @@
+"""Whether the device's decoder may be given restart-layout sub-JPEGs (fastdata.image.device.ship).
+
+What the loader relies on is exactly this: in the loader's own batched call on the device's decoder, the sub-JPEG
+of a region decodes, inside that region, to the same pixels as the rewritten whole file does on the same decoder.
+(Not the same pixels as the original file: the rewrite makes progressive files baseline, and GPU decoders route
+baseline and progressive streams to different code with different rounding; both are the decoder's own decode of
+the same image.) `sub_jpeg_failure` checks it on probe JPEGs of every sampling kind a dataset may hold (4:2:0,
+4:2:2, 4:4:4, 4:4:0, greyscale, progressive 4:2:0), with regions whose edges fall on, beside and inside MCU
+boundaries. The feeder runs it once, on its own thread, after the workers have started; until it passes, the
+workers ship whole files."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import torch
+
+from fastdata.errors import FastdataError
+from fastdata.image.device.decoders import BatchDecoder
+from fastdata.image.region import region_decoder, unavailable_reason
+from fastdata.image.restart import edge_regions, rewrite, sub_jpeg_for
+
+#: The device probes' kinds: (cv2 sampling factor name, progressive, greyscale).
+DEVICE_PROBE_KINDS = {
+    "4:2:0": ("420", False, False),
+    "4:2:2": ("422", False, False),
+    "4:4:4": ("444", False, False),
+    "4:4:0": ("440", False, False),
+    "grey": ("444", False, True),
+    "progressive 4:2:0": ("420", True, False),
+}
+
+
+@functools.cache
+def device_probes() -> tuple[tuple[str, bytes], ...]:
+    """(kind, JPEG bytes) of 99 x 75 probes, one per DEVICE_PROBE_KINDS entry: waves of several frequencies and hard
+    edges, so that every upsampling and edge path leaves its mark."""
+    import cv2
+
+    y, x = np.mgrid[0:75, 0:99]
+    waves = [128 + 100 * np.sin(x * 0.3 + y * 0.11), 128 + 100 * np.cos(x * 0.07 - y * 0.4),
+             128 + 60 * np.sin((x + y) * 0.9) + 40 * ((x // 9 + y // 7) % 2)]
+    image = np.clip(np.stack(waves, axis=2), 0, 255).astype(np.uint8)
+    found = []
+    for kind, (sampling, progressive, grey) in DEVICE_PROBE_KINDS.items():
+        options = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive),
+                   cv2.IMWRITE_JPEG_SAMPLING_FACTOR, getattr(cv2, f"IMWRITE_JPEG_SAMPLING_FACTOR_{sampling}")]
+        ok, encoded = cv2.imencode(".jpg", image[..., 0] if grey else image, options)
+        if not ok:  # pragma: no cover - OpenCV encodes JPEG wherever it is installed
+            raise RuntimeError(f"OpenCV could not encode the {kind} probe JPEG")
+        found.append((kind, encoded.tobytes()))
+    return tuple(found)
+
+
+def sub_jpeg_failure(decoder: BatchDecoder) -> str:
+    """Why `decoder` cannot be given sub-JPEGs ("" when it can): see the module's docstring."""
+    libjpeg = region_decoder()
+    if libjpeg is None:
+        return f"no libjpeg-turbo to rewrite the probes: {unavailable_reason()}"
+    for kind, data in device_probes():
+        try:
+            jpeg, index = rewrite(data, libjpeg, name=f"the {kind} probe")
+        except FastdataError as exc:
+            return f"the {kind} probe: {exc}"
+        regions = edge_regions(index.width, index.height, index.mcu_width, index.mcu_height)
+        subs = [sub_jpeg_for(jpeg, index, region) for region in regions]
+        try:  # the loader's batched call: the whole file and every sub-JPEG together
+            decoded = decoder.decode([np.frombuffer(b, np.uint8) for b in [jpeg, *(s.data for s in subs)]])
+        except Exception as exc:  # the decoder's own error: it cannot be relied on
+            return f"the {kind} probe: {type(exc).__name__}: {exc}"
+        whole, parts = decoded[0], decoded[1:]
+        if whole is None or any(part is None for part in parts):
+            return f"{decoder.name} could not decode the {kind} probe or one of its sub-JPEGs"
+        whole = whole.cpu()
+        for region, sub, part in zip(regions, subs, parts, strict=True):
+            top, left = region.top - sub.top, region.left - sub.left
+            got = part.cpu()[:, top:top + region.height, left:left + region.width]
+            expected = whole[:, region.top:region.top + region.height, region.left:region.left + region.width]
+            if not torch.equal(got, expected):
+                return (f"the {kind} probe's sub-JPEG of {region} decodes to other pixels than the whole rewritten "
+                        f"file on {decoder.name}")
+    return ""
+
+
+@functools.cache
+def warn_whole_files(device: str, reason: str) -> None:
+    """Say once per process that a restart-layout dataset's JPEGs go to the device whole."""
+    warnings.warn(f"fastdata: decode='device' on {device} gets restart-layout JPEGs whole, not as the crop's "
+                  f"sub-JPEG (same pixels, more bytes and decoding per image): {reason}", RuntimeWarning,
+                  stacklevel=4)

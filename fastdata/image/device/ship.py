@@ -1,0 +1,143 @@
+"""Worker side of `decode="device"`: what a worker hands over for the device to decode.
+
+For the JPEGs the device decoder takes (`device_takes`, from the codec and the frame header), the worker reads the
+bytes and draws the crop box and flip from the same seeded RNG the `"worker"` path uses; the other samples (PNG,
+CMYK, ...) it decodes right there through the worker path. It hands over one uint8 tensor of concatenated bytes and
+one of finished pixels (shared memory, pinned for the copy): an `EncodedBatch`.
+
+Over a restart-layout dataset a worker may ship each rewritten JPEG's crop as the sub-JPEG of the MCUs it covers
+(fastdata.image.restart) instead of the whole file, so that the device decodes (and the bus carries) about the
+crop's share of the image: only once the main process has proved, on its own decoder, that sub-JPEGs decode to
+exactly the rewritten whole file's pixels (fastdata.image.device.probes). The main process says so through a
+`SubJpegSwitch` in shared memory, after the workers have started: the proof needs the device, and the device is
+not touched before the workers fork.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fastdata.errors import ConfigError, UnsupportedJpegError
+from fastdata.formats.records import CODEC_CV_JPEG
+from fastdata.image.augment import CropParams, pixel_box
+from fastdata.image.batch import EncodedBatch, EncodedSample
+from fastdata.image.jpeg_header import read_frame
+from fastdata.image.region import Region
+from fastdata.image.restart import build_index, sub_jpeg_for
+from fastdata.meter.stages import StageTimes
+from fastdata.order.epoch import sample_rng
+
+if TYPE_CHECKING:
+    from fastdata.image.pipeline import SamplePipeline
+
+DECODE_MODES = ("auto", "worker", "device")
+
+# nvjpeg's chroma subsamplings of a 3-component JPEG: luma (horizontal, vertical) sampling factors with both chroma
+# components at (1, 1): 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0
+_DEVICE_LUMA_SAMPLING = frozenset({(1, 1), (2, 1), (2, 2), (1, 2), (4, 1), (4, 2)})
+_BASELINE, _PROGRESSIVE = 0xC0, 0xC2
+
+#: What a sub-JPEG replaces: (bytes, the crop box in its pixels (left, top, width, height), its (width, height)).
+Shipped = tuple[bytes, tuple[float, float, float, float], tuple[int, int]]
+
+
+class SubJpegSwitch:
+    """Whether workers ship restart-layout crops as sub-JPEGs: one byte of shared memory, off until the main
+    process turns it on (`enable`), read by the workers for each batch. Survives fork and spawn (a shared-memory
+    tensor)."""
+
+    def __init__(self) -> None:
+        self._flag = torch.zeros(1, dtype=torch.uint8).share_memory_()
+
+    def enable(self, on: bool = True) -> None:
+        self._flag[0] = int(on)
+
+    def __bool__(self) -> bool:
+        return bool(self._flag[0])
+
+
+def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
+    """Whether the device decoder takes `sample`: a JPEG of codec CODEC_CV_JPEG (greyscale or YCbCr) that is
+    8-bit baseline or progressive Huffman-coded with a chroma subsampling nvjpeg knows (read from its frame
+    header), and whose header says no more than `max_pixels` pixels. Everything else (PNG, CMYK, arithmetic-coded
+    or lossless JPEGs, unusual subsampling, a damaged header, a header over the limit, which the worker then
+    refuses before decoding) goes to the worker."""
+    if sample.codec != CODEC_CV_JPEG:
+        return False
+    frame = read_frame(sample.data)
+    if frame is None or frame.marker not in (_BASELINE, _PROGRESSIVE) or frame.precision != 8:
+        return False
+    if max_pixels is not None and frame.width * frame.height > max_pixels:
+        return False
+    if len(frame.sampling) == 1:
+        return True
+    return (len(frame.sampling) == 3 and frame.sampling[1] == frame.sampling[2] == (1, 1)
+            and frame.sampling[0] in _DEVICE_LUMA_SAMPLING)
+
+
+def ship_sub_jpeg(sample: EncodedSample, params: CropParams) -> Shipped | None:
+    """The sub-JPEG of a rewritten JPEG that holds every pixel the device's crop of `params` reads (the box's
+    covering pixels), the box moved into its pixels, and its size; None for a JPEG the conversion kept as it was
+    (no restart marker per MCU), which goes whole."""
+    try:
+        index = build_index(sample.data, name=sample.key)
+    except UnsupportedJpegError:
+        return None
+    x0, y0, x1, y1 = pixel_box(params.left, params.top, params.width, params.height, sample.width, sample.height,
+                               cover=True)
+    sub = sub_jpeg_for(sample.data, index, Region(8, x0, y0, x1 - x0, y1 - y0))
+    box = (params.left - sub.left, params.top - sub.top, params.width, params.height)
+    return sub.data, box, (sub.width, sub.height)
+
+
+def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: int,
+                 on_error: str = "raise") -> EncodedBatch:
+    """The worker's batch on the `"device"` path: the bytes and crop parameters of the JPEGs the device takes
+    (`device_takes`); the other samples decoded and augmented here, exactly as on the `"worker"` path (an
+    undecodable one follows `on_error`), so that the main process decodes nothing on the CPU."""
+    if pipeline.preset is None:
+        raise ConfigError("decode='device' needs augment='train' or 'val' (custom transforms run on the CPU "
+                          "path: decode='worker')")
+    takes = [device_takes(s, pipeline.max_pixels) for s in samples]
+    elsewhere = [s for s, t in zip(samples, takes, strict=True) if not t]
+    if elsewhere:
+        decoded = pipeline.batch(elsewhere, epoch, on_error)
+        pixels, skipped, times = decoded.images, decoded.skipped, decoded.times
+    else:
+        pixels, skipped, times = torch.empty((0, 3, *pipeline.output_size), dtype=torch.uint8), [], StageTimes()
+    lost = {key for key, _ in skipped}
+    kept = [(s, t) for s, t in zip(samples, takes, strict=True) if t or s.key not in lost]
+    started = perf_counter()
+    boxes = np.zeros((len(kept), 4), np.float64)
+    flips = np.zeros(len(kept), bool)
+    sizes = np.array([(s.width, s.height) for s, _ in kept], np.int64).reshape(-1, 2)
+    payloads: list[bytes] = []
+    sub_jpegs = pipeline.jpeg_layout == "restart" and bool(pipeline.ship_sub_jpegs)
+    for i, (sample, take) in enumerate(kept):
+        if take:
+            params = pipeline.preset.params(sample.width, sample.height,
+                                            sample_rng(pipeline.seed, epoch, *sample.position))
+            boxes[i] = (params.left, params.top, params.width, params.height)
+            flips[i] = params.flip
+            shipped = ship_sub_jpeg(sample, params) if sub_jpegs else None
+            if shipped is not None:  # only the MCUs the crop reads
+                payload, boxes[i], sizes[i] = shipped
+            else:
+                payload = sample.data
+            payloads.append(payload)
+    lengths = np.zeros(len(kept), np.int64)
+    lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
+    offsets = np.zeros(len(kept) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = np.frombuffer(b"".join(payloads), np.uint8)
+    batch = EncodedBatch(
+        torch.from_numpy(data.copy()), torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
+        torch.from_numpy(sizes),
+        pipeline.labels.batch([s.label for s, _ in kept]),
+        torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times)
+    batch.times.collate += perf_counter() - started
+    return batch

@@ -1,0 +1,232 @@
+"""The device stage: one `EncodedBatch` from the workers -> one batch of images on the device, written into the
+output tensor it is given (a ring slot: fastdata.image.device.ring).
+
+1. images over the pixel limit are refused from their stored size before anything is allocated on the device;
+2. the JPEGs are decoded in one call of the decoder (fastdata.image.device.decoders), by region where it can:
+   only each crop's covering pixels;
+3. what the decoder could not decode is decoded on the CPU, or follows `on_error` (fastdata.image.device.policy);
+4. every crop is resized and flipped in one batched operation (fastdata.image.device.kernels), rounded to whole
+   grey levels like the worker path's uint8 pixels, then normalised (`OutputFormat.normalise`, the worker path's
+   arithmetic) when the batches are floating;
+5. the samples the workers decoded (`worker_decoded`) take their rows as they are.
+All device work is queued on the current stream; nothing waits for the device (the host-side copies go through
+pinned memory). The same code runs with `device="cpu"`, which is how CI tests it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdata.errors import ConfigError
+from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
+from fastdata.image.augment import ImageSize, output_size
+from fastdata.image.batch import EncodedBatch
+from fastdata.image.decode import decode_rgb
+from fastdata.image.device.decoders import BatchDecoder, out_of_memory
+from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip
+from fastdata.image.device.policy import DevicePolicy
+from fastdata.image.output import OutputFormat
+
+
+@dataclass
+class DeviceBatch:
+    """A batch made on the device: images (a view of the slot it was written into), labels on the device (or the
+    captions), the samples skipped, and the host seconds the stage took."""
+
+    images: torch.Tensor
+    labels: Any
+    skipped: list[tuple[str, str]]
+    seconds: float = 0.0
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without the host waiting: pinned first when it is not (CUDA only)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    if not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+class DeviceStage:
+    """EncodedBatch -> `[B, 3, H, W]` on `device` as uint8 or normalised floats (`output`), channels-last on
+    request; see the module's docstring. `decoder` may be given later (`self.decoder = ...`): the feeder makes it
+    on its own thread, after the workers have started."""
+
+    def __init__(self, device: torch.device | str, image_size: ImageSize, source: str, *,
+                 output: OutputFormat | None = None, channels_last: bool = False, on_error: str = "raise",
+                 max_pixels: int = DEFAULT_MAX_PIXELS, decoder: BatchDecoder | None = None,
+                 regions: bool = True, policy: DevicePolicy | None = None) -> None:
+        self.device = torch.device(device)
+        self.image_size = output_size(image_size)  # (height, width)
+        self.source = source
+        self.output = output or OutputFormat()
+        self.channels_last = channels_last
+        self.max_pixels = max_pixels
+        self.decoder = decoder
+        self.regions = regions
+        self.policy = policy or DevicePolicy(source, str(self.device), on_error)
+
+    def new_output(self, rows: int) -> torch.Tensor:
+        """An output tensor for `rows` images in this stage's dtype and memory format."""
+        images = torch.empty((rows, 3, *self.image_size), dtype=self.output.batch_dtype, device=self.device)
+        return images.contiguous(memory_format=torch.channels_last) if self.channels_last else images
+
+    def __call__(self, batch: EncodedBatch, out: torch.Tensor | None = None) -> DeviceBatch:
+        """Decode, crop, resize, flip and normalise one batch into `out` (rows >= len(batch); a new tensor when
+        None); returns a view of its first rows, one per sample kept."""
+        started = perf_counter()
+        skipped: list[tuple[str, str]] = []
+        from_worker = batch.worker_decoded.numpy()
+        self.policy.fallbacks += int(from_worker.sum())
+        device_rows = self._within_limits(batch, np.flatnonzero(~from_worker).tolist(), skipped)
+        images, boxes, shapes, flips, decoded_rows = self._decode(batch, device_rows, skipped)
+        keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded_rows]
+        if out is None:
+            out = self.new_output(len(keep))
+        out = out[:len(keep)]
+        position = {row: p for p, row in enumerate(keep)}
+        if images:
+            resized = crop_resize_flip(images, CropBatch(boxes, shapes, flips), self.image_size)
+            self._write(out, [position[row] for row in decoded_rows], resized.round_().clamp_(0, 255), rounded=True)
+        worker_rows = [position[i] for i in np.flatnonzero(from_worker).tolist()]
+        if worker_rows:  # every worker-decoded sample is kept: its pixels are the next row of `pixels`
+            self._write(out, worker_rows, to_device(batch.pixels, self.device), rounded=False)
+        labels = batch.labels if len(keep) == len(batch) else batch.labels[keep]
+        labels = labels.to(self.device, non_blocking=self.device.type == "cuda")
+        return DeviceBatch(out, labels, skipped, perf_counter() - started)
+
+    def _within_limits(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]) -> list[int]:
+        """The rows whose stored size is within the pixel limit; the others follow on_error."""
+        sizes = batch.sizes.numpy()
+        within = []
+        for i in rows:
+            width, height = (int(v) for v in sizes[i])
+            if width * height > self.max_pixels:
+                self.policy.damaged(batch.keys[i], f"refused: {width}x{height} pixels exceeds the limit of "
+                                                   f"{self.max_pixels:,}", skipped)
+            else:
+                within.append(i)
+        return within
+
+    def _decode(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]
+                ) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """The JPEGs of `rows` decoded on the device (CPU-decoded where the device decoder could not), with each
+        one's crop box in its decoded pixels, its decoded (height, width) and flip, and the rows decoded."""
+        if not rows:
+            return [], np.zeros((0, 4)), np.zeros((0, 2), np.int64), np.zeros(0, bool), []
+        assert self.decoder is not None, "the feeder sets the decoder before the first batch"
+        data, offsets = batch.data.numpy(), batch.offsets.numpy()
+        payloads = [data[offsets[i]:offsets[i + 1]] for i in rows]
+        boxes = batch.boxes.numpy()[rows].copy()
+        stored = batch.sizes.numpy()[rows][:, ::-1]  # (height, width)
+        regions = None
+        if self.regions and self.decoder.regions:
+            covered = cover(boxes, stored)
+            regions = [tuple(int(v) for v in box) for box in covered]
+            whole_boxes, whole_stored = boxes.copy(), stored.copy()
+            boxes[:, :2] -= covered[:, :2]
+            stored = np.stack([covered[:, 3] - covered[:, 1], covered[:, 2] - covered[:, 0]], axis=1)
+        decoded = self._decode_call(batch, rows, payloads, regions)
+        if regions is not None and any(image is None for image in decoded):
+            # the decoder could not decode these by region: whole, on the device, before the CPU
+            again = [n for n, image in enumerate(decoded) if image is None]
+            for n, image in zip(again, self._decode_call(batch, [rows[n] for n in again],
+                                                         [payloads[n] for n in again], None), strict=True):
+                if image is not None:
+                    decoded[n], boxes[n], stored[n] = image, whole_boxes[n], whole_stored[n]
+                    self.policy.whole_instead(batch.keys[rows[n]], self.decoder.name)
+        images, kept, shapes, box_rows = [], [], [], []
+        for n, (row, image) in enumerate(zip(rows, decoded, strict=True)):
+            box = boxes[n]
+            if image is None:
+                image, box = self._on_the_cpu(batch, row, payloads[n], skipped)
+                if image is None:
+                    continue
+            height, width = image.shape[-2:]
+            expected_h, expected_w = stored[n] if image is decoded[n] else (height, width)
+            if (height, width) != (expected_h, expected_w):  # stored smaller than its header said
+                box = box * np.array([width / expected_w, height / expected_h] * 2)
+            images.append(image)
+            kept.append(row)
+            shapes.append((height, width))
+            box_rows.append(box)
+        flips = batch.flips.numpy()[kept]
+        return (images, np.array(box_rows, np.float64).reshape(-1, 4), np.array(shapes, np.int64).reshape(-1, 2),
+                flips, kept)
+
+    def _decode_call(self, batch: EncodedBatch, rows: list[int], payloads: list[np.ndarray],
+                     regions: list[tuple[int, ...]] | None) -> list[torch.Tensor | None]:
+        """One batched decoder call; when it raises, each JPEG alone. A failed call whose JPEGs all decode alone is
+        a device error (DevicePolicy.batch_done); out of memory raises DeviceDecodeError."""
+        assert self.decoder is not None
+        keys = [batch.keys[i] for i in rows]
+        try:
+            decoded = self.decoder.decode(payloads, regions)
+        except Exception as exc:  # whatever the decoder raises: a bad stream, nvjpeg, CUDA
+            if out_of_memory(exc):
+                raise self.policy.out_of_memory(exc, keys, len(payloads)) from exc
+            call_error: BaseException = exc
+        else:
+            self.policy.batch_done(None, keys)
+            return decoded
+        decoded = []
+        for n, payload in enumerate(payloads):
+            try:
+                decoded.extend(self.decoder.decode([payload], None if regions is None else [regions[n]]))
+            except Exception as exc:
+                if out_of_memory(exc):
+                    raise self.policy.out_of_memory(exc, keys, len(payloads)) from exc
+                decoded.append(None)
+        failed = None if any(image is None for image in decoded) else (
+            f"the batched call on the {len(payloads)} JPEGs of a batch", call_error)
+        self.policy.batch_done(failed, keys)
+        return decoded
+
+    def _on_the_cpu(self, batch: EncodedBatch, row: int, payload: np.ndarray, skipped: list[tuple[str, str]]
+                    ) -> tuple[torch.Tensor | None, np.ndarray]:
+        """Bytes the device decoder could not decode, decoded on the CPU (the whole payload, so the box is the
+        shipped one); None when the CPU cannot either: a damaged sample (on_error)."""
+        key = batch.keys[row]
+        try:
+            array = decode_rgb(payload.tobytes(), CODEC_CV_JPEG)
+        except ValueError as exc:
+            assert self.decoder is not None
+            self.policy.damaged(key, f"{exc} (and {self.decoder.name} could not decode it)", skipped)
+            return None, batch.boxes.numpy()[row]
+        assert self.decoder is not None
+        self.policy.rejected_by_device(key, self.decoder.name)
+        image = to_device(torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1))), self.device)
+        return image, batch.boxes.numpy()[row].copy()
+
+    def _write(self, out: torch.Tensor, rows: list[int], images: torch.Tensor, rounded: bool) -> None:
+        """Put `images` (0..255: the kernel's rounded floats, or the workers' uint8) into rows `rows` of `out`,
+        normalised when the output is floating."""
+        if self.output.floating:
+            values = self.output.normalise(images)
+        else:
+            values = images.to(torch.uint8) if rounded else images
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            out[rows[0]:rows[0] + len(rows)].copy_(values)
+        else:
+            index = to_device(torch.tensor(rows, dtype=torch.long), self.device)
+            out.index_copy_(0, index, values.to(out.dtype))
+
+
+def finish(images: torch.Tensor, output: OutputFormat, channels_last: bool, source: str) -> torch.Tensor:
+    """NCHW batches on the device (the worker path's, or a borrowed sample) -> the requested dtype and memory
+    format: uint8 batches normalised (`OutputFormat.normalise`) when the dtype is floating; a custom transform's
+    floating batch (normalised by the transform) only cast to it."""
+    if output.floating:
+        images = output.normalise(images) if images.dtype == torch.uint8 else images.to(output.dtype)
+    elif output.dtype == torch.uint8 and images.dtype != torch.uint8:
+        raise ConfigError(f"{source}: dtype=torch.uint8 asked for, but the transform returns {images.dtype} "
+                          "batches: leave dtype out or ask for a floating one")
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images

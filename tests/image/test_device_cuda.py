@@ -1,0 +1,99 @@
+"""decode="device" on a real GPU (cuda-marked: they run where one is present): no host synchronisation in a
+steady-state pass, the pixels of each decoder against the CPU path within their stated tolerance, real
+out-of-memory errors, damaged bytes through the real decoders, and nvImageCodec's options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdata
+from fastdata.errors import DeviceDecodeError
+from fastdata.image.device.decoders import DeviceDecode, TorchvisionDecoder, nvimgcodec_missing
+from fastdata.image.device.ship import pack_encoded
+from fastdata.image.device.stage import DeviceStage
+from fastdata.tools.sample import make_sample_imagefolder
+
+pytestmark = pytest.mark.cuda
+
+#: Mean absolute difference (grey levels) from the CPU path's batches (libjpeg + the same batched resize), per
+#: decoder: what docs/gpu.md states.
+TOLERANCE = {"torchvision": 1.5, "nvimgcodec": 1.0}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cuda_photos")
+    src = make_sample_imagefolder(root / "src", images=48, classes=3, png_fraction=0.1, workers=1)
+    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
+    return root / "p.lmdb"
+
+
+def decoders() -> list[str]:
+    return ["torchvision"] + ([] if nvimgcodec_missing() else ["nvimgcodec"])
+
+
+@pytest.mark.parametrize("decoder", decoders())
+def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
+    loader = fastdata.loader(photos, batch_size=8, image_size=64, num_workers=2, device="cuda",
+                             decode=DeviceDecode(decoder=decoder), dtype=torch.bfloat16, channels_last=True,
+                             drop_last=True)
+    for _ in loader:  # warm-up: the decoder, the slots, cuDNN-free allocations
+        pass
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        count = 0
+        for images, labels in loader:  # the feeder thread raises on a synchronising call, and it reaches here
+            (images.float().mean() + labels.float().mean()).add_(1)
+            count += 1
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert count == len(loader)
+    assert images.is_cuda and images.dtype == torch.bfloat16 and images.is_contiguous(
+        memory_format=torch.channels_last)
+    loader.close_feeder()
+
+
+@pytest.mark.parametrize("decoder", decoders())
+@pytest.mark.parametrize("augment", ["train", "val"])
+def test_cuda_batches_match_the_cpu_paths(photos, decoder, augment):
+    options = dict(batch_size=8, image_size=224, num_workers=0, seed=3, shuffle=False, augment=augment)
+    cpu = list(fastdata.loader(photos, decode="device", device="cpu", **options))
+    loader = fastdata.loader(photos, decode=DeviceDecode(decoder=decoder), device="cuda", **options)
+    gpu = list(loader)
+    assert decoder.split()[0] in loader.device_decoder
+    for (ci, cl), (gi, gl) in zip(cpu, gpu, strict=True):
+        assert gi.device.type == "cuda" and torch.equal(cl, gl.cpu())
+        assert (ci.int() - gi.cpu().int()).abs().float().mean() < TOLERANCE[decoder]
+    assert loader.device_errors == 0 and loader.device_fallbacks > 0  # the PNGs, decoded in the workers
+    loader.close_feeder()
+
+
+def test_cuda_out_of_memory_raises_naming_the_batch(photos):
+    class OutOfMemory(TorchvisionDecoder):
+        def decode(self, payloads, regions=None):
+            torch.empty(1 << 50, dtype=torch.uint8, device=self.device)  # a real CUDA out-of-memory error
+            return super().decode(payloads, regions)
+
+    ds = fastdata.dataset(photos, "val", image_size=32)
+    packed = pack_encoded(ds.pipeline, [ds.encoded(i) for i in range(8)], 0)
+    with pytest.raises(DeviceDecodeError, match="ran out of memory") as caught:
+        DeviceStage("cuda", 32, "photos", decoder=OutOfMemory(torch.device("cuda")))(packed)
+    assert packed.keys[0] in str(caught.value)
+
+
+@pytest.mark.parametrize("decoder", decoders())
+def test_damaged_jpegs_on_the_gpu_follow_on_error(photos, decoder):
+    ds = fastdata.dataset(photos, "train", image_size=32)
+    samples = [ds.encoded(i) for i in range(8)]
+    victim = next(s for s in samples if s.codec == 0)
+    victim.data = victim.data[:victim.data.index(b"\xff\xda") + 30]
+    packed = pack_encoded(ds.pipeline, samples, 0)
+    from fastdata.image.device.decoders import make_decoder
+
+    stage = DeviceStage("cuda", 32, "photos", decoder=make_decoder(torch.device("cuda"), DeviceDecode(decoder=decoder)),
+                        on_error="skip")
+    made = stage(packed)
+    assert [key for key, _ in made.skipped] == [victim.key] and len(made.images) == 7
+    assert stage.policy.errors == 0

@@ -1,0 +1,78 @@
+"""The device path's batched crop-resize-flip (fastdata.image.device.kernels): torchvision's antialiased
+`resized_crop` pixel for pixel, in a number of operations that does not grow with the batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchvision.transforms.v2 import functional as F
+
+from fastdata.image.device.kernels import CropBatch, crop_resize_flip
+
+
+def random_batch(n: int, seed: int, max_side: int = 300):
+    rng = np.random.default_rng(seed)
+    images, boxes, flips = [], [], []
+    for i in range(n):
+        height, width = (int(v) for v in rng.integers(20, max_side, 2))
+        images.append(torch.from_numpy(rng.integers(0, 256, (3, height, width), dtype=np.uint8)))
+        box_w, box_h = int(rng.integers(1, width + 1)), int(rng.integers(1, height + 1))
+        boxes.append((int(rng.integers(0, width - box_w + 1)), int(rng.integers(0, height - box_h + 1)), box_w, box_h))
+        flips.append(bool(i % 2))
+    shapes = np.array([image.shape[1:] for image in images])
+    return images, CropBatch(np.array(boxes, np.float64), shapes, np.array(flips))
+
+
+@pytest.mark.parametrize("size", [(224, 224), (64, 96), (17, 5)])
+def test_batched_crop_resize_flip_is_torchvisions_antialiased_resized_crop(size):
+    """Noise images (the hardest case: every pixel differs from its neighbours) of random sizes, random integer
+    crops that shrink and enlarge, every other one flipped: within float rounding of torchvision."""
+    images, crops = random_batch(12, seed=sum(size))
+    out = crop_resize_flip(images, crops, size)
+    assert out.shape == (12, 3, *size) and out.dtype == torch.float32
+    for i, image in enumerate(images):
+        left, top, width, height = (int(v) for v in crops.boxes[i])
+        expected = F.resized_crop(image.float(), top, left, height, width, list(size), antialias=True)
+        if crops.flips[i]:
+            expected = expected.flip(-1)
+        assert (out[i] - expected).abs().max() < 0.02, i
+
+
+def test_fractional_boxes_sample_between_pixels():
+    """A box shifted by half a pixel reads half of each neighbour (the "val" preset's boxes are fractional)."""
+    image = torch.zeros((3, 4, 8), dtype=torch.uint8)
+    image[:, :, 4:] = 200
+    crops = CropBatch(np.array([[3.5, 0.0, 4.0, 4.0]]), np.array([[4, 8]]), np.array([False]))
+    out = crop_resize_flip([image], crops, (4, 4))
+    assert torch.allclose(out[0, 0, 0], torch.tensor([100.0, 200.0, 200.0, 200.0]))
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the operations that compute (launch a kernel on a GPU): every op except views, which only make new
+    tensor metadata (their schema returns an alias they do not write)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = func._schema.returns
+        if not any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_number_of_operations_does_not_grow_with_the_batch():
+    """The same shrink factor, 4 images or 48: the same computing operations (a per-image loop would grow
+    12-fold), and few of them."""
+    counts = []
+    for n in (4, 48):
+        images = [torch.full((3, 120, 120), i, dtype=torch.uint8) for i in range(n)]
+        crops = CropBatch(np.tile([[0.0, 0.0, 100.0, 100.0]], (n, 1)), np.tile([[120, 120]], (n, 1)),
+                          np.arange(n) % 2 == 1)
+        with CountOps() as counter:
+            crop_resize_flip(images, crops, (50, 50))
+        counts.append(counter.ops)
+    assert counts[0] == counts[1] < 120, counts

@@ -1,0 +1,109 @@
+"""fastdata's nvImageCodec integration (fastdata.image.device.nvimgcodec) on the CPU, against a stand-in that
+honours the library's documented API (tests/image/nvimgcodec_standin.py): options reach the library, crops are
+decoded by region and give the whole-image decode's batches, and an image the library returns None for follows
+the device path's rules. The real library is tested by the cuda-marked tests."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import fastdata
+from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.image.device.decoders import DeviceDecode, TorchvisionDecoder, make_decoder
+from fastdata.image.device.ship import pack_encoded
+from fastdata.image.device.stage import DeviceStage
+from fastdata.tools.sample import make_sample_imagefolder
+from tests.image import nvimgcodec_standin
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    import types
+
+    nvidia = sys.modules.get("nvidia") or types.ModuleType("nvidia")
+    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", nvimgcodec_standin)
+    monkeypatch.setattr(nvidia, "nvimgcodec", nvimgcodec_standin, raising=False)
+    nvimgcodec_standin.Decoder.created.clear()
+    from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
+
+    return NvImageCodecDecoder
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nvimgcodec")
+    src = make_sample_imagefolder(root / "src", images=12, classes=2, png_fraction=0.0, workers=1)
+    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
+    ds = fastdata.dataset(root / "p.lmdb", "train", image_size=48)
+    return [pack_encoded(ds.pipeline, [ds.encoded(i) for i in range(6 * b, 6 * b + 6)], 0) for b in range(2)]
+
+
+def test_the_options_reach_the_library(standin):
+    decoder = standin(torch.device("cpu"), DeviceDecode(backends=("hardware", "hybrid"), hardware_load=0.7,
+                                                         cpu_threads=3))
+    made = nvimgcodec_standin.Decoder.created[-1]
+    assert made.max_num_cpu_threads == 3
+    assert [(b.backend_kind.name, b.load_hint) for b in made.backends] == [("HW_GPU_ONLY", 0.7),
+                                                                          ("HYBRID_CPU_GPU", 1.0)]
+    assert decoder.regions and "hardware, hybrid" in decoder.name and "3 CPU threads" in decoder.name
+
+
+def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):
+    """Each crop decoded by region (only its covering pixels) gives the batch that whole-image decoding gives."""
+    library = standin(torch.device("cpu"), DeviceDecode())
+    by_region = DeviceStage("cpu", 48, "photos", decoder=library)
+    whole = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
+    for batch in packed:
+        got, expected = by_region(batch), whole(batch)
+        assert torch.equal(got.labels, expected.labels)
+        assert (got.images.int() - expected.images.int()).abs().max() <= 1  # Pillow vs torchvision's libjpeg
+    assert nvimgcodec_standin.Decoder.created[-1].calls == [6, 6]  # one batched call per batch
+
+
+def test_none_from_the_library_follows_the_device_paths_rules(standin, packed):
+    """None for bytes the CPU decodes: decoded on the CPU, counted as rejected; None for bytes nothing decodes:
+    on_error."""
+    library = standin(torch.device("cpu"), DeviceDecode())
+    batch = packed[0]
+    first = bytes(batch.data[batch.offsets[0]:batch.offsets[1]].numpy())
+    nvimgcodec_standin.Decoder.created[-1].rejects = lambda data: data == first
+    stage = DeviceStage("cpu", 48, "photos", decoder=library, on_error="skip")
+    with pytest.warns(RuntimeWarning, match="could not decode sample"):
+        made = stage(batch)
+    assert len(made.images) == 6 and made.skipped == [] and stage.policy.rejected == 1
+    assert stage.policy.errors == 0
+    damaged = batch.data.clone()
+    damaged[batch.offsets[1] + 300:batch.offsets[2]] = 0  # the second JPEG's scan wiped
+    from dataclasses import replace
+
+    broken = replace(batch, data=damaged)
+    nvimgcodec_standin.Decoder.created[-1].rejects = lambda data: data == bytes(damaged[batch.offsets[1]:
+                                                                                       batch.offsets[2]].numpy())
+    with pytest.raises(CorruptSampleError, match=batch.keys[1]):
+        DeviceStage("cpu", 48, "photos", decoder=library)(broken)
+
+
+def test_nvimgcodec_is_for_cuda_devices():
+    with pytest.raises(ConfigError, match="needs a CUDA device"):
+        make_decoder(torch.device("cpu"), DeviceDecode(decoder="nvimgcodec"))
+    assert isinstance(make_decoder(torch.device("cpu"), DeviceDecode()), TorchvisionDecoder)
+    with pytest.raises(ConfigError, match="backends"):
+        DeviceDecode(backends=("fast",))
+
+
+def test_a_jpeg_the_library_cannot_decode_by_region_is_decoded_whole_on_the_device(standin, packed):
+    library = standin(torch.device("cpu"), DeviceDecode())
+    made_by = nvimgcodec_standin.Decoder.created[-1]
+    original = made_by._one
+    made_by._one = lambda src, params: None if src.region is not None and made_by.calls == [6] else original(
+        src, params)
+    stage = DeviceStage("cpu", 48, "photos", decoder=library)
+    with pytest.warns(RuntimeWarning, match="by region"):
+        made = stage(packed[0])
+    expected = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))(packed[0])
+    assert stage.policy.whole == 6 and stage.policy.rejected == 0 and made_by.calls[:2] == [6, 6]
+    assert (made.images.int() - expected.images.int()).abs().max() <= 1
