@@ -4,8 +4,8 @@ in an order drawn from (seed, epoch) and split between ranks, with exact resume.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
 import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
