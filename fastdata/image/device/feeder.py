@@ -27,14 +27,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-T = TypeVar("T")
-Reference = Callable[[], T | None]  # weakref.WeakMethod / weakref.ref, or `strong(f)`
-
 import torch
 
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DeviceBatch, DeviceStage
+
+T = TypeVar("T")
+Reference = Callable[[], T | None]  # weakref.WeakMethod / weakref.ref, or `strong(f)`
 
 
 @dataclass(frozen=True)
