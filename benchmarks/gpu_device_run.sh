@@ -29,21 +29,21 @@ python3 -c "from fastdata.image.device.decoders import nvimgcodec_missing as m; 
   2>&1 | tail -1 | tee -a "$OUT/log.txt"
 
 say "cuda-marked tests"
-timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/image > "$OUT/cuda_tests.txt" 2>&1
+timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/image > "$OUT/cuda_tests.txt" 2>&1
 tail -15 "$OUT/cuda_tests.txt" | tee -a "$OUT/log.txt"
 
 if [ "$mode" = quick ]; then
   images=2048; repeats=1; models=resnet18; budget=15
 else
-  images=6144; repeats=2; models=resnet18,resnet50; budget=40
+  images=6144; repeats=2; models=resnet18,resnet50; budget=25
 fi
 say "decode table ($images photos)"
-timeout 240 python3 benchmarks/gpu_check.py --images "$images" --repeats "$([ "$mode" = quick ] && echo 1 || echo 3)" \
+timeout 120 python3 benchmarks/gpu_check.py --images "$images" --repeats "$([ "$mode" = quick ] && echo 1 || echo 3)" \
   --out /tmp/gpu-data --json "$OUT/gpu_check.json" > "$OUT/gpu_check.txt" 2>&1
 tail -14 "$OUT/gpu_check.txt" | tee -a "$OUT/log.txt"
 
 say "training feed ($models, $repeats repeats)"
-timeout 420 python3 benchmarks/gpu_train_feed.py --images "$images" --models "$models" --repeats "$repeats" \
+timeout 280 python3 benchmarks/gpu_train_feed.py --images "$images" --models "$models" --repeats "$repeats" \
   --tune-budget "$budget" --out /tmp/gpu-data --json "$OUT/gpu_train_feed.json" > "$OUT/gpu_train_feed.txt" 2>&1
 tail -25 "$OUT/gpu_train_feed.txt" | tee -a "$OUT/log.txt"
 say "done"
