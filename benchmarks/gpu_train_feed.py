@@ -39,15 +39,16 @@ MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 
 
-def dataset(out: Path, images: int) -> tuple[Path, Path]:
-    """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core)."""
+def dataset(out: Path, images: int, layout: str = "original") -> tuple[Path, Path]:
+    """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core; `layout`
+    "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU)."""
     import fastdata
     from fastdata.tools.sample import cached_sample_imagefolder
 
     src = cached_sample_imagefolder(out, images)
-    lmdb = out / f"sample-{images}.lmdb"
+    lmdb = out / (f"sample-{images}.lmdb" if layout == "original" else f"sample-{images}-{layout}.lmdb")
     if not lmdb.exists():
-        fastdata.convert_imagefolder(src, lmdb, progress=False)
+        fastdata.convert_imagefolder(src, lmdb, progress=False, jpeg_layout=layout)
     return src, lmdb
 
 
@@ -114,9 +115,8 @@ def feed(step: Step, make: Callable[[], Iterable], epochs: int) -> dict[str, flo
         seconds = time.perf_counter() - started
         cores = (cpu_seconds() - cpu) / seconds
     finally:
-        close = getattr(loader, "close_feeder", None)
-        if close is not None:
-            close()
+        if hasattr(loader, "close_feeder"):
+            loader.close_feeder()
         del loader
         wait_for_workers()
     return {"images_per_s": count / seconds, "cores": cores}
@@ -143,7 +143,7 @@ class OnDevice:
                 non_blocking=True)
 
 
-def contenders(src: Path, lmdb: Path, workers: int) -> dict[str, Callable[[], Iterable]]:
+def contenders(src: Path, lmdb: Path, restart: Path, workers: int) -> dict[str, Callable[[], Iterable]]:
     import fastdata
 
     def imagefolder() -> Iterable:
@@ -164,12 +164,14 @@ def contenders(src: Path, lmdb: Path, workers: int) -> dict[str, Callable[[], It
             lmdb, decode="device", num_workers=workers, **common),
         "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
+        "fastdata decode='device', restart layout (all baseline), num_workers=4": lambda: fastdata.loader(
+            restart, decode="device", num_workers=4, **common),
     }
 
 
 def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
-    """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset,
-    256 per batched call, each by its train crop's region as the loader asks for it."""
+    """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset
+    (whole files, as the loader ships them by default), 256 per batched call."""
     import fastdata
     from fastdata.image.device.decoders import DeviceDecode, make_decoder
     from fastdata.image.device.kernels import cover
@@ -186,21 +188,23 @@ def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
         box = np.array([[params.left, params.top, params.width, params.height]])
         regions.append(tuple(int(v) for v in cover(box, np.array([[sample.height, sample.width]]))[0]))
         payloads.append(torch.frombuffer(bytearray(sample.data), dtype=torch.uint8).pin_memory().numpy())
-    use_regions = decoder.regions
+    use_regions = DeviceDecode().regions and decoder.regions  # as the loader asks
     batches = [(payloads[i:i + BATCH], regions[i:i + BATCH] if use_regions else None)
                for i in range(0, len(payloads), BATCH)]
     decoder.decode(*batches[0])
-    rates = []
+    rates, failed = [], 0
     for _ in range(repeats):
         torch.cuda.synchronize()
         started = time.perf_counter()
+        failed = 0
         for chunk, chunk_regions in batches:
             images = decoder.decode(chunk, chunk_regions)
+            failed += sum(image is None for image in images)
         torch.cuda.synchronize()
         rates.append(len(payloads) / (time.perf_counter() - started))
         del images
     return {"decoder": decoder.name, "regions": use_regions, "images_per_s": statistics.median(rates),
-            "spread": max(rates) - min(rates)}
+            "spread": max(rates) - min(rates), "not_decoded": failed}
 
 
 def tune_for_defaults(lmdb: Path, budget_s: float) -> dict:
@@ -229,14 +233,23 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    begun = time.perf_counter()
+
+    def say(*what: object) -> None:
+        print(f"[{time.perf_counter() - begun:.0f}s]", *what, flush=True)
+
     src, lmdb = dataset(out, args.images)
+    _, restart = dataset(out, args.images, "restart")
+    say("datasets ready")
     results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "images": args.images,
                      "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     results["decode_only"] = decode_only(lmdb)
-    print("decode only:", results["decode_only"], flush=True)
+    say("decode only:", results["decode_only"])
+    results["decode_only_restart"] = decode_only(restart)
+    say("decode only, restart layout:", results["decode_only_restart"])
     results["tune"] = tune_for_defaults(lmdb, args.tune_budget)
-    print("tune:", results["tune"], flush=True)
-    makers = contenders(src, lmdb, args.workers)
+    say("tune:", results["tune"])
+    makers = contenders(src, lmdb, restart, args.workers)
     for model in args.models.split(","):
         step = Step(model)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in makers}
@@ -246,8 +259,8 @@ def main() -> None:
             for name in order:
                 measured = feed(step, makers[name], args.epochs)
                 rows[name].append(measured)
-                print(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s, "
-                      f"{measured['cores']:.1f} cores", flush=True)
+                say(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s, "
+                    f"{measured['cores']:.1f} cores")
         results[model] = {"ceiling": top, "rows": rows}
         del step
         torch.cuda.empty_cache()
@@ -257,11 +270,12 @@ def main() -> None:
 
 
 def print_table(results: dict, models: list[str]) -> None:
-    decode = results["decode_only"]
     print(f"\n{results['machine']}, {results['cores']} cores, {results['images']} sample photos, batch {BATCH}, "
           f"torch {results['torch']}")
-    print(f"decoder alone: {decode['decoder']} {'by region' if decode['regions'] else 'whole'}: "
-          f"{decode['images_per_s']:,.0f} img/s (spread {decode['spread']:,.0f})")
+    for key, what in (("decode_only", "original files"), ("decode_only_restart", "restart layout")):
+        decode = results[key]
+        print(f"decoder alone, {what}: {decode['decoder']}: {decode['images_per_s']:,.0f} img/s (spread "
+              f"{decode['spread']:,.0f}; {decode['not_decoded']} not decoded)")
     print(f"fastdata tune --device cuda: {results['tune']['seconds']:.0f} s, chose decode="
           f"{results['tune']['decode']!r} ({results['tune']['by_decode']})")
     print("| model | loader | img/s (median) | spread | of ceiling | host cores |")

@@ -155,6 +155,12 @@ def search(measure: Callable[[Point], Measured], *, max_workers: int, budget_s: 
             f"{_percent(measured.data_wait)} ({measured.seconds:.1f} s)")
         return measured
 
+    decodes = list(decodes)
+    if len(decodes) > 1:
+        # where to decode is the first question: each placement once at the most workers, then the faster one's
+        # worker count is searched first, so that a short budget still measured every placement
+        first = {d: run(Point(max_workers, prefetch[0], d)) for d in decodes}
+        decodes.sort(key=lambda d: -(first[d].images_per_s if first[d] is not None else 0.0))
     for decode in decodes:
         climbed = _climb(run, result, ladder(max_workers), prefetch[0], decode, wait_floor)
         if climbed:

@@ -235,7 +235,10 @@ def test_a_failed_call_with_a_stream_no_decoder_takes_is_a_damaged_sample_not_a_
     ds, _ = val_photos
     samples = [ds.encoded(i) for i in range(8)]
     victim = next(s for s in samples if s.codec == 0)
-    victim.data = victim.data[:victim.data.index(b"\xff\xda") + 20]  # cut inside the scan; the header is intact
+    # a Huffman table with more codes than there are symbols: the frame header and end marker are intact, so the
+    # worker ships it to the device; no decoder can decode it
+    table = victim.data.index(b"\xff\xc4") + 5
+    victim.data = victim.data[:table] + b"\xff" * 16 + victim.data[table + 16:]
     packed = pack_encoded(ds.pipeline, samples, 0)
     assert not packed.worker_decoded[samples.index(victim)]
     with pytest.raises(CorruptSampleError, match=victim.key):
@@ -246,6 +249,19 @@ def test_a_failed_call_with_a_stream_no_decoder_takes_is_a_damaged_sample_not_a_
         made = stage(packed)
     assert [key for key, _ in made.skipped] == [victim.key] and len(made.images) == len(made.labels) == 7
     assert stage.policy.errors == 0 and stage.policy.rejected == 0 and device_warnings(record) == []
+
+
+def test_a_truncated_jpeg_is_decoded_in_the_worker_and_follows_on_error_there(val_photos):
+    """GPU decoders conceal a truncated scan (grey rows) where libjpeg reports it: a file cut short (no end marker
+    after its last scan) stays with the worker, whose decode follows on_error as on the worker path."""
+    ds, _ = val_photos
+    samples = [ds.encoded(i) for i in range(8)]
+    victim = next(s for s in samples if s.codec == 0)
+    victim.data = victim.data[:victim.data.index(b"\xff\xda") + 200]
+    packed = pack_encoded(ds.pipeline, samples, 0, on_error="skip")
+    assert [key for key, _ in packed.skipped] == [victim.key] and victim.key not in packed.keys
+    with pytest.raises(CorruptSampleError, match=victim.key):
+        pack_encoded(ds.pipeline, samples, 0)
 
 
 def test_device_errors_in_consecutive_batches_raise(val_photos):

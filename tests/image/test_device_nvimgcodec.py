@@ -52,10 +52,27 @@ def test_the_options_reach_the_library(standin):
     assert decoder.regions and "hardware, hybrid" in decoder.name and "3 CPU threads" in decoder.name
 
 
+def test_baseline_jpegs_go_to_the_hardware_engines_and_the_rest_to_the_other_backends(standin, packed):
+    library = standin(torch.device("cpu"), DeviceDecode())  # hardware + hybrid, no load hint: two routes
+    hardware, other = nvimgcodec_standin.Decoder.created[-2:]
+    assert [b.backend_kind.name for b in hardware.backends] == ["HW_GPU_ONLY"]
+    assert [b.backend_kind.name for b in other.backends] == ["HYBRID_CPU_GPU"]
+    assert "baseline: hardware; others: hybrid" in library.name
+    progressive = [b"\xff\xc2" in bytes(batch.data[batch.offsets[i]:batch.offsets[i + 1]].numpy())
+                   for batch in packed for i in range(len(batch))]
+    assert any(progressive) and not all(progressive)  # the sample holds both kinds
+    whole = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
+    stage = DeviceStage("cpu", 48, "photos", decoder=library)
+    for batch in packed:
+        assert (stage(batch).images.int() - whole(batch).images.int()).abs().max() <= 1
+    assert sum(hardware.calls) == len(progressive) - sum(progressive) and sum(other.calls) == sum(progressive)
+    assert stage.policy.rejected == 0 and stage.policy.errors == 0
+
+
 def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):
     """Each crop decoded by region (only its covering pixels) gives the batch that whole-image decoding gives."""
-    library = standin(torch.device("cpu"), DeviceDecode())
-    by_region = DeviceStage("cpu", 48, "photos", decoder=library)
+    library = standin(torch.device("cpu"), DeviceDecode(backends=("hybrid",)))
+    by_region = DeviceStage("cpu", 48, "photos", decoder=library, regions=True)
     whole = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     for batch in packed:
         got, expected = by_region(batch), whole(batch)
@@ -67,7 +84,7 @@ def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):
 def test_none_from_the_library_follows_the_device_paths_rules(standin, packed):
     """None for bytes the CPU decodes: decoded on the CPU, counted as rejected; None for bytes nothing decodes:
     on_error."""
-    library = standin(torch.device("cpu"), DeviceDecode())
+    library = standin(torch.device("cpu"), DeviceDecode(backends=("hybrid",)))
     batch = packed[0]
     first = bytes(batch.data[batch.offsets[0]:batch.offsets[1]].numpy())
     nvimgcodec_standin.Decoder.created[-1].rejects = lambda data: data == first
@@ -96,12 +113,12 @@ def test_nvimgcodec_is_for_cuda_devices():
 
 
 def test_a_jpeg_the_library_cannot_decode_by_region_is_decoded_whole_on_the_device(standin, packed):
-    library = standin(torch.device("cpu"), DeviceDecode())
+    library = standin(torch.device("cpu"), DeviceDecode(backends=("hybrid",)))
     made_by = nvimgcodec_standin.Decoder.created[-1]
     original = made_by._one
     made_by._one = lambda src, params: None if src.region is not None and made_by.calls == [6] else original(
         src, params)
-    stage = DeviceStage("cpu", 48, "photos", decoder=library)
+    stage = DeviceStage("cpu", 48, "photos", decoder=library, regions=True)
     with pytest.warns(RuntimeWarning, match="by region"):
         made = stage(packed[0])
     expected = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))(packed[0])

@@ -135,6 +135,26 @@ def test_every_decode_placement_gets_its_own_climb():
     assert found.best("worker").point == Point(3, 2, "worker")
 
 
+def test_a_short_budget_still_measures_every_decode_placement_first():
+    """Where to decode is measured before how many workers: each placement at the most workers first, then the
+    faster placement's climb (a budget spent climbing the first placement never measured the device)."""
+    asked: list[Point] = []
+
+    def measure(point: Point) -> Measured:
+        asked.append(point)
+        rate = {"worker": 100.0 * point.num_workers, "device": 2000.0}[point.decode]
+        return Measured(point, rate, 0.5, 10.0)
+
+    found = search(measure, max_workers=16, budget_s=35, decodes=("worker", "device"), prefetch=(2,))
+    assert asked[:2] == [Point(16, 2, "worker"), Point(16, 2, "device")]
+    assert asked[2].decode == "device"  # the faster placement is searched next
+    assert found.choice.point.decode == "device" and set(found_decodes(found)) == {"worker", "device"}
+
+
+def found_decodes(found) -> list[str]:
+    return [m.point.decode for m in found.points()]
+
+
 # ----------------------------------------------------------------------------------- stored, reused by "auto"
 
 

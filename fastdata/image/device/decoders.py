@@ -38,7 +38,10 @@ class DeviceDecode:
     only; "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"), the share of each batch offered
     to the hardware engines (`hardware_load`, 0..1; None: nvImageCodec's own balance), the CPU threads
     nvImageCodec may use (`cpu_threads`; it would otherwise take all cores but one, which the workers need), and
-    `regions`: decode only each crop's covering pixels where the decoder can (nvImageCodec). `slots`: the output
+    `regions`: decode only each crop's covering pixels where the decoder can (nvImageCodec; off by default:
+    nvImageCodec 0.9's hardware and hybrid backends do not decode these regions, see
+    fastdata.image.device.nvimgcodec). With "hardware" and another backend and no `hardware_load`, baseline JPEGs
+    go to the hardware engines and the rest to the other backends (two decoders). `slots`: the output
     batches preallocated on the device (fastdata.image.device.ring): the one in use, the one before it, and the
     rest made ahead of the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its
     sub-JPEG once the decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
@@ -48,7 +51,7 @@ class DeviceDecode:
     backends: tuple[str, ...] = ("hardware", "hybrid")
     hardware_load: float | None = None
     cpu_threads: int = 4
-    regions: bool = True
+    regions: bool = False
     slots: int = 4
     sub_jpegs: bool = True
 

@@ -63,9 +63,10 @@ class SubJpegSwitch:
 def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
     """Whether the device decoder takes `sample`: a JPEG of codec CODEC_CV_JPEG (greyscale or YCbCr) that is
     8-bit baseline or progressive Huffman-coded with a chroma subsampling nvjpeg knows (read from its frame
-    header), and whose header says no more than `max_pixels` pixels. Everything else (PNG, CMYK, arithmetic-coded
-    or lossless JPEGs, unusual subsampling, a damaged header, a header over the limit, which the worker then
-    refuses before decoding) goes to the worker."""
+    header), whose header says no more than `max_pixels` pixels, and which is `complete`. Everything else (PNG,
+    CMYK, arithmetic-coded or lossless JPEGs, unusual subsampling, a damaged header, a header over the limit, which
+    the worker then refuses before decoding; a truncated file, which the worker's decoder reports) goes to the
+    worker."""
     if sample.codec != CODEC_CV_JPEG:
         return False
     frame = read_frame(sample.data)
@@ -73,10 +74,20 @@ def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
         return False
     if max_pixels is not None and frame.width * frame.height > max_pixels:
         return False
+    if not complete(sample.data):
+        return False
     if len(frame.sampling) == 1:
         return True
     return (len(frame.sampling) == 3 and frame.sampling[1] == frame.sampling[2] == (1, 1)
             and frame.sampling[0] in _DEVICE_LUMA_SAMPLING)
+
+
+def complete(data: bytes) -> bool:
+    """Whether the JPEG's last scan is followed by its end marker (EOI): a file cut short is not. GPU decoders
+    conceal a truncated scan (the missing rows come out grey) where libjpeg reports it, so such files go to the
+    worker, whose decode follows on_error as on the worker path. (An EXIF thumbnail's own scan and EOI come before
+    the image's scan, so they do not count.)"""
+    return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") >= 0
 
 
 def ship_sub_jpeg(sample: EncodedSample, params: CropParams) -> Shipped | None:
