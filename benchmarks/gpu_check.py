@@ -53,7 +53,8 @@ def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]
 
 
 def configurations() -> dict[str, object]:
-    from fastdata.image.device.decoders import DeviceDecode, TorchvisionDecoder, nvimgcodec_missing
+    from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missing
+    from fastdata.image.device.options import DeviceDecode
 
     found: dict[str, object] = {"torchvision decode_jpeg (nvjpeg)": TorchvisionDecoder(torch.device("cuda"))}
     if nvimgcodec_missing():

@@ -98,28 +98,46 @@ def cpu_seconds() -> float:
     return total
 
 
-def feed(step: Step, make: Callable[[], Iterable], epochs: int) -> dict[str, float]:
-    """Images/s of `step` fed by the loader `make()` makes, over `epochs` whole epochs after one warm-up epoch,
-    and the host cores the process and its workers used meanwhile (the training thread included)."""
+def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4) -> dict[str, float]:
+    """Images/s of `step` fed by the loader `make()` makes, over `epochs` whole epochs after one warm-up epoch;
+    the same without the first `settle` batches of each epoch (the steady state, from CUDA events recorded after
+    each step: no synchronisation in the loop); the host cores the process and its workers used meanwhile (the
+    training thread included); and, on the device path, the feeder's host milliseconds per batch by part."""
     loader = make()
     try:
         for images, labels in loader:  # warm-up: workers, decoder, cuDNN's choice for this shape
             step(images, labels)
         torch.cuda.synchronize()
+        stage = getattr(loader, "_stage", None)
+        before = dict(stage.timings) if stage is not None else None
         cpu, started, count = cpu_seconds(), time.perf_counter(), 0
+        marks: list[list[tuple[torch.cuda.Event, int]]] = []
         for _ in range(epochs):
+            marks.append([])
             for images, labels in loader:
                 step(images, labels)
                 count += len(labels)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                marks[-1].append((event, len(labels)))
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         cores = (cpu_seconds() - cpu) / seconds
+        steady_images = sum(n for epoch in marks for _, n in epoch[settle + 1:])
+        steady_seconds = sum(epoch[settle][0].elapsed_time(epoch[-1][0]) / 1000 for epoch in marks
+                             if len(epoch) > settle + 1)
+        measured = {"images_per_s": count / seconds, "steady_images_per_s": steady_images / steady_seconds,
+                    "cores": cores}
+        if stage is not None:
+            batches = stage.timings["batches"] - before["batches"]
+            measured.update({f"feeder_{part}_ms": 1000 * (stage.timings[part] - before[part]) / batches
+                             for part in ("decode", "resize", "other")})
     finally:
         if hasattr(loader, "close_feeder"):
             loader.close_feeder()
         del loader
         wait_for_workers()
-    return {"images_per_s": count / seconds, "cores": cores}
+    return measured
 
 
 def wait_for_workers(timeout: float = 30.0) -> None:
@@ -173,8 +191,9 @@ def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
     """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset
     (whole files, as the loader ships them by default), 256 per batched call."""
     import fastdata
-    from fastdata.image.device.decoders import DeviceDecode, make_decoder
+    from fastdata.image.device.decoders import make_decoder
     from fastdata.image.device.kernels import cover
+    from fastdata.image.device.options import DeviceDecode
     from fastdata.order.epoch import sample_rng
 
     ds = fastdata.dataset(lmdb, "train", image_size=224)
@@ -259,8 +278,11 @@ def main() -> None:
             for name in order:
                 measured = feed(step, makers[name], args.epochs)
                 rows[name].append(measured)
-                say(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s, "
-                    f"{measured['cores']:.1f} cores")
+                feeder = (f"; feeder ms/batch: decode {measured['feeder_decode_ms']:.1f}, resize "
+                          f"{measured['feeder_resize_ms']:.1f}, other {measured['feeder_other_ms']:.1f}"
+                          if "feeder_decode_ms" in measured else "")
+                say(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s (steady "
+                    f"{measured['steady_images_per_s']:,.0f}), {measured['cores']:.1f} cores{feeder}")
         results[model] = {"ceiling": top, "rows": rows}
         del step
         torch.cuda.empty_cache()
@@ -278,17 +300,19 @@ def print_table(results: dict, models: list[str]) -> None:
               f"{decode['spread']:,.0f}; {decode['not_decoded']} not decoded)")
     print(f"fastdata tune --device cuda: {results['tune']['seconds']:.0f} s, chose decode="
           f"{results['tune']['decode']!r} ({results['tune']['by_decode']})")
-    print("| model | loader | img/s (median) | spread | of ceiling | host cores |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| model | loader | img/s, whole epochs (median) | spread | of ceiling | steady state | of ceiling | "
+          "host cores |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for model in models:
         top = results[model]["ceiling"]
-        print(f"| {model} | synthetic ceiling (batch kept on the GPU) | {top:,.0f} | | 100% | |")
+        print(f"| {model} | synthetic ceiling (batch kept on the GPU) | {top:,.0f} | | 100% | | | |")
         for name, runs in results[model]["rows"].items():
             rates = [r["images_per_s"] for r in runs]
             rate = statistics.median(rates)
+            steady = statistics.median(r["steady_images_per_s"] for r in runs)
             cores = statistics.median(r["cores"] for r in runs)
             print(f"| {model} | {name} | {rate:,.0f} | {max(rates) - min(rates):,.0f} | {rate / top:.0%} | "
-                  f"{cores:.1f} |")
+                  f"{steady:,.0f} | {steady / top:.0%} | {cores:.1f} |")
 
 
 if __name__ == "__main__":

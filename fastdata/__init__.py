@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.converters.pairs import convert_pairs
     from fastdata.converters.text import convert_text
     from fastdata.converters.webdataset import convert_webdataset
-    from fastdata.image.device.decoders import DeviceDecode
+    from fastdata.image.device.options import DeviceDecode
     from fastdata.loader import dataset, loader
     from fastdata.loader.mixing import mix
     from fastdata.meter.loop import meter
@@ -37,7 +37,7 @@ _PUBLIC: dict[str, str] = {
     "convert_pairs": "fastdata.converters.pairs",
     "convert_text": "fastdata.converters.text",
     "convert_webdataset": "fastdata.converters.webdataset",
-    "DeviceDecode": "fastdata.image.device.decoders",
+    "DeviceDecode": "fastdata.image.device.options",
     "dataset": "fastdata.loader",
     "loader": "fastdata.loader",
     "meter": "fastdata.meter.loop",

@@ -20,8 +20,9 @@ from fastdata.image.batch import EncodedSample
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
-from fastdata.image.device.decoders import DeviceDecode, make_decoder
+from fastdata.image.device.decoders import make_decoder
 from fastdata.image.device.feeder import DeviceFeeder, PassKey
+from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.probes import sub_jpeg_failure, warn_whole_files
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.ship import DECODE_MODES, SubJpegSwitch

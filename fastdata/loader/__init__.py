@@ -18,7 +18,7 @@ from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
-from fastdata.image.device.decoders import DeviceDecode
+from fastdata.image.device.options import DeviceDecode
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.loader.mixing import mixed_loader
 from fastdata.loader.tuning import Tuned, dataset_root, loader_key, measured_decode, resolve_auto, tune_files

@@ -16,6 +16,7 @@ class GpuUse:
     util_percent: float
     memory_used_mb: float
     memory_total_mb: float
+    jpeg_util_percent: float | None = None  # the JPEG engines (NVJPG), where NVML exposes them
 
 
 @dataclass
@@ -68,10 +69,22 @@ class Nvml:
             try:
                 util = self._nv.nvmlDeviceGetUtilizationRates(handle)
                 memory = self._nv.nvmlDeviceGetMemoryInfo(handle)
-                out.append(GpuUse(float(util.gpu), memory.used / 2**20, memory.total / 2**20))
+                out.append(GpuUse(float(util.gpu), memory.used / 2**20, memory.total / 2**20,
+                                  self._jpeg_util(handle)))
             except Exception:
                 out.append(None)
         return out
+
+    def _jpeg_util(self, handle: Any) -> float | None:
+        """The JPEG engines' utilisation (percent), None where this NVML or GPU has none."""
+        read = getattr(self._nv, "nvmlDeviceGetJpgUtilization", None)
+        if read is None:
+            return None
+        try:
+            value = read(handle)
+        except Exception:  # NVML_ERROR_NOT_SUPPORTED on GPUs without JPEG engines
+            return None
+        return float(value[0] if isinstance(value, tuple | list) else value)
 
     def facts(self) -> GpuFacts:
         """Driver version, the CUDA version it supports, and each GPU's name, capability, memory and NVLinks."""

@@ -257,6 +257,8 @@ class Meter(Generic[T]):
         self._seconds_done = 0.0  # seconds of finished passes
         self._pass_started: float | None = None
         self._first_batch_s: float | None = None
+        self._passes = 0  # passes begun
+        self._epoch_starts: list[float] = []  # the first batch's wait of each pass after the first (seconds)
         self._warm: tuple[float, int, int, float] | None = None  # (measured s, steps, samples, wait) at warm-up end
         self._stages_start: StageTimes | None = None
         self._log_mark: tuple[float, int, int, float] | None = None
@@ -311,6 +313,7 @@ class Meter(Generic[T]):
         if self._sampler is not None:
             self._sampler.start()
         t0 = self._pass_started = perf()
+        self._passes += 1
         try:
             iterator = iter(self.iterable)
             while True:
@@ -340,6 +343,8 @@ class Meter(Generic[T]):
                     self._mark_warm(t1)
                 if self._first_batch_s is None:
                     self._first_batch_s = t1 - self._pass_started
+                elif first_in_pass:
+                    self._epoch_starts.append(t1 - t0)
                 if log_every and counts.steps % log_every == 0:
                     self._log_line(t1)
                 first_in_pass = False
@@ -443,7 +448,8 @@ class Meter(Generic[T]):
         report = build_report(steps=c.steps, samples=c.samples if c.samples_known else None, seconds=seconds,
                               first_batch_s=self._first_batch_s, window=window, system=system, stages=stages,
                               loader=self._facts, cuda=self._cuda is not None,
-                              timeline=self._timeline.as_dict())
+                              timeline=self._timeline.as_dict(), epoch_starts=self._epoch_starts,
+                              total_wait_s=c.wait)
         if self._tracer is not None:
             report.trace = str(self._tracer.path)
         wanted = self._ranks_wanted if ranks is None else ranks

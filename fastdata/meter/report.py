@@ -17,10 +17,13 @@ INPUT_BOUND_AT = 0.30  # data wait fraction from which the loop is input-bound
 COMPUTE_BOUND_BELOW = 0.10  # ... and below which it is compute-bound (balanced in between)
 SATURATED_AT = 85.0  # CPU busy percent from which the machine has no core to spare
 CONTENDED_SHARE = 0.25  # other processes' share of the machine's cores from which they slow a saturated job
+MAIN_WALL_CORES = 0.85  # the training process's cores from which it is the wall (one Python thread at work) ...
+IDLE_WORKERS_SHARE = 0.3  # ... while its workers use less than this share of a core each
 VERDICTS = ("input-bound", "compute-bound", "cpu-contended", "balanced", "no steps measured")
 NO_STEPS = "no steps measured"
 _STAGE_WORDS = {"read": "reading from storage", "decode": "decoding", "augment": "augmentation",
-                "collate": "collating batches", "transfer": "pinning / transfer"}
+                "collate": "collating batches", "transfer": "pinning / transfer",
+                "device": "the device feeder (decode and crop on the device)"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class LoaderFacts:
     batch_size: int | None = None
     dataset: str | None = None
     folder_of_files: bool = False  # torchvision ImageFolder / DatasetFolder: one file per sample
+    decode: str | None = None  # a fastdata image loader's decode placement: "worker" or "device"
 
     @classmethod
     def of(cls, obj: Any) -> LoaderFacts:
@@ -41,7 +45,7 @@ class LoaderFacts:
             fmt = getattr(getattr(obj.dataset, "manifest", None), "format", None)
             return cls("fastdata.loader", type(obj).__name__, getattr(obj, "num_workers", None),
                        getattr(obj, "pin_memory", None), getattr(obj, "batch_size", None),
-                       f"fastdata {fmt}" if fmt else None)
+                       f"fastdata {fmt}" if fmt else None, decode=getattr(obj, "decode", None))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.utils.data.DataLoader):
             data = obj.dataset
@@ -94,6 +98,7 @@ class MeterReport:
     loader: dict[str, Any] = field(default_factory=dict)
     timeline: dict[str, Any] = field(default_factory=dict)
     trace: str | None = None  # the trace file written (`trace=`), this rank's
+    epoch_starts: dict[str, Any] | None = None  # passes after the first: their first batch's wait
     ranks: dict[str, Any] | None = None  # every rank's data wait and the straggler (`fastdata.meter.ranks`)
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +111,8 @@ class MeterReport:
 
 def build_report(*, steps: int, samples: int | None, seconds: float, first_batch_s: float | None, window: Window,
                  system: dict[str, Any] | None, stages: StageTimes | None, loader: LoaderFacts, cuda: bool,
-                 timeline: dict[str, Any]) -> MeterReport:
+                 timeline: dict[str, Any], epoch_starts: list[float] | None = None,
+                 total_wait_s: float = 0.0) -> MeterReport:
     """Assemble the report from what the meter measured."""
     on_gpu = window.gpu_seconds is not None and window.gpu_seconds > 0
     if on_gpu:
@@ -121,6 +127,9 @@ def build_report(*, steps: int, samples: int | None, seconds: float, first_batch
         host = window.host_wait_s / window.seconds if window.seconds > 0 else 0.0
         reasons.append(f"timed on the GPU with CUDA events: the GPU sat idle waiting for data {fraction:.0%} of "
                        f"the time (the host waited {host:.0%})")
+    starts = _epoch_starts(epoch_starts or [], total_wait_s)
+    if starts is not None:
+        reasons.append(starts["line"])
     return MeterReport(
         steps=steps, samples=samples, seconds=round(seconds, 6),
         samples_per_s=_rate(window.samples, window.seconds),
@@ -130,7 +139,20 @@ def build_report(*, steps: int, samples: int | None, seconds: float, first_batch
         first_batch_s=None if first_batch_s is None else round(first_batch_s, 6),
         measured_steps=window.steps, measured_seconds=round(window.seconds, 6), warmup_steps=window.warmup_steps,
         timed_on="cuda-events" if on_gpu else "host", host_data_wait_s=round(window.host_wait_s, 6),
-        stages=stage_dict, loader=asdict(loader), timeline=timeline)
+        stages=stage_dict, loader=asdict(loader), timeline=timeline, epoch_starts=starts)
+
+
+def _epoch_starts(waits: list[float], total_wait_s: float) -> dict[str, Any] | None:
+    """The waits for the first batch of each pass after the first (the epoch-start stalls), on their own line."""
+    if not waits:
+        return None
+    share = sum(waits) / total_wait_s if total_wait_s > 0 else 0.0
+    mean, longest = sum(waits) / len(waits), max(waits)
+    line = (f"epoch starts: {len(waits)} later pass{'es' if len(waits) > 1 else ''} began after a wait of "
+            f"{mean:.2f} s{' on average' if len(waits) > 1 else ''}"
+            f"{f' (longest {longest:.2f} s)' if len(waits) > 1 else ''}, {share:.0%} of all data wait")
+    return {"passes": len(waits), "mean_s": round(mean, 6), "max_s": round(longest, 6),
+            "share_of_wait": round(share, 4), "line": line}
 
 
 def _rate(count: int | None, seconds: float) -> float | None:
@@ -180,11 +202,14 @@ def diagnose(*, steps: int, wait_fraction: float, wait_s: float, seconds: float,
     reasons = ["; ".join(facts) + ": " + cause]
     if stages:
         share = sorted(stages["share"].items(), key=lambda kv: -kv[1])
-        reasons.append("worker time by stage: " + ", ".join(f"{k} {v:.0%}" for k, v in share)
-                       + f" (of {stages['worker_seconds']:.2f} worker-seconds)")
+        reasons.append("loader time by stage: " + ", ".join(f"{k} {v:.0%}" for k, v in share if v > 0)
+                       + f" (of {stages['worker_seconds']:.2f} seconds: the workers' stages summed over workers"
+                       + ("; device: the feeder thread" if stages["share"].get("device") else "") + ")")
     gpu = sysf.get("gpu_util_percent")
     if gpu is not None:
-        reasons.append(f"GPU {gpu:.0f}% busy on average")
+        jpeg = sysf.get("gpu_jpeg_util_percent")
+        reasons.append(f"GPU {gpu:.0f}% busy on average" + (f"; its JPEG engines {jpeg:.0f}%" if jpeg is not None
+                                                             else ""))
     elif system is not None:
         why = sysf.get("unavailable", {}).get("gpu_util_percent")
         if why:
@@ -229,6 +254,8 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
                                                                   if wall == "read" else "")
     if wall == "transfer" and share >= 0.4:
         return "transfer", f"pinning / transfer is the bottleneck{of_worker_time}"
+    if wall == "device" and share >= 0.4:
+        return "device", f"{_STAGE_WORDS['device']} is the bottleneck ({share:.0%} of the loader's time)"
     contended = _contention(sysf, cores)
     if contended:
         return "contention", f"the CPU is saturated, mostly by others: {contended}"
@@ -237,6 +264,12 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
             return wall, f"{_STAGE_WORDS[wall]} is the bottleneck{of_worker_time}"
         if not in_process:
             return "decode", "decoding and augmenting on the CPU is the bottleneck (the CPU is saturated)"
+    if (not in_process and workers and main is not None and main >= MAIN_WALL_CORES and used is not None
+            and used < IDLE_WORKERS_SHARE * workers):
+        where = ("its device feeder (decode=\"device\") runs there beside the step"
+                 if loader.decode == "device" else "the step's own host work runs there")
+        return "main-process", (f"the training process is the wall: it used {main:.1f} cores (about one Python "
+                                f"thread's worth) while {workers} workers used {used:.1f}: {where}")
     if in_process:
         if main is not None and main < 0.5:
             return "other", (f"the training process itself was mostly idle ({main:.1f} cores) while it waited: "
@@ -307,8 +340,9 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
             out.append(convert)
         if cause == "decode":
             out.append(shrink)
-            if cuda:
-                out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`")
+            if cuda and loader.decode != "device":
+                out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`, or let `fastdata tune "
+                           "--device cuda` measure both placements for `decode=\"auto\"`")
         if cause == "augment":
             out.append("use a cheaper augmentation, or do it on the GPU on uint8 batches")
         if cause == "collate":
@@ -322,6 +356,17 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
         else:
             out.append("make batches in worker processes ahead of the step: a DataLoader with num_workers > 0, or "
                        "`fastdata.loader(...)`")
+    elif cause == "device":
+        out.append("decode in the workers (`decode=\"worker\"`) if they have the cores, or let `fastdata tune "
+                   "--device cuda` measure both placements for `decode=\"auto\"`; install nvImageCodec "
+                   "(`pip install 'fastdata[gpu-cu13]'`) if `loader.device_decoder` names torchvision")
+    elif cause == "main-process":
+        if loader.decode == "device":
+            out.append("decode in the workers (`decode=\"worker\"`), or let `fastdata tune --device cuda` measure "
+                       "both placements for `decode=\"auto\"`: the feeder shares the training process's GIL")
+        else:
+            out.append("move host work out of the training loop (into the loader's workers or onto the device); "
+                       "torch.compile or CUDA graphs cut the step's own Python and launch overhead")
     elif cause == "contention":
         out.append("run the job where it has the cores to itself, or lower what else runs on this machine")
     elif cause == "workers":
@@ -384,7 +429,7 @@ def _system_line(s: dict[str, Any]) -> str:
     parts = [f"CPU {fmt('cpu_percent', '{:.0f}%')} of {s.get('cores')} cores",
              f"iowait {fmt('iowait_percent', '{:.0f}%')}",
              f"disk {fmt('disk_read_mb_s', '{:.1f} MB/s')}",
-             f"RSS {fmt('rss_mb', '{:,.0f} MB')}",
+             f"memory {fmt('rss_mb', '{:,.0f} MB')} (main RSS + workers' USS)",
              f"workers {fmt('workers_cpu_cores', '{:.1f} cores')}",
              f"other processes {fmt('others_cpu_cores', '{:.1f} cores')}",
              f"GPU {fmt('gpu_util_percent', '{:.0f}%')}"]

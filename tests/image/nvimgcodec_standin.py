@@ -75,8 +75,7 @@ class Image:
 
 
 class Decoder:
-    """Decodes with Pillow; `rejects(data)` (set by a test) makes it return None for chosen bytes, and a decoder
-    of the hardware backend alone returns None for what is not baseline, as the real engines do."""
+    """Decodes with Pillow; `rejects(data)` (set by a test) makes it return None for chosen bytes."""
 
     created: ClassVar[list[Decoder]] = []
 
@@ -95,9 +94,6 @@ class Decoder:
     def _one(self, src: CodeStream, params: DecodeParams | None) -> Image | None:
         if self.rejects(src.data):
             return None
-        kinds = {b.backend_kind for b in self.backends or []}
-        if kinds == {BackendKind.HW_GPU_ONLY} and b"\xff\xc0" not in src.data[:src.data.find(b"\xff\xda")]:
-            return None  # the hardware engines take baseline JPEGs only
         try:
             with PILImage.open(io.BytesIO(src.data)) as opened:
                 array = np.asarray(opened.convert("RGB"))

@@ -9,7 +9,8 @@ import torch
 
 import fastdata
 from fastdata.errors import DeviceDecodeError
-from fastdata.image.device.decoders import DeviceDecode, TorchvisionDecoder, nvimgcodec_missing
+from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missing
+from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.tools.sample import make_sample_imagefolder

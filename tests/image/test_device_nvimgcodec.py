@@ -12,7 +12,8 @@ import torch
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.image.device.decoders import DeviceDecode, TorchvisionDecoder, make_decoder
+from fastdata.image.device.decoders import TorchvisionDecoder, make_decoder
+from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.tools.sample import make_sample_imagefolder
@@ -50,23 +51,6 @@ def test_the_options_reach_the_library(standin):
     assert [(b.backend_kind.name, b.load_hint) for b in made.backends] == [("HW_GPU_ONLY", 0.7),
                                                                           ("HYBRID_CPU_GPU", 1.0)]
     assert decoder.regions and "hardware, hybrid" in decoder.name and "3 CPU threads" in decoder.name
-
-
-def test_baseline_jpegs_go_to_the_hardware_engines_and_the_rest_to_the_other_backends(standin, packed):
-    library = standin(torch.device("cpu"), DeviceDecode())  # hardware + hybrid, no load hint: two routes
-    hardware, other = nvimgcodec_standin.Decoder.created[-2:]
-    assert [b.backend_kind.name for b in hardware.backends] == ["HW_GPU_ONLY"]
-    assert [b.backend_kind.name for b in other.backends] == ["HYBRID_CPU_GPU"]
-    assert "baseline: hardware; others: hybrid" in library.name
-    progressive = [b"\xff\xc2" in bytes(batch.data[batch.offsets[i]:batch.offsets[i + 1]].numpy())
-                   for batch in packed for i in range(len(batch))]
-    assert any(progressive) and not all(progressive)  # the sample holds both kinds
-    whole = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
-    stage = DeviceStage("cpu", 48, "photos", decoder=library)
-    for batch in packed:
-        assert (stage(batch).images.int() - whole(batch).images.int()).abs().max() <= 1
-    assert sum(hardware.calls) == len(progressive) - sum(progressive) and sum(other.calls) == sum(progressive)
-    assert stage.policy.rejected == 0 and stage.policy.errors == 0
 
 
 def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):

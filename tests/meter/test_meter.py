@@ -245,7 +245,7 @@ def test_fastdata_loader_per_stage_attribution(solid_lmdb, workers):
     assert stages["seconds"]["collate"] > 0 and stages["seconds"]["augment"] > 0
     assert stages["seconds"]["transfer"] == 0  # nothing pinned
     assert sum(stages["share"].values()) == pytest.approx(1.0, abs=1e-3)
-    assert any(reason.startswith("worker time by stage") for reason in r.reasons)
+    assert any(reason.startswith("loader time by stage") for reason in r.reasons)
     assert "stages" in str(r)
     if workers:  # the sampler found the worker processes and their CPU time
         assert r.system["workers"] >= workers and r.system["workers_cpu_cores"] > 0
@@ -258,7 +258,8 @@ def test_torch_dataloader_facts():
     run(m, 0.0)
     r = m.report()
     assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
-                        "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False}
+                        "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False,
+                        "decode": None}
     assert r.samples == 10 and r.stages is None
 
 
@@ -317,7 +318,7 @@ def test_diagnose_names_the_stage_that_is_the_wall():
     _, reasons, suggestions = judge(0.7, system(cpu_percent=97.0, workers_cpu_cores=7.8), loader=FASTDATA,
                                     stage=stages(read=0.05, decode=0.7, augment=0.15, collate=0.1))
     assert reasons[0].endswith("decoding is the bottleneck (70% of worker time)")
-    assert reasons[1].startswith("worker time by stage: decode 70%, augment 15%, collate 10%, read 5%")
+    assert reasons[1].startswith("loader time by stage: decode 70%, augment 15%, collate 10%, read 5%")
     assert not any("fastdata convert imagefolder SRC" in s for s in suggestions)  # already packed
     assert any("--max-size" in s for s in suggestions)
 
@@ -462,3 +463,86 @@ def test_a_loop_slowed_by_other_processes_is_reported_as_such(cpu_hogs):
     assert "other processes took" in r.reasons[0]
     assert not any("mixed precision" in s for s in r.suggestions)
     assert "other processes" in str(r)
+
+
+# ------------------------------------------------------------------------------ the device path (issue 29)
+
+DEVICE = LoaderFacts("fastdata.loader", "ImageLoader", num_workers=16, pin_memory=True, batch_size=256,
+                     dataset="fastdata lmdb", decode="device")
+WORKER_DECODE = LoaderFacts("fastdata.loader", "ImageLoader", num_workers=16, pin_memory=True, batch_size=256,
+                            dataset="fastdata lmdb", decode="worker")
+
+
+def test_the_training_process_is_named_as_the_wall():
+    """The main process near one full core, 16 workers nearly idle, the loop waiting: the training process is the
+    wall, and on the device path the advice is to decode in the workers (or let tune decide), not on the GPU."""
+    sysf = system(cores=16, cpu_percent=12.0, workers_cpu_cores=0.9, main_cpu_cores=1.0)
+    verdict, reasons, suggestions = judge(0.6, sysf, loader=DEVICE, cuda=True)
+    assert verdict == "input-bound"
+    assert "the training process is the wall: it used 1.0 cores" in reasons[0] and "device feeder" in reasons[0]
+    assert any('decode="worker"' in s for s in suggestions)
+    assert not any('decode=\\"device\\"' in s or 'decode="device"`' in s for s in suggestions)
+
+
+def test_decode_advice_knows_the_loaders_placement():
+    sysf = system(cores=8, cpu_percent=97.0, workers_cpu_cores=7.8, main_cpu_cores=0.2)
+    decode_bound = stages(read=0.05, decode=0.7, augment=0.15, collate=0.1)
+    _, _, on_workers = judge(0.7, sysf, stage=decode_bound, loader=WORKER_DECODE, cuda=True)
+    _, _, on_device = judge(0.7, sysf, stage=decode_bound, loader=DEVICE, cuda=True)
+    assert any('decode=\"device\"' in s for s in on_workers)
+    assert not any('decode=\"device\"`' in s for s in on_device)
+
+
+def test_the_device_feeder_as_a_stage_can_be_the_wall():
+    _, reasons, suggestions = judge(0.5, system(cpu_percent=30.0, workers_cpu_cores=2.0, main_cpu_cores=0.6),
+                                    stage=stages(read=0.1, device=0.85, collate=0.05), loader=DEVICE, cuda=True)
+    assert "the device feeder (decode and crop on the device) is the bottleneck (85%" in reasons[0]
+    assert "device: the feeder thread" in reasons[1]
+    assert any("nvImageCodec" in s for s in suggestions)
+
+
+def test_epoch_start_stalls_are_reported_on_their_own_line():
+    """Three passes whose first batch comes late: the later two passes' first waits are the epoch-start line."""
+
+    class SlowStart:
+        def __iter__(self):
+            time.sleep(0.3)
+            for _ in range(3):
+                yield torch.zeros(2)
+
+    m = fastdata.meter(SlowStart(), system=False)
+    for _ in range(3):
+        for _ in m:
+            pass
+    r = m.report()
+    assert r.epoch_starts["passes"] == 2 and r.epoch_starts["mean_s"] >= 0.3
+    assert any(line.startswith("epoch starts: 2 later passes began after a wait of") for line in r.reasons)
+
+
+def test_memory_is_the_main_rss_plus_the_workers_own_pages(tmp_path):
+    """Forked workers share the parent's pages: the meter adds each worker's USS, not its RSS, to the main RSS."""
+    import multiprocessing
+
+    import psutil
+
+    from fastdata.meter.system import _unique_bytes
+
+    big = bytearray(200 * 2**20)  # 200 MB in the parent, shared with a forked child until written
+    big[::4096] = b"x" * len(big[::4096])
+    ready, done = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+    def child() -> None:
+        ready.set()
+        done.wait(60)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    try:
+        assert ready.wait(60)
+        worker = psutil.Process(process.pid)
+        assert worker.memory_info().rss > 150 * 2**20  # its RSS counts the parent's 200 MB again
+        assert _unique_bytes(worker) < 100 * 2**20  # its own pages do not
+    finally:
+        done.set()
+        process.join(60)
+    del big

@@ -71,6 +71,9 @@ class DeviceStage:
         self.decoder = decoder
         self.regions = regions
         self.policy = policy or DevicePolicy(source, str(self.device), on_error)
+        # host seconds by part, summed over batches (benchmarks/gpu_train_feed.py prints them): the decoder's
+        # calls (and any CPU decode), the batched crop-resize-flip with its normalisation, the rest
+        self.timings = {"decode": 0.0, "resize": 0.0, "other": 0.0, "batches": 0}
 
     def new_output(self, rows: int) -> torch.Tensor:
         """An output tensor for `rows` images in this stage's dtype and memory format."""
@@ -85,8 +88,11 @@ class DeviceStage:
         from_worker = batch.worker_decoded.numpy()
         self.policy.fallbacks += int(from_worker.sum())
         device_rows = self._within_limits(batch, np.flatnonzero(~from_worker).tolist(), skipped)
+        decode_started = perf_counter()
         images, boxes, shapes, flips, decoded_rows = self._decode(batch, device_rows, skipped)
-        keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded_rows]
+        resize_started = perf_counter()
+        decoded_set = set(decoded_rows)
+        keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded_set]
         if out is None:
             out = self.new_output(len(keep))
         out = out[:len(keep)]
@@ -99,7 +105,13 @@ class DeviceStage:
             self._write(out, worker_rows, to_device(batch.pixels, self.device), rounded=False)
         labels = batch.labels if len(keep) == len(batch) else batch.labels[keep]
         labels = labels.to(self.device, non_blocking=self.device.type == "cuda")
-        return DeviceBatch(out, labels, skipped, perf_counter() - started)
+        ended = perf_counter()
+        timings = self.timings
+        timings["decode"] += resize_started - decode_started
+        timings["resize"] += ended - resize_started
+        timings["other"] += (decode_started - started)
+        timings["batches"] += 1
+        return DeviceBatch(out, labels, skipped, ended - started)
 
     def _within_limits(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]) -> list[int]:
         """The rows whose stored size is within the pixel limit; the others follow on_error."""

@@ -1,0 +1,54 @@
+"""`DeviceDecode`: how `decode="device"` decodes (the decoder, nvImageCodec's backends and threads, regions, the
+output slots, sub-JPEGs), one frozen object a user passes as `fastdata.loader(..., decode=DeviceDecode(...))`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastdata.errors import ConfigError
+
+#: Decoders `DeviceDecode(decoder=...)` names.
+DECODERS = ("auto", "nvimgcodec", "torchvision")
+#: nvImageCodec's JPEG backends by the names `DeviceDecode(backends=...)` takes.
+BACKENDS = ("hardware", "hybrid", "gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceDecode:
+    """How `decode="device"` decodes: `decoder` ("auto": nvImageCodec when installed, else torchvision's, said
+    once), nvImageCodec's `backends` in order of preference ("hardware": the GPU's JPEG engines, baseline JPEGs
+    only; "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"), the share of each batch offered
+    to the hardware engines (`hardware_load`, 0..1; None: nvImageCodec's own balance), the CPU threads
+    nvImageCodec may use (`cpu_threads`; it would otherwise take all cores but one, which the workers need), and
+    `regions`: decode only each crop's covering pixels where the decoder can (nvImageCodec; off by default:
+    nvImageCodec 0.9's hardware and hybrid backends do not decode these regions, see
+    fastdata.image.device.nvimgcodec). `slots`: the output
+    batches preallocated on the device (fastdata.image.device.ring): the one in use, the one before it, and the
+    rest made ahead of the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its
+    sub-JPEG once the decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
+    """
+
+    decoder: str = "auto"
+    backends: tuple[str, ...] = ("hardware", "hybrid")
+    hardware_load: float | None = None
+    cpu_threads: int = 4
+    regions: bool = False
+    slots: int = 4
+    sub_jpegs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise ConfigError(f"DeviceDecode(decoder=...) must be one of {DECODERS}, got {self.decoder!r}")
+        backends = (self.backends,) if isinstance(self.backends, str) else tuple(self.backends)
+        unknown = [b for b in backends if b not in BACKENDS]
+        if not backends or unknown:
+            raise ConfigError(f"DeviceDecode(backends=...) takes one or more of {BACKENDS}, got {self.backends!r}")
+        object.__setattr__(self, "backends", backends)
+        if self.hardware_load is not None and not 0 <= self.hardware_load <= 1:
+            raise ConfigError(f"DeviceDecode(hardware_load=...) is a share of each batch, 0..1, got "
+                              f"{self.hardware_load!r}")
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 3:
+            raise ConfigError(f"DeviceDecode(slots=...) must be a whole number of at least 3, got {self.slots!r}")
+        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1:
+            raise ConfigError(f"DeviceDecode(cpu_threads=...) must be a positive whole number, got "
+                              f"{self.cpu_threads!r}")
