@@ -30,6 +30,7 @@ from fastdata.image.buffers import BatchBuffers
 from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
 from fastdata.image.device.ship import pack_encoded
+from fastdata.image.epoch_clock import EpochClock
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.image.stored_lists import StoredSamples, StoredTargets
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
@@ -64,9 +65,19 @@ class _ImageMetaMixin:
         self.on_error = on_error
         self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0
+        self.clock: EpochClock | None = None  # a plain dataset's epochs (`count_epochs`); loaders pass their own
+
+    def count_epochs(self) -> None:
+        """For a dataset in the user's own DataLoader (`fastdata.dataset`): each pass draws new augmentations
+        without a call, the same for the same seed (fastdata.image.epoch_clock); `set_epoch` pins them."""
+        self.clock = EpochClock(self.manifest.num_samples)
 
     def set_epoch(self, epoch: int) -> None:
+        """Augment every sample for `epoch` (each sample's randomness from `(seed, epoch, sample)`), in every
+        worker, persistent ones included, until it is called again."""
         self.epoch = epoch
+        if self.clock is not None:
+            self.clock.set_epoch(epoch)
 
     @property
     def classes(self) -> list[str]:
@@ -103,7 +114,7 @@ class _ImageMetaMixin:
 
 class LmdbImageDataset(_ImageMetaMixin, Dataset):
     """Map-style dataset over an LMDB conversion: `ds[i]` is ImageFolder's sample i, decoded (and augmented
-    with `augment` if given, reproducibly for `seed` and the epoch set by `set_epoch`); with `metadata=True`,
+    with `augment` if given, from `(seed, epoch, i)`: new crops each pass, see `count_epochs`); with `metadata=True`,
     `(image, label, metadata)` where metadata is the sample's stored dict ({} when the source had none)."""
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: Any = None,
@@ -143,7 +154,8 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         if index < 0:
             index += len(self)
         sample = self.encoded(index)
-        image = self.pipeline.to_tensor(self.pipeline.process(sample, self.epoch))
+        epoch = self.clock.read(index) if self.clock is not None else self.epoch
+        image = self.pipeline.to_tensor(self.pipeline.process(sample, epoch))
         label = self._label(sample)
         if self.with_metadata:
             return image, label, self.metadata(index)
@@ -287,9 +299,10 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
     def __iter__(self) -> Iterator[tuple]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch = self.clock.begin_pass(worker) if self.clock is not None else self.epoch
         for sample in self.samples_at(self.stream_part(worker, num_workers)):
             try:
-                image = self.pipeline.process(sample, self.epoch)
+                image = self.pipeline.process(sample, epoch)
             except CorruptSampleError as exc:
                 if self.on_error == "raise":
                     raise

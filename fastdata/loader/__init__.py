@@ -73,7 +73,10 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             callable on an HWC uint8 RGB array (as for `loader`).
         image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection
             and segmentation: the canvas, default 640).
-        seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`).
+        seed: the seed of the augmentations' randomness (each sample's from `(seed, epoch, sample)`). The epoch
+            counts itself: the n-th time a sample is read (WebDataset: the n-th pass of a worker) it is
+            augmented for epoch n, in every worker, so each pass of your DataLoader draws new crops;
+            `ds.set_epoch(e)` pins epoch e (a resumed run calls it each epoch to get exactly the crops again).
         on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
             of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
         cache_dir: remote datasets: a folder that keeps the verified shards.
@@ -106,6 +109,8 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         if max_length is not None:
             raise ConfigError(f"{path}: max_length applies to fastdata.loader over text (padded rows) and to "
                               "image-text pairs; a text dataset's ds[i] is a whole document")
+    if isinstance(data, LmdbImageDataset | WdsImageDataset):
+        data.count_epochs()  # in the user's own DataLoader, each pass draws new augmentations
     if isinstance(data, WdsImageDataset):
         return data.split(rank, world_size, uneven)
     if explicit_world:
