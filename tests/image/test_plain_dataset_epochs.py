@@ -5,7 +5,6 @@ and N workers, persistent or not, LMDB and WebDataset; `set_epoch` pins an epoch
 from __future__ import annotations
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 import fastdata
