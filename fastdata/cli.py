@@ -114,7 +114,9 @@ def info(path: Path) -> None:
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--source", type=click.Path(path_type=Path), default=None, metavar="SRC",
-              help="Also check the samples against the ImageFolder tree they were converted from.")
+              help="Also check the dataset against the source it was converted from: an image dataset's samples "
+                   "and labels against its ImageFolder tree, file list, HF dataset, shards or COCO files; a text "
+                   "dataset's source files by name and size.")
 @click.option("--decode", is_flag=True, help="Also decode every image.")
 def verify(path: Path, source: Path | None, decode: bool) -> None:
     """Check the dataset at PATH against its manifest (files, sizes, sha256, counts, labels); exit 1 if

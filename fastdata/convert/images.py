@@ -28,6 +28,7 @@ from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions
 from fastdata.convert.image_work import ChunkResult, SampleJob
+from fastdata.convert.kept import check_kept
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork
@@ -71,24 +72,26 @@ class ConversionSummary:
     writer_waited: float = 0.0  # seconds the writer (this process) waited for the workers' next results
     jpeg_layout: str = "original"
     layout: LayoutCounts | None = None  # jpeg_layout "restart": what the rewrite did
+    warning: str | None = None  # most of the input rejected (fastdata.convert.kept): the summary's first line
 
     def __str__(self) -> str:
         rate = self.images / self.seconds if self.seconds > 0 else float("inf")
-        lines = [] if self.resumed_at is None else [f"resumed an interrupted conversion after {self.resumed_at:,} "
-                                                    "images"]
+        lines = [] if self.warning is None else [self.warning]
+        if self.resumed_at is not None:
+            lines.append(f"resumed an interrupted conversion after {self.resumed_at:,} images")
         lines += [
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
-            f"  images    {self.images:,} in {self.classes} classes",
+            f"  images    {self.images:,} in {self.classes} class{'es' * (self.classes != 1)}",
             f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
             f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s, "
             f"{self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s, the writer waited for the workers "
             f"{self.writer_waited / max(self.seconds, 1e-9):.0%} of the time)",
-            f"  ignored   {self.ignored:,} non-image files",
-            f"  rejected  {len(self.rejected):,} files",
+            f"  ignored   {self.ignored:,} non-image file{'s' * (self.ignored != 1)}",
         ]
-        lines += [f"    {rejected_place(r)}: {r['reason']}" for r in self.rejected[:50]]
         if self.layout is not None:
-            lines[-1:-1] = self.layout.summary_lines()  # before "rejected" and its list
+            lines += self.layout.summary_lines()
+        lines.append(f"  rejected  {len(self.rejected):,} file{'s' * (len(self.rejected) != 1)}")
+        lines += [f"    {rejected_place(r)}: {r['reason']}" for r in self.rejected[:50]]
         if len(self.rejected) > 50:
             lines.append(f"    ... and {len(self.rejected) - 50} more (all listed in {MANIFEST_NAME})")
         if self.empty_classes:
@@ -304,13 +307,15 @@ def convert_images(
         targets=None if listing.targets is None else listing.targets.info(),
     )
     manifest.format_version = manifest.needed_format_version
+    warning = check_kept(out, partial, manifest.num_samples, len(state.rejected),
+                         [r["reason"] for r in state.rejected], "images", listing.looked())
     for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
         write_atomic(partial / name, data)
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,
-                             writer_waited=stats.waited, jpeg_layout=jpeg_layout, layout=layout)
+                             writer_waited=stats.waited, jpeg_layout=jpeg_layout, layout=layout, warning=warning)
 
 
 def _progress_json(state: _Progress, listing: ImageSource) -> bytes:

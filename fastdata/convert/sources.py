@@ -147,6 +147,13 @@ class ImageSource:
         if self.reader is None:
             self.reader = FileReader(self.root)
         self._check_labels()
+
+    def looked(self) -> str:
+        """Where the samples' bytes were looked for, for messages: the absolute folder their paths are read
+        relative to (a source whose reader is not a folder names itself)."""
+        if isinstance(self.reader, FileReader):
+            return f"for files under {Path(self.root).resolve()}"
+        return f"in the {self.kind} source {self.root}"
         for name, rows in (("metadata", self.metadata), ("caption", self.captions),
                            ("caption token", self.caption_tokens)):
             if rows is not None and len(rows) != len(self.samples):

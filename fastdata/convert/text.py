@@ -29,6 +29,7 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
+from fastdata.convert.kept import check_kept
 from fastdata.convert.pool import PoolStats
 from fastdata.convert.staging import check_output, commit_output
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
@@ -78,7 +79,7 @@ class TextConversionSummary:
         mean = self.tokens / self.documents if self.documents else 0.0
         eos = (f"{self.eos[0]} (id {self.eos[1]})" if self.eos else
                "none found: packed loading needs --eos-token (or eos_token= in the loader)")
-        lines = []
+        lines = [note for note in self.notes if note.startswith("WARNING")]  # most of the input rejected: first
         if self.resumed_at is not None:
             lines.append(f"resumed an interrupted conversion after {self.resumed_documents or 0:,} documents "
                          f"({self.resumed_at:,} source records)")
@@ -100,7 +101,7 @@ class TextConversionSummary:
         if self.rejected_count > 50:
             lines.append(f"    ... and {self.rejected_count - 50:,} more (the first "
                          f"{MAX_LISTED_REJECTIONS:,} are listed in {MANIFEST_NAME})")
-        lines += [f"  note      {note}" for note in self.notes]
+        lines += [f"  note      {note}" for note in self.notes if not note.startswith("WARNING")]
         return "\n".join(lines)
 
 
@@ -325,8 +326,12 @@ def convert_documents(
         stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
                "rejected_records": state.rejected_count, "resumed_at": resumed_at},
     )
+    looked = (f"in field {source.options['field']!r} of {', '.join(source.given)}" if source.options.get("field")
+              else f"in {', '.join(source.given)}")
+    warning = check_kept(out, partial, state.documents, state.rejected_count,
+                         [r["reason"] for r in state.rejected], "documents", looked)
     commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
-    notes = [] if state.documents else ["no documents were written"]
+    notes = [] if warning is None else [warning]
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
                                  data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,

@@ -71,7 +71,31 @@ def verify(path: str | os.PathLike[str], source: str | os.PathLike[str] | None =
             _check_image_samples(root, manifest, report, source, decode, progress, missing)
         except FastdataError as exc:
             report.problems.append(str(exc))
+    elif source is not None:
+        _check_text_source(Path(source), manifest, report)
     return report
+
+
+def _check_text_source(source: Path, manifest: Manifest, report: VerifyReport) -> None:
+    """A text dataset against `source`: the files it lists (as `fastdata convert text` lists them) must be the
+    conversion's source files, by name and size (what the manifest records of them; it keeps no digest of their
+    content)."""
+    from fastdata.converters.text import list_sources
+
+    recorded = [(Path(f["name"]).name, int(f["bytes"])) for f in manifest.source.get("files", [])]
+    try:
+        listed = [(path.name, path.stat().st_size) for path in list_sources([source])]
+    except (FastdataError, OSError) as exc:
+        report.problems.append(f"cannot check against the source {source}: {exc}")
+        return
+    if listed != recorded:
+        def show(files: list[tuple[str, int]]) -> str:
+            shown = ", ".join(f"{name} ({size:,} bytes)" for name, size in files[:4])
+            return shown + (f", ... ({len(files)} files)" if len(files) > 4 else "")
+
+        report.problems.append(f"the source {source} is not the one converted: it lists {show(listed) or 'nothing'};"
+                               f" the conversion read {show(recorded) or 'nothing'}")
+    report.checked.append(f"against the source {source} (its files' names and sizes)")
 
 
 def _check_manifest_checksum(root: Path, report: VerifyReport) -> None:

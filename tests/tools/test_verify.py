@@ -173,3 +173,21 @@ def test_damaged_lmdb_names_its_undecodable_sample(lmdb_copy):
     assert len(problems) == 2, problems
     assert problems[0].startswith("data.mdb: sha256 differs")
     assert problems[1].startswith("undecodable:") and f"sample {key!r}" in problems[1]
+
+
+def test_text_verify_checks_the_source_it_is_given(tmp_path):
+    """`fastdata verify corpus.lmdb --source OTHER.jsonl` for a text dataset: the same corpus passes; a changed
+    corpus, another file and a path that does not exist are each named as a problem."""
+    from tests.builders import make_corpus, train_bytelevel, write_jsonl
+
+    corpus = make_corpus(30)
+    source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
+    tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
+    fastdata.convert_text(source, tmp_path / "c.lmdb", tokenizer=tokenizer, progress=False)
+    assert verify(tmp_path / "c.lmdb", source=source).ok
+    other = write_jsonl(tmp_path / "other.jsonl", corpus[:-1])
+    for wrong in (other, tmp_path / "missing.jsonl"):
+        report = verify(tmp_path / "c.lmdb", source=wrong)
+        assert not report.ok and any(str(wrong) in problem for problem in report.problems), report.problems
+    write_jsonl(source, [*corpus[:-1], corpus[-1] + " and more"])  # the same name, changed
+    assert not verify(tmp_path / "c.lmdb", source=source).ok
