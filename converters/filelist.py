@@ -10,7 +10,9 @@ read with pyarrow. One row per image:
   class folders), integer class ids (kept as given; classes "0".."C-1", C = `--num-classes` or the largest id + 1),
   or lists of either (multi-label; duplicates in a row count once, `[]` is a sample of no class). In CSV/TSV,
   where every cell is text, a cell of digits is an id and a cell holding a JSON or Python list (`[1, 2]`,
-  `['cat', 'dog']`, as pandas writes lists) is a list. A column mixing these types is refused.
+  `['cat', 'dog']`, as pandas writes lists) is a list. A column mixing these types is refused. A cell of text
+  joined by `;`, `|` or `,` (`cat;dog`) is one class name: when class names look like such joins, the conversion
+  warns (write `["cat", "dog"]` for two labels).
 - A missing label (null, empty cell, NaN) is refused, naming its row: every sample needs one; a multi-label sample
   of no class is written `[]`.
 - `--mask-column` (semantic segmentation, `fastdata.convert.masks`): the column holding each image's label map, a
@@ -40,6 +42,7 @@ import math
 import os
 import posixpath
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import date, datetime, time
@@ -469,6 +472,7 @@ def _labels(values: list[Any], rows: _Rows, options: ListOptions, text_cells: li
         if options.num_classes is not None:
             raise ConfigError("--num-classes applies to integer class ids; class names make their own classes")
         classes, labels = labels_of([cell if multi else [cell] for _, cell in cells], multi)
+        _warn_joined_names(classes, [cell for _, cell in cells], rows, column)
         return classes, labels, "multi" if multi else "single"
     ids = [(i, class_id) for i, (_, cell) in enumerate(cells) for class_id in (cell if multi else [cell])]
     negative = next(((i, c) for i, c in ids if c < 0), None)
@@ -485,6 +489,28 @@ def _labels(values: list[Any], rows: _Rows, options: ListOptions, text_cells: li
                           "--num-classes")
     classes, labels = labels_of([cell if multi else [cell] for _, cell in cells], multi, count)
     return classes, labels, "multi" if multi else "single"
+
+
+JOINERS = (";", "|", ",")
+
+
+def _warn_joined_names(classes: list[str], cells: list[Any], rows: _Rows, column: str) -> None:
+    """Warn when class names look like several classes joined into one text (`a;b`): each such text is a class of
+    its own, which is rarely what a multi-label list meant. Said when a joined name's parts are classes of their
+    own, or when several class names are joined with the same character."""
+    names = set(classes)
+    for joiner in JOINERS:
+        joined = [name for name in classes if joiner in name and all(part.strip() for part in name.split(joiner))]
+        if not joined:
+            continue
+        if len(joined) >= 2 or any(part.strip() in names for part in joined[0].split(joiner)):
+            first = next(i for i, cell in enumerate(cells) if isinstance(cell, str) and cell in joined)
+            warnings.warn(
+                f"{rows.name(first)}: column {column!r} holds {cells[first]!r}, which looks like labels joined by "
+                f"{joiner!r} ({len(joined)} of the {len(classes)} class names do): each such text becomes one class "
+                f"of its own. For several labels per image write a list, e.g. {json.dumps(cells[first].split(joiner))}"
+                " (a JSON list in a CSV cell, a list in JSONL/parquet)", UserWarning, stacklevel=4)
+            return
 
 
 # ------------------------------------------------------------------------------------------------ API and CLI

@@ -51,6 +51,10 @@ class OutputFormat:
                               f"torch.float16), got {self.dtype}")
         object.__setattr__(self, "mean", _three("mean", self.mean))
         object.__setattr__(self, "std", _three("std", self.std, positive=True))
+        if max(self.mean) > 1 or max(self.std) > 1:  # only 0..255 units have such values
+            raise ConfigError(f"mean={self.mean} std={self.std} look like 0..255 units; fastdata takes them in 0..1 "
+                              f"units, as torchvision's Normalize after ToDtype(scale=True): divide by 255 (e.g. "
+                              f"mean={tuple(round(v / 255, 3) for v in self.mean)})")
 
     @property
     def floating(self) -> bool:

@@ -51,7 +51,12 @@ def test_30k_by_30k_png_is_refused_from_its_header_without_a_memory_spike(tmp_pa
 
 
 def test_max_pixels_is_configurable(small_solid_tree, tmp_path):
-    summary = fastdata.convert_imagefolder(small_solid_tree.root, tmp_path / "o.lmdb", max_pixels=100, workers=1,
-                                           progress=False)
-    assert summary.images == 0 and len(summary.rejected) == len(small_solid_tree.images)
-    assert all(r["reason"].startswith("refused:") and "--max-pixels" in r["reason"] for r in summary.rejected)
+    import pytest
+
+    from fastdata.errors import SourceError
+
+    with pytest.raises(SourceError, match=f"no images kept: all {len(small_solid_tree.images)} were rejected.*"
+                                          "refused: .* exceeds the limit of 100 \\(--max-pixels\\)"):
+        fastdata.convert_imagefolder(small_solid_tree.root, tmp_path / "o.lmdb", max_pixels=100, workers=1,
+                                     progress=False)
+    assert not (tmp_path / "o.lmdb").exists()
