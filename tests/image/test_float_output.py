@@ -100,7 +100,7 @@ def test_mean_and_std_in_0_255_units_are_refused_in_one_line():
 
     for mean, std in (((123.675, 116.28, 103.53), (58.395, 57.12, 57.375)), ((0.5, 0.5, 0.5), (58.4, 57.1, 57.4)),
                       ((123.7, 116.3, 103.5), (0.229, 0.224, 0.225))):
-        with pytest.raises(ConfigError, match="0..255 units.*divide by 255") as caught:
+        with pytest.raises(ConfigError, match=r"0\.\.255 units.*divide by 255") as caught:
             OutputFormat(torch.float32, mean, std)
         assert "\n" not in str(caught.value)
     assert OutputFormat(torch.float32, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)).floating
