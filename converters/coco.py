@@ -344,7 +344,7 @@ def cli_command() -> click.Command:
     @click.argument("images_dir", metavar="IMAGES_DIR", type=click.Path(path_type=Path))
     @click.argument("out", type=click.Path(path_type=Path))
     @click.option("--skip-empty", is_flag=True, help="Leave out images without annotations (kept by default).")
-    @convert_options
+    @convert_options(max_size=False)
     def command(annotations: Path, images_dir: Path, out: Path, skip_empty: bool, **options) -> None:
         """Pack the images of the COCO instances file ANNOTATIONS (file names relative to IMAGES_DIR), with their
         boxes, labels and masks, into OUT.

@@ -41,8 +41,13 @@ def scan(src: str | os.PathLike[str]) -> ImageSource:
     if not relative:
         raise SourceError(f"{root}: no image files found in its {len(classes)} class folders "
                           f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
-    return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes),
-                       [name for name, n in zip(classes, counts, strict=True) if n == 0], walks_root=True)
+    empty = [name for name, n in zip(classes, counts, strict=True) if n == 0]
+    if empty:  # torchvision's ImageFolder refuses such a tree too (FileNotFoundError)
+        shown = ", ".join(empty[:5]) + (f", ... ({len(empty)} folders)" if len(empty) > 5 else "")
+        raise SourceError(f"{root}: class folder{'s' * (len(empty) > 1)} {shown} hold{'s' * (len(empty) == 1)} no "
+                          f"image file (extensions: {', '.join(IMAGE_EXTENSIONS)}); torchvision's ImageFolder refuses "
+                          "such a tree: remove the folder (a converted dataset, notes, ...) or add its images")
+    return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes), walks_root=True)
 
 
 def _image_files(root: Path, classes: list[str]) -> list[tuple[str, int]]:

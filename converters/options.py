@@ -14,8 +14,9 @@ def _storage_options() -> list[Callable]:
     return [
         click.option("--format", "format", type=click.Choice(FORMATS), default=None,
                      help="Storage format. Default: lmdb when OUT ends in .lmdb."),
-        click.option("--shard-size", default=DEFAULT_SHARD_SIZE, show_default=True,
-                     help="Target WebDataset shard size: 256MB, 64KB, 1GiB or a byte count."),
+        click.option("--shard-size", default=None,
+                     help=f"--format wds: target shard size, 256MB, 64KB, 1GiB or a byte count (default "
+                          f"{DEFAULT_SHARD_SIZE})."),
     ]
 
 
@@ -39,15 +40,21 @@ def output_options(command: Callable) -> Callable:
     return _decorate(command, _storage_options() + _run_options())
 
 
-def convert_options(command: Callable) -> Callable:
-    """Decorate a converter command with the common conversion flags."""
-    options = [
-        click.option("--seed", default=0, show_default=True, type=int,
-                     help="Seed of the sample order across WebDataset shards."),
+def convert_options(command: Callable | None = None, *, max_size: bool = True) -> Callable:
+    """Decorate a converter command with the common conversion flags (`max_size=False`: a source whose targets are
+    in source pixels, which re-encoding smaller would break, shows no --max-size / --quality)."""
+    if command is None:
+        return lambda decorated: convert_options(decorated, max_size=max_size)
+    resize = [
         click.option("--max-size", type=int, default=None, metavar="PX",
                      help="Re-encode images whose longer side exceeds PX to JPEG (cuts IO and decode)."),
         click.option("--quality", default=90, show_default=True, type=int,
                      help="JPEG quality for images re-encoded by --max-size."),
+    ] if max_size else []
+    options = [
+        click.option("--seed", default=0, show_default=True, type=int,
+                     help="Seed of the sample order across WebDataset shards."),
+        *resize,
         click.option("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Refuse images with more pixels than this, read from the header before decoding."),
         click.option("--jpeg-layout", type=click.Choice(JPEG_LAYOUTS), default="original", show_default=True,

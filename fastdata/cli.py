@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -294,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors=errors)
     _one_blas_thread()
-    with CtrlC() as ctrl_c:
+    with CtrlC() as ctrl_c, warnings.catch_warnings():
+        warnings.showwarning = _note
         try:
             code = _run(argv)
         except (_Interrupted, KeyboardInterrupt, click.exceptions.Abort) as exc:
@@ -304,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             return _interrupted("")  # an error an importer made of a Ctrl-C it swallowed: the Ctrl-C is the news
     return _interrupted("") if ctrl_c.held else code
+
+
+def _note(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+          line: str | None = None) -> None:
+    """A warning, as the command line's own one-line note on stderr (not Python's "path:line: UserWarning" and
+    the source line): what it says is for the user of the command, not for the code's author."""
+    click.echo(f"note: {str(message).strip()}", err=True)
 
 
 def _one_blas_thread() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
+from fastdata.config import available_cores, check_bool, check_int, check_optional_int
 from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import EncodeOptions
@@ -31,9 +31,10 @@ from fastdata.convert.image_work import ChunkResult, SampleJob
 from fastdata.convert.kept import check_kept
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
-from fastdata.convert.ray import ENGINES, RayWork
+from fastdata.convert.ray import ENGINES, RayWork, require_ray
 from fastdata.convert.sources import ImageSource
 from fastdata.convert.staging import check_output, commit_output
+from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
 from fastdata.formats.manifest import (
@@ -45,7 +46,7 @@ from fastdata.formats.manifest import (
     write_atomic,
 )
 from fastdata.formats.records import DEFAULT_MAX_PIXELS
-from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
+from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter, target_member
 from fastdata.image.decode import opencv_single_threaded
@@ -173,7 +174,7 @@ def convert_images(
     out: str | Path,
     *,
     format: str | None = None,
-    shard_size: str | int = DEFAULT_SHARD_SIZE,
+    shard_size: str | int | None = None,
     seed: int = 0,
     max_size: int | None = None,
     quality: int = 90,
@@ -201,7 +202,8 @@ def convert_images(
         list_source: lists the source (a converter's scan, e.g. of an ImageFolder tree).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards.
         format: "lmdb" or "wds" (None: "lmdb" when `out` ends in `.lmdb`).
-        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count.
+        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count (None: 256MB;
+            refused for LMDB).
         seed: the seed of the sample order across WebDataset shards.
         max_size: re-encode images whose longer side exceeds this many pixels to JPEG (None: keep every
             image's original bytes).
@@ -220,7 +222,7 @@ def convert_images(
     """
     out = Path(out)
     fmt = resolve_format(out, format)
-    shard_bytes = parse_size(shard_size)
+    shard_bytes = staged_shard_bytes(fmt, shard_size)
     seed, quality, commit_every = check_int("seed", seed), check_int("quality", quality), check_int(
         "commit_every", commit_every, minimum=1)
     max_size, workers = check_optional_int("max_size", max_size), check_optional_int("workers", workers)
@@ -240,6 +242,8 @@ def convert_images(
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("--ray-address applies to --engine ray")
+    if engine == "ray":
+        require_ray()  # a missing extra is said before OUT.partial exists
     requested_workers = workers
     workers = available_cores() if workers is None else workers
     if workers < 1:

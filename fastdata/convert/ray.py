@@ -40,6 +40,14 @@ def _in_ray_context(work: Callable[[Any], Any]) -> Callable[[Any], tuple[str | N
     return run
 
 
+def require_ray() -> None:
+    """Raise ConfigError (before anything is written) when Ray is not installed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"--engine ray needs Ray: pip install 'fastdata[ray]' ({exc})") from None
+
+
 def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | None, address: str | None,
                 initializer: Callable[..., None], seen: RayWork | None = None, initargs: tuple = (),
                 chunksize: int = 8) -> Iterator[Any]:
@@ -47,11 +55,10 @@ def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | Non
     of the cluster), each set up once by `initializer(*initargs)`. Starts a local Ray instance (or connects to
     `address`) unless Ray is already initialised, and shuts down only what it started. `seen` collects the Ray
     tasks and actors that ran the work; each Ray task runs `chunksize` tasks."""
-    try:
-        import ray
-        from ray.util.multiprocessing import Pool
-    except ImportError as exc:
-        raise ConfigError("--engine ray needs Ray: pip install 'fastdata[ray]'") from exc
+    require_ray()
+    import ray
+    from ray.util.multiprocessing import Pool
+
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, num_cpus=workers if address is None else None, include_dashboard=False,

@@ -139,8 +139,8 @@ class ImageSource:
     pairs: dict[str, Any] | None = None  # image-text pairs: the manifest's `pairs` section
     files: dict[str, bytes] = field(default_factory=dict)  # written beside the data (a pair source's tokenizer)
     targets: TargetSource | None = None  # per-sample targets (detection), in `samples`' order
-    # the source is every image file found under `root` (ImageFolder): an output inside it would be taken in as data
-    # by the next conversion, so it is refused
+    # the source's files are read from under `root` (ImageFolder: every image file there; a file list: the paths
+    # it lists): an output inside it would be taken in as data by a later conversion or listing, so it is refused
     walks_root: bool = False
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from fastdata.errors import OutputError, OutputExistsError
@@ -80,3 +81,27 @@ def commit_output(manifest: Manifest, partial: Path, out: Path, scratch: tuple[s
     fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+#: Shard sizes below this warn: nearly every sample would close a shard of its own.
+SMALL_SHARD_BYTES = 1 << 20
+
+
+def shard_bytes(fmt: str, shard_size: str | int | None) -> int:
+    """The WebDataset shard size in bytes for `fmt`: None is the default; given with LMDB (one file, no shards) it
+    warns that it is ignored; below SMALL_SHARD_BYTES it warns (a byte count given without its unit, `256` for
+    `256MB`, makes a shard per sample)."""
+    from fastdata.config import parse_size
+    from fastdata.formats.registry import DEFAULT_SHARD_SIZE
+
+    if shard_size is None:
+        return parse_size(DEFAULT_SHARD_SIZE)
+    size = parse_size(shard_size)
+    if fmt != "wds":
+        warnings.warn(f"--shard-size {shard_size} applies to WebDataset shards (--format wds); an {fmt} dataset is "
+                      "one file: ignored", UserWarning, stacklevel=3)
+        return size
+    if size < SMALL_SHARD_BYTES:
+        warnings.warn(f"--shard-size {shard_size} is {size:,} bytes: nearly every sample will close a shard of its "
+                      "own; sizes take a unit, e.g. 256MB", UserWarning, stacklevel=3)
+    return size

@@ -32,12 +32,13 @@ from fastdata.convert.checkpoints import (
 from fastdata.convert.kept import check_kept
 from fastdata.convert.pool import PoolStats
 from fastdata.convert.staging import check_output, commit_output
+from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.convert.text_work import encode, encoded_batches
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
-from fastdata.formats.registry import DEFAULT_SHARD_SIZE, WriterOptions, resolve_format, storage
+from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
 from fastdata.formats.wds_text import TextWdsWriter
@@ -204,7 +205,7 @@ def convert_documents(
     tokenizer: str | Path,
     format: str | None = None,
     eos_token: str | None = None,
-    shard_size: str | int = DEFAULT_SHARD_SIZE,
+    shard_size: str | int | None = None,
     batch_size: str | int = DEFAULT_BATCH_SIZE,
     overwrite: bool = False,
     strict: bool = False,
@@ -234,7 +235,8 @@ def convert_documents(
         format: "lmdb" or "wds" (None: "lmdb" when `out` ends in `.lmdb`).
         eos_token: the end-of-text token appended to every document when packing (None: found among the
             tokenizer's special tokens).
-        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count.
+        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count (None: 256MB;
+            refused for LMDB).
         batch_size: text per tokenizer batch, bounding memory: "1MB", "512KB", ... or a byte count.
         overwrite: replace an existing dataset at `out`.
         strict: stop at the first unusable record, writing nothing.
@@ -247,7 +249,7 @@ def convert_documents(
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = resolve_format(out, format)
-    shard_bytes, batch_chars = parse_size(shard_size), parse_size(batch_size)
+    shard_bytes, batch_chars = staged_shard_bytes(fmt, shard_size), parse_size(batch_size)
     checkpoint_bytes = parse_size(checkpoint_every)
     chunk_tokens, commit_every_chunks = check_int("chunk_tokens", chunk_tokens), check_int("commit_every_chunks",
                                                                                           commit_every_chunks)

@@ -165,3 +165,18 @@ def test_ray_engine_converts_a_segmentation_list_alike(ray_instance, tmp_path):
     local, ray = fastdata.info(tmp_path / "local"), fastdata.info(tmp_path / "ray")
     assert ray.target_kind == "segmentation" and ray.targets == local.targets
     assert [(f.name, f.sha256) for f in ray.files] == [(f.name, f.sha256) for f in local.files]
+
+
+def test_without_ray_the_engine_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A missing extra is said before OUT.partial exists, so `fastdata info` has no half-made output to explain."""
+    import sys
+
+    from builders import build_solid_tree
+
+    from fastdata.errors import ConfigError
+
+    tree = build_solid_tree(tmp_path / "src", count=4)
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ConfigError, match=r"--engine ray needs Ray: pip install 'fastdata\[ray\]'"):
+        fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", engine="ray", workers=1, progress=False)
+    assert not (tmp_path / "o.lmdb").exists() and not (tmp_path / "o.lmdb.partial").exists()

@@ -442,3 +442,34 @@ def test_strict_conversion_of_a_clean_tree_succeeds(tricky_tree, tmp_path):
     assert summary.images == len(tricky_tree.images)
     manifest = json.loads((tmp_path / "x.lmdb" / "manifest.json").read_text())
     assert manifest["options"]["strict"] is True
+
+
+def test_a_class_folder_without_images_is_refused_as_torchvision_refuses_it(tmp_path):
+    """A converted dataset (or any folder without images) inside the tree would become an empty class: refused,
+    naming the folder, as torchvision's ImageFolder raises for it."""
+    from builders import build_solid_tree
+    from torchvision.datasets import ImageFolder
+
+    from fastdata.errors import SourceError
+
+    tree = build_solid_tree(tmp_path / "src", count=6)
+    stray = tree.root / "old.lmdb"
+    stray.mkdir()
+    (stray / "data.mdb").write_bytes(b"\0" * 64)
+    with pytest.raises(FileNotFoundError):
+        ImageFolder(str(tree.root))
+    with pytest.raises(SourceError, match=r"class folder old\.lmdb holds no image file"):
+        fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+
+
+def test_a_list_conversion_refuses_an_output_inside_its_root(tmp_path):
+    from builders import build_solid_tree
+
+    from fastdata.errors import OutputError
+
+    tree = build_solid_tree(tmp_path / "src", count=4)
+    rows = ["path,label"] + [f"{path},{path.split('/')[0]}" for path in sorted(tree.images)]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(OutputError, match="inside the source folder"):
+        fastdata.convert_list(tmp_path / "list.csv", tree.root / "inside.lmdb", root=tree.root, workers=1,
+                              progress=False)

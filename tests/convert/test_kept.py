@@ -91,3 +91,35 @@ def test_text_with_a_wrong_field_warns_naming_the_field(tmp_path):
     with pytest.raises(SourceError, match="no documents kept"):
         fastdata.convert_text(corpus, tmp_path / "d.lmdb", tokenizer=tokenizer_json, field="title", progress=False)
     assert not (tmp_path / "d.lmdb").exists()
+
+
+def test_the_command_line_prints_warnings_as_its_own_one_line_notes(listed, tmp_path, capsys):
+    """No "file.py:123: UserWarning" and no source line: the warning's text, as a note."""
+    for i in range(4):
+        (listed / "images" / f"img{i}.jpg").unlink()
+    code = main(["convert", "list", str(listed / "list.csv"), str(tmp_path / "out.lmdb"), "--root",
+                 str(listed / "images"), "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 0
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "4 of 6 images (67%) were rejected" in notes[0]
+    assert "UserWarning" not in err and ".py:" not in err and "warnings.warn" not in err
+
+
+def test_options_that_do_not_apply_are_not_offered_or_are_refused(listed, tmp_path, capsys):
+    """`convert coco --help` offers no --max-size (always refused there); --shard-size with LMDB is said to be
+    ignored; a shard size without its unit (256 bytes) warns."""
+    from click.testing import CliRunner
+
+    from fastdata.cli import cli
+
+    coco_help = CliRunner().invoke(cli, ["convert", "coco", "--help"]).output
+    assert "--max-size" not in coco_help and "--quality" not in coco_help and "--skip-empty" in coco_help
+    assert "--max-size" in CliRunner().invoke(cli, ["convert", "list", "--help"]).output
+    code = main(["convert", "list", str(listed / "list.csv"), str(tmp_path / "o.lmdb"), "--shard-size", "64MB",
+                 "--root", str(listed / "images"), "--workers", "1"])
+    assert code == 0 and "note: --shard-size 64MB applies to WebDataset shards" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="256 bytes: nearly every sample will close a shard"):
+        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "shards", root=listed / "images",
+                                        format="wds", shard_size=256, workers=1, progress=False)
+    assert len(summary.files) == 6
