@@ -71,7 +71,21 @@ def _tree_with_every_case(root):
 
 
 def test_imagefolder_listing_is_torchvisions(tmp_path, tricky_tree):
+    import shutil
+
+    from fastdata.errors import SourceError
+
     for root in (_tree_with_every_case(tmp_path / "cases"), tricky_tree.root):
+        empty = [p for p in root.iterdir() if p.is_dir() and not any(
+            f.name.lower().endswith(IMAGE_EXTENSIONS) for f in p.rglob("*"))]
+        if empty:  # a class folder without images: refused, as torchvision's default (allow_empty=False) does
+            _, class_to_idx = find_classes(str(root))
+            with pytest.raises(FileNotFoundError):
+                make_dataset(str(root), class_to_idx, IMAGE_EXTENSIONS)
+            with pytest.raises(SourceError, match="holds no image file"):
+                scan(root)
+            for folder in empty:
+                shutil.rmtree(folder)
         classes, class_to_idx = find_classes(str(root))
         expected = [(os.path.relpath(path, root).replace(os.sep, "/"), label)
                     for path, label in make_dataset(str(root), class_to_idx, IMAGE_EXTENSIONS, allow_empty=True)]

@@ -446,22 +446,25 @@ def test_labels_joined_by_a_separator_warn_and_a_json_list_is_multi_label(tmp_pa
 
     from tests.builders import photo_like, write_image
 
+    src = tmp_path / "src"
     rows = ["path,label"]
     labels = ["a", "b", "a;b", "c", "b;c", "a"]
     for i, label in enumerate(labels):
-        write_image(tmp_path / f"{i}.jpg", photo_like(i, 32, 24), "jpeg")
+        write_image(src / f"{i}.jpg", photo_like(i, 32, 24), "jpeg")
         rows.append(f'{i}.jpg,"{label}"')
-    (tmp_path / "joined.csv").write_text("\n".join(rows) + "\n")
+    (src / "joined.csv").write_text("\n".join(rows) + "\n")
     with pytest.warns(UserWarning, match=r"row 3.*'a;b'.*joined by ';'.*\[\"a\", \"b\"\]"):
-        summary = fastdata.convert_list(tmp_path / "joined.csv", tmp_path / "joined.lmdb", workers=1, progress=False)
+        summary = fastdata.convert_list(src / "joined.csv", tmp_path / "out" / "joined.lmdb", workers=1,
+                                        progress=False)
     assert summary.classes == 5  # a, a;b, b, b;c, c
     import csv
 
-    with open(tmp_path / "lists.csv", "w", newline="") as handle:  # the csv module quotes the JSON lists
+    with open(src / "lists.csv", "w", newline="") as handle:  # the csv module quotes the JSON lists
         writer = csv.writer(handle)
         writer.writerow(["path", "label"])
         writer.writerows([f"{i}.jpg", json.dumps(label.split(";"))] for i, label in enumerate(labels))
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        multi = fastdata.convert_list(tmp_path / "lists.csv", tmp_path / "lists.lmdb", workers=1, progress=False)
-    assert multi.classes == 3 and fastdata.dataset(tmp_path / "lists.lmdb").multi_label
+        multi = fastdata.convert_list(src / "lists.csv", tmp_path / "out" / "lists.lmdb", workers=1,
+                                      progress=False)
+    assert multi.classes == 3 and fastdata.dataset(tmp_path / "out" / "lists.lmdb").multi_label

@@ -308,10 +308,12 @@ def test_degenerate_polygons_are_left_out_of_masks_counted_and_warned(tmp_path):
 
 
 def test_max_size_is_refused(source, tmp_path, capsys):
+    """Not offered on the command line (`--help` does not list it: no such option), refused by the API."""
     code, _, err = cli(capsys, "convert", "coco", source.annotations, source.images, tmp_path / "o.lmdb", "-q",
                        "--max-size", "32")
-    assert code == 2
-    assert_one_line_error(err, "--max-size", "source pixels")
+    assert code == 2 and "No such option '--max-size'" in err
+    with pytest.raises(ConfigError, match="--max-size.*source pixels"):
+        fastdata.convert_coco(source.annotations, source.images, tmp_path / "o.lmdb", max_size=32, progress=False)
 
 
 # ------------------------------------------------------------------------------------------- resuming
