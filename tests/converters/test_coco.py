@@ -312,7 +312,7 @@ def test_max_size_is_refused(source, tmp_path, capsys):
     code, _, err = cli(capsys, "convert", "coco", source.annotations, source.images, tmp_path / "o.lmdb", "-q",
                        "--max-size", "32")
     assert code == 2 and "No such option '--max-size'" in err
-    with pytest.raises(ConfigError, match="--max-size.*source pixels"):
+    with pytest.raises(ConfigError, match=r"--max-size.*source pixels"):
         fastdata.convert_coco(source.annotations, source.images, tmp_path / "o.lmdb", max_size=32, progress=False)
 
 
