@@ -42,12 +42,18 @@ def scan(src: str | os.PathLike[str]) -> ImageSource:
         raise SourceError(f"{root}: no image files found in its {len(classes)} class folders "
                           f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
     empty = [name for name, n in zip(classes, counts, strict=True) if n == 0]
-    if empty:  # torchvision's ImageFolder refuses such a tree too (FileNotFoundError)
-        shown = ", ".join(empty[:5]) + (f", ... ({len(empty)} folders)" if len(empty) > 5 else "")
-        raise SourceError(f"{root}: class folder{'s' * (len(empty) > 1)} {shown} hold{'s' * (len(empty) == 1)} no "
-                          f"image file (extensions: {', '.join(IMAGE_EXTENSIONS)}); torchvision's ImageFolder refuses "
-                          "such a tree: remove the folder (a converted dataset, notes, ...) or add its images")
-    return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes), walks_root=True)
+    # a folder with files but no image (a converted dataset, notes, ...) is not a class: refused, as torchvision's
+    # ImageFolder refuses any class without images; a folder with nothing in it stays an empty class (torchvision's
+    # allow_empty=True), said in the summary
+    not_classes = [name for name in empty if any(files for _, _, files in os.walk(root / name))]
+    if not_classes:
+        shown = ", ".join(not_classes[:5]) + (f", ... ({len(not_classes)} folders)" if len(not_classes) > 5 else "")
+        one = len(not_classes) == 1
+        raise SourceError(f"{root}: class folder{'' if one else 's'} {shown} hold{'s' if one else ''} files but no "
+                          f"image file (extensions: {', '.join(IMAGE_EXTENSIONS)}): not a class (a converted dataset? "
+                          "torchvision's ImageFolder refuses it too); move it out of the tree")
+    return ImageSource("imagefolder", root, classes, relative, _ignored_files(root, classes), empty,
+                       walks_root=True)
 
 
 def _image_files(root: Path, classes: list[str]) -> list[tuple[str, int]]:

@@ -211,7 +211,8 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     if trace_dir is not None:
         click.echo(f"traces: {trace_dir} (open each in ui.perfetto.dev or chrome://tracing)", err=True)
     if plot is not None:
-        title = f"fastdata bench {path.name}: batch {batch_size}, {config.num_workers} workers, step {step}"
+        workers = f"{config.num_workers} worker{'s' * (config.num_workers != 1)}"
+        title = f"fastdata bench {path.name}: batch {batch_size}, {workers}, step {step}"
         click.echo(f"plot: {plot_runs(plot, results, title)}", err=True)
 
 

@@ -195,7 +195,7 @@ def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, solid_wds, multi_l
     cases = [([solid_lmdb, solid_wds], "convert it to LMDB"),
              ([solid_lmdb, multi_label_lmdb], "cannot mix single-label and multi-label"),
              ([solid_lmdb, text_mix[0]], "cannot mix images and text"),
-             ([solid_lmdb, solid_lmdb], "weights has 1 numbers for 2 datasets")]
+             ([solid_lmdb, solid_lmdb], "weights has 1 number for 2 datasets")]
     for paths, message in cases:
         with pytest.raises(ConfigError, match=message):
             seeded_loader(paths, weights=[1] if "weights" in message else None)

@@ -70,13 +70,14 @@ class ConversionSummary:
     resumed_at: int | None = None  # images already done by an interrupted run this one resumed
     engine: str = "local"
     ray: RayWork | None = None  # with engine="ray": the Ray tasks and actors that ran the work, as Ray told them
-    writer_waited: float = 0.0  # seconds the writer (this process) waited for the workers' next results
+    writer_waited: float = 0.0  # share of the writing time the writer (this process) waited for the workers' results
     jpeg_layout: str = "original"
     layout: LayoutCounts | None = None  # jpeg_layout "restart": what the rewrite did
     warning: str | None = None  # most of the input rejected (fastdata.convert.kept): the summary's first line
 
     def __str__(self) -> str:
-        rate = self.images / self.seconds if self.seconds > 0 else float("inf")
+        done_here = self.images - (self.resumed_at or 0)  # a resumed run's rate counts only what it converted
+        rate = done_here / self.seconds if self.seconds > 0 else float("inf")
         lines = [] if self.warning is None else [self.warning]
         if self.resumed_at is not None:
             lines.append(f"resumed an interrupted conversion after {self.resumed_at:,} images")
@@ -84,9 +85,9 @@ class ConversionSummary:
             f"wrote {self.out} ({self.format}, {len(self.files)} file{'s' * (len(self.files) != 1)})",
             f"  images    {self.images:,} in {self.classes} class{'es' * (self.classes != 1)}",
             f"  bytes     {self.bytes_in / 1e6:,.1f} MB in -> {self.bytes_out / 1e6:,.1f} MB out",
-            f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s, "
+            f"  time      {self.seconds:.1f} s ({rate:,.0f} images/s{' in this run' if self.resumed_at else ''}, "
             f"{self.bytes_in / 1e6 / max(self.seconds, 1e-9):,.1f} MB/s, the writer waited for the workers "
-            f"{self.writer_waited / max(self.seconds, 1e-9):.0%} of the time)",
+            f"{self.writer_waited:.0%} of the writing time)",
             f"  ignored   {self.ignored:,} non-image file{'s' * (self.ignored != 1)}",
         ]
         if self.layout is not None:
@@ -319,7 +320,8 @@ def convert_images(
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,
-                             writer_waited=stats.waited, jpeg_layout=jpeg_layout, layout=layout, warning=warning)
+                             writer_waited=stats.waited / max(stats.seconds, 1e-9), jpeg_layout=jpeg_layout,
+                             layout=layout, warning=warning)
 
 
 def _progress_json(state: _Progress, listing: ImageSource) -> bytes:
@@ -384,6 +386,7 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                 bar.set_postfix_str(figures())
                 last_postfix = now
         bar.set_postfix_str(figures())  # the bar is left showing the final count, the summary's
+    stats.seconds = time.perf_counter() - started  # the summary's "writer waited" is over this, as the bar's
     if job.options.jpeg_layout != "original":
         state.layout = layout.to_json()
     return stats

@@ -44,6 +44,7 @@ class PoolStats:
     waited: float = 0.0
     worker_seconds: float = 0.0
     worker_cpu_seconds: float = 0.0
+    seconds: float = 0.0  # the writing's wall time (what `waited` is a share of, as the progress bar shows it)
 
 
 class ChunkSizer:

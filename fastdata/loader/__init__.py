@@ -372,7 +372,8 @@ def loader(
     if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.loader.mixing)
         if AUTO in auto:
             warnings.warn(f"num_workers/prefetch_factor='auto' over a mixture: `fastdata tune` results are per "
-                          f"dataset, so the defaults are used ({options.num_workers} workers, prefetch "
+                          f"dataset, so the defaults are used ({options.num_workers} "
+                          f"worker{'s' * (options.num_workers != 1)}, prefetch "
                           f"{options.prefetch_factor}); pass numbers to choose", stacklevel=2)
         mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
                              on_error=on_error, scale=scale, ratio=ratio, masks=masks,

@@ -221,7 +221,8 @@ def _system_facts(sysf: dict[str, Any], loader: LoaderFacts, cores: int) -> list
     facts = []
     workers, main = sysf.get("workers_cpu_cores"), sysf.get("main_cpu_cores")
     if loader.num_workers and workers is not None:
-        facts.append(f"{loader.num_workers} workers used {workers:.1f} of {cores} cores")
+        facts.append(f"{loader.num_workers} worker{'s' * (loader.num_workers != 1)} used {workers:.1f} of {cores} "
+                     f"core{'s' * (cores != 1)}")
     elif workers is not None and sysf.get("workers"):
         facts.append(f"worker processes used {workers:.1f} of {cores} cores")
     if main is not None and (main >= 0.5 or not facts):
@@ -269,7 +270,8 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
         where = ("its device feeder (decode=\"device\") runs there beside the step"
                  if loader.decode == "device" else "the step's own host work runs there")
         return "main-process", (f"the training process is the wall: it used {main:.1f} cores (about one Python "
-                                f"thread's worth) while {workers} workers used {used:.1f}: {where}")
+                                f"thread's worth) while {workers} worker{'s' * (workers != 1)} used {used:.1f}: "
+                                f"{where}")
     if in_process:
         if main is not None and main < 0.5:
             return "other", (f"the training process itself was mostly idle ({main:.1f} cores) while it waited: "

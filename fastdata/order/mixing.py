@@ -57,7 +57,8 @@ def check_weights(weights: Sequence[float] | None, count: int) -> tuple[int, ...
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ConfigError(f"weights must be a list of numbers, one per dataset, got {weights!r}")
     if len(weights) != count:
-        raise ConfigError(f"weights has {len(weights)} numbers for {count} datasets; give one per dataset")
+        raise ConfigError(f"weights has {len(weights)} number{'s' * (len(weights) != 1)} for {count} "
+                          f"dataset{'s' * (count != 1)}; give one per dataset")
     values = [check_number("weights", w, minimum=0) for w in weights]
     if not all(math.isfinite(v) for v in values) or sum(values) <= 0:
         raise ConfigError(f"weights must be finite and not all 0, got {list(weights)!r}")

@@ -59,6 +59,7 @@ class RunResult:
     data_wait_fraction: float | None = None  # from fastdata.meter.loop, after the first batch
     timeline: dict[str, Any] = field(default_factory=dict)  # fastdata.meter's binned throughput and data wait
     system: dict[str, Any] | None = None  # fastdata.meter's sampled system figures
+    steps_per_epoch: int | None = None  # batches per timed epoch (a data wait over few batches is mostly start-up)
 
     @property
     def images_per_s(self) -> float:
@@ -146,13 +147,14 @@ def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_
         before_timing()
     measure_from = time.perf_counter() if warmup_passes else started
     timed = meter(loader, interval=0.5, trace=trace) if metered else loader
-    counted = 0
+    counted = steps = 0
     for _ in range(epochs):
         for images, labels in timed:
             if work is not None:
                 work(images, labels)
             first_batch_seen()
             counted += len(labels)
+            steps += 1
     if finish is not None:
         finish()
     seconds = time.perf_counter() - measure_from
@@ -161,7 +163,8 @@ def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_
     if report is None:
         return RunResult(name, counted, seconds, first_batch_s or 0.0, bytes_per_image)
     return RunResult(name, counted, seconds, first_batch_s or 0.0, bytes_per_image,
-                     data_wait_fraction=report.data_wait_fraction, timeline=report.timeline, system=report.system)
+                     data_wait_fraction=report.data_wait_fraction, timeline=report.timeline, system=report.system,
+                     steps_per_epoch=steps // max(1, epochs))
 
 
 def make_step(step: str | Step | None) -> tuple[Step | None, Callable[[], None] | None]:
@@ -369,6 +372,9 @@ def baseline_contender(baseline: Baseline, config: BenchConfig, name: str | None
     return Contender(result, make, per_image, baseline.files)
 
 
+FEW_STEPS = 8  # batches per epoch below which the table warns that its data wait is start-up
+
+
 def format_table(results: list[LoaderResult], data_wait: bool = False) -> str:
     """The results as a table; the first row is the baseline the ratios (medians of the per-run ratios) are
     taken against. With `data_wait`, a column with the share of the loop's time spent waiting for the next
@@ -377,8 +383,13 @@ def format_table(results: list[LoaderResult], data_wait: bool = False) -> str:
     width = max(28, *(len(r.name) for r in results))
     wait_head = f" {'data wait':>9}" if data_wait else ""
     header = (f"{'loader':<{width}} {'images/s':>10} {'MB/s':>8} {'1st batch s':>12} {'runs':>5}{wait_head} "
-              f"{'vs ' + base.name[:14]:>18}")
+              f"{'vs baseline':>18}")
     lines = [f"DIFFERENT INPUTS: {r.name} reads {r.inputs}" for r in results if r.different_inputs]
+    lines.append(f"baseline: {base.name}")
+    steps = [run.steps_per_epoch for r in results for run in r.runs if run.steps_per_epoch is not None]
+    if data_wait and steps and min(steps) < FEW_STEPS:
+        lines.append(f"note: epochs of {min(steps)} batch{'es' * (min(steps) != 1)}: the data wait is mostly the "
+                     "workers' start at each epoch, not their steady pace; bench more images for a steady figure")
     lines += [header, "-" * len(header)]
     for r in results:
         wait = ""

@@ -76,15 +76,15 @@ def test_imagefolder_listing_is_torchvisions(tmp_path, tricky_tree):
     from fastdata.errors import SourceError
 
     for root in (_tree_with_every_case(tmp_path / "cases"), tricky_tree.root):
-        empty = [p for p in root.iterdir() if p.is_dir() and not any(
+        not_classes = [p for p in root.iterdir() if p.is_dir() and any(p.rglob("*")) and not any(
             f.name.lower().endswith(IMAGE_EXTENSIONS) for f in p.rglob("*"))]
-        if empty:  # a class folder without images: refused, as torchvision's default (allow_empty=False) does
+        if not_classes:  # files but no image: refused, as torchvision's default (allow_empty=False) refuses it
             _, class_to_idx = find_classes(str(root))
             with pytest.raises(FileNotFoundError):
                 make_dataset(str(root), class_to_idx, IMAGE_EXTENSIONS)
-            with pytest.raises(SourceError, match="holds no image file"):
+            with pytest.raises(SourceError, match="files but no image file"):
                 scan(root)
-            for folder in empty:
+            for folder in not_classes:
                 shutil.rmtree(folder)
         classes, class_to_idx = find_classes(str(root))
         expected = [(os.path.relpath(path, root).replace(os.sep, "/"), label)
@@ -185,5 +185,5 @@ def test_a_worker_that_dies_or_raises_ends_the_conversion_with_the_reason(tmp_pa
 def test_the_summary_reports_rates_and_the_writers_wait(tmp_path):
     tree = build_solid_tree(tmp_path / "src", count=10)
     summary = convert_images(lambda: scan(tree.root), tmp_path / "o.lmdb", workers=2, progress=False)
-    assert 0 <= summary.writer_waited <= summary.seconds
+    assert 0 <= summary.writer_waited <= 1 and "of the writing time" in str(summary)
     assert "images/s" in str(summary) and "MB/s, the writer waited for the workers" in str(summary)

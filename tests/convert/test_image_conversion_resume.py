@@ -103,6 +103,9 @@ def test_sigkill_then_rerun_resumes_to_the_same_dataset(tree, reference, tmp_pat
     assert summary.images == COUNT
     if where in ("checkpoint", "close", "manifest") or (where == "add" and at > 4):
         assert summary.resumed_at, "a checkpoint was passed before the kill, so the rerun must resume"
+    if summary.resumed_at:  # the rate counts only the images this run converted
+        line = next(line for line in str(summary).splitlines() if line.strip().startswith("time"))
+        assert f"{(COUNT - summary.resumed_at) / summary.seconds:,.0f} images/s in this run" in line
     assert contents(out) == contents(reference[fmt])
     manifest, ref_manifest = fastdata.info(out), fastdata.info(reference[fmt])
     assert manifest.class_counts == ref_manifest.class_counts

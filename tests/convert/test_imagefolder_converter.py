@@ -458,8 +458,11 @@ def test_a_class_folder_without_images_is_refused_as_torchvision_refuses_it(tmp_
     (stray / "data.mdb").write_bytes(b"\0" * 64)
     with pytest.raises(FileNotFoundError):
         ImageFolder(str(tree.root))
-    with pytest.raises(SourceError, match=r"class folder old\.lmdb holds no image file"):
+    with pytest.raises(SourceError, match=r"class folder old\.lmdb holds files but no image file.*not a class"):
         fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+    (stray / "data.mdb").unlink()  # a folder with nothing in it: an empty class, as allow_empty=True has it
+    summary = fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+    assert summary.empty_classes == ["old.lmdb"] and "classes with no images: old.lmdb" in str(summary)
 
 
 def test_a_list_conversion_refuses_an_output_inside_its_root(tmp_path):

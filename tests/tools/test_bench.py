@@ -85,7 +85,7 @@ def test_run_bench_with_baseline(tiny, augment):
     assert any("read every loader's files once before timing" in line for line in progress)
     table = format_table(results)
     lines = table.splitlines()
-    assert "images/s" in lines[0]
+    assert lines[0].startswith("baseline: ") and "images/s" in lines[1] and lines[1].rstrip().endswith("vs baseline")
     rows = [line for line in lines if line.startswith(("torchvision", "fastdata"))]
     assert len(rows) == 2
     assert all(RATIO.search(row) for row in rows), table
