@@ -24,7 +24,8 @@ read with pyarrow. One row per image:
   one-line error naming its row, before anything is written; one whose size differs from its decoded image, or
   holding an id not below `--num-classes`, is rejected like an undecodable image, named with its row.
 - Every other column (or those named by `--metadata-columns`) is kept per sample as JSON scalars: text, numbers,
-  booleans, None (null, empty cells and NaN), dates and times as ISO text. Nested values are refused.
+  booleans, None (null, empty cells and NaN), dates and times as ISO text, and lists of these (kept as lists).
+  Objects and binary values are refused.
 
 Rows are numbered from 1 in each list file, the CSV header not counted. Every problem with the list itself
 (missing column, empty list, duplicates, mixed label types, paths outside the root, ...) is a one-line error naming
@@ -45,8 +46,6 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import date, datetime, time
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,7 @@ import click
 
 from fastdata.convert.images import ConversionSummary, convert_images
 from fastdata.convert.masks import LabelMapTargets, scan_label_maps
+from fastdata.convert.metadata import NOT_JSON, json_value
 from fastdata.convert.sources import ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
@@ -328,20 +328,15 @@ def _metadata_names(path: Path, names: list[str], options: ListOptions) -> list[
 
 
 def _metadata_values(path: Path, name: str, values: list[Any]) -> list[Any]:
-    """A metadata column's values as JSON scalars: NaN -> None, dates and times -> ISO text, decimals -> float;
-    nested or binary values refused."""
+    """A metadata column's values as metadata keeps them (fastdata.convert.metadata: JSON scalars and lists of
+    them); objects and binary values refused, naming the row."""
     out = []
     for row, value in enumerate(values, start=1):
-        if isinstance(value, float) and math.isnan(value):
-            value = None
-        elif isinstance(value, (datetime, date, time)):
-            value = value.isoformat()
-        elif isinstance(value, Decimal):
-            value = float(value)
-        elif value is not None and not isinstance(value, (str, int, float, bool)):
+        kept = json_value(value)
+        if kept is NOT_JSON:
             raise SourceError(f"{path} row {row}: column {name!r} holds {_type_name(value)}; metadata columns hold "
-                              "text, numbers or booleans: leave it out with --metadata-columns")
-        out.append(value)
+                              "text, numbers, booleans or lists of them: leave it out with --metadata-columns")
+        out.append(kept)
     return out
 
 

@@ -25,7 +25,6 @@ kept.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import warnings
@@ -37,6 +36,7 @@ from typing import Any
 import click
 
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.metadata import NOT_JSON, json_value
 from fastdata.convert.sources import ImageSource
 from fastdata.convert.tables import (
     ROW_GROUP_CACHE_BYTES,
@@ -321,15 +321,20 @@ def _labels(column: str, feature: Any, values: list[Any], where: str) -> tuple[l
 
 
 def _is_scalar(feature: Any) -> bool:
+    """Whether metadata keeps the column: JSON scalars (a Value of a scalar dtype, a ClassLabel) and lists of
+    them (`Sequence`/`List`, nested too), as every source kind keeps them (fastdata.convert.metadata)."""
     datasets = _datasets()
+    if isinstance(feature, _list_types()):
+        return _is_scalar(feature.feature)
     if isinstance(feature, datasets.ClassLabel):
         return True
     return isinstance(feature, datasets.Value) and bool(_SCALAR_DTYPES.fullmatch(feature.dtype))
 
 
 def _json_scalar(value: Any) -> Any:
-    """JSON has no NaN or infinity: they are stored as null."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    """A kept column's value as metadata holds it (NaN and infinities as null, lists as lists)."""
+    kept = json_value(value)
+    return None if kept is NOT_JSON else kept
 
 
 # -------------------------------------------------------------------------------------------------- listing
@@ -467,4 +472,6 @@ def _columns_note(out: Path) -> str:
     from fastdata.formats.manifest import read_manifest
 
     left_out = read_manifest(out).source.get("columns_not_kept", [])
-    return f"  note      columns not kept (not JSON scalars): {', '.join(left_out)}" if left_out else ""
+    if not left_out:
+        return ""
+    return f"  note      columns not kept (not JSON scalars or lists of them): {', '.join(left_out)}"

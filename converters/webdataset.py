@@ -44,6 +44,7 @@ from fastdata.converters.wds_index import SHOWN, IndexedSample, TarMemberReader,
 
 from fastdata.config import available_cores
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.metadata import NOT_JSON, json_value
 from fastdata.convert.sources import ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
@@ -154,10 +155,13 @@ def _class_count(samples: list[IndexedSample], values: list[Any], num_classes: i
 
 def _metadata(sample: IndexedSample, meta: dict | None, label_field: str | None, caption: bool, names: list[str]
               ) -> dict[str, Any]:
-    """A sample's metadata: its .json fields but the label (lists and objects as JSON text), and its caption."""
-    row = {name: value if value is None or isinstance(value, (str, int, float, bool))
-           else json.dumps(value, ensure_ascii=False, sort_keys=True)
-           for name, value in (meta or {}).items() if name != label_field}
+    """A sample's metadata: its .json fields but the label (lists kept as lists, as every source keeps them:
+    fastdata.convert.metadata; objects as JSON text), and its caption."""
+    row = {}
+    for name, value in (meta or {}).items():
+        if name != label_field:
+            kept = json_value(value)
+            row[name] = json.dumps(value, ensure_ascii=False, sort_keys=True) if kept is NOT_JSON else kept
     if caption and "txt" in sample.texts:
         try:
             row["caption"] = sample.texts["txt"].decode("utf-8")

@@ -859,7 +859,7 @@ def perfetto_ns(us: float) -> int:
 
 # ClassLabel names, in the dataset's own (unsorted) order: a conversion must keep it, and the ids with it.
 HF_CLASSES = ("moth", "ant", "zebra")
-HF_METADATA = ["id", "name", "score", "odd", "note"]  # the scalar columns, kept as metadata (tags is a list)
+HF_METADATA = ["tags", "id", "name", "score", "odd", "note"]  # kept as metadata: JSON scalars and lists of them
 
 
 def hf_row_ids(count: int) -> list[int]:
@@ -899,7 +899,8 @@ def hf_dataset(tree: Tree, broken: dict[int, bytes | None] | None = None, paths:
     metadata = [solid_metadata(i) for i in ids]
     return Dataset.from_dict({"image": images, "label": [solid_label(i) for i in ids],
                               "tags": [list(multi_labels(i)) for i in ids],
-                              **{name: [m[name] for m in metadata] for name in HF_METADATA}}, features=hf_features())
+                              **{name: [m[name] for m in metadata] for name in HF_METADATA if name != "tags"}},
+                             features=hf_features())
 
 
 @dataclass

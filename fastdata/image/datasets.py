@@ -125,8 +125,9 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
 
     @property
     def samples(self) -> StoredSamples:
-        """(source-relative path, label) per index, as torchvision's ImageFolder.samples; a multi-label sample's
-        label is the list of its class ids. A sequence read from storage as it is asked for (equal to the list)."""
+        """(path, label) per index: torchvision's ImageFolder.samples with each path relative to the source folder
+        (ImageFolder's is `os.path.join(root, path)`); a multi-label sample's label is the list of its class ids. A
+        sequence read from storage as it is asked for (equal to the list)."""
         return StoredSamples(self.reader)
 
     @property

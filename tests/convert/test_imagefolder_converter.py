@@ -60,6 +60,11 @@ def test_classes_labels_and_order_match_torchvision(tricky_tree, tricky_lmdb):
     assert ds.classes == classes == ["Bird", "cat", "dog.v2"]
     assert ds.class_to_idx == class_to_idx
     assert ds.samples == samples
+    # what docs/images.md says: ImageFolder's paths are the keys joined to the source folder
+    from torchvision.datasets import ImageFolder
+
+    assert [(os.path.join(tricky_tree.root, key), label) for key, label in ds.samples] == \
+        ImageFolder(str(tricky_tree.root), allow_empty=True).samples
     assert ds.targets == [label for _, label in samples]
     assert len(ds) == len(samples) == len(tricky_tree.images)
     # every image file of the tree is a sample, no ignored file is

@@ -253,9 +253,9 @@ def bad_list(tmp_path: Path, case: str) -> tuple[Path, list[str], list[str]]:
         path = write_list(frame, small.root / "train.parquet")
         return path, [], [f"{path} row 1", "holds a number (0.0)"]
     if case == "nested metadata":
-        frame["boxes"] = [[1, 2]] * len(frame)
+        frame["boxes"] = [{"x": 1, "y": 2}] * len(frame)
         path = write_list(frame, small.root / "train.jsonl")
-        return path, [], [f"{path} row 1: column 'boxes' holds a list", "--metadata-columns"]
+        return path, [], [f"{path} row 1: column 'boxes' holds", "--metadata-columns"]
     if case == "num-classes with names":
         return write_list(frame, small.root / "train.csv"), ["--num-classes", "3"], ["--num-classes applies to "
                                                                                       "integer class ids"]

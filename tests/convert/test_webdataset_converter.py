@@ -70,9 +70,9 @@ def image_ext(sample: dict) -> str:
 
 
 def expected_metadata(sample: dict, label_field: str | None = None) -> dict:
-    """What the conversion keeps of a webdataset sample as metadata: its .json fields but the label (lists as their
-    JSON text) and its .txt as "caption"."""
-    meta = {k: json.dumps(v) if isinstance(v, list) else v for k, v in json.loads(sample["json"]).items()
+    """What the conversion keeps of a webdataset sample as metadata: its .json fields but the label (lists kept as
+    lists, as every source keeps them; objects as their JSON text) and its .txt as "caption"."""
+    meta = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in json.loads(sample["json"]).items()
             if k != label_field}
     return {**meta, "caption": sample["txt"].decode()}
 
