@@ -44,13 +44,14 @@ class Batch:
     times: StageTimes = field(default_factory=StageTimes)
     slot: Slot | None = None  # the worker's reused shared-memory slot holding `images` (fastdata.batch_buffers)
     span: tuple[int, int, int] | None = None  # (worker, started ns, ended ns): `worker_span`, for traces
+    metadata: list[dict] | None = None  # with metadata=True: {"key": ..., **stored metadata} per sample kept
 
     def pin_memory(self) -> Batch:
         """Called by DataLoader's pin-memory thread; the pinning counts as the transfer stage."""
         started = perf_counter()
         images, labels = self.images.pin_memory(), self.labels.pin_memory()
         times = replace(self.times, transfer=self.times.transfer + perf_counter() - started)
-        return Batch(images, labels, self.skipped, times, self.slot, self.span)
+        return replace(self, images=images, labels=labels, times=times)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class EncodedBatch:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     times: StageTimes = field(default_factory=StageTimes)
     span: tuple[int, int, int] | None = None  # (worker, started ns, ended ns): `worker_span`, for traces
+    metadata: list[dict] | None = None  # with metadata=True: {"key": ..., **stored metadata}, in batch order
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -79,6 +81,11 @@ class EncodedBatch:
         asynchronously (and nvImageCodec reads the bytes straight from pinned memory)."""
         return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory(),
                        labels=self.labels.pin_memory())
+
+
+def sample_metadata(sample: EncodedSample) -> dict:
+    """What a batch carries of a sample with metadata=True: its key, then its stored metadata."""
+    return {"key": sample.key, **(sample.metadata or {})}
 
 
 def worker_span(started_ns: int) -> tuple[int, int, int]:

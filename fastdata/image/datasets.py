@@ -25,7 +25,7 @@ from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import RECORD_TARGET_KINDS, Manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
-from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, worker_span
+from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, sample_metadata, worker_span
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.captions import target_codec
 from fastdata.image.detection import check_targets
@@ -37,12 +37,18 @@ from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part,
 
 
 def build_batch(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: int, on_error: str,
-                buffers: BatchBuffers | None = None) -> Batch | EncodedBatch:
+                buffers: BatchBuffers | None = None, metadata: bool = False) -> Batch | EncodedBatch:
     """One batch of `samples` as a worker hands it over: decoded by the pipeline or, when the loader decodes on
-    the device (`pipeline.ship_encoded`), an EncodedBatch (the device decodes its JPEGs; the worker the rest)."""
+    the device (`pipeline.ship_encoded`), an EncodedBatch (the device decodes its JPEGs; the worker the rest);
+    with `metadata`, each kept sample's key and stored metadata (`sample_metadata`) in batch order."""
     if pipeline.ship_encoded:
-        return pack_encoded(pipeline, samples, epoch, on_error)
-    return pipeline.batch(samples, epoch, on_error, buffers)
+        batch: Batch | EncodedBatch = pack_encoded(pipeline, samples, epoch, on_error)
+    else:
+        batch = pipeline.batch(samples, epoch, on_error, buffers)
+    if metadata:
+        skipped = {key for key, _ in batch.skipped}
+        batch.metadata = [sample_metadata(s) for s in samples if s.key not in skipped]
+    return batch
 
 
 class _ImageMetaMixin:
@@ -143,7 +149,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         target = r.target(index) if self.manifest.target_kind in RECORD_TARGET_KINDS else None
         return EncodedSample(r.key(index), r.read(index), self.pipeline.labels.read(r, index),
                              int(r.widths[index]), int(r.heights[index]), int(r.codecs[index]), (index,),
-                             target=target)
+                             metadata=r.metadata(index) if self.with_metadata else None, target=target)
 
     def metadata(self, index: int) -> dict:
         """Sample `index`'s stored metadata (its source row's other columns; {} when the source had none)."""
@@ -168,7 +174,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
         samples = [self.encoded(int(i)) for i in indices]
         self.reader.release_mapped()
         read_s = perf_counter() - started
-        batch = build_batch(self.pipeline, samples, epoch, self.on_error, buffers)
+        batch = build_batch(self.pipeline, samples, epoch, self.on_error, buffers, self.with_metadata)
         batch.times.read += read_s
         batch.span = worker_span(started_ns)
         return batch

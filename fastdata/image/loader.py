@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from fastdata.config import LoaderOptions, check_bool, ctrl_c_held, failed_pass, worker_ignores_ctrl_c
 from fastdata.errors import ConfigError, WorkerError
 from fastdata.image.augment import describe_augment
-from fastdata.image.batch import EncodedSample
+from fastdata.image.batch import EncodedSample, sample_metadata
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
@@ -260,9 +260,9 @@ class ImageLoader(ResumableLoader):
             self._end_pass()
             return
         self._pass_skip = here.skip
-        for images, labels in self._pass(PassKey(here.epoch, here.start, here.skip)):
+        for batch in self._pass(PassKey(here.epoch, here.start, here.skip)):
             self._count_batch()
-            yield images, labels
+            yield batch
         self._end_pass()
 
     def _pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -310,15 +310,14 @@ class ImageLoader(ResumableLoader):
         """The workers' finished batches as they made them, or with a device moved there and converted.
         A batch whose samples were all skipped borrows one (fastdata.borrow), so every rank yields len(self)."""
         for number, batch in enumerate(batches, start=self._pass_skip):
-            images, labels = batch.images, batch.labels
+            images, labels, metadata = batch.images, batch.labels, batch.metadata
             if not len(labels):
-                images, labels = self._borrow(epoch, number)
-            if self.device is None:
-                yield images, labels
-            else:
-                images = images.to(self.device, non_blocking=True)
-                yield (finish(images, self._output, self._channels_last, str(self.dataset.root)),
-                       labels.to(self.device, non_blocking=True))
+                images, labels, metadata = self._borrow(epoch, number)
+            if self.device is not None:
+                images = finish(images.to(self.device, non_blocking=True), self._output, self._channels_last,
+                                str(self.dataset.root))
+                labels = labels.to(self.device, non_blocking=True)
+            yield (images, labels) if metadata is None else (images, labels, metadata)
 
     def _device_pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """decode="device": the feeder's batches (fastdata.image.device.feeder), made beside the training step;
@@ -338,12 +337,12 @@ class ImageLoader(ResumableLoader):
         for number, made in enumerate(feeder.batches(key), start=key.skip):
             self._note_skipped(made.skipped)
             self.stage_times.device += made.seconds
-            images, labels = made.images, made.labels
+            images, labels, metadata = made.images, made.labels, made.metadata
             if not len(labels):
-                images, labels = self._borrow(key.epoch, number)
+                images, labels, metadata = self._borrow(key.epoch, number)
                 images = finish(images.to(self.device), self._output, self._channels_last, str(self.dataset.root))
                 labels = labels.to(self.device)
-            yield images, labels
+            yield (images, labels) if metadata is None else (images, labels, metadata)
 
     def _setup_device(self) -> None:
         """On the feeder's thread, before its first batch (the workers have started): the decoder, and over the
@@ -372,7 +371,7 @@ class ImageLoader(ResumableLoader):
         decoder = self._stage.decoder if self._stage is not None else None
         return decoder.name if decoder is not None else None
 
-    def _borrow(self, epoch: int, number: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _borrow(self, epoch: int, number: int) -> tuple[torch.Tensor, Any, list[dict] | None]:
         """A batch of one for batch `number` of `epoch`, whose samples were all skipped: the first later sample of
         this rank's epoch that decodes (fastdata.borrow), made here, in the main process (a rare event)."""
         pipeline = self.dataset.pipeline
@@ -403,7 +402,8 @@ class ImageLoader(ResumableLoader):
                           f"is replaced by one sample borrowed from later in the epoch ({sample.key!r}) so that "
                           f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
                           stacklevel=3)
-        return image[None], pipeline.labels.batch([pipeline.target_of(sample)])
+        metadata = [sample_metadata(sample)] if self.dataset.with_metadata else None
+        return image[None], pipeline.labels.batch([pipeline.target_of(sample)]), metadata
 
     @property
     def device_fallbacks(self) -> int:
@@ -452,8 +452,8 @@ class PairLoader(ImageLoader):
     the rank split, exact resume, skipped images (whose captions go with them) and borrowed samples."""
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        for images, captions in super().__iter__():
-            yield {"images": images, **captions.as_dict()}
+        for images, captions, *metadata in super().__iter__():
+            yield {"images": images, **captions.as_dict(), **({"metadata": metadata[0]} if metadata else {})}
 
 
 class DetectionLoader(ImageLoader):
@@ -472,9 +472,9 @@ class DetectionLoader(ImageLoader):
                               "whole images with their targets")
         super().__init__(data, options, image)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, list[dict[str, Any]]]]:  # type: ignore[override]
-        for images, targets in super().__iter__():
-            yield images, targets.as_list()
+    def __iter__(self) -> Iterator[tuple]:  # type: ignore[override]
+        for images, targets, *metadata in super().__iter__():
+            yield (images, targets.as_list(), *metadata)
 
 
 def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:

@@ -95,7 +95,8 @@ class _WorkerReader:
                         self._read_until(position)
                 samples = [self._take(int(p)) for p in positions]
                 read_s = perf_counter() - started
-                batch = build_batch(self.dataset.pipeline, samples, self.epoch, self.dataset.on_error, self.buffers)
+                batch = build_batch(self.dataset.pipeline, samples, self.epoch, self.dataset.on_error, self.buffers,
+                                    self.dataset.with_metadata)
                 batch.times.read += read_s
                 batch.span = worker_span(started_ns)
                 yield batch

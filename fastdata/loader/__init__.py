@@ -210,6 +210,7 @@ def loader(
     bucketing: bool | None = None,
     eos_token: str | None = None,
     masks: bool = False,
+    metadata: bool = False,
     tune_dir: str | os.PathLike[str] | None = None,
     weights: list[float] | None = None,
     samples_per_epoch: int | None = None,
@@ -337,6 +338,9 @@ def loader(
         eos_token: text: the end-of-text token that follows each document (default: the conversion's).
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in the batch's pixels
             (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
+        metadata: image datasets: each batch also carries a list, one dict per sample in batch order, of its key
+            (`"key"`) and its stored metadata (the source's other columns): `(images, labels, metadata)`,
+            `(images, targets, metadata)` for detection, a `"metadata"` entry for image-text pairs.
         tune_dir: where "auto" also looks for `fastdata tune` results (default `~/.cache/fastdata/tune`; a
             `tune.json` inside the dataset's directory is read first).
         weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
@@ -375,6 +379,8 @@ def loader(
                           f"dataset, so the defaults are used ({options.num_workers} "
                           f"worker{'s' * (options.num_workers != 1)}, prefetch "
                           f"{options.prefetch_factor}); pass numbers to choose", stacklevel=2)
+        if metadata:
+            raise ConfigError("metadata=True applies to one dataset's loader; a mixture's batches do not carry it")
         mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
                              on_error=on_error, scale=scale, ratio=ratio, masks=masks,
                              samples_per_epoch=samples_per_epoch, epoch_end=epoch_end, exhausted=exhausted)
@@ -385,7 +391,7 @@ def loader(
                           "dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         max_length=max_length, masks=masks)
+                         max_length=max_length, masks=masks, metadata=metadata)
     tuned = None
     if AUTO in auto:
         tuned = _tuned(data, path, options, auto, image_options, augment, tune_dir)

@@ -468,3 +468,30 @@ def test_labels_joined_by_a_separator_warn_and_a_json_list_is_multi_label(tmp_pa
         multi = fastdata.convert_list(src / "lists.csv", tmp_path / "out" / "lists.lmdb", workers=1,
                                       progress=False)
     assert multi.classes == 3 and fastdata.dataset(tmp_path / "out" / "lists.lmdb").multi_label
+
+
+@pytest.mark.parametrize("decode", ["worker", "device"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_batches_carry_keys_and_metadata_when_asked(list_lmdb, decode, workers):
+    """`fastdata.loader(..., metadata=True)`: each batch is (images, labels, metadata), one dict per sample in batch
+    order with its key and stored metadata, on both decode paths; a skipped sample takes its dict with it."""
+    options = dict(batch_size=4, image_size=16, num_workers=workers, seed=3, metadata=True, decode=decode,
+                   device="cpu" if decode == "device" else None)
+    seen = 0
+    for images, labels, metadata in fastdata.loader(list_lmdb, **options):
+        assert len(metadata) == len(images) == len(labels)
+        for image, entry in zip(images, metadata, strict=True):
+            sample_id = solid_id_of_path(entry["key"])
+            assert sample_id_of(image) == sample_id and entry == {"key": entry["key"], **solid_metadata(sample_id)}
+        seen += len(metadata)
+    assert seen == COUNT
+    plain = next(iter(fastdata.loader(list_lmdb, batch_size=4, image_size=16, num_workers=0)))
+    assert len(plain) == 2  # without metadata=True, batches are (images, labels) as always
+
+
+def test_loader_metadata_for_detection_and_pairs(coco_lmdb, pairs_lmdb):
+    _, targets, metadata = next(iter(fastdata.loader(coco_lmdb, batch_size=2, image_size=64, num_workers=0,
+                                                     metadata=True)))
+    assert len(metadata) == len(targets) == 2 and all("key" in m for m in metadata)
+    batch = next(iter(fastdata.loader(pairs_lmdb, batch_size=2, image_size=32, num_workers=0, metadata=True)))
+    assert [m["key"] for m in batch["metadata"]] and len(batch["metadata"]) == len(batch["images"])

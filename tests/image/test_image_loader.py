@@ -219,10 +219,13 @@ def test_albumentations_compose_is_deterministic_for_a_seed(solid_lmdb):
     directions = {bool(img[0, :, -1].float().mean() > img[0, :, 0].float().mean())
                   for images, _ in one for img in images}
     assert directions == {True, False}
-    # and a dataset item is reproducible
+    # and a dataset item is reproducible for its epoch: each read is the next epoch, unless one is pinned
     ds = fastdata.dataset(solid_lmdb, augment=crop_flip(), seed=4)
-    assert torch.equal(ds[3][0], ds[3][0])
-    assert ds[3][0].shape == (3, SIZE, SIZE)
+    first, second = ds[3][0], ds[3][0]
+    ds.set_epoch(0)
+    assert torch.equal(ds[3][0], first) and torch.equal(ds[3][0], first)
+    ds.set_epoch(1)
+    assert torch.equal(ds[3][0], second) and ds[3][0].shape == (3, SIZE, SIZE)
 
 
 def test_callable_augment(solid_lmdb):

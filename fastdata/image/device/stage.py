@@ -42,6 +42,7 @@ class DeviceBatch:
     labels: Any
     skipped: list[tuple[str, str]]
     seconds: float = 0.0
+    metadata: list[dict] | None = None  # with metadata=True: the kept samples' keys and metadata
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -111,7 +112,8 @@ class DeviceStage:
         timings["resize"] += ended - resize_started
         timings["other"] += (decode_started - started)
         timings["batches"] += 1
-        return DeviceBatch(out, labels, skipped, ended - started)
+        metadata = None if batch.metadata is None else [batch.metadata[i] for i in keep]
+        return DeviceBatch(out, labels, skipped, ended - started, metadata)
 
     def _within_limits(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]) -> list[int]:
         """The rows whose stored size is within the pixel limit; the others follow on_error."""
