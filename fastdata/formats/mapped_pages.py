@@ -15,7 +15,6 @@ lookup). Elsewhere than Linux, or for a view outside the file's mapping (as /pro
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from typing import Any
@@ -72,12 +71,16 @@ class MappedFile:
     def __del__(self) -> None:
         self._close()
 
-    def _close(self) -> None:
-        """Close this process's descriptor of the file (a forked child's is its own copy of its parent's)."""
+    def _close(self, close: Any = os.close) -> None:
+        """Close this process's descriptor of the file (a forked child's is its own copy of its parent's). Needs
+        no module global (`close` is bound at definition): at interpreter exit, when this may run from `__del__`,
+        the modules' globals may already be gone."""
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            try:
+                close(fd)
+            except OSError:  # already closed: nothing to give back
+                return
 
     def _here(self) -> bool:
         """Whether values can be read unmapped here: found the mapping (once per process) and opened the file."""

@@ -264,6 +264,8 @@ def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool]
                 parts[ext] = member_file.read()
             if current_key is not None:
                 yield finish()
+    except GeneratorExit:  # closed early (at interpreter exit too, when `tarfile` below may be gone): nothing to say
+        raise
     except tarfile.TarError as exc:
         raise CorruptSampleError(f"{where}: damaged shard ({exc})") from exc
 
