@@ -118,11 +118,14 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
     # the tokenizer copied beside the data (text datasets, image-text pairs with tokens), with its recorded sha256
     beside = {section["tokenizer"]: section.get("tokenizer_sha256")
               for section in (manifest.text, manifest.pairs) if section and section.get("tokenizer")}
+    # a text WebDataset's shard indexes (one `.idx` per shard), with their recorded sha256
+    beside.update({entry["name"]: entry.get("sha256") for entry in (manifest.text or {}).get("index_files", [])})
     for name, digest in beside.items():
+        what = "shard index" if name.endswith(".idx") else "tokenizer"
         if not (root / name).is_file():
-            report.problems.append(f"{name}: the dataset's tokenizer is missing")
+            report.problems.append(f"{name}: the dataset's {what} is missing")
         elif digest and sha256_file(root / name) != digest:
-            report.problems.append(f"{name}: sha256 differs from the manifest's (the tokenizer was altered)")
+            report.problems.append(f"{name}: sha256 differs from the manifest's (the {what} was altered)")
     for entry in manifest.files:
         path = root / entry.name
         if not path.is_file():
