@@ -301,8 +301,9 @@ def cli_command() -> click.Command:
                   help="Source read between checkpoints: an interrupted conversion resumes from its last one "
                        "(rerun the same command). Does not change the dataset.")
     @click.option("--workers", type=int, default=None,
-                  help="Tokenize on N worker processes, one thread each. Default: in this process, on the "
-                       "tokenizer's own threads. The same dataset either way.")
+                  help="Tokenize on N worker processes, one thread each. Default: one per core, as image "
+                       "conversions; 0: in this process, on the tokenizer's own threads. The same dataset "
+                       "either way.")
     @output_options
     def command(src: tuple[str, ...], out: Path, quiet: bool, **options) -> None:
         """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, .arrow, folders or quoted

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import check_bool, check_int, check_optional_int, parse_size
+from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.checkpoints import (
     ProgressRecord,
     files_digest,
@@ -244,8 +244,9 @@ def convert_documents(
         chunk_tokens: LMDB: token ids per stored chunk.
         commit_every_chunks: LMDB: chunks between commits.
         checkpoint_every: source read between checkpoints: "4MB", ... or a byte count.
-        workers: tokenize on this many worker processes, one thread each (None: in this process, on the
-            tokenizer's own thread pool). The ids, and so the dataset, are the same either way.
+        workers: tokenize on this many worker processes, one thread each (None: one per usable core, as the
+            image converter; 0: in this process, on the tokenizer's own thread pool). The ids, and so the dataset,
+            are the same either way.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = resolve_format(out, format)
@@ -256,8 +257,9 @@ def convert_documents(
     overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
     progress = check_bool("progress", progress)
     workers = check_optional_int("workers", workers)
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    if workers is not None and workers < 0:
+        raise ConfigError(f"--workers must be 0 (this process) or more, got {workers}")
+    workers = available_cores() if workers is None else (workers or None)  # None from here: in this process
     if eos_token is not None and not isinstance(eos_token, str):
         raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {eos_token!r}")
     if checkpoint_bytes < 1:

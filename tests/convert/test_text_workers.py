@@ -33,7 +33,7 @@ def test_workers_give_the_same_dataset_byte_for_byte(corpus, tmp_path, monkeypat
     root, docs, tokenizer = corpus
     monkeypatch.setattr(text_work, "TASK_CHARS", 2000)  # many tasks, the huge document one of its own
     digests = {}
-    for workers in (None, 1, 2, 4):
+    for workers in (0, None, 1, 2, 4):  # 0: in this process; None: the default, a worker per core
         out = tmp_path / f"w{workers}" / ("out.lmdb" if fmt == "lmdb" else "out")
         summary = fastdata.convert_text(root / "corpus.jsonl", out, tokenizer=tokenizer, format=fmt,
                                         shard_size="16KB", batch_size="8KB", workers=workers, progress=False)
@@ -45,7 +45,7 @@ def test_workers_give_the_same_dataset_byte_for_byte(corpus, tmp_path, monkeypat
             digests[workers] = [data.tokens(i).tolist() for i in range(len(docs))]
         else:
             digests[workers] = [(f.name, f.sha256) for f in files]
-    assert digests[1] == digests[2] == digests[4] == digests[None]
+    assert digests[0] == digests[1] == digests[2] == digests[4] == digests[None]
     if fmt == "lmdb":
         assert digests[2][50] == reference_ids(tokenizer, docs[50])
 
@@ -63,5 +63,12 @@ def test_workers_option(corpus, tmp_path, capsys):
                          tokenizer, "--workers", "2", "-q")
     assert code == 0, err
     assert "the writer waited for the workers" in out
-    with pytest.raises(ConfigError, match="--workers must be at least 1"):
-        fastdata.convert_text(root / "corpus.jsonl", tmp_path / "x.lmdb", tokenizer=tokenizer, workers=0)
+    with pytest.raises(ConfigError, match="--workers must be 0 \\(this process\\) or more"):
+        fastdata.convert_text(root / "corpus.jsonl", tmp_path / "x.lmdb", tokenizer=tokenizer, workers=-1)
+    # by default the cores tokenize, in worker processes, as an image conversion uses them
+    code, out, err = cli(capsys, "convert", "text", root / "corpus.jsonl", tmp_path / "d.lmdb", "--tokenizer",
+                         tokenizer, "-q")
+    assert code == 0 and "the writer waited for the workers" in out, err
+    code, out, err = cli(capsys, "convert", "text", root / "corpus.jsonl", tmp_path / "z.lmdb", "--tokenizer",
+                         tokenizer, "--workers", "0", "-q")
+    assert code == 0 and "the writer waited for the workers" not in out, err
