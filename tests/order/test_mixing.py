@@ -58,7 +58,7 @@ def test_weights_are_exact_integer_ratios():
     assert abs(parts[0] / sum(parts) - 0.1234567 / 1.1234567) < 1e-6
 
 
-@pytest.mark.parametrize("weights, message", [([1], "1 numbers for 2 datasets"), ([0, 0], "not all 0"),
+@pytest.mark.parametrize("weights, message", [([1], "1 number for 2 datasets"), ([0, 0], "not all 0"),
                                               ([1, -1], "at least 0"), ("ab", "a list of numbers"),
                                               ([1, "2"], "must be a number")])
 def test_bad_weights_are_refused(weights, message):
