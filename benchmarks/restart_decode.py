@@ -10,8 +10,9 @@ covers); then timed, each over all images, alternating, median of `--repeats` pa
 - region, original (today): the extension decodes the region of the source file;
 - region, rewritten whole file: the same, of the rewritten file (what the restart markers alone cost);
 - sub-JPEG (stored index): RestartIndex.from_bytes + assemble the covered MCUs + region decode of the sub-JPEG
-  (what a loader does with the index stored beside the image);
-- sub-JPEG (index from a scan): the same with the index rebuilt by scanning the file for restart markers;
+  (a path that does not ship: the formats store no index; kept to show what storing one would save);
+- sub-JPEG (index from a scan): the same with the index rebuilt by scanning the file for restart markers (the path
+  that ships: the loader rebuilds each sample's index from its bytes on every read);
 - assemble only: RestartIndex.from_bytes + assemble, no decode;
 - whole image, full size (OpenCV): what PIL-style loaders decode before cropping.
 
