@@ -34,11 +34,11 @@ class EncodedSample:
 
 @dataclass
 class Batch:
-    """A decoded batch as a worker hands it over: NCHW uint8 images, labels (int64 `[B]`, or multi-hot float32
-    `[B, C]`: `fastdata.image.labels`; image-text pairs: the captions, `fastdata.image.captions`), skipped samples,
-    and the time each stage took to make it."""
+    """A decoded batch as a worker hands it over: NCHW uint8 images (detection with augment=None: a list of CHW
+    images of their stored sizes), labels (int64 `[B]`, or multi-hot float32 `[B, C]`: `fastdata.image.labels`;
+    image-text pairs: the captions, `fastdata.image.captions`), skipped samples, and the time each stage took."""
 
-    images: torch.Tensor
+    images: torch.Tensor | list[torch.Tensor]
     labels: torch.Tensor | CaptionBatch
     skipped: list[tuple[str, str]] = field(default_factory=list)
     times: StageTimes = field(default_factory=StageTimes)
@@ -49,7 +49,9 @@ class Batch:
     def pin_memory(self) -> Batch:
         """Called by DataLoader's pin-memory thread; the pinning counts as the transfer stage."""
         started = perf_counter()
-        images, labels = self.images.pin_memory(), self.labels.pin_memory()
+        images = ([image.pin_memory() for image in self.images] if isinstance(self.images, list)
+                  else self.images.pin_memory())
+        labels = self.labels.pin_memory()
         times = replace(self.times, transfer=self.times.transfer + perf_counter() - started)
         return replace(self, images=images, labels=labels, times=times)
 

@@ -314,8 +314,12 @@ class ImageLoader(ResumableLoader):
             if not len(labels):
                 images, labels, metadata = self._borrow(epoch, number)
             if self.device is not None:
-                images = finish(images.to(self.device, non_blocking=True), self._output, self._channels_last,
-                                str(self.dataset.root))
+                if isinstance(images, list):  # whole images of their own sizes (detection, augment=None)
+                    images = [finish(image.to(self.device, non_blocking=True)[None], self._output, False,
+                                     str(self.dataset.root))[0] for image in images]
+                else:
+                    images = finish(images.to(self.device, non_blocking=True), self._output, self._channels_last,
+                                    str(self.dataset.root))
                 labels = labels.to(self.device, non_blocking=True)
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
@@ -403,7 +407,8 @@ class ImageLoader(ResumableLoader):
                           f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
                           stacklevel=3)
         metadata = [sample_metadata(sample)] if self.dataset.with_metadata else None
-        return image[None], pipeline.labels.batch([pipeline.target_of(sample)]), metadata
+        images = [image] if pipeline.unstacked else image[None]
+        return images, pipeline.labels.batch([pipeline.target_of(sample)]), metadata
 
     @property
     def device_fallbacks(self) -> int:
@@ -458,7 +463,8 @@ class PairLoader(ImageLoader):
 
 class DetectionLoader(ImageLoader):
     """Iterable of `(images, targets)` over a detection dataset: images as `ImageLoader` makes them (the presets:
-    uint8 `[B, 3, S, S]` canvases, each image at the top-left, padded with 0), targets a list of B dicts
+    uint8 `[B, 3, S, S]` canvases, each image at the top-left, padded with 0; augment=None: a list of B uint8
+    `[3, H, W]` images in their stored geometry, what torchvision's detection models take), targets a list of B dicts
     (`DetectionBatch.as_list`: `boxes` float32 `[N, 4]` xyxy in the canvas' pixels, `labels`, `iscrowd`,
     `annotation_ids` int64 `[N]`, `area` float32 `[N]`, `image_id`, and with `masks=True` `masks` uint8
     `[N, S, S]`). Everything else is `ImageLoader`'s: the order, the rank split, exact resume, skipped images (whose
@@ -467,9 +473,7 @@ class DetectionLoader(ImageLoader):
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
                  image: ImageOptions | None = None) -> None:
         if data.pipeline.preset is None and data.pipeline.augment is None:
-            raise ConfigError(f"{data.root}: augment=None gives whole images of different sizes, which do not "
-                              "stack: use augment='train' or 'val' (a padded canvas), or fastdata.dataset(PATH) for "
-                              "whole images with their targets")
+            data.pipeline.unstacked = True  # whole images of different sizes: a list per batch
         super().__init__(data, options, image)
 
     def __iter__(self) -> Iterator[tuple]:  # type: ignore[override]

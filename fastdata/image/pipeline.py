@@ -72,6 +72,8 @@ class SamplePipeline:
         # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
         # once the device's decoder passed fastdata.image.device_restart.sub_jpeg_failure)
         self.ship_sub_jpegs = False
+        # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
+        self.unstacked = False
         self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)
         self.augment = augment
         self.seed = seed
@@ -312,6 +314,8 @@ class SamplePipeline:
         collate_started = perf_counter()
         if size:
             tensor = tensor[: len(labels)]
+        elif self.unstacked:  # each image as stored, in its own (shared-memory, in a worker) tensor
+            tensor = [image.contiguous() for image in images]
         else:
             tensor, slot = _stack(images, kept, self.source, buffers)
         label_tensor = self.labels.batch(labels)

@@ -237,12 +237,40 @@ def _without_segmentation():
 
 def test_refusals_are_one_line(rect_lmdb, capsys):
     for options, needle in (({"decode": "device", "device": "cpu"}, "detection datasets decode in the workers"),
-                            ({"augment": None}, "augment=None gives whole images"),
                             ({"augment": lambda image: image}, "augment for a detection dataset must be"),
                             ({"augment": "val", "scale": (0.5, 2.0)}, "scale is the train preset's")):
         with pytest.raises(ConfigError, match=needle) as raised:
             fastdata.loader(rect_lmdb, num_workers=0, **options)
         assert_one_line_error(str(raised.value), needle)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_augment_none_gives_whole_images_in_their_stored_geometry(rect_lmdb, workers):
+    """`augment=None`: a list of uint8 [3, H, W] images, each as stored (the pixels `fastdata.dataset` gives), with
+    its target in those pixels: the input torchvision's detection models take, and one training step of Faster
+    R-CNN runs on it."""
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
+
+    loader = fastdata.loader(rect_lmdb, augment=None, batch_size=3, num_workers=workers, shuffle=False)
+    plain = fastdata.dataset(rect_lmdb)
+    seen = 0
+    for images, targets in loader:
+        assert isinstance(images, list) and len(images) == len(targets)
+        for image, target in zip(images, targets, strict=True):
+            stored, stored_target = plain[seen]
+            assert image.dtype == torch.uint8 and torch.equal(image, stored)
+            assert torch.equal(target["boxes"], stored_target["boxes"])
+            height, width = image.shape[-2:]
+            assert (target["boxes"][:, 2] <= width).all() and (target["boxes"][:, 3] <= height).all()
+            seen += 1
+    assert seen == len(plain)
+    model = fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None,
+                                                  num_classes=len(loader.classes) + 1)
+    model.train()
+    images, targets = next(iter(loader))
+    losses = model([image.float() / 255 for image in images],
+                   [{**t, "labels": t["labels"] + 1} for t in targets])
+    assert all(torch.isfinite(loss) for loss in losses.values())
 
 
 def test_a_target_for_an_image_of_another_size_is_named(rect_lmdb, tmp_path):
