@@ -33,25 +33,6 @@ import torch
 BATCH = 256
 
 
-def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
-    """Every JPEG of the dataset (pinned host memory, as the workers hand them over) and its train crop's region."""
-    import fastdata
-    from fastdata.image.device.kernels import cover
-    from fastdata.order.epoch import sample_rng
-
-    ds = fastdata.dataset(lmdb, "train", image_size=224)
-    payloads, regions = [], []
-    for i in range(len(ds)):
-        sample = ds.encoded(i)
-        if sample.codec != 0:
-            continue
-        params = ds.pipeline.preset.params(sample.width, sample.height, sample_rng(0, 0, *sample.position))
-        box = np.array([[params.left, params.top, params.width, params.height]])
-        regions.append(tuple(int(v) for v in cover(box, np.array([[sample.height, sample.width]]))[0]))
-        payloads.append(torch.frombuffer(bytearray(sample.data), dtype=torch.uint8).pin_memory().numpy())
-    return payloads, regions
-
-
 def configurations() -> dict[str, object]:
     from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missing
     from fastdata.image.device.options import DeviceDecode
@@ -114,7 +95,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
-    from gpu_train_feed import dataset
+    from gpu_train_feed import dataset, jpegs
 
     _, lmdb = dataset(Path(args.out), args.images)
     payloads, regions = jpegs(lmdb)

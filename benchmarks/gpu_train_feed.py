@@ -187,17 +187,13 @@ def contenders(src: Path, lmdb: Path, restart: Path, workers: int) -> dict[str, 
     }
 
 
-def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
-    """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset
-    (whole files, as the loader ships them by default), 256 per batched call."""
+def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
+    """Every JPEG of the dataset (pinned host memory, as the workers hand them over) and its train crop's region."""
     import fastdata
-    from fastdata.image.device.decoders import make_decoder
     from fastdata.image.device.kernels import cover
-    from fastdata.image.device.options import DeviceDecode
     from fastdata.order.epoch import sample_rng
 
     ds = fastdata.dataset(lmdb, "train", image_size=224)
-    decoder = make_decoder(torch.device("cuda"), DeviceDecode())
     payloads, regions = [], []
     for i in range(len(ds)):
         sample = ds.encoded(i)
@@ -207,6 +203,17 @@ def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
         box = np.array([[params.left, params.top, params.width, params.height]])
         regions.append(tuple(int(v) for v in cover(box, np.array([[sample.height, sample.width]]))[0]))
         payloads.append(torch.frombuffer(bytearray(sample.data), dtype=torch.uint8).pin_memory().numpy())
+    return payloads, regions
+
+
+def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
+    """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset
+    (whole files, as the loader ships them by default), 256 per batched call."""
+    from fastdata.image.device.decoders import make_decoder
+    from fastdata.image.device.options import DeviceDecode
+
+    decoder = make_decoder(torch.device("cuda"), DeviceDecode())
+    payloads, regions = jpegs(lmdb)
     use_regions = DeviceDecode().regions and decoder.regions  # as the loader asks
     batches = [(payloads[i:i + BATCH], regions[i:i + BATCH] if use_regions else None)
                for i in range(0, len(payloads), BATCH)]

@@ -118,6 +118,27 @@ def text_mix(tmp_path_factory) -> tuple[Path, Path, Path]:
     return a, b, c
 
 
+def _sample_photos(root: Path, png_fraction: float, classes: int) -> tuple[Path, Path]:
+    """24 real photo crops (`fastdata.tools.sample`: JPEG baseline / progressive / grey, and PNGs at
+    `png_fraction`) converted to LMDB and to WebDataset shards."""
+    src = make_sample_imagefolder(root / "src", images=24, classes=classes, png_fraction=png_fraction, workers=1)
+    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(src, root / "p-wds", format="wds", shard_size="200KB", workers=1, progress=False)
+    return root / "p.lmdb", root / "p-wds"
+
+
+@pytest.fixture(scope="session")
+def photos(tmp_path_factory) -> tuple[Path, Path]:
+    """Sample photos with some PNGs among them (decoded in the workers on the device path): (LMDB, WebDataset)."""
+    return _sample_photos(tmp_path_factory.mktemp("photos"), png_fraction=0.2, classes=3)
+
+
+@pytest.fixture(scope="session")
+def jpeg_photos(tmp_path_factory) -> tuple[Path, Path]:
+    """Sample photos, JPEGs only (every sample reaches the device's decoder): (LMDB, WebDataset)."""
+    return _sample_photos(tmp_path_factory.mktemp("jpeg_photos"), png_fraction=0.0, classes=2)
+
+
 @pytest.fixture(scope="session")
 def photo_tree(tmp_path_factory) -> Tree:
     return build_photo_tree(tmp_path_factory.mktemp("photo_like") / "src")

@@ -13,7 +13,6 @@ from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missin
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
-from fastdata.tools.sample import make_sample_imagefolder
 
 pytestmark = pytest.mark.cuda
 
@@ -22,12 +21,6 @@ pytestmark = pytest.mark.cuda
 TOLERANCE = {"torchvision": 1.5, "nvimgcodec": 1.0}
 
 
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cuda_photos")
-    src = make_sample_imagefolder(root / "src", images=48, classes=3, png_fraction=0.1, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    return root / "p.lmdb"
 
 
 def decoders() -> list[str]:
@@ -36,7 +29,7 @@ def decoders() -> list[str]:
 
 @pytest.mark.parametrize("decoder", decoders())
 def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
-    loader = fastdata.loader(photos, batch_size=8, image_size=64, num_workers=2, device="cuda",
+    loader = fastdata.loader(photos[0], batch_size=8, image_size=64, num_workers=2, device="cuda",
                              decode=DeviceDecode(decoder=decoder), dtype=torch.bfloat16, channels_last=True,
                              drop_last=True)
     for _ in loader:  # warm-up: the decoder, the slots, cuDNN-free allocations
@@ -60,8 +53,8 @@ def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
 @pytest.mark.parametrize("augment", ["train", "val"])
 def test_cuda_batches_match_the_cpu_paths(photos, decoder, augment):
     options = dict(batch_size=8, image_size=224, num_workers=0, seed=3, shuffle=False, augment=augment)
-    cpu = list(fastdata.loader(photos, decode="device", device="cpu", **options))
-    loader = fastdata.loader(photos, decode=DeviceDecode(decoder=decoder), device="cuda", **options)
+    cpu = list(fastdata.loader(photos[0], decode="device", device="cpu", **options))
+    loader = fastdata.loader(photos[0], decode=DeviceDecode(decoder=decoder), device="cuda", **options)
     gpu = list(loader)
     assert decoder.split()[0] in loader.device_decoder
     for (ci, cl), (gi, gl) in zip(cpu, gpu, strict=True):
@@ -77,7 +70,7 @@ def test_cuda_out_of_memory_raises_naming_the_batch(photos):
             torch.empty(1 << 50, dtype=torch.uint8, device=self.device)  # a real CUDA out-of-memory error
             return super().decode(payloads, regions)
 
-    ds = fastdata.dataset(photos, "val", image_size=32)
+    ds = fastdata.dataset(photos[0], "val", image_size=32)
     packed = pack_encoded(ds.pipeline, [ds.encoded(i) for i in range(8)], 0)
     with pytest.raises(DeviceDecodeError, match="ran out of memory") as caught:
         DeviceStage("cuda", 32, "photos", decoder=OutOfMemory(torch.device("cuda")))(packed)
@@ -86,7 +79,7 @@ def test_cuda_out_of_memory_raises_naming_the_batch(photos):
 
 @pytest.mark.parametrize("decoder", decoders())
 def test_damaged_jpegs_on_the_gpu_follow_on_error(photos, decoder):
-    ds = fastdata.dataset(photos, "train", image_size=32)
+    ds = fastdata.dataset(photos[0], "train", image_size=32)
     samples = [ds.encoded(i) for i in range(8)]
     victim = next(s for s in samples if s.codec == 0)
     victim.data = victim.data[:victim.data.index(b"\xff\xda") + 30]  # truncated: the worker's decoder reports it

@@ -18,17 +18,6 @@ from fastdata.image.device.policy import MAX_CONSECUTIVE_DEVICE_ERRORS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD
-from fastdata.tools.sample import make_sample_imagefolder
-
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory):
-    """24 real photo crops (JPEG baseline/progressive/grey, some PNG) converted to LMDB and WebDataset."""
-    root = tmp_path_factory.mktemp("photos")
-    src = make_sample_imagefolder(root / "src", images=24, classes=3, png_fraction=0.2, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    fastdata.convert_imagefolder(src, root / "p-wds", format="wds", shard_size="200KB", workers=1, progress=False)
-    return root / "p.lmdb", root / "p-wds"
 
 
 def batches(path, decode, **kwargs):

@@ -20,17 +20,10 @@ from fastdata.image.device.feeder import DeviceFeeder, PassKey, strong
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
-from fastdata.tools.sample import make_sample_imagefolder
 
 WAIT_S = 120  # only a broken feeder waits this long: the test then fails
 
 
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory):
-    root = tmp_path_factory.mktemp("feeder")
-    src = make_sample_imagefolder(root / "src", images=24, classes=2, png_fraction=0.0, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    return root / "p.lmdb"
 
 
 def packed_batches(path, count: int, size: int = 4):
@@ -67,7 +60,7 @@ class StandInDecoder(TorchvisionDecoder):
         return decoded
 
 
-def test_the_decode_of_the_next_batch_runs_while_the_step_on_this_one_runs(photos):
+def test_the_decode_of_the_next_batch_runs_while_the_step_on_this_one_runs(jpeg_photos):
     """For every n, the stand-in decode of batch n+1 and the stand-in step on batch n run at the same time: each
     waits until the other has started, so a loader that decodes batch n+1 before or after the step on batch n
     (not beside it) never gets past the first batch and fails here."""
@@ -75,7 +68,7 @@ def test_the_decode_of_the_next_batch_runs_while_the_step_on_this_one_runs(photo
     timeline = Timeline(count)
     stage = DeviceStage("cpu", 32, "photos", decoder=StandInDecoder(timeline))
     ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
-    batches = packed_batches(photos, count)
+    batches = packed_batches(jpeg_photos[0], count)
     feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None)
     try:
         for n, made in enumerate(feeder.batches(PassKey(0))):
@@ -94,12 +87,12 @@ def test_the_decode_of_the_next_batch_runs_while_the_step_on_this_one_runs(photo
         assert decode[0] < step[1] and step[0] < decode[1], (n, decode, step)
 
 
-def test_slots_keep_their_address_unless_their_batch_is_kept(photos):
+def test_slots_keep_their_address_unless_their_batch_is_kept(jpeg_photos):
     """Batches dropped by the loop come back in the same slots (fixed addresses: CUDA-graph friendly); a batch the
     user keeps is never written again: its slot gets a new tensor."""
     stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
-    batches = packed_batches(photos, 9)
+    batches = packed_batches(jpeg_photos[0], 9)
     feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None)
     addresses, kept, kept_copy = [], None, None
     try:
@@ -114,8 +107,8 @@ def test_slots_keep_their_address_unless_their_batch_is_kept(photos):
     assert torch.equal(kept, kept_copy)  # and the kept batch was never overwritten
 
 
-def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(photos):
-    batches = packed_batches(photos, 3)
+def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(jpeg_photos):
+    batches = packed_batches(jpeg_photos[0], 3)
     batches[1].data[batches[1].offsets[0] + 200:batches[1].offsets[1]] = 0  # damage the first JPEG's scan
     stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
@@ -142,9 +135,9 @@ def feeder_threads() -> list[threading.Thread]:
         time.sleep(0.05)
 
 
-def test_the_next_epoch_is_prepared_while_the_last_batches_are_used_and_close_stops_the_thread(photos):
+def test_the_next_epoch_is_prepared_while_the_last_batches_are_used_and_close_stops_the_thread(jpeg_photos):
     assert feeder_threads() == []  # loaders other tests dropped have stopped their feeders
-    loader = fastdata.loader(photos, batch_size=4, image_size=32, num_workers=2, decode="device", device="cpu")
+    loader = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=2, decode="device", device="cpu")
     first = [labels.clone() for _, labels in loader]
     assert len(first) == 6
     received = loader.stage_times.batches
@@ -159,9 +152,9 @@ def test_the_next_epoch_is_prepared_while_the_last_batches_are_used_and_close_st
     assert feeder_threads() == []
 
 
-def test_a_dropped_loader_stops_its_feeder(photos):
+def test_a_dropped_loader_stops_its_feeder(jpeg_photos):
     """A loader its user drops while its feeder prepares the next epoch is collected, and its feeder stops."""
-    loader = fastdata.loader(photos, batch_size=4, image_size=32, num_workers=2, decode="device", device="cpu")
+    loader = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=2, decode="device", device="cpu")
     for _ in loader:
         pass
     assert [t for t in threading.enumerate() if t.name == "fastdata-device-feeder"]
@@ -169,13 +162,13 @@ def test_a_dropped_loader_stops_its_feeder(photos):
     assert feeder_threads() == []
 
 
-def test_a_script_that_stops_early_exits_cleanly(photos, tmp_path):
+def test_a_script_that_stops_early_exits_cleanly(jpeg_photos, tmp_path):
     """A script that breaks out of a device-path epoch (the feeder mid-pass, workers running) and returns: exit
     code 0 and nothing on stderr."""
     script = tmp_path / "early.py"
     script.write_text(textwrap.dedent(f"""
         import fastdata
-        loader = fastdata.loader({str(photos)!r}, batch_size=4, image_size=32, num_workers=2, decode="device",
+        loader = fastdata.loader({str(jpeg_photos[0])!r}, batch_size=4, image_size=32, num_workers=2, decode="device",
                                  device="cpu")
         for number, (images, labels) in enumerate(loader):
             if number == 1:
@@ -186,13 +179,13 @@ def test_a_script_that_stops_early_exits_cleanly(photos, tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "done" and done.stderr == "", done.stderr
 
 
-def test_set_epoch_between_passes_gives_that_epochs_batches(photos):
+def test_set_epoch_between_passes_gives_that_epochs_batches(jpeg_photos):
     options = dict(batch_size=4, image_size=32, decode="device", device="cpu", seed=1)
-    loader = fastdata.loader(photos, num_workers=2, **options)
+    loader = fastdata.loader(jpeg_photos[0], num_workers=2, **options)
     list(loader)  # epoch 0; the feeder then prepares epoch 1
     loader.set_epoch(3)
     got = [images.clone() for images, _ in loader]
-    reference = fastdata.loader(photos, num_workers=0, **options)
+    reference = fastdata.loader(jpeg_photos[0], num_workers=0, **options)
     reference.set_epoch(3)
     expected = [images for images, _ in reference]
     assert len(got) == len(expected) == 6

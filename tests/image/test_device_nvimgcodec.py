@@ -16,7 +16,6 @@ from fastdata.image.device.decoders import TorchvisionDecoder, make_decoder
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
-from fastdata.tools.sample import make_sample_imagefolder
 from tests.image import nvimgcodec_standin
 
 
@@ -35,11 +34,8 @@ def standin(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nvimgcodec")
-    src = make_sample_imagefolder(root / "src", images=12, classes=2, png_fraction=0.0, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    ds = fastdata.dataset(root / "p.lmdb", "train", image_size=48)
+def packed(jpeg_photos):
+    ds = fastdata.dataset(jpeg_photos[0], "train", image_size=48)
     return [pack_encoded(ds.pipeline, [ds.encoded(i) for i in range(6 * b, 6 * b + 6)], 0) for b in range(2)]
 
 

@@ -8,16 +8,6 @@ import pytest
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata.tools.sample import make_sample_imagefolder
-
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plain_epochs")
-    src = make_sample_imagefolder(root / "src", images=12, classes=2, png_fraction=0.0, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    fastdata.convert_imagefolder(src, root / "p-wds", format="wds", shard_size="100KB", workers=1, progress=False)
-    return root / "p.lmdb", root / "p-wds"
 
 
 def epochs(dataset, count: int, pin: bool = False, **loader_options) -> list[list[bytes]]:
@@ -37,20 +27,20 @@ CASES = [dict(num_workers=0), dict(num_workers=2), dict(num_workers=2, persisten
 
 @pytest.mark.parametrize("kind", [0, 1], ids=["lmdb", "wds"])
 @pytest.mark.parametrize("options", CASES, ids=["0 workers", "2 workers", "2 persistent workers"])
-def test_each_epoch_draws_new_crops_without_any_call(photos, kind, options):
-    passes = epochs(fastdata.dataset(photos[kind], augment="train", image_size=32), 3, **options)
+def test_each_epoch_draws_new_crops_without_any_call(jpeg_photos, kind, options):
+    passes = epochs(fastdata.dataset(jpeg_photos[kind], augment="train", image_size=32), 3, **options)
     assert passes[0] != passes[1] and passes[1] != passes[2]
     # and the same seed gives the same crops, whatever the workers: a fresh dataset, in the main process
-    assert passes == epochs(fastdata.dataset(photos[kind], augment="train", image_size=32), 3)
+    assert passes == epochs(fastdata.dataset(jpeg_photos[kind], augment="train", image_size=32), 3)
 
 
 @pytest.mark.parametrize("kind", [0, 1], ids=["lmdb", "wds"])
 @pytest.mark.parametrize("options", CASES, ids=["0 workers", "2 workers", "2 persistent workers"])
-def test_set_epoch_pins_each_epochs_crops_in_every_worker(photos, kind, options):
+def test_set_epoch_pins_each_epochs_crops_in_every_worker(jpeg_photos, kind, options):
     """With set_epoch at each epoch (a resumed run's way), epoch e's crops are exactly (seed, e, i)'s: the same
     as a fresh dataset pinned to e, so a run resumed at epoch 2 gets epoch 2's crops."""
-    pinned = epochs(fastdata.dataset(photos[kind], augment="train", image_size=32), 3, pin=True, **options)
-    resumed = fastdata.dataset(photos[kind], augment="train", image_size=32)
+    pinned = epochs(fastdata.dataset(jpeg_photos[kind], augment="train", image_size=32), 3, pin=True, **options)
+    resumed = fastdata.dataset(jpeg_photos[kind], augment="train", image_size=32)
     resumed.set_epoch(2)
     assert pinned[2] == sorted(image.numpy().tobytes() for images, _ in DataLoader(resumed, batch_size=4)
                                for image in images)
