@@ -46,6 +46,33 @@ def check_cores(cores: int, gpus: int) -> Check:
     return Check("CPU cores", PASS, detail)
 
 
+def check_gpu_decoder_here(cuda: bool, facts: Any) -> Check:
+    """The GPU decoder check (fastdata.tools.doctor_gpu.check_gpu_decoder) with this process's facts."""
+    import torchvision
+
+    from fastdata.image.device.decoders import nvimgcodec_missing
+    from fastdata.tools.doctor_gpu import check_gpu_decoder
+
+    missing = nvimgcodec_missing() if cuda else ""
+    version = None
+    if cuda and not missing:
+        from nvidia import nvimgcodec
+
+        version = getattr(nvimgcodec, "__version__", "?")
+    jpeg = None
+    if cuda and facts is not None:
+        from fastdata.meter.gpu import Nvml
+
+        nvml, _ = Nvml.open()
+        if nvml is not None:
+            try:
+                uses = [u for u in nvml.utilization() if u is not None and u.jpeg_util_percent is not None]
+                jpeg = uses[0].jpeg_util_percent if uses else None
+            finally:
+                nvml.close()
+    return check_gpu_decoder(cuda, version, missing, torchvision.__version__.split("+")[0], jpeg)
+
+
 def check_jpeg_decoder(library: str | None, reason: str, proof: str = "") -> Check:
     """Whether the CPU path decodes only crop regions (fastdata's libjpeg-turbo extension, `proof`: its
     self-check) or whole images. The fallback's cost is not given as a figure: it is the region decoder's saving,
@@ -245,6 +272,7 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
             if g["capability"]:
                 checks.append(check_capability(g["index"], g["name"] or "GPU", tuple(g["capability"]),
                                                list(torch.cuda.get_arch_list())))
+    checks.append(check_gpu_decoder_here(cuda, facts))
     checks.append(check_cores(available_cores(), count))
     from fastdata.image.region import region_decoder, unavailable_reason
 

@@ -107,3 +107,19 @@ def check_interconnect(count: int, nvlinks: list[int], peer_access: bool | None)
                                                f"links){peer}")
     return Check("GPU interconnect", WARN, f"{count} GPUs, no active NVLink seen (PCIe){peer}",
                  "expect slower gradient all-reduce than over NVLink; prefer larger batches per GPU")
+
+
+def check_gpu_decoder(cuda: bool, nvimgcodec: str | None, missing: str, torchvision: str,
+                      jpeg_util: float | None = None) -> Check:
+    """What decode="device" decodes with: nvImageCodec (its version; the JPEG engines' utilisation when NVML
+    reports it) or torchvision's nvjpeg, said with how to install the faster one; nothing without CUDA."""
+    if not cuda:
+        return Check("GPU decoder", INFO, "no CUDA: decode=\"device\" runs on the CPU with torchvision's libjpeg "
+                                          "(how CI tests it); nothing to do for CPU work")
+    engines = "" if jpeg_util is None else f"; JPEG engines {jpeg_util:.0f}% busy now"
+    if nvimgcodec is not None:
+        return Check("GPU decoder", PASS, f"nvImageCodec {nvimgcodec} (hardware JPEG engines + hybrid){engines}")
+    return Check("GPU decoder", WARN, f"torchvision {torchvision} decode_jpeg (nvjpeg), which blocks the host around "
+                                      f"each batch: nvImageCodec is not usable ({missing}){engines}",
+                 "pip install 'fastdata[gpu-cu13]' (CUDA 13 torch; gpu-cu12 for CUDA 12)")
+

@@ -282,3 +282,22 @@ def test_doctor_reports_the_decoder_in_use_here():
     row = next(c for c in run_checks() if c.name == "JPEG decoder")
     assert row.status == PASS and region_decoder().library in row.detail
     assert region_decoder().proof in row.detail and "bit-exact" in row.detail
+
+
+def test_the_gpu_decoder_is_reported_with_its_version_and_the_engines_use():
+    from fastdata.tools.doctor_gpu import check_gpu_decoder
+
+    here = check_gpu_decoder(False, None, "", "0.29.1")
+    assert here.status == "INFO" and "no CUDA" in here.detail
+    fast = check_gpu_decoder(True, "0.9.0", "", "0.29.1", jpeg_util=37.0)
+    assert fast.status == "PASS" and "nvImageCodec 0.9.0" in fast.detail and "JPEG engines 37% busy" in fast.detail
+    slow = check_gpu_decoder(True, None, "ModuleNotFoundError: No module named 'nvidia.nvimgcodec'", "0.29.1")
+    assert slow.status == "WARN" and "torchvision 0.29.1" in slow.detail and "fastdata[gpu-cu13]" in slow.fix
+
+
+def test_doctor_prints_the_gpu_decoder_row(capsys):
+    from fastdata.cli import main
+
+    assert main(["doctor"]) in (0, 1)
+    assert any(line.split()[1:3] == ["GPU", "decoder"] for line in capsys.readouterr().out.splitlines()
+               if line.split())
