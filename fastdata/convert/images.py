@@ -310,6 +310,7 @@ def convert_images(
         jpeg_layout=jpeg_layout, label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
         target_kind=listing.target_kind, pairs=listing.pairs,
         targets=None if listing.targets is None else listing.targets.info(),
+        record_digests=getattr(writer, "record_digests", None),
     )
     manifest.format_version = manifest.needed_format_version
     warning = check_kept(out, partial, manifest.num_samples, len(state.rejected),

@@ -14,6 +14,11 @@ Layout (no pickle; every value is raw bytes with a fixed layout, or JSON):
   (the manifest's `pairs.dtype`).
 - sub-database `targets` (datasets with targets, e.g. detection; created only for them): same key, value = the
   sample's target record (`fastdata.formats.targets`; segmentation: the label map PNG, `fastdata.formats.masks`).
+- sub-database `digests`: same key, value = the record's digest (`record_digest`: sha256 over every value stored
+  for it, in `RECORD_DBS` order), computed by the conversion worker that laid the record out; the manifest's
+  `record_digests` holds the sha256 of all of them in index order (the root), so `fastdata verify` checks each
+  record on every core and names the damaged ones, and no conversion hashes data.mdb as a whole (a dataset from
+  before has the whole file's sha256 instead, and is verified as before).
 Sample i is the i-th image written, which the converter makes ImageFolder's sample i.
 """
 
@@ -23,7 +28,6 @@ import itertools
 import json
 import os
 import struct
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
-from fastdata.formats.manifest import FileEntry, sha256_file
+from fastdata.formats.manifest import FileEntry
 from fastdata.formats.mapped_pages import MappedFile
 from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
 
@@ -94,6 +98,32 @@ def release_environments() -> None:
         env.close()
 
 
+#: The sub-databases a record's values go to, in the order they are put and digested (`record_digest`).
+RECORD_DBS = ("images", "keys", "records", "metadata", "captions", "tokens", "targets")
+DIGEST_DB = "digests"
+_LENGTH = struct.Struct("<Q")
+
+
+def record_digest(values: Any) -> bytes:
+    """sha256 over a record's stored values, (sub-database, value) in `RECORD_DBS` order: each value's
+    sub-database name and length go in too, so that no value can stand for another."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for db, value in values:
+        digest.update(db.encode())
+        digest.update(_LENGTH.pack(len(value)))
+        digest.update(value)
+    return digest.digest()
+
+
+def digest_root(table: bytes) -> str:
+    """The manifest's `record_digests["root"]`: sha256 of every record's digest, in index order."""
+    import hashlib
+
+    return hashlib.sha256(table).hexdigest()
+
+
 _RECORD_META = struct.Struct("<iiiB")  # label, width, height, codec of one record (+ class ids: see _MULTI)
 _MULTI = -1  # the label field of a multi-label record, whose class ids follow as little-endian int32
 _INITIAL_MAP_SIZE = 1 << 30
@@ -120,8 +150,8 @@ class LmdbWriter:
                               sync=False, metasync=False, writemap=False, meminit=False)
         # `targets`, `captions` and `tokens` only for a dataset that has them: every other dataset stays
         # byte-identical to what it was
-        names = (("images", "keys", "meta", "records", "metadata") + (("captions", "tokens") if pairs else ())
-                 + (("targets",) if targets else ()))
+        names = (("images", "keys", "meta", "records", "metadata", DIGEST_DB)
+                 + (("captions", "tokens") if pairs else ()) + (("targets",) if targets else ()))
         self._dbs = {name: self._env.open_db(name.encode()) for name in names}
         with self._env.begin() as txn:
             self.count = txn.stat(self._dbs["images"])["entries"]
@@ -134,6 +164,8 @@ class LmdbWriter:
         self._keeping = False  # whether the values of `_pending` are kept
         self._txn_bytes = 0  # an upper bound of the map bytes the open transaction's puts use
         self._last_txn_bytes = 0
+        self.record_digests: dict[str, Any] | None = None  # set by `close`: the manifest's `record_digests`
+        self._txn_records = 0  # records added in the open transaction
         self._begin()
 
     def saved_progress(self) -> bytes | None:
@@ -195,6 +227,7 @@ class LmdbWriter:
             self._grow_and_replay()
             self._txn.commit()
         self._pending.clear()
+        self._txn_records = 0
         self._last_txn_bytes = self._txn_bytes
         self._begin()
 
@@ -216,6 +249,7 @@ class LmdbWriter:
             values.append(("tokens", np.asarray(record.tokens).astype(record.tokens.dtype.newbyteorder("<")).tobytes()))
         if record.target is not None:
             values.append(("targets", record.target))
+        values.append((DIGEST_DB, record_digest(values)))  # hashed here, in the worker that holds the bytes
         return tuple(values)
 
     def add(self, record: ImageRecord | tuple[tuple[str, bytes], ...]) -> None:
@@ -229,9 +263,10 @@ class LmdbWriter:
                                  f"{'pairs' if what == 'caption' else 'targets'}")
             self._put(key, value, db, append=True)
         self.count += 1
+        self._txn_records += 1
 
     def checkpoint_due(self) -> bool:
-        return len(self._pending) >= 3 * self.commit_every
+        return self._txn_records >= self.commit_every
 
     def checkpoint(self, progress: bytes) -> None:
         """Commit the records added so far together with `progress` (what to resume from)."""
@@ -239,7 +274,8 @@ class LmdbWriter:
         self._commit()
 
     def close(self) -> list[FileEntry]:
-        """Write the per-sample arrays, flush to disk and describe the data file."""
+        """Write the per-sample arrays, flush to disk and describe the data file (its records' digests: see
+        `record_digests`; no sha256 of the whole file, which would be a serial pass over it)."""
         self._commit()  # so that the records of the open transaction are read back below
         columns = np.zeros((self.count, 4), dtype=np.int64)
         label_sets: list[np.ndarray] = []
@@ -262,22 +298,23 @@ class LmdbWriter:
             arrays["labels"] = columns[: self.count, 0].astype("<i4")
         for name, values in arrays.items():
             self._put(name.encode(), values.tobytes(), "meta")
+        # the per-sample arrays' own digests (a few bytes per sample, hashed here) beside the records'
+        self._arrays = {name: digest_root(values.tobytes()) for name, values in arrays.items()}
         self._commit()
         self._txn.abort()
-        # the flush to disk (a wait for the device) and the hash (CPU, over the same bytes in the page cache) at
-        # once: the end of a conversion waits for the longer of the two, not for both
-        syncing = threading.Thread(target=self._env.sync, args=(True,), name="fastdata-lmdb-sync")
-        syncing.start()
+        with self._env.begin() as txn, txn.cursor(db=self._dbs[DIGEST_DB]) as cursor:
+            table = b"".join(cursor.iternext(keys=False, values=True))
+        if len(table) != 32 * self.count:
+            raise ValueError(f"{self.directory}: {len(table) // 32} record digests for {self.count} records")
+        self.record_digests = {"algorithm": "sha256", "records": self.count, "root": digest_root(table),
+                               "arrays": self._arrays}
+        self._env.sync(True)
         data = self.directory / DATA_FILE
-        try:
-            digest = sha256_file(data)
-        finally:
-            syncing.join()
         self._env.close()
         lock = self.directory / "lock.mdb"
         if lock.exists():
             lock.unlink()  # readers open with lock=False; a stale lock file only confuses
-        return [FileEntry(DATA_FILE, data.stat().st_size, digest, self.count)]
+        return [FileEntry(DATA_FILE, data.stat().st_size, "", self.count)]
 
     def abort(self) -> None:
         """Drop the uncommitted records (the last checkpoint stays) and close."""

@@ -79,6 +79,11 @@ class Manifest:
     # original's pixels, so a reader that does not know the field (or a layout named here) decodes it as any JPEG;
     # the layout only tells a reader that knows it that a crop can be decoded from the MCUs it covers.
     jpeg_layout: str = "original"
+    # LMDB image datasets: a digest per record (`fastdata.formats.lmdb.record_digest`) stands for the whole file's
+    # sha256 (its FileEntry's is then ""): {"algorithm": "sha256", "records": N, "root": sha256 of the digests in
+    # index order}. Left out of the JSON when None (datasets with the whole file's sha256, as before). Needs no
+    # newer format version: every reader loads such a dataset; only `fastdata verify` reads the digests.
+    record_digests: dict[str, Any] | None = None
 
     @property
     def needed_format_version(self) -> int:
@@ -103,7 +108,7 @@ class Manifest:
             del data["target_kind"]
         if data["jpeg_layout"] == "original":
             del data["jpeg_layout"]
-        for name in ("pairs", "targets"):
+        for name in ("pairs", "targets", "record_digests"):
             if data[name] is None:
                 del data[name]
         return data

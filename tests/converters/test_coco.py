@@ -154,7 +154,7 @@ def test_classification_datasets_stay_as_they_were(solid_lmdb, solid_wds):
     assert "target_kind" not in raw and "targets" not in raw and raw["format_version"] == 1
     env, _ = shared_environment(solid_lmdb)
     with env.begin() as txn:
-        assert {bytes(k) for k, _ in txn.cursor()} == {b"images", b"keys", b"meta", b"metadata", b"records"}
+        assert {bytes(k) for k, _ in txn.cursor()} == {b"digests", b"images", b"keys", b"meta", b"metadata", b"records"}
     for shard in solid_wds.glob("*.tar"):
         with tarfile.open(shard) as tar:
             assert not [m.name for m in tar if m.name.endswith(".det")]

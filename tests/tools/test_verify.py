@@ -54,12 +54,18 @@ def test_intact_datasets_pass_including_source_and_decode(tree, lmdb_copy, wds_c
 
 
 def test_flipped_bit_is_detected(lmdb_copy, capsys):
+    """A bit flipped in a stored image, and one in a per-sample array (the labels), each named."""
+    reader = fastdata.dataset(lmdb_copy).reader
+    image, labels = reader.read(1), reader._array("labels").tobytes()
+    release_environments()
     data = lmdb_copy / "data.mdb"
     raw = bytearray(data.read_bytes())
-    raw[len(raw) // 2] ^= 0x10
+    raw[raw.find(image) + 10] ^= 0x10
+    raw[raw.find(labels) + 4] ^= 0x01  # sample 1's label
     data.write_bytes(bytes(raw))
     report = verify(lmdb_copy)
-    assert any("data.mdb" in p and "sha256" in p for p in report.problems)
+    assert any("data.mdb: record 1 (" in p and "(damaged)" in p for p in report.problems), report.problems
+    assert any("per-sample array 'labels'" in p for p in report.problems), report.problems
     assert main(["verify", str(lmdb_copy)]) == 1
     assert "data.mdb" in capsys.readouterr().out
 
@@ -171,7 +177,7 @@ def test_damaged_lmdb_names_its_undecodable_sample(lmdb_copy):
     spoil_image(lmdb_copy / "data.mdb", data)
     problems = verify(lmdb_copy, decode=True).problems
     assert len(problems) == 2, problems
-    assert problems[0].startswith("data.mdb: sha256 differs")
+    assert problems[0].startswith(f"data.mdb: record 5 ({key!r}") and problems[0].endswith("(damaged)")
     assert problems[1].startswith("undecodable:") and f"sample {key!r}" in problems[1]
 
 
@@ -191,3 +197,54 @@ def test_text_verify_checks_the_source_it_is_given(tmp_path):
         assert not report.ok and any(str(wrong) in problem for problem in report.problems), report.problems
     write_jsonl(source, [*corpus[:-1], corpus[-1] + " and more"])  # the same name, changed
     assert not verify(tmp_path / "c.lmdb", source=source).ok
+
+
+def test_verify_names_each_damaged_record_by_its_digest(tmp_path, capsys):
+    """An LMDB conversion stores a digest per record (no sha256 of the whole file): verify checks them on every
+    core and names exactly the records damaged in place, by key and source file, exit code 1."""
+    from fastdata.formats.lmdb import DATA_FILE
+    from fastdata.tools.sample import make_sample_imagefolder
+
+    src = make_sample_imagefolder(tmp_path / "src", images=24, classes=3, workers=1)
+    out = tmp_path / "o.lmdb"
+    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    manifest = fastdata.info(out)
+    assert manifest.record_digests["records"] == 24 and manifest.files[0].sha256 == ""
+    assert verify(out).ok
+    reader = fastdata.dataset(out).reader
+    victims = {3: reader.key(3), 11: reader.key(11), 20: reader.key(20)}
+    stored = [reader.read(i) for i in victims]
+    release_environments()
+    raw = bytearray((out / DATA_FILE).read_bytes())
+    for data in stored:  # flip a byte inside each victim's image bytes, in place
+        at = raw.find(data)
+        assert at >= 0 and raw.find(data, at + 1) < 0
+        raw[at + len(data) // 2] ^= 0x5A
+    (out / DATA_FILE).write_bytes(bytes(raw))
+    report = verify(out)
+    damaged = [p for p in report.problems if "(damaged)" in p]
+    assert len(damaged) == 3, report.problems
+    for index, key in victims.items():
+        assert any(f"record {index} ({key!r}, source file " in p for p in damaged), damaged
+    assert main(["verify", str(out)]) == 1
+    assert "(damaged)" in capsys.readouterr().out
+
+
+def test_a_dataset_with_the_whole_files_digest_verifies_as_before(tmp_path):
+    """A dataset from before per-record digests (its data.mdb's sha256 in the manifest) still verifies."""
+    from fastdata.formats.lmdb import DATA_FILE
+    from fastdata.tools.sample import make_sample_imagefolder
+
+    src = make_sample_imagefolder(tmp_path / "src", images=6, classes=2, workers=1)
+    out = tmp_path / "o.lmdb"
+    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    data = json.loads((out / "manifest.json").read_text())
+    del data["record_digests"]
+    data["files"][0]["sha256"] = sha256_file(out / DATA_FILE)
+    data[CHECKSUM_FIELD] = content_checksum({k: v for k, v in data.items() if k != CHECKSUM_FIELD})
+    (out / "manifest.json").write_text(json.dumps(data))
+    assert verify(out).ok
+    with open(out / DATA_FILE, "r+b") as handle:
+        handle.seek(-100, 2)
+        handle.write(b"\x01")
+    assert any("sha256 differs from the manifest" in p for p in verify(out).problems)
