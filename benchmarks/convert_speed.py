@@ -20,7 +20,8 @@ Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imag
       and p = (parent CPU of the run - of the small run) / (images - small images), w likewise. Both include
       everything else the conversion does per image (listing, writing, hashing the output); storage bandwidth
       is not in the model. The column "hashing the output" is the CPU that sha256 of the written files costs
-      per image (measured after the run): part of `p` for LMDB (one file, hashed by the writer); WebDataset shards
+      per image (measured after the run): part of `w` for LMDB (each record's digest, made in the worker that lays
+      it out: `fastdata.formats.lmdb.record_digest`); WebDataset shards
       are written, flushed and hashed by processes of their own (`fastdata.convert.assembly`), the writer only
       says where each sample's bytes go: their CPU per image `a` is reported on its own (each assembler writes
       its CPU time to a file as it ends), kept out of `w`, and added to the model as parallel work:
@@ -329,7 +330,7 @@ def main() -> None:
                                        / extra for r in runs[name])
         predicted = " / ".join(f"{min(c / (worker + assemblers + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
         hashing = output_hash_seconds(work / kind) / runs[name][0]["images"]
-        where = "in the parent" if "lmdb" in kind else "elsewhere"
+        where = "in the workers: a digest per record" if "lmdb" in kind else "elsewhere"
         print(f"| {name[4:]} | {parent * 1e3:.3f} | {hashing * 1e3:.3f} ({where}) | {worker * 1e3:.3f} | "
               f"{assemblers * 1e3:.3f} | {parent / worker:.1%} | "
               f"{predicted} | "

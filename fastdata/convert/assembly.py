@@ -34,7 +34,7 @@ from typing import Any
 from fastdata.convert.messages import SharedMemory
 from fastdata.convert.pool import start_method
 from fastdata.errors import WorkerError
-from fastdata.formats.libc import libc_function
+from fastdata.formats.libc import start_writeback
 
 #: a run of a shard's bytes: (offset in the shared-memory file, length), or the bytes themselves (a sample that
 #: came inside the pickle, or one the writer changed)
@@ -325,7 +325,7 @@ class _ShardHash:
         try:
             start = self.length
             self.extend_from(fd, end)
-            _start_writeback(fd, start, end - start)
+            start_writeback(fd, start, end - start)
         finally:
             os.close(fd)
 
@@ -360,15 +360,3 @@ def _finish(path: str, trailer: bytes, size: int, hashed: _ShardHash) -> str:
     return hashed.digest.hexdigest()
 
 
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _start_writeback(fd: int, start: int, length: int) -> None:
-    """Start writing bytes `start`.. of `fd` to disk without waiting (Linux; elsewhere the final fsync does it all),
-    so that the shard's fsync at its end waits for its last bytes only."""
-    import ctypes
-
-    sync_file_range = libc_function("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint),
-                                    ctypes.c_int)
-    if sync_file_range is not None:
-        sync_file_range(fd, start, length, _SYNC_FILE_RANGE_WRITE)

@@ -82,14 +82,11 @@ def _axis_taps(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: 
     return index.long(), weight.float()
 
 
-def crop_resize_flip(images: list[torch.Tensor], crops: CropBatch, size: tuple[int, int],
-                     params: torch.Tensor | None = None) -> torch.Tensor:
-    """Crop, resize (antialiased) and flip a batch of CHW uint8 images of any sizes, all on one device, into one
-    float32 [n, C, H, W] tensor in 0..255 (not rounded).
-
-    `crops` says where each crop is (host arrays, so that the launch count and buffer sizes are known without
-    asking the device); `params`, when given, is the same as one float64 [n, 8] tensor already on the device
-    (box, cover x0/y0/x1/y1), made by `device_params` from pinned memory without a blocking copy."""
+def crop_resize_flip(images: list[torch.Tensor], crops: CropBatch, size: tuple[int, int]) -> torch.Tensor:
+    """Crop, resize (antialiased) and flip a batch of CHW uint8 RGB images of any sizes, all on one device, into
+    one float32 [n, 3, H, W] tensor in 0..255 (not rounded). `crops` says where each crop is (host arrays, so that
+    the launch count and buffer sizes are known without asking the device); their per-image numbers reach the
+    device in one non-blocking copy (`device_params`)."""
     n = len(images)
     out_h, out_w = size
     if n == 0:
@@ -99,8 +96,7 @@ def crop_resize_flip(images: list[torch.Tensor], crops: CropBatch, size: tuple[i
     covered = cover(crops.boxes, crops.shapes)
     window = int((covered[:, 2] - covered[:, 0]).max())  # the widest crop: every row's gathered window
     k = taps_needed(crops.boxes, size)
-    if params is None:
-        params = device_params(crops, covered, device)
+    params = device_params(crops, covered, device)
     left, top, width, height = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
     x0, y0, x1, y1 = params[:, 4], params[:, 5], params[:, 6], params[:, 7]
     image_h, image_w, base = params[:, 8], params[:, 9], params[:, 10]
@@ -130,11 +126,11 @@ def crop_resize_flip(images: list[torch.Tensor], crops: CropBatch, size: tuple[i
     return out.view(n, channels, out_h, out_w)
 
 
-def host_params(crops: CropBatch, covered: np.ndarray, images: list[torch.Tensor] | None = None) -> np.ndarray:
+def host_params(crops: CropBatch, covered: np.ndarray) -> np.ndarray:
     """The kernel's per-image numbers as one float64 [n, 12] host array: box (4), covering pixels (4), decoded
-    height and width, the image's offset in the flat buffer, flip."""
+    height and width, the image's offset in the flat buffer (3 planes each), flip."""
     n = len(crops.boxes)
-    sizes = crops.shapes[:, 0] * crops.shapes[:, 1] * (3 if images is None else images[0].shape[0])
+    sizes = crops.shapes[:, 0] * crops.shapes[:, 1] * 3
     base = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=base[1:])
     return np.concatenate([crops.boxes, covered, crops.shapes, base[:, None], crops.flips[:, None]], axis=1,
