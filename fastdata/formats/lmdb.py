@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
-from fastdata.formats.libc import start_writeback
+from fastdata.formats.libc import WritebackHelper
 from fastdata.formats.manifest import FileEntry
 from fastdata.formats.mapped_pages import MappedFile
 from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
@@ -167,7 +167,7 @@ class LmdbWriter:
         self._last_txn_bytes = 0
         self.record_digests: dict[str, Any] | None = None  # set by `close`: the manifest's `record_digests`
         self._txn_records = 0  # records added in the open transaction
-        self._data_fd = os.open(self.directory / DATA_FILE, os.O_RDONLY)  # to start the write-back of commits
+        self._writeback = WritebackHelper(str(self.directory / DATA_FILE))
         self._begin()
 
     def saved_progress(self) -> bytes | None:
@@ -231,9 +231,10 @@ class LmdbWriter:
         self._pending.clear()
         self._txn_records = 0
         self._last_txn_bytes = self._txn_bytes
-        # what this commit wrote starts on its way to disk now (sync=False: LMDB does not wait for it), so the
-        # flush at `close` waits for the last commit's pages only
-        start_writeback(self._data_fd)
+        # what this commit wrote starts on its way to disk now (sync=False: LMDB does not wait for it), from a
+        # helper process (the kernel's CPU for it is not the writer's), so the flush at `close` waits for the last
+        # commit's pages only
+        self._writeback.poke()
         self._begin()
 
     @staticmethod
@@ -316,7 +317,7 @@ class LmdbWriter:
         self._env.sync(True)
         data = self.directory / DATA_FILE
         self._env.close()
-        os.close(self._data_fd)
+        self._writeback.close()
         lock = self.directory / "lock.mdb"
         if lock.exists():
             lock.unlink()  # readers open with lock=False; a stale lock file only confuses
@@ -328,7 +329,7 @@ class LmdbWriter:
             self._txn.abort()
         finally:
             self._env.close()
-            os.close(self._data_fd)
+            self._writeback.close()
 
 
 class LmdbReader:
