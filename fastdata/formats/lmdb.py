@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import CorruptSampleError, NotADatasetError
-from fastdata.formats.libc import WritebackHelper
 from fastdata.formats.manifest import FileEntry
 from fastdata.formats.mapped_pages import MappedFile
 from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
@@ -167,7 +166,6 @@ class LmdbWriter:
         self._last_txn_bytes = 0
         self.record_digests: dict[str, Any] | None = None  # set by `close`: the manifest's `record_digests`
         self._txn_records = 0  # records added in the open transaction
-        self._writeback = WritebackHelper(str(self.directory / DATA_FILE))
         self._begin()
 
     def saved_progress(self) -> bytes | None:
@@ -231,10 +229,6 @@ class LmdbWriter:
         self._pending.clear()
         self._txn_records = 0
         self._last_txn_bytes = self._txn_bytes
-        # what this commit wrote starts on its way to disk now (sync=False: LMDB does not wait for it), from a
-        # helper process (the kernel's CPU for it is not the writer's), so the flush at `close` waits for the last
-        # commit's pages only
-        self._writeback.poke()
         self._begin()
 
     @staticmethod
@@ -317,7 +311,6 @@ class LmdbWriter:
         self._env.sync(True)
         data = self.directory / DATA_FILE
         self._env.close()
-        self._writeback.close()
         lock = self.directory / "lock.mdb"
         if lock.exists():
             lock.unlink()  # readers open with lock=False; a stale lock file only confuses
@@ -329,7 +322,6 @@ class LmdbWriter:
             self._txn.abort()
         finally:
             self._env.close()
-            self._writeback.close()
 
 
 class LmdbReader:
