@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DeviceBatch, DeviceStage
 
@@ -70,7 +69,6 @@ class DeviceFeeder:
         self._items: queue.SimpleQueue[tuple[str, PassKey, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._upcoming = [first]  # passes the thread has started or will start, in order, not yet taken
-        self.current_batches: Iterator[EncodedBatch] | None = None  # what the thread reads now (the DataLoader's)
         self.cuda = stage.device.type == "cuda"
         self.stream = torch.cuda.Stream(stage.device) if self.cuda else None
         self._closer = functools.partial(_close_if_alive, weakref.ref(self))
@@ -129,8 +127,6 @@ class DeviceFeeder:
                         self._upcoming.append(key)
         except BaseException as exc:  # forwarded to the training thread, which raises it
             self._items.put((_ERROR, key or first, exc))
-        finally:
-            self.current_batches = None  # the thread's last hold on the workers' iterator
 
     def _feed(self, key: PassKey) -> bool:
         """Make every batch of pass `key`; False when stopped on the way."""
@@ -139,7 +135,6 @@ class DeviceFeeder:
             return False
         batches = open_pass(key)
         del open_pass
-        self.current_batches = batches
         for batch in batches:
             slot = self.ring.fill_next()
             if slot is None or self._stop.is_set():
