@@ -76,7 +76,9 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         lines.append(f"    {rejected_place(r)}: {r['reason']}")
     lines.append(f"  files       {len(m.files)}")
     for f in m.files[:max_files]:
-        lines.append(f"    {f.name:<20} {f.bytes:>14,} B {f.samples:>9,} samples  sha256 {f.sha256[:16]}…")
+        digest = (f"sha256 {f.sha256[:16]}…" if f.sha256 else
+                  f"a sha256 per record (root {str((m.record_digests or {}).get('root'))[:16]}…)")
+        lines.append(f"    {f.name:<20} {f.bytes:>14,} B {f.samples:>9,} samples  {digest}")
     if len(m.files) > max_files:
         lines.append(f"    ... {len(m.files) - max_files} more")
     return "\n".join(lines)

@@ -248,3 +248,13 @@ def test_a_dataset_with_the_whole_files_digest_verifies_as_before(tmp_path):
         handle.seek(-100, 2)
         handle.write(b"\x01")
     assert any("sha256 differs from the manifest" in p for p in verify(out).problems)
+
+
+def test_info_says_an_lmdb_dataset_has_a_digest_per_record(tmp_path):
+    from fastdata.tools.info import describe
+
+    tree = build_solid_tree(tmp_path / "src", count=6)
+    fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+    line = next(line for line in describe(tmp_path / "o.lmdb").splitlines() if "data.mdb" in line)
+    root = fastdata.info(tmp_path / "o.lmdb").record_digests["root"]
+    assert f"a sha256 per record (root {root[:16]}" in line
