@@ -254,3 +254,42 @@ def test_auto_workers_over_a_mixture_warns_and_uses_the_defaults(solid_lmdb, pet
         loader = fastdata.loader([solid_lmdb, pets_lmdb], weights=[1, 1], batch_size=4, num_workers="auto",
                                  image_size=8)
     assert loader.tuned is None and loader.num_workers >= 1
+
+
+# ----------------------------------------------------------------------------- every kind of image dataset
+
+
+def test_detection_datasets_mix_with_their_shares_and_resume(coco_lmdb):
+    """COCO with COCO: (images, targets) batches, each holding its share of each source, resuming exactly."""
+    options = dict(batch_size=4, image_size=32, num_workers=0, seed=5, masks=True)
+    loader = fastdata.loader([coco_lmdb, coco_lmdb], weights=[0.75, 0.25], **options)
+    batches = list(loader)
+    assert batches and all(isinstance(targets, list) and len(targets) == len(images) and
+                           all("boxes" in t and "masks" in t for t in targets) for images, targets in batches)
+    first = next(iter(fastdata.loader([coco_lmdb, coco_lmdb], weights=[0.75, 0.25], **options)))
+    resumed = fastdata.loader([coco_lmdb, coco_lmdb], weights=[0.75, 0.25], **options)
+    iterator = iter(resumed)
+    next(iterator)
+    state = resumed.state_dict()
+    again = fastdata.loader([coco_lmdb, coco_lmdb], weights=[0.75, 0.25], **options)
+    again.load_state_dict(state)
+    assert torch.equal(next(iter(again))[0], batches[1][0]) and torch.equal(first[0], batches[0][0])
+
+
+def test_pairs_and_segmentation_datasets_mix(pairs_lmdb, seg_rect_lmdb):
+    batch = next(iter(fastdata.loader([pairs_lmdb, pairs_lmdb], weights=[0.5, 0.5], batch_size=4, image_size=16,
+                                      num_workers=0)))
+    assert set(batch) >= {"images", "captions", "input_ids"} and len(batch["captions"]) == 4
+    images, masks = next(iter(fastdata.loader([seg_rect_lmdb, seg_rect_lmdb], weights=[0.5, 0.5], batch_size=4,
+                                              image_size=16, num_workers=0)))
+    assert masks.shape == (4, 16, 16)
+
+
+def test_datasets_whose_batches_differ_are_refused_in_one_line_naming_both(coco_lmdb, pairs_lmdb, solid_lmdb):
+    for paths, words in (([coco_lmdb, pairs_lmdb], ("detection targets", "image-text pairs")),
+                         ([solid_lmdb, coco_lmdb], ("class labels", "detection targets"))):
+        with pytest.raises(ConfigError) as raised:
+            seeded_loader(paths, weights=[0.5, 0.5])
+        message = str(raised.value)
+        assert "\n" not in message and str(paths[0]) in message and str(paths[1]) in message
+        assert all(word in message for word in words), message

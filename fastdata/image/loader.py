@@ -471,10 +471,10 @@ class DetectionLoader(ImageLoader):
     targets go with them) and borrowed samples. Decoded in the workers only (decode="device" is refused)."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
-                 image: ImageOptions | None = None) -> None:
+                 image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
         if data.pipeline.preset is None and data.pipeline.augment is None:
             data.pipeline.unstacked = True  # whole images of different sizes: a list per batch
-        super().__init__(data, options, image)
+        super().__init__(data, options, image, sampler=sampler)
 
     def __iter__(self) -> Iterator[tuple]:  # type: ignore[override]
         for images, targets, *metadata in super().__iter__():

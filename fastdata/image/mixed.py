@@ -1,4 +1,5 @@
-"""A weighted mixture of LMDB image datasets of class labels, read as one: the global index space is the sources
+"""A weighted mixture of LMDB image datasets whose batches are alike (class labels, image-text pairs, detection or
+segmentation targets: `batch_structure`), read as one: the global index space is the sources
 one after the other (`fastdata.order.mixing` says which index each slot takes), and the label space is their
 union (identical class lists share ids; different ones get a block each, named "source/class").
 
@@ -17,7 +18,7 @@ from fastdata.config import LoaderOptions
 from fastdata.errors import ConfigError
 from fastdata.image.batch import EncodedSample
 from fastdata.image.datasets import LmdbImageDataset
-from fastdata.image.loader import ImageLoader, ImageOptions
+from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
 
@@ -40,20 +41,50 @@ def class_union(names: list[str], class_lists: list[list[str]]) -> tuple[list[st
     return union, maps
 
 
+_KIND_WORDS = {"class": "class labels", "pairs": "image-text pairs", "detection": "detection targets",
+               "segmentation": "segmentation label maps"}
+
+
+def batch_structure(data: LmdbImageDataset) -> dict[str, Any]:
+    """What a dataset's batches are made of beyond its images, as far as a mixture must have one of it: the target
+    kind, and what its targets need to be alike (class datasets: the label kind, their class lists are unioned;
+    pairs: how the captions are tokenized; detection: the classes the boxes are labelled with; segmentation: the
+    label maps' dtype, ignore index and classes)."""
+    m = data.manifest
+    if m.target_kind == "pairs":
+        pairs = m.pairs or {}
+        return {"kind": "pairs", **{k: pairs.get(k) for k in ("tokens", "dtype", "tokenizer_sha256",
+                                                               "pad_token_id", "closing_tokens")}}
+    if m.target_kind == "detection":
+        return {"kind": "detection", "classes": list(m.classes)}
+    if m.target_kind == "segmentation":
+        targets = m.targets or {}
+        return {"kind": "segmentation", "classes": list(m.classes),
+                **{k: targets.get(k) for k in ("mask_dtype", "ignore_index")}}
+    return {"kind": "class", "label_kind": m.label_kind}
+
+
 def check_image_sources(paths: list[str], sources: list[Any]) -> None:
-    """ConfigError unless every source is an LMDB image dataset of class labels of one label kind."""
+    """ConfigError unless every source is an LMDB image dataset whose batches are alike (`batch_structure`): one
+    line naming the two sources that differ, and how."""
     for path, data in zip(paths, sources, strict=True):
         if not isinstance(data, LmdbImageDataset):
             raise ConfigError(f"{path}: mixing reads image datasets by index, which WebDataset shards do not allow; "
                               "convert it to LMDB (fastdata convert ... OUT.lmdb) to mix it")
-        if data.target_kind != "class":
-            raise ConfigError(f"{path}: holds {data.target_kind} targets; mixing supports image datasets of class "
-                              "labels (and text datasets)")
-    kinds = {data.manifest.label_kind for data in sources}
-    if len(kinds) > 1:
-        which = ", ".join(f"{p} ({d.manifest.label_kind}-label)" for p, d in zip(paths, sources, strict=True))
-        raise ConfigError(f"cannot mix single-label and multi-label datasets (their labels are class ids and "
-                          f"multi-hot rows): {which}")
+    first = batch_structure(sources[0])
+    for path, data in zip(paths[1:], sources[1:], strict=True):
+        other = batch_structure(data)
+        if other["kind"] != first["kind"]:
+            raise ConfigError(f"cannot mix {paths[0]} ({_KIND_WORDS[first['kind']]}) with {path} "
+                              f"({_KIND_WORDS[other['kind']]}): their batches are made of different things")
+        differ = [k for k in first if k != "kind" and first[k] != other[k]]
+        if first["kind"] == "class" and differ:
+            raise ConfigError(f"cannot mix single-label and multi-label datasets (their labels are class ids and "
+                              f"multi-hot rows): {paths[0]} ({first['label_kind']}-label), {path} "
+                              f"({other['label_kind']}-label)")
+        if differ:
+            said = "; ".join(f"{k} {first[k]!r} vs {other[k]!r}" for k in differ)
+            raise ConfigError(f"cannot mix {paths[0]} with {path}: their {_KIND_WORDS[first['kind']]} differ ({said})")
 
 
 class MixedImageDataset(LmdbImageDataset):
@@ -63,7 +94,7 @@ class MixedImageDataset(LmdbImageDataset):
 
     def __init__(self, sources: list[LmdbImageDataset], names: list[str], augment: Any = None,
                  image_size: Any = None, seed: int = 0, on_error: str = "raise", *, scale: Any = None,
-                 ratio: Any = None) -> None:
+                 ratio: Any = None, masks: bool = False) -> None:
         classes, self.label_maps = class_union(names, [data.classes for data in sources])
         self.sources, self.names = sources, names
         self.offsets = np.concatenate([[0], np.cumsum([len(d) for d in sources])]).astype(np.int64)
@@ -75,7 +106,7 @@ class MixedImageDataset(LmdbImageDataset):
             # original-layout source's JPEG is then told apart by its header, and decoded as before)
             jpeg_layout="restart" if any(d.manifest.jpeg_layout == "restart" for d in sources) else "original")
         root = Path("+".join(str(d.root) for d in sources))
-        self._setup(root, manifest, augment, image_size, seed, on_error, False, scale, ratio)
+        self._setup(root, manifest, augment, image_size, seed, on_error, False, scale, ratio, masks=masks)
         self.reader = _MixedKeys(self)  # type: ignore[assignment]  # what the loader's messages read: key(i)
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -88,7 +119,10 @@ class MixedImageDataset(LmdbImageDataset):
         sample = self.sources[source].encoded(local)
         mapping = self.label_maps[source]
         label = sample.label
-        label = tuple(int(mapping[i]) for i in label) if isinstance(label, tuple) else int(mapping[label])
+        if isinstance(label, tuple):
+            label = tuple(int(mapping[i]) for i in label)
+        elif isinstance(label, int | np.integer):
+            label = int(mapping[label])  # (a caption stays as it is)
         return dataclasses.replace(sample, key=f"{self.names[source]}/{sample.key}", label=label, position=(index,))
 
     def metadata(self, index: int) -> dict:
@@ -131,7 +165,7 @@ class _MixedKeys:
 
 class MixedImageLoader(MixedResumable, ImageLoader):
     """`ImageLoader` over a MixedImageDataset, batches drawn by the mixing schedule (`fastdata.order.mixing`):
-    `(images, labels)` with labels in the union label space (`loader.classes`)."""
+    `(images, labels)` with labels in the union label space (`loader.classes`); segmentation: `(images, masks)`."""
 
     def __init__(self, data: MixedImageDataset, plan: MixPlan, options: LoaderOptions,
                  image: ImageOptions | None = None) -> None:
@@ -143,3 +177,19 @@ class MixedImageLoader(MixedResumable, ImageLoader):
     def _resume_config(self) -> dict[str, Any]:
         assert isinstance(self.dataset, MixedImageDataset)
         return {**super()._resume_config(), **self._mix_config(self.dataset.names, self.dataset.fingerprints())}
+
+
+class MixedPairLoader(MixedImageLoader, PairLoader):
+    """A mixture of image-text pair datasets: `{"images", "captions"}` (and the token rows) as `PairLoader` gives."""
+
+
+class MixedDetectionLoader(MixedImageLoader, DetectionLoader):
+    """A mixture of detection datasets: `(images, targets)` as `DetectionLoader` gives."""
+
+
+def mixed_image_loader(data: MixedImageDataset, plan: MixPlan, options: LoaderOptions,
+                       image: ImageOptions | None = None) -> MixedImageLoader:
+    """The mixture's loader for its kind of targets."""
+    kind = {"pairs": MixedPairLoader, "detection": MixedDetectionLoader}.get(data.target_kind, MixedImageLoader)
+    return kind(data, plan, options, image)
+

@@ -17,7 +17,7 @@ from fastdata.formats.registry import storage
 from fastdata.formats.remote import is_url
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.loader import ImageOptions
-from fastdata.image.mixed import MixedImageDataset, MixedImageLoader, check_image_sources
+from fastdata.image.mixed import MixedImageDataset, MixedImageLoader, check_image_sources, mixed_image_loader
 from fastdata.order.mixing import MixedBatchSampler, MixPlan
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
@@ -33,7 +33,7 @@ def source_names(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
 
 
 def open_sources(paths: Sequence[str | os.PathLike[str]], augment: Any = None, *, image_size: Any = None,
-                 seed: int = 0, on_error: str = "raise", scale: Any = None, ratio: Any = None
+                 seed: int = 0, on_error: str = "raise", scale: Any = None, ratio: Any = None, masks: bool = False
                  ) -> list[LmdbImageDataset | WdsImageDataset | TextDataset]:
     """Each local dataset at `paths`, opened as `fastdata.dataset` opens it, and all of one kind."""
     if isinstance(paths, (str, bytes, os.PathLike)) or not paths:
@@ -53,7 +53,7 @@ def open_sources(paths: Sequence[str | os.PathLike[str]], augment: Any = None, *
         elif manifest.kind == "image":
             cls = LmdbImageDataset if storage("image", manifest.format, root).random_access else WdsImageDataset
             opened.append(cls(root, manifest, augment=augment, image_size=image_size, seed=seed, on_error=on_error,
-                              scale=scale, ratio=ratio))
+                              scale=scale, ratio=ratio, masks=masks))
         else:
             raise NotADatasetError(f"{root}: holds a {manifest.kind!r} dataset, not images or text")
     kinds = {"text" if isinstance(d, TextDataset) else "image" for d in opened}
@@ -69,10 +69,8 @@ def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[floa
                  on_error: str, scale: Any, ratio: Any, masks: bool, samples_per_epoch: int | None,
                  epoch_end: str, exhausted: str) -> MixedImageLoader | MixedTextLoader:
     """`fastdata.loader` over several datasets (its options already validated into `options`)."""
-    if masks:
-        raise ConfigError("masks=True applies to detection datasets, which mixing does not support")
     sources = open_sources(paths, augment, image_size=image_size, seed=options.seed, on_error=on_error,
-                           scale=scale, ratio=ratio)
+                           scale=scale, ratio=ratio, masks=masks)
     names, paths = source_names(paths), [str(p) for p in paths]
     if isinstance(sources[0], TextDataset):
         given = ["augment"] if augment is not None and not (isinstance(augment, str) and augment == "train") else []
@@ -86,10 +84,10 @@ def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[floa
         raise ConfigError(f"{', '.join(text.given())}: for text datasets only; the mixture holds images")
     check_image_sources(paths, sources)
     data = MixedImageDataset(sources, names, augment, image_size, options.seed, on_error,  # type: ignore[arg-type]
-                             scale=scale, ratio=ratio)
+                             scale=scale, ratio=ratio, masks=masks)
     plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
                         [str(p) for p in paths])
-    return MixedImageLoader(data, plan, options, ImageOptions(**image_options))
+    return mixed_image_loader(data, plan, options, ImageOptions(**image_options))
 
 
 class Mixture:
