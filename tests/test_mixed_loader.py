@@ -5,7 +5,10 @@ sources that cannot be mixed."""
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
+import tarfile
 from collections import Counter
 
 import numpy as np
@@ -15,7 +18,7 @@ from builders import SMALL_SOLID_COUNT, SOLID_COUNT, corrupt_copy, sample_id_of,
 from contracts import check_checkpoint_loop, check_resumes, clone, same
 
 import fastdata
-from fastdata.errors import ConfigError, ResumeError
+from fastdata.errors import ConfigError, CorruptSampleError, ResumeError
 
 UNION = ["solid/alpha", "solid/beta", "solid/gamma", "pets/cat", "pets/dog", "pets/eel"]
 
@@ -191,9 +194,8 @@ def test_text_mixtures_share_one_tokenizer(text_mix):
         seeded_loader([a, c], augment=None, seq_len=16)
 
 
-def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, solid_wds, multi_label_lmdb, text_mix, pets_lmdb):
-    cases = [([solid_lmdb, solid_wds], "convert it to LMDB"),
-             ([solid_lmdb, multi_label_lmdb], "cannot mix single-label and multi-label"),
+def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, multi_label_lmdb, text_mix, pets_lmdb):
+    cases = [([solid_lmdb, multi_label_lmdb], "cannot mix single-label and multi-label"),
              ([solid_lmdb, text_mix[0]], "cannot mix images and text"),
              ([solid_lmdb, solid_lmdb], "weights has 1 number for 2 datasets")]
     for paths, message in cases:
@@ -280,7 +282,7 @@ def test_pairs_and_segmentation_datasets_mix(pairs_lmdb, seg_rect_lmdb):
     batch = next(iter(fastdata.loader([pairs_lmdb, pairs_lmdb], weights=[0.5, 0.5], batch_size=4, image_size=16,
                                       num_workers=0)))
     assert set(batch) >= {"images", "captions", "input_ids"} and len(batch["captions"]) == 4
-    images, masks = next(iter(fastdata.loader([seg_rect_lmdb, seg_rect_lmdb], weights=[0.5, 0.5], batch_size=4,
+    _images, masks = next(iter(fastdata.loader([seg_rect_lmdb, seg_rect_lmdb], weights=[0.5, 0.5], batch_size=4,
                                               image_size=16, num_workers=0)))
     assert masks.shape == (4, 16, 16)
 
@@ -293,3 +295,55 @@ def test_datasets_whose_batches_differ_are_refused_in_one_line_naming_both(coco_
         message = str(raised.value)
         assert "\n" not in message and str(paths[0]) in message and str(paths[1]) in message
         assert all(word in message for word in words), message
+
+
+WDS_UNION = ["shards/alpha", "shards/beta", "shards/gamma", "pets/cat", "pets/dog", "pets/eel"]
+
+
+def test_local_webdataset_shards_mix_with_lmdb(solid_wds, pets_lmdb):
+    """Shards are read by index (each sample alone from its first tar header): every label belongs to its pixels,
+    the first source to run out gives each sample once, and two workers give the batches one gives."""
+    def make(workers: int = 0, **options):
+        settings = dict(weights=[0.7, 0.3], batch_size=10, augment="val", num_workers=workers)
+        return seeded_loader([solid_wds, pets_lmdb], **{**settings, **options})
+
+    loader = make()
+    assert loader.classes == WDS_UNION
+    batches = [identify(*batch) for batch in loader]
+    seen = Counter(s for batch in batches for s in batch)
+    assert sorted(i for s, i in seen if s == "pets") == list(range(SMALL_SOLID_COUNT))
+    assert max(seen.values()) == 1 and sum(1 for s, _ in seen if s == "solid") == 27
+    assert same([clone(b) for b in make()], [clone(b) for b in make(2)])
+    check_resumes(lambda w: make(w, augment="train", epoch_end="last"), lambda n: [1, n // 2], 2)
+
+
+def test_indexed_shards_follow_the_stored_stream(solid_wds, pets_lmdb, solid_lmdb):
+    """`fastdata.mix` over shards: index i of the shards is the i-th sample `fastdata.dataset` iterates, label and
+    pixels, and every index of the mixture reads its own sample."""
+    mixture = fastdata.mix([solid_wds, pets_lmdb], weights=[1, 1], batch_size=8, augment="val", image_size=16)
+    streamed = list(fastdata.dataset(solid_wds, augment="val", image_size=16))
+    assert len(mixture.dataset) == len(streamed) + SMALL_SOLID_COUNT == SOLID_COUNT + SMALL_SOLID_COUNT
+    for index in [len(streamed) - 1, 0, 17, 5, len(streamed) - 2]:  # out of order: each read on its own
+        image, label = mixture.dataset[index]
+        assert torch.equal(image, streamed[index][0]) and label == streamed[index][1]
+    listed = mixture.dataset.samples[:len(streamed)]  # (path, label) in stream order, paths as the LMDB lists them
+    assert [label for _, label in listed] == [label for _, label in streamed]
+    assert sorted(path for path, _ in listed) == sorted(f"shards/{path}" for path, _ in
+                                                        fastdata.dataset(solid_lmdb).samples)
+
+
+def test_a_shard_changed_after_conversion_is_named(solid_wds, pets_lmdb, tmp_path):
+    """A shard that lost a sample since its manifest was written: reading by index names it and says so."""
+    changed = tmp_path / "shards"
+    shutil.copytree(solid_wds, changed)
+    first = sorted(changed.glob("*.tar"))[0]
+    with tarfile.open(first) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    dropped = members[0][0].name.split(".")[0]
+    with tarfile.open(first, "w") as tar:
+        for member, data in members:
+            if member.name.split(".")[0] != dropped:
+                tar.addfile(member, io.BytesIO(data))
+    mixture = fastdata.mix([changed, pets_lmdb], weights=[1, 1], batch_size=8, augment="val", image_size=16)
+    with pytest.raises(CorruptSampleError, match=rf"{first.name}: holds \d+ samples, its manifest says \d+"):
+        mixture.dataset[0]

@@ -205,6 +205,23 @@ def iter_shard(path: Path, unsafe_members: str = "error") -> Iterator[tuple[str,
             yield sample
 
 
+def sample_positions(fileobj: BinaryIO, where: str | Path) -> list[int]:
+    """The byte position of each sample's first member header in an open, seekable shard, in stored order: where
+    `read_shard` can start to read that sample alone (the members' bytes are seeked past, not read)."""
+    positions: list[int] = []
+    current_key: str | None = None
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r:") as tar:
+            for member in tar:
+                key, _ext = split_member_name(member.name)
+                if key != current_key:
+                    positions.append(member.offset)
+                    current_key = key
+    except tarfile.TarError as exc:
+        raise CorruptSampleError(f"{where}: not a readable tar shard ({exc})") from exc
+    return positions
+
+
 def read_shard(fileobj: BinaryIO, where: str | Path, want: Callable[[int], bool] | None = None,
                unsafe_members: str = "error", seekable: bool = False
                ) -> Iterator[tuple[int, tuple[str, bytes, str, dict] | None]]:

@@ -239,15 +239,21 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
         mine = contiguous_part(stream, self.rank, self.world_size, self.uneven)
         return np.array_split(mine, max(1, num_workers))[worker]
 
-    def shard_samples(self, shard_id: int, want: Callable[[int], bool] | None = None
-                      ) -> Iterator[tuple[int, EncodedSample | None]]:
+    def shard_samples(self, shard_id: int, want: Callable[[int], bool] | None = None, *,
+                      start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, EncodedSample | None]]:
         """`(offset, sample)` for every stored sample of one shard, in order; None (bytes not read) for the
-        offsets `want` rejects."""
+        offsets `want` rejects. `start`: (byte position of a sample's first member header, that sample's offset)
+        to begin there (`fastdata.formats.wds.sample_positions`) instead of at the shard's first sample."""
         name = self.manifest.files[shard_id].name
         where = self.shards[shard_id]
+        position, first = start
         fileobj, seekable = self.store.open(shard_id)
         with fileobj:
-            for offset, stored in read_shard(fileobj, where, want, seekable=seekable):
+            if position:
+                fileobj.seek(position)
+            relative = None if want is None else (lambda o: want(o + first))
+            for offset, stored in read_shard(fileobj, where, relative, seekable=seekable):
+                offset += first
                 if stored is None:
                     yield offset, None
                     continue

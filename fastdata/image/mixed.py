@@ -1,7 +1,8 @@
-"""A weighted mixture of LMDB image datasets whose batches are alike (class labels, image-text pairs, detection or
-segmentation targets: `batch_structure`), read as one: the global index space is the sources
-one after the other (`fastdata.order.mixing` says which index each slot takes), and the label space is their
-union (identical class lists share ids; different ones get a block each, named "source/class").
+"""A weighted mixture of image datasets read by index (LMDB, local WebDataset shards through `IndexedShards`)
+whose batches are alike (class labels, image-text pairs, detection or segmentation targets: `batch_structure`),
+read as one: the global index space is the sources one after the other (`fastdata.order.mixing` says which index
+each slot takes), and the label space is their union (identical class lists share ids; different ones get a block
+each, named "source/class").
 
 `MixedImageDataset` is map-style (`ds[i]`, `len`, `.classes`), so the loader's workers build batches from it as
 from one LMDB dataset; `MixedImageLoader` is `ImageLoader` over it with the mixing schedule as its sampler."""
@@ -17,7 +18,8 @@ import numpy as np
 from fastdata.config import LoaderOptions
 from fastdata.errors import ConfigError
 from fastdata.image.batch import EncodedSample
-from fastdata.image.datasets import LmdbImageDataset
+from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
+from fastdata.image.indexed_shards import IndexedShards
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
@@ -45,7 +47,7 @@ _KIND_WORDS = {"class": "class labels", "pairs": "image-text pairs", "detection"
                "segmentation": "segmentation label maps"}
 
 
-def batch_structure(data: LmdbImageDataset) -> dict[str, Any]:
+def batch_structure(data: LmdbImageDataset | IndexedShards) -> dict[str, Any]:
     """What a dataset's batches are made of beyond its images, as far as a mixture must have one of it: the target
     kind, and what its targets need to be alike (class datasets: the label kind, their class lists are unioned;
     pairs: how the captions are tokenized; detection: the classes the boxes are labelled with; segmentation: the
@@ -64,13 +66,19 @@ def batch_structure(data: LmdbImageDataset) -> dict[str, Any]:
     return {"kind": "class", "label_kind": m.label_kind}
 
 
+def by_index(sources: list[Any]) -> list[LmdbImageDataset | IndexedShards]:
+    """The opened image sources, each readable by index: local WebDataset shards through `IndexedShards`."""
+    return [IndexedShards(data) if isinstance(data, WdsImageDataset) else data for data in sources]
+
+
 def check_image_sources(paths: list[str], sources: list[Any]) -> None:
-    """ConfigError unless every source is an LMDB image dataset whose batches are alike (`batch_structure`): one
-    line naming the two sources that differ, and how."""
+    """ConfigError unless every source is an image dataset read by index (LMDB, or local shards through
+    `IndexedShards`) and their batches are alike (`batch_structure`): one line naming the two sources that differ,
+    and how."""
     for path, data in zip(paths, sources, strict=True):
-        if not isinstance(data, LmdbImageDataset):
-            raise ConfigError(f"{path}: mixing reads image datasets by index, which WebDataset shards do not allow; "
-                              "convert it to LMDB (fastdata convert ... OUT.lmdb) to mix it")
+        if not isinstance(data, LmdbImageDataset | IndexedShards):
+            raise ConfigError(f"{path}: mixing reads image datasets by index (LMDB, or local WebDataset shards), "
+                              f"not a {type(data).__name__}")
     first = batch_structure(sources[0])
     for path, data in zip(paths[1:], sources[1:], strict=True):
         other = batch_structure(data)
@@ -88,11 +96,12 @@ def check_image_sources(paths: list[str], sources: list[Any]) -> None:
 
 
 class MixedImageDataset(LmdbImageDataset):
-    """Map-style dataset over several LMDB image datasets one after the other: `ds[i]` is source s's sample
-    `i - offsets[s]`, its label mapped into the union label space (`.classes`); each sample's key is prefixed
-    with its source's name. Augmentation as for one dataset, seeded from (seed, epoch, global index)."""
+    """Map-style dataset over several image datasets (LMDB, local shards read by index) one after the other:
+    `ds[i]` is source s's sample `i - offsets[s]`, its label mapped into the union label space (`.classes`); each
+    sample's key is prefixed with its source's name. Augmentation as for one dataset, seeded from (seed, epoch,
+    global index)."""
 
-    def __init__(self, sources: list[LmdbImageDataset], names: list[str], augment: Any = None,
+    def __init__(self, sources: list[LmdbImageDataset | IndexedShards], names: list[str], augment: Any = None,
                  image_size: Any = None, seed: int = 0, on_error: str = "raise", *, scale: Any = None,
                  ratio: Any = None, masks: bool = False) -> None:
         classes, self.label_maps = class_union(names, [data.classes for data in sources])

@@ -1,5 +1,5 @@
 """Weighted dataset mixing at the read side's root: open the sources, check that they can be mixed (one kind;
-images: LMDB, class labels, one label kind; text: one tokenizer), and build the mixed loader
+images: LMDB or local WebDataset shards, batches alike; text: one tokenizer), and build the mixed loader
 (`fastdata.loader([a, b], weights=...)`) or, for a DataLoader of your own, a `Mixture` (`fastdata.mix`).
 The schedule itself is `fastdata.order.mixing` (docs/mixing.md)."""
 
@@ -17,7 +17,13 @@ from fastdata.formats.registry import storage
 from fastdata.formats.remote import is_url
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.loader import ImageOptions
-from fastdata.image.mixed import MixedImageDataset, MixedImageLoader, check_image_sources, mixed_image_loader
+from fastdata.image.mixed import (
+    MixedImageDataset,
+    MixedImageLoader,
+    by_index,
+    check_image_sources,
+    mixed_image_loader,
+)
 from fastdata.order.mixing import MixedBatchSampler, MixPlan
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
@@ -82,6 +88,7 @@ def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[floa
                                  epoch_end, exhausted)
     if text.given():
         raise ConfigError(f"{', '.join(text.given())}: for text datasets only; the mixture holds images")
+    sources = by_index(sources)  # type: ignore[assignment]
     check_image_sources(paths, sources)
     data = MixedImageDataset(sources, names, augment, image_size, options.seed, on_error,  # type: ignore[arg-type]
                              scale=scale, ratio=ratio, masks=masks)
@@ -147,7 +154,8 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
     `fastdata.loader`'s over a list of paths (docs/mixing.md); text mixtures are mixed per document.
 
     Args:
-        paths: two or more LMDB image datasets of class labels, or text datasets (LMDB or WebDataset).
+        paths: two or more image datasets (LMDB, or local WebDataset shards) whose batches are alike, or text
+            datasets (LMDB or WebDataset).
         weights: one number per dataset (None: equal); 0 leaves a dataset out.
         batch_size: samples per batch of the batch sampler.
         augment: as for `fastdata.dataset` (images): None, "train", "val", or a transform.
@@ -176,6 +184,7 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
         check_same_tokenizer([str(p) for p in paths], sources)  # type: ignore[arg-type]
         dataset: MixedImageDataset | MixedTextDataset = MixedTextDataset(sources)  # type: ignore[arg-type]
     else:
+        sources = by_index(sources)  # type: ignore[assignment]
         check_image_sources([str(p) for p in paths], sources)
         dataset = MixedImageDataset(sources, source_names(paths), augment, image_size, seed, on_error,  # type: ignore
                                     scale=scale, ratio=ratio)
