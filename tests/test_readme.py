@@ -80,3 +80,13 @@ def test_local_links_stay_in_the_repository(page: Path) -> None:
         path = (page.parent / target.split("#", 1)[0]).resolve()
         assert path.is_relative_to(ROOT), f"{page.name} links outside the repository: {target}"
         assert path.exists(), f"{page.name} links to a missing file: {target}"
+
+
+def test_readme_says_what_the_mixing_page_says_about_shares() -> None:
+    """The README's one line about a mixture's shares is the mixing page's own sentence, word for word."""
+    def words(page: Path) -> str:
+        return " ".join(page.read_text().split())
+
+    promise = ("every batch holds each dataset's share, rounded, the same way every epoch, on every rank, and a "
+               "resumed run continues exactly")
+    assert promise in words(README) and promise in words(ROOT / "docs" / "mixing.md")
