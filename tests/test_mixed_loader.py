@@ -347,3 +347,29 @@ def test_a_shard_changed_after_conversion_is_named(solid_wds, pets_lmdb, tmp_pat
     mixture = fastdata.mix([changed, pets_lmdb], weights=[1, 1], batch_size=8, augment="val", image_size=16)
     with pytest.raises(CorruptSampleError, match=rf"{first.name}: holds \d+ samples, its manifest says \d+"):
         mixture.dataset[0]
+
+
+def equal_items(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(equal_items(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal_items(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("kind", ["pairs", "segmentation", "multi-label", "detection"])
+def test_shards_of_every_kind_mix_with_their_lmdb_twin(kind, request):
+    """Pairs, label maps, multi-label rows and detection targets read by index from shards are the samples the
+    shards stream."""
+    shards, lmdb = {"pairs": ("pairs_wds", "pairs_lmdb"), "segmentation": ("seg_rect_wds", "seg_rect_lmdb"),
+                    "multi-label": ("multi_label_wds", "multi_label_lmdb"), "detection": ("rect_wds", "rect_lmdb")
+                    }[kind]
+    shards, lmdb = request.getfixturevalue(shards), request.getfixturevalue(lmdb)
+    mixture = fastdata.mix([shards, lmdb], weights=[1, 1], batch_size=4, augment="val", image_size=16)
+    streamed = list(fastdata.dataset(shards, augment="val", image_size=16))
+    for index in [len(streamed) - 1, 0, len(streamed) // 2]:
+        assert equal_items(mixture.dataset[index], streamed[index]), index
+    batches = list(fastdata.loader([shards, lmdb], weights=[1, 1], batch_size=4, image_size=16, num_workers=2))
+    assert len(batches) >= 2
