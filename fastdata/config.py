@@ -153,18 +153,32 @@ def stop_workers(dataloader: Any, batches: Any) -> None:
 
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back while DataLoader workers start (the first `iter()` of a loader): a Ctrl-C reaches
-    every process of the terminal's group, and one that reached a worker before it entered its loop would print the
-    worker's own traceback. The workers inherit the block and drop the signal (`worker_ignores_ctrl_c`); this
-    process gets it as soon as they are started (and then stops them, as after any failed pass)."""
+    """Hold Ctrl-C (SIGINT) back while worker processes start (a loader's first `iter()`, a conversion's pool): a
+    Ctrl-C reaches every process of the terminal's group, and one that reached a worker before it entered its loop
+    would print the worker's own traceback, or one that broke into the start-up would leave some workers started.
+    Two holds, because one alone leaks: the mask, which the workers inherit and clear once they ignore SIGINT
+    (`worker_ignores_ctrl_c`); and, in this process, a handler that only notes the signal (any native thread that
+    does not block SIGINT, such as torch's or OpenMP's, takes it despite the main thread's mask, and Python runs
+    its handler in the main thread all the same). When the block ends, a Ctrl-C that came meanwhile is raised here,
+    through the handler that was in place before (and the workers started are then stopped, as after any failed
+    start or pass). In a thread other than the main one, nothing is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    came: list[int] = []
+    previous_handler = signal.getsignal(signal.SIGINT)
+    noting = previous_handler is not None  # None: a handler set outside Python, which cannot be put back
+    if noting:
+        signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if noting:
+            signal.signal(signal.SIGINT, previous_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)  # one pending for this thread lands here
+        if came:
+            signal.raise_signal(signal.SIGINT)
 
 
 def worker_ignores_ctrl_c() -> None:

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
+from fastdata.config import ctrl_c_held
 from fastdata.convert.messages import SharedMemory
 from fastdata.convert.pool import start_method
 from fastdata.errors import WorkerError
@@ -70,22 +71,20 @@ class ShardAssembly:
 
     def start(self) -> ShardAssembly:
         context = multiprocessing.get_context(start_method())
-        interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            for _ in range(self.processes):
-                ours, theirs = context.Pipe(duplex=True)
-                process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
-                                          name="fastdata-shard-assembler")
-                process.start()
-                theirs.close()
-                self._connections.append(ours)
-                self._workers.append(process)
-                self._sent.append(deque())
+            with ctrl_c_held():  # a Ctrl-C that comes meanwhile is raised once all are started
+                for _ in range(self.processes):
+                    ours, theirs = context.Pipe(duplex=True)
+                    process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
+                                              name="fastdata-shard-assembler")
+                    process.start()
+                    theirs.close()
+                    self._connections.append(ours)
+                    self._workers.append(process)
+                    self._sent.append(deque())
         except BaseException:
             self._stop(graceful=False)
             raise
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, interactive)
         return self
 
     def __enter__(self) -> ShardAssembly:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
+from fastdata.config import ctrl_c_held
 from fastdata.convert.messages import out_of_band, receive, send
 from fastdata.errors import WorkerError
 
@@ -179,22 +180,20 @@ class Workers:
         self.scratch = [bytearray() for _ in range(workers)]  # each worker's receive buffer
         # Ctrl-C is held back while the workers start: one that came in the middle would leave the workers
         # started so far running on, and a worker it reached before it ignores SIGINT would die
-        interactive = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            for _ in range(workers):
-                parent_end, child_end = context.Pipe(duplex=True)
-                inherited = parent_end if context.get_start_method() == "fork" else None
-                process = context.Process(target=_serve, args=(job, child_end, worker_init, inherited),
-                                          daemon=True)
-                process.start()
-                child_end.close()
-                self.connections.append(parent_end)
-                self.processes.append(process)
+            with ctrl_c_held():  # a Ctrl-C that comes meanwhile is raised once all are started
+                for _ in range(workers):
+                    parent_end, child_end = context.Pipe(duplex=True)
+                    inherited = parent_end if context.get_start_method() == "fork" else None
+                    process = context.Process(target=_serve, args=(job, child_end, worker_init, inherited),
+                                              daemon=True)
+                    process.start()
+                    child_end.close()
+                    self.connections.append(parent_end)
+                    self.processes.append(process)
         except BaseException:
             self.close()
             raise
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, interactive)  # a Ctrl-C that came meanwhile lands here
 
     def __enter__(self) -> Workers:
         return self
