@@ -2,7 +2,7 @@
 
 The public functions are imported on first use, so `import fastdata` (and `fastdata --version` / `--help`) stay
 fast and do not import torch. `fastdata.loader` and `fastdata.meter` are the functions, as `from fastdata import
-loader` gives them, although modules of the same names exist (`fastdata/loader.py`, `fastdata/meter/`).
+loader` gives them, although modules of the same names exist (`fastdata/loader/`, `fastdata/meter/`).
 """
 
 from __future__ import annotations

@@ -63,11 +63,6 @@ Label = int | tuple[int, ...]
 LABEL_KINDS = ("single", "multi")
 
 
-def label_kind_of(label: Label) -> str:
-    """"multi" for a tuple of class ids, "single" for one id."""
-    return "multi" if isinstance(label, tuple) else "single"
-
-
 def label_from_json(value: Any, kind: str) -> Label:
     """A stored label as JSON holds it (an integer, or a list of integers) -> the Label of a `kind` dataset.
     Raises ValueError saying what is wrong (the caller names the sample)."""

@@ -49,11 +49,6 @@ def _filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
         raise ConfigError(f"{url}: {exc}; install the remote extras: pip install 'fastdata[remote]'") from exc
 
 
-def read_remote_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
-    """The manifest of the dataset at `url`, checked against its own checksum."""
-    return RemoteShards(url, storage_options).manifest
-
-
 @dataclass(frozen=True)
 class RemoteOptions:
     """How a remote dataset is read: `storage_options` for fsspec, and the node-wide shard cache (`cache_dir`,

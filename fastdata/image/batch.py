@@ -42,7 +42,7 @@ class Batch:
     labels: torch.Tensor | CaptionBatch
     skipped: list[tuple[str, str]] = field(default_factory=list)
     times: StageTimes = field(default_factory=StageTimes)
-    slot: Slot | None = None  # the worker's reused shared-memory slot holding `images` (fastdata.batch_buffers)
+    slot: Slot | None = None  # the worker's reused shared-memory slot holding `images` (fastdata.image.buffers)
     span: tuple[int, int, int] | None = None  # (worker, started ns, ended ns): `worker_span`, for traces
     metadata: list[dict] | None = None  # with metadata=True: {"key": ..., **stored metadata} per sample kept
 

@@ -185,7 +185,7 @@ class LmdbBatches(Dataset):
 
     def __init__(self, dataset: LmdbImageDataset, buffers: BatchBuffers | None = None) -> None:
         self.dataset = dataset
-        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.batch_buffers), owned by the loader
+        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.image.buffers), owned by the loader
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -173,7 +173,7 @@ class ImageLoader(ResumableLoader):
         # samples (key -> reason, each once however many epochs meet it), stage times, the meter's trace sink
         self._receipts = Receipts()
         self._skipped = self._receipts.skipped
-        self.borrowed: list[tuple[int, int, str]] = []  # (epoch, batch, key lent to it): see fastdata.borrow
+        self.borrowed: list[tuple[int, int, str]] = []  # (epoch, batch, key lent to it): see fastdata.order.borrow
         self.stage_times = self._receipts.stage_times  # per-stage seconds over workers and batches (fastdata.meter)
         self.drop_last, self.uneven = options.drop_last, options.uneven
         self.rank, self.world_size = options.rank, options.world_size
@@ -183,7 +183,7 @@ class ImageLoader(ResumableLoader):
         self._workers_pass: Any = None  # the DataLoader iterator of the pass the workers run
         common = options.dataloader_kwargs(worker_init_fn=_worker_init)
         # workers reuse their shared-memory batch tensors once this process has let go of them
-        # (fastdata.batch_buffers): slots for the batches in flight, those waiting here and the user's
+        # (fastdata.image.buffers): slots for the batches in flight, those waiting here and the user's
         self._buffers = (BatchBuffers(num_workers, options.prefetch_factor + 4)
                          if num_workers and data.pipeline.output_size and not data.pipeline.ship_encoded else None)
         if isinstance(data, LmdbImageDataset):
@@ -308,7 +308,7 @@ class ImageLoader(ResumableLoader):
 
     def _deliver(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The workers' finished batches as they made them, or with a device moved there and converted.
-        A batch whose samples were all skipped borrows one (fastdata.borrow), so every rank yields len(self)."""
+        A batch whose samples were all skipped borrows one (fastdata.order.borrow), so every rank yields len(self)."""
         for number, batch in enumerate(batches, start=self._pass_skip):
             images, labels, metadata = batch.images, batch.labels, batch.metadata
             if not len(labels):
@@ -377,7 +377,7 @@ class ImageLoader(ResumableLoader):
 
     def _borrow(self, epoch: int, number: int) -> tuple[torch.Tensor, Any, list[dict] | None]:
         """A batch of one for batch `number` of `epoch`, whose samples were all skipped: the first later sample of
-        this rank's epoch that decodes (fastdata.borrow), made here, in the main process (a rare event)."""
+        this rank's epoch that decodes (fastdata.order.borrow), made here, in the main process (a rare event)."""
         pipeline = self.dataset.pipeline
         if self._sampler is not None:
             assert isinstance(self.dataset, LmdbImageDataset)

@@ -64,13 +64,13 @@ class SamplePipeline:
         # region from the whole file (same pixels)
         self.jpeg_layout = jpeg_layout
         self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
-        # JPEGs with a preset: decode only the crop's region (fastdata.jpeg_region) where the extension is usable;
+        # JPEGs with a preset: decode only the crop's region (fastdata.image.region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
         self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
         # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
-        # once the device's decoder passed fastdata.image.device_restart.sub_jpeg_failure)
+        # once the device's decoder passed fastdata.image.device.probes.sub_jpeg_failure)
         self.ship_sub_jpegs = False
         # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
         self.unstacked = False

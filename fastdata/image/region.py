@@ -3,7 +3,7 @@ gives the output resolution (libjpeg-turbo's scaling, cropping and row skipping;
 
 OpenCV, Pillow and torchvision decode whole images (OpenCV and Pillow can scale by 1/2, 1/4, 1/8 only). The
 extension `fastdata.image._jpeg_region` drives libjpeg-turbo directly; it links nothing at build time and loads the
-libjpeg-turbo Pillow uses (fastdata.jpeg_library says where it is looked for). Before first use a library proves
+libjpeg-turbo Pillow uses (fastdata.image.jpeg_library says where it is looked for). Before first use a library proves
 itself (`self_check`): probe JPEGs in 4:2:0, 4:2:2, 4:4:4 and progressive 4:2:0, decoded at every scale it is used
 at (8/8, 4/8, 2/8, 1/8) whole and by regions that need column cropping and row skipping, must equal OpenCV's decode
 at that scale, cropped, bit for bit; a library failing any case is not used, and the reason names the case.
@@ -189,7 +189,7 @@ def load_region_decoder(libraries: Iterable[str]) -> tuple[RegionDecoder | None,
     try:
         from fastdata.image import _jpeg_region
     except ImportError as exc:
-        return None, f"the C extension fastdata._jpeg_region is not built ({exc}); reinstall with a C compiler"
+        return None, f"the C extension fastdata.image._jpeg_region is not built ({exc}); reinstall with a C compiler"
     reasons = []
     probes()  # built once (a few ms), outside the self-check's timing
     for path in libraries:
@@ -217,7 +217,7 @@ def _load(libraries: tuple[str, ...] | None) -> tuple[RegionDecoder | None, str]
 
 def region_decoder(libraries: tuple[str, ...] | None = None) -> RegionDecoder | None:
     """The process's region decoder (loaded and checked once), or None if unavailable. `libraries` replaces the
-    discovered candidates (fastdata.jpeg_library) with these, tried in order."""
+    discovered candidates (fastdata.image.jpeg_library) with these, tried in order."""
     return _load(libraries)[0]
 
 

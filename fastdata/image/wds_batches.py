@@ -30,7 +30,7 @@ class WdsBatches(IterableDataset):
                  rank: int = 0, world_size: int = 1, uneven: str = "pad", window: int = DEFAULT_WINDOW,
                  buffers: BatchBuffers | None = None) -> None:
         self.dataset = dataset
-        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.batch_buffers), owned by the loader
+        self.buffers = buffers  # reused shared-memory batch tensors (fastdata.image.buffers), owned by the loader
         self.batch_size = batch_size
         self.planner = StreamPlanner([f.samples for f in dataset.manifest.files], batch_size=batch_size,
                                      shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank,
