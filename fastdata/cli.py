@@ -106,11 +106,16 @@ def convert() -> None:
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-def info(path: Path) -> None:
-    """Show what the dataset at PATH holds: kind, format, counts, classes, bytes, options, files."""
+@click.option("--scan-gpu", is_flag=True,
+              help="For an image dataset converted before its conversion counted them: read each stored image's "
+                   "header to count the JPEGs the GPU's hardware JPEG engines take (baseline), the progressive ones "
+                   "and the rest.")
+def info(path: Path, scan_gpu: bool) -> None:
+    """Show what the dataset at PATH holds: kind, format, counts, classes, bytes, options, how many stored images
+    the GPU's JPEG engines take, files."""
     from fastdata.tools.info import describe
 
-    click.echo(describe(path))
+    click.echo(describe(path, scan_gpu=scan_gpu))
 
 
 @cli.command()

@@ -7,6 +7,7 @@ WebDataset shards, for every test that only reads them.
 from __future__ import annotations
 
 import gc
+import signal
 import sys
 from pathlib import Path
 
@@ -38,6 +39,12 @@ from builders import (
 
 import fastdata
 from fastdata.tools.sample import make_sample_imagefolder
+
+# The Ctrl-C tests send SIGINT to programs they start, as a terminal does to its foreground job. A shell starts a
+# background job (`pytest &`, nohup) with SIGINT ignored, and an ignored signal stays ignored across exec, so those
+# programs would never see it: catch it here as an interactive Python does, and the programs start with its default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

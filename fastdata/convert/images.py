@@ -50,6 +50,7 @@ from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter, target_member
 from fastdata.image.decode import opencv_single_threaded
+from fastdata.image.jpeg_header import GPU_KINDS
 
 
 @dataclass
@@ -155,6 +156,7 @@ class _Progress(ProgressRecord):
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
     target_state: dict[str, Any] = field(default_factory=dict)  # what the source's targets counted so far
     layout: dict[str, Any] = field(default_factory=dict)  # jpeg_layout "restart": LayoutCounts.to_json() so far
+    gpu_kinds: dict[str, int] = field(default_factory=dict)  # stored images by GPU_KINDS so far
 
 
 def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:
@@ -306,7 +308,8 @@ def convert_images(
         class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
         source=listing.info(), rejected=state.rejected,
         stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
-               "resumed_at": resumed_at, **({} if layout is None else {"jpeg_layout": layout.to_json()})},
+               "resumed_at": resumed_at, "gpu_kinds": {kind: state.gpu_kinds.get(kind, 0) for kind in GPU_KINDS},
+               **({} if layout is None else {"jpeg_layout": layout.to_json()})},
         jpeg_layout=jpeg_layout, label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
         target_kind=listing.target_kind, pairs=listing.pairs,
         targets=None if listing.targets is None else listing.targets.info(),
@@ -350,11 +353,13 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
 
     counts, samples, order = state.counts, listing.samples, job.order
     layout = LayoutCounts.from_json(state.layout)
+    gpu_kinds = state.gpu_kinds  # counted in place: every checkpoint stores it as it stands
     with tqdm(total=total, initial=state.next_task, unit="img", desc="converting", disable=not progress,
               smoothing=0.1) as bar:
         for chunk in _results(job, state.next_task, total, workers, stats, **(engine or {})):
-            for (laid, reason, size), note, outcome in zip(chunk.results, chunk.notes or repeat(None),
-                                                           chunk.layouts or repeat(None), strict=False):
+            for (laid, reason, size), note, outcome, gpu_kind in zip(
+                    chunk.results, chunk.notes or repeat(None), chunk.layouts or repeat(None),
+                    chunk.gpu_kinds or repeat(""), strict=False):
                 index = int(order[state.next_task])
                 state.bytes_in += size
                 state.next_task += 1
@@ -369,6 +374,8 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                         writer.add(laid)
                     if outcome is not None:
                         layout.add(outcome)
+                    if gpu_kind:
+                        gpu_kinds[gpu_kind] = gpu_kinds.get(gpu_kind, 0) + 1
                     label = samples[index][1]
                     if isinstance(label, tuple):
                         for class_id in label:

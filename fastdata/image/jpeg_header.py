@@ -11,6 +11,16 @@ from dataclasses import dataclass
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _NO_LENGTH = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})  # TEM, SOI, RST0-7: markers without a length field
 _SOS, _EOI = 0xDA, 0xD9
+BASELINE, PROGRESSIVE = 0xC0, 0xC2
+# The chroma subsamplings NVIDIA's JPEG decoders take for a 3-component JPEG: luma (horizontal, vertical) sampling
+# factors with both chroma components at (1, 1): 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0
+_GPU_LUMA_SAMPLING = frozenset({(1, 1), (2, 1), (2, 2), (1, 2), (4, 1), (4, 2)})
+
+#: How a stored image meets the GPU's decoders (`gpu_kind`): "baseline" 8-bit Huffman JPEGs, which the hardware
+#: JPEG engines decode; "progressive" 8-bit JPEGs, which only the CUDA/hybrid decoders take; "other_jpeg" (CMYK,
+#: 12-bit, arithmetic-coded or lossless JPEGs, unusual subsampling, no readable frame header) and "not_jpeg" (PNG,
+#: ...), which are decoded on the CPU.
+GPU_KINDS = ("baseline", "progressive", "other_jpeg", "not_jpeg")
 
 
 @dataclass(frozen=True)
@@ -58,3 +68,25 @@ def read_frame(data: bytes | memoryview) -> JpegFrame | None:
             return JpegFrame(marker, segment[0], width, height, sampling)
         pos += 2 + length
     return None
+
+
+def gpu_kind(frame: JpegFrame | None) -> str:
+    """Which of GPU_KINDS a JPEG with frame header `frame` is (None: no readable frame header, "other_jpeg").
+
+    NVIDIA's hardware JPEG engines (A100, H100, H200, ...) take baseline 8-bit Huffman-coded JPEGs only; its
+    CUDA and hybrid decoders also take progressive ones. Both need greyscale or a YCbCr subsampling they know."""
+    if frame is None or frame.precision != 8 or frame.marker not in (BASELINE, PROGRESSIVE):
+        return "other_jpeg"
+    sampling = frame.sampling
+    if len(sampling) != 1 and not (len(sampling) == 3 and sampling[1] == sampling[2] == (1, 1)
+                                   and sampling[0] in _GPU_LUMA_SAMPLING):
+        return "other_jpeg"
+    return "baseline" if frame.marker == BASELINE else "progressive"
+
+
+def image_gpu_kind(data: bytes | memoryview) -> str:
+    """Which of GPU_KINDS a stored image's bytes are: "not_jpeg" unless they start as a JPEG does, else
+    `gpu_kind` of their frame header."""
+    if len(data) < 2 or data[0] != 0xFF or data[1] != 0xD8:
+        return "not_jpeg"
+    return gpu_kind(read_frame(data))

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from fastdata.formats.manifest import Manifest, read_manifest, rejected_place
+from fastdata.tools.gpu_kinds import gpu_kinds_line, recorded_gpu_kinds, scan_gpu_kinds
 
 
 def info(path: str | os.PathLike[str]) -> Manifest:
@@ -17,8 +18,11 @@ def info(path: str | os.PathLike[str]) -> Manifest:
     return read_manifest(Path(path))
 
 
-def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int = 10) -> str:
-    """A human-readable description of the dataset at `path`."""
+def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int = 10,
+             scan_gpu: bool = False) -> str:
+    """A human-readable description of the dataset at `path`. `scan_gpu`: count the stored images by how the GPU's
+    JPEG decoders take them from their headers when the conversion did not record it
+    (`fastdata.tools.gpu_kinds`)."""
     m = info(path)
     lines = [
         f"{path}",
@@ -58,6 +62,11 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         lines.append(f"  layout      {m.jpeg_layout}: {j.get('rewritten', 0):,} JPEGs rewritten with restart markers, "
                      f"{sum((j.get('kept_original') or {}).values()):,} kept original, JPEG bytes "
                      f"x{j.get('size_ratio', 1.0):.3f}")
+    if m.kind == "image":
+        kinds = recorded_gpu_kinds(m)
+        if kinds is None and scan_gpu:
+            kinds = scan_gpu_kinds(path)
+        lines.append(gpu_kinds_line(kinds, m.jpeg_layout))
     if m.metadata_fields:
         lines.append(f"  metadata    {', '.join(m.metadata_fields)} (fastdata.dataset(PATH, metadata=True))")
     if m.target_kind == "detection":

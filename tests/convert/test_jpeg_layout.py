@@ -162,4 +162,5 @@ def test_a_resumed_restart_conversion_counts_what_an_uninterrupted_one_does(tree
     assert summary.resumed_at == 4
     reference = read_manifest(root / "restart.lmdb").stats["jpeg_layout"]
     assert read_manifest(out).stats["jpeg_layout"] == reference
+    assert read_manifest(out).stats["gpu_kinds"] == read_manifest(root / "restart.lmdb").stats["gpu_kinds"]
     assert stored(out) == stored(root / "restart.lmdb")

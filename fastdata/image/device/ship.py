@@ -25,7 +25,7 @@ from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import CropParams, pixel_box
 from fastdata.image.batch import EncodedBatch, EncodedSample
-from fastdata.image.jpeg_header import read_frame
+from fastdata.image.jpeg_header import gpu_kind, read_frame
 from fastdata.image.region import Region
 from fastdata.image.restart import build_index, sub_jpeg_for
 from fastdata.meter.stages import StageTimes
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
 DECODE_MODES = ("auto", "worker", "device")
 
-# nvjpeg's chroma subsamplings of a 3-component JPEG: luma (horizontal, vertical) sampling factors with both chroma
-# components at (1, 1): 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0
-_DEVICE_LUMA_SAMPLING = frozenset({(1, 1), (2, 1), (2, 2), (1, 2), (4, 1), (4, 2)})
-_BASELINE, _PROGRESSIVE = 0xC0, 0xC2
 
 #: What a sub-JPEG replaces: (bytes, the crop box in its pixels (left, top, width, height), its (width, height)).
 Shipped = tuple[bytes, tuple[float, float, float, float], tuple[int, int]]
@@ -70,16 +66,11 @@ def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
     if sample.codec != CODEC_CV_JPEG:
         return False
     frame = read_frame(sample.data)
-    if frame is None or frame.marker not in (_BASELINE, _PROGRESSIVE) or frame.precision != 8:
+    if frame is None or gpu_kind(frame) not in ("baseline", "progressive"):
         return False
     if max_pixels is not None and frame.width * frame.height > max_pixels:
         return False
-    if not complete(sample.data):
-        return False
-    if len(frame.sampling) == 1:
-        return True
-    return (len(frame.sampling) == 3 and frame.sampling[1] == frame.sampling[2] == (1, 1)
-            and frame.sampling[0] in _DEVICE_LUMA_SAMPLING)
+    return complete(sample.data)
 
 
 def complete(data: bytes) -> bool:

@@ -1,0 +1,68 @@
+"""How a dataset's stored images meet the GPU's JPEG decoders (`fastdata info`'s "GPU decode" line): how many are
+baseline JPEGs, which NVIDIA's hardware JPEG engines decode; how many progressive, which only the CUDA/hybrid
+decoders take; and how many the device path leaves to the CPU (`fastdata.image.jpeg_header.GPU_KINDS`).
+
+A conversion counts them in its workers from the bytes it stores (the manifest's `stats["gpu_kinds"]`); for a
+dataset converted before that, `scan_gpu_kinds` reads each stored image's frame header (a few hundred bytes of
+each record, no decoding).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from fastdata.formats.manifest import Manifest
+from fastdata.image.jpeg_header import GPU_KINDS, image_gpu_kind
+
+
+def recorded_gpu_kinds(manifest: Manifest) -> dict[str, int] | None:
+    """The counts the conversion recorded, by GPU_KINDS; None when it recorded none (an older dataset, text)."""
+    kinds = manifest.stats.get("gpu_kinds")
+    if not isinstance(kinds, dict):
+        return None
+    return {kind: int(kinds.get(kind, 0)) for kind in GPU_KINDS}
+
+
+def scan_gpu_kinds(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
+                   ) -> dict[str, int]:
+    """Count the stored images of the image dataset at `path` by GPU_KINDS, reading each one's header.
+
+    Args:
+        path: a converted image dataset (LMDB or WebDataset, local or remote).
+        progress: called with (images read, total) every 1,000 images.
+    """
+    from fastdata.image.datasets import LmdbImageDataset
+    from fastdata.loader import dataset
+
+    data = dataset(Path(path) if "://" not in str(path) else str(path))
+    if not hasattr(data, "encoded") and not hasattr(data, "encoded_samples"):
+        from fastdata.errors import ConfigError
+
+        raise ConfigError(f"{path}: not an image dataset; only stored images have a GPU decode kind")
+    total = len(data)
+    if isinstance(data, LmdbImageDataset):
+        stored = (data.encoded(index).data for index in range(total))
+    else:
+        stored = (sample.data for sample in data.encoded_samples(list(range(len(data.manifest.files)))))
+    counts: Counter[str] = Counter()
+    for done, image in enumerate(stored, 1):
+        counts[image_gpu_kind(image)] += 1
+        if progress is not None and (done % 1000 == 0 or done == total):
+            progress(done, total)
+    return {kind: counts.get(kind, 0) for kind in GPU_KINDS}
+
+
+def gpu_kinds_line(kinds: dict[str, int] | None, jpeg_layout: str = "original") -> str:
+    """`fastdata info`'s line about `kinds` (None: not recorded at conversion, and not scanned)."""
+    if kinds is None:
+        return ("  GPU decode  not recorded at conversion (an older dataset): `fastdata info --scan-gpu PATH` reads "
+                "each stored image's header to count the JPEGs the GPU's hardware engines take")
+    total = sum(kinds.values())
+    line = (f"  GPU decode  {kinds['baseline']:,} of {total:,} stored images are baseline JPEGs, which the GPU's "
+            f"hardware JPEG engines decode; {kinds['progressive']:,} progressive (the CUDA/hybrid decoder only")
+    if kinds["progressive"] and jpeg_layout == "original":
+        line += "; `--jpeg-layout restart` at conversion stores them baseline"
+    return line + f"), {kinds['other_jpeg'] + kinds['not_jpeg']:,} decoded on the CPU"
