@@ -195,25 +195,6 @@ def find_split(src: str | os.PathLike[str], split: str | None = None, config: st
     raise SourceError(f"{src}: no such file or folder (nor a Hub dataset name)")
 
 
-def saved_dataset_files(directory: Path) -> list[Path] | None:
-    """The Arrow files of the dataset `save_to_disk` wrote to `directory`, in order (None: not a saved dataset).
-    A saved DatasetDict is refused, naming its splits: one split's folder is the source."""
-    if (directory / "dataset_dict.json").is_file():
-        try:
-            splits = json.loads((directory / "dataset_dict.json").read_text())["splits"]
-        except (OSError, ValueError, KeyError, TypeError):
-            splits = ["?"]
-        raise SourceError(f"{directory}: a saved DatasetDict (splits: {', '.join(splits)}); name one split's "
-                          f"folder, e.g. {directory / splits[0]}")
-    if not (directory / "state.json").is_file():
-        return None
-    try:
-        names = [entry["filename"] for entry in json.loads((directory / "state.json").read_text())["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SourceError(f"{directory / 'state.json'}: unreadable ({exc}); save the dataset again") from exc
-    return [directory / name for name in names]
-
-
 # ----------------------------------------------------------------------------------------- columns and labels
 
 

@@ -39,33 +39,23 @@ from typing import Any
 
 import click
 import numpy as np
-from fastdata.converters.filelist import (
-    SUFFIXES,
-    ColumnMetadata,
-    ListOptions,
-    _keys,
-    _metadata_names,
-    _metadata_values,
-    _read_table,
-    _Rows,
-    _type_name,
-    default_root,
-    list_files,
-)
-from fastdata.converters.wds_index import TarMemberReader, index_shards, shard_files
-from fastdata.converters.webdataset import (
-    NO_LABEL_CLASS,
-    _choose_images,
-    _image_ext,
-    _metadata,
-    _parsed_json,
-    _refuse_duplicates,
-    _where,
-)
 
 from fastdata.config import available_cores
+from fastdata.convert import file_lists
 from fastdata.convert.images import ConversionSummary, convert_images
 from fastdata.convert.sources import ImageSource
+from fastdata.convert.tar_samples import (
+    NO_LABEL_CLASS,
+    TarMemberReader,
+    choose_images,
+    image_exts,
+    index_shards,
+    parsed_json,
+    refuse_duplicates,
+    sample_metadata,
+    shard_files,
+    where,
+)
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -96,7 +86,7 @@ def is_shard_source(src: str | os.PathLike[str]) -> bool:
     if path.is_dir():
         entries = [p.name.lower() for p in path.iterdir() if p.is_file()]
         shards = any(name.endswith(_SHARD_SUFFIXES) for name in entries)
-        lists = any(name.endswith(SUFFIXES) for name in entries)
+        lists = any(name.endswith(file_lists.SUFFIXES) for name in entries)
         if shards and lists:
             raise SourceError(f"{path}: holds both .tar shards and list files; name the one source to convert (a "
                               "list file, or a brace pattern of the shards)")
@@ -113,7 +103,7 @@ def _caption_problem(value: Any) -> str | None:
         return None
     if value is None:
         return "no caption (null)"
-    return f"{_type_name(value)} ({value!r}), not a caption (text)"
+    return f"{file_lists.type_name(value)} ({value!r}), not a caption (text)"
 
 
 def _warn_empty(captions: Sequence[str], place: Callable[[int], str]) -> int:
@@ -206,26 +196,26 @@ def _csv_texts(path: Path, column: str) -> list[str]:
 
 def _scan_list(spec: str | os.PathLike[str], options: PairOptions) -> _Found:
     """The pairs the lists SPEC names."""
-    files = list_files(spec)
-    root = Path(options.root) if options.root is not None else default_root(spec)
+    files = file_lists.list_files(spec)
+    root = Path(options.root) if options.root is not None else file_lists.default_root(spec)
     if not root.is_dir():
         raise SourceError(f"{root}: the root of the list's image paths is not a folder (--root)")
-    as_list = ListOptions(None, options.image_column, options.caption_column, None, options.allow_outside_root,
-                          options.metadata_columns)
+    as_list = file_lists.ListOptions(None, options.image_column, options.caption_column, None,
+                                     options.allow_outside_root, options.metadata_columns)
     paths: list[Any] = []
     captions: list[Any] = []
     columns: dict[str, list[Any]] = {}
     starts: list[int] = []
     for path in files:
-        table = _read_table(path, (options.image_column, options.caption_column))
+        table = file_lists.read_table(path, (options.image_column, options.caption_column))
         names = list(table.column_names)
         for role, name in (("--image-column", options.image_column), ("--caption-column", options.caption_column)):
             if name not in names:
                 raise SourceError(f"{path}: no column {name!r} (its columns: {', '.join(names) or 'none'}); name "
                                   f"the right one with {role}")
         starts.append(len(paths))
-        for name in _metadata_names(path, names, as_list):
-            values = _metadata_values(path, name, table.column(name).to_pylist())
+        for name in file_lists.metadata_names(path, names, as_list):
+            values = file_lists.metadata_values(path, name, table.column(name).to_pylist())
             columns.setdefault(name, [None] * len(paths)).extend(values)
         paths.extend(table.column(options.image_column).to_pylist())
         if path.suffix.lower() in (".csv", ".tsv"):
@@ -234,15 +224,15 @@ def _scan_list(spec: str | os.PathLike[str], options: PairOptions) -> _Found:
             captions.extend(table.column(options.caption_column).to_pylist())
         for values in columns.values():
             values.extend([None] * (len(paths) - len(values)))  # a column this file lacks
-    rows = _Rows(files, starts)
+    rows = file_lists.Rows(files, starts)
     if not paths:
         raise SourceError(f"{spec}: the list has no rows (every image to convert is one row)")
     for index, value in enumerate(captions):
         problem = _caption_problem(value)
         if problem is not None:
             raise SourceError(f"{rows.name(index)}: column {options.caption_column!r} holds {problem}")
-    keys = _keys(paths, rows, root, as_list)
-    metadata = ColumnMetadata(columns, list(range(len(paths)))) if columns else None
+    keys = file_lists.path_keys(paths, rows, root, as_list)
+    metadata = file_lists.ColumnMetadata(columns, list(range(len(paths)))) if columns else None
     details = {"lists": [str(p) for p in files], "root": str(root.absolute())}
     return _Found(root, keys, captions, metadata, rows.origin, rows.name, details)
 
@@ -252,36 +242,36 @@ def _scan_list(spec: str | os.PathLike[str], options: PairOptions) -> _Found:
 
 def _scan_shards(src: str | os.PathLike[str], options: PairOptions, workers: int | None) -> _Found:
     """The pairs of the shards SRC names."""
-    exts = _image_ext(options.image_ext)
+    exts = image_exts(options.image_ext)
     root, paths, described = shard_files(src)
     names = [p.resolve().relative_to(root).as_posix() for p in paths]
     samples, ignored = index_shards(paths, names, frozenset({"json", "txt"}),
                                     available_cores() if workers is None else workers)
     if not samples:
         raise SourceError(f"{described}: no samples in its {len(paths)} shard(s)")
-    _refuse_duplicates(samples, names)
-    chosen = _choose_images(samples, exts, names)
+    refuse_duplicates(samples, names)
+    chosen = choose_images(samples, exts, names)
     field_name = options.caption_column
     captions: list[str] = []
     rows: list[dict[str, Any]] = []
     for sample in samples:
-        meta = _parsed_json(sample, names)
+        meta = parsed_json(sample, names)
         if "txt" in sample.texts:
             try:
                 captions.append(sample.texts["txt"].decode("utf-8"))
             except UnicodeDecodeError:
-                raise SourceError(f"{_where(sample, names)}: its .txt caption is not UTF-8 text") from None
+                raise SourceError(f"{where(sample, names)}: its .txt caption is not UTF-8 text") from None
         elif meta is not None and field_name in meta:
             problem = _caption_problem(meta[field_name])
             if problem is not None:
-                raise SourceError(f"{_where(sample, names)}: its .json field {field_name!r} holds {problem}")
+                raise SourceError(f"{where(sample, names)}: its .json field {field_name!r} holds {problem}")
             captions.append(meta[field_name])
         else:
             fields = ", ".join(meta) if meta else "none"
-            raise SourceError(f"{_where(sample, names)}: no caption: no .txt member and no {field_name!r} field in "
+            raise SourceError(f"{where(sample, names)}: no caption: no .txt member and no {field_name!r} field in "
                               f"its .json (members: {', '.join(sorted(sample.members))}; .json fields: {fields}); "
                               "name the field with --caption-column")
-        rows.append(_metadata(sample, meta, field_name, False, names))
+        rows.append(sample_metadata(sample, meta, field_name, False, names))
     for sample, image in zip(samples, chosen, strict=True):
         ignored += [f"{names[sample.shard]}!{m.name}" for ext, m in sample.members.items()
                     if ext not in (image, "json", "txt")]
@@ -291,7 +281,7 @@ def _scan_shards(src: str | os.PathLike[str], options: PairOptions, workers: int
     shard_of = [s.shard for s in samples]
     reader = TarMemberReader(described, list(paths), names, table)
     return _Found(root, keys, captions, rows if any(rows) else None,
-                  lambda index: {"shard": names[shard_of[index]]}, lambda index: _where(samples[index], names),
+                  lambda index: {"shard": names[shard_of[index]]}, lambda index: where(samples[index], names),
                   {"shards": len(paths), "image_ext": list(exts)}, reader, ignored)
 
 
@@ -363,7 +353,7 @@ def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], *, c
     """
     settings = PairOptions(None if root is None else str(root), image_column, caption_column, allow_outside_root,
                            None if metadata_columns is None else tuple(metadata_columns),
-                           None if image_ext is None else _image_ext(image_ext))
+                           None if image_ext is None else image_exts(image_ext))
     workers = options.get("workers")
     return convert_images(lambda: scan(src, settings, tokenizer, workers), out, **options)
 

@@ -31,7 +31,6 @@ found in two places.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -40,20 +39,29 @@ from pathlib import Path
 from typing import Any
 
 import click
-from fastdata.converters.wds_index import SHOWN, IndexedSample, TarMemberReader, index_shards, shard_files
 
 from fastdata.config import available_cores
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.metadata import NOT_JSON, json_value
 from fastdata.convert.sources import ImageSource, labels_of
+from fastdata.convert.tar_samples import (
+    DEFAULT_IMAGE_EXTS,
+    NO_LABEL_CLASS,
+    IndexedSample,
+    TarMemberReader,
+    choose_images,
+    image_exts,
+    index_shards,
+    listed,
+    parsed_json,
+    refuse_duplicates,
+    sample_metadata,
+    shard_files,
+    where,
+)
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
-from fastdata.formats.records import IMAGE_EXTENSIONS
 
-#: Image member extensions, in the order a sample's image is chosen when it has several (`--image-ext`).
-DEFAULT_IMAGE_EXTS = tuple(ext[1:] for ext in IMAGE_EXTENSIONS)
 DEFAULT_LABEL_KEY = "cls"  # webdataset's class id member (TarWriter writes `{key}.cls` as ASCII digits)
-NO_LABEL_CLASS = "unlabelled"
 _INTEGER = re.compile(r"[+-]?\d+")
 
 
@@ -68,14 +76,6 @@ class LabelOptions:
     num_classes: int | None = None
 
 
-def _where(sample: IndexedSample, names: list[str]) -> str:
-    return f"{names[sample.shard]}!{sample.key}"
-
-
-def _listed(problems: list[str]) -> str:
-    return ", ".join(problems[:SHOWN]) + (f" ... ({len(problems)} in all)" if len(problems) > SHOWN else "")
-
-
 def _raw_labels(samples: list[IndexedSample], jsons: list[dict | None], key: str, names: list[str]
                 ) -> tuple[list[Any], str]:
     """Each sample's label as the source holds it, and where it was found ("member" or "json")."""
@@ -85,7 +85,7 @@ def _raw_labels(samples: list[IndexedSample], jsons: list[dict | None], key: str
             try:
                 text = sample.texts[key].decode("utf-8").strip() if key in sample.texts else ""
             except UnicodeDecodeError:
-                raise SourceError(f"{_where(sample, names)}: its .{key} label is not UTF-8 text") from None
+                raise SourceError(f"{where(sample, names)}: its .{key} label is not UTF-8 text") from None
             values.append(text or None)
         if all(v is None or _INTEGER.fullmatch(v) for v in values):
             values = [None if v is None else int(v) for v in values]
@@ -110,18 +110,18 @@ def resolve_labels(samples: list[IndexedSample], jsons: list[dict | None], optio
     if options.key is None:
         return [NO_LABEL_CLASS], [0] * len(samples), "single", "none"
     values, found = _raw_labels(samples, jsons, options.key, names)
-    missing = [_where(s, names) for s, v in zip(samples, values, strict=True) if v is None]
+    missing = [where(s, names) for s, v in zip(samples, values, strict=True) if v is None]
     if missing:
         raise SourceError(f"{len(missing)} sample(s) have no label (.{options.key} member or {options.key!r} field "
-                          f"in .json): {_listed(missing)}; pass --no-labels to convert without labels")
+                          f"in .json): {listed(missing)}; pass --no-labels to convert without labels")
     first_of: dict[type, tuple[str, Any]] = {}
     for sample, value in zip(samples, values, strict=True):
         parts = _label_parts(value)
         if parts is None:
-            raise SourceError(f"{_where(sample, names)}: label {value!r} is not a class id (an integer), a class name "
+            raise SourceError(f"{where(sample, names)}: label {value!r} is not a class id (an integer), a class name "
                               "(a string) or a list of them")
         for part in parts:
-            first_of.setdefault(type(part), (_where(sample, names), value))
+            first_of.setdefault(type(part), (where(sample, names), value))
     if len(first_of) > 1:
         (a, a_value), (b, b_value) = first_of[int], first_of[str]
         raise SourceError(f"labels mix class ids and class names: {a} has {a_value!r}, {b} has {b_value!r}")
@@ -142,9 +142,9 @@ def _class_count(samples: list[IndexedSample], values: list[Any], num_classes: i
     for sample, value in zip(samples, values, strict=True):
         for class_id in _label_parts(value) or ():
             if class_id < 0:
-                raise SourceError(f"{_where(sample, names)}: class id {class_id} is negative")
+                raise SourceError(f"{where(sample, names)}: class id {class_id} is negative")
             if class_id > largest:
-                largest, largest_at = class_id, _where(sample, names)
+                largest, largest_at = class_id, where(sample, names)
     if num_classes is not None and largest >= num_classes:
         raise SourceError(f"{largest_at}: class id {largest} is not below --num-classes {num_classes}")
     return num_classes if num_classes is not None else largest + 1
@@ -153,51 +153,11 @@ def _class_count(samples: list[IndexedSample], values: list[Any], num_classes: i
 # ----------------------------------------------------------------------------------------------------- listing
 
 
-def _metadata(sample: IndexedSample, meta: dict | None, label_field: str | None, caption: bool, names: list[str]
-              ) -> dict[str, Any]:
-    """A sample's metadata: its .json fields but the label (lists kept as lists, as every source keeps them:
-    fastdata.convert.metadata; objects as JSON text), and its caption."""
-    row = {}
-    for name, value in (meta or {}).items():
-        if name != label_field:
-            kept = json_value(value)
-            row[name] = json.dumps(value, ensure_ascii=False, sort_keys=True) if kept is NOT_JSON else kept
-    if caption and "txt" in sample.texts:
-        try:
-            row["caption"] = sample.texts["txt"].decode("utf-8")
-        except UnicodeDecodeError:
-            raise SourceError(f"{_where(sample, names)}: its .txt caption is not UTF-8 text") from None
-    return row
-
-
-def _parsed_json(sample: IndexedSample, names: list[str]) -> dict | None:
-    if "json" not in sample.texts:
-        return None
-    try:
-        meta = json.loads(sample.texts["json"])
-    except ValueError as exc:
-        raise SourceError(f"{_where(sample, names)}: unreadable .json ({exc})") from None
-    if not isinstance(meta, dict):
-        raise SourceError(f"{_where(sample, names)}: its .json holds {type(meta).__name__}, not an object")
-    return meta
-
-
-def _image_ext(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return DEFAULT_IMAGE_EXTS
-    exts = tuple(e.strip().lower().lstrip(".") for e in (value.split(",") if isinstance(value, str) else value))
-    unknown = [e for e in exts if e not in DEFAULT_IMAGE_EXTS]
-    if not exts or unknown:
-        raise ConfigError(f"--image-ext: {', '.join(unknown) or 'nothing given'}: image extensions are "
-                          f"{', '.join(DEFAULT_IMAGE_EXTS)}")
-    return exts
-
-
 def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = None, label_key: str | None = None,
          num_classes: int | None = None, no_labels: bool = False, workers: int | None = None) -> ImageSource:
     """Index the shards of `src` (over `workers` processes; default: all cores) and list their samples, labels and
     metadata (see the module docstring)."""
-    exts = _image_ext(image_ext)
+    exts = image_exts(image_ext)
     if num_classes is not None and num_classes < 1:
         raise ConfigError(f"--num-classes must be at least 1, got {num_classes}")
     if no_labels and (label_key is not None or num_classes is not None):
@@ -212,13 +172,13 @@ def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = No
     samples, ignored = index_shards(paths, names, read_exts, available_cores() if workers is None else workers)
     if not samples:
         raise SourceError(f"{described}: no samples in its {len(paths)} shard(s)")
-    _refuse_duplicates(samples, names)
-    chosen = _choose_images(samples, exts, names)
-    jsons = [_parsed_json(s, names) for s in samples]
+    refuse_duplicates(samples, names)
+    chosen = choose_images(samples, exts, names)
+    jsons = [parsed_json(s, names) for s in samples]
     classes, label_values, kind, found_in = resolve_labels(samples, jsons, labels, names)
     label_field = labels.key if found_in == "json" else None
     caption = labels.key != "txt"
-    rows = [_metadata(s, meta, label_field, caption, names) for s, meta in zip(samples, jsons, strict=True)]
+    rows = [sample_metadata(s, meta, label_field, caption, names) for s, meta in zip(samples, jsons, strict=True)]
     used = {"json"} | ({"txt"} if caption else set()) | ({labels.key} if found_in == "member" else set())
     for sample, image in zip(samples, chosen, strict=True):
         ignored += [f"{names[sample.shard]}!{m.name}" for ext, m in sample.members.items()
@@ -238,32 +198,6 @@ def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = No
         metadata=rows if any(rows) else None, origin=lambda index: {"shard": names[shard_of[index]]},
         details={"shards": len(paths), "image_ext": list(exts), "label_key": labels.key, "labels_from": found_in,
                  "num_classes": num_classes})
-
-
-def _refuse_duplicates(samples: list[IndexedSample], names: list[str]) -> None:
-    """webdataset keys are unique in a dataset: one found in two places (two shards, or apart in one) is refused."""
-    first: dict[str, IndexedSample] = {}
-    twice = []
-    for sample in samples:
-        seen = first.setdefault(sample.key, sample)
-        if seen is not sample:
-            twice.append(f"{sample.key!r} in {names[seen.shard]} and {names[sample.shard]}")
-    if twice:
-        raise SourceError(f"{len(twice)} duplicate sample key(s): {_listed(twice)}; keys must be unique across "
-                          "the shards")
-
-
-def _choose_images(samples: list[IndexedSample], exts: tuple[str, ...], names: list[str]) -> list[str]:
-    """Each sample's image member extension: the first of `exts` it has."""
-    chosen, missing = [], []
-    for sample in samples:
-        image = next((ext for ext in exts if ext in sample.members), None)
-        if image is None:
-            missing.append(f"{_where(sample, names)} (has {', '.join(sorted(sample.members)) or 'nothing'})")
-        chosen.append(image)
-    if missing:
-        raise SourceError(f"{len(missing)} sample(s) have no image member (.{', .'.join(exts)}): {_listed(missing)}")
-    return chosen
 
 
 def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:

@@ -8,7 +8,8 @@ makes, at module level or inside a function, counts. Layers, lowest first (docs/
 
 A module may import from its own room or from a lower layer, never from a higher one nor from the other room of
 its own layer (order and meter, image and text, loader and convert never import each other). No two modules may
-import each other, directly or round a loop.
+import each other, directly or round a loop. A converter imports no other converter: what several share lives in
+fastdata/convert/ (the package's registry and the shared CLI options are not converters).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
-    "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base",
+    "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base", "fastdata.workers": "base",
     "fastdata.formats": "formats",
     "fastdata.order": "order", "fastdata.meter": "meter",
     "fastdata.image": "image", "fastdata.text": "text",
@@ -30,6 +31,8 @@ ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata.tools": "tools",
     "fastdata.cli": "face", "fastdata.__main__": "face", "fastdata": "face",
 }
+#: modules of the converters room that are not converters: the registry and the CLI options converters share
+NOT_CONVERTERS = frozenset({"fastdata.converters", "fastdata.converters.options"})
 LAYERS: dict[str, int] = {"base": 0, "formats": 1, "order": 2, "meter": 2, "image": 3, "text": 3, "loader": 4,
                           "convert": 4, "converters": 5, "tools": 6, "face": 7}
 
@@ -98,6 +101,20 @@ def layer_violations(edges: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def is_converter(module: str) -> bool:
+    """Whether `module` is a converter: one source kind's module of the converters room."""
+    return room(module) == "converters" and module not in NOT_CONVERTERS
+
+
+def converter_imports(edges: dict[str, set[str]]) -> list[str]:
+    """One line per import of a converter by another converter (a source kind is one module: what converters share
+    belongs in fastdata/convert/)."""
+    return [f"{source} imports {target}: a converter imports no other converter; move what they share into "
+            "fastdata/convert/"
+            for source, targets in sorted(edges.items()) if is_converter(source)
+            for target in sorted(targets) if target != source and is_converter(target)]
+
+
 def loops(edges: dict[str, set[str]]) -> list[list[str]]:
     """The import loops: strongly connected groups of more than one module (Tarjan), each as a cycle path."""
     index: dict[str, int] = {}
@@ -163,6 +180,11 @@ def test_no_import_loops() -> None:
     assert not found, "import loops:\n  " + "\n  ".join(" -> ".join(cycle) for cycle in found)
 
 
+def test_a_converter_imports_no_other_converter() -> None:
+    problems = converter_imports(graph())
+    assert not problems, "converters that import another converter:\n  " + "\n  ".join(problems)
+
+
 def test_every_module_has_a_room() -> None:
     for name in graph():
         room(name)
@@ -175,6 +197,18 @@ def test_every_module_has_a_room() -> None:
 ])
 def test_the_rule_catches_a_wrong_import(edges: dict[str, set[str]], expected: str) -> None:
     assert expected in "\n".join(layer_violations(edges))
+
+
+@pytest.mark.parametrize(("edges", "expected"), [
+    ({"fastdata.converters.pairs": {"fastdata.converters.filelist"}},
+     ["fastdata.converters.pairs imports fastdata.converters.filelist: a converter imports no other converter; move "
+      "what they share into fastdata/convert/"]),
+    ({"fastdata.converters.pairs": {"fastdata.converters.options", "fastdata.converters",
+                                    "fastdata.convert.file_lists"}}, []),
+    ({"fastdata.converters": {"fastdata.converters.pairs"}, "fastdata.converters.options": set()}, []),
+])
+def test_the_converter_rule_catches_a_converter_import(edges: dict[str, set[str]], expected: list[str]) -> None:
+    assert converter_imports(edges) == expected
 
 
 def test_the_loop_finder_names_the_loop() -> None:

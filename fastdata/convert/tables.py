@@ -12,12 +12,16 @@ again for each of its samples. The bytes are returned as stored: no decoding her
 An image cell is an `Image` feature's `{"bytes", "path"}` struct (bytes first; a `path`-only cell is the file at
 that path, relative paths taken from the directory the listing was made in, as `datasets` takes them from the
 working directory) or a binary cell holding the encoded image.
+
+`saved_dataset_files` names the Arrow files of a folder `datasets`' `save_to_disk` wrote, in the dataset's order
+(`fastdata convert hf` and `fastdata convert text` both read such folders).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,6 +68,25 @@ def open_table_file(path: Path | str) -> TableFile:
         return TableFile(path, _arrow_table(path).num_rows)
     except (OSError, ValueError) as exc:  # pyarrow's errors are OSError (IO) or ValueError (ArrowInvalid)
         raise SourceError(f"{path}: not a readable {path.suffix.lstrip('.')} file ({exception_text(exc)})") from exc
+
+
+def saved_dataset_files(directory: Path) -> list[Path] | None:
+    """The Arrow files of the dataset `save_to_disk` wrote to `directory`, in order (None: not a saved dataset).
+    A saved DatasetDict is refused, naming its splits: one split's folder is the source."""
+    if (directory / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((directory / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError):
+            splits = ["?"]
+        raise SourceError(f"{directory}: a saved DatasetDict (splits: {', '.join(splits)}); name one split's "
+                          f"folder, e.g. {directory / splits[0]}")
+    if not (directory / "state.json").is_file():
+        return None
+    try:
+        names = [entry["filename"] for entry in json.loads((directory / "state.json").read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SourceError(f"{directory / 'state.json'}: unreadable ({exc}); save the dataset again") from exc
+    return [directory / name for name in names]
 
 
 def read_schema(path: Path | str) -> Any:

@@ -35,10 +35,10 @@ from builders import (
     webdataset_reading,
     write_wds_shards,
 )
-from fastdata.converters.wds_index import TarMemberReader
 from fastdata.converters.webdataset import scan
 
 import fastdata
+from fastdata.convert.tar_samples import TarMemberReader
 from fastdata.errors import OutputExistsError
 from fastdata.tools.verify import verify
 

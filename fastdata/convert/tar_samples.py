@@ -1,12 +1,20 @@
-"""Indexing existing WebDataset shards (`fastdata.converters.webdataset`): which files SRC names, each uncompressed
-tar shard read once with `tarfile` into its samples (members grouped by key exactly as webdataset groups them), the
-members fastdata's own WebDataset reader refuses refused here too, and `TarMemberReader`, the SampleReader that reads
-a sample's image by its offset in its shard. Shards are indexed in parallel processes when there are several.
+"""Samples of existing WebDataset tar shards: what `fastdata convert webdataset` and `fastdata convert pairs` share
+when their source is shards.
+
+Which files SRC names (`shard_files`), each uncompressed tar shard read once with `tarfile` into its samples
+(`index_shards`: members grouped by key exactly as webdataset groups them; the members fastdata's own WebDataset
+reader refuses refused here too; shards indexed in parallel processes when there are several), and
+`TarMemberReader`, the SampleReader that reads a sample's image by its offset in its shard. Then what both
+converters do with the indexed samples: refuse a key found twice (`refuse_duplicates`), choose each sample's image
+member (`image_exts`, `choose_images`), read its `.json` (`parsed_json`) and keep its fields and `.txt` caption as
+metadata (`sample_metadata`), and name a sample in messages (`where`). What a sample's label or caption is stays
+with each converter.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import re
@@ -15,10 +23,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fastdata.convert.checkpoints import files_digest
-from fastdata.errors import SourceError
+from fastdata.convert.metadata import NOT_JSON, json_value
+from fastdata.errors import ConfigError, SourceError
+from fastdata.formats.records import IMAGE_EXTENSIONS
 from fastdata.formats.wds import unsafe_member_reason
 
 # webdataset's own grouping rule (webdataset.tariterators.base_plus_ext and its meta-member filter).
@@ -27,6 +37,9 @@ _META_MEMBER = re.compile(r"__[^/]*__($|/)")
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 _END_BLOCK = bytes(tarfile.BLOCKSIZE)
 SHOWN = 5  # items named in an error that concerns many
+#: Image member extensions, in the order a sample's image is chosen when it has several (`--image-ext`).
+DEFAULT_IMAGE_EXTS = tuple(ext[1:] for ext in IMAGE_EXTENSIONS)
+NO_LABEL_CLASS = "unlabelled"  # the one class of samples without labels
 
 
 def shard_files(src: str | os.PathLike[str]) -> tuple[Path, list[Path], str]:
@@ -230,3 +243,86 @@ class TarMemberReader:
     def digest(self, keys: Sequence[str]) -> str:
         """The shards' names, sizes and mtimes (every key is in one of them)."""
         return files_digest(zip(self.names, self.shards, strict=True))
+
+
+# ----------------------------------------------------------------------------------------------------- samples
+
+
+def where(sample: IndexedSample, names: list[str]) -> str:
+    """A sample as messages name it: `shard!key`."""
+    return f"{names[sample.shard]}!{sample.key}"
+
+
+def listed(problems: list[str]) -> str:
+    """The first SHOWN of `problems`, and how many there are in all when there are more."""
+    return ", ".join(problems[:SHOWN]) + (f" ... ({len(problems)} in all)" if len(problems) > SHOWN else "")
+
+
+def sample_metadata(sample: IndexedSample, meta: dict | None, label_field: str | None, caption: bool,
+                    names: list[str]) -> dict[str, Any]:
+    """A sample's metadata: its .json fields but the label (lists kept as lists, as every source keeps them:
+    fastdata.convert.metadata; objects as JSON text), and its caption."""
+    row = {}
+    for name, value in (meta or {}).items():
+        if name != label_field:
+            kept = json_value(value)
+            row[name] = json.dumps(value, ensure_ascii=False, sort_keys=True) if kept is NOT_JSON else kept
+    if caption and "txt" in sample.texts:
+        try:
+            row["caption"] = sample.texts["txt"].decode("utf-8")
+        except UnicodeDecodeError:
+            raise SourceError(f"{where(sample, names)}: its .txt caption is not UTF-8 text") from None
+    return row
+
+
+def parsed_json(sample: IndexedSample, names: list[str]) -> dict | None:
+    """A sample's `.json` member as a dict (None: it has none); SourceError naming the sample when it is not a
+    JSON object."""
+    if "json" not in sample.texts:
+        return None
+    try:
+        meta = json.loads(sample.texts["json"])
+    except ValueError as exc:
+        raise SourceError(f"{where(sample, names)}: unreadable .json ({exc})") from None
+    if not isinstance(meta, dict):
+        raise SourceError(f"{where(sample, names)}: its .json holds {type(meta).__name__}, not an object")
+    return meta
+
+
+def image_exts(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The image member extensions of `--image-ext` (comma-separated text or a sequence; None: every image
+    extension fastdata reads, jpg first), each checked."""
+    if value is None:
+        return DEFAULT_IMAGE_EXTS
+    exts = tuple(e.strip().lower().lstrip(".") for e in (value.split(",") if isinstance(value, str) else value))
+    unknown = [e for e in exts if e not in DEFAULT_IMAGE_EXTS]
+    if not exts or unknown:
+        raise ConfigError(f"--image-ext: {', '.join(unknown) or 'nothing given'}: image extensions are "
+                          f"{', '.join(DEFAULT_IMAGE_EXTS)}")
+    return exts
+
+
+def refuse_duplicates(samples: list[IndexedSample], names: list[str]) -> None:
+    """webdataset keys are unique in a dataset: one found in two places (two shards, or apart in one) is refused."""
+    first: dict[str, IndexedSample] = {}
+    twice = []
+    for sample in samples:
+        seen = first.setdefault(sample.key, sample)
+        if seen is not sample:
+            twice.append(f"{sample.key!r} in {names[seen.shard]} and {names[sample.shard]}")
+    if twice:
+        raise SourceError(f"{len(twice)} duplicate sample key(s): {listed(twice)}; keys must be unique across "
+                          "the shards")
+
+
+def choose_images(samples: list[IndexedSample], exts: tuple[str, ...], names: list[str]) -> list[str]:
+    """Each sample's image member extension: the first of `exts` it has."""
+    chosen, missing = [], []
+    for sample in samples:
+        image = next((ext for ext in exts if ext in sample.members), None)
+        if image is None:
+            missing.append(f"{where(sample, names)} (has {', '.join(sorted(sample.members)) or 'nothing'})")
+        chosen.append(image)
+    if missing:
+        raise SourceError(f"{len(missing)} sample(s) have no image member (.{', .'.join(exts)}): {listed(missing)}")
+    return chosen
