@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import numbers
 import os
 import re
-import signal
-import sys
-import threading
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fastdata.errors import ConfigError, FastdataError, from_worker
+from fastdata.errors import ConfigError
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 10**3, "M": 10**6, "G": 10**9}
@@ -136,77 +130,6 @@ class LoaderOptions:
                 "prefetch_factor": self.prefetch_factor if workers else None,
                 "multiprocessing_context": self.multiprocessing_context if workers else None,
                 "timeout": self.timeout if workers else 0}
-
-
-def stop_workers(dataloader: Any, batches: Any) -> None:
-    """End the worker processes behind `batches` (an iterator of `dataloader`, a torch DataLoader) after a pass
-    failed, and drop the iterator the DataLoader keeps for persistent workers; the next pass starts new ones.
-    Left to the garbage collector instead, the failed iterator may be collected inside the worker processes of a
-    loader made later (they inherit it when they fork), where its shutdown prints "Exception ignored in ...
-    can only test a child process"."""
-    shutdown = getattr(batches, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
-    if getattr(dataloader, "_iterator", None) is batches:
-        dataloader._iterator = None
-
-
-@contextmanager
-def ctrl_c_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back while worker processes start (a loader's first `iter()`, a conversion's pool): a
-    Ctrl-C reaches every process of the terminal's group, and one that reached a worker before it entered its loop
-    would print the worker's own traceback, or one that broke into the start-up would leave some workers started.
-    Two holds, because one alone leaks: the mask, which the workers inherit and clear once they ignore SIGINT
-    (`worker_ignores_ctrl_c`); and, in this process, a handler that only notes the signal (any native thread that
-    does not block SIGINT, such as torch's or OpenMP's, takes it despite the main thread's mask, and Python runs
-    its handler in the main thread all the same). When the block ends, a Ctrl-C that came meanwhile is raised here,
-    through the handler that was in place before (and the workers started are then stopped, as after any failed
-    start or pass). In a thread other than the main one, nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    previous_handler = signal.getsignal(signal.SIGINT)
-    noting = previous_handler is not None  # None: a handler set outside Python, which cannot be put back
-    if noting:
-        signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
-    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        if noting:
-            signal.signal(signal.SIGINT, previous_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)  # one pending for this thread lands here
-        if came:
-            signal.raise_signal(signal.SIGINT)
-
-
-def worker_ignores_ctrl_c() -> None:
-    """In a DataLoader worker: leave Ctrl-C to the main process, which stops the workers (a SIGINT held back while
-    the worker started is dropped here)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    sys.excepthook = functools.partial(_quiet_hand_over, sys.excepthook)
-
-
-def _quiet_hand_over(previous: Callable[..., None], kind: type[BaseException], value: BaseException,
-                     trace: Any) -> None:
-    """A worker's `sys.excepthook`: a batch's shared memory is handed to the main process by multiprocessing's
-    resource sharer (a thread of the worker, which reports its errors through this hook); when Ctrl-C stops the
-    main process in the middle of taking one, that thread's connection breaks, which is no error of the run (the
-    main process says it was interrupted): nothing is printed for it. Anything else goes to the `previous` hook."""
-    if issubclass(kind, (EOFError, ConnectionError)) and any(
-            frame.filename.endswith("resource_sharer.py") for frame in traceback.extract_tb(trace)):
-        return
-    previous(kind, value, trace)
-
-
-def failed_pass(dataloader: Any, batches: Any, exc: BaseException) -> BaseException:
-    """After `exc` ended a pass over `batches`: stop the workers (`stop_workers`) and return what to raise, our
-    own error as the worker raised it (`fastdata.errors.from_worker`: its one-line message, not torch's wrapper),
-    or `exc` itself."""
-    stop_workers(dataloader, batches)
-    return from_worker(exc) if isinstance(exc, FastdataError) else exc
 
 
 _LOADER_CHECKS: dict[str, Callable[[str, Any], Any]] = {

@@ -31,11 +31,11 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
-from fastdata.config import ctrl_c_held
 from fastdata.convert.messages import SharedMemory
 from fastdata.convert.pool import start_method
 from fastdata.errors import WorkerError
 from fastdata.formats.libc import start_writeback
+from fastdata.workers import ctrl_c_held
 
 #: a run of a shard's bytes: (offset in the shared-memory file, length), or the bytes themselves (a sample that
 #: came inside the pickle, or one the writer changed)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from fastdata.config import ctrl_c_held
 from fastdata.convert.messages import out_of_band, receive, send
 from fastdata.errors import WorkerError
+from fastdata.workers import ctrl_c_held
 
 
 class ChunkJob(Protocol):

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import LoaderOptions, check_bool, ctrl_c_held, failed_pass, worker_ignores_ctrl_c
-from fastdata.errors import ConfigError, WorkerError
+from fastdata.config import LoaderOptions, check_bool
+from fastdata.errors import ConfigError, FastdataError, WorkerError
 from fastdata.image.augment import describe_augment
 from fastdata.image.batch import EncodedSample, sample_metadata
 from fastdata.image.buffers import BatchBuffers
@@ -34,6 +34,7 @@ from fastdata.order.borrow import borrow
 from fastdata.order.ranks import check_not_empty
 from fastdata.order.samplers import EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
+from fastdata.workers import WorkerPass, worker_ignores_ctrl_c
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,6 @@ class ImageLoader(ResumableLoader):
         self._init_progress()
         self._pass_skip = 0
         self._iterating_epoch: int | None = None
-        self._workers_pass: Any = None  # the DataLoader iterator of the pass the workers run
         common = options.dataloader_kwargs(worker_init_fn=_worker_init)
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.image.buffers): slots for the batches in flight, those waiting here and the user's
@@ -198,6 +198,7 @@ class ImageLoader(ResumableLoader):
             self._batches = WdsBatches(data, batch_size, options.shuffle, options.seed, options.drop_last,
                                        options.rank, options.world_size, options.uneven, buffers=self._buffers)
             self._loader = DataLoader(self._batches, **common)
+        self._workers = WorkerPass(self._loader)
         self._repartitions = self._sampler is not None  # shard streams are split in contiguous parts per rank
 
     @property
@@ -269,19 +270,14 @@ class ImageLoader(ResumableLoader):
         """The batches of one pass, delivered as this loader does (`_deliver`), with worker failures named."""
         self._iterating_epoch = key.epoch
         try:
-            if self._stage is not None:
-                yield from self._device_pass(key)
-            else:
-                yield from self._deliver(self._open_pass(key), key.epoch)
-        except GeneratorExit:  # the caller stopped early: persistent workers stay for the next pass
-            self.close_feeder()
+            with self._workers.running(cleanup=self.close_feeder):  # a failure stops the workers, named
+                if self._stage is not None:
+                    yield from self._device_pass(key)
+                else:
+                    yield from self._deliver(self._open_pass(key), key.epoch)
+        except (GeneratorExit, FastdataError):
             raise
         except BaseException as exc:
-            self.close_feeder()
-            batches = self._workers_pass
-            original = failed_pass(self._loader, batches, exc)
-            if original is not exc:
-                raise original from exc  # our own message first, the worker's traceback as the cause
             message = str(exc)
             if not isinstance(exc, RuntimeError) or message.startswith("Caught ") or \
                     not ("DataLoader worker" in message or "timed out" in message):
@@ -302,9 +298,7 @@ class ImageLoader(ResumableLoader):
             self._batches.start(key.epoch, key.skip)
         if self._buffers is not None:
             self._buffers.reset(new_workers=not self._loader.persistent_workers)
-        with ctrl_c_held():  # workers start here (the first pass of persistent ones)
-            self._workers_pass = iter(self._loader)
-        return self._receipts.book(self._workers_pass, self._buffers)
+        return self._receipts.book(self._workers.start(), self._buffers)
 
     def _deliver(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The workers' finished batches as they made them, or with a device moved there and converted.

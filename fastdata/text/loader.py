@@ -12,19 +12,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.config import (
-    LoaderOptions,
-    check_optional_bool,
-    check_optional_int,
-    ctrl_c_held,
-    failed_pass,
-    worker_ignores_ctrl_c,
-)
+from fastdata.config import LoaderOptions, check_optional_bool, check_optional_int
 from fastdata.errors import ConfigError
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks
 from fastdata.text.dataset import TextBatches, TextDataset, unpack_batches
+from fastdata.workers import WorkerPass, worker_ignores_ctrl_c
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_MAX_LENGTH = 1024
@@ -83,6 +77,7 @@ class TextLoader(ResumableLoader):
         self.group = group_size(batch_bytes) if num_workers else 1
         self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group),
                                   **options.dataloader_kwargs(worker_init_fn=_worker_init))
+        self._workers = WorkerPass(self._loader)
 
     @property
     def packed(self) -> bool:
@@ -116,18 +111,9 @@ class TextLoader(ResumableLoader):
     def _pass(self) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of one pass; after a failure the workers are stopped and our own errors raised as they
         were raised in the worker (`fastdata.errors.from_worker`)."""
-        with ctrl_c_held():  # workers start here (the first pass of persistent ones)
-            batches = iter(self._loader)
-        try:
-            for flat, shapes in batches:
+        with self._workers.running():
+            for flat, shapes in self._workers.start():
                 yield from unpack_batches(flat, shapes, self.batcher)
-        except GeneratorExit:
-            raise  # the caller stopped early: persistent workers stay for the next pass
-        except BaseException as exc:
-            original = failed_pass(self._loader, batches, exc)
-            if original is not exc:
-                raise original from exc  # our own message first, the worker's traceback as the cause
-            raise
 
 
 @dataclass(frozen=True)
