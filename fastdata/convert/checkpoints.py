@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from fastdata.convert.staging import fresh_partial
+from fastdata.convert.staging import Staging
 from fastdata.errors import START_AGAIN, OutputExistsError, RejectedFileError, StagingDamagedError
-from fastdata.formats.manifest import partial_path
 from fastdata.formats.records import key_bytes
 
 
@@ -108,15 +107,15 @@ class ResumableWriter(Protocol):
 W = TypeVar("W", bound=ResumableWriter)
 
 
-def open_or_resume(out: Path, overwrite: bool, wanted: dict, make_writer: Callable[[Path], W],
+def open_or_resume(staging: Staging, overwrite: bool, wanted: dict, make_writer: Callable[[Path], W],
                    parse: Callable[[bytes], P]) -> tuple[W, P | None]:
-    """A writer in OUT.partial (made by `make_writer(directory)`) and the progress it resumes from (read by
+    """A writer in `staging.partial` (made by `make_writer(directory)`) and the progress it resumes from (read by
     `parse`, which raises ValueError on a damaged record): the leftovers of an interrupted conversion with the
     fingerprint `wanted` are resumed; leftovers without a progress record (killed before its first checkpoint:
     nothing was kept) are discarded; leftovers of a conversion with other settings are refused with
     OutputExistsError naming what differs; leftovers that cannot be reopened (damaged storage or progress
     record) raise StagingDamagedError naming the cause. `overwrite` always starts afresh."""
-    partial = partial_path(out)
+    partial = staging.partial
     if partial.exists() and not overwrite:
         try:
             writer = make_writer(partial)
@@ -132,7 +131,7 @@ def open_or_resume(out: Path, overwrite: bool, wanted: dict, make_writer: Callab
                                       f"({type(exc).__name__}: {exc}); {START_AGAIN}") from exc
         if progress is None:
             writer.abort()  # interrupted before its first checkpoint: nothing was kept
-            return make_writer(fresh_partial(out)), None
+            return make_writer(staging.fresh()), None
         diffs = differences(progress.fingerprint, wanted)
         if diffs:
             writer.abort()
@@ -140,7 +139,7 @@ def open_or_resume(out: Path, overwrite: bool, wanted: dict, make_writer: Callab
                 f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
                 "with its original source and options to resume, or pass --overwrite to start again")
         return writer, progress
-    return make_writer(fresh_partial(out)), None
+    return make_writer(staging.fresh()), None
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork, require_ray
 from fastdata.convert.sources import ImageSource
-from fastdata.convert.staging import check_output, commit_output
+from fastdata.convert.staging import Staging
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
@@ -41,7 +41,6 @@ from fastdata.formats.manifest import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,
-    partial_path,
     rejected_place,
     write_atomic,
 )
@@ -255,7 +254,8 @@ def convert_images(
     if listing.targets is not None and max_size is not None:
         raise ConfigError(f"--max-size: a {listing.kind} source has {listing.targets.kind} targets in source pixels, "
                           "which a re-encoded smaller image would no longer match; convert without --max-size")
-    check_output(out, overwrite, source=listing.root if listing.walks_root else None)
+    staging = Staging(out)
+    staging.check(overwrite, source=listing.root if listing.walks_root else None)
 
     order = np.arange(len(listing.samples))
     if fmt == "wds":  # shards are read sequentially: spread classes over all of them
@@ -269,7 +269,7 @@ def convert_images(
     # where each sample's bytes go
     assembly = (ShardAssembly(assembly_processes(workers)) if fmt == "wds" and engine == "local" and workers > 1
                 else None)
-    writer, resumed = open_or_resume(out, overwrite, wanted,
+    writer, resumed = open_or_resume(staging, overwrite, wanted,
                                      lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing,
                                                                     assembly),
                                      _Progress.parse)
@@ -282,7 +282,7 @@ def convert_images(
         keys = (listing.samples[i][0] for i in order[: resumed.next_task].tolist())
         written = [key for key in keys if key not in rejected_paths]
         writer.resume([FileEntry(**f) for f in resumed.files], written)
-    partial = partial_path(out)
+    partial = staging.partial
     ray_seen = RayWork() if engine == "ray" else None
     started = time.perf_counter()
     with keep_checkpoint_on_failure(writer, partial), (assembly.start() if assembly else contextlib.nullcontext()):
@@ -320,7 +320,7 @@ def convert_images(
                          [r["reason"] for r in state.rejected], "images", listing.looked())
     for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
         write_atomic(partial / name, data)
-    commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
+    staging.commit(manifest, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,

@@ -1,7 +1,8 @@
 """Atomic dataset output: decide what may be written at OUT, and put a finished dataset in place.
 
 A conversion writes into `OUT.partial`; the manifest is written last and the directory renamed to `OUT`, so
-`OUT` is always either absent, the previous dataset, or a complete new one."""
+`OUT` is always either absent, the previous dataset, or a complete new one. `Staging(out)` is that pair of
+places, the `.partial` path computed once, with what a conversion does to them: check, start afresh, commit."""
 
 from __future__ import annotations
 
@@ -10,36 +11,72 @@ import shutil
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastdata.errors import OutputError, OutputExistsError
 from fastdata.formats.manifest import MANIFEST_NAME, Manifest, fsync_dir, partial_path
 
 
-def check_output(out: Path, overwrite: bool, source: Path | None = None) -> None:
-    """Refuse, before anything is written, an output that cannot be made or is not ours to replace: one inside
-    the `source` folder (the next conversion of the source would take it in: a new class), one whose folder cannot
-    be created (under a file, on a read-only or virtual file system, without permission), an existing path
-    that holds something other than a fastdata dataset (or an empty directory; never touched), and an existing
-    dataset without `overwrite`."""
-    if source is not None and source.is_dir():
-        inside = Path(os.path.abspath(out)).resolve()
-        root = source.resolve()
-        if inside == root or root in inside.parents:
-            raise OutputError(f"{out}: is inside the source folder {source}; the next conversion of {source} "
-                              "would take it in as data: choose an OUT outside the source")
-    if not out.exists():
-        _check_creatable(out)
-        return
-    is_dataset = (out / MANIFEST_NAME).is_file()
-    is_empty_dir = out.is_dir() and not any(out.iterdir())
-    if is_empty_dir:
-        return
-    if not is_dataset:
-        raise OutputExistsError(f"{out}: already exists and is not a fastdata dataset; refusing to touch it "
-                                "(choose another OUT)")
-    if not overwrite:
-        raise OutputExistsError(f"{out}: already holds a dataset; pass --overwrite to replace it")
+@dataclass(frozen=True)
+class Staging:
+    """Where a conversion builds `out`: the directory `partial` (`OUT.partial`) until `commit` renames it."""
+
+    out: Path
+    partial: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partial", partial_path(self.out))
+
+    def check(self, overwrite: bool, source: Path | None = None) -> None:
+        """Refuse, before anything is written, an output that cannot be made or is not ours to replace: one inside
+        the `source` folder (the next conversion of the source would take it in: a new class), one whose folder
+        cannot be created (under a file, on a read-only or virtual file system, without permission), an existing
+        path that holds something other than a fastdata dataset (or an empty directory; never touched), and an
+        existing dataset without `overwrite`."""
+        out = self.out
+        if source is not None and source.is_dir():
+            inside = Path(os.path.abspath(out)).resolve()
+            root = source.resolve()
+            if inside == root or root in inside.parents:
+                raise OutputError(f"{out}: is inside the source folder {source}; the next conversion of {source} "
+                                  "would take it in as data: choose an OUT outside the source")
+        if not out.exists():
+            _check_creatable(out)
+            return
+        is_dataset = (out / MANIFEST_NAME).is_file()
+        is_empty_dir = out.is_dir() and not any(out.iterdir())
+        if is_empty_dir:
+            return
+        if not is_dataset:
+            raise OutputExistsError(f"{out}: already exists and is not a fastdata dataset; refusing to touch it "
+                                    "(choose another OUT)")
+        if not overwrite:
+            raise OutputExistsError(f"{out}: already holds a dataset; pass --overwrite to replace it")
+
+    def fresh(self) -> Path:
+        """An empty `partial` directory (anything left there before is discarded)."""
+        if self.partial.exists():
+            shutil.rmtree(self.partial)
+        self.partial.mkdir(parents=True)
+        return self.partial
+
+    def commit(self, manifest: Manifest, scratch: tuple[str, ...] = ()) -> None:
+        """Manifest last, then one rename: `out` is either absent/old or complete. Files named in `scratch`
+        (resume bookkeeping) are removed once the manifest is on disk."""
+        partial, out = self.partial, self.out
+        manifest.write(partial)
+        for name in scratch:
+            (partial / name).unlink(missing_ok=True)
+        fsync_dir(partial)
+        old = None
+        if out.exists():
+            old = out.with_name(f"{out.name}.old-{time.time_ns()}")
+            out.rename(old)
+        partial.rename(out)
+        fsync_dir(out.parent)
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def _check_creatable(out: Path) -> None:
@@ -55,32 +92,6 @@ def _check_creatable(out: Path) -> None:
     except OSError as exc:
         raise OutputError(f"{out}: cannot be created: making a folder in {ancestor} fails "
                           f"({exc.strerror or exc}); choose another OUT") from None
-
-
-def fresh_partial(out: Path) -> Path:
-    """An empty `OUT.partial` directory (anything left there before is discarded)."""
-    partial = partial_path(out)
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    return partial
-
-
-def commit_output(manifest: Manifest, partial: Path, out: Path, scratch: tuple[str, ...] = ()) -> None:
-    """Manifest last, then one rename: `out` is either absent/old or complete. Files named in `scratch`
-    (resume bookkeeping) are removed once the manifest is on disk."""
-    manifest.write(partial)
-    for name in scratch:
-        (partial / name).unlink(missing_ok=True)
-    fsync_dir(partial)
-    old = None
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{time.time_ns()}")
-        out.rename(old)
-    partial.rename(out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 #: Shard sizes below this warn: nearly every sample would close a shard of its own.

@@ -31,13 +31,13 @@ from fastdata.convert.checkpoints import (
 )
 from fastdata.convert.kept import check_kept
 from fastdata.convert.pool import PoolStats
-from fastdata.convert.staging import check_output, commit_output
+from fastdata.convert.staging import Staging
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.convert.text_work import encode, encoded_batches
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, partial_path, sha256_file, write_atomic
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, write_atomic
 from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -274,7 +274,8 @@ def convert_documents(
     dtype = token_dtype(vocab)
     source = list_source()
     files = source.files
-    check_output(out, overwrite)
+    staging = Staging(out)
+    staging.check(overwrite)
     sizes = [f.stat().st_size for f in files]
 
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
@@ -288,7 +289,7 @@ def convert_documents(
         return storage("text", fmt).open_writer(directory, WriterOptions(
             shard_bytes=shard_bytes, dtype=dtype, chunk_tokens=chunk_tokens, commit_every_chunks=commit_every_chunks))
 
-    writer, resumed = open_or_resume(out, overwrite, wanted, make_writer, _TextProgress.parse)
+    writer, resumed = open_or_resume(staging, overwrite, wanted, make_writer, _TextProgress.parse)
     state = resumed or _TextProgress(wanted)
     resumed_at = resumed.records if resumed else None  # `state` moves on from here
     resumed_documents = resumed.documents if resumed else None
@@ -299,7 +300,7 @@ def convert_documents(
         except BaseException:
             writer.abort()
             raise
-    partial = partial_path(out)
+    partial = staging.partial
     started = time.perf_counter()
     with keep_checkpoint_on_failure(writer, partial):
         if resumed is None:
@@ -334,7 +335,7 @@ def convert_documents(
               else f"in {', '.join(source.given)}")
     warning = check_kept(out, partial, state.documents, state.rejected_count,
                          [r["reason"] for r in state.rejected], "documents", looked)
-    commit_output(manifest, partial, out, scratch=(PROGRESS_FILE,))
+    staging.commit(manifest, scratch=(PROGRESS_FILE,))
     notes = [] if warning is None else [warning]
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
