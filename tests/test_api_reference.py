@@ -81,3 +81,39 @@ def test_resolve_prefers_the_module_as_griffe_does() -> None:
     module): the resolver above must agree with the renderer."""
     assert isinstance(resolve("fastdata.meter"), ModuleType)
     assert resolve("fastdata.meter.loop.meter") is fastdata.meter
+
+
+PUBLIC_MODULES = {"fastdata", "fastdata.presets"}  # what user code may import from
+
+
+def user_code() -> list[tuple[str, str]]:
+    """(where, code) of what users run: the README's and the docs' Python blocks, and examples/."""
+    root = API_PAGE.parents[2]
+    found = []
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for number, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)):
+            found.append((f"{page.relative_to(root)} block {number + 1}", block))
+    found += [(str(path.relative_to(root)), path.read_text()) for path in sorted((root / "examples").glob("*.py"))]
+    return found
+
+
+def internal_imports(code: str) -> list[str]:
+    """The fastdata modules `code` imports that are not public."""
+    named = re.findall(r"^\s*from (fastdata[\w.]*) import", code, flags=re.M)
+    named += re.findall(r"^\s*import (fastdata[\w.]*)", code, flags=re.M)
+    return [module for module in named if module not in PUBLIC_MODULES]
+
+
+def test_user_code_imports_only_the_public_names() -> None:
+    """No snippet of the docs or README, and no example, names an internal module: the curated names
+    (`fastdata.*`, `fastdata.presets`) are all a user needs, and the internal layout may move."""
+    code = user_code()
+    assert len(code) > 20  # the pages and examples were found
+    wrong = [f"{where}: imports {module}" for where, text in code for module in internal_imports(text)]
+    assert wrong == []
+
+
+def test_the_public_import_rule_catches_an_internal_import() -> None:
+    assert internal_imports("from fastdata.image.detection_presets import ScaleJitterCrop\n") == [
+        "fastdata.image.detection_presets"]
+    assert internal_imports("import fastdata\nfrom fastdata.presets import ScaleJitterCrop\n") == []

@@ -290,8 +290,8 @@ def loader(
             float32 batches), a torchvision transform (v2: uint8 CHW tensor in; v1: PIL image in), or a callable
             on an HWC uint8 RGB array; each sample's randomness is seeded from `(seed, epoch, sample)`. Detection
             and segmentation datasets: "train" (scale jitter + window + flip), "val" (longer side), a
-            `ScaleJitterCrop` / `ResizeLongerPad` preset, an albumentations transform (detection: a Compose with
-            `bbox_params`) or a torchvision v2 transform.
+            `fastdata.presets.ScaleJitterCrop` / `ResizeLongerPad` preset, an albumentations transform
+            (detection: a Compose with `bbox_params`) or a torchvision v2 transform.
         image_size: the side, or (height, width), of the images "train" and "val" produce (default 224; detection
             and segmentation: the canvas, default 640); refused with a transform of your own, which sets its own
             size.

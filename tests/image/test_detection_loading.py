@@ -19,8 +19,9 @@ from contracts import check_resumes, clone, same
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.image.detection_presets import ResizeLongerPad, ScaleJitterCrop, iou_crop
+from fastdata.image.detection_presets import iou_crop
 from fastdata.order.epoch import sample_rng
+from fastdata.presets import ResizeLongerPad, ScaleJitterCrop
 
 pytest.importorskip("pycocotools")
 v2 = pytest.importorskip("torchvision.transforms.v2")

@@ -22,8 +22,8 @@ from contracts import check_resumes, clone, same
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.image.detection_presets import ResizeLongerPad
 from fastdata.order.epoch import sample_rng
+from fastdata.presets import ResizeLongerPad
 
 v2 = pytest.importorskip("torchvision.transforms.v2")
 from torchvision import tv_tensors  # noqa: E402
