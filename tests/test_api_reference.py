@@ -83,7 +83,7 @@ def test_resolve_prefers_the_module_as_griffe_does() -> None:
     assert resolve("fastdata.meter.loop.meter") is fastdata.meter
 
 
-PUBLIC_MODULES = {"fastdata", "fastdata.presets"}  # what user code may import from
+PUBLIC_MODULES = {"fastdata", "fastdata.presets", "fastdata.options"}  # what user code may import from
 
 
 def user_code() -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.loader.mixing import mixed_loader
+from fastdata.loader.options import MixOptions, Output, resolve_spelling
 from fastdata.loader.tuning import Tuned, dataset_root, loader_key, measured_decode, resolve_auto, tune_files
 from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
@@ -30,12 +31,9 @@ from fastdata.text.loader import TextLoader, TextOptions, text_loader
 
 def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             image_size: int | tuple[int, int] | None = None, seed: int = 0, on_error: str = "raise",
-            cache_dir: str | os.PathLike[str] | None = None, cache_max_bytes: int | str | None = None,
-            storage_options: dict[str, Any] | None = None, rank: int | None = None, world_size: int | None = None,
-            uneven: str = "pad", scale: tuple[float, float] | None = None,
-            ratio: tuple[float, float] | None = None, metadata: bool = False, max_length: int | None = None,
-            masks: bool = False
-            ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+            remote: RemoteOptions | None = None, rank: int | None = None, world_size: int | None = None,
+            uneven: str = "pad", metadata: bool = False, max_length: int | None = None, masks: bool = False,
+            **keywords: Any) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
@@ -79,31 +77,35 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             `ds.set_epoch(e)` pins epoch e (a resumed run calls it each epoch to get exactly the crops again).
         on_error: "raise" at an undecodable sample, naming it; with "skip" a WebDataset dataset leaves it out
             of its iteration, with a warning (`ds[i]` of an LMDB dataset raises either way).
-        cache_dir: remote datasets: a folder that keeps the verified shards.
-        cache_max_bytes: remote datasets: the bound on `cache_dir`, in bytes or as "20GB".
-        storage_options: remote datasets: options for the fsspec file system.
+        remote: remote datasets: a `fastdata.options.RemoteOptions(cache_dir, cache_max_bytes, storage_options)`:
+            a folder that keeps the verified shards, its bound ("20GB"), options for the fsspec file system.
         rank: WebDataset: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: WebDataset: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: WebDataset: "pad" or "drop", when the samples do not divide between the ranks (as for `loader`).
-        scale: "train": RandomResizedCrop's range of the crop's area (default (0.08, 1), as for `loader`; detection
-            and segmentation: the scale jitter's range, default (0.1, 2)).
-        ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
         metadata: images: give `(image, label, metadata)` per sample, metadata being the dict of the sample's other
             source columns (e.g. a file list's); not read otherwise.
         max_length: image-text pairs stored with token ids: tokens per caption row (default 77, CLIP's): longer
             captions truncated keeping the tokenizer's closing special tokens, shorter ones padded.
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
             (needs pycocotools).
+        **keywords: the older spellings, still taken: `cache_dir`, `cache_max_bytes`, `storage_options` (the
+            fields of `remote`), and `scale`, `ratio` ("train": RandomResizedCrop's ranges of the crop's area and
+            aspect, as `fastdata.presets.RandomResizedCrop(size, scale, ratio)` sets them; detection and
+            segmentation: `scale` is the scale jitter's range, as `ScaleJitterCrop(size, scale_range)`).
     """
     if isinstance(path, (list, tuple)):
         raise ConfigError("fastdata.dataset opens one dataset; for a weighted mixture of several use "
                           "fastdata.mix(paths, weights=...) (docs/mixing.md)")
+    spelled = resolve_spelling("dataset", keywords, ("remote", "augment"), remote=remote, augment=augment,
+                               image_size=image_size)
+    augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         metadata=metadata, max_length=max_length, masks=masks)
+                         remote=spelled.remote, scale=scale, ratio=ratio, metadata=metadata, max_length=max_length,
+                         masks=masks)
+    spelled.check_preset(path, getattr(data, "target_kind", None))
     if isinstance(data, TextDataset):
         _refuse_image_options(path, _augment_given(augment, None, image_size, scale, ratio))
         if max_length is not None:
@@ -193,29 +195,17 @@ def loader(
     rank: int | None = None,
     world_size: int | None = None,
     uneven: str = "pad",
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_max_bytes: int | str | None = None,
-    storage_options: dict[str, Any] | None = None,
+    remote: RemoteOptions | None = None,
     device: torch.device | str | None = None,
     decode: str | DeviceDecode = "auto",
-    dtype: torch.dtype | None = None,
-    channels_last: bool = False,
-    mean: tuple[float, float, float] | None = None,
-    std: tuple[float, float, float] | None = None,
-    scale: tuple[float, float] | None = None,
-    ratio: tuple[float, float] | None = None,
-    seq_len: int | None = None,
-    packing: bool | None = None,
-    max_length: int | None = None,
-    bucketing: bool | None = None,
-    eos_token: str | None = None,
+    output: Output | None = None,
+    text: TextOptions | None = None,
     masks: bool = False,
     metadata: bool = False,
     tune_dir: str | os.PathLike[str] | None = None,
     weights: list[float] | None = None,
-    samples_per_epoch: int | None = None,
-    epoch_end: str = "first",
-    exhausted: str = "cycle",
+    mixing: MixOptions | None = None,
+    **keywords: Any,
 ) -> ImageLoader | TextLoader:
     """A tuned loader over a converted dataset, yielding `(images, labels)` like an ImageFolder DataLoader.
 
@@ -315,27 +305,21 @@ def loader(
         world_size: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: when the samples do not divide between the ranks: "pad" repeats the first samples of the
             epoch's order, "drop" leaves the last ones out.
-        cache_dir: remote datasets: a folder that keeps the verified shards, shared by the processes of a node.
-        cache_max_bytes: remote datasets: the bound on `cache_dir`, in bytes or as "20GB".
-        storage_options: remote datasets: options for the fsspec file system (credentials, endpoint, ...).
+        remote: remote datasets: a `fastdata.options.RemoteOptions(cache_dir, cache_max_bytes, storage_options)`:
+            a folder that keeps the verified shards, shared by the processes of a node; its bound, in bytes or as
+            "20GB"; options for the fsspec file system (credentials, endpoint, ...). None: no cache.
         device: the device batches arrive on (e.g. "cuda"); None leaves them on the CPU, as the workers made them.
         decode: "auto" (what `fastdata tune` measured; else "worker"), "worker" (decode in the workers),
             "device" (decode whole JPEG batches on `device`), or a `fastdata.DeviceDecode` (the device path with
             its decoder's options).
-        dtype: a floating dtype (torch.float32, bfloat16, float16) gives batches normalised as
-            `(x / 255 - mean) / std`, made in the workers (or on `device`); None keeps uint8.
-        channels_last: with `device`: hand batches over in channels-last memory format.
-        mean: with a floating `dtype`: the per-channel mean, in 0..1 units (default ImageNet's).
-        std: with a floating `dtype`: the per-channel standard deviation, in 0..1 units (default ImageNet's).
-        scale: "train": RandomResizedCrop's range of the crop's area, as a fraction of the image (default
-            (0.08, 1)); detection and segmentation: the scale jitter's range of factors (default (0.1, 2)).
-        ratio: "train": RandomResizedCrop's range of the crop's aspect ratio (default (3/4, 4/3)).
-        seq_len: text, packed: tokens per block (default 1024).
-        packing: text: True (default) packs documents into blocks of `seq_len`; False gives one document per
-            row, padded.
-        max_length: text, padded: tokens per row at most (default 1024; longer documents are truncated).
-        bucketing: text, padded: batch documents of similar length together.
-        eos_token: text: the end-of-text token that follows each document (default: the conversion's).
+        output: images: a `fastdata.options.Output(dtype, mean, std, channels_last)`: a floating dtype
+            (torch.float32, bfloat16, float16) gives batches normalised as `(x / 255 - mean) / std` (`mean`,
+            `std` in 0..1 units, ImageNet's by default), made in the workers (or on `device`); `channels_last`
+            with `device`. None: uint8 batches.
+        text: text datasets: a `fastdata.options.TextOptions(seq_len, packing, max_length, bucketing,
+            eos_token)`: packed blocks of `seq_len` tokens (default 1024), or with `packing=False` one document
+            per row of at most `max_length` tokens (default 1024), optionally length-`bucketing`; `eos_token`
+            overrides the conversion's end-of-text token. Image-text pairs: `max_length` tokens per caption.
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in the batch's pixels
             (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
         metadata: image datasets: each batch also carries a list, one dict per sample in batch order, of its key
@@ -345,12 +329,23 @@ def loader(
             `tune.json` inside the dataset's directory is read first).
         weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
             batch holds each dataset's share, rounded; 0 leaves a dataset out.
-        samples_per_epoch: a mixture's epoch length in samples (all ranks together); None: `epoch_end` decides.
-        epoch_end: a mixture's epoch ends when the "first" (default) or the "last" dataset has given all its
-            samples.
-        exhausted: a mixture's dataset that runs out before the epoch ends is "cycle"d (reshuffled, restarted)
-            or "stop"ped (left out, the other weights renormalised).
+        mixing: a mixture's epoch, a `fastdata.options.MixOptions(samples_per_epoch, epoch_end, exhausted)`:
+            its length in samples, all ranks together (None: `epoch_end` decides); it ends when the "first"
+            (default) or the "last" dataset has given all its samples; a dataset that runs out before is
+            "cycle"d (reshuffled, restarted) or "stop"ped (left out, the other weights renormalised).
+        **keywords: the older spellings, still taken: the fields of `output` (`dtype`, `mean`, `std`,
+            `channels_last`), `text` (`seq_len`, `packing`, `max_length`, `bucketing`, `eos_token`), `remote`
+            (`cache_dir`, `cache_max_bytes`, `storage_options`) and `mixing` (`samples_per_epoch`, `epoch_end`,
+            `exhausted`), and `scale`, `ratio` ("train": RandomResizedCrop's ranges of the crop's area, default
+            (0.08, 1), and aspect, default (3/4, 4/3), as `fastdata.presets.RandomResizedCrop` sets them;
+            detection and segmentation: `scale` is the scale jitter's range, default (0.1, 2)).
     """
+    spelled = resolve_spelling("loader", keywords, ("output", "text", "remote", "mixing", "augment"), output=output,
+                               text=text, remote=remote, mixing=mixing, augment=augment, image_size=image_size)
+    augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
+    out, text, remote = spelled.output, spelled.text, spelled.remote
+    samples_per_epoch, epoch_end, exhausted = (spelled.mixing.samples_per_epoch, spelled.mixing.epoch_end,
+                                               spelled.mixing.exhausted)
     rank, world_size = resolve_world(rank, world_size)
     auto = [None if num_workers is None else check_int_or_auto("num_workers", num_workers, 0),
             check_int_or_auto("prefetch_factor", prefetch_factor, 1)]
@@ -364,9 +359,8 @@ def loader(
         persistent_workers=default_persistent_workers(augment) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context, timeout=timeout,
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))
-    text = TextOptions(seq_len=seq_len, packing=packing, max_length=max_length, bucketing=bucketing,
-                       eos_token=eos_token)
-    image_options = dict(device=device, decode=decode, dtype=dtype, channels_last=channels_last, mean=mean, std=std)
+    image_options = dict(device=device, decode=decode, dtype=out.dtype, channels_last=out.channels_last,
+                         mean=out.mean, std=out.std)
     if isinstance(decode, DeviceDecode):  # the device path, with its decoder's options
         image_options.update(decode="device", device_decode=decode)
         decode = "device"
@@ -389,9 +383,9 @@ def loader(
     if weights is not None or samples_per_epoch is not None or (epoch_end, exhausted) != ("first", "cycle"):
         raise ConfigError("weights, samples_per_epoch, epoch_end and exhausted apply to a mixture: pass a list of "
                           "dataset paths")
-    data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
-                         remote=RemoteOptions(cache_dir, cache_max_bytes, storage_options), scale=scale, ratio=ratio,
-                         max_length=max_length, masks=masks, metadata=metadata)
+    data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, remote=remote,
+                         scale=scale, ratio=ratio, max_length=text.max_length, masks=masks, metadata=metadata)
+    spelled.check_preset(path, getattr(data, "target_kind", None))
     tuned = None
     if AUTO in auto:
         tuned = _tuned(data, path, options, auto, image_options, augment, tune_dir)

@@ -24,6 +24,7 @@ from fastdata.image.mixed import (
     check_image_sources,
     mixed_image_loader,
 )
+from fastdata.loader.options import MixOptions, resolve_spelling
 from fastdata.order.mixing import MixedBatchSampler, MixPlan
 from fastdata.order.ranks import check_uneven, resolve_world
 from fastdata.text.dataset import TextDataset
@@ -146,9 +147,7 @@ class _IndexBatches:
 def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None = None, *, batch_size: int = 256,
         augment: Any = None, image_size: int | tuple[int, int] | None = None, shuffle: bool = True, seed: int = 0,
         drop_last: bool = False, rank: int | None = None, world_size: int | None = None, uneven: str = "pad",
-        samples_per_epoch: int | None = None, epoch_end: str = "first", exhausted: str = "cycle",
-        on_error: str = "raise", scale: tuple[float, float] | None = None,
-        ratio: tuple[float, float] | None = None) -> Mixture:
+        mixing: MixOptions | None = None, on_error: str = "raise", **keywords: Any) -> Mixture:
     """A weighted mixture of converted datasets for a DataLoader of your own (`Mixture`: `.dataset`,
     `.batch_sampler`, `.set_epoch`, `.classes`). The schedule, the epoch rule and the rank split are
     `fastdata.loader`'s over a list of paths (docs/mixing.md); text mixtures are mixed per document.
@@ -166,15 +165,18 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
         rank: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: "pad" or "drop", when an epoch's samples do not divide between the ranks.
-        samples_per_epoch: the epoch's length in samples (all ranks together); None: `epoch_end` decides.
-        epoch_end: "first": the epoch ends when the first source has given all its samples; "last": when the
-            last one has.
-        exhausted: a source that runs out before the epoch ends: "cycle" (reshuffled and restarted) or "stop"
-            (left out, the other weights renormalised).
+        mixing: a `fastdata.options.MixOptions(samples_per_epoch, epoch_end, exhausted)`: the epoch's length in
+            samples (None: `epoch_end` decides), when it ends ("first" or "last" source done) and what a source
+            that runs out does ("cycle" or "stop"); None: the defaults.
         on_error: as for `fastdata.dataset`.
-        scale: as for `fastdata.dataset`.
-        ratio: as for `fastdata.dataset`.
+        **keywords: the older spellings, still taken: `samples_per_epoch`, `epoch_end`, `exhausted` (the fields
+            of `mixing`), `scale`, `ratio` (of `fastdata.presets.RandomResizedCrop`).
     """
+    spelled = resolve_spelling("mix", keywords, ("mixing", "augment"), mixing=mixing, augment=augment,
+                               image_size=image_size)
+    augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
+    samples_per_epoch, epoch_end, exhausted = (spelled.mixing.samples_per_epoch, spelled.mixing.epoch_end,
+                                               spelled.mixing.exhausted)
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     batch_size = check_int("batch_size", batch_size, minimum=1)

@@ -1,0 +1,150 @@
+"""Option objects for `fastdata.loader`, `fastdata.dataset` and `fastdata.mix`: options that apply to some datasets
+only travel as one object each instead of a row of keywords, so the three functions share them and each has one
+docs entry:
+
+- `Output(dtype, mean, std, channels_last)`: what image batches are made of;
+- `TextOptions(seq_len, packing, max_length, bucketing, eos_token)`: how text is cut into rows
+  (`fastdata.text.loader`);
+- `RemoteOptions(cache_dir, cache_max_bytes, storage_options)`: how a remote dataset is read
+  (`fastdata.formats.remote`);
+- `MixOptions(samples_per_epoch, epoch_end, exhausted)`: a mixture's epoch;
+- `RandomResizedCrop(size, scale, ratio)` and `ResizeCenterCrop(size)`: the classification presets
+  (`augment="train"` / `"val"`) as objects, beside the detection ones (`fastdata.presets`).
+
+The keywords these replace still work (`dtype=`, `seq_len=`, `cache_dir=`, ...): `resolve_spelling` turns either
+spelling into the same objects, and refuses both at once or a keyword the function does not take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from fastdata.config import check_bool
+from fastdata.errors import ConfigError
+from fastdata.formats.remote import RemoteOptions
+from fastdata.text.loader import TextOptions
+
+
+@dataclass(frozen=True)
+class Output:
+    """What image batches are made of. `dtype` None keeps uint8; a floating dtype (torch.float32, bfloat16,
+    float16) gives batches normalised as `(x / 255 - mean) / std` (`mean`, `std`: three numbers in 0..1 units,
+    ImageNet's when not given), made in the workers or on the loader's `device`; `channels_last` (with a
+    `device`) hands them over in channels-last memory format."""
+
+    dtype: Any = None
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        check_bool("channels_last", self.channels_last)
+
+
+@dataclass(frozen=True)
+class MixOptions:
+    """A mixture's epoch (docs/mixing.md): `samples_per_epoch` its length in samples, all ranks together (None:
+    `epoch_end` decides); `epoch_end` "first" (the epoch ends when the first dataset has given all its samples)
+    or "last"; `exhausted`: a dataset that runs out before the epoch ends is "cycle"d (reshuffled, restarted) or
+    "stop"ped (left out, the other weights renormalised)."""
+
+    samples_per_epoch: int | None = None
+    epoch_end: str = "first"
+    exhausted: str = "cycle"
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Classification training, as an object: torchvision's RandomResizedCrop(size, scale, ratio) + horizontal
+    flip; `augment=RandomResizedCrop(224)` is `augment="train", image_size=224`. `size` is a side or
+    (height, width); `scale` the range of the crop's area as a fraction of the image, `ratio` of its aspect
+    (None: torchvision's defaults). For image classification datasets (and image-text pairs): detection and
+    segmentation datasets take `fastdata.presets.ScaleJitterCrop` / `ResizeLongerPad`."""
+
+    size: int | tuple[int, int] = 224
+    scale: tuple[float, float] | None = None  # None: torchvision's (0.08, 1)
+    ratio: tuple[float, float] | None = None  # None: torchvision's (3/4, 4/3)
+
+
+@dataclass(frozen=True)
+class ResizeCenterCrop:
+    """Classification evaluation, as an object: torchvision's Resize(int(size / 0.875)) + CenterCrop(size);
+    `augment=ResizeCenterCrop(224)` is `augment="val", image_size=224`."""
+
+    size: int | tuple[int, int] = 224
+
+
+#: the keywords each object replaces
+REPLACED: dict[str, tuple[str, ...]] = {
+    "output": tuple(f.name for f in fields(Output)),
+    "text": tuple(f.name for f in fields(TextOptions)),
+    "remote": tuple(f.name for f in fields(RemoteOptions)),
+    "mixing": tuple(f.name for f in fields(MixOptions)),
+    "augment": ("scale", "ratio"),
+}
+_OBJECT_TYPES = {"output": Output, "text": TextOptions, "remote": RemoteOptions, "mixing": MixOptions}
+
+
+@dataclass(frozen=True)
+class Spelled:
+    """The options of one call, whichever spelling was used: the objects, and the augmentation as the loaders
+    take it (`augment`, `image_size`, `scale`, `ratio`)."""
+
+    output: Output
+    text: TextOptions
+    remote: RemoteOptions
+    mixing: MixOptions
+    augment: Any
+    image_size: Any
+    scale: Any
+    ratio: Any
+    preset: RandomResizedCrop | ResizeCenterCrop | None = None  # the classification preset given, if one was
+
+    def check_preset(self, path: Any, target_kind: str | None) -> None:
+        """Refuse a classification preset over a detection or segmentation dataset (whose "train" and "val" are
+        other geometries)."""
+        if self.preset is not None and target_kind in ("detection", "segmentation"):
+            raise ConfigError(f"{path}: augment={self.preset!r} is a classification preset; a {target_kind} "
+                              "dataset takes fastdata.presets.ScaleJitterCrop or ResizeLongerPad")
+
+
+def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[str], *, output: Output | None = None,
+                     text: TextOptions | None = None, remote: RemoteOptions | None = None,
+                     mixing: MixOptions | None = None, augment: Any = None, image_size: Any = None) -> Spelled:
+    """The options of a call to `function` (`fastdata.loader`, ...) given as objects or as the keywords they
+    replace (`keywords`, the call's other keyword arguments). `takes` names the objects this function has:
+    a replaced keyword of another (or any unknown keyword) is a TypeError, as Python raises for an unexpected
+    keyword; an object given together with a keyword it replaces is a ConfigError."""
+    objects = {"output": output, "text": text, "remote": remote, "mixing": mixing}
+    known = {name: group for group in takes for name in REPLACED[group]}
+    unexpected = [name for name in keywords if name not in known]
+    if unexpected:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unexpected[0]!r}")
+    for name, value in objects.items():
+        if value is not None and not isinstance(value, _OBJECT_TYPES[name]):
+            raise ConfigError(f"{name} must be a fastdata.options.{_OBJECT_TYPES[name].__name__}, got {value!r} "
+                              f"({type(value).__name__})")
+    made: dict[str, Any] = {}
+    for group, kind in _OBJECT_TYPES.items():
+        given = {name: value for name, value in keywords.items() if known.get(name) == group}
+        if given and objects[group] is not None:
+            raise ConfigError(f"pass either {group}={kind.__name__}(...) or {', '.join(given)}, not both")
+        made[group] = objects[group] if objects[group] is not None else kind(**given)
+    scale, ratio = keywords.get("scale"), keywords.get("ratio")
+    if isinstance(augment, (RandomResizedCrop, ResizeCenterCrop)):
+        extra = [name for name, value in {"image_size": image_size, "scale": scale, "ratio": ratio}.items()
+                 if value is not None and (name == "image_size" or isinstance(augment, ResizeCenterCrop)
+                                           or name in keywords)]
+        if extra:
+            raise ConfigError(f"{', '.join(extra)}: already set by augment={augment!r}")
+        preset, image_size = augment, augment.size
+        if isinstance(augment, RandomResizedCrop):
+            augment, scale, ratio = "train", augment.scale, augment.ratio
+        else:
+            augment = "val"
+        return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
+                       ratio, preset)
+    return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
+                   ratio)
