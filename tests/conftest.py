@@ -6,8 +6,11 @@ WebDataset shards, for every test that only reads them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -390,3 +393,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def reap():
+    """`reap(process)` for a process started in a session of its own: when the test ends, whatever happened (a
+    failed assertion, a timeout), nothing of its process group is left running on the machine."""
+    started: list[subprocess.Popen] = []
+    yield started.append
+    for process in started:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)

@@ -398,7 +398,7 @@ def _until_a_worker_reads(fifo, process, seconds=120):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resumes(tmp_path, workers):
+def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resumes(tmp_path, workers, reap):
     """A real SIGINT to the whole process group (as a terminal's Ctrl-C sends it: the pool workers get it too),
     sent while the conversion is under way: a worker is blocked reading a FIFO that stands as an image."""
     tree = build_solid_tree(tmp_path / "src", count=12)
@@ -409,6 +409,7 @@ def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resum
             str(workers), "-q"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
+    reap(process)
     held = _until_a_worker_reads(fifo, process)
     try:
         os.killpg(process.pid, signal.SIGINT)
@@ -421,7 +422,8 @@ def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resum
         os.killpg(process.pid, 0)  # no worker is left in the group
     assert not out.exists() and (tmp_path / "out.lmdb.partial").is_dir()
 
-    rerun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rerun = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    reap(rerun)
     held = _until_a_worker_reads(fifo, rerun)
     os.set_blocking(held, True)
     os.write(held, encode(solid_pattern(12, 21, 21), "PNG"))  # this time the "image" arrives
@@ -432,7 +434,7 @@ def test_ctrl_c_during_a_conversion_is_one_line_and_exit_130_and_rerunning_resum
     assert fastdata.info(out).num_samples == 13
 
 
-def test_ctrl_c_during_a_text_conversion_stuck_in_a_read(tmp_path):
+def test_ctrl_c_during_a_text_conversion_stuck_in_a_read(tmp_path, reap):
     """The text reader thread waits in a read that does not return (a FIFO stands as a source file, as a stalled
     disk would): Ctrl-C still ends the conversion at once, with the one line and exit code 130."""
     corpus = make_corpus(40, seed=1)
@@ -446,6 +448,7 @@ def test_ctrl_c_during_a_text_conversion_stuck_in_a_read(tmp_path):
             str(train_bytelevel(tmp_path / "bpe.json", corpus)), "-q"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
+    reap(process)
     held = _until_a_worker_reads(fifo, process)
     try:
         os.killpg(process.pid, signal.SIGINT)
@@ -457,12 +460,13 @@ def test_ctrl_c_during_a_text_conversion_stuck_in_a_read(tmp_path):
     assert not out.exists()
 
 
-def test_ctrl_c_of_any_command_is_one_line_and_exit_130(tmp_path, solid_lmdb):
+def test_ctrl_c_of_any_command_is_one_line_and_exit_130(tmp_path, solid_lmdb, reap):
     """bench with DataLoader workers: neither they nor torch print a traceback."""
     argv = [sys.executable, "-m", "fastdata", "bench", str(solid_lmdb), "--workers", "2", "--epochs", "100000",
             "--repeats", "1", "--no-upper-bound", "--batch-size", "4", "--image-size", "16", "--step", "none"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
+    reap(process)
     started = []
     for line in process.stderr:  # bench announces each run before it starts it
         started.append(line)

@@ -9,6 +9,7 @@ start-up blocks it; then it returns, or raises. Nothing depends on timing: each 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,12 +90,17 @@ def interrupt_at(point: str, *program: str) -> tuple[int, str, str, int]:
     stdout, stderr, process group id)."""
     process = subprocess.Popen([sys.executable, "-c", DRIVER, point, *program], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    announced = process.stdout.readline()
-    if announced != f"at {point}\n":
-        rest, err = process.communicate(timeout=HUNG_S)
-        raise AssertionError(f"the program never reached {point}: {announced + rest!r} {err!r}")
-    os.killpg(process.pid, signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=HUNG_S)
+    try:
+        announced = process.stdout.readline()
+        if announced != f"at {point}\n":
+            rest, err = process.communicate(timeout=HUNG_S)
+            raise AssertionError(f"the program never reached {point}: {announced + rest!r} {err!r}")
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=HUNG_S)
+    except BaseException:  # a hung or failed program: nothing of its group is left running on the machine
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
     return process.returncode, stdout, stderr, process.pid
 
 

@@ -10,6 +10,7 @@ and have fastdata installed.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,15 +30,19 @@ class RayWork:
     outside_ray: int = 0  # items whose work ran outside any Ray actor (none: the pool runs in actors)
 
 
-def _in_ray_context(work: Callable[[Any], Any]) -> Callable[[Any], tuple[str | None, str | None, Any]]:
-    """`work`, returning with its result the Ray task and actor that ran it."""
-    def run(task: Any) -> tuple[str | None, str | None, Any]:
+class _RayWorker:
+    """A Ray actor that runs the conversion's work: set up once (`initializer(*initargs)`, the job arriving once
+    through Ray's object store), then given tasks."""
+
+    def __init__(self, initializer: Callable[..., None], initargs: tuple) -> None:
+        initializer(*initargs)
+
+    def run(self, work: Callable[[Any], Any], task: Any) -> tuple[str | None, str | None, Any]:
+        """`work(task)`, with the Ray task and actor that ran it."""
         import ray
 
         context = ray.get_runtime_context()
         return context.get_task_id(), context.get_actor_id(), work(task)
-
-    return run
 
 
 def require_ray() -> None:
@@ -50,30 +55,49 @@ def require_ray() -> None:
 
 def ray_results(work: Callable[[Any], Any], tasks: list[Any], workers: int | None, address: str | None,
                 initializer: Callable[..., None], seen: RayWork | None = None, initargs: tuple = (),
-                chunksize: int = 8) -> Iterator[Any]:
-    """`work(task)` for every task, in task order, over a pool of `workers` Ray processes (None: every CPU
-    of the cluster), each set up once by `initializer(*initargs)`. Starts a local Ray instance (or connects to
-    `address`) unless Ray is already initialised, and shuts down only what it started. `seen` collects the Ray
-    tasks and actors that ran the work; each Ray task runs `chunksize` tasks."""
+                in_flight: int = 2) -> Iterator[Any]:
+    """`work(task)` for every task, in task order, on `workers` Ray actors (None: one per CPU of the cluster),
+    each set up once by `initializer(*initargs)`. Tasks go round-robin to the actors, `in_flight` per actor at
+    most, so that each has its next task queued while it runs one and the driver holds few results. Starts a
+    local Ray instance (or connects to `address`) unless Ray is already initialised, and shuts down only what it
+    started. `seen` collects the Ray tasks and actors that ran the work."""
     require_ray()
     import ray
-    from ray.util.multiprocessing import Pool
 
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, num_cpus=workers if address is None else None, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
+    actors: list[Any] = []
     try:
-        with Pool(processes=workers, initializer=initializer, initargs=initargs) as pool:
-            for task_id, actor_id, result in pool.imap(_in_ray_context(work), tasks, chunksize=chunksize):
-                if seen is not None:
-                    if actor_id is None:
-                        seen.outside_ray += 1
-                    else:
-                        seen.actor_ids.add(actor_id)
-                    if task_id is not None:
-                        seen.task_ids.add(task_id)
-                yield result
+        count = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        shared = ray.put(initargs)  # once into the object store, read by every actor
+        actor = ray.remote(num_cpus=1)(_RayWorker)
+        actors = [actor.remote(initializer, shared) for _ in range(min(count, max(1, len(tasks))))]
+        pending: deque[Any] = deque()
+        submitted = 0
+
+        def submit() -> None:
+            nonlocal submitted
+            pending.append(actors[submitted % len(actors)].run.remote(work, tasks[submitted]))
+            submitted += 1
+
+        while submitted < min(len(tasks), in_flight * len(actors)):
+            submit()
+        while pending:
+            task_id, actor_id, result = ray.get(pending.popleft())
+            if submitted < len(tasks):
+                submit()
+            if seen is not None:
+                if actor_id is None:
+                    seen.outside_ray += 1
+                else:
+                    seen.actor_ids.add(actor_id)
+                if task_id is not None:
+                    seen.task_ids.add(task_id)
+            yield result
     finally:
+        for each in actors:
+            ray.kill(each)
         if started_here:
             ray.shutdown()

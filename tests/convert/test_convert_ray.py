@@ -24,6 +24,7 @@ from builders import (
 )
 
 import fastdata
+from fastdata.convert.images import ray_chunk
 from fastdata.errors import ConfigError
 
 
@@ -65,10 +66,10 @@ def test_ray_engine_makes_the_same_dataset(fmt, ray_instance, tree, tmp_path):
     assert distributed.images == local.images and len(distributed.rejected) == len(BAD_FILES)
     assert facts(tmp_path / "ray" / name) == facts(tmp_path / "local" / name)
     # the work went through Ray: each source file was handled inside a Ray actor (pool worker), in Ray tasks of
-    # 8 files each, as Ray's runtime context told the workers; the local engine ran none
+    # ray_chunk(files, 2) files each, as Ray's runtime context told the workers; the local engine ran none
     files = distributed.images + len(distributed.rejected)
     assert distributed.engine == "ray" and distributed.ray.outside_ray == 0
-    assert len(distributed.ray.task_ids) == -(-files // 8) > 1
+    assert len(distributed.ray.task_ids) == -(-files // ray_chunk(files, 2)) > 1
     assert 1 <= len(distributed.ray.actor_ids) <= 2
     assert local.engine == "local" and local.ray is None
     if fmt == "wds":
@@ -135,7 +136,7 @@ def test_ray_engine_converts_webdataset_shards_alike(ray_instance, tmp_path):
                                                      shard_size="8KB", workers=2, progress=False, engine=engine)
                  for engine in ("local", "ray")}
     assert summaries["ray"].images == 12 and summaries["ray"].ray.outside_ray == 0
-    assert len(summaries["ray"].ray.task_ids) == 2  # 12 samples in tasks of 8
+    assert len(summaries["ray"].ray.task_ids) == -(-12 // ray_chunk(12, 2)) > 1  # one Ray task per chunk
     assert facts(tmp_path / "ray") == facts(tmp_path / "local")
 
 

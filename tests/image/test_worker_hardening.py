@@ -127,13 +127,14 @@ def test_a_loader_replaced_after_it_raised_leaves_no_noise(solid_lmdb, solid_wds
     assert result.stdout.splitlines() == [f"raised: {info.value}", f"pass 0 {batches}", f"pass 1 {batches}"]
 
 
-def test_ctrl_c_ends_a_training_loop_with_one_line_and_no_worker_left(small_solid_lmdb):
+def test_ctrl_c_ends_a_training_loop_with_one_line_and_no_worker_left(small_solid_lmdb, reap):
     """A real SIGINT to the whole process group (as a terminal's Ctrl-C sends it: the workers get it too) while a
     user's loop trains: the loop's own `interrupted` is all stderr holds (no worker or torch traceback), exit code
     130, and no process of the group is left."""
     options = {"batch_size": 4, "augment": "train", "image_size": 16, "num_workers": 2}
     process = subprocess.Popen([sys.executable, "-c", TRAIN_UNTIL_CTRL_C, str(small_solid_lmdb), json.dumps(options)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    reap(process)
     assert process.stdout.readline() == "training\n", process.communicate()
     os.killpg(process.pid, signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)

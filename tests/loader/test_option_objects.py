@@ -102,7 +102,7 @@ def test_both_spellings_at_once_or_a_keyword_not_taken_are_refused(solid_lmdb, s
         fastdata.dataset(solid_lmdb, seq_len=8)  # a text loader's option: dataset() has none
     with pytest.raises(TypeError, match="unexpected keyword argument 'sequence_length'"):
         fastdata.loader(solid_lmdb, sequence_length=8)
-    with pytest.raises(ConfigError, match="must be a fastdata.options.Output"):
+    with pytest.raises(ConfigError, match=r"must be a fastdata\.options\.Output"):
         fastdata.loader(solid_lmdb, output={"dtype": torch.float32})
     with pytest.raises(ConfigError, match="apply to remote URLs"):
         fastdata.loader(solid_lmdb, remote=RemoteOptions(cache_dir="/tmp/cache"))

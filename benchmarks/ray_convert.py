@@ -1,0 +1,118 @@
+"""`--engine ray` against the local process pool on one machine, with a Ray cluster already running (issue "What
+round 2 left open", item 8): `ray start --head --num-cpus N` first, then alternating rounds of
+
+  (a) `fastdata.convert_imagefolder(SRC, OUT, workers=N)` (the local fork pool), and
+  (b) the same call with `engine="ray", ray_address=<the cluster>` (N Ray workers),
+
+each in a fresh Python process, timed from the call to its return (the imports before it excluded, the Ray
+connection and the Ray workers' start included), over the same photo-like JPEGs, LMDB output. Then the scaling
+model: what a conversion on `--nodes` x `--cores` would do, from what this run measured (the per-image work of a
+Ray worker, the driver's CPU per image, the fixed start-up).
+
+    python benchmarks/ray_convert.py --images 12000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+_CHILD = textwrap.dedent("""
+    import json, resource, sys, time
+    from fastdata.converters.imagefolder import convert_imagefolder
+    src, out, workers, engine, address = sys.argv[1:6]
+    def cpu():
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    started, parent = time.perf_counter(), cpu()
+    options = {"engine": engine, "ray_address": address} if engine == "ray" else {}
+    summary = convert_imagefolder(src, out, workers=int(workers), progress=False, **options)
+    print(json.dumps({"images": summary.images, "seconds": time.perf_counter() - started,
+                      "parent_cpu": cpu() - parent,
+                      "ray_tasks": len(summary.ray.task_ids) if summary.ray else 0}))
+""")
+
+
+def in_child(src: Path, out: Path, workers: int, engine: str, address: str) -> dict:
+    if out.exists():
+        shutil.rmtree(out)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out), str(workers), engine, address],
+                          capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=12000)
+    parser.add_argument("--small", type=int, default=240, help="images of the run that measures the fixed costs")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--cores", type=int, default=16)
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    args = parser.parse_args()
+
+    from fastdata.tools.sample import cached_sample_imagefolder
+
+    src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
+    small = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)
+    for path in [*src.rglob("*"), *small.rglob("*")]:
+        if path.is_file():
+            path.read_bytes()
+    work = args.data / "ray_convert"
+    work.mkdir(parents=True, exist_ok=True)
+    ray = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    subprocess.run([ray, "stop", "--force"], capture_output=True, check=False)
+    started = subprocess.run([ray, "start", "--head", f"--num-cpus={args.workers}", "--disable-usage-stats",
+                              "--include-dashboard=false"], capture_output=True, text=True, check=False)
+    if started.returncode != 0:
+        raise SystemExit(f"ray start failed:\n{started.stderr[-2000:]}")
+    address = "auto"
+    try:
+        runs: dict[str, list[dict]] = {"local": [], "ray": []}
+        for round_number in range(args.repeats):
+            for engine in runs:
+                runs[engine].append(in_child(src, work / f"{engine}.lmdb", args.workers, engine, address))
+                print(f"round {round_number + 1}: {engine}: {runs[engine][-1]}", flush=True)
+        fixed = [in_child(small, work / "ray-small.lmdb", args.workers, "ray", address) for _ in range(args.repeats)]
+        fixed_local = [in_child(small, work / "local-small.lmdb", args.workers, "local", address)
+                       for _ in range(args.repeats)]
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, check=False)
+    rate = {engine: statistics.median(r["images"] / r["seconds"] for r in results) for engine, results in runs.items()}
+    ratios = [r["seconds"] / y["seconds"] for r, y in zip(runs["local"], runs["ray"], strict=True)]
+    print(f"\n{args.images} photo-like JPEGs -> LMDB, {args.workers} workers, a running Ray cluster of "
+          f"{args.workers} CPUs on this machine, {args.repeats} alternating rounds\n")
+    print("| engine | images/s (median) | x the local pool |\n|---|---:|---:|")
+    print(f"| local fork pool | {rate['local']:,.0f} | 1.00 |")
+    print(f"| --engine ray (running cluster) | {rate['ray']:,.0f} | {rate['ray'] / rate['local']:.2f} "
+          f"(rounds {min(ratios):.2f}-{max(ratios):.2f}) |")
+    # scaling model: seconds = fixed + images * max(work per image / workers, driver CPU per image)
+    start_ray = statistics.median(r["seconds"] for r in fixed)
+    start_local = statistics.median(r["seconds"] for r in fixed_local)
+    extra = args.images - args.small
+    per_image_ray = (statistics.median(r["seconds"] for r in runs["ray"]) - start_ray) / extra
+    work_per_image = per_image_ray * args.workers  # a Ray worker's seconds per image (all workers busy)
+    driver = statistics.median(r["parent_cpu"] for r in runs["ray"]) / args.images
+    total = args.nodes * args.cores
+    steady = min(total / work_per_image, 1 / driver)
+    print(f"\nRay fixed cost (a {args.small}-image run): {start_ray:.2f} s (local pool: {start_local:.2f} s); "
+          f"per image on one Ray worker {work_per_image * 1e3:.3f} ms; the driver's CPU {driver * 1e3:.3f} ms per "
+          f"image (its ceiling {1 / driver:,.0f} images/s)")
+    print(f"model on {args.nodes} nodes x {args.cores} cores ({total} Ray workers): steady "
+          f"{steady:,.0f} images/s ({'the driver' if steady == 1 / driver else 'the workers'} bound); "
+          f"1.28M images (ImageNet) in {start_ray + 1.28e6 / steady:,.0f} s")
+
+
+if __name__ == "__main__":
+    main()

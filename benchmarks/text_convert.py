@@ -1,0 +1,132 @@
+"""Text conversion with default settings, each contender a whole process timed from its start to its exit (issue
+"What round 2 left open", item 9), on the same JSONL corpus of real English text (benchmarks/text_corpus.py) and
+the same 32k byte-level BPE tokenizer:
+
+  (a) `fastdata convert text CORPUS OUT --tokenizer TOK` with its defaults (LMDB);
+  (b) a ten-line script: read the JSONL, `Tokenizer.encode_batch` (tokenizers' own threads), the ids with an
+      end-of-text token after each document written to a numpy memmap (what nanoGPT's prepare.py does);
+  (c) HF `datasets`: `load_dataset("json")`, `map(tokenize, batched=True, num_proc=CORES)`, then the packing of
+      HF's run_clm example (`group_texts`, blocks of 1024), `num_proc=CORES` too.
+
+Alternating rounds; the table gives each contender's median tokens/s over the rounds and the ratio of fastdata's
+median to each peer's, with the range of the per-round ratios.
+
+    python benchmarks/text_convert.py --mb 80 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from tokenizers import Tokenizer
+    corpus, tokenizer, out = sys.argv[1:4]
+    tok = Tokenizer.from_file(tokenizer)
+    eos = tok.token_to_id("<|endoftext|>")
+    texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
+    ids = [e.ids + [eos] for e in tok.encode_batch(texts, add_special_tokens=False)]
+    total = sum(len(i) for i in ids)
+    arr = np.memmap(out, dtype=np.uint16, mode="w+", shape=(total,))
+    arr[:] = np.fromiter((t for doc in ids for t in doc), dtype=np.uint16, count=total)
+    arr.flush()
+    print(total)
+""")
+
+DATASETS = textwrap.dedent("""
+    import sys
+    import datasets
+    from tokenizers import Tokenizer
+    corpus, tokenizer, out, cores = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    datasets.disable_progress_bars()
+    tok = Tokenizer.from_file(tokenizer)
+    eos = tok.token_to_id("<|endoftext|>")
+    block = 1024
+
+    def tokenize(batch):
+        return {"input_ids": [e.ids + [eos] for e in tok.encode_batch(batch["text"], add_special_tokens=False)]}
+
+    def group_texts(batch):  # HF's run_clm packing
+        flat = [t for doc in batch["input_ids"] for t in doc]
+        usable = len(flat) // block * block
+        return {"input_ids": [flat[i:i + block] for i in range(0, usable, block)]}
+
+    data = datasets.load_dataset("json", data_files=corpus, split="train", cache_dir=out)
+    ids = data.map(tokenize, batched=True, num_proc=cores, remove_columns=data.column_names)
+    total = sum(len(i) for i in ids["input_ids"])
+    ids.map(group_texts, batched=True, num_proc=cores)
+    print(total)
+""")
+
+
+def run(argv: list[str], cwd: Path) -> float:
+    """Seconds the process `argv` took, start to exit; raises if it failed."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{argv[:3]} failed:\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=float, default=80.0, help="MB of text in the corpus")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    args = parser.parse_args()
+
+    from text_corpus import build_corpus, train_tokenizer
+
+    corpus = build_corpus(args.data / f"text-{args.mb:g}mb.jsonl", args.mb)
+    tokenizer = train_tokenizer(corpus, args.data / f"text-{args.mb:g}mb-bpe32k.json")
+    work = args.data / "text_convert"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    corpus.read_bytes()  # the page cache warm for all
+    cores = os.cpu_count() or 2
+    contenders = {
+        "(a) fastdata convert text, defaults": lambda: run(
+            [sys.executable, "-m", "fastdata", "convert", "text", str(corpus), str(work / "out.lmdb"),
+             "--tokenizer", str(tokenizer), "-q", "--overwrite"], work),
+        "(b) encode_batch + numpy memmap script": lambda: run(
+            [sys.executable, "-c", SCRIPT, str(corpus), str(tokenizer), str(work / "ids.bin")], work),
+    }
+    if subprocess.run([sys.executable, "-c", "import datasets"], capture_output=True, check=False).returncode == 0:
+        contenders[f"(c) HF datasets map(num_proc={cores}) + packing"] = lambda: (
+            shutil.rmtree(work / "hf", ignore_errors=True),
+            run([sys.executable, "-c", DATASETS, str(corpus), str(tokenizer), str(work / "hf"), str(cores)], work))[1]
+    else:
+        print("(c) HF datasets: omitted (not installed)")
+    seconds: dict[str, list[float]] = {name: [] for name in contenders}
+    for round_number in range(args.repeats):
+        for name, contender in contenders.items():
+            seconds[name].append(contender())
+            print(f"round {round_number + 1}: {name}: {seconds[name][-1]:.1f} s", flush=True)
+    from fastdata.formats.manifest import read_manifest
+
+    tokens = read_manifest(work / "out.lmdb").text["total_tokens"]
+    size = corpus.stat().st_size / 1e6
+    print(f"\n{size:.1f} MB of JSONL, {tokens / 1e6:.1f} M tokens (end-of-text included), {cores} cores, "
+          f"{args.repeats} alternating rounds; whole processes, start to exit\n")
+    print("| contender | M tokens/s (median) | fastdata x this (median; range over rounds) |\n|---|---:|---:|")
+    ours = seconds["(a) fastdata convert text, defaults"]
+    for name, times in seconds.items():
+        ratios = [t / o for t, o in zip(times, ours, strict=True)]
+        print(f"| {name} | {tokens / statistics.median(times) / 1e6:.2f} | "
+              f"{statistics.median(times) / statistics.median(ours):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
+
+
+if __name__ == "__main__":
+    main()
