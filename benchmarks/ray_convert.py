@@ -53,12 +53,13 @@ def in_child(src: Path, out: Path, workers: int, engine: str, address: str) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=12000)
-    parser.add_argument("--small", type=int, default=240, help="images of the run that measures the fixed costs")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--cores", type=int, default=16)
+    for name, default, meaning in (("--images", 12000, "photo-like JPEGs converted"),
+                                   ("--small", 240, "images of the run that measures the fixed costs"),
+                                   ("--workers", os.cpu_count() or 2, "local workers, and the Ray cluster's CPUs"),
+                                   ("--repeats", 3, "alternating rounds"),
+                                   ("--nodes", 4, "nodes of the modelled cluster"),
+                                   ("--cores", 16, "cores per node of the modelled cluster")):
+        parser.add_argument(name, type=int, default=default, help=meaning)
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
     args = parser.parse_args()
 
