@@ -44,7 +44,7 @@ from fastdata.converters.imagefolder import convert_imagefolder
 
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
-from fastdata.image.region import Region, region_decoder
+from fastdata.image.jpeg.region import Region, region_decoder
 from fastdata.tools.bench import (
     BenchConfig,
     Contender,

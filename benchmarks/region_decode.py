@@ -4,7 +4,7 @@ For every stored JPEG of a dataset, one RandomResizedCrop 224 is drawn from its 
 does, seeded), then timed, each over all images, alternating, median of `--repeats` passes:
 
 - region: fastdata's extension decodes only the crop's rows and columns at the smallest DCT scale that keeps
-  the crop at least 224 pixels (`fastdata.image.region.plan_region`);
+  the crop at least 224 pixels (`fastdata.image.jpeg.region.plan_region`);
 - whole, same scale: OpenCV decodes the whole image at that DCT scale (fastdata's fallback path);
 - whole, full size: OpenCV decodes the whole image at full size (what PIL-style loaders do before cropping).
 
@@ -28,7 +28,7 @@ from fastdata.formats.manifest import read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import RandomResizedCropFlip, reduce_factor
 from fastdata.image.decode import decode_rgb
-from fastdata.image.region import plan_region, region_decoder
+from fastdata.image.jpeg.region import plan_region, region_decoder
 from fastdata.order.epoch import sample_rng
 
 

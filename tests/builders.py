@@ -314,7 +314,7 @@ def build_sampling_tree(root: Path) -> Tree:
 def damaged_entropy_jpeg(array: np.ndarray) -> bytes:
     """A JPEG whose scan ends half-way in an EOI marker: Pillow (and so a conversion's verification) reads it,
     filling the rest grey; the restart rewrite refuses it ("damaged entropy data")."""
-    from fastdata.image.restart import segment_offsets
+    from fastdata.image.jpeg.restart import segment_offsets
 
     original = encode(array, "JPEG", quality=90)
     scan = int(segment_offsets(original)[0])

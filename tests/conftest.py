@@ -242,8 +242,8 @@ def readme_trees(tmp_path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def decoder():
-    """The region JPEG decoder (fastdata.image.region), which must be there."""
-    from fastdata.image.region import region_decoder, unavailable_reason
+    """The region JPEG decoder (fastdata.image.jpeg.region), which must be there."""
+    from fastdata.image.jpeg.region import region_decoder, unavailable_reason
 
     found = region_decoder()
     assert found is not None, unavailable_reason()  # the extension builds wherever the package installs with gcc

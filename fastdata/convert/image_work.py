@@ -2,7 +2,7 @@
 source's `SampleReader`), verify them (`fastdata.convert.encode.verify_record`: header, pixel limit, a decode at
 1/8 DCT scale, re-encode with `--max-size`), check them against the sample's targets and attach its target record,
 metadata and caption, with `--jpeg-layout restart` rewrite a JPEG record with restart markers
-(`fastdata.convert.layout`), note how the GPU's decoders meet the stored bytes (`fastdata.image.jpeg_header.GPU_KINDS`),
+(`fastdata.convert.layout`), note how the GPU's decoders meet the stored bytes (`fastdata.image.jpeg.header.GPU_KINDS`),
 and lay the record out exactly as the writer stores it (`lay_out`, the writer's own).
 The parent process then only writes the laid-out records, in order.
 
@@ -23,7 +23,7 @@ from fastdata.convert.encode import EncodeOptions, verify_record
 from fastdata.convert.layout import Outcome, apply_layout
 from fastdata.convert.sources import SampleReader, TargetSource
 from fastdata.formats.records import ImageRecord, Label
-from fastdata.image.jpeg_header import image_gpu_kind
+from fastdata.image.jpeg.header import image_gpu_kind
 
 #: One sample's outcome: (the record laid out for the writer, or None when rejected; the reason it was rejected;
 #: the bytes read).

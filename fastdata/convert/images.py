@@ -49,7 +49,7 @@ from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter, target_member
 from fastdata.image.decode import opencv_single_threaded
-from fastdata.image.jpeg_header import GPU_KINDS
+from fastdata.image.jpeg.header import GPU_KINDS
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The stored layout of a conversion's JPEGs (`--jpeg-layout`, issue 21): "original" keeps each source JPEG's bytes;
-"restart" rewrites each JPEG record losslessly (`fastdata.image.restart.rewrite`: the DCT coefficients copied, a
+"restart" rewrites each JPEG record losslessly (`fastdata.image.jpeg.restart.rewrite`: the DCT coefficients copied, a
 restart marker after every MCU, baseline, Huffman tables optimised), in the conversion worker after the record was
-verified, so that a loader decodes a crop from the pieces it covers only (`fastdata.image.restart.decode_region`).
+verified, so that a loader decodes a crop from the pieces it covers only (`fastdata.image.jpeg.restart.decode_region`).
 
 A JPEG the rewrite refuses (arithmetic coding, 12-bit, CMYK/YCCK, damaged entropy data that Pillow tolerated) keeps
 its original bytes and is counted with its reason (`LayoutCounts`): the dataset is still whole, and such a sample is
@@ -36,8 +36,8 @@ def check_layout(jpeg_layout: str) -> str:
 def _rewriter() -> Any:
     """This process's libjpeg-turbo for the rewrite, proven by the restart self-check (once per process); raises
     FastdataError saying why there is none (a conversion with --jpeg-layout restart cannot run without it)."""
-    from fastdata.image.region import region_decoder, unavailable_reason
-    from fastdata.image.restart import self_check
+    from fastdata.image.jpeg.region import region_decoder, unavailable_reason
+    from fastdata.image.jpeg.restart import self_check
 
     decoder = region_decoder()
     if decoder is None:
@@ -63,7 +63,7 @@ def apply_layout(record: ImageRecord, jpeg_layout: str, max_pixels: int) -> tupl
     and what happened (`Outcome`). A JPEG the rewrite refuses keeps its bytes; the outcome says why."""
     if jpeg_layout != "restart" or record.codec != CODEC_CV_JPEG:
         return record, ("", 0, 0)
-    from fastdata.image.restart import rewrite
+    from fastdata.image.jpeg.restart import rewrite
 
     before = len(record.data)
     try:

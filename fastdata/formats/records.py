@@ -14,8 +14,8 @@ CODEC_CV_OTHER = 1  # 8-bit PNG / BMP in a mode OpenCV converts exactly like Pil
 CODEC_PIL = 2  # anything else: Pillow
 
 #: How a dataset stores its JPEG records (the manifest's `jpeg_layout`): "original", the source's bytes; "restart",
-#: rewritten losslessly with a restart marker after every MCU (`fastdata.image.restart`), which any JPEG decoder reads
-#: as it reads the original, and which a loader decodes a crop of in proportion to the crop's area.
+#: rewritten losslessly with a restart marker after every MCU (`fastdata.image.jpeg.restart`), which any JPEG
+#: decoder reads as it reads the original, and which a loader decodes a crop of in proportion to the crop's area.
 JPEG_LAYOUTS = ("original", "restart")
 
 #: Default pixel-count limit for decoding (Pillow's own decompression-bomb warning level, ~89.5 megapixels).

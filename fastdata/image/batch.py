@@ -11,7 +11,7 @@ import torch
 
 from fastdata.formats.records import Label
 from fastdata.image.buffers import Slot
-from fastdata.image.captions import Caption, CaptionBatch
+from fastdata.image.targets.captions import Caption, CaptionBatch
 from fastdata.meter.stages import StageTimes
 
 
@@ -35,8 +35,9 @@ class EncodedSample:
 @dataclass
 class Batch:
     """A decoded batch as a worker hands it over: NCHW uint8 images (detection with augment=None: a list of CHW
-    images of their stored sizes), labels (int64 `[B]`, or multi-hot float32 `[B, C]`: `fastdata.image.labels`;
-    image-text pairs: the captions, `fastdata.image.captions`), skipped samples, and the time each stage took."""
+    images of their stored sizes), labels (int64 `[B]`, or multi-hot float32 `[B, C]`:
+    `fastdata.image.targets.labels`; image-text pairs: the captions, `fastdata.image.targets.captions`), skipped
+    samples, and the time each stage took."""
 
     images: torch.Tensor | list[torch.Tensor]
     labels: torch.Tensor | CaptionBatch

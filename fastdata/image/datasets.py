@@ -1,9 +1,9 @@
 """Datasets over converted images: map-style for LMDB, iterable for WebDataset shards.
 
 Both give `(uint8 CHW tensor, int label)` per sample like torchvision's ImageFolder (multi-label datasets: a
-multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.captions`; detection
-datasets: the target dict of `fastdata.image.detection`; segmentation datasets: the mask of
-`fastdata.image.segmentation`),
+multi-hot float32 `[C]` tensor as the label; image-text pairs: the caption, `fastdata.image.targets.captions`; detection
+datasets: the target dict of `fastdata.image.targets.detection`; segmentation datasets: the mask of
+`fastdata.image.targets.segmentation`),
 `(image, label, metadata dict)` when opened with `metadata=True`, and
 both can build whole batches inside a DataLoader worker (`batch_dataset()`), which is what `fastdata.loader` uses.
 """
@@ -27,12 +27,12 @@ from fastdata.formats.registry import storage
 from fastdata.formats.wds import read_shard
 from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, sample_metadata, worker_span
 from fastdata.image.buffers import BatchBuffers
-from fastdata.image.captions import target_codec
-from fastdata.image.detection import check_targets
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.epoch_clock import EpochClock
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.image.stored_lists import StoredSamples, StoredTargets
+from fastdata.image.targets.captions import target_codec
+from fastdata.image.targets.detection import check_targets
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import struct
 
-from fastdata.image.jpeg_header import read_frame
+from fastdata.image.jpeg.header import read_frame
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

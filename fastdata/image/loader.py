@@ -122,7 +122,7 @@ class ImageLoader(ResumableLoader):
     """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
     images [B, 3, H, W] (uint8, or normalised floats with a floating `dtype`; a custom transform's own CHW output),
     labels int64 [B] (multi-label datasets: multi-hot float32 [B, C]; semantic segmentation datasets: masks
-    `[B, H, W]` of class ids, `fastdata.image.segmentation`). Each new pass is the next epoch
+    `[B, H, W]` of class ids, `fastdata.image.targets.segmentation`). Each new pass is the next epoch
     (reshuffled from (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
     exactly in the middle of an epoch."""

@@ -25,12 +25,8 @@ from fastdata.image.augment import (
 from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
-from fastdata.image.detection import DetectionCodec
-from fastdata.image.detection_custom import wrap_detection_custom
 from fastdata.image.detection_presets import is_detection_preset, make_detection_preset
-from fastdata.image.labels import LabelCodec
-from fastdata.image.output import OutputFormat
-from fastdata.image.region import (
+from fastdata.image.jpeg.region import (
     Region,
     RegionDecoder,
     box_in_region,
@@ -39,9 +35,13 @@ from fastdata.image.region import (
     unavailable_reason,
     warn_fallback,
 )
-from fastdata.image.restart import RestartIndex, build_index, decode_region, restart_failure, warn_restart_fallback
-from fastdata.image.segmentation import SegmentationCodec
-from fastdata.image.segmentation_custom import wrap_segmentation_custom
+from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, restart_failure, warn_restart_fallback
+from fastdata.image.output import OutputFormat
+from fastdata.image.targets.detection import DetectionCodec
+from fastdata.image.targets.detection_custom import wrap_detection_custom
+from fastdata.image.targets.labels import LabelCodec
+from fastdata.image.targets.segmentation import SegmentationCodec
+from fastdata.image.targets.segmentation_custom import wrap_segmentation_custom
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
 
@@ -60,11 +60,11 @@ class SamplePipeline:
                  jpeg_layout: str = "original") -> None:
         self.max_pixels = max_pixels
         # "restart" (the manifest's jpeg_layout): a rewritten JPEG's crop region is decoded from the sub-JPEG of the
-        # MCUs it covers (fastdata.image.restart); any other layout, or a JPEG the conversion kept as it was, by
+        # MCUs it covers (fastdata.image.jpeg.restart); any other layout, or a JPEG the conversion kept as it was, by
         # region from the whole file (same pixels)
         self.jpeg_layout = jpeg_layout
         self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
-        # JPEGs with a preset: decode only the crop's region (fastdata.image.region) where the extension is usable;
+        # JPEGs with a preset: decode only the crop's region (fastdata.image.jpeg.region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
@@ -78,8 +78,8 @@ class SamplePipeline:
         self.augment = augment
         self.seed = seed
         self.source = source
-        # detection and segmentation: targets follow the pixels' geometry (fastdata.image.detection,
-        # fastdata.image.segmentation); None for other targets
+        # detection and segmentation: targets follow the pixels' geometry (fastdata.image.targets.detection,
+        # fastdata.image.targets.segmentation); None for other targets
         self.spatial = self.labels if isinstance(self.labels, DetectionCodec | SegmentationCodec) else None
         self.preset: Any
         if self.spatial is not None and (isinstance(augment, str) or is_detection_preset(augment)):

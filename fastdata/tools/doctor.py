@@ -274,7 +274,7 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
                                                list(torch.cuda.get_arch_list())))
     checks.append(check_gpu_decoder_here(cuda, facts))
     checks.append(check_cores(available_cores(), count))
-    from fastdata.image.region import region_decoder, unavailable_reason
+    from fastdata.image.jpeg.region import region_decoder, unavailable_reason
 
     decoder = region_decoder()
     checks.append(check_jpeg_decoder(decoder.library if decoder else None, unavailable_reason(),

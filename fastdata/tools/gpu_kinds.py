@@ -1,6 +1,6 @@
 """How a dataset's stored images meet the GPU's JPEG decoders (`fastdata info`'s "GPU decode" line): how many are
 baseline JPEGs, which NVIDIA's hardware JPEG engines decode; how many progressive, which only the CUDA/hybrid
-decoders take; and how many the device path leaves to the CPU (`fastdata.image.jpeg_header.GPU_KINDS`).
+decoders take; and how many the device path leaves to the CPU (`fastdata.image.jpeg.header.GPU_KINDS`).
 
 A conversion counts them in its workers from the bytes it stores (the manifest's `stats["gpu_kinds"]`); for a
 dataset converted before that, `scan_gpu_kinds` reads each stored image's frame header (a few hundred bytes of
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastdata.formats.manifest import Manifest
-from fastdata.image.jpeg_header import GPU_KINDS, image_gpu_kind
+from fastdata.image.jpeg.header import GPU_KINDS, image_gpu_kind
 
 
 def recorded_gpu_kinds(manifest: Manifest) -> dict[str, int] | None:

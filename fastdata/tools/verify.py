@@ -161,7 +161,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
 
 def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, source: str | os.PathLike | None,
                          decode: bool, progress: Callable[[str], None] | None, missing: set[str]) -> None:
-    from fastdata.image.captions import Caption
+    from fastdata.image.targets.captions import Caption
     from fastdata.loader import dataset
 
     single = manifest.label_kind == "single"  # a multi-label sample counts once for each of its classes

@@ -16,8 +16,8 @@ from fastdata.errors import UnsupportedJpegError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.batch import EncodedSample
-from fastdata.image.region import Region, region_decoder
-from fastdata.image.restart import build_index, decode_region, same_pixels
+from fastdata.image.jpeg.region import Region, region_decoder
+from fastdata.image.jpeg.restart import build_index, decode_region, same_pixels
 
 
 @dataclass

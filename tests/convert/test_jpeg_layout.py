@@ -17,7 +17,7 @@ from fastdata.errors import ConfigError, OutputExistsError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
-from fastdata.image.restart import build_index, same_pixels
+from fastdata.image.jpeg.restart import build_index, same_pixels
 from tests.builders import (
     KILL_WHEN,
     SAMPLING_LAYOUT,

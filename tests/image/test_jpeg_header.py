@@ -8,7 +8,7 @@ from builders import encode, pattern
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_PIL
 from fastdata.image.batch import EncodedSample
 from fastdata.image.device.ship import device_takes
-from fastdata.image.jpeg_header import read_frame
+from fastdata.image.jpeg.header import read_frame
 
 PICTURE = pattern(3, 37, 29)
 

@@ -15,9 +15,8 @@ import pytest
 
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.batch import EncodedSample
-from fastdata.image.jpeg_library import library_candidates, pillow_linked_library, wheel_libraries
-from fastdata.image.pipeline import SamplePipeline
-from fastdata.image.region import (
+from fastdata.image.jpeg.library import library_candidates, pillow_linked_library, wheel_libraries
+from fastdata.image.jpeg.region import (
     PROBE_KINDS,
     PROBE_SCALES,
     Region,
@@ -27,6 +26,7 @@ from fastdata.image.region import (
     probes,
     self_check,
 )
+from fastdata.image.pipeline import SamplePipeline
 
 # ---------------------------------------------------------------------------------------------- discovery
 

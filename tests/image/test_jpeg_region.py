@@ -30,13 +30,13 @@ from fastdata.image.augment import (
 )
 from fastdata.image.batch import EncodedSample
 from fastdata.image.decode import decode_rgb
-from fastdata.image.pipeline import SamplePipeline
-from fastdata.image.region import (
+from fastdata.image.jpeg.region import (
     Region,
     box_in_region,
     plan_region,
     scaled_size,
 )
+from fastdata.image.pipeline import SamplePipeline
 
 
 def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:

@@ -10,7 +10,7 @@ from builders import SOLID_CLASSES, SOLID_COUNT, corrupt_ids_copy, multi_hot, mu
 from contracts import check_resumes
 
 import fastdata
-from fastdata.image.labels import LabelCodec
+from fastdata.image.targets.labels import LabelCodec
 
 SIZE = 16
 

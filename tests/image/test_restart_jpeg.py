@@ -1,4 +1,4 @@
-"""Restart-indexed JPEGs (fastdata.image.restart, csrc/jpeg_restart.c): the lossless rewrite decodes to exactly the
+"""Restart-indexed JPEGs (fastdata.image.jpeg.restart, csrc/jpeg_restart.c): the lossless rewrite decodes to exactly the
 original's pixels (Pillow and OpenCV) for every chroma sampling, grayscale, progressive sources and sources that
 already have restart markers, keeping EXIF/ICC/comments; a sub-JPEG assembled from the pieces a region covers
 decodes to the whole image's pixels of that region, bit for bit, at every DCT scale (the region decoder, OpenCV's
@@ -18,8 +18,8 @@ import pytest
 from PIL import Image
 
 from fastdata.errors import CorruptSampleError, UnsupportedJpegError
-from fastdata.image.region import Region, scaled_size
-from fastdata.image.restart import (
+from fastdata.image.jpeg.region import Region, scaled_size
+from fastdata.image.jpeg.restart import (
     RestartIndex,
     _assemble_numpy,
     _segment_offsets_numpy,
@@ -431,7 +431,7 @@ def test_the_sof_patch_is_the_sub_images_size(rewritten):
 def test_the_self_check_passes_and_fails_where_sub_jpegs_would_be_wrong(decoder, monkeypatch):
     failure, cases = self_check(decoder)
     assert failure == "" and cases > 100
-    monkeypatch.setattr("fastdata.image.restart.EDGE_GUARD", 0)  # no margin where a region starts on an MCU edge
+    monkeypatch.setattr("fastdata.image.jpeg.restart.EDGE_GUARD", 0)  # no margin where a region starts on an MCU edge
     failure, _ = self_check(decoder)
     assert "at scale 8/8: the sub-JPEG of Region(" in failure and "decodes to other pixels" in failure
 

@@ -276,7 +276,7 @@ def test_jpeg_decoder_verdicts():
 
 
 def test_doctor_reports_the_decoder_in_use_here():
-    from fastdata.image.region import region_decoder
+    from fastdata.image.jpeg.region import region_decoder
     from fastdata.tools.doctor import run_checks
 
     row = next(c for c in run_checks() if c.name == "JPEG decoder")

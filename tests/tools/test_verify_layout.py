@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 import fastdata
-from fastdata.image.region import region_decoder
+from fastdata.image.jpeg.region import region_decoder
 from fastdata.tools.verify import verify
 from tests.builders import SAMPLING_LAYOUT, build_sampling_tree, cli, damaged_entropy_jpeg, photo_like, sampling_jpeg
 

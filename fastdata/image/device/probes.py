@@ -19,8 +19,8 @@ import torch
 
 from fastdata.errors import FastdataError
 from fastdata.image.device.decoders import BatchDecoder
-from fastdata.image.region import region_decoder, unavailable_reason
-from fastdata.image.restart import edge_regions, rewrite, sub_jpeg_for
+from fastdata.image.jpeg.region import region_decoder, unavailable_reason
+from fastdata.image.jpeg.restart import edge_regions, rewrite, sub_jpeg_for
 
 #: The device probes' kinds: (cv2 sampling factor name, progressive, greyscale).
 DEVICE_PROBE_KINDS = {

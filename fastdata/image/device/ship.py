@@ -6,7 +6,7 @@ CMYK, ...) it decodes right there through the worker path. It hands over one uin
 one of finished pixels (shared memory, pinned for the copy): an `EncodedBatch`.
 
 Over a restart-layout dataset a worker may ship each rewritten JPEG's crop as the sub-JPEG of the MCUs it covers
-(fastdata.image.restart) instead of the whole file, so that the device decodes (and the bus carries) about the
+(fastdata.image.jpeg.restart) instead of the whole file, so that the device decodes (and the bus carries) about the
 crop's share of the image: only once the main process has proved, on its own decoder, that sub-JPEGs decode to
 exactly the rewritten whole file's pixels (fastdata.image.device.probes). The main process says so through a
 `SubJpegSwitch` in shared memory, after the workers have started: the proof needs the device, and the device is
@@ -25,9 +25,9 @@ from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import CropParams, pixel_box
 from fastdata.image.batch import EncodedBatch, EncodedSample
-from fastdata.image.jpeg_header import gpu_kind, read_frame
-from fastdata.image.region import Region
-from fastdata.image.restart import build_index, sub_jpeg_for
+from fastdata.image.jpeg.header import gpu_kind, read_frame
+from fastdata.image.jpeg.region import Region
+from fastdata.image.jpeg.restart import build_index, sub_jpeg_for
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng
 

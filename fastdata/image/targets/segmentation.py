@@ -1,10 +1,10 @@
-"""Semantic segmentation targets as the read side hands them over: a stored label map (`fastdata.formats.masks`)
--> a mask of class ids `[H, W]`, uint8, or int64 when the dataset's maps are 16-bit (ids above 255).
+"""Semantic segmentation targets as the read side hands them over: a stored label map (`fastdata.formats.masks`) -> a
+mask of class ids `[H, W]`, uint8, or int64 when the dataset's maps are 16-bit (ids above 255).
 
-`SegmentationCodec` takes the place of `LabelCodec` in the sample pipeline (as `DetectionCodec` does for
-detection): the pipeline reads each sample's stored label map (`EncodedSample.target`), maps it with exactly the
-geometry its pixels got (`placed`: the detection presets' crop, nearest-centre sampling of `fastdata.image.boxes`,
-the canvas' padding filled with the dataset's ignore index) and leaves the result as `EncodedSample.made`, so that a
+`SegmentationCodec` takes the place of `LabelCodec` in the sample pipeline (as `DetectionCodec` does for detection):
+the pipeline reads each sample's stored label map (`EncodedSample.target`), maps it with exactly the geometry its
+pixels got (`placed`: the detection presets' crop, nearest-centre sampling of `fastdata.image.targets.boxes`, the
+canvas' padding filled with the dataset's ignore index) and leaves the result as `EncodedSample.made`, so that a
 mask travels with its image through every path of the loader; `batch` stacks a batch's masks into one `[B, H, W]`
 tensor (in shared memory inside a DataLoader worker, as torch's default_collate makes it)."""
 
@@ -21,10 +21,10 @@ from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.masks import DEFAULT_IGNORE_INDEX, decode_label_map
 from fastdata.formats.records import Label
-from fastdata.image.boxes import map_masks
 from fastdata.image.buffers import new_shared
 from fastdata.image.detection_presets import Placement
-from fastdata.image.labels import LabelCodec
+from fastdata.image.targets.boxes import map_masks
+from fastdata.image.targets.labels import LabelCodec
 
 
 def mask_dtype(manifest: Manifest) -> torch.dtype:
@@ -91,8 +91,8 @@ class SegmentationCodec:
 
     def placed(self, record: np.ndarray, placement: Placement, canvas: tuple[int, int]) -> torch.Tensor:
         """The label map after the crop of `placement` was resized to its size at the top-left of `canvas`:
-        sampled nearest-centre (`fastdata.image.boxes.map_masks`, the pixels' exact crop, scale and flip), the rest
-        of the canvas set to the ignore index."""
+        sampled nearest-centre (`fastdata.image.targets.boxes.map_masks`, the pixels' exact crop, scale and flip),
+        the rest of the canvas set to the ignore index."""
         if self.ignore_index > np.iinfo(record.dtype).max:  # an ignore index an 8-bit map cannot hold
             record = record.astype(np.uint16)
         mapped = map_masks(record[None], placement.crop, *placement.size, canvas, fill=self.ignore_index)[0]

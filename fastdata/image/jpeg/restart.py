@@ -31,7 +31,7 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, FastdataError, UnsupportedJpegError
 from fastdata.formats.records import DEFAULT_MAX_PIXELS
-from fastdata.image.region import Region, RegionDecoder, probes, region_decoder, scaled_size, unavailable_reason
+from fastdata.image.jpeg.region import Region, RegionDecoder, probes, region_decoder, scaled_size, unavailable_reason
 
 INDEX_MAGIC = b"FDRI"
 INDEX_VERSION = 1
@@ -195,7 +195,7 @@ def build_index(jpeg: bytes | memoryview, offsets: np.ndarray | None = None, nam
     elif not dri or struct.unpack_from(">H", jpeg, dri[-1][1] + 4)[0] != 1:
         problem = "no restart marker after every MCU (restart interval 1)"
     if problem:
-        raise UnsupportedJpegError(f"{name}: {problem}: rewrite it first (fastdata.image.restart.rewrite)")
+        raise UnsupportedJpegError(f"{name}: {problem}: rewrite it first (fastdata.image.jpeg.restart.rewrite)")
     sof_at, sof_end = sof[0][1], min(sof[0][2], size)
     components = jpeg[sof_at + 9] if sof_at + 10 <= sof_end else 0
     factors = [jpeg[sof_at + 11 + 3 * c] for c in range(components) if sof_at + 12 + 3 * c <= sof_end]

@@ -14,7 +14,7 @@ import torch
 
 from fastdata.errors import ConfigError
 from fastdata.image.augment import SeededGlobalRngs, albumentations_compose, torchvision_convention
-from fastdata.image.segmentation import as_mask
+from fastdata.image.targets.segmentation import as_mask
 
 SegmentationTransform = Callable[[np.ndarray, np.ndarray, int], tuple[Any, torch.Tensor]]
 

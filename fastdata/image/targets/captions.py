@@ -16,9 +16,9 @@ import torch
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import TARGET_KINDS, Manifest
-from fastdata.image.detection import DetectionCodec
-from fastdata.image.labels import LabelCodec
-from fastdata.image.segmentation import SegmentationCodec
+from fastdata.image.targets.detection import DetectionCodec
+from fastdata.image.targets.labels import LabelCodec
+from fastdata.image.targets.segmentation import SegmentationCodec
 
 #: Tokens per row when `max_length` is not given: CLIP's context length.
 DEFAULT_MAX_LENGTH = 77

@@ -1,4 +1,4 @@
-"""Where to find a libjpeg-turbo for the region decoder (fastdata.image.region), best first.
+"""Where to find a libjpeg-turbo for the region decoder (fastdata.image.jpeg.region), best first.
 
 1. The libjpeg that Pillow's own `PIL._imaging` extension is linked against, as the dynamic linker resolved it
    (so a Pillow built against conda's or the distribution's libjpeg-turbo is covered, and the library is already

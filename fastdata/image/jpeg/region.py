@@ -3,7 +3,7 @@ gives the output resolution (libjpeg-turbo's scaling, cropping and row skipping;
 
 OpenCV, Pillow and torchvision decode whole images (OpenCV and Pillow can scale by 1/2, 1/4, 1/8 only). The
 extension `fastdata.image._jpeg_region` drives libjpeg-turbo directly; it links nothing at build time and loads the
-libjpeg-turbo Pillow uses (fastdata.image.jpeg_library says where it is looked for). Before first use a library proves
+libjpeg-turbo Pillow uses (fastdata.image.jpeg.library says where it is looked for). Before first use a library proves
 itself (`self_check`): probe JPEGs in 4:2:0, 4:2:2, 4:4:4 and progressive 4:2:0, decoded at every scale it is used
 at (8/8, 4/8, 2/8, 1/8) whole and by regions that need column cropping and row skipping, must equal OpenCV's decode
 at that scale, cropped, bit for bit; a library failing any case is not used, and the reason names the case.
@@ -25,7 +25,7 @@ import numpy as np
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.augment import CropParams, ImageSize, pixel_box, reduce_factor
 from fastdata.image.decode import decode_rgb
-from fastdata.image.jpeg_library import default_candidates
+from fastdata.image.jpeg.library import default_candidates
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class RegionDecoder:
         """The JPEG `data` rewritten losslessly with a restart marker every `interval_mcus` MCUs (baseline,
         Huffman tables optimised if `optimize`), and where each restart segment starts then 2 past the start of
         EOI (uint32). Raises NotImplementedError for a JPEG it does not rewrite, ValueError for unreadable bytes
-        (fastdata.image.restart.rewrite turns both into fastdata errors)."""
+        (fastdata.image.jpeg.restart.rewrite turns both into fastdata errors)."""
         jpeg, offsets = self._module.restart_rewrite(self._api, data, interval_mcus, optimize, max_pixels)
         return jpeg, np.frombuffer(offsets, np.uint32)
 
@@ -217,7 +217,7 @@ def _load(libraries: tuple[str, ...] | None) -> tuple[RegionDecoder | None, str]
 
 def region_decoder(libraries: tuple[str, ...] | None = None) -> RegionDecoder | None:
     """The process's region decoder (loaded and checked once), or None if unavailable. `libraries` replaces the
-    discovered candidates (fastdata.image.jpeg_library) with these, tried in order."""
+    discovered candidates (fastdata.image.jpeg.library) with these, tried in order."""
     return _load(libraries)[0]
 
 

@@ -20,14 +20,14 @@ from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import Label
 from fastdata.formats.targets import DetectionRecord, decode_detection
-from fastdata.image.boxes import map_boxes, map_masks, nonempty
 from fastdata.image.detection_presets import Placement, scale_area
-from fastdata.image.labels import LabelCodec
+from fastdata.image.targets.boxes import map_boxes, map_masks, nonempty
+from fastdata.image.targets.labels import LabelCodec
 
 
 def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
     """Refuse `masks=True` where there are no masks to give (an unknown target kind is refused by
-    `fastdata.image.captions.target_codec`)."""
+    `fastdata.image.targets.captions.target_codec`)."""
     if manifest.target_kind != "detection":
         if masks:
             what = {"pairs": "image-text pairs", "segmentation": "semantic segmentation label maps, which every "

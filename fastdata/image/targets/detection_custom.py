@@ -14,8 +14,8 @@ import numpy as np
 
 from fastdata.errors import ConfigError
 from fastdata.image.augment import torchvision_convention
-from fastdata.image.boxes import box_areas, nonempty
-from fastdata.image.detection import DetectionTarget
+from fastdata.image.targets.boxes import box_areas, nonempty
+from fastdata.image.targets.detection import DetectionTarget
 
 DetectionTransform = Callable[[np.ndarray, DetectionTarget, int], tuple[Any, DetectionTarget]]
 
