@@ -345,7 +345,7 @@ static PyMethodDef methods[] = {
      "then where its entropy-coded data ends. ValueError when it has no scan. Releases the GIL."},
     {"restart_assemble", fd_restart_assemble, METH_VARARGS,
      "restart_assemble(data, offsets, columns, keep, tables, sof, c0, r0, c1, r1, width, height) -> bytes: the\n"
-     "sub-JPEG of MCU columns [c0, c1) x rows [r0, r1) (see fastdata.image.restart.assemble)."},
+     "sub-JPEG of MCU columns [c0, c1) x rows [r0, r1) (see fastdata.image.jpeg.restart.assemble)."},
     {NULL, NULL, 0, NULL},
 };
 

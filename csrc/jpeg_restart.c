@@ -4,7 +4,7 @@
  *
  * A JPEG rewritten with a restart marker after every MCU is a set of independently decodable pieces: the entropy
  * coder's state (DC predictions, bit buffer) is reset at each marker, so the pieces a crop covers, behind a header
- * with the crop's size, form a valid JPEG of the crop (fastdata/image/restart.py assembles it). The DCT
+ * with the crop's size, form a valid JPEG of the crop (fastdata/image/jpeg/restart.py assembles it). The DCT
  * coefficients are copied, never re-quantised: the rewrite decodes to exactly the original's pixels.
  *
  * Refused (NotImplementedError, so a converter can keep the original bytes and count it): arithmetic coding, a
