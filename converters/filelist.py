@@ -63,13 +63,12 @@ from fastdata.convert.file_lists import (
 )
 from fastdata.convert.images import ConversionSummary, convert_images
 from fastdata.convert.masks import LabelMapTargets, scan_label_maps
-from fastdata.convert.sources import ImageSource, labels_of
+from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.masks import DEFAULT_IGNORE_INDEX
 from fastdata.formats.records import Label
 
-NO_LABEL_CLASS = "unlabelled"  # segmentation lists without a label column: every sample in this one class
 _INTEGER = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?|-?(nan|inf|infinity)", re.IGNORECASE)
 

@@ -43,9 +43,8 @@ import numpy as np
 from fastdata.config import available_cores
 from fastdata.convert import file_lists
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import ImageSource
+from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource
 from fastdata.convert.tar_samples import (
-    NO_LABEL_CLASS,
     TarMemberReader,
     choose_images,
     image_exts,

@@ -42,10 +42,9 @@ import click
 
 from fastdata.config import available_cores
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import ImageSource, labels_of
+from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource, labels_of
 from fastdata.convert.tar_samples import (
     DEFAULT_IMAGE_EXTS,
-    NO_LABEL_CLASS,
     IndexedSample,
     TarMemberReader,
     choose_images,

@@ -52,6 +52,10 @@ from fastdata.convert.checkpoints import files_digest
 from fastdata.errors import SourceError
 from fastdata.formats.records import LABEL_KINDS, Label
 
+#: the one class of a source whose samples carry no label (a segmentation list without a label column, shards
+#: without label members, image-text pairs)
+NO_LABEL_CLASS = "unlabelled"
+
 
 class SampleReader(Protocol):
     """Where the bytes of a source's samples come from (see the module docstring)."""

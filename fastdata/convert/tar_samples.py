@@ -39,7 +39,6 @@ _END_BLOCK = bytes(tarfile.BLOCKSIZE)
 SHOWN = 5  # items named in an error that concerns many
 #: Image member extensions, in the order a sample's image is chosen when it has several (`--image-ext`).
 DEFAULT_IMAGE_EXTS = tuple(ext[1:] for ext in IMAGE_EXTENSIONS)
-NO_LABEL_CLASS = "unlabelled"  # the one class of samples without labels
 
 
 def shard_files(src: str | os.PathLike[str]) -> tuple[Path, list[Path], str]:
