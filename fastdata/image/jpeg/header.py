@@ -5,6 +5,7 @@ process nor the sampling factors."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 # SOFn markers: 0xC0..0xCF except DHT (C4), JPG (C8) and DAC (CC)
@@ -36,14 +37,13 @@ class JpegFrame:
     sampling: tuple[tuple[int, int], ...]
 
 
-def read_frame(data: bytes | memoryview) -> JpegFrame | None:
-    """The frame header of the JPEG stream `data`, or None when it has none before the scan (not a JPEG, or
-    truncated or damaged before its frame header). Like libjpeg, stray bytes and fill bytes before a marker are
-    passed over."""
-    view = data if isinstance(data, bytes) else memoryview(data)
+def marker_segments(view: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
+    """(marker, start, end) of each marker segment with a length of the JPEG stream `view`, in order, up to and
+    including the first SOS: the one marker walk of fastdata (the frame header here, the restart layout's header
+    in `fastdata.image.jpeg.restart`). Like libjpeg, stray bytes and fill bytes before a marker are passed over and
+    markers without a length (SOI, TEM, RST0-7) are stepped over; the walk stops at EOI or where the bytes end. The
+    caller checks the SOI."""
     size = len(view)
-    if size < 4 or view[0] != 0xFF or view[1] != 0xD8:
-        return None
     pos = 2
     while pos + 4 <= size:
         marker = view[pos + 1]
@@ -53,12 +53,32 @@ def read_frame(data: bytes | memoryview) -> JpegFrame | None:
         if marker in _NO_LENGTH:
             pos += 2
             continue
-        if marker in (_SOS, _EOI):
+        if marker == _EOI:
+            return
+        end = pos + 2 + ((view[pos + 2] << 8) | view[pos + 3])
+        yield marker, pos, end
+        if marker == _SOS:
+            return
+        pos = end
+
+
+def starts_as_jpeg(view: bytes | memoryview) -> bool:
+    """Whether the bytes begin with a JPEG's SOI marker (and hold at least a marker after it)."""
+    return len(view) >= 4 and view[0] == 0xFF and view[1] == 0xD8
+
+
+def read_frame(data: bytes | memoryview) -> JpegFrame | None:
+    """The frame header of the JPEG stream `data`, or None when it has none before the scan (not a JPEG, or
+    truncated or damaged before its frame header)."""
+    view = data if isinstance(data, bytes) else memoryview(data)
+    if not starts_as_jpeg(view):
+        return None
+    for marker, start, end in marker_segments(view):
+        if marker == _SOS:
             return None
-        length = (view[pos + 2] << 8) | view[pos + 3]
         if marker in _SOF_MARKERS:
-            segment = view[pos + 4:pos + 2 + length]
-            if length < 8 or len(segment) < 6:
+            segment = view[start + 4:end]
+            if end - start - 2 < 8 or len(segment) < 6:
                 return None
             components = segment[5]
             if len(segment) < 6 + 3 * components:
@@ -66,7 +86,6 @@ def read_frame(data: bytes | memoryview) -> JpegFrame | None:
             sampling = tuple((segment[6 + 3 * c + 1] >> 4, segment[6 + 3 * c + 1] & 15) for c in range(components))
             height, width = (segment[1] << 8) | segment[2], (segment[3] << 8) | segment[4]
             return JpegFrame(marker, segment[0], width, height, sampling)
-        pos += 2 + length
     return None
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from fastdata.errors import CorruptSampleError, FastdataError, UnsupportedJpegError
 from fastdata.formats.records import DEFAULT_MAX_PIXELS
+from fastdata.image.jpeg.header import marker_segments, starts_as_jpeg
 from fastdata.image.jpeg.region import Region, RegionDecoder, probes, region_decoder, scaled_size, unavailable_reason
 
 INDEX_MAGIC = b"FDRI"
@@ -48,7 +49,6 @@ EDGE_GUARD = 2
 MIN_SPAN = 5
 
 _SOS, _EOI, _DRI, _COM, _APP0, _APP14 = 0xDA, 0xD9, 0xDD, 0xFE, 0xE0, 0xEE
-_NO_LENGTH = frozenset({0x01, 0xD8, *range(0xD0, 0xD8)})  # TEM, SOI, RST0-7
 
 
 @dataclass(frozen=True)
@@ -137,26 +137,12 @@ def segment_offsets(jpeg: bytes | memoryview) -> np.ndarray:
 
 def _header_segments(view: bytes | memoryview) -> list[tuple[int, int, int]]:
     """(marker, start, end) of each marker segment up to and including SOS (ValueError where there is none)."""
-    size = len(view)
-    if size < 4 or view[0] != 0xFF or view[1] != 0xD8:
+    if not starts_as_jpeg(view):
         raise ValueError("not a JPEG (no SOI marker)")
-    found, pos = [], 2
-    while pos + 4 <= size:
-        marker = view[pos + 1]
-        if view[pos] != 0xFF or marker == 0xFF:
-            pos += 1
-            continue
-        if marker in _NO_LENGTH:
-            pos += 2
-            continue
-        if marker == _EOI:
-            break
-        end = pos + 2 + ((view[pos + 2] << 8) | view[pos + 3])
-        found.append((marker, pos, end))
-        if marker == _SOS:
-            return found
-        pos = end
-    raise ValueError("no scan (SOS marker) in the JPEG header")
+    found = list(marker_segments(view))
+    if not found or found[-1][0] != _SOS:
+        raise ValueError("no scan (SOS marker) in the JPEG header")
+    return found
 
 
 def _segment_offsets_numpy(jpeg: bytes | memoryview) -> np.ndarray:
