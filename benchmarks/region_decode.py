@@ -26,8 +26,9 @@ import numpy as np
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
-from fastdata.image.augment import RandomResizedCropFlip, reduce_factor
+from fastdata.image.augment import RandomResizedCropFlip
 from fastdata.image.decode import decode_rgb
+from fastdata.image.geometry import reduce_factor
 from fastdata.image.jpeg.region import plan_region, region_decoder
 from fastdata.order.epoch import sample_rng
 

@@ -34,8 +34,7 @@ import numpy as np
 from fastdata.errors import UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import RandomResizedCropFlip
-from fastdata.image.decode import decode_rgb
-from fastdata.image.headers import jpeg_size
+from fastdata.image.decode import decode_rgb, jpeg_size
 from fastdata.image.jpeg.region import plan_region, region_decoder
 from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, rewrite, sub_jpeg_for
 from fastdata.order.epoch import sample_rng

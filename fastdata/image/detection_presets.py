@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ConfigError
-from fastdata.image.augment import CropParams, ImageSize, _bounds, _stable_size, output_size
+from fastdata.image.geometry import CropParams, ImageSize, bounds, output_size, stable_size
 
 #: The canvas side when `image_size` is not given to a detection preset.
 DEFAULT_DETECTION_SIZE = 640
@@ -63,8 +63,8 @@ class ScaleJitterCrop:
     iou_crop: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _stable_size(self.size))
-        object.__setattr__(self, "scale_range", _bounds("scale", self.scale_range))
+        object.__setattr__(self, "size", stable_size(self.size))
+        object.__setattr__(self, "scale_range", bounds("scale", self.scale_range))
 
     @property
     def out_size(self) -> tuple[int, int]:
@@ -95,7 +95,7 @@ class ResizeLongerPad:
     size: ImageSize
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _stable_size(self.size))
+        object.__setattr__(self, "size", stable_size(self.size))
 
     @property
     def out_size(self) -> tuple[int, int]:

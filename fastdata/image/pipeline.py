@@ -14,18 +14,12 @@ import torch
 
 from fastdata.errors import ConfigError, CorruptSampleError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, Label
-from fastdata.image.augment import (
-    apply_crop,
-    check_custom,
-    crop_resize_flip,
-    make_preset,
-    reduce_factor,
-    wrap_custom,
-)
+from fastdata.image.augment import apply_crop, check_custom, crop_resize_flip, make_preset, wrap_custom
 from fastdata.image.batch import Batch, EncodedSample
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.decode import decode_rgb
 from fastdata.image.detection_presets import is_detection_preset, make_detection_preset
+from fastdata.image.geometry import reduce_factor
 from fastdata.image.jpeg.region import (
     Region,
     RegionDecoder,

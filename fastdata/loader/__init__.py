@@ -15,10 +15,10 @@ from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
-from fastdata.image.augment import output_size
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.device.options import DeviceDecode
+from fastdata.image.geometry import output_size
 from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
 from fastdata.loader.mixing import mixed_loader
 from fastdata.loader.options import MixOptions, Output, resolve_spelling

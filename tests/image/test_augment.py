@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 
 from fastdata.errors import ConfigError
-from fastdata.image.augment import (
-    CropParams,
-    RandomResizedCropFlip,
-    ResizeCenterCrop,
-    apply_crop,
-    make_preset,
-    reduce_factor,
-    wrap_custom,
-)
+from fastdata.image.augment import RandomResizedCropFlip, ResizeCenterCrop, apply_crop, make_preset, wrap_custom
+from fastdata.image.geometry import CropParams, reduce_factor
 
 SIZES = [(67, 45), (21, 69), (33, 33), (400, 31), (31, 400), (1, 1), (640, 480)]
 

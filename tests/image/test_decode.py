@@ -11,8 +11,7 @@ from builders import encode, pattern, with_size
 from PIL import Image
 
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for
-from fastdata.image.decode import decode_rgb
-from fastdata.image.headers import image_size, jpeg_size, png_size
+from fastdata.image.decode import decode_rgb, image_size, jpeg_size, png_size
 
 W, H = 67, 45
 

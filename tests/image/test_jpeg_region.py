@@ -20,16 +20,10 @@ from PIL import Image
 import fastdata
 from fastdata.errors import CorruptSampleError
 from fastdata.formats.records import CODEC_CV_JPEG
-from fastdata.image.augment import (
-    CropParams,
-    RandomResizedCropFlip,
-    ResizeCenterCrop,
-    apply_crop,
-    crop_resize_flip,
-    reduce_factor,
-)
+from fastdata.image.augment import RandomResizedCropFlip, ResizeCenterCrop, apply_crop, crop_resize_flip
 from fastdata.image.batch import EncodedSample
 from fastdata.image.decode import decode_rgb
+from fastdata.image.geometry import CropParams, reduce_factor
 from fastdata.image.jpeg.region import (
     Region,
     box_in_region,

@@ -23,8 +23,8 @@ import torch
 
 from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
-from fastdata.image.augment import CropParams, pixel_box
 from fastdata.image.batch import EncodedBatch, EncodedSample
+from fastdata.image.geometry import CropParams, pixel_box
 from fastdata.image.jpeg.header import gpu_kind, read_frame
 from fastdata.image.jpeg.region import Region
 from fastdata.image.jpeg.restart import build_index, sub_jpeg_for

@@ -24,12 +24,12 @@ import torch
 
 from fastdata.errors import ConfigError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
-from fastdata.image.augment import ImageSize, output_size
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.decode import decode_rgb
 from fastdata.image.device.decoders import BatchDecoder, out_of_memory
 from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip
 from fastdata.image.device.policy import DevicePolicy
+from fastdata.image.geometry import ImageSize, output_size
 from fastdata.image.output import OutputFormat
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
-from fastdata.image.augment import CropParams, ImageSize, pixel_box, reduce_factor
 from fastdata.image.decode import decode_rgb
+from fastdata.image.geometry import CropParams, ImageSize, pixel_box, reduce_factor
 from fastdata.image.jpeg.library import default_candidates
 
 

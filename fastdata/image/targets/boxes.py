@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from fastdata.image.augment import CropParams
+from fastdata.image.geometry import CropParams
 
 
 def map_boxes(boxes: np.ndarray, params: CropParams, out_h: int, out_w: int) -> np.ndarray:
