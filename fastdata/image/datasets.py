@@ -31,7 +31,7 @@ from fastdata.image.device.ship import pack_encoded
 from fastdata.image.epoch_clock import EpochClock
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.image.stored_lists import StoredSamples, StoredTargets
-from fastdata.image.targets.captions import target_codec
+from fastdata.image.targets.codec import target_codec
 from fastdata.image.targets.detection import check_targets
 from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part, rank_count
 

@@ -15,10 +15,7 @@ import numpy as np
 import torch
 
 from fastdata.errors import ConfigError, NotADatasetError
-from fastdata.formats.manifest import TARGET_KINDS, Manifest
-from fastdata.image.targets.detection import DetectionCodec
-from fastdata.image.targets.labels import LabelCodec
-from fastdata.image.targets.segmentation import SegmentationCodec
+from fastdata.formats.manifest import Manifest
 
 #: Tokens per row when `max_length` is not given: CLIP's context length.
 DEFAULT_MAX_LENGTH = 77
@@ -157,21 +154,3 @@ class CaptionCodec:
             return caption.text
         ids, mask = self.rows([caption])
         return {"caption": caption.text, "input_ids": ids[0], "attention_mask": mask[0]}
-
-
-def target_codec(manifest: Manifest, where: str, max_length: int | None = None, masks: bool = False
-                 ) -> LabelCodec | CaptionCodec | DetectionCodec | SegmentationCodec:
-    """How the samples of an image dataset carry their targets: class labels, captions (image-text pairs),
-    detection targets (with their instance masks when `masks`) or semantic segmentation masks."""
-    if manifest.target_kind not in TARGET_KINDS:
-        raise NotADatasetError(f"{where}: unknown target kind {manifest.target_kind!r} in the manifest (known: "
-                               f"{', '.join(TARGET_KINDS)}); upgrade fastdata")
-    if manifest.target_kind == "pairs":
-        return CaptionCodec.of(manifest, where, max_length)
-    if max_length is not None:
-        raise ConfigError(f"max_length: for text datasets and image-text pairs only; {where} holds images")
-    if manifest.target_kind == "detection":
-        return DetectionCodec(masks, LabelCodec.of(manifest, where))
-    if manifest.target_kind == "segmentation":
-        return SegmentationCodec.of(manifest, where)
-    return LabelCodec.of(manifest, where)

@@ -27,7 +27,7 @@ from fastdata.image.targets.labels import LabelCodec
 
 def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
     """Refuse `masks=True` where there are no masks to give (an unknown target kind is refused by
-    `fastdata.image.targets.captions.target_codec`)."""
+    `fastdata.image.targets.codec.target_codec`)."""
     if manifest.target_kind != "detection":
         if masks:
             what = {"pairs": "image-text pairs", "segmentation": "semantic segmentation label maps, which every "

@@ -1,0 +1,74 @@
+"""What every target kind's codec does, and the one registry that picks it: a dataset's `target_kind` (the
+manifest's) -> the codec that reads its samples' targets from storage (`read`, `from_json`), says what it holds
+(`describe`) and makes them a batch (`batch`) or one sample's target (`one`). A new target kind is one codec class
+and one entry in CODECS; the sample pipeline and the datasets ask here and never switch on the kind themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from fastdata.errors import ConfigError, NotADatasetError
+from fastdata.formats.manifest import TARGET_KINDS, Manifest
+from fastdata.image.targets.captions import CaptionCodec
+from fastdata.image.targets.detection import DetectionCodec
+from fastdata.image.targets.labels import LabelCodec
+from fastdata.image.targets.segmentation import SegmentationCodec
+
+
+class TargetCodec(Protocol):
+    """How one kind of target travels from storage to a batch."""
+
+    def read(self, reader: Any, index: int) -> Any:
+        """Sample `index`'s stored target (LMDB)."""
+
+    def from_json(self, meta: dict) -> Any:
+        """A sample's stored target from its WebDataset metadata."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the targets are, for the loader's description."""
+
+    def batch(self, targets: Sequence[Any]) -> Any:
+        """A batch's targets as the loader gives them."""
+
+    def one(self, target: Any) -> Any:
+        """One sample's target as `fastdata.dataset` gives it."""
+
+
+def _classes(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
+    if max_length is not None:
+        raise ConfigError(f"max_length: for text datasets and image-text pairs only; {where} holds images")
+    return LabelCodec.of(manifest, where)
+
+
+def _pairs(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
+    return CaptionCodec.of(manifest, where, max_length)
+
+
+def _detection(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
+    _classes(manifest, where, max_length, masks)  # max_length refused as for class labels
+    return DetectionCodec(masks, LabelCodec.of(manifest, where))
+
+
+def _segmentation(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
+    _classes(manifest, where, max_length, masks)
+    return SegmentationCodec.of(manifest, where)
+
+
+#: target kind -> its codec, made from (manifest, where, max_length, masks)
+CODECS: dict[str, Callable[[Manifest, str, int | None, bool], TargetCodec]] = {
+    "class": _classes, "pairs": _pairs, "detection": _detection, "segmentation": _segmentation,
+}
+assert set(CODECS) == set(TARGET_KINDS), "every target kind the manifest knows has a codec"
+
+
+def target_codec(manifest: Manifest, where: str, max_length: int | None = None, masks: bool = False
+                 ) -> LabelCodec | CaptionCodec | DetectionCodec | SegmentationCodec:
+    """How the samples of an image dataset carry their targets: class labels, captions (image-text pairs),
+    detection targets (with their instance masks when `masks`) or semantic segmentation masks."""
+    make = CODECS.get(manifest.target_kind)
+    if make is None:
+        raise NotADatasetError(f"{where}: unknown target kind {manifest.target_kind!r} in the manifest (known: "
+                               f"{', '.join(TARGET_KINDS)}); upgrade fastdata")
+    return make(manifest, where, max_length, masks)  # type: ignore[return-value]
