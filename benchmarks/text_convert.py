@@ -104,9 +104,12 @@ def main() -> None:
             [sys.executable, "-c", SCRIPT, str(corpus), str(tokenizer), str(work / "ids.bin")], work),
     }
     if subprocess.run([sys.executable, "-c", "import datasets"], capture_output=True, check=False).returncode == 0:
-        contenders[f"(c) HF datasets map(num_proc={cores}) + packing"] = lambda: (
-            shutil.rmtree(work / "hf", ignore_errors=True),
-            run([sys.executable, "-c", DATASETS, str(corpus), str(tokenizer), str(work / "hf"), str(cores)], work))[1]
+        def hf_datasets() -> float:
+            shutil.rmtree(work / "hf", ignore_errors=True)  # its cache, so that each round tokenizes afresh
+            return run([sys.executable, "-c", DATASETS, str(corpus), str(tokenizer), str(work / "hf"), str(cores)],
+                       work)
+
+        contenders[f"(c) HF datasets map(num_proc={cores}) + packing"] = hf_datasets
     else:
         print("(c) HF datasets: omitted (not installed)")
     seconds: dict[str, list[float]] = {name: [] for name in contenders}

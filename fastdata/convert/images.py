@@ -143,10 +143,11 @@ def _results(job: SampleJob, start: int, stop: int, workers: int, stats: PoolSta
     if engine == "ray":
         from fastdata.convert.ray import ray_results
 
-        size = ray_chunk(stop - start, requested_workers or workers)
+        ray_workers = requested_workers if ray_address else workers  # None: every CPU of the cluster
+        size = ray_chunk(stop - start, ray_workers or workers)
         chunks = [(p, min(p + size, stop)) for p in range(start, stop, size)]
-        for result in ray_results(_installed_chunk, chunks, requested_workers if ray_address else workers,
-                                  ray_address, _worker_init, ray_seen, initargs=(job,)):
+        for result in ray_results(_installed_chunk, chunks, ray_workers, ray_address, _worker_init, ray_seen,
+                                  initargs=(job,)):
             stats.items += len(result.results)
             stats.worker_seconds += result.seconds
             stats.worker_cpu_seconds += result.cpu_seconds

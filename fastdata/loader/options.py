@@ -133,18 +133,16 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
             raise ConfigError(f"pass either {group}={kind.__name__}(...) or {', '.join(given)}, not both")
         made[group] = objects[group] if objects[group] is not None else kind(**given)
     scale, ratio = keywords.get("scale"), keywords.get("ratio")
-    if isinstance(augment, (RandomResizedCrop, ResizeCenterCrop)):
+    preset = augment if isinstance(augment, (RandomResizedCrop, ResizeCenterCrop)) else None
+    if preset is not None:
         extra = [name for name, value in {"image_size": image_size, "scale": scale, "ratio": ratio}.items()
-                 if value is not None and (name == "image_size" or isinstance(augment, ResizeCenterCrop)
-                                           or name in keywords)]
+                 if value is not None]
         if extra:
             raise ConfigError(f"{', '.join(extra)}: already set by augment={augment!r}")
-        preset, image_size = augment, augment.size
-        if isinstance(augment, RandomResizedCrop):
-            augment, scale, ratio = "train", augment.scale, augment.ratio
+        image_size = preset.size
+        if isinstance(preset, RandomResizedCrop):
+            augment, scale, ratio = "train", preset.scale, preset.ratio
         else:
             augment = "val"
-        return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
-                       ratio, preset)
     return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
-                   ratio)
+                   ratio, preset)

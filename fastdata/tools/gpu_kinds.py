@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
-from pathlib import Path
 
 from fastdata.formats.manifest import Manifest
 from fastdata.image.jpeg.header import GPU_KINDS, image_gpu_kind
@@ -26,32 +24,21 @@ def recorded_gpu_kinds(manifest: Manifest) -> dict[str, int] | None:
     return {kind: int(kinds.get(kind, 0)) for kind in GPU_KINDS}
 
 
-def scan_gpu_kinds(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
-                   ) -> dict[str, int]:
-    """Count the stored images of the image dataset at `path` by GPU_KINDS, reading each one's header.
-
-    Args:
-        path: a converted image dataset (LMDB or WebDataset, local or remote).
-        progress: called with (images read, total) every 1,000 images.
-    """
-    from fastdata.image.datasets import LmdbImageDataset
+def scan_gpu_kinds(path: str | os.PathLike[str]) -> dict[str, int]:
+    """Count the stored images of the image dataset at `path` (LMDB or WebDataset, local or remote) by GPU_KINDS,
+    reading each one's header."""
+    from fastdata.errors import ConfigError
+    from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
     from fastdata.loader import dataset
 
-    data = dataset(Path(path) if "://" not in str(path) else str(path))
-    if not hasattr(data, "encoded") and not hasattr(data, "encoded_samples"):
-        from fastdata.errors import ConfigError
-
-        raise ConfigError(f"{path}: not an image dataset; only stored images have a GPU decode kind")
-    total = len(data)
+    data = dataset(path)
     if isinstance(data, LmdbImageDataset):
-        stored = (data.encoded(index).data for index in range(total))
-    else:
+        stored = (data.encoded(index).data for index in range(len(data)))
+    elif isinstance(data, WdsImageDataset):
         stored = (sample.data for sample in data.encoded_samples(list(range(len(data.manifest.files)))))
-    counts: Counter[str] = Counter()
-    for done, image in enumerate(stored, 1):
-        counts[image_gpu_kind(image)] += 1
-        if progress is not None and (done % 1000 == 0 or done == total):
-            progress(done, total)
+    else:
+        raise ConfigError(f"{path}: not an image dataset; only stored images have a GPU decode kind")
+    counts = Counter(image_gpu_kind(image) for image in stored)
     return {kind: counts.get(kind, 0) for kind in GPU_KINDS}
 
 

@@ -36,9 +36,13 @@ class TargetCodec(Protocol):
         """One sample's target as `fastdata.dataset` gives it."""
 
 
-def _classes(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
+def _no_caption_length(where: str, max_length: int | None) -> None:
     if max_length is not None:
         raise ConfigError(f"max_length: for text datasets and image-text pairs only; {where} holds images")
+
+
+def _classes(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
+    _no_caption_length(where, max_length)
     return LabelCodec.of(manifest, where)
 
 
@@ -47,12 +51,12 @@ def _pairs(manifest: Manifest, where: str, max_length: int | None, masks: bool) 
 
 
 def _detection(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
-    _classes(manifest, where, max_length, masks)  # max_length refused as for class labels
+    _no_caption_length(where, max_length)
     return DetectionCodec(masks, LabelCodec.of(manifest, where))
 
 
 def _segmentation(manifest: Manifest, where: str, max_length: int | None, masks: bool) -> TargetCodec:
-    _classes(manifest, where, max_length, masks)
+    _no_caption_length(where, max_length)
     return SegmentationCodec.of(manifest, where)
 
 
