@@ -24,6 +24,7 @@ Sample i is the i-th image written, which the converter makes ImageFolder's samp
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -107,8 +108,6 @@ _LENGTH = struct.Struct("<Q")
 def record_digest(values: Any) -> bytes:
     """sha256 over a record's stored values, (sub-database, value) in `RECORD_DBS` order: each value's
     sub-database name and length go in too, so that no value can stand for another."""
-    import hashlib
-
     digest = hashlib.sha256()
     for db, value in values:
         digest.update(db.encode())
@@ -119,8 +118,6 @@ def record_digest(values: Any) -> bytes:
 
 def digest_root(table: bytes) -> str:
     """The manifest's `record_digests["root"]`: sha256 of every record's digest, in index order."""
-    import hashlib
-
     return hashlib.sha256(table).hexdigest()
 
 
