@@ -227,7 +227,8 @@ def convert_images(
         overwrite: replace an existing dataset at `out`.
         strict: stop at the first unusable file, writing nothing.
         progress: show a progress bar.
-        commit_every: LMDB: images between checkpoints (where an interrupted conversion resumes).
+        commit_every: LMDB: images between checkpoints at most (where an interrupted conversion resumes); a
+            checkpoint also comes after every 16 MiB of records.
         engine: "local" (processes on this machine) or "ray" (a Ray cluster).
         ray_address: the Ray cluster for `engine="ray"` (None: start a local Ray instance).
         jpeg_layout: "original" (store each JPEG's bytes) or "restart" (rewrite each JPEG losslessly with a

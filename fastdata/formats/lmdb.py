@@ -43,6 +43,11 @@ from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, k
 DATA_FILE = "data.mdb"
 _MAX_DBS = 16
 _COMMIT_EVERY = 2048
+# A transaction's dirty pages are the writer's own memory until the commit writes them out: kept to a few MiB, they
+# stay in the CPU's caches and the allocator's hands, where a transaction of 2,048 photos (~100 MiB) streams them
+# through memory twice and faults fresh heap pages in each time; the conversion parent's CPU per image halves
+# (`benchmarks/convert_speed.py`, the parent / worker column)
+_COMMIT_BYTES = 16 << 20
 _SIZE_ARRAYS = {"widths": "<i4", "heights": "<i4", "codecs": "u1"}
 _LABEL_ARRAYS = {"single": {"labels": "<i4"}, "multi": {"label_offsets": "<i8", "label_values": "<i4"}}
 
@@ -130,19 +135,22 @@ _RESERVE = 1 << 16  # map bytes kept free for what a commit itself writes (its f
 class LmdbWriter:
     """Appends image records in index order into an LMDB environment in `directory`.
 
-    Records are committed in transactions of `commit_every` records together with the caller's progress
-    record (`checkpoint`), so a killed conversion resumes from its last checkpoint with the data and the
-    progress always in agreement. The map grows as needed: ahead of each transaction, to leave room for a few
-    like the last, and when a transaction fills it all the same, it is enlarged and the transaction replayed, so
+    Records are committed in transactions of `commit_every` records (or fewer: `commit_bytes` of pages at most)
+    together with the caller's progress record (`checkpoint`), so a killed conversion resumes from its last
+    checkpoint with the data and the progress always in agreement. The map grows as needed: ahead of each
+    transaction, to leave room for a few like the last, and when a transaction fills it all the same, it is
+    enlarged and the transaction replayed, so
     `MapFullError` never reaches the user."""
 
     def __init__(self, directory: Path, commit_every: int = _COMMIT_EVERY,
-                 map_size: int = _INITIAL_MAP_SIZE, targets: bool = False, pairs: bool = False) -> None:
+                 map_size: int = _INITIAL_MAP_SIZE, targets: bool = False, pairs: bool = False,
+                 commit_bytes: int = _COMMIT_BYTES) -> None:
         import lmdb
 
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.commit_every = commit_every
+        self.commit_bytes = commit_bytes
         self._env = lmdb.open(str(self.directory), map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                               sync=False, metasync=False, writemap=False, meminit=False)
         # `targets`, `captions` and `tokens` only for a dataset that has them: every other dataset stays
@@ -182,10 +190,16 @@ class LmdbWriter:
         self._keeping = False
         self._txn_bytes = 0
 
+    def _bound(self, values: Any, key_length: int = 8) -> int:
+        """An upper bound of the map bytes that putting `values`, ((sub-database, value), ...), takes: each
+        value's pages, a branch page too, and its key."""
+        page = self._page
+        return sum(page * (len(value) // page + 2) + key_length for _, value in values)
+
     def _put(self, key: bytes, value: bytes, db: str, append: bool = False) -> None:
         import lmdb
 
-        self._txn_bytes += self._page * (len(value) // self._page + 2) + len(key)  # pages, a branch page too
+        self._txn_bytes += self._bound(((db, value),), len(key))
         if not self._keeping and self._txn_bytes > self._room // 2 - _RESERVE:
             self._keep_values()
         self._pending.append((key, value if self._keeping else None, db))
@@ -253,17 +267,27 @@ class LmdbWriter:
         """Append the next record: an `ImageRecord`, or its values as `lay_out` laid them out (in a worker)."""
         values = self.lay_out(record) if isinstance(record, ImageRecord) else record
         key = index_key(self.count)
-        for db, value in values:
+        for db, _ in values:
             if db not in self._dbs:
                 what = "caption" if db in ("captions", "tokens") else "target"
                 raise ValueError(f"{self.directory}: a record with a {what}, for a writer opened without "
                                  f"{'pairs' if what == 'caption' else 'targets'}")
-            self._put(key, value, db, append=True)
+        if self._keeping or self._txn_bytes + self._bound(values) > self._room // 2 - _RESERVE:
+            for db, value in values:  # near the end of the map: one at a time, kept for a replay
+                self._put(key, value, db, append=True)
+        else:  # the common case, the one the conversion parent runs per image: the puts alone
+            self._txn_bytes += self._bound(values)
+            self._pending.extend((key, None, db) for db, _ in values)
+            put, dbs = self._txn.put, self._dbs
+            for db, value in values:  # the map has room for them (`_room`)
+                put(key, value, db=dbs[db], append=True)
         self.count += 1
         self._txn_records += 1
 
     def checkpoint_due(self) -> bool:
-        return self._txn_records >= self.commit_every
+        """Whether the open transaction holds `commit_every` records or `commit_bytes` of pages."""
+        return self._txn_records >= self.commit_every or (self._txn_records > 0
+                                                          and self._txn_bytes >= self.commit_bytes)
 
     def checkpoint(self, progress: bytes) -> None:
         """Commit the records added so far together with `progress` (what to resume from)."""

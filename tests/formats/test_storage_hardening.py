@@ -46,6 +46,30 @@ def test_lmdb_map_grows_for_a_huge_record_in_the_middle_of_a_transaction(tmp_pat
     assert [reader.key(i) for i in range(len(payloads))] == [f"k{i}" for i in range(len(payloads))]
 
 
+def test_lmdb_checkpoints_come_after_commit_bytes_of_records_too(tmp_path):
+    """Large records are checkpointed by bytes before `commit_every` records (a transaction of a few MiB stays in
+    the caches); small ones by count."""
+    writer = LmdbWriter(tmp_path / "b.lmdb", commit_every=100, commit_bytes=200_000)
+    due_after = []
+    for i in range(30):
+        writer.add(ImageRecord(f"k{i}", bytes([i]) * 50_000, "jpg", 0, 10, 10, 0))
+        if writer.checkpoint_due():
+            due_after.append(i + 1)
+            writer.checkpoint(b"{}")
+    assert due_after and due_after[0] < 10 and len(due_after) >= 3
+    assert len(set(due_after[i + 1] - due_after[i] for i in range(len(due_after) - 1))) == 1  # evenly spaced
+    writer.close()
+    small = LmdbWriter(tmp_path / "s.lmdb", commit_every=5, commit_bytes=200_000)
+    small_due = []
+    for i in range(12):
+        small.add(ImageRecord(f"k{i}", b"x" * 100, "jpg", 0, 10, 10, 0))
+        if small.checkpoint_due():
+            small_due.append(i + 1)
+            small.checkpoint(b"{}")
+    small.close()
+    assert small_due == [5, 10]
+
+
 def test_damaged_lmdb_metadata_is_refused(small_solid_lmdb, tmp_path):
     import shutil
 
