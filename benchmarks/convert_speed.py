@@ -62,6 +62,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import report
+
 # ---------------------------------------------------------------------------------------------- (a) the baseline
 
 
@@ -309,14 +311,11 @@ def main() -> None:
             runs[name].append(in_child(kind, src, work / kind, args.workers))
     times = {name: [r["seconds"] / r["images"] for r in results] for name, results in runs.items()}
     baseline = next(iter(kinds))
-    print("\n| contender | images/s | x (a) |\n|---|---:|---:|")
-    for name, results in runs.items():
-        rate = statistics.median(r["images"] / r["seconds"] for r in results)
-        print(f"| {name} | {rate:,.0f} | {median_ratio(times, name, baseline):.2f} |")
-    print("\n| conversion | parent CPU ms/image | hashing the output | workers CPU ms/image | "
-          "assemblers CPU ms/image | parent / worker | predicted images/s at 8 / 16 / 64 cores | "
-          "fixed CPU s: parent, workers |\n"
-          "|---|---:|---:|---:|---:|---:|---|---|")
+    report.table(f"{args.images} photo-like JPEGs, {args.workers} workers, medians of {args.repeats} alternating runs",
+                 ["contender", "images/s", "x (a)"],
+                 [[name, f"{statistics.median(r['images'] / r['seconds'] for r in results):,.0f}",
+                   f"{median_ratio(times, name, baseline):.2f}"] for name, results in runs.items()])
+    rows = []
     for name, kind in kinds.items():
         if not kind.endswith("-local"):
             continue
@@ -331,10 +330,13 @@ def main() -> None:
         predicted = " / ".join(f"{min(c / (worker + assemblers + parent), 1 / parent):,.0f}" for c in (8, 16, 64))
         hashing = output_hash_seconds(work / kind) / runs[name][0]["images"]
         where = "in the workers: a digest per record" if "lmdb" in kind else "elsewhere"
-        print(f"| {name[4:]} | {parent * 1e3:.3f} | {hashing * 1e3:.3f} ({where}) | {worker * 1e3:.3f} | "
-              f"{assemblers * 1e3:.3f} | {parent / worker:.1%} | "
-              f"{predicted} | "
-              f"{fixed_parent:.3f}, {fixed_workers:.3f} |")
+        rows.append([name[4:], f"{parent * 1e3:.3f}", f"{hashing * 1e3:.3f} ({where})", f"{worker * 1e3:.3f}",
+                     f"{assemblers * 1e3:.3f}", f"{parent / worker:.1%}", predicted,
+                     f"{fixed_parent:.3f}, {fixed_workers:.3f}"])
+    report.table("the conversion's CPU per image (its fixed costs, from runs of --small images, left out)",
+                 ["conversion", "parent CPU ms/image", "hashing the output", "workers CPU ms/image",
+                  "assemblers CPU ms/image", "parent / worker", "predicted images/s at 8 / 16 / 64 cores",
+                  "fixed CPU s: parent, workers"], rows, align="lrrrrrll")
 
     if args.skip_text:
         return
@@ -350,11 +352,9 @@ def main() -> None:
             text_times[name].append(run())
     megabytes = corpus.stat().st_size / 1e6
     first = next(iter(contenders))
-    print(f"\ntext: {megabytes:.1f} MB of JSONL\n\n| contender | MB/s | x encode_batch_fast |\n|---|---:|---:|")
-    for name, seconds in text_times.items():
-        print(f"| {name} | {megabytes / statistics.median(seconds):,.1f} | "
-              f"{median_ratio(text_times, name, first):.2f} |")
-
+    report.table(f"text: {megabytes:.1f} MB of JSONL", ["contender", "MB/s", "x encode_batch_fast"],
+                 [[name, f"{megabytes / statistics.median(seconds):,.1f}",
+                   f"{median_ratio(text_times, name, first):.2f}"] for name, seconds in text_times.items()])
 
 if __name__ == "__main__":
     main()

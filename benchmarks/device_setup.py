@@ -1,0 +1,56 @@
+"""What a lent GPU machine lacks, made ready before the device suite runs (`python -m benchmarks run device`).
+
+Such a machine has torch/torchvision with CUDA, numpy, pillow, opencv, psutil and pytest but no network: the
+rest travels as wheels in `.whl/` at the repository's root (`pip download --no-deps --only-binary=:all:
+--python-version 3.12 --platform manylinux2014_x86_64 ...`: lmdb, webdataset, braceexpand, albumentations,
+albucore, pydantic(-core), annotated_types, typing_inspection, typing_extensions, stringzilla, simsimd,
+nvidia-nvimgcodec-cu13, nvidia-nvjpeg 13.x; ../shared/notes/gpu.md). They are installed into a folder of their own
+and the C extension is built in place; the benchmarks then run with that folder on their path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = Path("/tmp/fastdata-device-site")
+
+
+def prepare(log: Path) -> dict[str, str]:
+    """Install the carried wheels (when `.whl/` has any), build the C extension in place, and return the
+    environment the benchmarks run in. What each step printed goes to `log`."""
+    env = dict(os.environ)
+    wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    with open(log, "a", encoding="utf-8") as out:
+        if wheels:
+            print(f"installing {len(wheels)} carried wheels into {SITE}", flush=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                            "--target", str(SITE), *map(str, wheels)], stdout=out, stderr=subprocess.STDOUT,
+                           check=False)
+            libraries = [str(p) for p in sorted(SITE.glob("nvidia/*/lib"))]
+            env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([*libraries, env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+        if (ROOT / "setup.py").exists():
+            built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, check=False, env=env)
+            if built.returncode != 0:
+                print(f"the C extension did not build (see {log}): the region decoder's rows fall back", flush=True)
+    installed = subprocess.run([sys.executable, "-c", "import fastdata.converters"], env=env, cwd=ROOT,
+                               capture_output=True, check=False).returncode == 0
+    if not installed and not (ROOT / "fastdata" / "converters").exists():  # fastdata not installed here: what
+        shutil.copytree(ROOT / "converters", ROOT / "fastdata" / "converters")  # its package-dir mapping does
+    return env
+
+
+def describe_gpu(env: dict[str, str]) -> str:
+    """The GPU, its driver, torch and nvImageCodec, as one line (what the results record)."""
+    code = ("import torch, torchvision; from fastdata.image.device.decoders import nvimgcodec_missing as m; "
+            "print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device', "
+            "'| torch', torch.__version__, 'torchvision', torchvision.__version__, '| nvimgcodec:', m() or 'ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False, cwd=ROOT)
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    return lines[-1] if lines else "unknown"

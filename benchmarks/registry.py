@@ -1,0 +1,136 @@
+"""Every benchmark, grouped by the question it answers (its suite): the arguments of its full run (the run whose
+figures the READMEs give), of its smoke run (a tiny size that proves it runs; its figures mean nothing), what it
+needs (an extra module, a GPU) and how long its full run may take.
+
+`python -m benchmarks list` prints this table; `python -m benchmarks run SUITE` runs a suite's benchmarks one after
+another, each in a fresh Python process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: suite -> the question its benchmarks answer
+SUITES = {
+    "read": "How fast does a training loop get its batches on the CPU, against torchvision, FFCV, DALI, HF "
+            "datasets, webdataset and its own other paths?",
+    "convert": "How fast is a conversion against the least a converter must do, FFCV's writer and Ray?",
+    "text": "How fast are text conversion and packed-token loading against the tokenizer, nanoGPT's get_batch and "
+            "HF datasets?",
+    "device": "Does the GPU ever wait? Decode on the GPU's engines and the training feed of real models "
+              "(a GPU machine: one command, under 10 minutes).",
+    "memory": "What do the loader's workers and main process hold in memory?",
+    "startup": "How long from a command or `import fastdata` to the first batch, at 10k to 10M samples?",
+}
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: `script` in benchmarks/ (or `command`: Python arguments, for a run that is not a script of
+    ours, such as the cuda-marked tests), run with `args` (full) or `smoke`; `--repeats N` is passed on when it
+    `takes_repeats`. `needs`: modules it cannot run without ("cuda": a CUDA GPU); missing, the benchmark is left
+    out with the reason. `timeout`: seconds the full run may take before the harness stops it."""
+
+    name: str
+    suite: str
+    about: str
+    args: tuple[str, ...] = ()
+    smoke: tuple[str, ...] = ()
+    takes_repeats: bool = True
+    needs: tuple[str, ...] = ()
+    timeout: float = 3600.0
+    command: tuple[str, ...] = ()
+
+    @property
+    def script(self) -> str:
+        return f"{self.name}.py"
+
+
+_SMOKE_IMAGES = ("--images", "60", "--repeats", "1")
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    # read: the loader on the CPU
+    Benchmark("cpu_path", "read", "ImageFolder + PIL, torchvision.io + v2, fastdata, FFCV, DALI CPU, the decode "
+              "ceiling: train, val, --max-size 256", ("--images", "4000"), ("--images", "60", "--repeats", "1",
+                                                                             "--workloads", "train", "--no-peers")),
+    Benchmark("imagefolder_vs_fastdata", "read", "torchvision ImageFolder vs fastdata LMDB / WebDataset",
+              ("--images", "3000"), _SMOKE_IMAGES),
+    Benchmark("source_kinds", "read", "a file list and an HF dataset: torchvision / HF set_transform vs fastdata",
+              ("--images", "3000"), _SMOKE_IMAGES, needs=("datasets",)),
+    Benchmark("detection", "read", "COCO detection: CocoDetection + transforms.v2 vs fastdata (boxes)",
+              ("--images", "3000"), _SMOKE_IMAGES, needs=("pycocotools",)),
+    Benchmark("detection_masks", "read", "COCO detection with instance masks: CocoDetection + v2 vs fastdata",
+              ("--images", "3000", "--masks"), (*_SMOKE_IMAGES, "--masks"), needs=("pycocotools",)),
+    Benchmark("pairs", "read", "image-text pairs: a webdataset pipeline vs fastdata", ("--images", "3000"),
+              _SMOKE_IMAGES),
+    Benchmark("mixing", "read", "weighted mixing: the mixed schedule vs a plain permutation; mixed loading",
+              ("--samples", "1300000", "--images", "3000"), ("--samples", "20000", "--images", "60",
+                                                             "--repeats", "1")),
+    Benchmark("remote_vs_local", "read", "fastdata over HTTP (no cache, cold, warm) vs local disk",
+              ("--images", "1000"), _SMOKE_IMAGES),
+    Benchmark("region_decode", "read", "one core: region decode vs whole-image decode", (), ("--repeats", "1")),
+    Benchmark("restart_decode", "read", "one core: a crop from a restart-indexed JPEG vs region decode",
+              ("--images", "2000", "--repeats", "5"), _SMOKE_IMAGES),
+    Benchmark("float_output", "read", "one core: uint8 batches vs normalised float32 / bfloat16 / float16",
+              ("--images", "3000"), _SMOKE_IMAGES),
+    Benchmark("device_cpu_side", "read", "one worker core: decode='worker' vs the CPU side of 'device'",
+              ("--images", "3000"), _SMOKE_IMAGES),
+    Benchmark("autotune", "read", "fastdata tune (its time, its choice) vs the full grid of workers x prefetch",
+              ("--images", "3000", "--step", "none", "--budget", "60"),
+              ("--images", "60", "--budget", "5", "--window", "0.5", "--confirm", "1", "--max-workers", "1")),
+    Benchmark("meter_overhead", "read", "a training loop plain vs metered", (),
+              ("--steps", "2000", "--slow-steps", "10", "--repeats", "1")),
+    Benchmark("hardening", "read", "clean vs 2% corrupt records: the cost of counting and reporting them",
+              ("--images", "3000"), _SMOKE_IMAGES),
+    # convert
+    Benchmark("convert_speed", "convert", "conversion vs a bare verification pool, FFCV's writer, a raw LMDB copy, "
+              "--engine ray; the parent's CPU per image", ("--images", "3000", "--skip-text"),
+              ("--images", "60", "--small", "12", "--repeats", "1", "--skip-text", "--skip-peers")),
+    Benchmark("ray_convert", "convert", "--engine ray vs the local pool, on a running local Ray cluster",
+              ("--images", "12000"), ("--images", "60", "--repeats", "1"), needs=("ray",)),
+    # text
+    Benchmark("text_throughput", "text", "text conversion vs encode_batch_fast; packed loading vs memmap "
+              "slicing, nanoGPT get_batch, memmap DataLoaders, HF datasets", ("--mb", "80"),
+              ("--mb", "2", "--repeats", "1")),
+    Benchmark("text_convert", "text", "text conversion with default settings vs a tokenize script and HF "
+              "datasets map", ("--mb", "80"), ("--mb", "2", "--repeats", "1")),
+    # device (a GPU machine)
+    Benchmark("cuda_tests", "device", "the cuda-marked tests", takes_repeats=False, needs=("cuda",), timeout=100,
+              command=("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/image")),
+    Benchmark("gpu_check", "device", "each decoder and nvImageCodec backend mix, decode only, whole files and by "
+              "crop region", ("--images", "6144", "--out", "/tmp/gpu-data"),
+              ("--images", "256", "--repeats", "1", "--out", "/tmp/gpu-data"), needs=("cuda",), timeout=120),
+    Benchmark("gpu_train_feed", "device", "ResNet-18 / ResNet-50 training loops fed by ImageFolder, decode='worker' "
+              "and the device path, against a loop on batches already on the GPU",
+              ("--images", "6144", "--repeats", "2", "--tune-budget", "25", "--out", "/tmp/gpu-data"),
+              ("--images", "512", "--repeats", "1", "--models", "resnet18", "--tune-budget", "5", "--out",
+               "/tmp/gpu-data"), needs=("cuda",), timeout=330),
+    # memory
+    Benchmark("idle_workers", "memory", "memory the idle persistent workers of a val loader hold",
+              ("--images", "3000", "--workers", "4"), _SMOKE_IMAGES),
+    Benchmark("rss_split", "memory", "the main process's and the workers' RSS over an epoch",
+              ("--images", "4000"), ("--images", "60", "--repeats", "1", "--epochs", "1")),
+    # startup
+    Benchmark("startup", "startup", "fastdata --version / --help / import / a small convert vs python -c pass",
+              (), ("--repeats", "2")),
+    Benchmark("startup_scale", "startup", "import fastdata to the first batch, and the main process's peak RSS, "
+              "at 10k to 10M samples", ("--repeats", "3"), ("--sizes", "10k", "--text-sizes", "10k", "--repeats",
+                                                           "1")),
+)
+
+#: benchmarks whose script is another's (`detection_masks` runs detection.py)
+SCRIPT_OF = {"detection_masks": "detection.py"}
+
+
+def script_of(benchmark: Benchmark) -> str:
+    """The file in benchmarks/ a benchmark runs."""
+    return SCRIPT_OF.get(benchmark.name, benchmark.script)
+
+
+def select(name: str) -> list[Benchmark]:
+    """The benchmarks of suite `name`, or the one benchmark called `name`."""
+    chosen = [b for b in BENCHMARKS if b.suite == name] or [b for b in BENCHMARKS if b.name == name]
+    if not chosen:
+        raise SystemExit(f"no suite or benchmark {name!r}: suites are {', '.join(SUITES)}; "
+                         "`python -m benchmarks list` lists the benchmarks")
+    return chosen

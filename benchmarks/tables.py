@@ -1,0 +1,87 @@
+"""The READMEs' benchmark tables, written from the results the harness keeps (`benchmarks/results/*.json`).
+
+In README.md and benchmarks/README.md each generated table sits between two comments:
+
+    <!-- results: convert.json convert_speed 0 -->
+    | contender | images/s | x (a) |
+    ...
+    <!-- /results -->
+
+naming the results file, the benchmark and which of its tables (0: the first it made). `python -m benchmarks
+tables` rewrites every such block from its file; `--check` (and tests/test_benchmark_tables.py) fails when a block
+and its results differ, so a figure in a README is always one the harness recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+DOCUMENTS = (HERE.parent / "README.md", HERE / "README.md")
+_BLOCK = re.compile(r"(<!-- results: (\S+) (\S+) (\d+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
+
+
+def _table(file: str, benchmark: str, index: int, cache: dict[str, dict]) -> str:
+    """The Markdown of table `index` of `benchmark`'s run in results file `file`."""
+    from report import Table
+
+    if file not in cache:
+        path = RESULTS / file
+        if not path.exists():
+            raise ValueError(f"benchmarks/results/{file} does not exist")
+        cache[file] = json.loads(path.read_text(encoding="utf-8"))
+    runs = [r for r in cache[file]["runs"] if r["benchmark"] == benchmark]
+    if not runs:
+        raise ValueError(f"benchmarks/results/{file} has no run of {benchmark}")
+    tables = runs[-1]["tables"]
+    if index >= len(tables):
+        raise ValueError(f"benchmarks/results/{file}: {benchmark} made {len(tables)} tables, not {index + 1}")
+    return Table.from_json(tables[index]).markdown()
+
+
+def render(text: str, cache: dict[str, dict] | None = None) -> str:
+    """`text` with every results block written from its results."""
+    cache = {} if cache is None else cache
+
+    def block(match: re.Match) -> str:
+        opening, file, benchmark, index = match.group(1), match.group(2), match.group(3), int(match.group(4))
+        return f"{opening}{_table(file, benchmark, index, cache)}\n{match.group(6)}"
+
+    return _BLOCK.sub(block, text)
+
+
+def blocks(text: str) -> list[tuple[str, str, int]]:
+    """(results file, benchmark, table index) of every results block in `text`."""
+    return [(m.group(2), m.group(3), int(m.group(4))) for m in _BLOCK.finditer(text)]
+
+
+def update(documents: tuple[Path, ...]) -> list[Path]:
+    """Rewrite the results blocks of `documents`; the documents that changed."""
+    changed = []
+    for path in documents:
+        text = path.read_text(encoding="utf-8")
+        new = render(text)
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def check(documents: tuple[Path, ...]) -> list[str]:
+    """Where `documents` and their results differ: one line per block that differs (empty: none)."""
+    drift = []
+    for path in documents:
+        text = path.read_text(encoding="utf-8")
+        for match in _BLOCK.finditer(text):
+            try:
+                expected = _table(match.group(2), match.group(3), int(match.group(4)), {})
+            except ValueError as exc:
+                drift.append(f"{path.name}: {exc}")
+                continue
+            if match.group(5).rstrip("\n") != expected:
+                drift.append(f"{path.name}: the table of {match.group(3)} #{match.group(4)} from "
+                             f"{match.group(2)} differs from its results (python -m benchmarks tables)")
+    return drift
