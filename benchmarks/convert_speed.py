@@ -2,7 +2,7 @@
 verification a converter must do, run bare in a fork pool, on the same photo-like JPEGs, in one run; and text
 conversion with `--workers` against the tokenizer's fastest batched call and HF `datasets`.
 
-Images (the benchmarks' sample photos, `fastdata.tools.sample.cached_sample_imagefolder(jpeg_only=True)`):
+Images (the benchmarks' sample photos, `benchmarks/common.py cached_sample_imagefolder(jpeg_only=True)`):
   (a) the baseline: `verify_in_pool` below, ~30 lines doing only what a converter must do per image (read the
       file, sha256 it, decode it at 1/8 DCT scale with `cv2.IMREAD_REDUCED_COLOR_8`) in a fork pool of --workers
       processes;
@@ -284,7 +284,7 @@ def main() -> None:
     parser.add_argument("--skip-peers", action="store_true", help="leave out FFCV and Ray (a quick check)")
     args = parser.parse_args()
 
-    from fastdata.tools.sample import cached_sample_imagefolder
+    from common import cached_sample_imagefolder
 
     src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
     small_src = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)

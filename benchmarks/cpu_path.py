@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+from common import cached_sample_imagefolder
 from fastdata.converters.imagefolder import convert_imagefolder
 
 from fastdata.formats.lmdb import LmdbReader
@@ -55,7 +56,6 @@ from fastdata.tools.bench import (
     run_contenders,
 )
 from fastdata.tools.bench_baseline import Baseline, choose_baseline, source_baseline
-from fastdata.tools.sample import cached_sample_imagefolder
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_contender

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import cached_sample_imagefolder
 
 import fastdata
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
 from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
 from fastdata.tools.bench_report import target_table
-from fastdata.tools.sample import cached_sample_imagefolder
 
 TARGET = 2.0  # issue 18: fastdata at least 2x torchvision's CocoDetection + transforms.v2
 CATEGORIES = [{"id": i, "name": name} for i, name in ((3, "car"), (7, "train"), (18, "dog"), (44, "bottle"),

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import torch
+from common import cached_sample_imagefolder
 
 import fastdata
 from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, dataset_files, median_ratio, warm_page_cache
-from fastdata.tools.sample import cached_sample_imagefolder
 
 DTYPES = {"uint8": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -42,8 +42,9 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 def dataset(out: Path, images: int, layout: str = "original") -> tuple[Path, Path]:
     """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core; `layout`
     "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU)."""
+    from common import cached_sample_imagefolder
+
     import fastdata
-    from fastdata.tools.sample import cached_sample_imagefolder
 
     src = cached_sample_imagefolder(out, images)
     lmdb = out / (f"sample-{images}.lmdb" if layout == "original" else f"sample-{images}-{layout}.lmdb")

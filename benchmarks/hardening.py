@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+from common import cached_sample_imagefolder
 
 import fastdata
 from fastdata.tools.bench_fair import (
@@ -31,7 +32,6 @@ from fastdata.tools.bench_fair import (
     median_ratio,
     warm_page_cache,
 )
-from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def dataset_for(data: Path, images: int) -> Path:

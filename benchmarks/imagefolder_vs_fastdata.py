@@ -26,12 +26,12 @@ import shutil
 import time
 from pathlib import Path
 
+from common import cached_sample_imagefolder
 from fastdata.converters.imagefolder import convert_imagefolder
 
 from fastdata.tools.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
 from fastdata.tools.bench_baseline import choose_baseline
 from fastdata.tools.bench_fair import DEFAULT_REPEATS
-from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def print_table(title: str, results: list[LoaderResult]) -> None:

@@ -34,13 +34,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from common import cached_sample_imagefolder
+
 import fastdata
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
 from fastdata.tools.bench_baseline import _transform
 from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
 from fastdata.tools.bench_report import target_table
-from fastdata.tools.sample import cached_sample_imagefolder
 
 TARGET = 2.0  # issue 18: fastdata at least 2x the webdataset pipeline
 MAX_LENGTH = 77  # CLIP's context length

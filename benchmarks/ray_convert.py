@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
     args = parser.parse_args()
 
-    from fastdata.tools.sample import cached_sample_imagefolder
+    from common import cached_sample_imagefolder
 
     src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
     small = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)

@@ -27,6 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from common import cached_sample_imagefolder
+
 import fastdata
 from fastdata.tools.bench_fair import (
     DEFAULT_REPEATS,
@@ -36,7 +38,6 @@ from fastdata.tools.bench_fair import (
     median_ratio,
     warm_page_cache,
 )
-from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 against today's region decode of the original file, on one core, and what the lossless rewrite costs in bytes and
 conversion time (with optimised Huffman tables, the default, and with the standard ones).
 
-For every JPEG of the benchmarks' sample ImageFolder (fastdata.tools.sample.cached_sample_imagefolder, JPEG only),
+For every JPEG of the benchmarks' sample ImageFolder (benchmarks/common.py cached_sample_imagefolder, JPEG only),
 one RandomResizedCrop 224 is drawn from its size (seeded, as the train preset does) and planned as today
 (`plan_region`: the smallest power-of-two DCT scale that keeps the crop at least 224 pixels, the rows and columns it
 covers); then timed, each over all images, alternating, median of `--repeats` passes:
@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from common import cached_sample_imagefolder
 
 from fastdata.errors import UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
@@ -38,7 +39,6 @@ from fastdata.image.decode import decode_rgb, jpeg_size
 from fastdata.image.jpeg.region import plan_region, region_decoder
 from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, rewrite, sub_jpeg_for
 from fastdata.order.epoch import sample_rng
-from fastdata.tools.sample import cached_sample_imagefolder
 
 
 def timed_pass(decode: Callable[[int], object], count: int) -> float:

@@ -82,8 +82,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.one[0], args.one[1], args.epochs)))
         return
+    from common import cached_sample_imagefolder
+
     import fastdata
-    from fastdata.tools.sample import cached_sample_imagefolder
 
     data = Path(args.data)
     source = cached_sample_imagefolder(data, args.images, jpeg_only=True)

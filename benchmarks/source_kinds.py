@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from common import cached_sample_imagefolder
+
 import fastdata
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import (
@@ -52,7 +54,6 @@ from fastdata.tools.bench import (
 )
 from fastdata.tools.bench_baseline import _transform, choose_baseline
 from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
-from fastdata.tools.sample import cached_sample_imagefolder
 
 TARGET = 2.0  # issue 17: loading at least 2x each baseline
 

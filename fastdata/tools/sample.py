@@ -115,19 +115,3 @@ def make_sample_imagefolder(root: str | Path, images: int = 1200, classes: int =
             list(pool_.imap_unordered(_make_one, jobs, chunksize=16))
     return root
 
-
-def cached_sample_imagefolder(data: str | Path, images: int, classes: int = 20, jpeg_only: bool = False) -> Path:
-    """`data/imagefolder-<images>` (`-jpeg` with `jpeg_only`: no PNGs among the photos), generated once (built
-    under a temporary name, renamed when complete) and reused by later runs: the benchmarks' shared sample."""
-    src = Path(data) / (f"imagefolder-{images}-jpeg" if jpeg_only else f"imagefolder-{images}")
-    if not src.is_dir():
-        print(f"generating {images} images in {src} ...")
-        tmp = src.with_suffix(".tmp")
-        if tmp.exists():
-            import shutil
-
-            shutil.rmtree(tmp)
-        make_sample_imagefolder(tmp, images=images, classes=classes, png_fraction=0.0 if jpeg_only else 0.04)
-        tmp.rename(src)
-    return src
-
