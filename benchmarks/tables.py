@@ -7,8 +7,9 @@ In README.md and benchmarks/README.md each generated table sits between two comm
     ...
     <!-- /results -->
 
-naming the results file, the benchmark and which of its tables (0: the first it made). `python -m benchmarks
-tables` rewrites every such block from its file; `--check` (and tests/test_benchmark_tables.py) fails when a block
+naming the results file, the benchmark and which of its tables (0: the first it made); a block between
+`<!-- registry -->` and `<!-- /registry -->` is the list of every benchmark (`registry.BENCHMARKS`). `python -m
+benchmarks tables` rewrites every such block from its source; `--check` (and tests/test_benchmark_tables.py) fails when a block
 and its results differ, so a figure in a README is always one the harness recorded.
 """
 
@@ -22,6 +23,21 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOCUMENTS = (HERE.parent / "README.md", HERE / "README.md")
 _BLOCK = re.compile(r"(<!-- results: (\S+) (\S+) (\d+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
+_REGISTRY = re.compile(r"(<!-- registry -->\n)(.*?)(<!-- /registry -->)", re.DOTALL)
+
+
+def registry_table() -> str:
+    """Every benchmark: its suite, the command of its full run, what it compares."""
+    from registry import BENCHMARKS, script_of
+    from report import Table
+
+    def command(b) -> str:
+        target = " ".join(b.command) if b.command else f"{script_of(b)}"
+        return f"`{' '.join([target, *b.args])}`"
+
+    rows = [(b.suite, b.name, command(b), b.about + (f" (needs {', '.join(b.needs)})" if b.needs else ""))
+            for b in BENCHMARKS]
+    return Table("", ("suite", "benchmark", "its full run", "what it compares"), tuple(rows), "llll").markdown()
 
 
 def _table(file: str, benchmark: str, index: int, cache: dict[str, dict]) -> str:
@@ -50,7 +66,8 @@ def render(text: str, cache: dict[str, dict] | None = None) -> str:
         opening, file, benchmark, index = match.group(1), match.group(2), match.group(3), int(match.group(4))
         return f"{opening}{_table(file, benchmark, index, cache)}\n{match.group(6)}"
 
-    return _BLOCK.sub(block, text)
+    text = _BLOCK.sub(block, text)
+    return _REGISTRY.sub(lambda m: f"{m.group(1)}{registry_table()}\n{m.group(3)}", text)
 
 
 def blocks(text: str) -> list[tuple[str, str, int]]:
@@ -84,4 +101,8 @@ def check(documents: tuple[Path, ...]) -> list[str]:
             if match.group(5).rstrip("\n") != expected:
                 drift.append(f"{path.name}: the table of {match.group(3)} #{match.group(4)} from "
                              f"{match.group(2)} differs from its results (python -m benchmarks tables)")
+        for match in _REGISTRY.finditer(text):
+            if match.group(2).rstrip("\n") != registry_table():
+                drift.append(f"{path.name}: the list of benchmarks differs from benchmarks/registry.py "
+                             "(python -m benchmarks tables)")
     return drift

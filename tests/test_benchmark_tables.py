@@ -1,0 +1,113 @@
+"""The benchmark harness (benchmarks/): the READMEs' tables are the results it recorded (a table edited by hand,
+or results changed without rewriting the tables, fails here), every runner is registered, and a run hands a
+runner's tables over as JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import registry  # noqa: E402
+import tables  # noqa: E402
+from report import Table  # noqa: E402
+
+# modules of benchmarks/ that are not benchmarks: the harness and what the runners share
+NOT_RUNNERS = {"__init__", "__main__", "registry", "report", "tables", "common", "device_setup", "peers",
+               "text_corpus", "text_loaders"}
+# the tables of the READMEs that are prose, not results (their header rows)
+PROSE_TABLES = {"| converted with | a batch |"}
+
+
+def test_the_readmes_tables_are_the_recorded_results():
+    assert tables.check(tables.DOCUMENTS) == []
+
+
+def test_every_readme_table_of_results_is_generated():
+    """No hand-copied results table outside a results block (the README's table of batch formats is prose)."""
+    for path in tables.DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        assert tables.blocks(text), f"{path} has no results blocks"
+        outside = tables._REGISTRY.sub("", tables._BLOCK.sub("", text))
+        lines = outside.splitlines()
+        headers = [line for i, line in enumerate(lines) if line.startswith("|") and not lines[i - 1].startswith("|")]
+        stray = [header for header in headers if header not in PROSE_TABLES]
+        assert not stray, f"{path.name}: tables outside a results block: {stray}"
+
+
+def test_a_figure_changed_by_hand_is_caught(tmp_path):
+    readme = tmp_path / "README.md"
+    text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    file, benchmark, index = tables.blocks(text)[0]
+    rendered = tables._table(file, benchmark, index, {})
+    row = rendered.splitlines()[2]
+    changed = row.replace(row.split("|")[2], " 1 ", 1)
+    readme.write_text(text.replace(row, changed, 1), encoding="utf-8")
+    drift = tables.check((readme,))
+    assert len(drift) == 1 and benchmark in drift[0]
+    tables.update((readme,))
+    assert tables.check((readme,)) == []
+    assert readme.read_text(encoding="utf-8") == text
+
+
+def test_changed_results_without_rewritten_tables_are_caught(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    shutil.copytree(tables.RESULTS, results)
+    monkeypatch.setattr(tables, "RESULTS", results)
+    recorded = json.loads((results / "recorded.json").read_text(encoding="utf-8"))
+    recorded["runs"][0]["tables"][0]["rows"][0][1] = "999,999"
+    (results / "recorded.json").write_text(json.dumps(recorded), encoding="utf-8")
+    first = recorded["runs"][0]["benchmark"]
+    drift = tables.check(tables.DOCUMENTS)
+    assert drift and all(first in line for line in drift)
+
+
+def test_every_runner_is_registered_in_a_known_suite():
+    runners = {p.stem for p in BENCHMARKS.glob("*.py")} - NOT_RUNNERS
+    scripts = {Path(registry.script_of(b)).stem for b in registry.BENCHMARKS if not b.command}
+    assert runners == scripts
+    assert {b.suite for b in registry.BENCHMARKS} == set(registry.SUITES)
+    names = [b.name for b in registry.BENCHMARKS]
+    assert len(names) == len(set(names))
+    for b in registry.BENCHMARKS:
+        assert b.command or (BENCHMARKS / registry.script_of(b)).exists()
+
+
+def test_select_takes_a_suite_or_a_name_and_refuses_others():
+    assert {b.name for b in registry.select("device")} == {"cuda_tests", "gpu_check", "gpu_train_feed"}
+    assert [b.name for b in registry.select("convert_speed")] == ["convert_speed"]
+    with pytest.raises(SystemExit, match="no suite or benchmark 'nope'"):
+        registry.select("nope")
+
+
+def test_a_table_whose_rows_do_not_fit_its_columns_is_refused():
+    with pytest.raises(ValueError, match="a row of 1 cells for 2 columns"):
+        Table("t", ("a", "b"), (("1",),))
+    table = Table("t", ("a", "b"), (("x", "1"),), "lr", ("a note",))
+    assert Table.from_json(json.loads(json.dumps(table.to_json()))) == table
+    assert table.markdown() == "| a | b |\n|---|---:|\n| x | 1 |"
+
+
+def test_a_run_hands_the_runners_tables_over_as_json(tmp_path, capfd):
+    """A benchmark runs in a fresh process; the tables it reports arrive in its record, its output passes
+    through, and a benchmark that cannot run here is left out with the reason."""
+    import importlib
+
+    harness = importlib.import_module("benchmarks.__main__")
+    code = ("import report; report.table('two rows', ['loader', 'images/s'], [['a', '1,000'], ['b', '2,000']], "
+            "notes=['per-run ratios: 2.00'])")
+    env = {**__import__("os").environ, "PYTHONPATH": str(BENCHMARKS)}
+    ran = harness.run_one(registry.Benchmark("tiny", "read", "two rows", command=("-c", code)), False, None, env)
+    assert ran["exit"] == 0
+    assert [Table.from_json(t).rows for t in ran["tables"]] == [(("a", "1,000"), ("b", "2,000"))]
+    assert "| a | 1,000 |" in capfd.readouterr().out
+    absent = harness.run_one(registry.Benchmark("gone", "read", "", needs=("no_such_module_here",)), False, None,
+                             env)
+    assert "no_such_module_here" in absent["left_out"] and absent["tables"] == []
