@@ -9,8 +9,8 @@ In README.md and benchmarks/README.md each generated table sits between two comm
 
 naming the results file, the benchmark and which of its tables (0: the first it made); a block between
 `<!-- registry -->` and `<!-- /registry -->` is the list of every benchmark (`registry.BENCHMARKS`). `python -m
-benchmarks tables` rewrites every such block from its source; `--check` (and tests/test_benchmark_tables.py) fails when a block
-and its results differ, so a figure in a README is always one the harness recorded.
+benchmarks tables` rewrites every such block from its source; `--check` (and tests/test_benchmark_tables.py)
+fails when a block and its results differ, so a figure in a README is always one the harness recorded.
 """
 
 from __future__ import annotations
