@@ -215,3 +215,24 @@ def test_the_loop_finder_names_the_loop() -> None:
     edges = {"fastdata.image.a": {"fastdata.image.b"}, "fastdata.image.b": {"fastdata.image.c"},
              "fastdata.image.c": {"fastdata.image.a"}, "fastdata.image.d": {"fastdata.image.a"}}
     assert loops(edges) == [["fastdata.image.a", "fastdata.image.b", "fastdata.image.c", "fastdata.image.a"]]
+
+
+def loader_subclasses(sources: dict[str, str], base: str = "ImageLoader") -> list[str]:
+    """The classes of `sources` (module name -> source) that derive from `base` by name, other than the
+    mixtures' own (`Mixed...`, which differ in their order, not their batches)."""
+    found = []
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("Mixed"):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                if base in bases:
+                    found.append(f"{module}.{node.name}")
+    return found
+
+
+def test_one_image_loader_serves_every_target_kind() -> None:
+    """A target kind shapes its batches in its codec (`TargetCodec.deliver`), not in a loader subclass."""
+    sources = {path.relative_to(ROOT).with_suffix("").as_posix().replace("/", "."): path.read_text(encoding="utf-8")
+               for path in (ROOT / "fastdata").rglob("*.py")}
+    assert loader_subclasses(sources) == []
+    assert loader_subclasses({"m": "class DetectionLoader(ImageLoader):\n    pass\n"}) == ["m.DetectionLoader"]

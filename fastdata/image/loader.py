@@ -119,18 +119,33 @@ def _worker_init(_worker_id: int) -> None:
 
 
 class ImageLoader(ResumableLoader):
-    """Iterable of `(images, labels)` batches, like a DataLoader over torchvision's ImageFolder:
-    images [B, 3, H, W] (uint8, or normalised floats with a floating `dtype`; a custom transform's own CHW output),
-    labels int64 [B] (multi-label datasets: multi-hot float32 [B, C]; semantic segmentation datasets: masks
-    `[B, H, W]` of class ids, `fastdata.image.targets.segmentation`). Each new pass is the next epoch
+    """Iterable of batches over an image dataset of any target kind, shaped by its target codec
+    (`fastdata.image.targets.codec`, `deliver`):
+    - class labels: `(images, labels)`, like a DataLoader over torchvision's ImageFolder: images [B, 3, H, W]
+      (uint8, or normalised floats with a floating `dtype`; a custom transform's own CHW output), labels int64 [B]
+      (multi-label datasets: multi-hot float32 [B, C]);
+    - semantic segmentation: `(images, masks)`, masks `[B, H, W]` of class ids
+      (`fastdata.image.targets.segmentation`);
+    - detection: `(images, targets)`: the presets' uint8 `[B, 3, S, S]` canvases, each image at the top-left,
+      padded with 0 (augment=None: a list of B uint8 `[3, H, W]` images in their stored geometry, what
+      torchvision's detection models take), targets a list of B dicts (`DetectionBatch.as_list`: `boxes` float32
+      `[N, 4]` xyxy in the canvas' pixels, `labels`, `iscrowd`, `annotation_ids` int64 `[N]`, `area` float32
+      `[N]`, `image_id`, and with `masks=True` `masks` uint8 `[N, S, S]`); decoded in the workers only;
+    - image-text pairs: `{"images", "captions"}` (captions a list of str in batch order), or when the dataset
+      stores token ids `{"images", "input_ids", "attention_mask", "captions"}` (int64 `[B, max_length]`).
+    With `metadata=True` the metadata ride along (a third item, or `"metadata"`). Each new pass is the next epoch
     (reshuffled from (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
-    exactly in the middle of an epoch."""
+    exactly in the middle of an epoch; a skipped image's target goes with it."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
                  image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
         """`sampler` (LMDB only) replaces the epoch's batch order drawn from `options` (a mixture's schedule)."""
         image = image or ImageOptions()
+        codec = data.pipeline.labels
+        if codec.whole_images_as_lists and data.pipeline.preset is None and data.pipeline.augment is None:
+            data.pipeline.unstacked = True  # whole images of different sizes: a list per batch
+        self._shape = codec.deliver  # (images, targets[, metadata]) -> the batch as this kind of dataset gives it
         self.dataset = data
         self.options = options
         self.device = image.device
@@ -255,15 +270,16 @@ class ImageLoader(ResumableLoader):
         assert isinstance(self._batches, WdsBatches)
         return self._batches.num_batches()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         here = self._begin_pass()
         if here.complete:  # restored after the last batch of its epoch: nothing of it is left
             self._end_pass()
             return
         self._pass_skip = here.skip
+        shape = self._shape
         for batch in self._pass(PassKey(here.epoch, here.start, here.skip)):
             self._count_batch()
-            yield batch
+            yield shape(batch)
         self._end_pass()
 
     def _pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -444,35 +460,9 @@ class ImageLoader(ResumableLoader):
         return f"{where} (shards {', '.join(self._batches.batch_shards(epoch, batch_number))})"
 
 
-class PairLoader(ImageLoader):
-    """Iterable of dicts over an image-text pair dataset: `{"images", "captions"}` (images as `ImageLoader` makes
-    them, captions a list of str in batch order), or when the dataset stores token ids `{"images", "input_ids",
-    "attention_mask", "captions"}` (int64 `[B, max_length]`). Everything else is `ImageLoader`'s: the order,
-    the rank split, exact resume, skipped images (whose captions go with them) and borrowed samples."""
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        for images, captions, *metadata in super().__iter__():
-            yield {"images": images, **captions.as_dict(), **({"metadata": metadata[0]} if metadata else {})}
-
-
-class DetectionLoader(ImageLoader):
-    """Iterable of `(images, targets)` over a detection dataset: images as `ImageLoader` makes them (the presets:
-    uint8 `[B, 3, S, S]` canvases, each image at the top-left, padded with 0; augment=None: a list of B uint8
-    `[3, H, W]` images in their stored geometry, what torchvision's detection models take), targets a list of B dicts
-    (`DetectionBatch.as_list`: `boxes` float32 `[N, 4]` xyxy in the canvas' pixels, `labels`, `iscrowd`,
-    `annotation_ids` int64 `[N]`, `area` float32 `[N]`, `image_id`, and with `masks=True` `masks` uint8
-    `[N, S, S]`). Everything else is `ImageLoader`'s: the order, the rank split, exact resume, skipped images (whose
-    targets go with them) and borrowed samples. Decoded in the workers only (decode="device" is refused)."""
-
-    def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
-                 image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
-        if data.pipeline.preset is None and data.pipeline.augment is None:
-            data.pipeline.unstacked = True  # whole images of different sizes: a list per batch
-        super().__init__(data, options, image, sampler=sampler)
-
-    def __iter__(self) -> Iterator[tuple]:  # type: ignore[override]
-        for images, targets, *metadata in super().__iter__():
-            yield (images, targets.as_list(), *metadata)
+#: The names of the loaders of image-text pairs and of detection datasets before one `ImageLoader` served every
+#: target kind, kept for code that names them
+PairLoader = DetectionLoader = ImageLoader
 
 
 def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:

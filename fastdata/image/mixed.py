@@ -20,7 +20,7 @@ from fastdata.errors import ConfigError
 from fastdata.image.batch import EncodedSample
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.indexed_shards import IndexedShards
-from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
+from fastdata.image.loader import ImageLoader, ImageOptions
 from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
 
@@ -188,17 +188,8 @@ class MixedImageLoader(MixedResumable, ImageLoader):
         return {**super()._resume_config(), **self._mix_config(self.dataset.names, self.dataset.fingerprints())}
 
 
-class MixedPairLoader(MixedImageLoader, PairLoader):
-    """A mixture of image-text pair datasets: `{"images", "captions"}` (and the token rows) as `PairLoader` gives."""
-
-
-class MixedDetectionLoader(MixedImageLoader, DetectionLoader):
-    """A mixture of detection datasets: `(images, targets)` as `DetectionLoader` gives."""
-
-
 def mixed_image_loader(data: MixedImageDataset, plan: MixPlan, options: LoaderOptions,
                        image: ImageOptions | None = None) -> MixedImageLoader:
-    """The mixture's loader for its kind of targets."""
-    kind = {"pairs": MixedPairLoader, "detection": MixedDetectionLoader}.get(data.target_kind, MixedImageLoader)
-    return kind(data, plan, options, image)
+    """The mixture's loader (its batches shaped by its kind of targets, as `ImageLoader`'s are)."""
+    return MixedImageLoader(data, plan, options, image)
 

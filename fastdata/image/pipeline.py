@@ -31,11 +31,8 @@ from fastdata.image.jpeg.region import (
 )
 from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, restart_failure, warn_restart_fallback
 from fastdata.image.output import OutputFormat
-from fastdata.image.targets.detection import DetectionCodec
-from fastdata.image.targets.detection_custom import wrap_detection_custom
+from fastdata.image.targets.codec import TargetCodec, wrap_spatial_custom
 from fastdata.image.targets.labels import LabelCodec
-from fastdata.image.targets.segmentation import SegmentationCodec
-from fastdata.image.targets.segmentation_custom import wrap_segmentation_custom
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
 
@@ -50,7 +47,7 @@ class SamplePipeline:
     def __init__(self, augment: Any, image_size: Any, seed: int, source: str,
                  max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
                  scale: Any = None, ratio: Any = None,
-                 labels: LabelCodec | DetectionCodec | SegmentationCodec | None = None,
+                 labels: TargetCodec | None = None,
                  jpeg_layout: str = "original") -> None:
         self.max_pixels = max_pixels
         # "restart" (the manifest's jpeg_layout): a rewritten JPEG's crop region is decoded from the sub-JPEG of the
@@ -74,7 +71,7 @@ class SamplePipeline:
         self.source = source
         # detection and segmentation: targets follow the pixels' geometry (fastdata.image.targets.detection,
         # fastdata.image.targets.segmentation); None for other targets
-        self.spatial = self.labels if isinstance(self.labels, DetectionCodec | SegmentationCodec) else None
+        self.spatial = self.labels if self.labels.spatial else None
         self.preset: Any
         if self.spatial is not None and (isinstance(augment, str) or is_detection_preset(augment)):
             self.preset = make_detection_preset(augment, image_size, scale, ratio)
@@ -133,9 +130,8 @@ class SamplePipeline:
 
     def _wrap_spatial_custom(self) -> Any:
         """The custom transform, adapted to carry the sample's boxes or mask with its pixels."""
-        if isinstance(self.spatial, SegmentationCodec):
-            return wrap_segmentation_custom(self.augment, self.spatial.dtype)
-        return wrap_detection_custom(self.augment)
+        assert self.spatial is not None
+        return wrap_spatial_custom(self.spatial, self.augment)
 
     def _where(self, sample: EncodedSample) -> str:
         return f"{self.source}/{sample.origin}" if sample.origin else self.source
@@ -231,7 +227,7 @@ class SamplePipeline:
             elif self.spatial is not None and record is not None:
                 if self._custom is None:
                     self._custom = self._wrap_spatial_custom()
-                given = record if isinstance(self.spatial, SegmentationCodec) else self.spatial.whole(record)
+                given = self.spatial.custom_input(record)
                 custom, sample.made = self._custom(image, given, sample_seed(self.seed, epoch, *sample.position))
                 result = as_chw(custom, self._name(sample))
             else:

@@ -19,7 +19,7 @@ from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.geometry import output_size
-from fastdata.image.loader import DetectionLoader, ImageLoader, ImageOptions, PairLoader
+from fastdata.image.loader import ImageLoader, ImageOptions
 from fastdata.loader.mixing import mixed_loader
 from fastdata.loader.options import MixOptions, Output, resolve_spelling
 from fastdata.loader.tuning import Tuned, dataset_root, loader_key, measured_decode, resolve_auto, tune_files
@@ -397,13 +397,11 @@ def loader(
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
                               + ImageOptions.given_in(image_options))
         built: ImageLoader | TextLoader = text_loader(data, options, text)
-    elif data.target_kind == "detection":
-        built = DetectionLoader(data, options, ImageOptions(**image_options))
     else:
         text_only = [name for name in text.given() if not (data.pairs and name == "max_length")]
         if text_only:
             raise ConfigError(f"{', '.join(text_only)}: for text datasets only; {path} holds images")
-        built = (PairLoader if data.pairs else ImageLoader)(data, options, ImageOptions(**image_options))
+        built = ImageLoader(data, options, ImageOptions(**image_options))
     built.tuned = tuned  # what "auto" chose and where it came from (None: nothing was asked to be tuned)
     return built
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -107,6 +107,16 @@ class CaptionCodec:
     def describe(self) -> dict[str, Any]:
         """What a loader state must match to resume (the rows' length)."""
         return {"tokens": self.tokens, "max_length": self.max_length if self.tokens else None}
+
+    spatial: ClassVar[bool] = False
+    whole_images_as_lists: ClassVar[bool] = False
+
+    @staticmethod
+    def deliver(batch: tuple) -> dict[str, Any]:
+        """A batch as the loader gives it: `{"images", "captions"}`, with stored token ids `{"images",
+        "input_ids", "attention_mask", "captions"}` (int64 `[B, max_length]`), and `"metadata"` when asked."""
+        images, captions, *metadata = batch
+        return {"images": images, **captions.as_dict(), **({"metadata": metadata[0]} if metadata else {})}
 
     def read(self, reader: Any, index: int) -> Caption:
         """Sample `index`'s caption from an LMDB reader."""

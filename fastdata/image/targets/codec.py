@@ -1,6 +1,7 @@
 """What every target kind's codec does, and the one registry that picks it: a dataset's `target_kind` (the
 manifest's) -> the codec that reads its samples' targets from storage (`read`, `from_json`), says what it holds
-(`describe`) and makes them a batch (`batch`) or one sample's target (`one`). A new target kind is one codec class
+(`describe`), makes them a batch (`batch`) or one sample's target (`one`) and gives the loader's batches their
+shape (`deliver`); one `fastdata.image.loader.ImageLoader` serves every kind. A new target kind is one codec class
 and one entry in CODECS; the sample pipeline and the datasets ask here and never switch on the kind themselves.
 """
 
@@ -13,8 +14,10 @@ from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import TARGET_KINDS, Manifest
 from fastdata.image.targets.captions import CaptionCodec
 from fastdata.image.targets.detection import DetectionCodec
+from fastdata.image.targets.detection_custom import wrap_detection_custom
 from fastdata.image.targets.labels import LabelCodec
 from fastdata.image.targets.segmentation import SegmentationCodec
+from fastdata.image.targets.segmentation_custom import wrap_segmentation_custom
 
 
 class TargetCodec(Protocol):
@@ -34,6 +37,16 @@ class TargetCodec(Protocol):
 
     def one(self, target: Any) -> Any:
         """One sample's target as `fastdata.dataset` gives it."""
+
+    #: whether the targets follow the pixels' geometry: then the codec also has `record(sample, where)` (the
+    #: stored target, checked), `whole(record)` and `custom_input(record)` (what a custom transform gets beside
+    #: the image), and an entry in CUSTOM_WRAPPERS
+    spatial: bool
+    #: whether augment=None gives each batch's images as a list (whole images of different sizes)
+    whole_images_as_lists: bool
+
+    def deliver(self, batch: tuple) -> Any:
+        """A batch `(images, targets[, metadata])` in the shape the loader gives it (a tuple, or a dict)."""
 
 
 def _no_caption_length(where: str, max_length: int | None) -> None:
@@ -65,6 +78,18 @@ CODECS: dict[str, Callable[[Manifest, str, int | None, bool], TargetCodec]] = {
     "class": _classes, "pairs": _pairs, "detection": _detection, "segmentation": _segmentation,
 }
 assert set(CODECS) == set(TARGET_KINDS), "every target kind the manifest knows has a codec"
+
+
+#: codec type whose targets follow the pixels -> how a custom transform is adapted to carry them with the image
+CUSTOM_WRAPPERS: dict[type, Callable[[Any, Any], Any]] = {
+    DetectionCodec: lambda codec, augment: wrap_detection_custom(augment),
+    SegmentationCodec: lambda codec, augment: wrap_segmentation_custom(augment, codec.dtype),
+}
+
+
+def wrap_spatial_custom(codec: Any, augment: Any) -> Any:
+    """`augment` (a custom transform) adapted to carry the targets of `codec` (a spatial codec) with the pixels."""
+    return CUSTOM_WRAPPERS[type(codec)](codec, augment)
 
 
 def target_codec(manifest: Manifest, where: str, max_length: int | None = None, masks: bool = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -160,6 +160,20 @@ class DetectionCodec:
     def describe(self) -> dict[str, Any]:
         """What a loader state must match to resume."""
         return {"detection": True, "masks": self.masks}
+
+    spatial: ClassVar[bool] = True  # the sample pipeline maps each record with its image's geometry
+    whole_images_as_lists: ClassVar[bool] = True  # augment=None: images of different sizes, a list per batch
+
+    @staticmethod
+    def deliver(batch: tuple) -> tuple:
+        """A batch as the loader gives it: `(images, targets)`, targets a list of B dicts
+        (`DetectionBatch.as_list`) (+ metadata)."""
+        images, targets, *metadata = batch
+        return (images, targets.as_list(), *metadata)
+
+    def custom_input(self, record: DetectionRecord) -> Any:
+        """What the wrapped custom transform gets beside the image: the whole image's target."""
+        return self.whole(record)
 
     def record(self, sample: Any, where: str) -> DetectionRecord:
         """The sample's stored record, checked against its image: CorruptSampleError naming `where` when it is

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -55,6 +55,14 @@ class LabelCodec:
     def describe(self) -> dict[str, Any]:
         """What a loader state must match to resume (nothing beyond the dataset itself)."""
         return {}
+
+    spatial: ClassVar[bool] = False  # the targets follow the pixels' geometry (see DetectionCodec)
+    whole_images_as_lists: ClassVar[bool] = False  # augment=None gives a list of images per batch
+
+    @staticmethod
+    def deliver(batch: tuple) -> tuple:
+        """A batch as the loader gives it: `(images, labels)` (+ metadata)."""
+        return batch
 
     def batch(self, labels: Sequence[Label]) -> torch.Tensor:
         """The labels of a batch: int64 `[B]`, or multi-hot float32 `[B, C]`."""

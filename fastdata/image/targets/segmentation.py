@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -69,6 +69,19 @@ class SegmentationCodec:
     def describe(self) -> dict[str, Any]:
         """What a loader state must match to resume."""
         return {"masks": str(self.dtype).removeprefix("torch."), "ignore_index": self.ignore_index}
+
+    spatial: ClassVar[bool] = True  # the sample pipeline maps each label map with its image's geometry
+    whole_images_as_lists: ClassVar[bool] = False
+
+    @staticmethod
+    def deliver(batch: tuple) -> tuple:
+        """A batch as the loader gives it: `(images, masks)` (+ metadata)."""
+        return batch
+
+    @staticmethod
+    def custom_input(record: np.ndarray) -> np.ndarray:
+        """What the wrapped custom transform gets beside the image: the stored label map."""
+        return record
 
     def record(self, sample: Any, where: str) -> np.ndarray:
         """The sample's stored label map (uint8 or uint16 `[H, W]`), checked against its image: CorruptSampleError
