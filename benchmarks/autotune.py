@@ -14,7 +14,6 @@ Targets (issue 20): the tuner's time <= 60 s on a 2-core machine, its choice >= 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -24,10 +23,12 @@ from pathlib import Path
 import fastdata
 from fastdata.config import available_cores
 from fastdata.tools.bench_fair import alternate, median_ratio
-from fastdata.tools.tune import PREFETCH, Point, TuneConfig, format_search, measure_point, run_tune
+from fastdata.tools.tune import PREFETCH, Point, Search, TuneConfig, measure_point, run_tune
 from fastdata.tools.tune_steps import parse_step
 
 sys.path.insert(0, str(Path(__file__).parent))
+import report
+from common import arguments
 from hardening import dataset_for  # the same sample conversion as the other benchmarks
 
 
@@ -46,30 +47,35 @@ def grid(out: Path, config: TuneConfig, points: list[Point], repeats: int) -> di
     return runs
 
 
-def format_grid(runs: dict[Point, list[float]], chosen: Point) -> str:
+def grid_rows(runs: dict[Point, list[float]], chosen: Point) -> list[list[str]]:
+    """The grid's table: every point's median images/s, its share of the best point's, its runs, and marks."""
     best = max(runs, key=lambda p: statistics.median(runs[p]))
     top = statistics.median(runs[best])
-    header = f"  {'workers':>7} {'prefetch':>8} {'images/s':>10} {'of best':>8} {'runs':>5}"
-    lines = [header, "  " + "-" * (len(header) - 2)]
+    rows = []
     for point, values in runs.items():
         rate = statistics.median(values)
-        mark = ("  <- grid best" if point == best else "") + ("  <- tuner's choice" if point == chosen else "")
-        lines.append(f"  {point.num_workers:>7} {point.prefetch_factor:>8} {rate:>10,.0f} {rate / top:>8.0%} "
-                     f"{len(values):>5}{mark}")
-    return "\n".join(lines)
+        mark = ", ".join(([] if point != best else ["grid best"]) + ([] if point != chosen else ["tuner's choice"]))
+        rows.append([str(point.num_workers), str(point.prefetch_factor), f"{rate:,.0f}", f"{rate / top:.0%}",
+                     str(len(values)), mark])
+    return rows
+
+
+def search_rows(found: Search) -> list[list[str]]:
+    """The tuner's table (as `fastdata.tools.tune.format_search`): the points it measured, in order."""
+    points = found.points()
+    top = max(m.images_per_s for m in points)
+    return [[str(m.point.num_workers), str(m.point.prefetch_factor), m.point.decode, f"{m.images_per_s:,.0f}",
+             "n/a" if m.data_wait is None else f"{m.data_wait:.0%}", f"{m.images_per_s / top if top else 0:.0%}",
+             str(m.runs), "choice" if m.point == found.choice.point else ""] for m in points]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = arguments(__doc__, images=3000, repeats=1, batch_size=256)
     parser.add_argument("--image-size", type=int, default=None)
     parser.add_argument("--step", default="none", help="as fastdata tune --step (none, to-device, 50ms, resnet18)")
     parser.add_argument("--budget", type=float, default=60.0, help="the tuner's budget, seconds")
     parser.add_argument("--window", type=float, default=3.0, help="measured seconds per point (grid and tuner)")
     parser.add_argument("--max-workers", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=1, help="runs of every grid point, alternating")
     parser.add_argument("--confirm", type=int, default=3, help="alternating runs of the choice and the grid best")
     args = parser.parse_args()
 
@@ -102,24 +108,24 @@ def main() -> None:
         again = grid(out, config, [best, chosen], args.confirm)
         confirmed = median_ratio(again[chosen], again[best])
 
-    print(f"\nfull grid ({len(points)} points, {grid_s:.0f} s):")
-    print(format_grid(runs, chosen))
-    print(f"\nfastdata tune ({len(result.search.points())} points, {len(result.search.measured)} runs, "
-          f"{tune_s:.0f} s):")
-    print(format_search(result.search))
-    for note in result.search.notes:
-        print(f"  {note}")
-    print("\nsummary")
-    print(f"  tuner's time:   {tune_s:.1f} s (target <= 60 s on 2 cores; budget {args.budget:g} s)")
-    print(f"  tuner's choice: workers={chosen.num_workers} prefetch={chosen.prefetch_factor}; "
-          f"grid best: workers={best.num_workers} prefetch={best.prefetch_factor}")
-    print(f"  choice / grid best, grid figures: {ratio:.2f} (target >= 0.90)")
+    report.table(f"full grid ({len(points)} points, {grid_s:.0f} s): medians of {args.repeats} run(s) a point, "
+                 f"alternating, {args.window:g} s through step {args.step} each",
+                 ["workers", "prefetch", "images/s", "of best", "runs", "mark"], grid_rows(runs, chosen),
+                 align="rrrrrl")
+    report.table(f"fastdata tune ({len(result.search.points())} points, {len(result.search.measured)} runs, "
+                 f"{tune_s:.0f} s)", ["workers", "prefetch", "decode", "images/s", "data wait", "of best", "runs",
+                                      "mark"], search_rows(result.search), align="rrrrrrrl",
+                 notes=result.search.notes)
+    summary = [["tuner's time", f"{tune_s:.1f} s", f"<= 60 s on 2 cores; budget {args.budget:g} s"],
+               ["tuner's choice", f"workers={chosen.num_workers} prefetch={chosen.prefetch_factor}", ""],
+               ["grid best", f"workers={best.num_workers} prefetch={best.prefetch_factor}", ""],
+               ["choice / grid best, grid figures", f"{ratio:.2f}", ">= 0.90"]]
     if confirmed is not None:
-        print(f"  choice / grid best, {args.confirm} confirming rounds (median of per-round ratios): "
-              f"{confirmed:.2f}")
-    elif chosen == best:
-        print("  the tuner chose the grid's best point")
-    print(f"  grid's time: {grid_s:.0f} s for {len(points)} points")
+        summary.append([f"choice / grid best, {args.confirm} confirming rounds (median of per-round ratios)",
+                        f"{confirmed:.2f}", ""])
+    summary.append(["grid's time", f"{grid_s:.0f} s for {len(points)} points", ""])
+    report.table("summary: fastdata tune against the full grid", ["figure", "value", "target"], summary,
+                 align="lll", notes=["the tuner chose the grid's best point"] if chosen == best else [])
 
 
 if __name__ == "__main__":

@@ -48,3 +48,53 @@ def cached_sample_imagefolder(data: str | Path, images: int, classes: int = 20, 
         make_sample_imagefolder(tmp, images=images, classes=classes, png_fraction=0.0 if jpeg_only else 0.04)
         tmp.rename(src)
     return src
+
+
+def per_run_ratios_text(result, baseline) -> str:
+    """`result`'s throughput over `baseline`'s, run by run (LoaderResults of one `run_contenders`): "1.92, 2.03"."""
+    from fastdata.tools.bench_fair import per_run_ratios
+
+    return ", ".join(f"{x:.2f}" for x in per_run_ratios([r.images_per_s for r in result.runs],
+                                                         [b.images_per_s for b in baseline.runs]))
+
+
+def loading_table(title: str, results, baselines, vs: list[str] | None = None, notes=()) -> None:
+    """Report loaders' results (`run_contenders`) as a table: images/s, the median of the per-run ratios to each
+    of `baselines` (columns "vs <name>", or named by `vs`), MB/s and seconds to the first batch (medians)."""
+    import report
+
+    vs = vs or [f"vs {b.name}" for b in baselines]
+    report.table(title, ["loader", "images/s", *vs, "MB/s", "first batch s"],
+                 [[r.name, f"{r.images_per_s:,.0f}", *(f"{r.ratio_to(b):.2f}x" for b in baselines),
+                   f"{r.mb_per_s:,.1f}", f"{r.first_batch_s:.2f}"] for r in results], notes=notes)
+
+
+def convert_once(outputs: dict[str, Path], convert) -> None:
+    """`convert(fmt, out)` for each output (format -> folder) that has no manifest yet, its time printed: the
+    conversions a loading benchmark reads, made once under --data and untimed for its table."""
+    import time
+
+    for fmt, out in outputs.items():
+        if not (out / "manifest.json").is_file():
+            started = time.perf_counter()
+            convert(fmt, out)
+            print(f"converted to {fmt} in {time.perf_counter() - started:.1f} s (untimed for the table)")
+
+
+def loading_race(title: str, contenders: list, config, what: str, target: float, unit: str = "img/s") -> list:
+    """Run `contenders` (`fastdata.tools.bench.run_contenders`, progress printed) and report their table: medians
+    against the first (the baseline; the median of the per-run ratios), the first batch, and whether each other
+    loader meets `target`."""
+    import report
+
+    from fastdata.tools.bench import run_contenders
+
+    results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True), what=what)
+    baseline = results[0]
+    verdicts = [f"{r.name}: {r.ratio_to(baseline):.2f}x; "
+                f"{'meets' if r.ratio_to(baseline) >= target else 'MISSES'} the {target:g}x target"
+                for r in results[1:]]
+    report.table(title, ["loader", unit, f"vs {baseline.name}", "first batch s"],
+                 [[r.name, f"{r.images_per_s:,.0f}", f"{r.ratio_to(baseline):.2f}x", f"{r.first_batch_s:.2f}"]
+                  for r in results], notes=verdicts)
+    return results

@@ -30,7 +30,6 @@ Run nothing else heavy while it runs: the ratios are only as good as the machine
 
 from __future__ import annotations
 
-import argparse
 import io
 import multiprocessing
 import statistics
@@ -40,7 +39,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-from common import cached_sample_imagefolder
+import report
+from common import arguments, cached_sample_imagefolder
 from fastdata.converters.imagefolder import convert_imagefolder
 
 from fastdata.formats.lmdb import LmdbReader
@@ -177,62 +177,57 @@ def stored_bytes(path: Path) -> tuple[list[bytes], list[str]]:
     return [reader.read(i) for i in range(manifest.num_samples)], [reader.key(i) for i in range(manifest.num_samples)]
 
 
-def layout_line(label: str, original, restart) -> str:
+def layout_row(label: str, original, restart) -> list[str]:
     """The restart conversion against the original one (manifests of the same source): JPEGs rewritten and kept,
     the size overhead, and the conversion time (each timed when it was made: a cached dataset keeps its time)."""
     stats = restart.stats.get("jpeg_layout") or {}
     kept = sum((stats.get("kept_original") or {}).values())
     seconds, base = restart.stats.get("seconds") or float("nan"), original.stats.get("seconds") or float("nan")
-    return (f"restart layout, {label}: {stats.get('rewritten', 0):,} JPEGs rewritten, {kept:,} kept original; "
-            f"JPEG bytes x{stats.get('size_ratio', float('nan')):.3f}; conversion {seconds:.1f} s vs "
-            f"{base:.1f} s for the original layout ({seconds / base:.2f}x)")
+    return [label, f"{stats.get('rewritten', 0):,}", f"{kept:,}", f"x{stats.get('size_ratio', float('nan')):.3f}",
+            f"{seconds:.1f}", f"{base:.1f}", f"{seconds / base:.2f}x"]
 
 
 def peak_rss_mb(run: RunResult) -> float:
     return float((run.system or {}).get("rss_mb") or float("nan"))
 
 
-def with_peers(contenders: list[Contender], peers: list[Callable[[], Contender]]) -> list[Contender]:
-    """`contenders` plus each peer that can be built here; a peer that cannot is left out, with the reason."""
-    out = list(contenders)
+def with_peers(contenders: list[Contender], peers: list[Callable[[], Contender]]) -> tuple[list[Contender], list[str]]:
+    """`contenders` plus each peer that can be built here; a peer that cannot is left out, the reason a note of
+    the table (the second item)."""
+    out, omitted = list(contenders), []
     for build in peers:
         try:
             out.append(build())
         except PeerUnavailable as exc:
-            print(f"  (row left out: {exc})")
-    return out
+            omitted.append(f"(row left out: {exc})")
+    return out, omitted
 
 
-def run_workload(title: str, contenders: list[Contender], config: BenchConfig, ceiling: float,
+def run_workload(title: str, contenders: list[Contender], omitted: list[str], config: BenchConfig, ceiling: float,
                  ceiling_name: str) -> None:
-    print(f"\n## {title}: {config.warmup_passes} untimed + {config.epochs} timed passes per run, batch "
-          f"{config.batch_size}, {config.num_workers} workers, {config.repeats} alternating runs")
+    how = (f"{config.warmup_passes} untimed + {config.epochs} timed passes per run, batch {config.batch_size}, "
+           f"{config.num_workers} workers, {config.repeats} alternating runs")
+    print(f"\n## {title}: {how}")
     results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True))
     baseline = results[0]
-    width = max(len(name) for name in [*(r.name for r in results), f"decode-only ceiling: {ceiling_name}"])
-    print(f"\n| {'loader':<{width}} | images/s | vs baseline | of ceiling | first batch s | peak RSS MB |")
-    print(f"|{'-' * (width + 2)}|---------:|------------:|-----------:|--------------:|------------:|")
-    for r in results:
-        print(f"| {r.name:<{width}} | {r.images_per_s:8,.0f} | {r.ratio_to(baseline):10.2f}x | "
-              f"{r.images_per_s / ceiling:9.0%} | {r.first_batch_s:13.2f} | "
-              f"{statistics.median(peak_rss_mb(run) for run in r.runs):11,.0f} |")
+    rows = [[r.name, f"{r.images_per_s:,.0f}", f"{r.ratio_to(baseline):.2f}x", f"{r.images_per_s / ceiling:.0%}",
+             f"{r.first_batch_s:.2f}", f"{statistics.median(peak_rss_mb(run) for run in r.runs):,.0f}"]
+            for r in results]
     base_rates = [run.images_per_s for run in baseline.runs]
-    print(f"| {'decode-only ceiling: ' + ceiling_name:<{width}} | {ceiling:8,.0f} | "
-          f"{statistics.median(ceiling / b for b in base_rates):10.2f}x | {1:9.0%} | {'':>13} | {'':>11} |")
+    rows.append([f"decode-only ceiling: {ceiling_name}", f"{ceiling:,.0f}",
+                 f"{statistics.median(ceiling / b for b in base_rates):.2f}x", f"{1:.0%}", "", ""])
     by_name = {r.name: r for r in results}
+    notes = list(omitted)
     if RESTART_ROW in by_name and REGION_ROW in by_name:
-        print(f"\n{RESTART_ROW} vs {REGION_ROW}: {by_name[RESTART_ROW].ratio_to(by_name[REGION_ROW]):.2f}x "
-              "(median of the per-run ratios)")
+        notes.append(f"{RESTART_ROW} vs {REGION_ROW}: {by_name[RESTART_ROW].ratio_to(by_name[REGION_ROW]):.2f}x "
+                     "(median of the per-run ratios)")
+    report.table(f"{title}: images/s (medians), {how}; ratios: medians of the per-run ratios",
+                 ["loader", "images/s", "vs baseline", "of ceiling", "first batch s", "peak RSS MB"], rows,
+                 notes=notes)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=4000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--workers", type=int, default=None, help="default: the usable cores")
+    parser = arguments(__doc__, images=4000, repeats=3, epochs=2, batch_size=128, workers=None)
     parser.add_argument("--workloads", default="train,val,256", help="comma-separated subset of train,val,256")
     parser.add_argument("--no-peers", action="store_true", help="leave FFCV and DALI out")
     args = parser.parse_args()
@@ -248,18 +243,21 @@ def main() -> None:
         if not out.exists():
             convert_imagefolder(src, out, progress=False, max_size=max_size, quality=90, jpeg_layout=layout,
                                 workers=args.workers)
-    for label, original, restart in (("full-size", full, full_restart), ("max side 256", small, small_restart)):
-        print(layout_line(label, read_manifest(original), read_manifest(restart)))
+    report.table("the restart layout (`--jpeg-layout restart`) against the original: JPEGs rewritten, the JPEG bytes' "
+                 "size ratio, and each conversion's time (timed when it was made: a cached dataset keeps its time)",
+                 ["stored", "JPEGs rewritten", "kept original", "JPEG bytes", "restart conversion s",
+                  "original conversion s", "restart / original"],
+                 [layout_row(label, read_manifest(original), read_manifest(restart))
+                  for label, original, restart in (("full-size", full, full_restart),
+                                                   ("max side 256", small, small_restart))])
     full_source = source_baseline(src, read_manifest(full))  # the stored bytes are the source's own
     small_source = choose_baseline(small, src, export_dir=args.data / f"cpu-path-{args.images}-256-export",
                                    progress=print)  # an ImageFolder of the 256 dataset's stored bytes
     for line in full_source.notes() + small_source.notes():
         print(line)
 
-    train = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment="train", workers=args.workers,
-                        repeats=args.repeats)
-    val = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment="val", workers=args.workers,
-                      repeats=args.repeats)
+    train, val = (BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment=augment, workers=args.workers,
+                              repeats=args.repeats) for augment in ("train", "val"))
     processes = max(1, train.num_workers)
     print(f"{args.images} images; {processes} processes for loaders and the decode ceiling; DataLoader settings "
           f"{train.settings}")
@@ -267,14 +265,14 @@ def main() -> None:
     ceilings = {}
     for label, path in (("full-size", full), ("max side 256", small)):
         datas = [d for d, k in zip(*stored_bytes(path), strict=True) if d[:2] == b"\xff\xd8"]
-        print(f"\nsingle-core whole-image decode, {label} stored JPEGs ({len(datas)} images, "
-              f"{np.mean([len(d) for d in datas]) / 1e3:.0f} KB avg), median of 3 passes:")
         timings = {name: _single_core_ms(fn, datas) for name, fn in _decoders().items()}
-        for name, ms in sorted(timings.items(), key=lambda item: item[1]):
-            print(f"  {name:<32} {ms:6.3f} ms/image")
         fastest = min(timings, key=timings.get)
         ceilings[label] = (decode_ceiling(fastest, datas, processes), f"{fastest} x{processes}")
-        print(f"  ceiling: {fastest} on {processes} processes: {ceilings[label][0]:,.0f} images/s")
+        report.table(f"single-core whole-image decode, {label} stored JPEGs ({len(datas)} images, "
+                     f"{np.mean([len(d) for d in datas]) / 1e3:.0f} KB avg), median of 3 passes",
+                     ["decoder", "ms/image"], [[name, f"{ms:.3f}"] for name, ms in
+                                              sorted(timings.items(), key=lambda item: item[1])],
+                     notes=[f"ceiling: {fastest} on {processes} processes: {ceilings[label][0]:,.0f} images/s"])
 
     betons: dict[str, Path] = {}
 
@@ -294,28 +292,24 @@ def main() -> None:
                     " (ROI decode)" if config.augment == "train" else ""))]
 
     baseline = "torchvision ImageFolder + PIL (baseline)"
-    if "train" in workloads:
-        run_workload("full-size stored JPEGs, train preset (RandomResizedCrop 224 + flip)", with_peers([
-            baseline_contender(full_source, train, baseline),
-            torchvision_io_v2(full_source, train),
-            fastdata_contender(full, train, REGION_ROW),
-            fastdata_contender(full_restart, train, RESTART_ROW),
-            fastdata_contender(full, train, "fastdata (whole-image OpenCV decode)", adjust=whole_image_decode),
-        ], peers(full_source, train, None)), train, *ceilings["full-size"])
-    if "val" in workloads:
-        run_workload("full-size stored JPEGs, val preset (resize 256 + centre crop 224)", with_peers([
-            baseline_contender(full_source, val, baseline),
-            torchvision_io_v2(full_source, val),
-            fastdata_contender(full, val, REGION_ROW),
-            fastdata_contender(full_restart, val, RESTART_ROW),
-        ], peers(full_source, val, None)), val, *ceilings["full-size"])
-    if "256" in workloads:
-        run_workload("stored at max side 256, JPEG q90 (--max-size 256), train preset", with_peers([
-            baseline_contender(small_source, train, baseline),
-            torchvision_io_v2(small_source, train),
-            fastdata_contender(small, train, REGION_ROW),
-            fastdata_contender(small_restart, train, RESTART_ROW),
-        ], peers(small_source, train, 256)), train, *ceilings["max side 256"])
+    # workload -> its title, the baseline's files, fastdata's datasets (original, restart), config, FFCV's
+    # max_resolution and the decode ceiling's stored JPEGs
+    plans = {"train": ("full-size stored JPEGs, train preset (RandomResizedCrop 224 + flip)", full_source, full,
+                       full_restart, train, None, "full-size"),
+             "val": ("full-size stored JPEGs, val preset (resize 256 + centre crop 224)", full_source, full,
+                     full_restart, val, None, "full-size"),
+             "256": ("stored at max side 256, JPEG q90 (--max-size 256), train preset", small_source, small,
+                     small_restart, train, 256, "max side 256")}
+    for workload, (title, source, stored, restart, config, max_resolution, ceiling) in plans.items():
+        if workload not in workloads:
+            continue
+        contenders = [baseline_contender(source, config, baseline), torchvision_io_v2(source, config),
+                      fastdata_contender(stored, config, REGION_ROW), fastdata_contender(restart, config, RESTART_ROW)]
+        if workload == "train":  # what region decoding buys, on the full-size train workload
+            contenders.append(fastdata_contender(stored, config, "fastdata (whole-image OpenCV decode)",
+                                                 adjust=whole_image_decode))
+        run_workload(title, *with_peers(contenders, peers(source, config, max_resolution)), config,
+                     *ceilings[ceiling])
 
 
 if __name__ == "__main__":

@@ -26,21 +26,18 @@ Run nothing else heavy while it runs: the ratios are only as good as the machine
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import cached_sample_imagefolder
+from common import arguments, cached_sample_imagefolder, convert_once, loading_race
 
 import fastdata
 from fastdata.formats.manifest import read_manifest
-from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
-from fastdata.tools.bench_report import target_table
+from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
+from fastdata.tools.bench_fair import dataset_files
 
 TARGET = 2.0  # issue 18: fastdata at least 2x torchvision's CocoDetection + transforms.v2
 CATEGORIES = [{"id": i, "name": name} for i, name in ((3, "car"), (7, "train"), (18, "dog"), (44, "bottle"),
@@ -146,28 +143,14 @@ def fastdata_contender(path: Path, config: BenchConfig, name: str, size: int, sc
                      dataset_files(path))
 
 
-def loading_table(results: list[LoaderResult], baseline: LoaderResult, config: BenchConfig, size: int,
-                  scale: tuple[float, float], masks: bool) -> None:
-    print(f"\n## loading detection, scale jitter {scale} into {size} x {size}, flip{', masks' if masks else ''}: "
-          f"{config.warmup_passes} untimed + {config.epochs} timed passes per run, batch {config.batch_size}, "
-          f"{config.num_workers} workers, {config.repeats} alternating runs\n")
-    print(target_table(results, baseline, TARGET, unit="img/s"))
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--epochs", type=int, default=2, help="Timed passes per loading run (after one untimed).")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser = arguments(__doc__, images=3000, epochs=2, batch_size=32, workers=None)
     parser.add_argument("--size", type=int, default=640, help="The canvas side.")
     parser.add_argument("--scale", type=float, nargs=2, default=(0.1, 2.0), help="The scale jitter range.")
     parser.add_argument("--masks", action="store_true", help="Load instance masks too.")
-    parser.add_argument("--workers", type=int, default=None, help="Workers of every loader. Default: the cores.")
     args = parser.parse_args()
 
     config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment="train", workers=args.workers,
@@ -178,11 +161,8 @@ def main() -> None:
     here.mkdir(parents=True, exist_ok=True)
     annotations = write_annotations(src, here / "instances.json")
     outputs = {"lmdb": here / "coco.lmdb", "wds": here / "coco-wds"}
-    for fmt, out in outputs.items():
-        if not (out / "manifest.json").is_file():
-            started = time.perf_counter()
-            fastdata.convert_coco(annotations, src, out, format=fmt, workers=args.workers, progress=False)
-            print(f"converted to {fmt} in {time.perf_counter() - started:.1f} s (untimed for the table)")
+    convert_once(outputs, lambda fmt, out: fastdata.convert_coco(annotations, src, out, format=fmt,
+                                                                 workers=args.workers, progress=False))
     count = read_manifest(outputs["lmdb"]).num_samples
 
     print(f"\nDataLoader settings for every loader (fastdata.loader given the same): {config.settings}")
@@ -192,9 +172,10 @@ def main() -> None:
         fastdata_contender(outputs["wds"], config, "fastdata.loader, coco -> WebDataset", args.size, scale,
                            args.masks),
     ]
-    results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True),
-                             what=f"{count:,} images")
-    loading_table(results, results[0], config, args.size, scale, args.masks)
+    loading_race(f"loading detection, scale jitter {scale} into {args.size} x {args.size}, "
+                 f"flip{', masks' if args.masks else ''}: {config.warmup_passes} untimed + {config.epochs} timed "
+                 f"passes per run, batch {config.batch_size}, {config.num_workers} workers, {config.repeats} "
+                 "alternating runs", contenders, config, f"{count:,} images", TARGET, unit="img/s")
 
 
 if __name__ == "__main__":

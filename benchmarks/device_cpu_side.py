@@ -11,15 +11,17 @@ per-run ratios. It says how many more images per second the same cores can feed 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+import report
+from common import arguments
+from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, dataset_files, median_ratio, warm_page_cache
+from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 
 def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> float:
@@ -37,15 +39,8 @@ def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--batch-size", type=int, default=256)
-    args = parser.parse_args()
-    path = args.data / f"imagefolder-{args.images}.lmdb"
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: run benchmarks/imagefolder_vs_fastdata.py --images {args.images} first")
+    args = arguments(__doc__, images=3000, batch_size=256).parse_args()
+    path = dataset_for(args.data, args.images)
     import cv2
 
     cv2.setNumThreads(1)
@@ -57,13 +52,13 @@ def main() -> None:
 
     alternate([False, True], args.repeats, run)
     worker, device = rates[False], rates[True]
-    w, d = statistics.median(worker), statistics.median(device)
-    print(f"one core, batches of {args.batch_size}, {args.images:,} images, {args.repeats} alternating runs (medians)")
-    print(f"  decode='worker' (read + decode + crop/resize/flip): {w:10,.0f} images/s  "
-          f"({', '.join(f'{x:,.0f}' for x in worker)})")
-    print(f"  decode='device' (read + crop parameters only):      {d:10,.0f} images/s  "
-          f"({', '.join(f'{x:,.0f}' for x in device)})")
-    print(f"  ratio (median of per-run ratios): {median_ratio(device, worker):.1f}x")
+    report.table(f"the CPU side of decode='device' vs decode='worker': images/s of one core, batches of "
+                 f"{args.batch_size}, {args.images:,} images, {args.repeats} alternating runs (medians)",
+                 ["path", "images/s", "runs (images/s)"],
+                 [[label, f"{statistics.median(values):,.0f}", ", ".join(f"{x:,.0f}" for x in values)]
+                  for label, values in (("decode='worker' (read + decode + crop/resize/flip)", worker),
+                                        ("decode='device' (read + crop parameters only)", device))],
+                 align="lrl", notes=[f"ratio (median of per-run ratios): {median_ratio(device, worker):.1f}x"])
 
 
 if __name__ == "__main__":

@@ -20,21 +20,15 @@ import statistics
 import time
 from pathlib import Path
 
+import report
 import torch
-from common import cached_sample_imagefolder
+from common import arguments
+from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, dataset_files, median_ratio, warm_page_cache
+from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 DTYPES = {"uint8": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def sample_lmdb(data: Path, images: int) -> Path:
-    """benchmarks/data/imagefolder-<images>.lmdb, converted from the shared sample ImageFolder if missing."""
-    path = data / f"imagefolder-{images}.lmdb"
-    if not path.exists():
-        fastdata.convert_imagefolder(cached_sample_imagefolder(data, images), path, progress=False)
-    return path
 
 
 def images_per_s(path: Path, dtype: torch.dtype | None, args: argparse.Namespace) -> float:
@@ -49,16 +43,12 @@ def images_per_s(path: Path, dtype: torch.dtype | None, args: argparse.Namespace
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser = arguments(__doc__, images=3000, batch_size=256, augment="train")
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--augment", choices=("train", "val"), default="train")
+    # its own --workers: 0 (the default) is not "the usable cores" but no worker at all, batches built here
     parser.add_argument("--workers", type=int, default=0, help="0: batches built here, on one core")
     args = parser.parse_args()
-    path = sample_lmdb(args.data, args.images)
+    path = dataset_for(args.data, args.images)
     if args.workers == 0:
         import cv2
 
@@ -72,14 +62,12 @@ def main() -> None:
 
     alternate(list(DTYPES), args.repeats, run)
     where = "one core (this process)" if args.workers == 0 else f"{args.workers} workers"
-    print(f"{where}, augment={args.augment!r} {args.image_size} px, batches of {args.batch_size}, "
-          f"{args.images:,} images, {args.repeats} alternating runs (medians)")
-    print(f"| {'dtype':<8} | images/s | cost vs uint8 | runs (images/s) |")
-    print("|----------|---------:|--------------:|-----------------|")
-    for name, values in rates.items():
-        cost = median_ratio(rates["uint8"], values)
-        print(f"| {name:<8} | {statistics.median(values):8,.0f} | {cost:12.2f}x | "
-              f"{', '.join(f'{v:,.0f}' for v in values)} |")
+    report.table(f"float output: images/s of uint8 vs float batches, {where}, augment={args.augment!r} "
+                 f"{args.image_size} px, batches of {args.batch_size}, {args.images:,} images, {args.repeats} "
+                 "alternating runs (medians; cost: median of the per-run ratios)",
+                 ["dtype", "images/s", "cost vs uint8", "runs (images/s)"],
+                 [[name, f"{statistics.median(values):,.0f}", f"{median_ratio(rates['uint8'], values):.2f}x",
+                   ", ".join(f"{v:,.0f}" for v in values)] for name, values in rates.items()], align="lrrl")
 
 
 if __name__ == "__main__":

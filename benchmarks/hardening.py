@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import struct
@@ -21,17 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-from common import cached_sample_imagefolder
+import report
+from common import arguments, cached_sample_imagefolder
 
 import fastdata
-from fastdata.tools.bench_fair import (
-    DEFAULT_REPEATS,
-    alternate,
-    dataset_files,
-    loader_settings,
-    median_ratio,
-    warm_page_cache,
-)
+from fastdata.tools.bench_fair import alternate, dataset_files, loader_settings, median_ratio, warm_page_cache
 
 
 def dataset_for(data: Path, images: int) -> Path:
@@ -65,19 +58,22 @@ def worker_memory_mb() -> list[tuple[float, float, float]]:
 
 def memory(out: Path, epochs: int, workers: int) -> None:
     loader = fastdata.loader(out, batch_size=128, augment="train", num_workers=workers)
-    print(f"\nper-worker memory (MB: RSS = anonymous + file-backed) after each epoch, {len(loader.dataset):,} "
-          f"images, {workers} workers, data file {fastdata.info(out).data_bytes / 2**20:,.0f} MB")
     rows = []
-    for epoch in range(epochs):
+    for _epoch in range(epochs):
         for _ in loader:
             pass
         rows.append(worker_memory_mb())
-        print(f"  epoch {epoch}: " + "; ".join(f"{rss:,.1f} = {anon:,.1f} + {file:,.1f}"
-                                               for rss, anon, file in rows[-1]))
+    growth = []
     for column, name in ((0, "RSS"), (1, "anonymous (heap) RSS")):
-        growth = [(last[column] - first[column]) / first[column] * 100
+        change = [(last[column] - first[column]) / first[column] * 100
                   for first, last in zip(rows[0], rows[-1], strict=True)]
-        print(f"  {name} growth after the first epoch: " + ", ".join(f"{g:+.2f}%" for g in growth))
+        growth.append(f"{name} growth after the first epoch: " + ", ".join(f"{g:+.2f}%" for g in change))
+    report.table(f"per-worker memory (MB: RSS = anonymous + file-backed) after each epoch, {len(loader.dataset):,} "
+                 f"images, {workers} workers, data file {fastdata.info(out).data_bytes / 2**20:,.0f} MB",
+                 ["epoch", "worker (by RSS)", "RSS MB", "anonymous MB", "file-backed MB"],
+                 [[str(epoch), str(worker), f"{rss:,.1f}", f"{anon:,.1f}", f"{file:,.1f}"]
+                  for epoch, workers_mb in enumerate(rows) for worker, (rss, anon, file) in enumerate(workers_mb)],
+                 align="llrrr", notes=growth)
 
 
 def corrupt_copy(out: Path, fraction: float, seed: int = 0) -> tuple[Path, int]:
@@ -129,20 +125,17 @@ def corrupt(out: Path, repeats: int, workers: int) -> None:
     alternate([out, copy], repeats, run)
     clean, dirty = rates[out], rates[copy]
     delta = (median_ratio(dirty, clean) - 1) * 100
-    print(f"\ncorrupt samples: {bad} of {fastdata.info(out).num_samples:,} records overwritten with garbage")
-    print(f"  clean   {statistics.median(clean):8,.0f} images/s  ({', '.join(f'{r:,.0f}' for r in clean)})")
-    print(f"  corrupt {statistics.median(dirty):8,.0f} images/s  ({', '.join(f'{r:,.0f}' for r in dirty)}); "
-          f"skipped per epoch: {sorted(skipped)}; throughput {delta:+.1f}%")
+    report.table(f"corrupt samples: {bad} of {fastdata.info(out).num_samples:,} records overwritten with garbage; "
+                 f'on_error="skip", one untimed + one timed epoch, medians of {repeats} alternating runs',
+                 ["dataset", "images/s", "runs", "skipped per epoch"],
+                 [["clean", f"{statistics.median(clean):,.0f}", ", ".join(f"{r:,.0f}" for r in clean), ""],
+                  ["corrupt", f"{statistics.median(dirty):,.0f}", ", ".join(f"{r:,.0f}" for r in dirty),
+                   str(sorted(skipped))]],
+                 align="lrrl", notes=[f"throughput {delta:+.1f}% (the median of the per-run ratios)"])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    args = arguments(__doc__, images=3000, epochs=3, workers=2).parse_args()
     out = dataset_for(args.data, args.images)
     memory(out, args.epochs, args.workers)
     corrupt(out, args.repeats, args.workers)

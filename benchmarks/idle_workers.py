@@ -12,7 +12,6 @@ settings (medians of --repeats passes, after one untimed pass).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import sys
@@ -24,6 +23,8 @@ import psutil
 import fastdata
 
 sys.path.insert(0, str(Path(__file__).parent))
+import report
+from common import arguments
 from hardening import dataset_for, status_kb  # the same sample conversion and /proc reading
 
 MB = 2**20
@@ -61,7 +62,9 @@ def passes(loader, repeats: int) -> tuple[list[float], list[float]]:
     return first, whole
 
 
-def measure(out: Path, persistent: bool | None, workers: int, batch_size: int, repeats: int) -> None:
+def measure(out: Path, persistent: bool | None, workers: int, batch_size: int, repeats: int) -> tuple[list, list]:
+    """The table row of one setting (idle workers and their memory in MB in all, median seconds to the first batch
+    and of a whole pass) and its notes (each worker's memory, each pass's seconds)."""
     loader = fastdata.loader(out, batch_size=batch_size, augment="val", shuffle=False, num_workers=workers,
                              persistent_workers=persistent)
     first, whole = passes(loader, repeats)
@@ -69,32 +72,33 @@ def measure(out: Path, persistent: bool | None, workers: int, batch_size: int, r
     label = "persistent_workers=True" if persistent else "default (not persistent for val)"
     total = {key: sum(r[key] for r in rows) for key in ("rss", "uss", "anon", "file", "shmem")}
     print(f"\n{label}: {loader._loader.persistent_workers=}")
-    print(f"  idle workers after a pass: {len(rows)}; MB in all: RSS {total['rss']:,.1f} (anonymous "
-          f"{total['anon']:,.1f}, file-backed {total['file']:,.1f}, shared memory {total['shmem']:,.1f}), "
-          f"USS {total['uss']:,.1f}")
-    for i, r in enumerate(rows):
-        print(f"    worker {i}: RSS {r['rss']:,.1f}, USS {r['uss']:,.1f}, anonymous {r['anon']:,.1f}, file-backed "
-              f"{r['file']:,.1f}, shared memory {r['shmem']:,.1f}")
-    print(f"  first batch of a pass: median {statistics.median(first):.3f} s ({', '.join(f'{s:.3f}' for s in first)})")
-    print(f"  whole pass:            median {statistics.median(whole):.3f} s ({', '.join(f'{s:.3f}' for s in whole)})")
+    row = [label, len(rows), *(f"{total[key]:,.1f}" for key in ("rss", "anon", "file", "shmem", "uss")),
+           f"{statistics.median(first):.3f}", f"{statistics.median(whole):.3f}"]
+    notes = [f"{label}, worker {i}: RSS {r['rss']:,.1f}, USS {r['uss']:,.1f}, anonymous {r['anon']:,.1f}, "
+             f"file-backed {r['file']:,.1f}, shared memory {r['shmem']:,.1f}" for i, r in enumerate(rows)]
+    notes.append(f"{label}: first batch of a pass {', '.join(f'{s:.3f}' for s in first)} s; whole pass "
+                 f"{', '.join(f'{s:.3f}' for s in whole)} s")
     del loader
     gc.collect()
     psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
+    return row, notes
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = arguments(__doc__, images=3000, repeats=3, workers=4, batch_size=128).parse_args()
     out = dataset_for(args.data, args.images)
     print(f"{out}: {fastdata.info(out).num_samples:,} images, {fastdata.info(out).data_bytes / MB:,.1f} MB; "
           f"val loader, {args.workers} workers, batch {args.batch_size}, image_size 224")
+    rows, notes = [], []
     for persistent in (True, None):
-        measure(out, persistent, args.workers, args.batch_size, args.repeats)
+        row, more = measure(out, persistent, args.workers, args.batch_size, args.repeats)
+        rows.append(row)
+        notes += more
+    report.table(f"a val loader's idle workers after its passes ({args.workers} workers, batch {args.batch_size}): "
+                 "their number and MB in all (psutil RSS and USS; /proc RssAnon, RssFile, RssShmem), and the seconds "
+                 f"to the first batch and of a whole pass (medians of {args.repeats} passes after an untimed one)",
+                 ["setting", "idle workers", "RSS MB", "anonymous MB", "file-backed MB", "shared memory MB", "USS MB",
+                  "first batch s", "whole pass s"], rows, align="lrrrrrrrr", notes=notes)
 
 
 if __name__ == "__main__":

@@ -21,48 +21,32 @@ Run nothing else heavy while it runs: the ratios are only as good as the machine
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import time
-from pathlib import Path
 
-from common import cached_sample_imagefolder
+import report
+from common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 from fastdata.converters.imagefolder import convert_imagefolder
 
 from fastdata.tools.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
 from fastdata.tools.bench_baseline import choose_baseline
-from fastdata.tools.bench_fair import DEFAULT_REPEATS
 
 
-def print_table(title: str, results: list[LoaderResult]) -> None:
+def print_table(title: str, results: list[LoaderResult], config: BenchConfig) -> None:
     base = results[0]
-    print(f"\n{title}\n")
-    print("| loader | images/s | vs ImageFolder | MB/s | first batch s |")
-    print("|---|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r.name} | {r.images_per_s:,.0f} | {r.ratio_to(base):.2f}x | {r.mb_per_s:,.1f} | "
-              f"{r.first_batch_s:.2f} |")
-    for r in results[1:]:
-        ratios = [run.images_per_s / b.images_per_s for run, b in zip(r.runs, base.runs, strict=True)]
-        print(f"  per-run ratios, {r.name}: {', '.join(f'{x:.2f}' for x in ratios)}")
+    loading_table(f"{title}: medians of {config.repeats} alternating runs, ratios the medians of the per-run ratios",
+                  results, [base], vs=["vs ImageFolder"],
+                  notes=[f"per-run ratios, {r.name}: {per_run_ratios_text(r, base)}" for r in results[1:]])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--augment", choices=["train", "val"], default="train")
-    args = parser.parse_args()
+    args = arguments(__doc__, images=3000, epochs=2, batch_size=128, workers=None, augment="train").parse_args()
 
     src = cached_sample_imagefolder(args.data, args.images)
     outputs = {"lmdb": args.data / f"imagefolder-{args.images}.lmdb",
                "wds": args.data / f"imagefolder-{args.images}.wds",
                "lmdb --max-size 256": args.data / f"imagefolder-{args.images}-256.lmdb"}
-    print(f"\n{'conversion':<22} {'seconds':>8} {'images/s':>9} {'MB in':>8} {'MB out':>8} {'out/in':>7}")
+    rows = []
     for name, out in outputs.items():
         if out.exists():
             shutil.rmtree(out)
@@ -70,8 +54,10 @@ def main() -> None:
         summary = convert_imagefolder(src, out, format=name.split()[0], progress=False,
                                       max_size=256 if "max-size" in name else None, shard_size="64MB")
         seconds = time.perf_counter() - started
-        print(f"{name:<22} {seconds:>8.1f} {summary.images / seconds:>9,.0f} {summary.bytes_in / 1e6:>8.1f} "
-              f"{summary.bytes_out / 1e6:>8.1f} {summary.bytes_out / summary.bytes_in:>7.2f}")
+        rows.append([name, f"{seconds:.1f}", f"{summary.images / seconds:,.0f}", f"{summary.bytes_in / 1e6:.1f}",
+                     f"{summary.bytes_out / 1e6:.1f}", f"{summary.bytes_out / summary.bytes_in:.2f}"])
+    report.table(f"conversions of {args.images} images (`fastdata convert imagefolder`, one timed run each)",
+                 ["conversion", "seconds", "images/s", "MB in", "MB out", "out/in"], rows)
 
     config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment=args.augment,
                          workers=args.workers, repeats=args.repeats)
@@ -97,8 +83,8 @@ def main() -> None:
     resized = run_contenders([baseline_contender(small_source, config, "torchvision ImageFolder + DataLoader (PIL), "
                                                                        "exported from the 256 dataset"),
                               fastdata_contender(small, config, "`fastdata.loader`, LMDB")], config, progress)
-    print_table("full size: the source's own bytes", full)
-    print_table("stored at max side 256 (`--max-size 256`, JPEG q90): the same stored bytes for both", resized)
+    print_table("full size: the source's own bytes", full, config)
+    print_table("stored at max side 256 (`--max-size 256`, JPEG q90): the same stored bytes for both", resized, config)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 
+import report
 import torch
 
 import fastdata
@@ -74,37 +75,35 @@ def main() -> None:
 
     images, labels = torch.zeros(256, 3, 8, 8, dtype=torch.uint8), torch.zeros(256, dtype=torch.int64)
     batches = [(images, labels)] * args.steps
-    print(f"fastdata.meter overhead: medians of {args.repeats} alternating runs, torch {torch.__version__}, "
-          f"batches of (uint8 [256, 3, 8, 8], int64 [256])\n")
-    header = f"{'loop':<44} {'plain us/step':>14} {'metered us/step':>16} {'overhead us/step':>17}"
-    print(header)
-    print("-" * len(header))
     cases = [("empty step, system sampler on (default)", {}),
              ("empty step, system sampler off", {"system": False}),
              ("empty step, live line every 1,000 steps", {"log_every": 1000, "log": lambda _line: None})]
+    rows = []
     worst = 0.0
     for name, options in cases:
         plain, metered = measure(batches, args.repeats, None, **options)
         worst = max(worst, metered - plain)
-        print(f"{name:<44} {plain * 1e6:>14.3f} {metered * 1e6:>16.3f} {(metered - plain) * 1e6:>17.3f}")
+        rows.append([name, f"{plain * 1e6:.3f}", f"{metered * 1e6:.3f}", f"{(metered - plain) * 1e6:.3f}"])
 
     passes = [loop(fastdata.meter([]), None) for _ in range(max(5, args.repeats))]
     per_pass = statistics.median(passes)
-    print(f"{'fixed cost per pass (sampler start + stop)':<44} {'':>14} {'':>16} {per_pass * 1e6:>17.1f}")
+    rows.append(["fixed cost per pass (sampler start + stop)", "", "", f"{per_pass * 1e6:.1f}"])
     slow = batches[: args.slow_steps]
     plain, metered = measure(slow, args.repeats, busy(0.010))
-    print(f"{'10 ms step (busy wait), sampler on':<44} {plain * 1e6:>14.1f} {metered * 1e6:>16.1f} "
-          f"{(metered - plain) * 1e6:>17.1f}")
-    print()
-    print(f"worst overhead of the empty loops: {worst * 1e6:.2f} us per step (target < 50 us)")
-    print(f"as a share of a 10 ms step: {worst / 0.010:.4%} from the empty loop; "
-          f"{(metered - plain) / plain:+.4%} measured on the 10 ms loop itself, {args.slow_steps} steps per pass, "
-          f"the per-pass cost ({per_pass * 1e3:.1f} ms) included (target < 1%)")
+    rows.append(["10 ms step (busy wait), sampler on", f"{plain * 1e6:.1f}", f"{metered * 1e6:.1f}",
+                 f"{(metered - plain) * 1e6:.1f}"])
+    notes = [f"worst overhead of the empty loops: {worst * 1e6:.2f} us per step (target < 50 us)",
+             f"as a share of a 10 ms step: {worst / 0.010:.4%} from the empty loop; "
+             f"{(metered - plain) / plain:+.4%} measured on the 10 ms loop itself, {args.slow_steps} steps per pass, "
+             f"the per-pass cost ({per_pass * 1e3:.1f} ms) included (target < 1%)"]
     with tempfile.TemporaryDirectory(prefix="fastdata-trace-") as tmp:
         plain, untraced = measure(batches, args.repeats, None)
         _, traced = measure(batches, args.repeats, None, trace=f"{tmp}/run.json")
-    print(f"trace=: {(traced - untraced) * 1e6:.2f} us per step on top of the meter ({args.steps:,} steps a pass, "
-          f"two events a step, the file written at the end of each pass included)")
+    notes.append(f"trace=: {(traced - untraced) * 1e6:.2f} us per step on top of the meter ({args.steps:,} steps a "
+                 "pass, two events a step, the file written at the end of each pass included)")
+    report.table(f"fastdata.meter overhead: medians of {args.repeats} alternating runs, torch {torch.__version__}, "
+                 f"batches of (uint8 [256, 3, 8, 8], int64 [256])",
+                 ["loop", "plain us/step", "metered us/step", "overhead us/step"], rows, notes=notes)
 
 
 if __name__ == "__main__":

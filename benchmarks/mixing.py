@@ -13,12 +13,14 @@ read by index exactly as from one dataset).
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import report
+from common import arguments
 
 import fastdata
 from fastdata.order.epoch import epoch_order
@@ -84,23 +86,21 @@ def loading(images: int, repeats: int, workers: int, batch_size: int) -> tuple[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, images=3000, repeats=3, data=False, workers=2, batch_size=64)
     parser.add_argument("--samples", type=int, default=1_300_000, help="samples in the schedule's epoch")
-    parser.add_argument("--images", type=int, default=3000, help="photos for the loading comparison")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     plain, mixed = schedule_seconds(args.samples, args.repeats)
-    print(f"| schedule of {args.samples} samples | seconds per epoch | ratio to plain |")
-    print("|---|---|---|")
-    print(f"| plain epoch_order | {plain:.3f} | 1.00 |")
-    print(f"| mixed stream (0.9 / 0.1, epoch_end='last') | {mixed:.3f} | {mixed / plain:.2f} |")
+    report.table(f"one epoch's schedule: medians of {args.repeats} alternating runs",
+                 [f"schedule of {args.samples} samples", "seconds per epoch", "ratio to plain"],
+                 [["plain epoch_order", f"{plain:.3f}", "1.00"],
+                  ["mixed stream (0.9 / 0.1, epoch_end='last')", f"{mixed:.3f}", f"{mixed / plain:.2f}"]])
     plain_rate, mixed_rate = loading(args.images, args.repeats, args.workers, args.batch_size)
-    print(f"\n| loading {args.images} images, {args.workers} workers | images/s | ratio to plain |")
-    print("|---|---|---|")
-    print(f"| fastdata.loader(one.lmdb) | {plain_rate:.0f} | 1.00 |")
-    print(f"| fastdata.loader([a, b], weights=[0.7, 0.3]) | {mixed_rate:.0f} | {mixed_rate / plain_rate:.2f} |")
+    report.table(f"loading, augment='train', image size 160, batch {args.batch_size}: one untimed pass each, "
+                 f"medians of {args.repeats} alternating runs",
+                 [f"loading {args.images} images, {args.workers} workers", "images/s", "ratio to plain"],
+                 [["fastdata.loader(one.lmdb)", f"{plain_rate:.0f}", "1.00"],
+                  ["fastdata.loader([a, b], weights=[0.7, 0.3])", f"{mixed_rate:.0f}",
+                   f"{mixed_rate / plain_rate:.2f}"]])
 
 
 if __name__ == "__main__":

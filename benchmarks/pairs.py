@@ -27,21 +27,18 @@ Run nothing else heavy while it runs: the ratios are only as good as the machine
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import cached_sample_imagefolder
+from common import arguments, cached_sample_imagefolder, convert_once, loading_race
 
 import fastdata
 from fastdata.formats.manifest import read_manifest
-from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
+from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
 from fastdata.tools.bench_baseline import _transform
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
-from fastdata.tools.bench_report import target_table
+from fastdata.tools.bench_fair import dataset_files
 
 TARGET = 2.0  # issue 18: fastdata at least 2x the webdataset pipeline
 MAX_LENGTH = 77  # CLIP's context length
@@ -167,28 +164,14 @@ def fastdata_contender(path: Path, config: BenchConfig, name: str) -> Contender:
                      dataset_files(path))
 
 
-def loading_table(results: list[LoaderResult], baseline: LoaderResult, config: BenchConfig) -> None:
-    print(f"\n## loading pairs, augment={config.augment}: {config.warmup_passes} untimed + {config.epochs} timed "
-          f"passes per run, batch {config.batch_size}, image size {config.image_size}, {config.num_workers} "
-          f"workers, {config.repeats} alternating runs, input_ids [B, {MAX_LENGTH}]\n")
-    print(target_table(results, baseline, TARGET, unit="pairs/s"))
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
+    parser = arguments(__doc__, images=3000, epochs=2, batch_size=256, workers=None, augment="train")
     parser.add_argument("--shard-samples", type=int, default=None,
                         help="Samples per source shard. Default: 4 shards per worker, so that webdataset's split by "
                              "worker keeps every worker busy.")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--epochs", type=int, default=2, help="Timed passes per loading run (after one untimed).")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=None, help="Workers of every loader. Default: the cores.")
-    parser.add_argument("--augment", choices=["train", "val"], default="train")
     args = parser.parse_args()
 
     config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, augment=args.augment, workers=args.workers,
@@ -200,12 +183,9 @@ def main() -> None:
     captions = [caption_of(n, name) for n, (_, name) in enumerate(photos(src))]
     tokenizer = clip_like_tokenizer(here / "tokenizer.json", captions)
     outputs = {"lmdb": here / "pairs.lmdb", "wds": here / "pairs-wds"}
-    for fmt, out in outputs.items():
-        if not (out / "manifest.json").is_file():
-            started = time.perf_counter()
-            fastdata.convert_pairs(shards[0].parent, out, tokenizer=tokenizer, format=fmt, workers=args.workers,
-                                   progress=False)
-            print(f"converted to {fmt} in {time.perf_counter() - started:.1f} s (untimed for the table)")
+    convert_once(outputs, lambda fmt, out: fastdata.convert_pairs(shards[0].parent, out, tokenizer=tokenizer,
+                                                                  format=fmt, workers=args.workers, progress=False))
+    for out in outputs.values():
         pairs = json.loads((out / "manifest.json").read_text())["pairs"]
         print(f"  {out.name}: {pairs['captions']:,} pairs, token dtype {pairs['dtype']}, longest caption "
               f"{pairs['max_caption_tokens']} tokens")
@@ -217,9 +197,10 @@ def main() -> None:
         fastdata_contender(outputs["lmdb"], config, "fastdata.loader, pairs -> LMDB"),
         fastdata_contender(outputs["wds"], config, "fastdata.loader, pairs -> WebDataset"),
     ]
-    results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True),
-                             what=f"{len(captions):,} pairs")
-    loading_table(results, results[0], config)
+    loading_race(f"loading pairs, augment={config.augment}: {config.warmup_passes} untimed + {config.epochs} timed "
+                 f"passes per run, batch {config.batch_size}, image size {config.image_size}, {config.num_workers} "
+                 f"workers, {config.repeats} alternating runs, input_ids [B, {MAX_LENGTH}]", contenders, config,
+                 f"{len(captions):,} pairs", TARGET, unit="pairs/s")
 
 
 if __name__ == "__main__":

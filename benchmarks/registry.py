@@ -74,7 +74,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("float_output", "read", "one core: uint8 batches vs normalised float32 / bfloat16 / float16",
               ("--images", "3000"), _SMOKE_IMAGES),
     Benchmark("device_cpu_side", "read", "one worker core: decode='worker' vs the CPU side of 'device'",
-              ("--images", "3000"), _SMOKE_IMAGES),
+              ("--images", "3000"), (*_SMOKE_IMAGES, "--batch-size", "16")),
     Benchmark("autotune", "read", "fastdata tune (its time, its choice) vs the full grid of workers x prefetch",
               ("--images", "3000", "--step", "none", "--budget", "60"),
               ("--images", "60", "--budget", "5", "--window", "0.5", "--confirm", "1", "--max-workers", "1")),

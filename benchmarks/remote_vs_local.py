@@ -25,19 +25,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
-from common import cached_sample_imagefolder
+import report
+from common import arguments, cached_sample_imagefolder
 
 import fastdata
-from fastdata.tools.bench_fair import (
-    DEFAULT_REPEATS,
-    alternate,
-    dataset_files,
-    loader_settings,
-    median_ratio,
-    warm_page_cache,
-)
+from fastdata.tools.bench_fair import alternate, dataset_files, loader_settings, median_ratio, warm_page_cache
 
 
 def free_port() -> int:
@@ -68,14 +61,8 @@ def measure(path: str, args: argparse.Namespace, **options) -> tuple[float, floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=1000)
+    parser = arguments(__doc__, images=1000, epochs=3, batch_size=128, workers=2)
     parser.add_argument("--shard-size", default="16MB")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
     src = cached_sample_imagefolder(args.data, args.images)
@@ -83,8 +70,9 @@ def main() -> None:
     if not shards.exists():
         fastdata.convert_imagefolder(src, shards, format="wds", shard_size=args.shard_size, progress=False)
     files = fastdata.info(shards).files
-    print(f"{len(files)} shards, {sum(f.bytes for f in files) / 1e6:.1f} MB, {args.images} images; "
-          f"{args.workers} workers, batch {args.batch_size}, {args.epochs} epoch(s) per run")
+    setup = (f"{len(files)} shards, {sum(f.bytes for f in files) / 1e6:.1f} MB, {args.images} images; "
+             f"{args.workers} workers, batch {args.batch_size}, {args.epochs} epoch(s) per run")
+    print(setup)
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
@@ -117,11 +105,15 @@ def main() -> None:
         server.terminate()
         server.wait()
     local = [overall for _, _, overall in results["local disk"]]
-    print(f"\n{'loader':<18} {'first batch s':>13} {'images/s after':>14} {'images/s all':>12} {'vs local':>9}")
+    rows = []
     for name, values in results.items():
         first, steady, overall = (statistics.median(v[i] for v in values) for i in range(3))
         ratio = median_ratio([v[2] for v in values], local)
-        print(f"{name:<18} {first:>13.2f} {steady:>14,.0f} {overall:>12,.0f} {ratio:>8.2f}x")
+        rows.append([name, f"{first:.2f}", f"{steady:,.0f}", f"{overall:,.0f}", f"{ratio:.2f}x"])
+    report.table(f"fastdata.loader over HTTP (127.0.0.1) vs local disk: {setup}, no warm-up pass; medians of "
+                 f"{args.repeats} alternating runs, vs local the median of the per-run ratios (images/s all)",
+                 ["loader", "first batch s", "images/s after", "images/s all", "vs local"], rows)
+
 
 if __name__ == "__main__":
     main()

@@ -30,7 +30,6 @@ as the machine is quiet.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -40,7 +39,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from common import cached_sample_imagefolder
+import report
+from common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 
 import fastdata
 from fastdata.formats.manifest import read_manifest
@@ -53,7 +53,7 @@ from fastdata.tools.bench import (
     run_contenders,
 )
 from fastdata.tools.bench_baseline import _transform, choose_baseline
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
+from fastdata.tools.bench_fair import alternate, warm_page_cache
 
 TARGET = 2.0  # issue 17: loading at least 2x each baseline
 
@@ -126,12 +126,14 @@ def conversion_table(conversions: dict[str, Callable[[], Any]], inputs: dict[str
               f"({summary.images / seconds:,.0f} images/s, {len(summary.rejected)} rejected)", flush=True)
 
     alternate(list(conversions), repeats, run)
-    print("\n| conversion (the whole call) | images/s | range | MB/s in |")
-    print("|---|---:|---:|---:|")
+    rows = []
     for name, results in runs.items():
         rates = [images / seconds for images, seconds, _ in results]
         mbs = statistics.median(bytes_in / seconds / 1e6 for _, seconds, bytes_in in results)
-        print(f"| {name} | {statistics.median(rates):,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | {mbs:,.1f} |")
+        rows.append([name, f"{statistics.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}", f"{mbs:,.1f}"])
+    report.table(f"conversion: images/s of the whole call, medians of {repeats} alternating runs (inputs read once "
+                 f"before timing: {read / 1e6:,.1f} MB)", ["conversion (the whole call)", "images/s", "range",
+                                                           "MB/s in"], rows)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -168,42 +170,27 @@ def hf_contender(saved: Path, config: BenchConfig, name: str) -> Contender:
                      files)
 
 
-def loading_table(results: list[LoaderResult], baselines: list[LoaderResult], config: BenchConfig) -> None:
-    print(f"\n## loading, augment={config.augment}: {config.warmup_passes} untimed + {config.epochs} timed passes per "
-          f"run, batch {config.batch_size}, image size {config.image_size}, {config.num_workers} workers, "
-          f"{config.repeats} alternating runs; ratios: medians of the per-run ratios\n")
-    heads = " | ".join(f"vs {b.name}" for b in baselines)
-    print(f"| loader | images/s | {heads} | MB/s | first batch s |")
-    print("|---|---:|" + "---:|" * len(baselines) + "---:|---:|")
-    for r in results:
-        ratios = " | ".join(f"{r.ratio_to(b):.2f}x" for b in baselines)
-        print(f"| {r.name} | {r.images_per_s:,.0f} | {ratios} | {r.mb_per_s:,.1f} | {r.first_batch_s:.2f} |")
-    print()
+def report_loading(results: list[LoaderResult], baselines: list[LoaderResult], config: BenchConfig) -> None:
+    notes = []
     for r in results:
         if r in baselines:
             continue
         for b in baselines:
-            rates = [run.images_per_s for run in r.runs]
-            per_run = ", ".join(f"{run.images_per_s / base.images_per_s:.2f}"
-                                for run, base in zip(r.runs, b.runs, strict=True))
-            ratio = median_ratio(rates, [run.images_per_s for run in b.runs])
+            ratio = r.ratio_to(b)
             verdict = "meets" if ratio >= TARGET else "MISSES"
-            print(f"  {r.name} vs {b.name}: {ratio:.2f}x (per run: {per_run}); {verdict} the {TARGET:g}x target")
+            notes.append(f"{r.name} vs {b.name}: {ratio:.2f}x (per run: {per_run_ratios_text(r, b)}); {verdict} the "
+                         f"{TARGET:g}x target")
+    loading_table(f"loading, augment={config.augment}: {config.warmup_passes} untimed + {config.epochs} timed passes "
+                  f"per run, batch {config.batch_size}, image size {config.image_size}, {config.num_workers} workers, "
+                  f"{config.repeats} alternating runs (medians); ratios: medians of the per-run ratios",
+                  results, baselines, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--images", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--epochs", type=int, default=2, help="Timed passes per loading run (after one untimed).")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=None,
-                        help="Workers of every loader (and of the conversions). Default: the usable cores.")
-    parser.add_argument("--augment", choices=["train", "val"], default="train")
+    parser = arguments(__doc__, images=3000, epochs=2, batch_size=256, workers=None, augment="train")
     parser.add_argument("--skip-conversion", action="store_true",
                         help="Time no conversion; convert once only where an output is missing.")
     args = parser.parse_args()
@@ -255,7 +242,7 @@ def main() -> None:
     ]
     results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True),
                              what=f"{args.images:,} photos")
-    loading_table(results, results[:2], config)
+    report_loading(results, results[:2], config)
 
 
 if __name__ == "__main__":
