@@ -18,7 +18,6 @@ Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip insta
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -29,6 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import report
+from common import arguments
 
 BATCH = 256
 
@@ -88,13 +92,10 @@ def rate(decoder: object, payloads: list[np.ndarray], regions: list | None) -> t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=6144)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=3, data=False)
     parser.add_argument("--out", default="benchmarks/data")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
     from gpu_train_feed import dataset, jpegs
 
     _, lmdb = dataset(Path(args.out), args.images)
@@ -113,16 +114,16 @@ def main() -> None:
             row["whole"].append(rate(decoder, payloads, None))
             if getattr(decoder, "regions", False):
                 row["regions"].append(rate(decoder, payloads, regions))
-    print(f"\n{results['machine']}, {results['cores']} cores, {len(payloads)} JPEGs, batches of {BATCH}")
-    print("| decoder | whole img/s | by crop region img/s | not decoded | max / mean diff vs Pillow |")
-    print("|---|---:|---:|---:|---:|")
+    rows = []
     for name, row in results["rows"].items():
         whole = statistics.median(r for r, _ in row["whole"])
         region = (f"{statistics.median(r for r, _ in row['regions']):,.0f} ({row['regions'][0][1]} not decoded)"
                   if row["regions"] else "n/a")
         pixels = row["pixels"]
-        print(f"| {name} | {whole:,.0f} | {region} | {row['whole'][0][1]} | {pixels['max']:.0f} / "
-              f"{pixels['mean']:.2f} |")
+        rows.append([name, f"{whole:,.0f}", region, row["whole"][0][1], f"{pixels['max']:.0f} / {pixels['mean']:.2f}"])
+    report.table(f"{results['machine']}, {results['cores']} cores, {len(payloads)} JPEGs, batches of {BATCH}: decode "
+                 f"only, medians of {args.repeats} alternating repeats; pixels of the first 256 against Pillow",
+                 ["decoder", "whole img/s", "by crop region img/s", "not decoded", "max / mean diff vs Pillow"], rows)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -15,24 +15,30 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
 
 Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
 per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
-process and its workers, in cores) while it fed the loop. One table; `--json` keeps every figure.
+process and its workers, in cores) while it fed the loop. Two tables (the decoder alone, the training feed);
+`--json` keeps every figure.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import report
+from common import arguments, cached_sample_imagefolder
 
 BATCH = 256
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
@@ -42,8 +48,6 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 def dataset(out: Path, images: int, layout: str = "original") -> tuple[Path, Path]:
     """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core; `layout`
     "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU)."""
-    from common import cached_sample_imagefolder
-
     import fastdata
 
     src = cached_sample_imagefolder(out, images)
@@ -247,12 +251,9 @@ def tune_for_defaults(lmdb: Path, budget_s: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=6144)
+    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=2, data=False, epochs=2,
+                       workers=min(os.cpu_count() or 1, 16))
     parser.add_argument("--models", default="resnet18,resnet50")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2, help="timed epochs per measurement (after one warm-up)")
-    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16))
     parser.add_argument("--tune-budget", type=float, default=40.0)
     parser.add_argument("--out", default="benchmarks/data")
     parser.add_argument("--json", default=None)
@@ -300,27 +301,31 @@ def main() -> None:
 
 
 def print_table(results: dict, models: list[str]) -> None:
-    print(f"\n{results['machine']}, {results['cores']} cores, {results['images']} sample photos, batch {BATCH}, "
-          f"torch {results['torch']}")
+    machine = (f"{results['machine']}, {results['cores']} cores, {results['images']} sample photos, batch {BATCH}, "
+               f"torch {results['torch']}")
+    decoder_rows = []
     for key, what in (("decode_only", "original files"), ("decode_only_restart", "restart layout")):
         decode = results[key]
-        print(f"decoder alone, {what}: {decode['decoder']}: {decode['images_per_s']:,.0f} img/s (spread "
-              f"{decode['spread']:,.0f}; {decode['not_decoded']} not decoded)")
-    print(f"fastdata tune --device cuda: {results['tune']['seconds']:.0f} s, chose decode="
-          f"{results['tune']['decode']!r} ({results['tune']['by_decode']})")
-    print("| model | loader | img/s, whole epochs (median) | spread | of ceiling | steady state | of ceiling | "
-          "host cores |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+        decoder_rows.append([what, decode["decoder"], f"{decode['images_per_s']:,.0f}", f"{decode['spread']:,.0f}",
+                             decode["not_decoded"]])
+    report.table(f"{machine}: the device path's decoder alone, decode only, {BATCH} images per batched call",
+                 ["files", "decoder", "img/s", "spread", "not decoded"], decoder_rows, align="llrrr")
+    rows = []
     for model in models:
         top = results[model]["ceiling"]
-        print(f"| {model} | synthetic ceiling (batch kept on the GPU) | {top:,.0f} | | 100% | | | |")
+        rows.append([model, "synthetic ceiling (batch kept on the GPU)", f"{top:,.0f}", "", "100%", "", "", ""])
         for name, runs in results[model]["rows"].items():
             rates = [r["images_per_s"] for r in runs]
             rate = statistics.median(rates)
             steady = statistics.median(r["steady_images_per_s"] for r in runs)
             cores = statistics.median(r["cores"] for r in runs)
-            print(f"| {model} | {name} | {rate:,.0f} | {max(rates) - min(rates):,.0f} | {rate / top:.0%} | "
-                  f"{steady:,.0f} | {steady / top:.0%} | {cores:.1f} |")
+            rows.append([model, name, f"{rate:,.0f}", f"{max(rates) - min(rates):,.0f}", f"{rate / top:.0%}",
+                         f"{steady:,.0f}", f"{steady / top:.0%}", f"{cores:.1f}"])
+    report.table(f"{machine}: training loops fed by each loader, medians of alternating repeats (spread: max - min)",
+                 ["model", "loader", "img/s, whole epochs (median)", "spread", "of ceiling", "steady state",
+                  "of ceiling", "host cores"], rows, align="llrrrrrr",
+                 notes=[f"fastdata tune --device cuda: {results['tune']['seconds']:.0f} s, chose decode="
+                        f"{results['tune']['decode']!r} ({results['tune']['by_decode']})"])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Ray worker, the driver's CPU per image, the fixed start-up).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,6 +22,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import report
+from common import arguments, cached_sample_imagefolder
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys, time
@@ -52,18 +56,12 @@ def in_child(src: Path, out: Path, workers: int, engine: str, address: str) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default, meaning in (("--images", 12000, "photo-like JPEGs converted"),
-                                   ("--small", 240, "images of the run that measures the fixed costs"),
-                                   ("--workers", os.cpu_count() or 2, "local workers, and the Ray cluster's CPUs"),
-                                   ("--repeats", 3, "alternating rounds"),
+    parser = arguments(__doc__, images=12000, repeats=3, workers=os.cpu_count() or 2)
+    for name, default, meaning in (("--small", 240, "images of the run that measures the fixed costs"),
                                    ("--nodes", 4, "nodes of the modelled cluster"),
                                    ("--cores", 16, "cores per node of the modelled cluster")):
         parser.add_argument(name, type=int, default=default, help=meaning)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
     args = parser.parse_args()
-
-    from common import cached_sample_imagefolder
 
     src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
     small = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)
@@ -92,12 +90,6 @@ def main() -> None:
         subprocess.run([ray, "stop", "--force"], capture_output=True, check=False)
     rate = {engine: statistics.median(r["images"] / r["seconds"] for r in results) for engine, results in runs.items()}
     ratios = [r["seconds"] / y["seconds"] for r, y in zip(runs["local"], runs["ray"], strict=True)]
-    print(f"\n{args.images} photo-like JPEGs -> LMDB, {args.workers} workers, a running Ray cluster of "
-          f"{args.workers} CPUs on this machine, {args.repeats} alternating rounds\n")
-    print("| engine | images/s (median) | x the local pool |\n|---|---:|---:|")
-    print(f"| local fork pool | {rate['local']:,.0f} | 1.00 |")
-    print(f"| --engine ray (running cluster) | {rate['ray']:,.0f} | {rate['ray'] / rate['local']:.2f} "
-          f"(rounds {min(ratios):.2f}-{max(ratios):.2f}) |")
     # scaling model: seconds = fixed + images * max(work per image / workers, driver CPU per image)
     start_ray = statistics.median(r["seconds"] for r in fixed)
     start_local = statistics.median(r["seconds"] for r in fixed_local)
@@ -107,12 +99,18 @@ def main() -> None:
     driver = statistics.median(r["parent_cpu"] for r in runs["ray"]) / args.images
     total = args.nodes * args.cores
     steady = min(total / work_per_image, 1 / driver)
-    print(f"\nRay fixed cost (a {args.small}-image run): {start_ray:.2f} s (local pool: {start_local:.2f} s); "
-          f"per image on one Ray worker {work_per_image * 1e3:.3f} ms; the driver's CPU {driver * 1e3:.3f} ms per "
-          f"image (its ceiling {1 / driver:,.0f} images/s)")
-    print(f"model on {args.nodes} nodes x {args.cores} cores ({total} Ray workers): steady "
-          f"{steady:,.0f} images/s ({'the driver' if steady == 1 / driver else 'the workers'} bound); "
-          f"1.28M images (ImageNet) in {start_ray + 1.28e6 / steady:,.0f} s")
+    report.table(f"{args.images} photo-like JPEGs -> LMDB, {args.workers} workers, a running Ray cluster of "
+                 f"{args.workers} CPUs on this machine, {args.repeats} alternating rounds",
+                 ["engine", "images/s (median)", "x the local pool"],
+                 [["local fork pool", f"{rate['local']:,.0f}", "1.00"],
+                  ["--engine ray (running cluster)", f"{rate['ray']:,.0f}",
+                   f"{rate['ray'] / rate['local']:.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})"]],
+                 notes=[f"Ray fixed cost (a {args.small}-image run): {start_ray:.2f} s (local pool: {start_local:.2f} "
+                        f"s); per image on one Ray worker {work_per_image * 1e3:.3f} ms; the driver's CPU "
+                        f"{driver * 1e3:.3f} ms per image (its ceiling {1 / driver:,.0f} images/s)",
+                        f"model on {args.nodes} nodes x {args.cores} cores ({total} Ray workers): steady "
+                        f"{steady:,.0f} images/s ({'the driver' if steady == 1 / driver else 'the workers'} bound); "
+                        f"1.28M images (ImageNet) in {start_ray + 1.28e6 / steady:,.0f} s"])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import report
 
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
@@ -41,11 +42,44 @@ def jpegs(path: Path) -> list[tuple[bytes, int, int]]:
             for i in range(manifest.num_samples) if int(reader.codecs[i]) == CODEC_CV_JPEG]
 
 
-def timed_pass(decode: Callable[[int], object], count: int) -> float:
-    started = time.perf_counter()
+def one_core_decoder() -> object:
+    """fastdata's region decoder, with OpenCV on one thread (the decoders are timed on one core)."""
+    import cv2
+
+    cv2.setNumThreads(1)
+    decoder = region_decoder()
+    if decoder is None:
+        raise SystemExit("the region decoder is not available here (see `fastdata doctor`)")
+    return decoder
+
+
+def timed_pass(decode: Callable[[int], object], count: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """ms per call of `decode(i)` for every i below `count`, by `clock`."""
+    started = clock()
     for i in range(count):
         decode(i)
-    return (time.perf_counter() - started) / count * 1e3
+    return (clock() - started) / count * 1e3
+
+
+def alternating_passes(ways: dict[str, Callable[[int], object]], count: int, repeats: int,
+                       clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Name -> ms per image of each of `repeats` passes over `count` images, the ways alternating (after one
+    untimed pass each)."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for decode in ways.values():  # one untimed pass each
+        timed_pass(decode, count, clock)
+    for _ in range(repeats):
+        for name, decode in ways.items():
+            times[name].append(timed_pass(decode, count, clock))
+    return times
+
+
+def decode_table(title: str, times: dict[str, list[float]], baseline: str, against: str) -> None:
+    """The table of median ms per image, and each against the median of `baseline` (called `against`)."""
+    base = statistics.median(times[baseline])
+    report.table(title, ["decode", "ms per image", f"vs {against}"],
+                 [[name, f"{statistics.median(values):.3f}", f"{statistics.median(values) / base:.2f}x"]
+                  for name, values in times.items()])
 
 
 def main() -> None:
@@ -53,38 +87,24 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "cpu-path-4000.lmdb")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    import cv2
-
-    cv2.setNumThreads(1)
-    decoder = region_decoder()
-    if decoder is None:
-        raise SystemExit("the region decoder is not available here (see `fastdata doctor`)")
+    decoder = one_core_decoder()
     records = jpegs(args.data)
     preset = RandomResizedCropFlip(224)
     params = [preset.params(w, h, sample_rng(0, 0, i)) for i, (_, w, h) in enumerate(records)]
     regions = [plan_region(w, h, p, 224) for (_, w, h), p in zip(records, params, strict=True)]
     reduces = [reduce_factor(p, 224) for p in params]
+    full = "whole image, full size (OpenCV)"
     ways = {
         "region (fastdata extension)": lambda i: decoder.decode(records[i][0], regions[i]),
         "whole image at the crop's DCT scale (OpenCV)": lambda i: decode_rgb(records[i][0], CODEC_CV_JPEG,
                                                                                reduces[i]),
-        "whole image, full size (OpenCV)": lambda i: decode_rgb(records[i][0], CODEC_CV_JPEG),
+        full: lambda i: decode_rgb(records[i][0], CODEC_CV_JPEG),
     }
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for decode in ways.values():  # one untimed pass each
-        timed_pass(decode, len(records))
-    for _ in range(args.repeats):
-        for name, decode in ways.items():
-            times[name].append(timed_pass(decode, len(records)))
+    times = alternating_passes(ways, len(records), args.repeats)
     scaled = np.mean([r.scale_num < 8 for r in regions])
-    print(f"{len(records)} JPEGs of {args.data}, one RandomResizedCrop 224 each ({scaled:.0%} decoded at a reduced "
-          f"DCT scale); one core; median of {args.repeats} alternating passes\n")
-    print("| decode | ms per image | vs full size |")
-    print("|---|---:|---:|")
-    full = statistics.median(times["whole image, full size (OpenCV)"])
-    for name, values in times.items():
-        ms = statistics.median(values)
-        print(f"| {name} | {ms:.3f} | {ms / full:.2f}x |")
+    decode_table(f"{len(records)} JPEGs of {args.data}, one RandomResizedCrop 224 each ({scaled:.0%} decoded at a "
+                 f"reduced DCT scale); one core; median of {args.repeats} alternating passes", times, full,
+                 "full size")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                                                              "--repeats", "1")),
     Benchmark("remote_vs_local", "read", "fastdata over HTTP (no cache, cold, warm) vs local disk",
               ("--images", "1000"), _SMOKE_IMAGES),
-    Benchmark("region_decode", "read", "one core: region decode vs whole-image decode", (), ("--repeats", "1")),
+    Benchmark("region_decode", "read", "one core: region decode vs whole-image decode (on cpu_path's dataset: "
+              "after it)", (), ("--data", "benchmarks/data/cpu-path-60.lmdb", "--repeats", "1")),
     Benchmark("restart_decode", "read", "one core: a crop from a restart-indexed JPEG vs region decode",
               ("--images", "2000", "--repeats", "5"), _SMOKE_IMAGES),
     Benchmark("float_output", "read", "one core: uint8 batches vs normalised float32 / bfloat16 / float16",
@@ -87,7 +88,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "--engine ray; the parent's CPU per image", ("--images", "3000", "--skip-text"),
               ("--images", "60", "--small", "12", "--repeats", "1", "--skip-text", "--skip-peers")),
     Benchmark("ray_convert", "convert", "--engine ray vs the local pool, on a running local Ray cluster",
-              ("--images", "12000"), ("--images", "60", "--repeats", "1"), needs=("ray",)),
+              ("--images", "12000"), ("--images", "60", "--small", "12", "--repeats", "1"), needs=("ray",)),
     # text
     Benchmark("text_throughput", "text", "text conversion vs encode_batch_fast; packed loading vs memmap "
               "slicing, nanoGPT get_batch, memmap DataLoaders, HF datasets", ("--mb", "80"),
@@ -95,36 +96,39 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("text_convert", "text", "text conversion with default settings vs a tokenize script and HF "
               "datasets map", ("--mb", "80"), ("--mb", "2", "--repeats", "1")),
     # device (a GPU machine)
-    Benchmark("cuda_tests", "device", "the cuda-marked tests", takes_repeats=False, needs=("cuda",), timeout=100,
+    Benchmark("cuda_tests", "device", "the cuda-marked tests", takes_repeats=False, needs=("cuda",), timeout=90,
               command=("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/image")),
     Benchmark("gpu_check", "device", "each decoder and nvImageCodec backend mix, decode only, whole files and by "
               "crop region", ("--images", "6144", "--out", "/tmp/gpu-data"),
-              ("--images", "256", "--repeats", "1", "--out", "/tmp/gpu-data"), needs=("cuda",), timeout=120),
+              ("--images", "256", "--repeats", "1", "--out", "/tmp/gpu-data"), needs=("cuda",), timeout=110),
     Benchmark("gpu_train_feed", "device", "ResNet-18 / ResNet-50 training loops fed by ImageFolder, decode='worker' "
               "and the device path, against a loop on batches already on the GPU",
               ("--images", "6144", "--repeats", "2", "--tune-budget", "25", "--out", "/tmp/gpu-data"),
               ("--images", "512", "--repeats", "1", "--models", "resnet18", "--tune-budget", "5", "--out",
-               "/tmp/gpu-data"), needs=("cuda",), timeout=330),
+               "/tmp/gpu-data"), needs=("cuda",), timeout=300),
     # memory
     Benchmark("idle_workers", "memory", "memory the idle persistent workers of a val loader hold",
               ("--images", "3000", "--workers", "4"), _SMOKE_IMAGES),
     Benchmark("rss_split", "memory", "the main process's and the workers' RSS over an epoch",
               ("--images", "4000"), ("--images", "60", "--repeats", "1", "--epochs", "1")),
     # startup
-    Benchmark("startup", "startup", "fastdata --version / --help / import / a small convert vs python -c pass",
-              (), ("--repeats", "2")),
+    Benchmark("command_startup", "startup", "fastdata --version / --help / import / a small convert vs python -c "
+              "pass", (), ("--repeats", "2")),
     Benchmark("startup_scale", "startup", "import fastdata to the first batch, and the main process's peak RSS, "
               "at 10k to 10M samples", ("--repeats", "3"), ("--sizes", "10k", "--text-sizes", "10k", "--repeats",
                                                            "1")),
 )
 
-#: benchmarks whose script is another's (`detection_masks` runs detection.py)
-SCRIPT_OF = {"detection_masks": "detection.py"}
+#: benchmarks whose script is not NAME.py (`detection_masks` runs detection.py; a benchmark is not named as a suite)
+SCRIPT_OF = {"detection_masks": "detection.py", "command_startup": "startup.py"}
 
 
 def script_of(benchmark: Benchmark) -> str:
     """The file in benchmarks/ a benchmark runs."""
     return SCRIPT_OF.get(benchmark.name, benchmark.script)
+
+
+assert not {b.name for b in BENCHMARKS} & set(SUITES), "a benchmark named as a suite could never be run alone"
 
 
 def select(name: str) -> list[Benchmark]:

@@ -23,45 +23,27 @@ Run nothing else heavy meanwhile: the ratios are only as good as the machine is 
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
-from common import cached_sample_imagefolder
+import report
+from common import arguments, cached_sample_imagefolder
+from region_decode import alternating_passes, decode_table, one_core_decoder
 
 from fastdata.errors import UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import RandomResizedCropFlip
 from fastdata.image.decode import decode_rgb, jpeg_size
-from fastdata.image.jpeg.region import plan_region, region_decoder
+from fastdata.image.jpeg.region import plan_region
 from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, rewrite, sub_jpeg_for
 from fastdata.order.epoch import sample_rng
 
 
-def timed_pass(decode: Callable[[int], object], count: int) -> float:
-    """ms of this process's CPU time per call (everything runs on one thread: less disturbed by other load than
-    wall time)."""
-    started = time.process_time()
-    for i in range(count):
-        decode(i)
-    return (time.process_time() - started) / count * 1e3
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=2000, help="sample JPEGs (generated once, then reused)")
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = arguments(__doc__.split("\n")[0], images=2000, repeats=5)
     args = parser.parse_args()
-    import cv2
-
-    cv2.setNumThreads(1)
-    decoder = region_decoder()
-    if decoder is None:
-        raise SystemExit("the region decoder is not available here (see `fastdata doctor`)")
+    decoder = one_core_decoder()
     folder = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
     originals = [path.read_bytes() for path in sorted(folder.rglob("*")) if path.suffix.lower() in (".jpg", ".jpeg")]
 
@@ -92,8 +74,9 @@ def main() -> None:
         _, jpeg, stored, region = records[i]
         return sub_jpeg_for(jpeg, RestartIndex.from_bytes(stored), region)
 
+    today = "region, original (today)"
     ways: dict[str, Callable[[int], object]] = {
-        "region, original (today)": lambda i: decoder.decode(records[i][0], records[i][3]),
+        today: lambda i: decoder.decode(records[i][0], records[i][3]),
         "region, rewritten whole file": lambda i: decoder.decode(records[i][1], records[i][3]),
         "sub-JPEG (stored index)": lambda i: decode_region(decoder, records[i][1],
                                                            RestartIndex.from_bytes(records[i][2]), records[i][3]),
@@ -102,32 +85,26 @@ def main() -> None:
         "assemble only (stored index)": sub,
         "whole image, full size (OpenCV)": lambda i: decode_rgb(records[i][0], CODEC_CV_JPEG),
     }
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for decode in ways.values():  # one untimed pass each
-        timed_pass(decode, len(records))
-    for _ in range(args.repeats):
-        for name, decode in ways.items():
-            times[name].append(timed_pass(decode, len(records)))
+    # ms of this process's CPU time per call (everything runs on one thread: less disturbed by other load than
+    # wall time)
+    times = alternating_passes(ways, len(records), args.repeats, time.process_time)
 
     source_bytes = sum(len(records[k][0]) for k in range(len(records)))
     jpeg_bytes = sum(len(r[1]) for r in records)
     index_bytes = sum(len(r[2]) for r in records)
     covered = np.mean([len(sub(k).data) / len(records[k][1]) for k in range(len(records))])
-    print(f"{len(originals)} JPEGs of {folder} ({len(refused)} refused by the rewrite), one RandomResizedCrop 224 "
-          f"each; one thread, CPU time; median of {args.repeats} alternating passes\n")
-    print(f"rewrite: {rewrite_ms:.2f} ms per image ({rewrite_ms / whole_ms:.2f}x a full-size OpenCV decode); bytes "
-          f"{jpeg_bytes / source_bytes - 1:+.1%} (JPEG) {index_bytes / source_bytes:+.1%} (index) vs the sources; "
-          f"a sub-JPEG holds {covered:.0%} of its file's bytes on average; with the standard Huffman tables "
-          f"instead of optimised ones: {standard_ms:.2f} ms per image, bytes {standard_bytes / source_bytes - 1:+.1%}"
-          "\n")
-    print("| decode | ms per image | vs today's region decode |")
-    print("|---|---:|---:|")
-    today = statistics.median(times["region, original (today)"])
-    for name, values in times.items():
-        ms = statistics.median(values)
-        print(f"| {name} | {ms:.3f} | {ms / today:.2f}x |")
-    for reason in sorted(set(refused))[:5]:
-        print("refused:", reason)
+    refusals = [f"refused: {reason}" for reason in sorted(set(refused))[:5]]
+    report.table(f"the lossless rewrite of {len(originals)} JPEGs of {folder} ({len(refused)} refused): one thread, "
+                 "CPU time per image, one pass; bytes against the sources",
+                 ["rewrite", "ms per image", "vs a full-size OpenCV decode", "JPEG bytes", "index bytes"],
+                 [["optimised Huffman tables (the default)", f"{rewrite_ms:.2f}", f"{rewrite_ms / whole_ms:.2f}x",
+                   f"{jpeg_bytes / source_bytes - 1:+.1%}", f"{index_bytes / source_bytes:+.1%}"],
+                  ["standard Huffman tables", f"{standard_ms:.2f}", "", f"{standard_bytes / source_bytes - 1:+.1%}",
+                   ""]],
+                 notes=[f"a sub-JPEG holds {covered:.0%} of its file's bytes on average", *refusals])
+    decode_table(f"{len(originals)} JPEGs of {folder} ({len(refused)} refused by the rewrite), one RandomResizedCrop "
+                 f"224 each; one thread, CPU time; median of {args.repeats} alternating passes", times, today,
+                 "today's region decode")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ libraries included; RssShmem: shared memory, the batches in flight) and keeps th
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -72,18 +71,11 @@ def measure(kind: str, source: str, epochs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=4000)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--data", default=".bench-data")
-    parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(measure(args.one[0], args.one[1], args.epochs)))
-        return
-    from common import cached_sample_imagefolder
+    import report  # here, not above: a child (`--one`) imports only what its loader needs
+    from common import arguments, cached_sample_imagefolder
 
+    parser = arguments(__doc__.split("\n\n")[0], images=4000, repeats=2, epochs=2)
+    args = parser.parse_args()
     import fastdata
 
     data = Path(args.data)
@@ -95,18 +87,20 @@ def main() -> None:
     for _ in range(args.repeats):  # alternating
         for label, kind, path in (("torchvision ImageFolder + PIL", "torchvision", source),
                                   ("fastdata", "fastdata", lmdb)):
-            done = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--one", kind, str(path)],
+            done = subprocess.run([sys.executable, __file__, "--one", kind, str(path), str(args.epochs)],
                                   capture_output=True, text=True, check=True)
             runs[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
     columns = [f"{who} {kind}" for who in ("main", "workers") for kind in KINDS]
-    print(f"{args.images} JPEGs, batch 128, 2 workers, {args.epochs} epochs, medians of {args.repeats} runs (MB)\n")
-    print("| loader | peak total | " + " | ".join(columns) + " |")
-    print("|---|---:|" + "---:|" * len(columns))
-    for label, found in runs.items():
-        total = statistics.median(sum(run.values()) for run in found)
-        cells = [f"{statistics.median(run.get(c, 0.0) for run in found):,.0f}" for c in columns]
-        print(f"| {label} | {total:,.0f} | " + " | ".join(cells) + " |")
+    report.table(f"{args.images} JPEGs, batch 128, 2 workers, {args.epochs} epochs, medians of {args.repeats} runs "
+                 "(MB)",
+                 ["loader", "peak total", *columns],
+                 [[label, f"{statistics.median(sum(run.values()) for run in found):,.0f}",
+                   *(f"{statistics.median(run.get(c, 0.0) for run in found):,.0f}" for c in columns)]
+                  for label, found in runs.items()])
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--one"]:  # a child of main(): one loader, and nothing imported but what it needs
+        print(json.dumps(measure(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    else:
+        main()

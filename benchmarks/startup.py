@@ -22,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+import report
+
 
 def fastdata_command() -> list[str]:
     """The `fastdata` console script of this Python's environment, else `python -m fastdata`."""
@@ -80,15 +84,14 @@ def main() -> None:
         runs = {label: argv for label, argv in runs.items() if "torch" not in label}
     times = measure(runs, args.repeats)
     baseline = times[next(iter(runs))]
-    print(f"start-up: medians of {args.repeats} rounds, Python {sys.version.split()[0]}, "
-          f"fastdata run as {' '.join(fastdata_command())}\n")
-    header = f"{'command':<38} {'median ms':>10} {'fastest ms':>11} {'over baseline ms':>17}"
-    print(header)
-    print("-" * len(header))
+    rows = []
     for label, seconds in times.items():
         over = statistics.median(t - b for t, b in zip(seconds, baseline, strict=True))
-        print(f"{label:<38} {statistics.median(seconds) * 1e3:>10.0f} {min(seconds) * 1e3:>11.0f} "
-              f"{over * 1e3:>17.0f}")
+        rows.append([label, f"{statistics.median(seconds) * 1e3:.0f}", f"{min(seconds) * 1e3:.0f}",
+                     f"{over * 1e3:.0f}"])
+    report.table(f"start-up: medians of {args.repeats} rounds, Python {sys.version.split()[0]}, "
+                 f"fastdata run as {' '.join(fastdata_command())}",
+                 ["command", "median ms", "fastest ms", "over baseline ms"], rows)
     shutil.rmtree(scratch)
 
 

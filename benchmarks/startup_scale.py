@@ -33,6 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+
+import report
+
 CLASSES = 100
 DISTINCT_IMAGES = 8
 VOCAB_WORDS = 500
@@ -247,11 +251,7 @@ def main() -> None:
     if args.build_only:
         return
 
-    header = (f"{'dataset':<12} {'format':<6} {'samples':>8} {'workers':>7} {'import s':>9} {'open s':>8} "
-              f"{'1st batch s':>11} {'total s':>8} {'floor MB':>9} {'peak MB':>8} {'x start':>7} {'x total':>7} "
-              f"{'x RSS':>6}")
-    print(header)
-    print("-" * len(header))
+    rows = []
     for kind in ("image", "text"):
         for fmt in formats:
             for w in workers:
@@ -262,20 +262,24 @@ def main() -> None:
                     warm(paths[(kind, fmt, n)])
                     got = median_run(paths[(kind, fmt, n)], kind, w, 8 if kind == "text" else args.batch_size,
                                      args.repeats)
+                    print(f"  measured {kind} {fmt} {size_name(n)} num_workers={w}", flush=True)
                     base = base or got
                     # growth of what the dataset adds on top of the import: start-up time after the import,
                     # and the peak RSS (whole, the import included)
                     grow_t = (got["open_s"] + got["first_s"]) / max(base["open_s"] + base["first_s"], 1e-9)
                     grow_all = got["total_s"] / base["total_s"]
                     grow_m = got["peak_mb"] / base["peak_mb"]
-                    print(f"{kind:<12} {fmt:<6} {size_name(n):>8} {w:>7} {got['import_s']:>9.2f} "
-                          f"{got['open_s']:>8.2f} {got['first_s']:>11.2f} {got['total_s']:>8.2f} "
-                          f"{got['floor_mb']:>9.0f} {got['peak_mb']:>8.0f} {grow_t:>6.2f}x {grow_all:>6.2f}x "
-                          f"{grow_m:>5.2f}x",
-                          flush=True)
-    print("\nx start: open + 1st batch (what the dataset adds after the import) against the smallest size of the same "
-          "kind, format and workers; x total: import to 1st batch, likewise; x RSS: the main process's peak RSS, "
-          "likewise. Target: under 2x at 1M vs 10k.")
+                    rows.append([kind, fmt, size_name(n), w, f"{got['import_s']:.2f}", f"{got['open_s']:.2f}",
+                                 f"{got['first_s']:.2f}", f"{got['total_s']:.2f}", f"{got['floor_mb']:.0f}",
+                                 f"{got['peak_mb']:.0f}", f"{grow_t:.2f}x", f"{grow_all:.2f}x", f"{grow_m:.2f}x"])
+    report.table("seconds from `import fastdata` to the first batch of `fastdata.loader`, and the main process's "
+                 f"RSS (its workers not counted): each row the median of {args.repeats} fresh child processes, the "
+                 "dataset's files in the page cache",
+                 ["dataset", "format", "samples", "workers", "import s", "open s", "1st batch s", "total s",
+                  "floor MB", "peak MB", "x start", "x total", "x RSS"], rows, align="llrrrrrrrrrrr",
+                 notes=["x start: open + 1st batch (what the dataset adds after the import) against the smallest size "
+                        "of the same kind, format and workers; x total: import to 1st batch, likewise; x RSS: the "
+                        "main process's peak RSS, likewise. Target: under 2x at 1M vs 10k."])
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import report
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
@@ -110,8 +112,9 @@ def main() -> None:
                        work)
 
         contenders[f"(c) HF datasets map(num_proc={cores}) + packing"] = hf_datasets
+        notes = []
     else:
-        print("(c) HF datasets: omitted (not installed)")
+        notes = ["(c) HF datasets: omitted (not installed)"]
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for round_number in range(args.repeats):
         for name, contender in contenders.items():
@@ -121,14 +124,15 @@ def main() -> None:
 
     tokens = read_manifest(work / "out.lmdb").text["total_tokens"]
     size = corpus.stat().st_size / 1e6
-    print(f"\n{size:.1f} MB of JSONL, {tokens / 1e6:.1f} M tokens (end-of-text included), {cores} cores, "
-          f"{args.repeats} alternating rounds; whole processes, start to exit\n")
-    print("| contender | M tokens/s (median) | fastdata x this (median; range over rounds) |\n|---|---:|---:|")
     ours = seconds["(a) fastdata convert text, defaults"]
+    rows = []
     for name, times in seconds.items():
         ratios = [t / o for t, o in zip(times, ours, strict=True)]
-        print(f"| {name} | {tokens / statistics.median(times) / 1e6:.2f} | "
-              f"{statistics.median(times) / statistics.median(ours):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
+        rows.append([name, f"{tokens / statistics.median(times) / 1e6:.2f}",
+                     f"{statistics.median(times) / statistics.median(ours):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"])
+    report.table(f"{size:.1f} MB of JSONL, {tokens / 1e6:.1f} M tokens (end-of-text included), {cores} cores, "
+                 f"{args.repeats} alternating rounds; whole processes, start to exit",
+                 ["contender", "M tokens/s (median)", "fastdata x this (median; range over rounds)"], rows, notes=notes)
 
 
 if __name__ == "__main__":

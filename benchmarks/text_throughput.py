@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_conte
 from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
+import report
 from text_corpus import build_corpus, iter_texts, train_tokenizer
 from text_loaders import fastdata_contender, hf_blocks, hf_contender, memmap_contenders
 
@@ -103,8 +105,9 @@ def _fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
 
 
 def _in_fresh_process(fn: Callable, *args) -> dict:
-    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-        return pool.apply(fn, args)
+    """`fn(*args)` in a new spawned process, not a daemon: `fastdata.convert_text` starts workers of its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -124,6 +127,11 @@ def write_flat_stream(dataset_path: Path, out: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ main
+
+
+def _millions(rates: list[float]) -> list[str]:
+    """The cells "M tokens/s" (the median) and "range" (the slowest and fastest run) of `rates` (tokens/s)."""
+    return [f"{statistics.median(rates) / 1e6:,.2f}", f"{min(rates) / 1e6:,.2f}-{max(rates) / 1e6:,.2f}"]
 
 
 def conversion_table(corpus: Path, tokenizer: Path, outputs: dict[str, Path], repeats: int, one_mb: float) -> None:
@@ -151,32 +159,31 @@ def conversion_table(corpus: Path, tokenizer: Path, outputs: dict[str, Path], re
 
     alternate(list(contenders), repeats, run)
     first = results["`fastdata convert text` -> LMDB"][0]
-    print(f"\nconversion: {first['documents']:,} documents, {first['tokens']:,} tokens, "
-          f"{first['bytes'] / 1e6:.1f} MB in; medians of {repeats} alternating runs, ratios medians of per-run "
-          "ratios\n")
-    print("| conversion | M tokens/s | range | vs `encode_batch_fast` | MB/s | peak RSS growth MB |")
-    print("|---|---:|---:|---:|---:|---:|")
     base = [r["tokens"] / r["seconds"] for r in results[ceiling]]
+    rows = []
     for name, runs in results.items():
         rates = [r["tokens"] / r["seconds"] for r in runs]
         mbs = statistics.median(r["bytes"] / r["seconds"] / 1e6 for r in runs)
         rss = statistics.median(r["rss_mb"] for r in runs)
-        print(f"| {name} | {statistics.median(rates) / 1e6:,.2f} | {min(rates) / 1e6:,.2f}-{max(rates) / 1e6:,.2f} "
-              f"| {median_ratio(rates, base):.2f}x | {mbs:,.2f} | {rss:,.0f} |")
+        rows.append([name, *_millions(rates), f"{median_ratio(rates, base):.2f}x", f"{mbs:,.2f}", f"{rss:,.0f}"])
+    report.table(f"conversion: {first['documents']:,} documents, {first['tokens']:,} tokens, "
+                 f"{first['bytes'] / 1e6:.1f} MB in; medians of {repeats} alternating runs, ratios medians of per-run "
+                 "ratios", ["conversion", "M tokens/s", "range", "vs `encode_batch_fast`", "MB/s",
+                            "peak RSS growth MB"], rows)
 
 
-def loading_table(results: list[LoaderResult], seq_len: int, config: BenchConfig) -> None:
+def loading_table(results: list[LoaderResult], seq_len: int, config: BenchConfig, notes: list[str]) -> None:
     ceiling, items = results[0], results[2]  # the ceiling; the DataLoader over the memmap, one block per item
-    print(f"\npacked loading: {config.warmup_passes} untimed + {config.epochs} timed epochs per run, blocks of "
-          f"{seq_len}+1 tokens, batches of {config.batch_size}; medians of {config.repeats} alternating runs, "
-          "ratios medians of per-run ratios\n")
-    print("| loader | M tokens/s | range | vs ceiling | vs memmap 1-per-item | first batch s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    rows = []
     for r in results:
         rates = [run.images_per_s * seq_len for run in r.runs]  # rows/s x tokens per row
-        print(f"| {r.name} | {statistics.median(rates) / 1e6:,.2f} | {min(rates) / 1e6:,.2f}-"
-              f"{max(rates) / 1e6:,.2f} | {r.ratio_to(ceiling):.2f}x | {r.ratio_to(items):.2f}x | "
-              f"{r.first_batch_s:.2f} |")
+        rows.append([r.name, *_millions(rates), f"{r.ratio_to(ceiling):.2f}x", f"{r.ratio_to(items):.2f}x",
+                     f"{r.first_batch_s:.2f}"])
+    report.table(f"packed loading: {config.warmup_passes} untimed + {config.epochs} timed epochs per run, blocks of "
+                 f"{seq_len}+1 tokens, batches of {config.batch_size}; medians of {config.repeats} alternating runs, "
+                 "ratios medians of per-run ratios",
+                 ["loader", "M tokens/s", "range", "vs ceiling", "vs memmap 1-per-item", "first batch s"], rows,
+                 notes=notes)
     print(json.dumps({"load_rates": {r.name: r.images_per_s * seq_len for r in results}}))
 
 
@@ -216,16 +223,17 @@ def main() -> None:
     contenders = memmap_contenders(flat, config, n)
     peers: list[Callable[[], Contender]] = [] if args.no_peers else [
         lambda: hf_contender(hf_blocks(flat, n, args.data / f"{corpus.stem}-hf-{n}"), config)]
+    notes = ["HF datasets: omitted (--no-peers)"] if args.no_peers else []
     for build in peers:
         try:
             contenders.append(build())
         except ImportError as exc:
-            print(f"  (HF datasets row left out: {exc}; pip install datasets, see benchmarks/README.md)")
+            notes.append(f"HF datasets: omitted ({exc}; pip install datasets, see benchmarks/README.md)")
     contenders += [fastdata_contender(outputs["lmdb"], config, n, "LMDB"),
                    fastdata_contender(outputs["wds"], config, n, "WebDataset")]
     results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True),
                              what="the epoch")
-    loading_table(results, n, config)
+    loading_table(results, n, config, notes)
 
 
 if __name__ == "__main__":
