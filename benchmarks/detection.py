@@ -13,13 +13,12 @@ Then loading, every loader giving `(images uint8 [B, 3, S, S], list of B target 
       the collate function;
   (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion (`augment="train"`,
       `image_size=S`, `scale=scale_range`; with --masks, `masks=True`).
-Every loader gets fastdata.loader's DataLoader settings with --workers workers (`fastdata.tools.bench_fair`), one
-untimed pass over a freshly built loader, its files read once before any timing, and --repeats alternating runs
-(`fastdata.tools.bench.run_contenders`); the table gives medians and ratios against the baseline (median of the
-per-run ratios). The target of issue 18: fastdata at least 2x the torchvision pipeline.
+The loaders are treated alike as in every loading benchmark (benchmarks/README.md, "Fair by construction"); the
+table gives medians and ratios against the baseline (median of the per-run ratios). The target of issue 18:
+fastdata at least 2x the torchvision pipeline.
 
     python benchmarks/detection.py --images 3000 --repeats 3
-    python benchmarks/detection.py --images 64 --repeats 1 --epochs 1 --batch-size 8 --workers 1   # smoke test
+    python -m benchmarks run detection --smoke                 # smoke test
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """

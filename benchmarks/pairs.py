@@ -14,15 +14,10 @@ Then loading, every loader giving `(images uint8 [B, 3, 224, 224], input_ids int
       `WebLoader`, `transform` the torchvision transform equal to fastdata's preset (as `fastdata bench`'s
       baseline), `tokenize` the tokenizer with truncation and padding to 77 (the baseline);
   (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion (`max_length=77`).
-Every loader gets fastdata.loader's DataLoader settings with --workers workers (`fastdata.tools.bench_fair`), one
-untimed pass over a freshly built loader, its files read once before any timing, and --repeats alternating runs
-(`fastdata.tools.bench.run_contenders`); the table gives medians and ratios against the baseline (median of the
-per-run ratios). The target of issue 18: fastdata at least 2x the webdataset pipeline.
+Target (issue 18): fastdata at least 2x the webdataset pipeline, as the median of the per-run ratios; every
+loader is treated alike (benchmarks/README.md, "Fair by construction"). A quiet machine, and:
 
-    python benchmarks/pairs.py --images 3000 --repeats 3
-    python benchmarks/pairs.py --images 40 --repeats 1 --epochs 1 --batch-size 8 --workers 1   # smoke test
-
-Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
+    python benchmarks/pairs.py --images 3000 --repeats 3      # smoke: python -m benchmarks run pairs --smoke
 """
 
 from __future__ import annotations
