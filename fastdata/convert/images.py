@@ -11,6 +11,7 @@ on disk, so an interrupted conversion never leaves anything that opens as a comp
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import time
@@ -168,6 +169,14 @@ class _Progress(ProgressRecord):
     target_state: dict[str, Any] = field(default_factory=dict)  # what the source's targets counted so far
     layout: dict[str, Any] = field(default_factory=dict)  # jpeg_layout "restart": LayoutCounts.to_json() so far
     gpu_kinds: dict[str, int] = field(default_factory=dict)  # stored images by GPU_KINDS so far
+
+    def to_json(self) -> bytes:
+        """The record as JSON, each rejected entry serialised once: a checkpoint comes every few MiB of records,
+        and the list of rejected samples only grows (a damaged source can hold many thousands)."""
+        made = self.__dict__.setdefault("_rejected_json", [])
+        made.extend(json.dumps(entry) for entry in self.rejected[len(made):])
+        head = json.dumps({name: getattr(self, name) for name in self.__dataclass_fields__ if name != "rejected"})
+        return f'{head[:-1]}, "rejected": [{", ".join(made)}]}}'.encode()
 
 
 def _fingerprint(fmt: str, options: dict, listing: ImageSource) -> dict:

@@ -260,3 +260,22 @@ def test_leftovers_that_cannot_be_reopened_are_an_error_never_a_silent_restart(t
         fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
                                      commit_every=4, progress=False)
     assert progress.read_bytes() == saved  # nothing discarded
+
+
+def test_a_checkpoint_record_holds_every_rejected_sample_as_it_grows():
+    """The progress record serialises each rejected entry once and keeps them all, in order, through checkpoint
+    after checkpoint (it is what a resumed run reports as rejected)."""
+    import dataclasses
+
+    from fastdata.convert.images import _Progress
+
+    state = _Progress(fingerprint={"source": "x"}, counts=[0, 0])
+    records = []
+    for i in range(5):
+        state.rejected.append({"path": f"class_a/{i}.jpg", "reason": f'not a decodable image ("{i}" é)'})
+        state.next_task, state.counts = 10 * i, [i, 2 * i]
+        records.append(state.to_json())
+        assert json.loads(records[-1]) == dataclasses.asdict(state)
+    resumed = _Progress.parse(records[2])
+    assert [r["path"] for r in resumed.rejected] == ["class_a/0.jpg", "class_a/1.jpg", "class_a/2.jpg"]
+    assert resumed.next_task == 20
