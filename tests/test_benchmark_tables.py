@@ -113,3 +113,24 @@ def test_a_run_hands_the_runners_tables_over_as_json(tmp_path, capfd):
     absent = harness.run_one(registry.Benchmark("gone", "read", "", needs=("no_such_module_here",)), False, None,
                              env)
     assert "no_such_module_here" in absent["left_out"] and absent["tables"] == []
+
+
+def test_a_real_runner_hands_its_tables_to_the_harness(tmp_path):
+    """convert_speed.py at a tiny size, its data in a temporary folder: both of its tables reach the harness's
+    sink, with a row per contender and figures that parse."""
+    import os
+    import subprocess
+
+    from report import SINK, read_sink
+
+    sink = tmp_path / "tables.jsonl"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "convert_speed.py"), "--images", "16", "--small", "8",
+                           "--repeats", "1", "--skip-text", "--skip-peers", "--data", str(tmp_path / "data")],
+                          env={**os.environ, SINK: str(sink)}, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    speed, cpu = read_sink(str(sink))
+    assert speed.columns == ("contender", "images/s", "x (a)")
+    names = [row[0] for row in speed.rows]
+    assert any("LMDB" in name for name in names) and any("WebDataset" in name for name in names)
+    assert all(float(row[2]) > 0 for row in speed.rows)
+    assert [row[0] for row in cpu.rows] == [name[4:] for name in names if "fastdata convert" in name]
