@@ -15,6 +15,7 @@ say why. The device suite first makes a lent GPU machine ready (`benchmarks/devi
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -29,7 +30,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from registry import BENCHMARKS, SUITES, Benchmark, script_of, select  # noqa: E402
+from registry import BENCHMARKS, SUITES, Benchmark, select  # noqa: E402
 from report import SINK, read_sink  # noqa: E402
 
 
@@ -47,13 +48,18 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "python": platform.python_version()}
 
 
+@functools.cache
+def has_cuda() -> bool:
+    """Whether torch sees a CUDA GPU (asked in a child process: this one stays without CUDA and torch)."""
+    return subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                          capture_output=True, check=False).returncode == 0
+
+
 def missing(benchmark: Benchmark) -> str | None:
     """Why `benchmark` cannot run here (None: it can)."""
     for need in benchmark.needs:
         if need == "cuda":
-            done = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
-                                  capture_output=True, check=False)
-            if done.returncode != 0:
+            if not has_cuda():
                 return "no CUDA GPU on this machine"
         elif importlib.util.find_spec(need) is None:
             return f"`{need}` is not installed (benchmarks/requirements-peers.txt)"
@@ -62,7 +68,7 @@ def missing(benchmark: Benchmark) -> str | None:
 
 def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None) -> list[str]:
     """The command line that runs `benchmark`."""
-    target = list(benchmark.command) or [str(HERE / script_of(benchmark))]
+    target = list(benchmark.command) or [str(HERE / benchmark.file)]
     args = list(benchmark.smoke if smoke else benchmark.args)
     if repeats is not None and benchmark.takes_repeats:
         args += ["--repeats", str(repeats)]

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import time
 from pathlib import Path
 
-from fastdata.tools.bench_fair import DEFAULT_REPEATS
+import report
+
+from fastdata.tools.bench import run_contenders
+from fastdata.tools.bench_fair import DEFAULT_REPEATS, per_run_ratios
 from fastdata.tools.sample import make_sample_imagefolder
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -52,8 +56,6 @@ def cached_sample_imagefolder(data: str | Path, images: int, classes: int = 20, 
 
 def per_run_ratios_text(result, baseline) -> str:
     """`result`'s throughput over `baseline`'s, run by run (LoaderResults of one `run_contenders`): "1.92, 2.03"."""
-    from fastdata.tools.bench_fair import per_run_ratios
-
     return ", ".join(f"{x:.2f}" for x in per_run_ratios([r.images_per_s for r in result.runs],
                                                          [b.images_per_s for b in baseline.runs]))
 
@@ -61,8 +63,6 @@ def per_run_ratios_text(result, baseline) -> str:
 def loading_table(title: str, results, baselines, vs: list[str] | None = None, notes=()) -> None:
     """Report loaders' results (`run_contenders`) as a table: images/s, the median of the per-run ratios to each
     of `baselines` (columns "vs <name>", or named by `vs`), MB/s and seconds to the first batch (medians)."""
-    import report
-
     vs = vs or [f"vs {b.name}" for b in baselines]
     report.table(title, ["loader", "images/s", *vs, "MB/s", "first batch s"],
                  [[r.name, f"{r.images_per_s:,.0f}", *(f"{r.ratio_to(b):.2f}x" for b in baselines),
@@ -72,8 +72,6 @@ def loading_table(title: str, results, baselines, vs: list[str] | None = None, n
 def convert_once(outputs: dict[str, Path], convert) -> None:
     """`convert(fmt, out)` for each output (format -> folder) that has no manifest yet, its time printed: the
     conversions a loading benchmark reads, made once under --data and untimed for its table."""
-    import time
-
     for fmt, out in outputs.items():
         if not (out / "manifest.json").is_file():
             started = time.perf_counter()
@@ -85,10 +83,6 @@ def loading_race(title: str, contenders: list, config, what: str, target: float,
     """Run `contenders` (`fastdata.tools.bench.run_contenders`, progress printed) and report their table: medians
     against the first (the baseline; the median of the per-run ratios), the first batch, and whether each other
     loader meets `target`."""
-    import report
-
-    from fastdata.tools.bench import run_contenders
-
     results = run_contenders(contenders, config, progress=lambda line: print(f"  {line}", flush=True), what=what)
     baseline = results[0]
     verdicts = [f"{r.name}: {r.ratio_to(baseline):.2f}x; "

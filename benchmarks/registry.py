@@ -26,8 +26,9 @@ SUITES = {
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One benchmark: `script` in benchmarks/ (or `command`: Python arguments, for a run that is not a script of
-    ours, such as the cuda-marked tests), run with `args` (full) or `smoke`; `--repeats N` is passed on when it
+    """One benchmark: the script `file` in benchmarks/ (NAME.py unless `script` names another; or `command`: Python
+    arguments, for a run that is not a script of ours, such as the cuda-marked tests), run with `args` (full) or
+    `smoke`; `--repeats N` is passed on when it
     `takes_repeats`. `needs`: modules it cannot run without ("cuda": a CUDA GPU); missing, the benchmark is left
     out with the reason. `timeout`: seconds the full run may take before the harness stops it."""
 
@@ -40,10 +41,11 @@ class Benchmark:
     needs: tuple[str, ...] = ()
     timeout: float = 3600.0
     command: tuple[str, ...] = ()
+    script: str = ""
 
     @property
-    def script(self) -> str:
-        return f"{self.name}.py"
+    def file(self) -> str:
+        return self.script or f"{self.name}.py"
 
 
 _SMOKE_IMAGES = ("--images", "60", "--repeats", "1")
@@ -60,7 +62,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("detection", "read", "COCO detection: CocoDetection + transforms.v2 vs fastdata (boxes)",
               ("--images", "3000"), _SMOKE_IMAGES, needs=("pycocotools",)),
     Benchmark("detection_masks", "read", "COCO detection with instance masks: CocoDetection + v2 vs fastdata",
-              ("--images", "3000", "--masks"), (*_SMOKE_IMAGES, "--masks"), needs=("pycocotools",)),
+              ("--images", "3000", "--masks"), (*_SMOKE_IMAGES, "--masks"), needs=("pycocotools",),
+              script="detection.py"),
     Benchmark("pairs", "read", "image-text pairs: a webdataset pipeline vs fastdata", ("--images", "3000"),
               _SMOKE_IMAGES),
     Benchmark("mixing", "read", "weighted mixing: the mixed schedule vs a plain permutation; mixed loading",
@@ -113,20 +116,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--images", "4000"), ("--images", "60", "--repeats", "1", "--epochs", "1")),
     # startup
     Benchmark("command_startup", "startup", "fastdata --version / --help / import / a small convert vs python -c "
-              "pass", (), ("--repeats", "2")),
+              "pass", (), ("--repeats", "2"), script="startup.py"),  # not named as its suite
     Benchmark("startup_scale", "startup", "import fastdata to the first batch, and the main process's peak RSS, "
               "at 10k to 10M samples", ("--repeats", "3"), ("--sizes", "10k", "--text-sizes", "10k", "--repeats",
                                                            "1")),
 )
-
-#: benchmarks whose script is not NAME.py (`detection_masks` runs detection.py; a benchmark is not named as a suite)
-SCRIPT_OF = {"detection_masks": "detection.py", "command_startup": "startup.py"}
-
-
-def script_of(benchmark: Benchmark) -> str:
-    """The file in benchmarks/ a benchmark runs."""
-    return SCRIPT_OF.get(benchmark.name, benchmark.script)
-
 
 assert not {b.name for b in BENCHMARKS} & set(SUITES), "a benchmark named as a suite could never be run alone"
 

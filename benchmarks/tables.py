@@ -28,11 +28,11 @@ _REGISTRY = re.compile(r"(<!-- registry -->\n)(.*?)(<!-- /registry -->)", re.DOT
 
 def registry_table() -> str:
     """Every benchmark: its suite, the command of its full run, what it compares."""
-    from registry import BENCHMARKS, script_of
+    from registry import BENCHMARKS
     from report import Table
 
     def command(b) -> str:
-        target = " ".join(b.command) if b.command else f"{script_of(b)}"
+        target = " ".join(b.command) if b.command else b.file
         return f"`{' '.join([target, *b.args])}`"
 
     rows = [(b.suite, b.name, command(b), b.about + (f" (needs {', '.join(b.needs)})" if b.needs else ""))

@@ -71,13 +71,13 @@ def test_changed_results_without_rewritten_tables_are_caught(tmp_path, monkeypat
 
 def test_every_runner_is_registered_in_a_known_suite():
     runners = {p.stem for p in BENCHMARKS.glob("*.py")} - NOT_RUNNERS
-    scripts = {Path(registry.script_of(b)).stem for b in registry.BENCHMARKS if not b.command}
+    scripts = {Path(b.file).stem for b in registry.BENCHMARKS if not b.command}
     assert runners == scripts
     assert {b.suite for b in registry.BENCHMARKS} == set(registry.SUITES)
     names = [b.name for b in registry.BENCHMARKS]
     assert len(names) == len(set(names))
     for b in registry.BENCHMARKS:
-        assert b.command or (BENCHMARKS / registry.script_of(b)).exists()
+        assert b.command or (BENCHMARKS / b.file).exists()
 
 
 def test_select_takes_a_suite_or_a_name_and_refuses_others():

@@ -272,11 +272,12 @@ class LmdbWriter:
                 what = "caption" if db in ("captions", "tokens") else "target"
                 raise ValueError(f"{self.directory}: a record with a {what}, for a writer opened without "
                                  f"{'pairs' if what == 'caption' else 'targets'}")
-        if self._keeping or self._txn_bytes + self._bound(values) > self._room // 2 - _RESERVE:
+        bound = self._bound(values)
+        if self._keeping or self._txn_bytes + bound > self._room // 2 - _RESERVE:
             for db, value in values:  # near the end of the map: one at a time, kept for a replay
                 self._put(key, value, db, append=True)
         else:  # the common case, the one the conversion parent runs per image: the puts alone
-            self._txn_bytes += self._bound(values)
+            self._txn_bytes += bound
             self._pending.extend((key, None, db) for db, _ in values)
             put, dbs = self._txn.put, self._dbs
             for db, value in values:  # the map has room for them (`_room`)

@@ -15,20 +15,6 @@ from fastdata.errors import ConfigError
 from fastdata.tools.bench import BenchConfig, LoaderResult
 
 
-def target_table(results: list[LoaderResult], baseline: LoaderResult, target: float, unit: str = "img/s") -> str:
-    """A benchmark script's markdown table (throughput, ratio to `baseline`, first batch) and, for every other
-    loader, whether its ratio (the median of the per-run ratios) meets `target`."""
-    lines = [f"| loader | {unit} | vs {baseline.name} | first batch s |", "|---|---:|---:|---:|"]
-    lines += [f"| {r.name} | {r.images_per_s:,.0f} | {r.ratio_to(baseline):.2f}x | {r.first_batch_s:.2f} |"
-              for r in results]
-    lines.append("")
-    for r in results:
-        if r is not baseline:
-            ratio = r.ratio_to(baseline)
-            lines.append(f"  {r.name}: {ratio:.2f}x; {'meets' if ratio >= target else 'MISSES'} the {target:g}x target")
-    return "\n".join(lines)
-
-
 def bench_dict(results: list[LoaderResult], config: BenchConfig, dataset: str | os.PathLike[str] | None = None,
                baseline: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Every figure of a bench run as plain JSON types."""
