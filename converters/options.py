@@ -60,7 +60,8 @@ def convert_options(command: Callable | None = None, *, max_size: bool = True) -
         click.option("--jpeg-layout", type=click.Choice(JPEG_LAYOUTS), default="original", show_default=True,
                      help="restart: rewrite each JPEG losslessly with a restart marker after every MCU (same "
                           "pixels, a few % larger), so that the loader decodes only the MCUs a crop covers; "
-                          "original: keep the source's bytes."),
+                          "baseline: rewrite only the progressive JPEGs, losslessly, as baseline ones (the GPU's "
+                          "hardware JPEG engines take baseline files only); original: keep the source's bytes."),
         click.option("--workers", type=int, default=None, help="Worker processes. Default: all cores."),
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Where images are verified and encoded: local processes, or a Ray cluster "

@@ -311,13 +311,11 @@ def build_sampling_tree(root: Path) -> Tree:
     return tree
 
 
-def damaged_entropy_jpeg(array: np.ndarray) -> bytes:
-    """A JPEG whose scan ends half-way in an EOI marker: Pillow (and so a conversion's verification) reads it,
-    filling the rest grey; the restart rewrite refuses it ("damaged entropy data")."""
-    from fastdata.image.jpeg.restart import segment_offsets
-
-    original = encode(array, "JPEG", quality=90)
-    scan = int(segment_offsets(original)[0])
+def damaged_entropy_jpeg(array: np.ndarray, progressive: bool = False) -> bytes:
+    """A JPEG whose scans end half-way in an EOI marker: Pillow (and so a conversion's verification) reads it,
+    filling the rest grey; the lossless rewrites refuse it ("damaged entropy data")."""
+    original = encode(array, "JPEG", quality=90, progressive=progressive)
+    scan = original.rindex(b"\xff\xda")  # a progressive file's last scan: Pillow refuses an earlier one cut
     return original[:scan + (len(original) - scan) // 2] + b"\xff\xd9"
 
 

@@ -73,7 +73,7 @@ class ConversionSummary:
     ray: RayWork | None = None  # with engine="ray": the Ray tasks and actors that ran the work, as Ray told them
     writer_waited: float = 0.0  # share of the writing time the writer (this process) waited for the workers' results
     jpeg_layout: str = "original"
-    layout: LayoutCounts | None = None  # jpeg_layout "restart": what the rewrite did
+    layout: LayoutCounts | None = None  # jpeg_layout "restart" or "baseline": what the rewrite did
     warning: str | None = None  # most of the input rejected (fastdata.convert.kept): the summary's first line
 
     def __str__(self) -> str:
@@ -92,7 +92,7 @@ class ConversionSummary:
             f"  ignored   {self.ignored:,} non-image file{'s' * (self.ignored != 1)}",
         ]
         if self.layout is not None:
-            lines += self.layout.summary_lines()
+            lines += self.layout.summary_lines(self.jpeg_layout)
         lines.append(f"  rejected  {len(self.rejected):,} file{'s' * (len(self.rejected) != 1)}")
         lines += [f"    {rejected_place(r)}: {r['reason']}" for r in self.rejected[:50]]
         if len(self.rejected) > 50:
@@ -167,7 +167,7 @@ class _Progress(ProgressRecord):
     bytes_in: int = 0
     files: list[dict] = field(default_factory=list)  # finished WebDataset shards
     target_state: dict[str, Any] = field(default_factory=dict)  # what the source's targets counted so far
-    layout: dict[str, Any] = field(default_factory=dict)  # jpeg_layout "restart": LayoutCounts.to_json() so far
+    layout: dict[str, Any] = field(default_factory=dict)  # jpeg_layout not "original": LayoutCounts.to_json() so far
     gpu_kinds: dict[str, int] = field(default_factory=dict)  # stored images by GPU_KINDS so far
 
     def to_json(self) -> bytes:
@@ -240,9 +240,10 @@ def convert_images(
             checkpoint also comes after every 16 MiB of records.
         engine: "local" (processes on this machine) or "ray" (a Ray cluster).
         ray_address: the Ray cluster for `engine="ray"` (None: start a local Ray instance).
-        jpeg_layout: "original" (store each JPEG's bytes) or "restart" (rewrite each JPEG losslessly with a
-            restart marker after every MCU, so that a loader decodes a crop in proportion to its area; a JPEG the
-            rewrite refuses keeps its bytes and is counted: `fastdata.convert.layout`).
+        jpeg_layout: "original" (store each JPEG's bytes), "restart" (rewrite each JPEG losslessly with a
+            restart marker after every MCU, so that a loader decodes a crop in proportion to its area) or
+            "baseline" (rewrite the progressive JPEGs losslessly as baseline ones, which the GPU's hardware JPEG
+            engines take); a JPEG the rewrite refuses keeps its bytes and is counted: `fastdata.convert.layout`.
     """
     out = Path(out)
     fmt = resolve_format(out, format)
@@ -260,7 +261,7 @@ def convert_images(
     if not 1 <= quality <= 100:
         raise ConfigError(f"--quality must be within 1..100, got {quality}")
     jpeg_layout = check_layout(jpeg_layout)
-    if jpeg_layout == "restart":
+    if jpeg_layout != "original":
         check_rewriter()  # no libjpeg-turbo that passes the restart self-check: say so before any work
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -324,7 +325,7 @@ def convert_images(
             writer.checkpoint(_progress_json(state, listing))
             files = writer.close()
     seconds = time.perf_counter() - started
-    layout = LayoutCounts.from_json(state.layout) if jpeg_layout == "restart" else None
+    layout = LayoutCounts.from_json(state.layout) if jpeg_layout != "original" else None
     manifest = Manifest(
         format=fmt, kind="image", num_samples=sum(f.samples for f in files), classes=listing.classes,
         class_counts=state.counts, files=files, fastdata_version=__version__, options=options,

@@ -15,8 +15,10 @@ CODEC_PIL = 2  # anything else: Pillow
 
 #: How a dataset stores its JPEG records (the manifest's `jpeg_layout`): "original", the source's bytes; "restart",
 #: rewritten losslessly with a restart marker after every MCU (`fastdata.image.jpeg.restart`), which any JPEG
-#: decoder reads as it reads the original, and which a loader decodes a crop of in proportion to the crop's area.
-JPEG_LAYOUTS = ("original", "restart")
+#: decoder reads as it reads the original, and which a loader decodes a crop of in proportion to the crop's area;
+#: "baseline", progressive JPEGs rewritten losslessly as baseline ones (the GPU's hardware JPEG engines take
+#: baseline files only), every other record stored as the source has it.
+JPEG_LAYOUTS = ("original", "restart", "baseline")
 
 #: Default pixel-count limit for decoding (Pillow's own decompression-bomb warning level, ~89.5 megapixels).
 DEFAULT_MAX_PIXELS = 89_478_485

@@ -51,5 +51,5 @@ def gpu_kinds_line(kinds: dict[str, int] | None, jpeg_layout: str = "original") 
     line = (f"  GPU decode  {kinds['baseline']:,} of {total:,} stored images are baseline JPEGs, which the GPU's "
             f"hardware JPEG engines decode; {kinds['progressive']:,} progressive (the CUDA/hybrid decoder only")
     if kinds["progressive"] and jpeg_layout == "original":
-        line += "; `--jpeg-layout restart` at conversion stores them baseline"
+        line += "; `--jpeg-layout baseline` at conversion stores them baseline, losslessly"
     return line + f"), {kinds['other_jpeg'] + kinds['not_jpeg']:,} decoded on the CPU"

@@ -59,7 +59,9 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
                      f"{m.source.get('ignored', 0)} non-image files ignored)")
     if m.jpeg_layout != "original":
         j = stats.get("jpeg_layout") or {}
-        lines.append(f"  layout      {m.jpeg_layout}: {j.get('rewritten', 0):,} JPEGs rewritten with restart markers, "
+        what = "JPEGs rewritten with restart markers" if m.jpeg_layout == "restart" else \
+            "progressive JPEGs rewritten baseline"
+        lines.append(f"  layout      {m.jpeg_layout}: {j.get('rewritten', 0):,} {what}, "
                      f"{sum((j.get('kept_original') or {}).values()):,} kept original, JPEG bytes "
                      f"x{j.get('size_ratio', 1.0):.3f}")
     if m.kind == "image":

@@ -257,12 +257,13 @@ def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False,
 
 
 def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
-    """The restart-layout checks of `--decode` (`fastdata.tools.verify_layout`), comparing pixels with the source
-    files when `source` is given and the conversion stored them unchanged but for the rewrite (no --max-size);
-    None for another layout."""
-    from fastdata.tools.verify_layout import RestartCheck
+    """The JPEG-layout checks of `--decode` (`fastdata.tools.verify_layout`: restart or baseline), comparing pixels
+    with the source files when `source` is given and the conversion stored them unchanged but for the rewrite (no
+    --max-size); None for the original layout."""
+    from fastdata.tools.verify_layout import layout_check
 
-    if not RestartCheck.applies(manifest):
+    check = layout_check(manifest)
+    if check is None:
         return None
     reader = None
     if source is not None and manifest.options.get("max_size") is None:
@@ -275,7 +276,7 @@ def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
                 reader = relist(Path(source), manifest).sample_reader
             except FastdataError:
                 reader = None  # the source check reports why the source cannot be listed
-    return RestartCheck(manifest, reader)
+    return check(manifest, reader)
 
 
 def _decodes(ds: Any, sample: EncodedSample, report: VerifyReport) -> Any:

@@ -77,10 +77,10 @@ def test_info_says_how_many_stored_images_the_hardware_engines_take(converted, c
     line = next(line for line in out.splitlines() if line.strip().startswith("GPU decode"))
     kinds = read_manifest(converted / "original.lmdb").stats["gpu_kinds"]
     assert f"{kinds['baseline']} of {sum(kinds.values())} stored images are baseline JPEGs" in line
-    assert "1 progressive" in line and "--jpeg-layout restart" in line and "2 decoded on the CPU" in line
+    assert "1 progressive" in line and "--jpeg-layout baseline" in line and "2 decoded on the CPU" in line
     code, out, _ = cli(capsys, "info", converted / "restart.tar")
     line = next(line for line in out.splitlines() if line.strip().startswith("GPU decode"))
-    assert "0 progressive" in line and "--jpeg-layout restart" not in line
+    assert "0 progressive" in line and "--jpeg-layout baseline" not in line
 
 
 @pytest.mark.parametrize("name", ["original.lmdb", "restart.tar"])

@@ -103,6 +103,12 @@ def gpu_kind(frame: JpegFrame | None) -> str:
     return "baseline" if frame.marker == BASELINE else "progressive"
 
 
+def progressive(data: bytes | memoryview) -> bool:
+    """Whether `data` is a progressive JPEG (its frame header says so; a few hundred bytes read)."""
+    frame = read_frame(data)
+    return frame is not None and frame.marker == PROGRESSIVE
+
+
 def image_gpu_kind(data: bytes | memoryview) -> str:
     """Which of GPU_KINDS a stored image's bytes are: "not_jpeg" unless they start as a JPEG does, else
     `gpu_kind` of their frame header."""

@@ -224,16 +224,30 @@ def rewrite(data: bytes | memoryview, decoder: RegionDecoder | None = None, opti
     """The JPEG `data` rewritten losslessly with a restart marker after every MCU, and its index. `decoder` is the
     libjpeg-turbo to use (default: the process's region decoder). Raises UnsupportedJpegError for a JPEG it does
     not rewrite (keep the original), CorruptSampleError for bytes libjpeg cannot read or over `max_pixels`."""
+    jpeg, offsets = _transcode(data, decoder, 1, optimize, max_pixels, name)
+    return jpeg, build_index(jpeg, offsets, name)
+
+
+def baseline_rewrite(data: bytes | memoryview, decoder: RegionDecoder | None = None,
+                     max_pixels: int = DEFAULT_MAX_PIXELS, name: str = "JPEG") -> bytes:
+    """The JPEG `data` rewritten losslessly as one baseline scan (DCT coefficients copied, Huffman tables
+    optimised, no restart markers, APPn/COM kept): what `jpegtran -optimize` makes of a progressive file, for the
+    GPU's hardware JPEG engines, which take baseline files only. Raises as `rewrite` does."""
+    return _transcode(data, decoder, 0, True, max_pixels, name)[0]
+
+
+def _transcode(data: bytes | memoryview, decoder: RegionDecoder | None, interval_mcus: int, optimize: bool,
+               max_pixels: int, name: str) -> tuple[bytes, np.ndarray]:
+    """`RegionDecoder.restart_rewrite` with its refusals as fastdata's errors (see `rewrite`)."""
     decoder = decoder or region_decoder()
     if decoder is None:
-        raise FastdataError(f"no libjpeg-turbo for the restart rewrite: {unavailable_reason()}")
+        raise FastdataError(f"no libjpeg-turbo for the lossless JPEG rewrite: {unavailable_reason()}")
     try:
-        jpeg, offsets = decoder.restart_rewrite(data, 1, optimize, max_pixels)
+        return decoder.restart_rewrite(data, interval_mcus, optimize, max_pixels)
     except NotImplementedError as exc:
         raise UnsupportedJpegError(f"{name}: {exc}: keep its original bytes") from None
     except ValueError as exc:
         raise CorruptSampleError(f"{name}: cannot be rewritten: {exc}") from None
-    return jpeg, build_index(jpeg, offsets, name)
 
 
 def same_pixels(original: bytes | memoryview, rewritten: bytes | memoryview) -> bool:
