@@ -11,7 +11,9 @@ For every configuration, on the sample photos' JPEGs (the same files as benchmar
 Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the library's own defaults (every backend,
 all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads) with and without reusing the
 decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
-alone (baseline JPEGs only: progressive files come back None).
+alone (baseline JPEGs only: progressive files come back None). Then, over the same photos converted with
+`--jpeg-layout baseline` (every JPEG baseline): fastdata's default, the hardware engines alone, and the hardware
+engines offered the whole batch (load hint 1.0) + hybrid.
 
 Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip install 'fastdata[gpu-cu13]'`).
 """
@@ -124,8 +126,38 @@ def main() -> None:
     report.table(f"{results['machine']}, {results['cores']} cores, {len(payloads)} JPEGs, batches of {BATCH}: decode "
                  f"only, medians of {args.repeats} alternating repeats; pixels of the first 256 against Pillow",
                  ["decoder", "whole img/s", "by crop region img/s", "not decoded", "max / mean diff vs Pillow"], rows)
+    results["baseline_layout"] = baseline_layout(Path(args.out), args.images, args.repeats)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tuple[float, int]]]:
+    """The same photos converted with `--jpeg-layout baseline` (progressive files rewritten losslessly as baseline):
+    whole-file decode-only rates of the mixes the hardware engines lead, now that they take every JPEG."""
+    from gpu_train_feed import dataset, jpegs
+
+    from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
+    from fastdata.image.device.options import DeviceDecode
+
+    _, lmdb = dataset(out, images, "baseline")
+    payloads, _ = jpegs(lmdb)
+    cuda = torch.device("cuda")
+    decoders = {}
+    for options in (DeviceDecode(), DeviceDecode(backends=("hardware",)), DeviceDecode(hardware_load=1.0)):
+        decoder = NvImageCodecDecoder(cuda, options)
+        decoder.decode(payloads[:BATCH])  # warm-up
+        decoders[decoder.name] = decoder
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in decoders}
+    for repeat in range(repeats):
+        for name in list(decoders) if repeat % 2 == 0 else list(reversed(decoders)):
+            runs[name].append(rate(decoders[name], payloads, None))
+    report.table(f"--jpeg-layout baseline ({len(payloads)} JPEGs, every one baseline): decode only, whole files, "
+                 f"medians of {repeats} alternating repeats",
+                 ["decoder", "whole img/s", "spread", "not decoded"],
+                 [[name, f"{statistics.median(r for r, _ in rows):,.0f}",
+                   f"{max(r for r, _ in rows) - min(r for r, _ in rows):,.0f}", rows[0][1]]
+                  for name, rows in runs.items()])
+    return runs
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 
 def dataset(out: Path, images: int, layout: str = "original") -> tuple[Path, Path]:
     """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core; `layout`
-    "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU)."""
+    "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU; "baseline": the
+    progressive ones rewritten losslessly as baseline)."""
     import fastdata
 
     src = cached_sample_imagefolder(out, images)
