@@ -190,6 +190,8 @@ def contenders(src: Path, lmdb: Path, restart: Path, workers: int) -> dict[str, 
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
         "fastdata decode='device', restart layout (all baseline), num_workers=4": lambda: fastdata.loader(
             restart, decode="device", num_workers=4, **common),
+        "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
+            lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
     }
 
 

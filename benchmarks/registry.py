@@ -103,12 +103,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               command=("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/image")),
     Benchmark("gpu_check", "device", "each decoder and nvImageCodec backend mix, decode only, whole files and by "
               "crop region", ("--images", "6144", "--out", "/tmp/gpu-data"),
-              ("--images", "256", "--repeats", "1", "--out", "/tmp/gpu-data"), needs=("cuda",), timeout=120),
+              ("--images", "256", "--repeats", "1", "--out", "/tmp/gpu-data"), needs=("cuda",), timeout=130),
     Benchmark("gpu_train_feed", "device", "ResNet-18 / ResNet-50 training loops fed by ImageFolder, decode='worker' "
               "and the device path, against a loop on batches already on the GPU",
               ("--images", "6144", "--repeats", "2", "--tune-budget", "25", "--out", "/tmp/gpu-data"),
               ("--images", "512", "--repeats", "1", "--models", "resnet18", "--tune-budget", "5", "--out",
-               "/tmp/gpu-data"), needs=("cuda",), timeout=330),
+               "/tmp/gpu-data"), needs=("cuda",), timeout=360),
     # memory
     Benchmark("idle_workers", "memory", "memory the idle persistent workers of a val loader hold",
               ("--images", "3000", "--workers", "4"), _SMOKE_IMAGES),

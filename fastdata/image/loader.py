@@ -346,7 +346,8 @@ class ImageLoader(ResumableLoader):
             self._ring.restart()
             feeder = self._feeder = DeviceFeeder(self._stage, self._ring, weakref.WeakMethod(self._open_pass), key,
                                                  follow=lambda done: PassKey(done.epoch + 1),
-                                                 setup=weakref.WeakMethod(self._setup_device))
+                                                 setup=weakref.WeakMethod(self._setup_device),
+                                                 decode_ahead=self._device_options.decode_ahead)
             self._feeder_closer = weakref.finalize(self, feeder.close)  # a loader dropped mid-pass stops it
         for number, made in enumerate(feeder.batches(key), start=key.skip):
             self._note_skipped(made.skipped)

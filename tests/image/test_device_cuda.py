@@ -27,11 +27,12 @@ def decoders() -> list[str]:
     return ["torchvision"] + ([] if nvimgcodec_missing() else ["nvimgcodec"])
 
 
+@pytest.mark.parametrize("decode_ahead", [False, True])
 @pytest.mark.parametrize("decoder", decoders())
-def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
+def test_a_steady_pass_never_synchronises_the_host(photos, decoder, decode_ahead):
     loader = fastdata.loader(photos[0], batch_size=8, image_size=64, num_workers=2, device="cuda",
-                             decode=DeviceDecode(decoder=decoder), dtype=torch.bfloat16, channels_last=True,
-                             drop_last=True)
+                             decode=DeviceDecode(decoder=decoder, decode_ahead=decode_ahead), dtype=torch.bfloat16,
+                             channels_last=True, drop_last=True)
     for _ in loader:  # warm-up: the decoder, the slots, cuDNN-free allocations
         pass
     torch.cuda.synchronize()
@@ -50,11 +51,12 @@ def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
 
 
 @pytest.mark.parametrize("decoder", decoders())
-@pytest.mark.parametrize("augment", ["train", "val"])
-def test_cuda_batches_match_the_cpu_paths(photos, decoder, augment):
+@pytest.mark.parametrize("augment, decode_ahead", [("train", False), ("val", False), ("train", True)])
+def test_cuda_batches_match_the_cpu_paths(photos, decoder, augment, decode_ahead):
     options = dict(batch_size=8, image_size=224, num_workers=0, seed=3, shuffle=False, augment=augment)
     cpu = list(fastdata.loader(photos[0], decode="device", device="cpu", **options))
-    loader = fastdata.loader(photos[0], decode=DeviceDecode(decoder=decoder), device="cuda", **options)
+    loader = fastdata.loader(photos[0], decode=DeviceDecode(decoder=decoder, decode_ahead=decode_ahead),
+                             device="cuda", **options)
     gpu = list(loader)
     assert decoder.split()[0] in loader.device_decoder
     for (ci, cl), (gi, gl) in zip(cpu, gpu, strict=True):

@@ -122,14 +122,14 @@ def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(jpeg_photos):
 
 
 def feeder_threads() -> list[threading.Thread]:
-    """The feeder threads still running once every dropped loader was collected (a feeder thread that was just
-    starting a pass when its loader was dropped stops on its own a moment later)."""
+    """The feeder threads (and their decode threads) still running once every dropped loader was collected (a
+    feeder thread that was just starting a pass when its loader was dropped stops on its own a moment later)."""
     import gc
 
     deadline = time.monotonic() + WAIT_S
     while True:
         gc.collect()
-        running = [t for t in threading.enumerate() if t.name == "fastdata-device-feeder"]
+        running = [t for t in threading.enumerate() if t.name in ("fastdata-device-feeder", "fastdata-device-decode")]
         if not running or time.monotonic() > deadline:
             return running
         time.sleep(0.05)

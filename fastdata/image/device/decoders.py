@@ -40,6 +40,10 @@ class BatchDecoder(Protocol):
         whole (out of memory, a CUDA error, or a decoder that cannot say which payload it failed on)."""
         ...
 
+    # Optional, for a decoder that reuses its output buffers (NvImageCodecDecoder): `batch_decoded()` returns a
+    # lease on the buffers of the batch decoded since the last call, and `release(lease)` hands them back once the
+    # work that reads them is queued (fastdata.image.device.stage calls both).
+
 
 class TorchvisionDecoder:
     """torchvision's `decode_jpeg`: one batched call (nvjpeg on CUDA, libjpeg on the CPU). It raises when any JPEG

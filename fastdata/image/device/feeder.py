@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import torch
 
 from fastdata.image.device.ring import SlotRing
-from fastdata.image.device.stage import DeviceBatch, DeviceStage
+from fastdata.image.device.stage import DecodedBatch, DeviceBatch, DeviceStage
 
 T = TypeVar("T")
 Reference = Callable[[], T | None]  # weakref.WeakMethod / weakref.ref, or `strong(f)`
@@ -60,8 +60,9 @@ class DeviceFeeder:
 
     def __init__(self, stage: DeviceStage, ring: SlotRing, open_pass: Reference[Callable[[PassKey], Iterator[Any]]],
                  first: PassKey, follow: Callable[[PassKey], PassKey | None],
-                 setup: Reference[Callable[[], None]] | None = None) -> None:
+                 setup: Reference[Callable[[], None]] | None = None, decode_ahead: bool = False) -> None:
         self.stage = stage
+        self.decode_ahead = decode_ahead
         self.ring = ring
         self._open_pass = open_pass
         self._follow = follow
@@ -108,9 +109,7 @@ class DeviceFeeder:
                         raise RuntimeError("the device feeder thread ended without a word") from None
 
     def _run(self, first: PassKey) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            # Ctrl-C is the training thread's; workers forked from here inherit the block and drop the signal
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        _block_ctrl_c()
         key: PassKey | None = first
         try:
             with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
@@ -135,14 +134,60 @@ class DeviceFeeder:
             return False
         batches = open_pass(key)
         del open_pass
-        for batch in batches:
+        decoded = self._decoded_ahead(batches) if self.decode_ahead else map(self.stage.decode, batches)
+        for one in decoded:
             slot = self.ring.fill_next()
             if slot is None or self._stop.is_set():
                 return False
-            result = self.stage(batch, out=slot.tensor)
+            result = self.stage.finish(one, out=slot.tensor)
             self.ring.filled(slot)
             self._items.put((_BATCH, key, (result, slot)))
         return not self._stop.is_set()
+
+    def _decoded_ahead(self, batches: Iterator[Any]) -> Iterator[DecodedBatch]:
+        """`stage.decode` of `batches`, run on a second thread (on this feeder's stream) one batch ahead of the
+        caller, which crops and resizes: the decoder's call for batch n+1 (the GIL released) overlaps the crop of
+        batch n and the taking of the workers' batches. Its errors are raised here, in batch order."""
+        ahead: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        done = threading.Event()  # the caller is gone (its pass ended, failed or was stopped)
+
+        def put(item: tuple[str, Any]) -> bool:
+            while not (done.is_set() or self._stop.is_set()):
+                with contextlib.suppress(queue.Full):
+                    ahead.put(item, timeout=0.1)
+                    return True
+            return False
+
+        def run() -> None:
+            _block_ctrl_c()
+            try:
+                with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+                    for batch in batches:
+                        if not put((_BATCH, self.stage.decode(batch))):
+                            return
+            except BaseException as exc:  # raised by the caller, after the batches decoded before it
+                put((_ERROR, exc))
+                return
+            put((_END, None))
+
+        thread = threading.Thread(target=run, name="fastdata-device-decode", daemon=True)
+        thread.start()
+        try:
+            while not self._stop.is_set():
+                try:
+                    kind, payload = ahead.get(timeout=0.1)
+                except queue.Empty:
+                    if not thread.is_alive() and ahead.empty() and not self._stop.is_set():
+                        raise RuntimeError("the device decode thread ended without a word") from None
+                    continue
+                if kind == _ERROR:
+                    raise payload
+                if kind == _END:
+                    return
+                yield payload
+        finally:  # the workers' iterator is this pass's alone: the thread is gone before another pass opens it
+            done.set()
+            thread.join()
 
     def close(self) -> None:
         """Stop the thread and wait for it (it finishes the batch it is making, or the workers' next batch)."""
@@ -154,6 +199,13 @@ class DeviceFeeder:
             self._thread.join(timeout=0.1)
         self._upcoming.clear()
         atexit.unregister(self._closer)
+
+
+def _block_ctrl_c() -> None:
+    """Block SIGINT on a feeder thread: Ctrl-C is the training thread's; workers forked from here inherit the block
+    and drop the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def strong(target: Any) -> Callable[[], Any]:

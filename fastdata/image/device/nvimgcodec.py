@@ -5,20 +5,22 @@ A batch is one `nvimgcodec.Decoder.decode` call on the current torch stream: it 
 One decoder mixes the backends asked for by the library's own balance (or `hardware_load`): measured on an H200
 (benchmarks/README.md, "GPU decode"), hardware + hybrid in one decoder decoded the sample photos at 10,198 img/s,
 two decoders called in turn (baseline files to the hardware engines, progressive ones to hybrid) at 7,932.
-Each decoder keeps about one batch in flight and has no lock: the feeder is the only thread that decodes.
+Each decoder keeps a batch or two in flight and has no lock: one feeder thread decodes (`release`, which hands
+buffers back, may come from another).
 
 Each image comes back planar RGB (`P_RGB`, the CHW layout the batched crop reads) and crosses into torch through
 DLPack (`torch.from_dlpack`, which orders the streams; never `__cuda_array_interface__`, which ignores them). The
-decoded Images are passed back to the next call (`images=`: their buffers are resized, not freed and allocated
-again: 10,198 img/s against 9,587 without), which is safe because the next decode queues on the same stream as
-the crop that read them. EXIF orientation is not applied: crop boxes are drawn in the stored frame, as on the CPU
-path. Region decoding (`regions`) is offered, but nvImageCodec 0.9's hardware and hybrid backends return nothing
-for regions of these files and its CPU backend decodes them slower than whole images (7,041 against 11,272 img/s),
-so `DeviceDecode(regions=False)` is the default.
+decoded Images of a batch whose crop is queued (`release`) are passed back to a later call (`images=`: their buffers
+are resized, not freed and allocated again: 10,198 img/s against 9,587 without), which is safe because that decode
+queues on the same stream after the crop that read them. EXIF orientation is not applied: crop boxes are drawn in
+the stored frame, as on the CPU path. Region decoding (`regions`) is offered, but nvImageCodec 0.9's hardware and
+hybrid backends return nothing for regions of these files and its CPU backend decodes them slower than whole images
+(7,041 against 11,272 img/s), so `DeviceDecode(regions=False)` is the default.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,8 +60,9 @@ class NvImageCodecDecoder:
         load = "" if options.hardware_load is None else f", hardware load {options.hardware_load:g}"
         self.name = (f"nvimgcodec {getattr(nvimgcodec, '__version__', '?')} ({', '.join(options.backends)}{load}; "
                      f"{options.cpu_threads} CPU threads)")
-        self.reuse = True  # pass the previous batch's Images back for their buffers (`images=`)
-        self._reusable: list[Any] = []
+        self.reuse = True  # pass a finished batch's Images back for their buffers (`images=`)
+        self._decoding: list[list[Any]] = []  # the Images of the batch being decoded (one list per call)
+        self._free: collections.deque[list[Any]] = collections.deque()  # released sets (`release`), reusable
 
     def decode(self, payloads: Sequence[np.ndarray],
                regions: Sequence[tuple[int, int, int, int]] | None = None) -> list[torch.Tensor | None]:
@@ -71,14 +74,32 @@ class NvImageCodecDecoder:
             streams = [s.get_sub_code_stream(region=codec.Region(y0, x0, y1, x1))
                        for s, (x0, y0, x1, y1) in zip(streams, regions, strict=True)]
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
-        if self.reuse and len(self._reusable) >= len(streams):
-            images = self._decoder.decode(streams, images=self._reusable[:len(streams)], params=self._params,
+        reusable = self._reusable(len(streams))
+        if reusable is not None:
+            images = self._decoder.decode(streams, images=reusable[:len(streams)], params=self._params,
                                           cuda_stream=stream)
         else:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
-        if all(image is not None for image in images):
-            if len(images) >= len(self._reusable):
-                self._reusable = list(images)
-        else:
-            self._reusable = []
+        if self.reuse and all(image is not None for image in images):
+            self._decoding.append(list(images))
         return [None if image is None else torch.from_dlpack(image) for image in images]
+
+    def _reusable(self, count: int) -> list[Any] | None:
+        """A released set of at least `count` Images (None: none; a smaller set is dropped, to be freed)."""
+        while self.reuse and self._free:
+            images = self._free.popleft()  # deque: `release` appends from the other thread
+            if len(images) >= count:
+                return images
+        return None
+
+    def batch_decoded(self) -> list[list[Any]]:
+        """The lease on the buffers of the batch decoded since the last call: hand it back with `release` once the
+        work that reads them is queued (on the same stream: the decode that reuses them is queued after it)."""
+        lease, self._decoding = self._decoding, []
+        return lease
+
+    def release(self, lease: list[list[Any]]) -> None:
+        """The batch of `lease` is read (its crop queued): its Images may be decoded into again."""
+        self._free.extend(lease)
+        while len(self._free) > 3:  # a few sets at most (the feeder has at most 2 batches decoded ahead)
+            self._free.popleft()

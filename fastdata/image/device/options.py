@@ -26,6 +26,9 @@ class DeviceDecode:
     batches preallocated on the device (fastdata.image.device.ring): the one in use, the one before it, and the
     rest made ahead of the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its
     sub-JPEG once the decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
+    `decode_ahead`: decode on a second feeder thread one batch ahead of the crop-resize (the decoder's call for
+    batch n+1 beside the crop of batch n and the taking of the workers' batches) instead of both in series on one;
+    off until measured on a GPU (benchmarks/gpu_train_feed.py has it as a contender).
     """
 
     decoder: str = "auto"
@@ -35,6 +38,7 @@ class DeviceDecode:
     regions: bool = False
     slots: int = 4
     sub_jpegs: bool = True
+    decode_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:

@@ -45,6 +45,22 @@ class DeviceBatch:
     metadata: list[dict] | None = None  # with metadata=True: the kept samples' keys and metadata
 
 
+@dataclass
+class DecodedBatch:
+    """A worker batch after `DeviceStage.decode`: its decoded images (on the device, any sizes) with where each
+    crop is, the rows they are, the samples the workers decoded, those skipped, the decoder's lease on its buffers
+    (None: nothing to hand back) and the host seconds so far."""
+
+    batch: EncodedBatch
+    from_worker: np.ndarray
+    images: list[torch.Tensor]
+    crops: CropBatch
+    rows: list[int]
+    skipped: list[tuple[str, str]]
+    lease: Any
+    seconds: float
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` without the host waiting: pinned first when it is not (CUDA only)."""
     if device.type != "cuda":
@@ -73,7 +89,8 @@ class DeviceStage:
         self.regions = regions
         self.policy = policy or DevicePolicy(source, str(self.device), on_error)
         # host seconds by part, summed over batches (benchmarks/gpu_train_feed.py prints them): the decoder's
-        # calls (and any CPU decode), the batched crop-resize-flip with its normalisation, the rest
+        # calls (and any CPU decode), the batched crop-resize-flip with its normalisation, the rest; each part is
+        # written by one thread only (`decode` and `finish` may run on two)
         self.timings = {"decode": 0.0, "resize": 0.0, "other": 0.0, "batches": 0}
 
     def new_output(self, rows: int) -> torch.Tensor:
@@ -84,6 +101,12 @@ class DeviceStage:
     def __call__(self, batch: EncodedBatch, out: torch.Tensor | None = None) -> DeviceBatch:
         """Decode, crop, resize, flip and normalise one batch into `out` (rows >= len(batch); a new tensor when
         None); returns a view of its first rows, one per sample kept."""
+        return self.finish(self.decode(batch), out)
+
+    def decode(self, batch: EncodedBatch) -> DecodedBatch:
+        """Steps 1-3 of the module's docstring: the batch's JPEGs decoded on the device (queued on the current
+        stream), the rest decided. `finish` does the rest; the feeder may run the two on two threads (the decode of
+        batch n+1 beside the crop of batch n: `DeviceDecode(decode_ahead=True)`), in batch order."""
         started = perf_counter()
         skipped: list[tuple[str, str]] = []
         from_worker = batch.worker_decoded.numpy()
@@ -91,29 +114,39 @@ class DeviceStage:
         device_rows = self._within_limits(batch, np.flatnonzero(~from_worker).tolist(), skipped)
         decode_started = perf_counter()
         images, boxes, shapes, flips, decoded_rows = self._decode(batch, device_rows, skipped)
-        resize_started = perf_counter()
+        lease = self.decoder.batch_decoded() if hasattr(self.decoder, "batch_decoded") else None
+        ended = perf_counter()
+        self.timings["other"] += decode_started - started
+        self.timings["decode"] += ended - decode_started
+        return DecodedBatch(batch, from_worker, images, CropBatch(boxes, shapes, flips), decoded_rows, skipped,
+                            lease, ended - started)
+
+    def finish(self, decoded: DecodedBatch, out: torch.Tensor | None = None) -> DeviceBatch:
+        """Steps 4-5 of the module's docstring for a `decode`d batch, into `out` (as `__call__`); the decoder's
+        buffers are handed back to it once the crop that reads them is queued."""
+        started = perf_counter()
+        batch, from_worker, decoded_rows = decoded.batch, decoded.from_worker, decoded.rows
         decoded_set = set(decoded_rows)
         keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded_set]
         if out is None:
             out = self.new_output(len(keep))
         out = out[:len(keep)]
         position = {row: p for p, row in enumerate(keep)}
-        if images:
-            resized = crop_resize_flip(images, CropBatch(boxes, shapes, flips), self.image_size)
+        if decoded.images:
+            resized = crop_resize_flip(decoded.images, decoded.crops, self.image_size)
             self._write(out, [position[row] for row in decoded_rows], resized.round_().clamp_(0, 255), rounded=True)
+        if decoded.lease is not None:
+            self.decoder.release(decoded.lease)
         worker_rows = [position[i] for i in np.flatnonzero(from_worker).tolist()]
         if worker_rows:  # every worker-decoded sample is kept: its pixels are the next row of `pixels`
             self._write(out, worker_rows, to_device(batch.pixels, self.device), rounded=False)
         labels = batch.labels if len(keep) == len(batch) else batch.labels[keep]
         labels = labels.to(self.device, non_blocking=self.device.type == "cuda")
         ended = perf_counter()
-        timings = self.timings
-        timings["decode"] += resize_started - decode_started
-        timings["resize"] += ended - resize_started
-        timings["other"] += (decode_started - started)
-        timings["batches"] += 1
+        self.timings["resize"] += ended - started
+        self.timings["batches"] += 1
         metadata = None if batch.metadata is None else [batch.metadata[i] for i in keep]
-        return DeviceBatch(out, labels, skipped, ended - started, metadata)
+        return DeviceBatch(out, labels, decoded.skipped, decoded.seconds + ended - started, metadata)
 
     def _within_limits(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]) -> list[int]:
         """The rows whose stored size is within the pixel limit; the others follow on_error."""
