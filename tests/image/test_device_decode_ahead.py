@@ -163,3 +163,13 @@ def test_decoded_buffers_are_reused_only_after_the_crop_that_reads_them(jpeg_pho
     assert library._free  # and buffers were handed back for reuse
     reused = [np.shares_memory(a.array, b.array) for a in library._free[0] for b in library._free[-1]]
     assert len(library._free) >= 2 and not any(reused)
+
+
+def test_a_dropped_loader_stops_its_feeder_and_decode_threads(jpeg_photos):
+    loader = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=2, device="cpu",
+                             decode=DeviceDecode(decode_ahead=True))
+    for number, _ in enumerate(loader):
+        if number == 2:
+            break  # mid-pass, its decode thread ahead of the crop (or already on the next pass)
+    del loader
+    assert feeder_threads() == []
