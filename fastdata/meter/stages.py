@@ -14,7 +14,7 @@ class StageTimes:
 
     read: storage to encoded bytes; decode: bytes to pixels; augment: crop/resize/flip or the custom transform;
     collate: building the batch tensor; transfer: pinning it for the host-to-device copy (pin-memory thread);
-    device: decode="device"'s feeder thread (decode, batched crop and resize on the device: the host's time to
+    device: decode="device"'s feeder thread(s) (decode, batched crop and resize on the device: the host's time to
     queue them, which runs beside the training step).
     """
 

@@ -122,16 +122,3 @@ def test_verify_names_a_progressive_jpeg_the_manifest_does_not_account_for(tree,
     manifest_path.write_text(json.dumps(data))
     report = verify(out, decode=True)
     assert any("1 progressive JPEGs stored, the manifest says the rewrite kept 0" in p for p in report.problems)
-
-
-def test_the_command_line_and_webdataset_take_the_layout(tree, tmp_path, capsys):
-    out = tmp_path / "shards"
-    code, text, _ = cli(capsys, "convert", "imagefolder", tree.root, out, "--format", "wds", "--jpeg-layout",
-                        "baseline", "--workers", "2", "-q")
-    assert code == 0 and f"{len(PROGRESSIVE)} progressive JPEGs rewritten, 1 kept original" in text
-    manifest = read_manifest(out)
-    assert manifest.jpeg_layout == "baseline" and manifest.stats["gpu_kinds"]["progressive"] == 1
-    ds = fastdata.dataset(out)
-    by_key = {sample.key: sample.data for sample in ds.encoded_samples(list(range(len(manifest.files))))}
-    for key in PROGRESSIVE:
-        assert not progressive(by_key[key]) and same_pixels((tree.root / key).read_bytes(), by_key[key])

@@ -1,6 +1,7 @@
 """`--jpeg-layout restart` (issue 21): each JPEG record is stored rewritten with a restart marker after every MCU
 (the same pixels as its source), other images and JPEGs the rewrite refuses keep their bytes and are counted; the
-layout, the counts and the size overhead are in the manifest and the summary; "original" changes nothing."""
+layout, the counts and the size overhead are in the manifest and the summary; "original" changes nothing. The CLI
+and WebDataset test covers `baseline` too (its own tests: test_baseline_layout.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fastdata.errors import ConfigError, OutputExistsError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
+from fastdata.image.jpeg.header import progressive
 from fastdata.image.jpeg.restart import build_index, same_pixels
 from tests.builders import (
     KILL_WHEN,
@@ -110,18 +112,26 @@ def test_the_restart_layout_reads_like_the_original_one_without_augmentation(con
         assert np.array_equal(original[index][0].numpy(), restart[index][0].numpy())
 
 
-def test_wds_and_the_command_line_take_the_layout(tree, tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["restart", "baseline"])
+def test_wds_and_the_command_line_take_the_layout(tree, tmp_path, capsys, layout):
+    """restart: every JPEG record rewritten with restart markers; baseline: the progressive one only."""
+    rewritten = JPEG_RECORDS if layout == "restart" else [k for k in JPEG_RECORDS if progressive((tree.root / k)
+                                                                                                   .read_bytes())]
     out = tmp_path / "shards"
-    code, text, _ = cli(capsys, "convert", "imagefolder", tree.root, out, "--format", "wds", "--jpeg-layout",
-                        "restart", "--workers", "2", "-q")
-    assert code == 0 and f"{len(JPEG_RECORDS)} JPEGs rewritten, 1 kept original" in text
+    code, text, _ = cli(capsys, "convert", "imagefolder", tree.root, out, "--format", "wds", "--jpeg-layout", layout,
+                        "--workers", "2", "-q")
+    what = "JPEGs rewritten, 1 kept original" if layout == "restart" else "progressive JPEGs rewritten, 0 kept"
+    assert code == 0 and f"{len(rewritten)} {what}" in text
     manifest = read_manifest(out)
-    assert manifest.jpeg_layout == "restart" and manifest.stats["jpeg_layout"]["rewritten"] == len(JPEG_RECORDS)
+    assert manifest.jpeg_layout == layout and manifest.stats["jpeg_layout"]["rewritten"] == len(rewritten)
+    assert manifest.stats["gpu_kinds"]["progressive"] == 0
     ds = fastdata.dataset(out)
     by_key = {sample.key: sample.data for sample in ds.encoded_samples(list(range(len(manifest.files))))}
-    for key in JPEG_RECORDS:
-        build_index(by_key[key], name=key)
-        assert same_pixels((tree.root / key).read_bytes(), by_key[key])
+    for key in rewritten:
+        if layout == "restart":
+            build_index(by_key[key], name=key)
+        assert not progressive(by_key[key]) and same_pixels((tree.root / key).read_bytes(), by_key[key])
+    assert all(by_key[key] == (tree.root / key).read_bytes() for key in by_key if key not in rewritten)
 
 
 def test_an_unknown_layout_is_refused_before_any_work(tree, tmp_path):

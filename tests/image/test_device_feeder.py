@@ -107,18 +107,22 @@ def test_slots_keep_their_address_unless_their_batch_is_kept(jpeg_photos):
     assert torch.equal(kept, kept_copy)  # and the kept batch was never overwritten
 
 
-def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(jpeg_photos):
-    batches = packed_batches(jpeg_photos[0], 3)
-    batches[1].data[batches[1].offsets[0] + 200:batches[1].offsets[1]] = 0  # damage the first JPEG's scan
+@pytest.mark.parametrize("decode_ahead", [False, True])
+def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(jpeg_photos, decode_ahead):
+    """... after the batches before it (with decode_ahead, raised in the decode thread), and no thread is left."""
+    batches = packed_batches(jpeg_photos[0], 4)
+    batches[2].data[batches[2].offsets[0] + 200:batches[2].offsets[1]] = 0  # damage the first JPEG's scan
     stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
-    feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None)
+    feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None,
+                          decode_ahead=decode_ahead)
     seen = 0
-    with pytest.raises(CorruptSampleError, match=batches[1].keys[0]):
+    with pytest.raises(CorruptSampleError, match=batches[2].keys[0]):
         for _ in feeder.batches(PassKey(0)):
             seen += 1
     feeder.close()
-    assert seen == 1
+    assert seen == 2
+    assert feeder_threads() == []
 
 
 def feeder_threads() -> list[threading.Thread]:
