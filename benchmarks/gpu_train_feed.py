@@ -167,7 +167,7 @@ class OnDevice:
                 non_blocking=True)
 
 
-def contenders(src: Path, lmdb: Path, restart: Path, workers: int) -> dict[str, Callable[[], Iterable]]:
+def contenders(src: Path, lmdb: Path, baseline: Path, workers: int) -> dict[str, Callable[[], Iterable]]:
     import fastdata
 
     def imagefolder() -> Iterable:
@@ -188,8 +188,8 @@ def contenders(src: Path, lmdb: Path, restart: Path, workers: int) -> dict[str, 
             lmdb, decode="device", num_workers=workers, **common),
         "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
-        "fastdata decode='device', restart layout (all baseline), num_workers=4": lambda: fastdata.loader(
-            restart, decode="device", num_workers=4, **common),
+        "fastdata decode='device', --jpeg-layout baseline, num_workers=4": lambda: fastdata.loader(
+            baseline, decode="device", num_workers=4, **common),
         "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
             lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
     }
@@ -270,17 +270,17 @@ def main() -> None:
         print(f"[{time.perf_counter() - begun:.0f}s]", *what, flush=True)
 
     src, lmdb = dataset(out, args.images)
-    _, restart = dataset(out, args.images, "restart")
+    _, baseline = dataset(out, args.images, "baseline")
     say("datasets ready")
     results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "images": args.images,
                      "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     results["decode_only"] = decode_only(lmdb)
     say("decode only:", results["decode_only"])
-    results["decode_only_restart"] = decode_only(restart)
-    say("decode only, restart layout:", results["decode_only_restart"])
+    results["decode_only_baseline"] = decode_only(baseline)
+    say("decode only, baseline layout:", results["decode_only_baseline"])
     results["tune"] = tune_for_defaults(lmdb, args.tune_budget)
     say("tune:", results["tune"])
-    makers = contenders(src, lmdb, restart, args.workers)
+    makers = contenders(src, lmdb, baseline, args.workers)
     for model in args.models.split(","):
         step = Step(model)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in makers}
@@ -307,7 +307,7 @@ def print_table(results: dict, models: list[str]) -> None:
     machine = (f"{results['machine']}, {results['cores']} cores, {results['images']} sample photos, batch {BATCH}, "
                f"torch {results['torch']}")
     decoder_rows = []
-    for key, what in (("decode_only", "original files"), ("decode_only_restart", "restart layout")):
+    for key, what in (("decode_only", "original files"), ("decode_only_baseline", "--jpeg-layout baseline")):
         decode = results[key]
         decoder_rows.append([what, decode["decoder"], f"{decode['images_per_s']:,.0f}", f"{decode['spread']:,.0f}",
                              decode["not_decoded"]])
