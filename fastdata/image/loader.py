@@ -177,6 +177,7 @@ class ImageLoader(ResumableLoader):
                                       channels_last=channels_last, on_error=data.on_error,
                                       max_pixels=data.pipeline.max_pixels, regions=self._device_options.regions)
             data.pipeline.ship_sub_jpegs = SubJpegSwitch()  # on once the feeder proved the decoder takes them
+            data.pipeline.ship_progressive = self._device_options.progressive == "device"
         if data.pipeline.preset is not None:
             # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
             # this process, before the workers fork (they inherit the warned state)

@@ -63,6 +63,7 @@ class SamplePipeline:
         # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
         # once the device's decoder passed fastdata.image.device.probes.sub_jpeg_failure)
         self.ship_sub_jpegs = False
+        self.ship_progressive = True  # decode="device": progressive JPEGs to the device too (False: decoded here)
         # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
         self.unstacked = False
         self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)

@@ -117,6 +117,30 @@ def test_images_the_device_decoder_cannot_take_are_decoded_in_the_workers(tricky
     assert device.device_fallbacks == len(others) > 0 and device.device_errors == 0
 
 
+def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
+    """DeviceDecode(progressive="workers"): the progressive JPEGs are decoded in the workers, pixel for pixel as on
+    the worker path, so that the device decoder gets baseline files only; the rest of the batch is as before."""
+    from fastdata.image.jpeg.header import progressive
+
+    ds = fastdata.dataset(tricky_lmdb)
+    rows = [i for i in range(len(ds)) if progressive(ds.encoded(i).data)]
+    assert rows  # the tricky tree has one
+    options = dict(batch_size=len(ds), augment="val", image_size=16, shuffle=False, num_workers=0)
+    [(worker, _)] = list(fastdata.loader(tricky_lmdb, **options))
+    [(device, _)] = list(fastdata.loader(tricky_lmdb, decode="device", device="cpu", **options))
+    routed = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(progressive="workers"), device="cpu", **options)
+    [(workers, _)] = list(routed)
+    _, others = jpeg_and_other_rows(tricky_lmdb)
+    assert routed.device_fallbacks == len(others) + len(rows)  # decoded in the workers, expected, no warning
+    for row in range(len(ds)):
+        if row in rows:
+            assert torch.equal(workers[row], worker[row]) and not torch.equal(device[row], worker[row]), row
+        else:
+            assert torch.equal(workers[row], device[row]), row
+    with pytest.raises(ConfigError, match=r"progressive=.*must be one of"):
+        fastdata.DeviceDecode(progressive="cpu")
+
+
 def corrupt_record(path, index: int) -> str:
     env = lmdb.open(str(path), max_dbs=5, map_size=64 << 20)
     images = env.open_db(b"images")

@@ -11,6 +11,8 @@ from fastdata.errors import ConfigError
 DECODERS = ("auto", "nvimgcodec", "torchvision")
 #: nvImageCodec's JPEG backends by the names `DeviceDecode(backends=...)` takes.
 BACKENDS = ("hardware", "hybrid", "gpu", "cpu")
+#: Where `DeviceDecode(progressive=...)` decodes progressive JPEGs.
+PROGRESSIVE = ("device", "workers")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class DeviceDecode:
     batches preallocated on the device (fastdata.image.device.ring): the one in use, the one before it, and the
     rest made ahead of the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its
     sub-JPEG once the decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
+    `progressive`: where progressive JPEGs are decoded: "device" (nvImageCodec's hybrid decoder; the hardware
+    engines take baseline files only) or "workers" (on the CPU, as the worker path does), so that the device
+    decoder gets baseline files only; `--jpeg-layout baseline` at conversion stores them baseline instead.
     `decode_ahead`: decode on a second feeder thread one batch ahead of the crop-resize (the decoder's call for
     batch n+1 beside the crop of batch n and the taking of the workers' batches) instead of both in series on one;
     off until measured on a GPU (benchmarks/gpu_train_feed.py has it as a contender).
@@ -38,6 +43,7 @@ class DeviceDecode:
     regions: bool = False
     slots: int = 4
     sub_jpegs: bool = True
+    progressive: str = "device"
     decode_ahead: bool = False
 
     def __post_init__(self) -> None:
@@ -51,6 +57,8 @@ class DeviceDecode:
         if self.hardware_load is not None and not 0 <= self.hardware_load <= 1:
             raise ConfigError(f"DeviceDecode(hardware_load=...) is a share of each batch, 0..1, got "
                               f"{self.hardware_load!r}")
+        if self.progressive not in PROGRESSIVE:
+            raise ConfigError(f"DeviceDecode(progressive=...) must be one of {PROGRESSIVE}, got {self.progressive!r}")
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 3:
             raise ConfigError(f"DeviceDecode(slots=...) must be a whole number of at least 3, got {self.slots!r}")
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1:

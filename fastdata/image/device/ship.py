@@ -56,17 +56,17 @@ class SubJpegSwitch:
         return bool(self._flag[0])
 
 
-def device_takes(sample: EncodedSample, max_pixels: int | None = None) -> bool:
+def device_takes(sample: EncodedSample, max_pixels: int | None = None, progressive: bool = True) -> bool:
     """Whether the device decoder takes `sample`: a JPEG of codec CODEC_CV_JPEG (greyscale or YCbCr) that is
-    8-bit baseline or progressive Huffman-coded with a chroma subsampling nvjpeg knows (read from its frame
-    header), whose header says no more than `max_pixels` pixels, and which is `complete`. Everything else (PNG,
-    CMYK, arithmetic-coded or lossless JPEGs, unusual subsampling, a damaged header, a header over the limit, which
-    the worker then refuses before decoding; a truncated file, which the worker's decoder reports) goes to the
-    worker."""
+    8-bit baseline or (with `progressive`) progressive Huffman-coded with a chroma subsampling nvjpeg knows (read
+    from its frame header), whose header says no more than `max_pixels` pixels, and which is `complete`. Everything
+    else (PNG, CMYK, arithmetic-coded or lossless JPEGs, unusual subsampling, a damaged header, a header over the
+    limit, which the worker then refuses before decoding; a truncated file, which the worker's decoder reports)
+    goes to the worker."""
     if sample.codec != CODEC_CV_JPEG:
         return False
     frame = read_frame(sample.data)
-    if frame is None or gpu_kind(frame) not in ("baseline", "progressive"):
+    if frame is None or gpu_kind(frame) not in (("baseline", "progressive") if progressive else ("baseline",)):
         return False
     if max_pixels is not None and frame.width * frame.height > max_pixels:
         return False
@@ -104,7 +104,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     if pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val' (custom transforms run on the CPU "
                           "path: decode='worker')")
-    takes = [device_takes(s, pipeline.max_pixels) for s in samples]
+    takes = [device_takes(s, pipeline.max_pixels, pipeline.ship_progressive) for s in samples]
     elsewhere = [s for s, t in zip(samples, takes, strict=True) if not t]
     if elsewhere:
         decoded = pipeline.batch(elsewhere, epoch, on_error)
