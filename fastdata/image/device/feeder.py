@@ -5,7 +5,9 @@ the ring's bookkeeping (fastdata.image.device.ring): O(1) Python, no host synchr
 main process, takes the workers' `EncodedBatch`es, runs the device stage (fastdata.image.device.stage: decode,
 batched crop-resize-flip, normalise) on a CUDA stream of its own into the next free slot, records the slot's
 event and queues the batch. CUDA's stream priorities go from the default stream's (the lowest) upwards, so the
-feeder's stream takes the lowest, as the default: the training step's kernels are never put behind it.
+feeder's stream takes the lowest, as the default: the training step's kernels are never put behind it. With
+`decode_ahead` (DeviceDecode(decode_ahead=True)) the decode half of the stage runs on a second thread, on the same
+stream, one batch ahead of the crop-resize half (`DeviceStage.decode` / `finish`, in batch order).
 
 Passes: the feeder runs the pass it was started for, then (when `follow` names one) the pass after it, so that the
 next epoch's first batches are made while the last ones train. The loader adopts that pass when the user's next
