@@ -90,6 +90,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("convert_speed", "convert", "conversion vs a bare verification pool, FFCV's writer, a raw LMDB copy, "
               "--engine ray; the parent's CPU per image", ("--images", "3000", "--skip-text"),
               ("--images", "60", "--small", "12", "--repeats", "1", "--skip-text", "--skip-peers")),
+    Benchmark("baseline_layout", "convert", "--jpeg-layout baseline vs the original layout: conversion time, the "
+              "rewrite per progressive file, bytes", ("--images", "3000"), _SMOKE_IMAGES),
     Benchmark("ray_convert", "convert", "--engine ray vs the local pool, on a running local Ray cluster",
               ("--images", "12000"), ("--images", "60", "--small", "12", "--repeats", "1"), needs=("ray",)),
     # text
