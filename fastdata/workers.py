@@ -64,6 +64,32 @@ class WorkerPass:
             raise
 
 
+    def close(self) -> None:
+        """End the worker processes (persistent ones stay between passes otherwise); a later pass starts new ones."""
+        for batches in {id(b): b for b in (getattr(self.dataloader, "_iterator", None), self.iterator)
+                        if b is not None}.values():
+            stop_workers(self.dataloader, batches)
+        self.iterator = None
+
+
+class ClosesWorkers:
+    """Mixin for loaders that own a `WorkerPass` (`_workers`): `close()` ends their worker processes (and what
+    else the loader runs beside them), and `with fastdata.loader(...) as loader:` closes at the block's end. A
+    closed loader may still be iterated: its next pass starts new workers."""
+
+    _workers: WorkerPass
+
+    def close(self) -> None:
+        """End the worker processes now, rather than when the loader is collected or the interpreter exits."""
+        self._workers.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 def stop_workers(dataloader: Any, batches: Any) -> None:
     """End the worker processes behind `batches` (an iterator of `dataloader`, a torch DataLoader) after a pass
     failed, and drop the iterator the DataLoader keeps for persistent workers; the next pass starts new ones.

@@ -34,7 +34,7 @@ from fastdata.order.borrow import borrow
 from fastdata.order.ranks import check_not_empty
 from fastdata.order.samplers import EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
-from fastdata.workers import WorkerPass, worker_ignores_ctrl_c
+from fastdata.workers import ClosesWorkers, WorkerPass, worker_ignores_ctrl_c
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _worker_init(_worker_id: int) -> None:
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
 
 
-class ImageLoader(ResumableLoader):
+class ImageLoader(ClosesWorkers, ResumableLoader):
     """Iterable of batches over an image dataset of any target kind, shaped by its target codec
     (`fastdata.image.targets.codec`, `deliver`):
     - class labels: `(images, labels)`, like a DataLoader over torchvision's ImageFolder: images [B, 3, H, W]
@@ -136,7 +136,8 @@ class ImageLoader(ResumableLoader):
     With `metadata=True` the metadata ride along (a third item, or `"metadata"`). Each new pass is the next epoch
     (reshuffled from (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
-    exactly in the middle of an epoch; a skipped image's target goes with it."""
+    exactly in the middle of an epoch; a skipped image's target goes with it. `close()` (or `with`) ends the worker
+    processes and the device path's feeder thread."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
                  image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
@@ -372,6 +373,12 @@ class ImageLoader(ResumableLoader):
                 if failure:
                     warn_whole_files(str(self._stage.device), failure)
                 pipeline.ship_sub_jpegs.enable(not failure)
+
+    def close(self) -> None:
+        """End the worker processes and the device path's feeder thread now (also `with fastdata.loader(...) as
+        loader:`); the next pass, if any, starts them again."""
+        self.close_feeder()
+        super().close()
 
     def close_feeder(self) -> None:
         """Stop the device path's feeder thread, if one runs (the next pass starts another)."""

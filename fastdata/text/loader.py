@@ -18,7 +18,7 @@ from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks
 from fastdata.text.dataset import TextBatches, TextDataset, unpack_batches
-from fastdata.workers import WorkerPass, worker_ignores_ctrl_c
+from fastdata.workers import ClosesWorkers, WorkerPass, worker_ignores_ctrl_c
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_MAX_LENGTH = 1024
@@ -56,11 +56,12 @@ def group_size(batch_bytes: int) -> int:
     return max(1, min(MAX_GROUP, GROUP_BYTES // max(1, batch_bytes)))
 
 
-class TextLoader(ResumableLoader):
+class TextLoader(ClosesWorkers, ResumableLoader):
     """Iterable of batch dicts. Packed: `{"input_ids", "labels"}` [B, seq_len]; padded: `{"input_ids",
     "attention_mask", "labels"}` [B, longest row]. Each new pass is the next epoch (reshuffled from
     (seed, epoch)); `set_epoch(e)` sets it; `len()` is the exact number of batches per epoch (per rank: each
-    rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly."""
+    rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly; `close()`
+    (or `with`) ends the worker processes."""
 
     def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, options: LoaderOptions) -> None:
         self.dataset = data
