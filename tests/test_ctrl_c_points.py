@@ -23,7 +23,8 @@ from builders import build_solid_tree
 import fastdata
 
 # Installs the hook (argv[1]: the point), then runs argv[2:] as the program: "loader DATASET" (a user's training
-# loop over fastdata.loader with 2 workers) or "convert SRC OUT" (`fastdata convert imagefolder` with 2 workers)
+# loop over fastdata.loader with 2 workers; "loader-device": decode="device" on the CPU, decoding ahead) or
+# "convert SRC OUT" (`fastdata convert imagefolder` with 2 workers)
 DRIVER = textwrap.dedent("""
     import multiprocessing.process, signal, sys, threading, time
 
@@ -61,9 +62,10 @@ DRIVER = textwrap.dedent("""
 
     multiprocessing.process.BaseProcess.start = start
 
-    if program[0] == "loader":
+    if program[0] in ("loader", "loader-device"):
         import fastdata
-        loader = fastdata.loader(program[1], batch_size=4, augment="train", image_size=16, num_workers=2)
+        device = dict(device="cpu", decode=fastdata.DeviceDecode(decode_ahead=True)) if program[0] != "loader" else {}
+        loader = fastdata.loader(program[1], batch_size=4, augment="train", image_size=16, num_workers=2, **device)
         try:
             for epoch in range(3):
                 for number, batch in enumerate(loader):
@@ -132,6 +134,14 @@ def test_ctrl_c_in_a_training_loop(point, dataset):
     assert (code, stderr) == (130, "interrupted\n")
     if point != "mid-epoch":  # held back while the workers start: both were started, then it was raised
         assert stdout == "2 processes started\n"
+    assert no_process_left(group)
+
+
+def test_ctrl_c_mid_epoch_of_the_device_path_decoding_ahead(dataset):
+    """The same with decode="device" and its feeder and decode threads (which leave Ctrl-C to the training
+    thread): one line, exit code 130, no worker left."""
+    code, _, stderr, group = interrupt_at("mid-epoch", "loader-device", str(dataset))
+    assert (code, stderr) == (130, "interrupted\n")
     assert no_process_left(group)
 
 
