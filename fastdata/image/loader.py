@@ -3,6 +3,7 @@ in an order drawn from (seed, epoch) and split between ranks, with exact resume.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -198,6 +199,9 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         self._init_progress()
         self._pass_skip = 0
         self._iterating_epoch: int | None = None
+        # the workers' batches left running into the pass after the last one that ended (`_rolls_over`), and which
+        # pass that is
+        self._rolled: tuple[PassKey, Iterator[Any]] | None = None
         common = options.dataloader_kwargs(worker_init_fn=_worker_init)
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.image.buffers): slots for the batches in flight, those waiting here and the user's
@@ -291,6 +295,11 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             with self._workers.running(cleanup=self.close_feeder):  # a failure stops the workers, named
                 if self._stage is not None:
                     yield from self._device_pass(key)
+                elif self._rolls_over():  # the workers' iterator goes on into the next epoch: read this pass's share
+                    batches = self._open_pass(key)
+                    yield from self._deliver(itertools.islice(batches, self._pass_length(key.start) - key.skip),
+                                             key.epoch)
+                    self._rolled = (PassKey(key.epoch + 1), batches)
                 else:
                     yield from self._deliver(self._open_pass(key), key.epoch)
         except (GeneratorExit, FastdataError):
@@ -305,12 +314,27 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         finally:
             self._iterating_epoch = None
 
+    def _rolls_over(self) -> bool:
+        """Whether the workers go on from one epoch into the next without waiting for the next pass (the sampler's
+        `rollover`): the worker path over LMDB with persistent workers, so that the workers build the next epoch's
+        first batches while the last ones of this epoch are used, and an epoch never starts with the loop waiting
+        for a whole batch to be built. (The device path's feeder prepares the next epoch itself.)"""
+        return (self._stage is None and self._sampler is not None and self._sampler.can_roll_over
+                and self.num_workers > 0 and bool(self._loader.persistent_workers))
+
     def _open_pass(self, key: PassKey) -> Iterator[Any]:
         """Set the workers' order to pass `key`, start them on it (`iter` of the DataLoader: the first pass of
         persistent workers forks them) and return their batches, booked as they come (`Receipts.book`: the
-        iterator holds no reference to this loader, so that a feeder thread reading it does not keep it alive)."""
+        iterator holds no reference to this loader, so that a feeder thread reading it does not keep it alive).
+        The workers already on pass `key` (rolled over from the pass before) are taken as they are; if they are
+        on another pass (set_epoch, load_state_dict, a pass left early), `iter` drops what they made of it."""
+        rolled, self._rolled = self._rolled, None
         if self._sampler is not None:
             self._sampler.epoch, self._sampler.start, self._sampler.skip = key.epoch, key.start, key.skip
+            if rolled is not None and rolled[0] == key:
+                self._receipts.received = 0
+                return rolled[1]
+            self._sampler.rollover = self._rolls_over()
         else:
             assert isinstance(self._batches, WdsBatches)
             self._batches.start(key.epoch, key.skip)
@@ -378,6 +402,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         """End the worker processes and the device path's feeder thread now (also `with fastdata.loader(...) as
         loader:`); the next pass, if any, starts them again."""
         self.close_feeder()
+        self._rolled = None
         super().close()
 
     def close_feeder(self) -> None:

@@ -244,6 +244,7 @@ class MixedBatchSampler(EpochBatchSampler):
     epoch's stream is computed once per epoch (cached)."""
 
     repartitions = True  # all ranks together always hold a prefix of the stream
+    can_roll_over = False  # its epochs are streams of their own (`stream`)
 
     def __init__(self, plan: MixPlan, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
                  rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:

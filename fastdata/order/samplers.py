@@ -22,6 +22,9 @@ class EpochBatchSampler:
 
     #: Whether an epoch resumed on another world size can continue from its position in the order.
     repartitions = True
+    #: Whether `rollover` may continue into the following epochs (this class's own order only: a subclass that
+    #: orders its batches otherwise says False).
+    can_roll_over = True
 
     def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
                  rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
@@ -32,20 +35,31 @@ class EpochBatchSampler:
         self.epoch = 0
         self.start = 0
         self.skip = 0
+        # with persistent workers, an iterator that goes on into epoch + 1, + 2, ... (from their start) once this
+        # one's batches are given out, so that the workers build the next epoch's first batches while the last
+        # ones of this epoch are used: the loader reads each pass's batches off it (fastdata.image.loader)
+        self.rollover = False
 
     def rank_indices(self) -> np.ndarray:
         """This rank's sample indices of the current epoch, in order (from `start` on)."""
-        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
-        return interleaved_part(order, self.rank, self.world_size, self.uneven, self.start)
+        return self._rank_indices_of(self.epoch, self.start)
+
+    def _rank_indices_of(self, epoch: int, start: int) -> np.ndarray:
+        order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
+        return interleaved_part(order, self.rank, self.world_size, self.uneven, start)
 
     def epoch_batches(self) -> Sequence[np.ndarray]:
         """This rank's batches of the current epoch (from `start` on, before skipping), made as they are asked for."""
         return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        epoch = self.epoch
-        for chunk in self.epoch_batches()[self.skip:]:
+        epoch, skip, rollover = self.epoch, self.skip, self.rollover and self.can_roll_over
+        for chunk in self.epoch_batches()[skip:]:
             yield epoch, chunk
+        while rollover:  # the epochs after, each from its start (the attributes are the pass's, not changed here)
+            epoch += 1
+            for chunk in split_batches(self._rank_indices_of(epoch, 0), self.batch_size, self.drop_last):
+                yield epoch, chunk
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -64,6 +78,7 @@ class BucketBatchSampler(EpochBatchSampler):
     ranks, each buckets its own part of the epoch."""
 
     repartitions = False  # batches are not a prefix of the order: a mid-epoch state needs the same world size
+    can_roll_over = False
 
     def __init__(self, lengths: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool,
                  window_batches: int = 64, rank: int = 0, world_size: int = 1, uneven: str = "pad") -> None:
