@@ -84,6 +84,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--images", "60", "--budget", "5", "--window", "0.5", "--confirm", "1", "--max-workers", "1")),
     Benchmark("meter_overhead", "read", "a training loop plain vs metered", (),
               ("--steps", "2000", "--slow-steps", "10", "--repeats", "1")),
+    Benchmark("epoch_start", "read", "short epochs: the workers going on into the next epoch vs cold epoch starts",
+              ("--images", "1200", "--batch-size", "128", "--step-ms", "100"),
+              ("--images", "60", "--repeats", "1", "--epochs", "2", "--batch-size", "8")),
     Benchmark("hardening", "read", "clean vs 2% corrupt records: the cost of counting and reporting them",
               ("--images", "3000"), _SMOKE_IMAGES),
     # convert

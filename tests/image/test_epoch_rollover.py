@@ -21,7 +21,8 @@ def epochs(loader, count: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
 
 
 def same(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+                                    for x, y in zip(a, b, strict=True))
 
 
 def test_a_rolling_sampler_gives_each_epoch_as_a_fresh_one_would():
