@@ -114,6 +114,26 @@ class Receipts:
             yield batch
 
 
+class Rolled:
+    """The workers' rolling iterator (EpochBatchSampler.rollover) between passes: `share` gives one pass's batches
+    off it and, once all are read, keeps it for the next pass, whose key it then holds; `take` hands it over (or
+    None) and forgets it. It holds no reference to the loader, so that a feeder thread reading a pass's batches does
+    not keep a loader its user dropped alive."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[PassKey, Iterator[Any]] | None = None
+
+    def take(self) -> tuple[PassKey, Iterator[Any]] | None:
+        kept, self._kept = self._kept, None
+        return kept
+
+    def share(self, key: PassKey, count: int, batches: Iterator[Any]) -> Iterator[Any]:
+        """Pass `key`'s `count` batches off `batches`; then `batches` (at the next epoch's start) is kept for pass
+        `key.epoch + 1`. A pass left early keeps nothing."""
+        yield from itertools.islice(batches, count)
+        self._kept = (PassKey(key.epoch + 1), batches)
+
+
 def _worker_init(_worker_id: int) -> None:
     worker_ignores_ctrl_c()
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
@@ -199,9 +219,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         self._init_progress()
         self._pass_skip = 0
         self._iterating_epoch: int | None = None
-        # the workers' batches left running into the pass after the last one that ended (`_rolls_over`), and which
-        # pass that is
-        self._rolled: tuple[PassKey, Iterator[Any]] | None = None
+        # the workers' batches left running into the pass after the last one that ended (`_rolls_over`)
+        self._rolled = Rolled()
         common = options.dataloader_kwargs(worker_init_fn=_worker_init)
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.image.buffers): slots for the batches in flight, those waiting here and the user's
@@ -295,11 +314,6 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             with self._workers.running(cleanup=self.close_feeder):  # a failure stops the workers, named
                 if self._stage is not None:
                     yield from self._device_pass(key)
-                elif self._rolls_over():  # the workers' iterator goes on into the next epoch: read this pass's share
-                    batches = self._open_pass(key)
-                    yield from self._deliver(itertools.islice(batches, self._pass_length(key.start) - key.skip),
-                                             key.epoch)
-                    self._rolled = (PassKey(key.epoch + 1), batches)
                 else:
                     yield from self._deliver(self._open_pass(key), key.epoch)
         except (GeneratorExit, FastdataError):
@@ -316,11 +330,11 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
 
     def _rolls_over(self) -> bool:
         """Whether the workers go on from one epoch into the next without waiting for the next pass (the sampler's
-        `rollover`): the worker path over LMDB with persistent workers, so that the workers build the next epoch's
-        first batches while the last ones of this epoch are used, and an epoch never starts with the loop waiting
-        for a whole batch to be built. (The device path's feeder prepares the next epoch itself.)"""
-        return (self._stage is None and self._sampler is not None and self._sampler.can_roll_over
-                and self.num_workers > 0 and bool(self._loader.persistent_workers))
+        `rollover`): over LMDB with persistent workers, so that the workers build the next epoch's first batches
+        while the last ones of this epoch are used (on the device path, while the feeder makes them), and an epoch
+        never starts with the loop waiting for a whole batch to be built."""
+        return (self._sampler is not None and self._sampler.can_roll_over and self.num_workers > 0
+                and bool(self._loader.persistent_workers))
 
     def _open_pass(self, key: PassKey) -> Iterator[Any]:
         """Set the workers' order to pass `key`, start them on it (`iter` of the DataLoader: the first pass of
@@ -328,19 +342,23 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         iterator holds no reference to this loader, so that a feeder thread reading it does not keep it alive).
         The workers already on pass `key` (rolled over from the pass before) are taken as they are; if they are
         on another pass (set_epoch, load_state_dict, a pass left early), `iter` drops what they made of it."""
-        rolled, self._rolled = self._rolled, None
+        rolled = self._rolled.take()
         if self._sampler is not None:
             self._sampler.epoch, self._sampler.start, self._sampler.skip = key.epoch, key.start, key.skip
+            count = self._pass_length(key.start) - key.skip
             if rolled is not None and rolled[0] == key:
                 self._receipts.received = 0
-                return rolled[1]
+                return self._rolled.share(key, count, rolled[1])
             self._sampler.rollover = self._rolls_over()
         else:
             assert isinstance(self._batches, WdsBatches)
             self._batches.start(key.epoch, key.skip)
         if self._buffers is not None:
             self._buffers.reset(new_workers=not self._loader.persistent_workers)
-        return self._receipts.book(self._workers.start(), self._buffers)
+        batches = self._receipts.book(self._workers.start(), self._buffers)
+        if self._sampler is not None and self._sampler.rollover:
+            return self._rolled.share(key, count, batches)
+        return batches
 
     def _deliver(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The workers' finished batches as they made them, or with a device moved there and converted.
@@ -402,7 +420,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         """End the worker processes and the device path's feeder thread now (also `with fastdata.loader(...) as
         loader:`); the next pass, if any, starts them again."""
         self.close_feeder()
-        self._rolled = None
+        self._rolled.take()
         super().close()
 
     def close_feeder(self) -> None:

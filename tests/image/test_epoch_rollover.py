@@ -47,7 +47,8 @@ def test_the_workers_go_on_into_the_next_epoch_with_the_same_batches(jpeg_photos
     for _ in range(3):
         got.append([(images.clone(), labels.clone()) for images, labels in loader])
         iterators.add(id(loader._workers.iterator))
-        assert loader._rolled is not None and loader._rolled[0].epoch == loader.epoch  # already on the next one
+        kept = loader._rolled._kept
+        assert kept is not None and kept[0].epoch == loader.epoch  # the workers are already on the next epoch
     assert len(iterators) == 1  # one iterator of the workers for all three epochs: never reset
     reference = epochs(fastdata.loader(jpeg_photos[0], num_workers=0, **OPTIONS), 3)
     assert all(same(a, b) for a, b in zip(got, reference, strict=True))
@@ -79,8 +80,19 @@ def test_set_epoch_a_restored_state_and_a_pass_left_early_get_their_own_batches(
 def test_loaders_that_start_their_workers_each_pass_do_not_roll_over(jpeg_photos):
     val = fastdata.loader(jpeg_photos[0], num_workers=2, augment="val", **OPTIONS)  # persistent_workers=None: off
     list(val)
-    assert val._rolled is None and not val._sampler.rollover
-    device = fastdata.loader(jpeg_photos[0], num_workers=2, decode="device", device="cpu", **OPTIONS)
-    list(device)
-    assert device._rolled is None  # the feeder prepares the next epoch itself
-    device.close()
+    assert val._rolled._kept is None and not val._sampler.rollover
+
+
+def test_the_device_path_rolls_over_too_with_the_same_batches(jpeg_photos):
+    """The feeder reads each pass's batches off the workers' rolling iterator and goes on into the next epoch."""
+    options = dict(decode="device", device="cpu", **OPTIONS)
+    loader = fastdata.loader(jpeg_photos[0], num_workers=2, **options)
+    got = epochs(loader, 3)
+    assert loader._sampler.rollover
+    reference = epochs(fastdata.loader(jpeg_photos[0], num_workers=0, **options), 3)
+    assert all(same(a, b) for a, b in zip(got, reference, strict=True))
+    loader.set_epoch(9)
+    expected = fastdata.loader(jpeg_photos[0], num_workers=0, **options)
+    expected.set_epoch(9)
+    assert same(epochs(loader, 1)[0], epochs(expected, 1)[0])
+    loader.close()
