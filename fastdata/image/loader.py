@@ -315,7 +315,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                 if self._stage is not None:
                     yield from self._device_pass(key)
                 else:
-                    yield from self._deliver(self._open_pass(key), key.epoch)
+                    yield from self._deliver(self._open_pass(key), key)
         except (GeneratorExit, FastdataError):
             raise
         except BaseException as exc:
@@ -324,7 +324,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                     not ("DataLoader worker" in message or "timed out" in message):
                 raise  # an exception raised inside a worker keeps its own type and traceback
             raise WorkerError(f"{self.dataset.root}: {message.strip()} — "
-                              f"{self._waiting_for(key.epoch, self._receipts.received)}") from exc
+                              f"{self._waiting_for(key, self._receipts.received)}") from exc
         finally:
             self._iterating_epoch = None
 
@@ -360,13 +360,13 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             return self._rolled.share(key, count, batches)
         return batches
 
-    def _deliver(self, batches: Iterator[Any], epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _deliver(self, batches: Iterator[Any], key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The workers' finished batches as they made them, or with a device moved there and converted.
         A batch whose samples were all skipped borrows one (fastdata.order.borrow), so every rank yields len(self)."""
         for number, batch in enumerate(batches, start=self._pass_skip):
             images, labels, metadata = batch.images, batch.labels, batch.metadata
             if not len(labels):
-                images, labels, metadata = self._borrow(epoch, number)
+                images, labels, metadata = self._borrow(key, number)
             if self.device is not None:
                 if isinstance(images, list):  # whole images of their own sizes (detection, augment=None)
                     images = [finish(image.to(self.device, non_blocking=True)[None], self._output, False,
@@ -398,7 +398,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             self.stage_times.device += made.seconds
             images, labels, metadata = made.images, made.labels, made.metadata
             if not len(labels):
-                images, labels, metadata = self._borrow(key.epoch, number)
+                images, labels, metadata = self._borrow(key, number)
                 images = finish(images.to(self.device), self._output, self._channels_last, str(self.dataset.root))
                 labels = labels.to(self.device)
             yield (images, labels) if metadata is None else (images, labels, metadata)
@@ -437,13 +437,16 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         decoder = self._stage.decoder if self._stage is not None else None
         return decoder.name if decoder is not None else None
 
-    def _borrow(self, epoch: int, number: int) -> tuple[torch.Tensor, Any, list[dict] | None]:
-        """A batch of one for batch `number` of `epoch`, whose samples were all skipped: the first later sample of
-        this rank's epoch that decodes (fastdata.order.borrow), made here, in the main process (a rare event)."""
+    def _borrow(self, key: PassKey, number: int) -> tuple[torch.Tensor, Any, list[dict] | None]:
+        """A batch of one for batch `number` of pass `key`, whose samples were all skipped: the first later sample
+        of this rank's epoch that decodes (fastdata.order.borrow), made here, in the main process (a rare event).
+        The pass's batches come from `key`, not from the sampler's attributes, which the device path's feeder may
+        already have set for the next pass."""
         pipeline = self.dataset.pipeline
+        epoch = key.epoch
         if self._sampler is not None:
             assert isinstance(self.dataset, LmdbImageDataset)
-            batches = self._sampler.epoch_batches()
+            batches = self._sampler.batches_for(key.epoch, key.start)
             read = self.dataset.encoded
         else:
             assert isinstance(self._batches, WdsBatches) and isinstance(self.dataset, WdsImageDataset)
@@ -497,14 +500,15 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         the CPU in the main process; said once). Bytes neither decodes follow on_error."""
         return self._stage.policy.rejected if self._stage is not None else 0
 
-    def _waiting_for(self, epoch: int, batch_number: int) -> str:
+    def _waiting_for(self, key: PassKey, batch_number: int) -> str:
         """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
         worker = batch_number % max(1, self.num_workers)
         batch_number += self._pass_skip
+        epoch = key.epoch
         where = f"waiting for batch {batch_number} of epoch {epoch}, loaded by worker {worker}"
         if self._sampler is not None:
             assert isinstance(self.dataset, LmdbImageDataset)
-            batches = self._sampler.epoch_batches()
+            batches = self._sampler.batches_for(key.epoch, key.start)
             indices = batches[batch_number][:4] if batch_number < len(batches) else []
             keys = [self.dataset.reader.key(int(i)) for i in indices]
             return f"{where} (keys {', '.join(map(repr, keys))}, ...)"

@@ -260,9 +260,9 @@ class MixedBatchSampler(EpochBatchSampler):
             self._cached = (epoch, mixed_epoch(self.plan, self.seed, epoch, self.shuffle, self.batch_size))
         return self._cached[1]
 
-    def rank_indices(self) -> np.ndarray:
-        return mixed_part(self.stream().indices, self.rank, self.world_size, self.uneven, self.batch_size,
-                          self.start)
+    def rank_indices_for(self, epoch: int, start: int) -> np.ndarray:
+        return mixed_part(self.stream(epoch).indices, self.rank, self.world_size, self.uneven, self.batch_size,
+                          start)
 
     def consumed(self, epoch: int, slots: int) -> list[dict[str, int]]:
         """Per source, what the first `slots` slots of `epoch`'s stream took (see MixedEpoch.consumed)."""

@@ -42,24 +42,29 @@ class EpochBatchSampler:
 
     def rank_indices(self) -> np.ndarray:
         """This rank's sample indices of the current epoch, in order (from `start` on)."""
-        return self._rank_indices_of(self.epoch, self.start)
+        return self.rank_indices_for(self.epoch, self.start)
 
-    def _rank_indices_of(self, epoch: int, start: int) -> np.ndarray:
+    def rank_indices_for(self, epoch: int, start: int) -> np.ndarray:
+        """This rank's sample indices of `epoch` from position `start` (the current pass's attributes untouched:
+        another thread may be opening the next pass)."""
         order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
         return interleaved_part(order, self.rank, self.world_size, self.uneven, start)
 
     def epoch_batches(self) -> Sequence[np.ndarray]:
         """This rank's batches of the current epoch (from `start` on, before skipping), made as they are asked for."""
-        return split_batches(self.rank_indices(), self.batch_size, self.drop_last)
+        return self.batches_for(self.epoch, self.start)
+
+    def batches_for(self, epoch: int, start: int) -> Sequence[np.ndarray]:
+        """This rank's batches of `epoch` from position `start` (before skipping), as `epoch_batches` for that pass."""
+        return split_batches(self.rank_indices_for(epoch, start), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        epoch, skip, rollover = self.epoch, self.skip, self.rollover and self.can_roll_over
-        for chunk in self.epoch_batches()[skip:]:
+        epoch, start, skip, rollover = self.epoch, self.start, self.skip, self.rollover and self.can_roll_over
+        for chunk in self.batches_for(epoch, start)[skip:]:
             yield epoch, chunk
         while rollover:  # the epochs after, each from its start (the attributes are the pass's, not changed here)
             epoch += 1
-            for chunk in split_batches(self._rank_indices_of(epoch, 0), self.batch_size, self.drop_last):
-                yield epoch, chunk
+            yield from ((epoch, chunk) for chunk in self.batches_for(epoch, 0))
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -86,15 +91,15 @@ class BucketBatchSampler(EpochBatchSampler):
         self.lengths = np.asarray(lengths)
         self.window = batch_size * window_batches
 
-    def epoch_batches(self) -> Sequence[np.ndarray]:
-        order = self.rank_indices()
+    def batches_for(self, epoch: int, start: int) -> Sequence[np.ndarray]:
+        order = self.rank_indices_for(epoch, start)
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         batches: list[np.ndarray] = []
-        for start in range(0, stop, self.window):
-            window = order[start:min(start + self.window, stop)]
+        for at in range(0, stop, self.window):
+            window = order[at:min(at + self.window, stop)]
             window = window[np.argsort(self.lengths[window], kind="stable")]
             batches.extend(window[i:i + self.batch_size] for i in range(0, len(window), self.batch_size))
         if self.shuffle:
-            rng = np.random.default_rng((self.seed, self.epoch, 2))
+            rng = np.random.default_rng((self.seed, epoch, 2))
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches

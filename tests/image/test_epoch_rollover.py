@@ -6,6 +6,7 @@ load_state_dict, a pass left early, close)."""
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import torch
@@ -96,3 +97,20 @@ def test_the_device_path_rolls_over_too_with_the_same_batches(jpeg_photos):
     expected.set_epoch(9)
     assert same(epochs(loader, 1)[0], epochs(expected, 1)[0])
     loader.close()
+
+
+def test_a_borrow_reads_its_own_passes_batches_whatever_pass_the_sampler_is_set_to(jpeg_photos):
+    """On the device path the feeder sets the sampler for the next pass while the training thread still delivers
+    this one: a batch that borrows (all its samples skipped) takes its candidates from its own pass's batches."""
+    from fastdata.image.device.feeder import PassKey
+    from fastdata.order.borrow import candidates
+
+    loader = fastdata.loader(jpeg_photos[0], num_workers=0, decode="device", device="cpu", **OPTIONS)
+    loader._sampler.epoch, loader._sampler.start = 7, 4  # as if the feeder had opened another pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "every sample of batch 0 of epoch 2 was skipped; ... borrowed"
+        loader._borrow(PassKey(2), 0)
+    fresh = EpochBatchSampler(len(loader.dataset), OPTIONS["batch_size"], True, OPTIONS["seed"], False)
+    fresh.epoch = 2
+    first = next(iter(candidates(fresh.epoch_batches(), 0)))
+    assert loader.borrowed == [(2, 0, loader.dataset.reader.key(int(first)))]
