@@ -38,14 +38,18 @@ class LoaderFacts:
     dataset: str | None = None
     folder_of_files: bool = False  # torchvision ImageFolder / DatasetFolder: one file per sample
     decode: str | None = None  # a fastdata image loader's decode placement: "worker" or "device"
+    progressive: int | None = None  # progressive JPEGs its dataset stores (manifest stats "gpu_kinds"; None: unknown)
 
     @classmethod
     def of(cls, obj: Any) -> LoaderFacts:
         if isinstance(getattr(obj, "stage_times", None), StageTimes) and hasattr(obj, "dataset"):
-            fmt = getattr(getattr(obj.dataset, "manifest", None), "format", None)
+            manifest = getattr(obj.dataset, "manifest", None)
+            fmt = getattr(manifest, "format", None)
+            kinds = (getattr(manifest, "stats", None) or {}).get("gpu_kinds") or {}
             return cls("fastdata.loader", type(obj).__name__, getattr(obj, "num_workers", None),
                        getattr(obj, "pin_memory", None), getattr(obj, "batch_size", None),
-                       f"fastdata {fmt}" if fmt else None, decode=getattr(obj, "decode", None))
+                       f"fastdata {fmt}" if fmt else None, decode=getattr(obj, "decode", None),
+                       progressive=kinds.get("progressive"))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.utils.data.DataLoader):
             data = obj.dataset
@@ -362,6 +366,12 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
         out.append("decode in the workers (`decode=\"worker\"`) if they have the cores, or let `fastdata tune "
                    "--device cuda` measure both placements for `decode=\"auto\"`; install nvImageCodec "
                    "(`pip install 'fastdata[gpu-cu13]'`) if `loader.device_decoder` names torchvision")
+        if loader.progressive:
+            out.append(f"the dataset stores {loader.progressive:,} progressive JPEGs, which the GPU's hardware JPEG "
+                       "engines do not take: re-convert with `--jpeg-layout baseline` (lossless), or decode them in "
+                       "the workers with `decode=fastdata.DeviceDecode(progressive=\"workers\")`")
+        out.append("try `decode=fastdata.DeviceDecode(decode_ahead=True)`: the decoder's call then runs on a second "
+                   "feeder thread, beside the crop of the batch before")
     elif cause == "main-process":
         if loader.decode == "device":
             out.append("decode in the workers (`decode=\"worker\"`), or let `fastdata tune --device cuda` measure "

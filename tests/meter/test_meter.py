@@ -4,6 +4,7 @@ diagnosis of each bottleneck from made-up figures."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -499,6 +500,19 @@ def test_the_device_feeder_as_a_stage_can_be_the_wall():
     assert "the device feeder (decode and crop on the device) is the bottleneck (85%" in reasons[0]
     assert "device: the feeder thread" in reasons[1]
     assert any("nvImageCodec" in s for s in suggestions)
+    assert any("DeviceDecode(decode_ahead=True)" in s for s in suggestions)
+    assert not any("progressive" in s for s in suggestions)  # nothing known of progressive files
+    with_progressive = dataclasses.replace(DEVICE, progressive=19)
+    _, _, suggestions = judge(0.5, system(cpu_percent=30.0, workers_cpu_cores=2.0, main_cpu_cores=0.6),
+                              stage=stages(read=0.1, device=0.85, collate=0.05), loader=with_progressive, cuda=True)
+    assert any("19 progressive JPEGs" in s and "--jpeg-layout baseline" in s for s in suggestions)
+
+
+def test_loader_facts_read_the_datasets_progressive_count(photos):
+    """What the meter knows of a fastdata loader's dataset: how many progressive JPEGs the conversion stored."""
+    loader = fastdata.loader(photos[0], batch_size=4, num_workers=0)
+    facts = LoaderFacts.of(loader)
+    assert facts.progressive == fastdata.info(photos[0]).stats["gpu_kinds"]["progressive"]
 
 
 def test_epoch_start_stalls_are_reported_on_their_own_line():
