@@ -260,7 +260,7 @@ def test_torch_dataloader_facts():
     r = m.report()
     assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
                         "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False,
-                        "decode": None}
+                        "decode": None, "progressive": None}
     assert r.samples == 10 and r.stages is None
 
 
