@@ -32,8 +32,8 @@ LAYOUTS = ("original", "baseline")
 def main() -> None:
     args = arguments(__doc__.split("\n")[0], images=3000, workers=None).parse_args()
     src = cached_sample_imagefolder(args.data, args.images)
-    sources = [path.read_bytes() for path in sorted(src.rglob("*")) if path.is_file()]
-    progressives = [data for data in sources if progressive(data)]
+    files = [path for path in sorted(src.rglob("*")) if path.is_file()]
+    progressives = [data for data in map(Path.read_bytes, files) if progressive(data)]  # only these are kept
     if progressives:
         baseline_rewrite(progressives[0])  # untimed: loads and self-checks the libjpeg-turbo
     started = time.perf_counter()
@@ -58,7 +58,7 @@ def main() -> None:
     ratios = per_run_ratios(seconds["baseline"], seconds["original"])
     rows = [[name, f"{statistics.median(seconds[name]):.2f}", f"{min(seconds[name]):.2f}-{max(seconds[name]):.2f}"]
             for name in LAYOUTS]
-    report.table(f"`--jpeg-layout baseline` against the original layout: {len(sources):,} sample photos, "
+    report.table(f"`--jpeg-layout baseline` against the original layout: {len(files):,} sample photos, "
                  f"{len(progressives):,} of them progressive; conversion seconds, medians of {args.repeats} "
                  "alternating rounds",
                  ["layout", "conversion s", "range"], rows, align="lrr",

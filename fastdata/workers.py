@@ -66,8 +66,7 @@ class WorkerPass:
 
     def close(self) -> None:
         """End the worker processes (persistent ones stay between passes otherwise); a later pass starts new ones."""
-        for batches in {id(b): b for b in (getattr(self.dataloader, "_iterator", None), self.iterator)
-                        if b is not None}.values():
+        for batches in {getattr(self.dataloader, "_iterator", None), self.iterator} - {None}:
             stop_workers(self.dataloader, batches)
         self.iterator = None
 

@@ -99,8 +99,8 @@ class Receipts:
     trace_sink: Any = None
 
     def book(self, batches: Iterator[Any], buffers: BatchBuffers | None) -> Iterator[Any]:
-        """The workers' batches (decoded Batch, or EncodedBatch on the device path), each booked here."""
-        self.received = 0
+        """The workers' batches (decoded Batch, or EncodedBatch on the device path), each booked here (`received`
+        counts those of the current pass: the loader sets it to 0 as each pass opens)."""
         for batch in batches:
             self.received += 1
             if buffers is not None:  # None on the device path (EncodedBatch)
@@ -343,11 +343,11 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         The workers already on pass `key` (rolled over from the pass before) are taken as they are; if they are
         on another pass (set_epoch, load_state_dict, a pass left early), `iter` drops what they made of it."""
         rolled = self._rolled.take()
+        self._receipts.received = 0
         if self._sampler is not None:
             self._sampler.epoch, self._sampler.start, self._sampler.skip = key.epoch, key.start, key.skip
             count = self._pass_length(key.start) - key.skip
             if rolled is not None and rolled[0] == key:
-                self._receipts.received = 0
                 return self._rolled.share(key, count, rolled[1])
             self._sampler.rollover = self._rolls_over()
         else:
