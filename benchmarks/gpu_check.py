@@ -12,7 +12,9 @@ Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the librar
 all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads) with and without reusing the
 decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
 alone (baseline JPEGs only: progressive files come back None). Then, over the same photos converted with
-`--jpeg-layout baseline` (every JPEG baseline): fastdata's default and the hardware engines alone.
+`--jpeg-layout baseline` (every JPEG baseline): fastdata's default and the hardware engines alone. Last, the GPU
+time of the device path's batched crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on CUDA:
+its matrix products in float16 and float32 against the per-tap gathers of the kernel before).
 
 Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip install 'fastdata[gpu-cu13]'`).
 """
@@ -126,6 +128,10 @@ def main() -> None:
                  f"only, medians of {args.repeats} alternating repeats; pixels of the first 256 against Pillow",
                  ["decoder", "whole img/s", "by crop region img/s", "not decoded", "max / mean diff vs Pillow"], rows)
     results["baseline_layout"] = baseline_layout(Path(args.out), args.images, args.repeats)
+    from resize_kernel import measure
+
+    results["resize_kernel"] = measure(Path(args.out), args.images, BATCH, max(1, min(4, args.images // BATCH)),
+                                       args.repeats, torch.device("cuda"))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -1,25 +1,30 @@
-"""The device path's one batched crop-resize-flip: every image of a batch, whatever its size, in a number of kernel
-launches that depends on the largest shrink factor of the batch, never on how many images it holds.
+"""The device path's one batched crop-resize-flip: every image of a batch, whatever its size, in a fixed number of
+kernel launches that never depends on how many images the batch holds (nor on its shrink factors).
 
 Resampling is torchvision's `resized_crop(..., antialias=True)` (Pillow's bilinear filter: a triangle whose radius
 is the shrink factor, so downscaling averages every pixel under the output pixel; plain bilinear when enlarging),
-applied to the pixels of the crop box's covering pixels, with sub-pixel box edges (the "val" preset's boxes are
-fractional). It is separable, so a batch is resized in two gathers:
+applied to the crop box's covering pixels, with sub-pixel box edges (the "val" preset's boxes are fractional). It is
+separable, so each crop is resized by two matrix products, `rows @ crop @ columns`, batched over the whole batch:
 
 1. the decoded images (CHW uint8, any sizes) are concatenated into one flat buffer;
-2. vertical pass: for each output row, the K source rows it reads (each a window of the flat buffer starting at the
-   crop's left edge, as wide as the widest crop of the batch) are gathered and summed with their weights, K
-   `index_select` + `addcmul_` launches in all;
-3. horizontal pass: the same along each row, K `gather` + `addcmul_`; a flip only mirrors the columns' taps.
+2. one gather copies every crop's covering rows out of it, each as a window as wide as the batch's widest crop, into
+   a padded [n, height, C * width] block (rows past a crop's height repeat its last row; columns past its width
+   hold the next pixels of the buffer);
+3. two batched matrix products with dense weight matrices ([n, out_h, height] and [n, out_w, width], Pillow's
+   weights evaluated at every pixel; a flip mirrors the columns' matrix) resize every crop at once; the padding
+   gets weight 0.
 
-A window wider than its image's crop reads pixels of the next row (or image); their columns get no weight in the
-horizontal pass, so they never reach the output. The result is float32 in 0..255, rounded by the caller.
-The same code runs on the CPU (tests, CI) and on CUDA (where it queues on the current stream and never waits).
+Compared with gathering each output row's taps and summing them (the kernel before it, kept as the baseline of
+benchmarks/resize_kernel.py), this moves far fewer bytes: each source pixel is read once, not once per tap, and the
+sums run as matrix products, which is what a GPU does fastest. On CUDA the products take float16 operands (0..255
+is exact in float16; the weights keep 11 bits), on the CPU float32. The result is float32 in 0..255, rounded by
+the caller. A batch whose padded crops would exceed `MAX_BLOCK_BYTES` is done in several such passes (so only a
+batch of very large photos takes more launches). The same code runs on the CPU (tests, CI) and on CUDA (where it
+queues on the current stream and never waits).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,80 +55,98 @@ def cover(boxes: np.ndarray, shapes: np.ndarray) -> np.ndarray:
     return np.stack([x0, y0, x1, y1], axis=1).astype(np.int64)
 
 
-def taps_needed(boxes: np.ndarray, size: tuple[int, int]) -> int:
-    """K, the taps per output pixel for the batch's largest shrink (Pillow's kernel size for a triangle of radius
-    max(shrink, 1): 2 * ceil(radius) + 1)."""
-    if not len(boxes):
-        return 1
-    shrink = max(float((boxes[:, 3] / size[0]).max()), float((boxes[:, 2] / size[1]).max()), 1.0)
-    return 2 * math.ceil(shrink) + 1
-
-
-def _axis_taps(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: int, k: int,
-               flip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Source indices and weights [n, out, k] along one axis: output pixel i of image b samples the box
-    [start, start + length) at centre start + (i + 0.5) * scale (mirrored when `flip`), with a triangle of radius
-    max(scale, 1), over the pixels [lo, hi) only (the crop's covering pixels), weights summing to 1 (Pillow's
-    arithmetic: first tap int(centre - radius + 0.5), weight of pixel x tri((x + 0.5 - centre) / radius))."""
+def _axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: int,
+                  extent: int, flip: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense resampling matrix along one axis, float32 [n, out, extent]: output pixel i of image b samples the
+    box [start, start + length) at centre start + (i + 0.5) * scale (mirrored when `flip`) with a triangle of radius
+    max(scale, 1) (Pillow's bilinear filter, antialiased when shrinking), over the covering pixels [lo, hi) only,
+    numbered from lo (columns past hi - lo: padding, weight 0); each row of weights sums to 1. Evaluated at every
+    pixel rather than scattered from a list of taps (no scatter: deterministic on CUDA); the coordinates are taken
+    relative to `lo` in float64 before float32, so that large images keep their sub-pixel precision."""
     device = start.device
-    scale = (length / out)[:, None, None]  # [n, 1, 1]
-    radius = scale.clamp(min=1.0)
-    i = torch.arange(out, device=device, dtype=torch.float64)[None, :, None]  # [1, out, 1]
+    scale = (length / out)[:, None]  # [n, 1]
+    i = torch.arange(out, device=device, dtype=torch.float64)[None, :]  # [1, out]
     if flip is not None:
-        i = torch.where(flip[:, None, None], out - 1 - i, i)
-    centre = start[:, None, None] + (i + 0.5) * scale
-    first = torch.floor(centre - radius + 0.5).clamp(min=lo[:, None, None].double())
-    index = first + torch.arange(k, device=device, dtype=torch.float64)[None, None, :]  # [n, out, k]
-    weight = (1 - ((index + 0.5 - centre) / radius).abs()).clamp(min=0.0)
-    weight = torch.where(index < hi[:, None, None].double(), weight, torch.zeros((), dtype=weight.dtype,
-                                                                                 device=device))
-    weight = weight / weight.sum(-1, keepdim=True).clamp(min=1e-12)
-    index = torch.minimum(index, hi[:, None, None].double() - 1)  # taps past the end: weight 0, any valid index
-    return index.long(), weight.float()
+        i = torch.where(flip[:, None], out - 1 - i, i)
+    centre = (start[:, None] - lo[:, None] + (i + 0.5) * scale).float()  # [n, out], from lo
+    radius = scale.clamp(min=1.0).float()
+    pixel = torch.arange(extent, device=device, dtype=torch.float32) + 0.5  # pixel centres, from lo
+    weight = (pixel[None, None, :] - centre[:, :, None]).abs_().div_(radius[:, :, None]).neg_().add_(1).clamp_(min=0)
+    weight.mul_((pixel[None, :] < (hi - lo).float()[:, None])[:, None, :])
+    return weight.div_(weight.sum(-1, keepdim=True).clamp_(min=1e-12))
 
 
-def crop_resize_flip(images: list[torch.Tensor], crops: CropBatch, size: tuple[int, int]) -> torch.Tensor:
+MAX_BLOCK_BYTES = 1 << 30  # the padded crops of one pass at most (step 2 of the module's docstring)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """The matrix products' operand dtype on `device`: float16 on CUDA (tensor cores), float32 elsewhere."""
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def crop_resize_flip(images: list[torch.Tensor], crops: CropBatch, size: tuple[int, int],
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
     """Crop, resize (antialiased) and flip a batch of CHW uint8 RGB images of any sizes, all on one device, into
     one float32 [n, 3, H, W] tensor in 0..255 (not rounded). `crops` says where each crop is (host arrays, so that
     the launch count and buffer sizes are known without asking the device); their per-image numbers reach the
-    device in one non-blocking copy (`device_params`)."""
+    device in one non-blocking copy (`device_params`). `dtype`: the matrix products' operands (`compute_dtype`
+    of the device when None)."""
     n = len(images)
     out_h, out_w = size
     if n == 0:
         return torch.empty((0, 3, out_h, out_w), dtype=torch.float32)
+    dtype = dtype or compute_dtype(images[0].device)
+    covered = cover(crops.boxes, crops.shapes)
+    passes = _passes(covered, images[0].shape[0] * torch.finfo(dtype).bits // 8)
+    if len(passes) == 1:
+        return _resize(images, crops, covered, size, dtype)
+    return torch.cat([_resize(images[a:b], CropBatch(crops.boxes[a:b], crops.shapes[a:b], crops.flips[a:b]),
+                              covered[a:b], size, dtype) for a, b in passes])
+
+
+def _passes(covered: np.ndarray, bytes_per_pixel: int) -> list[tuple[int, int]]:
+    """Consecutive runs of images whose padded crops (widest x tallest of the run) fit in MAX_BLOCK_BYTES; one run
+    for any batch of ordinary photos."""
+    widths, heights = covered[:, 2] - covered[:, 0], covered[:, 3] - covered[:, 1]
+    runs, first, width, height = [], 0, 0, 0
+    for i in range(len(covered)):
+        width, height = max(width, int(widths[i])), max(height, int(heights[i]))
+        if i > first and (i - first + 1) * width * height * bytes_per_pixel > MAX_BLOCK_BYTES:
+            runs.append((first, i))
+            first, width, height = i, int(widths[i]), int(heights[i])
+    runs.append((first, len(covered)))
+    return runs
+
+
+def _resize(images: list[torch.Tensor], crops: CropBatch, covered: np.ndarray, size: tuple[int, int],
+            dtype: torch.dtype) -> torch.Tensor:
+    """Steps 1-3 of the module's docstring for one pass."""
+    n = len(images)
+    out_h, out_w = size
     device = images[0].device
     channels = images[0].shape[0]
-    covered = cover(crops.boxes, crops.shapes)
-    window = int((covered[:, 2] - covered[:, 0]).max())  # the widest crop: every row's gathered window
-    k = taps_needed(crops.boxes, size)
+    width = int((covered[:, 2] - covered[:, 0]).max())  # the widest crop: every gathered row's window
+    height = int((covered[:, 3] - covered[:, 1]).max())  # the tallest crop: rows gathered per image
     params = device_params(crops, covered, device)
-    left, top, width, height = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
+    left, top, box_w, box_h = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
     x0, y0, x1, y1 = params[:, 4], params[:, 5], params[:, 6], params[:, 7]
     image_h, image_w, base = params[:, 8], params[:, 9], params[:, 10]
     flips = params[:, 11] > 0.5
 
-    flat = torch.cat([*(image.reshape(-1) for image in images), images[0].new_zeros(window)])
-    windows = flat.as_strided((flat.numel() - window + 1, window), (1, 1))  # row o: flat[o:o + window]
+    flat = torch.cat([*(image.reshape(-1) for image in images), images[0].new_zeros(width)])
+    windows = flat.as_strided((flat.numel() - width + 1, width), (1, 1))  # row o: flat[o:o + width]
+    source_rows = torch.minimum(y0[:, None] + torch.arange(height, device=device, dtype=torch.float64)[None, :],
+                                y1[:, None] - 1)  # [n, height]: past the crop's last row, that row again
+    channel = torch.arange(channels, device=device, dtype=torch.float64)
+    starts = (base[:, None, None] + channel[None, None, :] * (image_h * image_w)[:, None, None]
+              + source_rows[:, :, None] * image_w[:, None, None] + x0[:, None, None]).long()  # [n, height, C]
+    block = windows.index_select(0, starts.reshape(-1)).view(n, height, channels * width).to(dtype)
 
-    rows, row_weights = _axis_taps(top, height, y0, y1, out_h, k)  # [n, out_h, k]
-    plane = (image_h * image_w)[:, None, None, None]
-    channel = torch.arange(channels, device=device, dtype=torch.float64)[None, :, None, None]
-    # flat offset of each (image, channel, output row, tap)'s window: [n, C, out_h, k]
-    starts = (base[:, None, None, None] + channel * plane + rows[:, None].double() * image_w[:, None, None, None]
-              + x0[:, None, None, None]).long()
-    vertical = torch.zeros((n, channels, out_h, window), dtype=torch.float32, device=device)
-    for tap in range(k):
-        gathered = windows.index_select(0, starts[..., tap].reshape(-1)).view(n, channels, out_h, window)
-        vertical.addcmul_(gathered, row_weights[:, None, :, tap, None])
-
-    columns, column_weights = _axis_taps(left, width, x0, x1, out_w, k, flips)  # [n, out_w, k]
-    columns = columns - x0.long()[:, None, None]  # into the window
-    vertical = vertical.view(n, channels * out_h, window)
-    out = torch.zeros((n, channels * out_h, out_w), dtype=torch.float32, device=device)
-    for tap in range(k):
-        index = columns[:, None, :, tap].expand(n, channels * out_h, out_w)
-        out.addcmul_(vertical.gather(2, index), column_weights[:, None, :, tap])
-    return out.view(n, channels, out_h, out_w)
+    vertical = _axis_weights(top, box_h, y0, y1, out_h, height).to(dtype)  # [n, out_h, height]
+    horizontal = _axis_weights(left, box_w, x0, x1, out_w, width, flips).to(dtype)  # [n, out_w, width]
+    resized_rows = torch.bmm(vertical, block).view(n, out_h * channels, width)  # [n, out_h, C * width]
+    out = torch.bmm(resized_rows, horizontal.transpose(1, 2))  # [n, out_h * C, out_w]
+    return out.view(n, out_h, channels, out_w).permute(0, 2, 1, 3).float()
 
 
 def host_params(crops: CropBatch, covered: np.ndarray) -> np.ndarray:
