@@ -82,6 +82,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("resize_kernel", "read", "the device path's batched crop-resize-flip (device='cpu' here, CUDA in "
               "gpu_check): matrix products vs per-tap gathers", ("--batch-size", "64", "--batches", "3"),
               ("--images", "60", "--batch-size", "16", "--batches", "2", "--repeats", "1")),
+    Benchmark("device_handover", "read", "the main process taking a device-path batch from a worker: one shared "
+              "piece vs a shared tensor per field, the worker waiting or busy", ("--images", "3000"),
+              ("--images", "60", "--batch-size", "16", "--batches", "3", "--repeats", "1")),
     Benchmark("autotune", "read", "fastdata tune (its time, its choice) vs the full grid of workers x prefetch",
               ("--images", "3000", "--step", "none", "--budget", "60"),
               ("--images", "60", "--budget", "5", "--window", "0.5", "--confirm", "1", "--max-workers", "1")),

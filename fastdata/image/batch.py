@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from time import monotonic_ns, perf_counter
 from typing import Any
 
+import numpy as np
 import torch
 
 from fastdata.formats.records import Label
@@ -56,6 +57,22 @@ class Batch:
         times = replace(self.times, transfer=self.times.transfer + perf_counter() - started)
         return replace(self, images=images, labels=labels, times=times)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """How a batch crosses from a worker to the main process: the images as shared memory (a worker's reused
+        slot: fastdata.image.buffers), a labels tensor by value. Each shared tensor costs the main process a
+        file-descriptor handshake with the worker, which waits for the worker's GIL while it makes its next batch
+        (benchmarks/device_handover.py); labels are a few kilobytes."""
+        labels = self.labels.numpy() if isinstance(self.labels, torch.Tensor) else self.labels
+        return _rebuild_batch, (self.images, labels, self.skipped, self.times, self.slot, self.span, self.metadata)
+
+
+def _rebuild_batch(images: torch.Tensor | list[torch.Tensor], labels: Any, skipped: list[tuple[str, str]],
+                   times: StageTimes, slot: Slot | None, span: tuple[int, int, int] | None,
+                   metadata: list[dict] | None) -> Batch:
+    """`Batch.__reduce__`'s other half."""
+    return Batch(images, torch.from_numpy(labels) if isinstance(labels, np.ndarray) else labels, skipped, times,
+                 slot, span, metadata)
+
 
 @dataclass
 class EncodedBatch:
@@ -84,6 +101,57 @@ class EncodedBatch:
         asynchronously (and nvImageCodec reads the bytes straight from pinned memory)."""
         return replace(self, data=self.data.pin_memory(), pixels=self.pixels.pin_memory(),
                        labels=self.labels.pin_memory())
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """How a batch crosses from a worker to the main process (DataLoader's queue, torch's pickler): the bytes
+        and the worker's pixels as one shared-memory tensor when they share one storage (`encoded_buffer` makes
+        them so), everything small (offsets, boxes, flips, sizes, labels, flags) by value. Each shared tensor
+        costs the main process a file-descriptor handshake with the worker (about half a millisecond, on the
+        thread that also feeds the GPU), and a batch had eight. Never written to disk (no pickle there)."""
+        shared = _one_storage(self.data, self.pixels)
+        big = (shared,) if shared is not None else (self.data, self.pixels)
+        labels = self.labels.numpy() if isinstance(self.labels, torch.Tensor) else self.labels
+        return _rebuild_encoded, (big, self.data.numel(), tuple(self.pixels.shape), self.offsets.numpy(),
+                                  self.boxes.numpy(), self.flips.numpy(), self.sizes.numpy(), labels,
+                                  self.worker_decoded.numpy(), self.keys, self.skipped, self.times, self.span,
+                                  self.metadata)
+
+
+def encoded_buffer(data: np.ndarray, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`data` (the batch's concatenated bytes) and `pixels` (the worker-decoded images) copied into one new
+    uint8 storage, as views: what `EncodedBatch` hands over in one piece."""
+    buffer = torch.empty(len(data) + pixels.numel(), dtype=torch.uint8)
+    buffer[:len(data)].numpy()[:] = data
+    images = buffer[len(data):].view(pixels.shape)
+    images.copy_(pixels)
+    return buffer[:len(data)], images
+
+
+def _one_storage(data: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor | None:
+    """The whole storage behind `data` and `pixels` as one flat tensor, when they are its two consecutive
+    contiguous parts from offset 0 (as `encoded_buffer` makes them); None otherwise."""
+    storage = data.untyped_storage()
+    if (data.dtype != torch.uint8 or pixels.dtype != torch.uint8 or data.storage_offset() != 0
+            or not data.is_contiguous() or not pixels.is_contiguous() or pixels.untyped_storage().data_ptr()
+            != storage.data_ptr() or pixels.storage_offset() != data.numel()
+            or storage.nbytes() != data.numel() + pixels.numel()):
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def _rebuild_encoded(big: tuple[torch.Tensor, ...], data_size: int, pixels_shape: tuple[int, ...],
+                     offsets: np.ndarray, boxes: np.ndarray, flips: np.ndarray, sizes: np.ndarray, labels: Any,
+                     worker_decoded: np.ndarray,
+                     keys: list[str], skipped: list[tuple[str, str]], times: StageTimes,
+                     span: tuple[int, int, int] | None, metadata: list[dict] | None) -> EncodedBatch:
+    """`EncodedBatch.__reduce__`'s other half."""
+    if len(big) == 1:
+        data, pixels = big[0][:data_size], big[0][data_size:].view(pixels_shape)
+    else:
+        data, pixels = big
+    return EncodedBatch(data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
+                        torch.from_numpy(sizes), torch.from_numpy(labels) if isinstance(labels, np.ndarray) else labels,
+                        torch.from_numpy(worker_decoded), pixels, keys, skipped, times, span, metadata)
 
 
 def sample_metadata(sample: EncodedSample) -> dict:

@@ -23,7 +23,7 @@ import torch
 
 from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
-from fastdata.image.batch import EncodedBatch, EncodedSample
+from fastdata.image.batch import EncodedBatch, EncodedSample, encoded_buffer
 from fastdata.image.geometry import CropParams, pixel_box
 from fastdata.image.jpeg.header import gpu_kind, read_frame
 from fastdata.image.jpeg.region import Region
@@ -135,9 +135,9 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data = np.frombuffer(b"".join(payloads), np.uint8)
+    data, pixels = encoded_buffer(np.frombuffer(b"".join(payloads), np.uint8), pixels)
     batch = EncodedBatch(
-        torch.from_numpy(data.copy()), torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
+        data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.from_numpy(sizes),
         pipeline.labels.batch([s.label for s, _ in kept]),
         torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times)

@@ -1,0 +1,150 @@
+"""How a device-path batch crosses from a worker to the main process (`EncodedBatch.__reduce__`): the bytes and the
+worker's pixels as one shared-memory tensor, everything small by value, and the same batch on the other side."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from multiprocessing.reduction import ForkingPickler
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import fastdata
+from fastdata.image.batch import EncodedBatch
+from fastdata.image.device.ship import pack_encoded
+
+
+class CountingPickler(ForkingPickler):
+    """torch's pickler for worker queues, counting the tensors it shares (each one a file-descriptor handshake
+    for the main process)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.tensors = 0
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            self.tensors += 1
+        return NotImplemented
+
+
+def shared_tensors(batch: EncodedBatch) -> int:
+    pickler = CountingPickler(io.BytesIO())
+    pickler.dump(batch)
+    return pickler.tensors
+
+
+def assert_same(received: EncodedBatch, sent: EncodedBatch) -> None:
+    for name in ("data", "offsets", "boxes", "flips", "sizes", "labels", "worker_decoded", "pixels"):
+        a, b = getattr(received, name), getattr(sent, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert received.keys == sent.keys and received.skipped == sent.skipped and received.metadata == sent.metadata
+
+
+@pytest.fixture(scope="module")
+def packed(photos) -> EncodedBatch:
+    ds = fastdata.dataset(photos[0], "train", image_size=32)
+    batch = pack_encoded(ds.pipeline, [ds.encoded(i) for i in range(12)], 0)
+    assert batch.worker_decoded.any() and (~batch.worker_decoded).any()  # PNGs decoded there, JPEGs shipped
+    return batch
+
+
+def test_a_batch_crosses_as_one_shared_tensor(packed):
+    """The worker's bytes and pixels lie in one storage: one tensor to share, where each field was one."""
+    assert shared_tensors(packed) == 1
+    assert packed.data.untyped_storage().data_ptr() == packed.pixels.untyped_storage().data_ptr()
+    apart = replace(packed, pixels=packed.pixels.clone())  # made elsewhere: still correct, two tensors
+    assert shared_tensors(apart) == 2
+
+
+def _send(batch: EncodedBatch, queue: mp.Queue, done: mp.Event) -> None:
+    torch.set_num_threads(1)
+    queue.put(batch)
+    done.wait(120)  # the main process maps the shared memory while this process lives, as a worker does
+
+
+@pytest.mark.parametrize("kind", ["mixed", "apart", "no pixels", "no bytes"])
+def test_a_batch_arrives_whole_from_another_process(packed, kind):
+    batch = packed
+    if kind == "apart":
+        batch = replace(packed, pixels=packed.pixels.clone())
+    elif kind == "no pixels":
+        rows = (~packed.worker_decoded).numpy()
+        batch = pack_encoded_subset(packed, rows)
+    elif kind == "no bytes":
+        batch = pack_encoded_subset(packed, packed.worker_decoded.numpy())
+    context = mp.get_context("fork")
+    queue, done = context.Queue(), context.Event()
+    process = context.Process(target=_send, args=(batch, queue, done))
+    process.start()
+    try:
+        received = queue.get(timeout=120)
+    finally:
+        done.set()
+        process.join(120)
+    assert_same(received, batch)
+    received.data[:1] = 0  # writable, as the stage's views expect
+    assert received.labels.dtype == torch.int64
+
+
+def pack_encoded_subset(batch: EncodedBatch, rows: np.ndarray) -> EncodedBatch:
+    """The batch's rows `rows` only (all shipped bytes, or all worker pixels), packed as a worker packs them."""
+    from fastdata.image.batch import encoded_buffer
+
+    index = np.flatnonzero(rows)
+    offsets = batch.offsets.numpy()
+    data = np.concatenate([batch.data.numpy()[offsets[i]:offsets[i + 1]] for i in index] or [np.zeros(0, np.uint8)])
+    lengths = np.diff(offsets)[index]
+    new_offsets = np.zeros(len(index) + 1, np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    pixel_rows = np.flatnonzero(batch.worker_decoded.numpy())
+    keep_pixels = [n for n, row in enumerate(pixel_rows) if rows[row]]
+    shared, pixels = encoded_buffer(data, batch.pixels[keep_pixels])
+    return EncodedBatch(shared, torch.from_numpy(new_offsets), batch.boxes[index], batch.flips[index],
+                        batch.sizes[index], batch.labels[index], batch.worker_decoded[index], pixels,
+                        [batch.keys[i] for i in index])
+
+
+def test_a_worker_path_batch_shares_its_images_only(photos):
+    """The worker path's batch: its images as shared memory (the worker's slot), the labels by value; the same
+    labels on the other side."""
+    from fastdata.image.batch import Batch
+
+    ds = fastdata.dataset(photos[0], "train", image_size=32)
+    decoded = ds.pipeline.batch([ds.encoded(i) for i in range(6)], 0, "raise")
+    batch = Batch(decoded.images, decoded.labels)
+    assert shared_tensors(batch) == 1
+    received = ForkingPickler.loads(ForkingPickler.dumps(batch))
+    assert torch.equal(received.labels, batch.labels) and received.labels.dtype == batch.labels.dtype
+    assert torch.equal(received.images, batch.images)
+
+
+class SwitchIntervals(torch.utils.data.Dataset):
+    """Reports the GIL switch interval of the process that reads it (a worker's)."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> float:
+        import sys
+
+        return sys.getswitchinterval()
+
+
+@pytest.mark.parametrize("module", ["fastdata.image.loader", "fastdata.text.loader"])
+def test_the_loaders_workers_hand_batches_over_quickly(module):
+    """fastdata's workers shorten their GIL switch interval (so a handshake with their resource sharer thread does
+    not wait 5 ms per GIL hand-off while they work); the main process keeps its own."""
+    import importlib
+    import sys
+
+    from fastdata.workers import WORKER_SWITCH_INTERVAL
+
+    init = importlib.import_module(module)._worker_init
+    mine = sys.getswitchinterval()
+    loader = torch.utils.data.DataLoader(SwitchIntervals(), batch_size=None, num_workers=1, worker_init_fn=init)
+    assert list(loader) == [WORKER_SWITCH_INTERVAL] * 2
+    assert sys.getswitchinterval() == mine != WORKER_SWITCH_INTERVAL
