@@ -73,11 +73,20 @@ def device_takes(sample: EncodedSample, max_pixels: int | None = None, progressi
     return complete(sample.data)
 
 
+#: How far from a JPEG's end `complete` first looks for its end marker.
+TAIL_BYTES = 1024
+
+
 def complete(data: bytes) -> bool:
     """Whether the JPEG's last scan is followed by its end marker (EOI): a file cut short is not. GPU decoders
     conceal a truncated scan (the missing rows come out grey) where libjpeg reports it, so such files go to the
     worker, whose decode follows on_error as on the worker path. (An EXIF thumbnail's own scan and EOI come before
-    the image's scan, so they do not count.)"""
+    the image's scan, so they do not count.) The usual file ends with its EOI: found in the last TAIL_BYTES with
+    no scan after it, that settles it without searching the whole file backwards for its last scan (about a sixth
+    of a device-path worker's time per JPEG); otherwise the whole file is searched."""
+    eoi = data.rfind(b"\xff\xd9", max(0, len(data) - TAIL_BYTES))
+    if eoi >= 0 and data.find(b"\xff\xda", eoi) < 0:
+        return 0 <= data.find(b"\xff\xda") < eoi
     return data.rfind(b"\xff\xd9") > data.rfind(b"\xff\xda") >= 0
 
 
