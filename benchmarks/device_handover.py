@@ -39,10 +39,12 @@ STATES = ("waiting", "busy in Python, Python's switch interval (5 ms)",
 
 
 def fresh(batch: EncodedBatch, form: str) -> object:
-    """A copy of `batch` in new storage, as a worker makes each batch: the EncodedBatch itself (one piece), or
-    its fields as a dict (what the dataclass pickled before it had `__reduce__`: every tensor on its own)."""
+    """A copy of `batch` in new storage, as a worker makes each batch: the EncodedBatch itself (one piece, made in
+    shared memory as `pack_encoded` makes it in a worker), or its fields as a dict in private memory (what the
+    dataclass pickled before it had `__reduce__`: every tensor on its own, copied into shared memory as it is
+    pickled)."""
     if form == FORMS[0]:
-        data, pixels = encoded_buffer(batch.data.numpy(), batch.pixels)
+        data, pixels = encoded_buffer(batch.data.numpy(), batch.pixels, shared=True)  # as in a worker
         return replace(batch, data=data, pixels=pixels, offsets=batch.offsets.clone(), boxes=batch.boxes.clone(),
                        flips=batch.flips.clone(), sizes=batch.sizes.clone(), labels=batch.labels.clone(),
                        worker_decoded=batch.worker_decoded.clone())

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fastdata.formats.records import Label
-from fastdata.image.buffers import Slot
+from fastdata.image.buffers import Slot, new_shared
 from fastdata.image.targets.captions import Caption, CaptionBatch
 from fastdata.meter.stages import StageTimes
 
@@ -117,10 +117,14 @@ class EncodedBatch:
                                   self.metadata)
 
 
-def encoded_buffer(data: np.ndarray, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def encoded_buffer(data: np.ndarray, pixels: torch.Tensor, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`data` (the batch's concatenated bytes) and `pixels` (the worker-decoded images) copied into one new
-    uint8 storage, as views: what `EncodedBatch` hands over in one piece."""
-    buffer = torch.empty(len(data) + pixels.numel(), dtype=torch.uint8)
+    uint8 storage, as views: what `EncodedBatch` hands over in one piece. `shared` (in a DataLoader worker): the
+    storage is made in shared memory at once, so that handing it over copies nothing more (torch's pickler
+    would otherwise copy it into shared memory on the worker's queue thread, holding the worker's GIL, which the
+    main process's handshake for the previous batch then waits for)."""
+    size = len(data) + pixels.numel()
+    buffer = new_shared((size,)) if shared else torch.empty(size, dtype=torch.uint8)
     buffer[:len(data)].numpy()[:] = data
     images = buffer[len(data):].view(pixels.shape)
     images.copy_(pixels)

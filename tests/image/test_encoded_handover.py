@@ -148,3 +148,26 @@ def test_the_loaders_workers_hand_batches_over_quickly(module):
     loader = torch.utils.data.DataLoader(SwitchIntervals(), batch_size=None, num_workers=1, worker_init_fn=init)
     assert list(loader) == [WORKER_SWITCH_INTERVAL] * 2
     assert sys.getswitchinterval() == mine != WORKER_SWITCH_INTERVAL
+
+
+class PackedInAWorker(torch.utils.data.Dataset):
+    """Packs a device-path batch where it is read and says whether its storage is shared memory."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> bool:
+        ds = fastdata.dataset(self.path, "train", image_size=32)
+        batch = pack_encoded(ds.pipeline, [ds.encoded(i) for i in range(6)], 0)
+        return batch.data.is_shared() and batch.pixels.is_shared()
+
+
+def test_a_worker_packs_its_batch_straight_into_shared_memory(photos):
+    """In a DataLoader worker the batch is made in shared memory (nothing left to copy when it is handed over);
+    in the main process (num_workers=0) it is not."""
+    assert not PackedInAWorker(photos[0])[0]
+    loader = torch.utils.data.DataLoader(PackedInAWorker(photos[0]), batch_size=None, num_workers=1)
+    assert list(loader) == [True]

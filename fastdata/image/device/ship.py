@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
@@ -144,7 +145,8 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data, pixels = encoded_buffer(np.frombuffer(b"".join(payloads), np.uint8), pixels)
+    data, pixels = encoded_buffer(np.frombuffer(b"".join(payloads), np.uint8), pixels,
+                                  shared=get_worker_info() is not None)
     batch = EncodedBatch(
         data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.from_numpy(sizes),
