@@ -12,7 +12,8 @@ Python, as a worker making its next batch may (each handshake then waits for the
 main process takes the batches, timing each `get` from the moment the batch is in the pipe (wall, and its thread's
 CPU). Busy, with Python's GIL switch interval and with the one fastdata's workers set (`worker_hands_over_quickly`).
 The six cases alternate over `--repeats` runs; medians per batch and the ratios (median of per-run ratios)
-against the tensor-per-field form in the same case.
+against the tensor-per-field form in the same case. A second table: a real device-path loader's 2 workers alone,
+each batch in a reused shared-memory slot (fastdata.image.buffers) against a fresh segment each.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def fresh(batch: EncodedBatch, form: str) -> object:
     dataclass pickled before it had `__reduce__`: every tensor on its own, copied into shared memory as it is
     pickled)."""
     if form == FORMS[0]:
-        data, pixels = encoded_buffer(batch.data.numpy(), batch.pixels, shared=True)  # as in a worker
+        data, pixels, _ = encoded_buffer(batch.data.numpy(), batch.pixels)
+        data.share_memory_()  # the storage under both: in shared memory, as a worker makes it
         return replace(batch, data=data, pixels=pixels, offsets=batch.offsets.clone(), boxes=batch.boxes.clone(),
                        flips=batch.flips.clone(), sizes=batch.sizes.clone(), labels=batch.labels.clone(),
                        worker_decoded=batch.worker_decoded.clone())
@@ -96,6 +98,28 @@ def take(batches: list[EncodedBatch], form: str, state: str) -> tuple[float, flo
     return 1000 * wall / count, 1000 * cpu / count
 
 
+def raw_pass(path, batch_size: int, workers: int, slots: bool) -> float:
+    """Images/s of a real device-path loader's workers alone (their EncodedBatches taken and dropped, no decode),
+    median of two passes after a first; `slots`: in the workers' reused shared-memory slots, else in a fresh
+    segment each (what a batch cost before)."""
+    from fastdata.image.device.feeder import PassKey
+
+    loader = fastdata.loader(path, decode="device", device="cpu", batch_size=batch_size, num_workers=workers)
+    if not slots:
+        loader._batches.buffers = None  # the workers get no slots: a fresh shared segment per batch
+    rates = []
+    for epoch in range(3):
+        batches = loader._open_pass(PassKey(epoch))
+        next(batches)
+        started, count = time.perf_counter(), 0
+        for batch in batches:
+            count += len(batch)
+            del batch
+        rates.append(count / (time.perf_counter() - started))
+    loader.close()
+    return statistics.median(rates[1:])
+
+
 def main() -> None:
     args = arguments(__doc__.split("\n")[0], images=3000, repeats=5, batch_size=256, batches=8).parse_args()
     path = dataset_for(args.data, args.images)
@@ -122,6 +146,16 @@ def main() -> None:
                  f"{args.repeats} alternating runs", ["the worker meanwhile", "form", "ms per batch (wall, median)",
                                                        "range", "CPU ms per batch", "faster (wall)", "less CPU"],
                  rows, align="llrrrrr")
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    alternate([True, False], args.repeats, lambda slots, _: rates[slots].append(
+        raw_pass(path, args.batch_size, 2, slots)))
+    report.table(f"a device-path loader's 2 workers alone (batches taken and dropped, batch {args.batch_size}, "
+                 f"{args.repeats} alternating runs): each batch in a reused slot vs a fresh shared segment",
+                 ["worker batches", "img/s (median)", "runs", "ratio"],
+                 [[what, f"{statistics.median(rates[slots]):,.0f}", ", ".join(f"{x:,.0f}" for x in rates[slots]),
+                   f"x{median_ratio(rates[slots], rates[False]):.2f}"]
+                  for slots, what in ((True, "reused slots (today)"), (False, "a fresh segment each"))],
+                 align="lrlr")
 
 
 if __name__ == "__main__":

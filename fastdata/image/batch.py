@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from fastdata.formats.records import Label
-from fastdata.image.buffers import Slot, new_shared
+from fastdata.image.buffers import BatchBuffers, Slot, new_shared
 from fastdata.image.targets.captions import Caption, CaptionBatch
 from fastdata.meter.stages import StageTimes
 
@@ -92,6 +93,7 @@ class EncodedBatch:
     times: StageTimes = field(default_factory=StageTimes)
     span: tuple[int, int, int] | None = None  # (worker, started ns, ended ns): `worker_span`, for traces
     metadata: list[dict] | None = None  # with metadata=True: {"key": ..., **stored metadata}, in batch order
+    slot: Slot | None = None  # the worker's reused shared-memory slot holding `data` and `pixels` (buffers.py)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -114,21 +116,28 @@ class EncodedBatch:
         return _rebuild_encoded, (big, self.data.numel(), tuple(self.pixels.shape), self.offsets.numpy(),
                                   self.boxes.numpy(), self.flips.numpy(), self.sizes.numpy(), labels,
                                   self.worker_decoded.numpy(), self.keys, self.skipped, self.times, self.span,
-                                  self.metadata)
+                                  self.metadata, self.slot)
 
 
-def encoded_buffer(data: np.ndarray, pixels: torch.Tensor, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """`data` (the batch's concatenated bytes) and `pixels` (the worker-decoded images) copied into one new
-    uint8 storage, as views: what `EncodedBatch` hands over in one piece. `shared` (in a DataLoader worker): the
-    storage is made in shared memory at once, so that handing it over copies nothing more (torch's pickler
-    would otherwise copy it into shared memory on the worker's queue thread, holding the worker's GIL, which the
-    main process's handshake for the previous batch then waits for)."""
+def encoded_buffer(data: np.ndarray, pixels: torch.Tensor, buffers: BatchBuffers | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, Slot | None]:
+    """`data` (the batch's concatenated bytes) and `pixels` (the worker-decoded images) copied into one uint8
+    storage, as views, and its slot: what `EncodedBatch` hands over in one piece. In a DataLoader worker the
+    storage is shared memory from the start, a reused slot of `buffers` when one is free (a fresh segment costs
+    its page faults on every batch), so that handing it over copies nothing more (torch's pickler would otherwise
+    copy it into shared memory on the worker's queue thread, holding the worker's GIL, which the main process's
+    handshake for the previous batch then waits for)."""
     size = len(data) + pixels.numel()
-    buffer = new_shared((size,)) if shared else torch.empty(size, dtype=torch.uint8)
+    if get_worker_info() is None:
+        buffer, slot = torch.empty(size, dtype=torch.uint8), None
+    elif buffers is not None:
+        buffer, slot = buffers.acquire((size,))
+    else:
+        buffer, slot = new_shared((size,)), None
     buffer[:len(data)].numpy()[:] = data
     images = buffer[len(data):].view(pixels.shape)
     images.copy_(pixels)
-    return buffer[:len(data)], images
+    return buffer[:len(data)], images, slot
 
 
 def _one_storage(data: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor | None:
@@ -147,7 +156,8 @@ def _rebuild_encoded(big: tuple[torch.Tensor, ...], data_size: int, pixels_shape
                      offsets: np.ndarray, boxes: np.ndarray, flips: np.ndarray, sizes: np.ndarray, labels: Any,
                      worker_decoded: np.ndarray,
                      keys: list[str], skipped: list[tuple[str, str]], times: StageTimes,
-                     span: tuple[int, int, int] | None, metadata: list[dict] | None) -> EncodedBatch:
+                     span: tuple[int, int, int] | None, metadata: list[dict] | None, slot: Slot | None
+                     ) -> EncodedBatch:
     """`EncodedBatch.__reduce__`'s other half."""
     if len(big) == 1:
         data, pixels = big[0][:data_size], big[0][data_size:].view(pixels_shape)
@@ -155,7 +165,7 @@ def _rebuild_encoded(big: tuple[torch.Tensor, ...], data_size: int, pixels_shape
         data, pixels = big
     return EncodedBatch(data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
                         torch.from_numpy(sizes), torch.from_numpy(labels) if isinstance(labels, np.ndarray) else labels,
-                        torch.from_numpy(worker_decoded), pixels, keys, skipped, times, span, metadata)
+                        torch.from_numpy(worker_decoded), pixels, keys, skipped, times, span, metadata, slot)
 
 
 def sample_metadata(sample: EncodedSample) -> dict:

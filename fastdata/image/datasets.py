@@ -42,7 +42,7 @@ def build_batch(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: i
     the device (`pipeline.ship_encoded`), an EncodedBatch (the device decodes its JPEGs; the worker the rest);
     with `metadata`, each kept sample's key and stored metadata (`sample_metadata`) in batch order."""
     if pipeline.ship_encoded:
-        batch: Batch | EncodedBatch = pack_encoded(pipeline, samples, epoch, on_error)
+        batch: Batch | EncodedBatch = pack_encoded(pipeline, samples, epoch, on_error, buffers)
     else:
         batch = pipeline.batch(samples, epoch, on_error, buffers)
     if metadata:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from fastdata.config import LoaderOptions, check_bool
 from fastdata.errors import ConfigError, FastdataError, WorkerError
 from fastdata.image.augment import describe_augment
-from fastdata.image.batch import EncodedSample, sample_metadata
+from fastdata.image.batch import EncodedBatch, EncodedSample, sample_metadata
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
@@ -103,8 +103,8 @@ class Receipts:
         counts those of the current pass: the loader sets it to 0 as each pass opens)."""
         for batch in batches:
             self.received += 1
-            if buffers is not None:  # None on the device path (EncodedBatch)
-                buffers.received(batch.slot, batch.images)
+            if buffers is not None:  # the storage the batch's slot holds: its images, or (device path) its bytes
+                buffers.received(batch.slot, batch.data if isinstance(batch, EncodedBatch) else batch.images)
             for key, reason in batch.skipped:
                 self.skipped.setdefault(key, reason)
             self.stage_times.add(batch.times)
@@ -226,7 +226,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.image.buffers): slots for the batches in flight, those waiting here and the user's
         self._buffers = (BatchBuffers(num_workers, options.prefetch_factor + 4)
-                         if num_workers and data.pipeline.output_size and not data.pipeline.ship_encoded else None)
+                         if num_workers and data.pipeline.output_size else None)
         if isinstance(data, LmdbImageDataset):
             self._sampler: EpochBatchSampler | None = sampler or EpochBatchSampler(
                 len(data), batch_size, options.shuffle, options.seed, options.drop_last, options.rank,

@@ -117,3 +117,34 @@ def test_slots_are_lent_until_the_main_process_lets_go():
     assert (buffers.pooled, buffers.fresh) == (1, 1)
     with pytest.raises(ValueError, match="at least one worker"):
         BatchBuffers(workers=0, slots=2)
+
+
+def raw_device_batches(loader, epochs: int) -> list:
+    """The workers' EncodedBatches of `epochs` passes on the device path, as the main process receives them (held,
+    not copied)."""
+    from fastdata.image.device.feeder import PassKey
+
+    return [batch for epoch in range(epochs) for batch in loader._open_pass(PassKey(epoch))]
+
+
+def test_device_path_batches_reuse_slots_and_held_ones_are_never_overwritten(solid_lmdb):
+    """The device path's workers pack each batch's bytes and pixels into a reused slot too: batches the main
+    process still holds keep their bytes (against the same batches packed without workers), and batches let go
+    give their slots back."""
+    options = dict(decode="device", device="cpu")
+    reference = raw_device_batches(make_loader(solid_lmdb, **options), epochs=3)
+    loader = make_loader(solid_lmdb, num_workers=2, persistent_workers=True, **options)
+    held = raw_device_batches(loader, epochs=3)
+    assert len(held) == len(reference) == 3 * len(loader)
+    for got, want in zip(held, reference, strict=True):
+        assert got.keys == want.keys and torch.equal(got.data, want.data) and torch.equal(got.pixels, want.pixels)
+        assert torch.equal(got.offsets, want.offsets) and torch.equal(got.labels, want.labels)
+    assert loader._buffers.pooled + loader._buffers.fresh == len(held)
+    del held, got, want
+    pooled = loader._buffers.pooled
+    from fastdata.image.device.feeder import PassKey
+
+    for batch in loader._open_pass(PassKey(3)):  # let each go: their slots come back (but for the batches the
+        del batch  # workers made ahead while every slot was held: 2 workers x prefetch_factor 2)
+    assert loader._buffers.pooled - pooled >= len(loader) - 2 * 2
+    loader.close()

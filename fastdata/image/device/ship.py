@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
@@ -33,6 +32,7 @@ from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng
 
 if TYPE_CHECKING:
+    from fastdata.image.buffers import BatchBuffers
     from fastdata.image.pipeline import SamplePipeline
 
 DECODE_MODES = ("auto", "worker", "device")
@@ -107,10 +107,11 @@ def ship_sub_jpeg(sample: EncodedSample, params: CropParams) -> Shipped | None:
 
 
 def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: int,
-                 on_error: str = "raise") -> EncodedBatch:
+                 on_error: str = "raise", buffers: BatchBuffers | None = None) -> EncodedBatch:
     """The worker's batch on the `"device"` path: the bytes and crop parameters of the JPEGs the device takes
     (`device_takes`); the other samples decoded and augmented here, exactly as on the `"worker"` path (an
-    undecodable one follows `on_error`), so that the main process decodes nothing on the CPU."""
+    undecodable one follows `on_error`), so that the main process decodes nothing on the CPU. In a worker the batch
+    lies in shared memory, in a reused slot of `buffers` when given (`encoded_buffer`)."""
     if pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val' (custom transforms run on the CPU "
                           "path: decode='worker')")
@@ -145,12 +146,12 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data, pixels = encoded_buffer(np.frombuffer(b"".join(payloads), np.uint8), pixels,
-                                  shared=get_worker_info() is not None)
+    data, pixels, slot = encoded_buffer(np.frombuffer(b"".join(payloads), np.uint8), pixels, buffers)
     batch = EncodedBatch(
         data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.from_numpy(sizes),
         pipeline.labels.batch([s.label for s, _ in kept]),
-        torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times)
+        torch.tensor([not t for _, t in kept], dtype=torch.bool), pixels, [s.key for s, _ in kept], skipped, times,
+        slot=slot)
     batch.times.collate += perf_counter() - started
     return batch
