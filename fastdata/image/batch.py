@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from time import monotonic_ns, perf_counter
 from typing import Any
@@ -141,13 +142,14 @@ def encoded_buffer(data: np.ndarray, pixels: torch.Tensor, buffers: BatchBuffers
 
 
 def _one_storage(data: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor | None:
-    """The whole storage behind `data` and `pixels` as one flat tensor, when they are its two consecutive
-    contiguous parts from offset 0 (as `encoded_buffer` makes them); None otherwise."""
+    """The whole storage behind `data` and `pixels` as one flat tensor, when they are its first two consecutive
+    contiguous parts (as `encoded_buffer` makes them; a reused slot may be larger than the batch); None
+    otherwise."""
     storage = data.untyped_storage()
     if (data.dtype != torch.uint8 or pixels.dtype != torch.uint8 or data.storage_offset() != 0
             or not data.is_contiguous() or not pixels.is_contiguous() or pixels.untyped_storage().data_ptr()
             != storage.data_ptr() or pixels.storage_offset() != data.numel()
-            or storage.nbytes() != data.numel() + pixels.numel()):
+            or storage.nbytes() < data.numel() + pixels.numel()):
         return None
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
@@ -160,7 +162,8 @@ def _rebuild_encoded(big: tuple[torch.Tensor, ...], data_size: int, pixels_shape
                      ) -> EncodedBatch:
     """`EncodedBatch.__reduce__`'s other half."""
     if len(big) == 1:
-        data, pixels = big[0][:data_size], big[0][data_size:].view(pixels_shape)
+        end = data_size + math.prod(pixels_shape)
+        data, pixels = big[0][:data_size], big[0][data_size:end].view(pixels_shape)
     else:
         data, pixels = big
     return EncodedBatch(data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),

@@ -60,6 +60,18 @@ def test_a_batch_crosses_as_one_shared_tensor(packed):
     assert shared_tensors(apart) == 2
 
 
+def test_a_batch_in_a_larger_reused_slot_still_crosses_as_one_tensor(packed):
+    """A worker's slot keeps the size of the largest batch it held: a smaller batch lies in its first bytes."""
+    size = packed.data.numel() + packed.pixels.numel()
+    slot = torch.full((size + 1000,), 7, dtype=torch.uint8)
+    data, pixels = slot[:packed.data.numel()], slot[packed.data.numel():size].view(packed.pixels.shape)
+    data.copy_(packed.data)
+    pixels.copy_(packed.pixels)
+    batch = replace(packed, data=data, pixels=pixels)
+    assert shared_tensors(batch) == 1
+    assert_same(ForkingPickler.loads(ForkingPickler.dumps(batch)), packed)
+
+
 def _send(batch: EncodedBatch, queue: mp.Queue, done: mp.Event) -> None:
     torch.set_num_threads(1)
     queue.put(batch)
