@@ -27,7 +27,7 @@ import torch
 from common import arguments, cached_sample_imagefolder
 
 from fastdata.image.augment import make_preset
-from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip, device_params
+from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip, device_params, flat_windows
 from fastdata.order.epoch import sample_rng
 from fastdata.tools.bench_fair import alternate, median_ratio
 
@@ -77,13 +77,10 @@ def gather_kernel(images: list[torch.Tensor], crops: CropBatch, size: tuple[int,
     covered = cover(crops.boxes, crops.shapes)
     window = int((covered[:, 2] - covered[:, 0]).max())
     k = taps_needed(crops.boxes, size)
-    params = device_params(crops, covered, device)
-    left, top, width, height = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
-    x0, y0, x1, y1 = params[:, 4], params[:, 5], params[:, 6], params[:, 7]
-    image_h, image_w, base = params[:, 8], params[:, 9], params[:, 10]
-    flips = params[:, 11] > 0.5
-    flat = torch.cat([*(image.reshape(-1) for image in images), images[0].new_zeros(window)])
-    windows = flat.as_strided((flat.numel() - window + 1, window), (1, 1))
+    left, top, width, height, x0, y0, x1, y1, image_h, image_w, base, flip = device_params(crops, covered,
+                                                                                          device).unbind(1)
+    flips = flip > 0.5
+    windows = flat_windows(images, window)
     rows, row_weights = _axis_taps(top, height, y0, y1, out_h, k)
     plane = (image_h * image_w)[:, None, None, None]
     channel = torch.arange(channels, device=device, dtype=torch.float64)[None, :, None, None]

@@ -127,14 +127,10 @@ def _resize(images: list[torch.Tensor], crops: CropBatch, covered: np.ndarray, s
     channels = images[0].shape[0]
     width = int((covered[:, 2] - covered[:, 0]).max())  # the widest crop: every gathered row's window
     height = int((covered[:, 3] - covered[:, 1]).max())  # the tallest crop: rows gathered per image
-    params = device_params(crops, covered, device)
-    left, top, box_w, box_h = params[:, 0], params[:, 1], params[:, 2], params[:, 3]
-    x0, y0, x1, y1 = params[:, 4], params[:, 5], params[:, 6], params[:, 7]
-    image_h, image_w, base = params[:, 8], params[:, 9], params[:, 10]
-    flips = params[:, 11] > 0.5
-
-    flat = torch.cat([*(image.reshape(-1) for image in images), images[0].new_zeros(width)])
-    windows = flat.as_strided((flat.numel() - width + 1, width), (1, 1))  # row o: flat[o:o + width]
+    left, top, box_w, box_h, x0, y0, x1, y1, image_h, image_w, base, flip = device_params(crops, covered,
+                                                                                         device).unbind(1)
+    flips = flip > 0.5
+    windows = flat_windows(images, width)
     source_rows = torch.minimum(y0[:, None] + torch.arange(height, device=device, dtype=torch.float64)[None, :],
                                 y1[:, None] - 1)  # [n, height]: past the crop's last row, that row again
     channel = torch.arange(channels, device=device, dtype=torch.float64)
@@ -147,6 +143,13 @@ def _resize(images: list[torch.Tensor], crops: CropBatch, covered: np.ndarray, s
     resized_rows = torch.bmm(vertical, block).view(n, out_h * channels, width)  # [n, out_h, C * width]
     out = torch.bmm(resized_rows, horizontal.transpose(1, 2))  # [n, out_h * C, out_w]
     return out.view(n, out_h, channels, out_w).permute(0, 2, 1, 3).float()
+
+
+def flat_windows(images: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The images concatenated into one flat buffer (then `width` zeros), viewed as its windows of `width`
+    elements: row o is flat[o:o + width] (a view; nothing is copied but the concatenation)."""
+    flat = torch.cat([*(image.reshape(-1) for image in images), images[0].new_zeros(width)])
+    return flat.as_strided((flat.numel() - width + 1, width), (1, 1))
 
 
 def host_params(crops: CropBatch, covered: np.ndarray) -> np.ndarray:
