@@ -183,3 +183,17 @@ def test_a_worker_packs_its_batch_straight_into_shared_memory(photos):
     assert not PackedInAWorker(photos[0])[0]
     loader = torch.utils.data.DataLoader(PackedInAWorker(photos[0]), batch_size=None, num_workers=1)
     assert list(loader) == [True]
+
+
+def test_large_labels_such_as_masks_stay_shared_memory():
+    """Masks ([B, H, W]) or multi-hot labels over many classes are no small labels: they cross as shared memory,
+    not through the queue's pipe."""
+    from fastdata.image.batch import BY_VALUE_BYTES, Batch
+
+    images = torch.zeros((2, 3, 8, 8), dtype=torch.uint8)
+    masks = torch.ones((2, 200, 200), dtype=torch.int64)
+    assert masks.numel() * 8 > BY_VALUE_BYTES
+    assert shared_tensors(Batch(images, masks)) == 2
+    received = ForkingPickler.loads(ForkingPickler.dumps(Batch(images, masks)))
+    assert torch.equal(received.labels, masks)
+    assert shared_tensors(Batch(images, torch.arange(2))) == 1
