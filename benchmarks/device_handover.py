@@ -45,7 +45,7 @@ def fresh(batch: EncodedBatch, form: str) -> object:
     dataclass pickled before it had `__reduce__`: every tensor on its own, copied into shared memory as it is
     pickled)."""
     if form == FORMS[0]:
-        data, pixels, _ = encoded_buffer(batch.data.numpy(), batch.pixels)
+        data, pixels, _ = encoded_buffer([batch.data.numpy()], batch.pixels)
         data.share_memory_()  # the storage under both: in shared memory, as a worker makes it
         return replace(batch, data=data, pixels=pixels, offsets=batch.offsets.clone(), boxes=batch.boxes.clone(),
                        flips=batch.flips.clone(), sizes=batch.sizes.clone(), labels=batch.labels.clone(),

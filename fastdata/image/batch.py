@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from time import monotonic_ns, perf_counter
 from typing import Any
@@ -134,25 +135,30 @@ class EncodedBatch:
                                   self.metadata, self.slot)
 
 
-def encoded_buffer(data: np.ndarray, pixels: torch.Tensor, buffers: BatchBuffers | None = None
+def encoded_buffer(payloads: Sequence[bytes | np.ndarray], pixels: torch.Tensor, buffers: BatchBuffers | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, Slot | None]:
-    """`data` (the batch's concatenated bytes) and `pixels` (the worker-decoded images) copied into one uint8
-    storage, as views, and its slot: what `EncodedBatch` hands over in one piece. In a DataLoader worker the
+    """`payloads` (the batch's JPEGs, concatenated in order) and `pixels` (the worker-decoded images) copied into
+    one uint8 storage, each straight to its place, as views, and its slot: what `EncodedBatch` hands over in one
+    piece. In a DataLoader worker the
     storage is shared memory from the start, a reused slot of `buffers` when one is free (a fresh segment costs
     its page faults on every batch), so that handing it over copies nothing more (torch's pickler would otherwise
     copy it into shared memory on the worker's queue thread, holding the worker's GIL, which the main process's
     handshake for the previous batch then waits for)."""
-    size = len(data) + pixels.numel()
+    length = sum(len(payload) for payload in payloads)
+    size = length + pixels.numel()
     if get_worker_info() is None:
         buffer, slot = torch.empty(size, dtype=torch.uint8), None
     elif buffers is not None:
         buffer, slot = buffers.acquire((size,))
     else:
         buffer, slot = new_shared((size,)), None
-    buffer[:len(data)].numpy()[:] = data
-    images = buffer[len(data):].view(pixels.shape)
+    flat, at = buffer.numpy(), 0
+    for payload in payloads:  # no joined copy of them all first
+        flat[at:at + len(payload)] = np.frombuffer(payload, np.uint8)
+        at += len(payload)
+    images = buffer[length:size].view(pixels.shape)
     images.copy_(pixels)
-    return buffer[:len(data)], images, slot
+    return buffer[:length], images, slot
 
 
 def _one_storage(data: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor | None:

@@ -114,7 +114,7 @@ def pack_encoded_subset(batch: EncodedBatch, rows: np.ndarray) -> EncodedBatch:
     np.cumsum(lengths, out=new_offsets[1:])
     pixel_rows = np.flatnonzero(batch.worker_decoded.numpy())
     keep_pixels = [n for n, row in enumerate(pixel_rows) if rows[row]]
-    shared, pixels, _ = encoded_buffer(data, batch.pixels[keep_pixels])
+    shared, pixels, _ = encoded_buffer([data], batch.pixels[keep_pixels])
     return EncodedBatch(shared, torch.from_numpy(new_offsets), batch.boxes[index], batch.flips[index],
                         batch.sizes[index], batch.labels[index], batch.worker_decoded[index], pixels,
                         [batch.keys[i] for i in index])

@@ -146,7 +146,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data, pixels, slot = encoded_buffer(np.frombuffer(b"".join(payloads), np.uint8), pixels, buffers)
+    data, pixels, slot = encoded_buffer(payloads, pixels, buffers)
     batch = EncodedBatch(
         data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.from_numpy(sizes),
