@@ -15,6 +15,7 @@ from torch.utils.data import get_worker_info
 
 from fastdata.formats.records import Label
 from fastdata.image.buffers import BatchBuffers, Slot, new_shared
+from fastdata.image.handover import as_tensor, by_value_if_small
 from fastdata.image.targets.captions import Caption, CaptionBatch
 from fastdata.meter.stages import StageTimes
 
@@ -62,33 +63,18 @@ class Batch:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """How a batch crosses from a worker to the main process: the images as shared memory (a worker's reused
-        slot: fastdata.image.buffers), a small labels tensor by value (`_by_value_if_small`; masks stay shared
+        slot: fastdata.image.buffers), a small labels tensor by value (fastdata.image.handover; masks stay shared
         memory). Each shared tensor costs the main process a file-descriptor handshake with the worker, which waits
         for the worker's GIL while it makes its next batch (benchmarks/device_handover.py)."""
-        return _rebuild_batch, (self.images, _by_value_if_small(self.labels), self.skipped, self.times, self.slot,
+        return _rebuild_batch, (self.images, by_value_if_small(self.labels), self.skipped, self.times, self.slot,
                                 self.span, self.metadata)
-
-
-#: A labels tensor up to this size crosses to the main process by value (in the pickle), a larger one (masks,
-#: multi-hot over many classes) as shared memory.
-BY_VALUE_BYTES = 1 << 16
-
-
-def _by_value_if_small(labels: Any) -> Any:
-    """`labels` as a numpy array (pickled by value: no handshake) when it is a tensor of at most BY_VALUE_BYTES;
-    as it is otherwise (a large tensor is shared memory already in a worker; captions and targets are not
-    tensors)."""
-    if isinstance(labels, torch.Tensor) and labels.numel() * labels.element_size() <= BY_VALUE_BYTES:
-        return labels.numpy()
-    return labels
 
 
 def _rebuild_batch(images: torch.Tensor | list[torch.Tensor], labels: Any, skipped: list[tuple[str, str]],
                    times: StageTimes, slot: Slot | None, span: tuple[int, int, int] | None,
                    metadata: list[dict] | None) -> Batch:
     """`Batch.__reduce__`'s other half."""
-    return Batch(images, torch.from_numpy(labels) if isinstance(labels, np.ndarray) else labels, skipped, times,
-                 slot, span, metadata)
+    return Batch(images, as_tensor(labels), skipped, times, slot, span, metadata)
 
 
 @dataclass
@@ -123,14 +109,15 @@ class EncodedBatch:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """How a batch crosses from a worker to the main process (DataLoader's queue, torch's pickler): the bytes
         and the worker's pixels as one shared-memory tensor when they share one storage (`encoded_buffer` makes
-        them so), everything small (offsets, boxes, flips, sizes, flags, labels up to BY_VALUE_BYTES) by value.
-        Each shared tensor costs the main process a file-descriptor handshake with the worker (on the thread that
-        also feeds the GPU), and a batch had eight. Never written to disk (no pickle there)."""
+        them so), everything small (offsets, boxes, flips, sizes, flags, small labels) by value
+        (fastdata.image.handover). Each shared tensor costs the main process a file-descriptor handshake with the
+        worker (on the thread that also feeds the GPU), and a batch had eight. Never written to disk (no pickle
+        there)."""
         shared = _one_storage(self.data, self.pixels)
         big = (shared,) if shared is not None else (self.data, self.pixels)
         return _rebuild_encoded, (big, self.data.numel(), tuple(self.pixels.shape), self.offsets.numpy(),
                                   self.boxes.numpy(), self.flips.numpy(), self.sizes.numpy(),
-                                  _by_value_if_small(self.labels),
+                                  by_value_if_small(self.labels),
                                   self.worker_decoded.numpy(), self.keys, self.skipped, self.times, self.span,
                                   self.metadata, self.slot)
 
@@ -187,7 +174,7 @@ def _rebuild_encoded(big: tuple[torch.Tensor, ...], data_size: int, pixels_shape
     else:
         data, pixels = big
     return EncodedBatch(data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
-                        torch.from_numpy(sizes), torch.from_numpy(labels) if isinstance(labels, np.ndarray) else labels,
+                        torch.from_numpy(sizes), as_tensor(labels),
                         torch.from_numpy(worker_decoded), pixels, keys, skipped, times, span, metadata, slot)
 
 

@@ -188,7 +188,8 @@ def test_a_worker_packs_its_batch_straight_into_shared_memory(photos):
 def test_large_labels_such_as_masks_stay_shared_memory():
     """Masks ([B, H, W]) or multi-hot labels over many classes are no small labels: they cross as shared memory,
     not through the queue's pipe."""
-    from fastdata.image.batch import BY_VALUE_BYTES, Batch
+    from fastdata.image.batch import Batch
+    from fastdata.image.handover import BY_VALUE_BYTES
 
     images = torch.zeros((2, 3, 8, 8), dtype=torch.uint8)
     masks = torch.ones((2, 200, 200), dtype=torch.int64)
@@ -197,3 +198,20 @@ def test_large_labels_such_as_masks_stay_shared_memory():
     received = ForkingPickler.loads(ForkingPickler.dumps(Batch(images, masks)))
     assert torch.equal(received.labels, masks)
     assert shared_tensors(Batch(images, torch.arange(2))) == 1
+
+
+@pytest.mark.parametrize("masks", [False, True])
+def test_detection_targets_cross_by_value_but_their_masks(masks):
+    """A detection batch's targets: seven small tensors by value (no handshake each), masks as shared memory;
+    the same targets on the other side."""
+    from fastdata.image.targets.detection import DetectionBatch
+
+    boxes = torch.rand(5, 4)
+    targets = DetectionBatch(boxes, torch.arange(5), torch.zeros(5, dtype=torch.int64), boxes[:, 2] * boxes[:, 3],
+                             torch.arange(10, 15), torch.tensor([7, 8]), torch.tensor([2, 3]),
+                             torch.ones((5, 200, 200), dtype=torch.uint8) if masks else None)
+    assert shared_tensors(targets) == int(masks)
+    received = ForkingPickler.loads(ForkingPickler.dumps(targets))
+    for name in ("boxes", "labels", "iscrowd", "area", "annotation_ids", "image_ids", "counts", "masks"):
+        a, b = getattr(received, name), getattr(targets, name)
+        assert (a is None and b is None) or (a.dtype == b.dtype and torch.equal(a, b)), name
