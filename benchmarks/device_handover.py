@@ -29,8 +29,8 @@ from common import arguments
 from hardening import dataset_for
 
 import fastdata
-from fastdata.image.batch import EncodedBatch, encoded_buffer
-from fastdata.image.device.ship import pack_encoded
+from fastdata.image.batch import EncodedBatch
+from fastdata.image.device.ship import encoded_buffer, pack_encoded
 from fastdata.tools.bench_fair import alternate, median_ratio
 from fastdata.workers import WORKER_SWITCH_INTERVAL, worker_hands_over_quickly
 

@@ -63,7 +63,6 @@ class WorkerPass:
                 raise original from exc  # our own message first, the worker's traceback as the cause
             raise
 
-
     def close(self) -> None:
         """End the worker processes (persistent ones stay between passes otherwise); a later pass starts new ones."""
         for batches in {getattr(self.dataloader, "_iterator", None), self.iterator} - {None}:
@@ -142,6 +141,13 @@ def worker_ignores_ctrl_c() -> None:
 
 #: The GIL switch interval of fastdata's DataLoader workers, seconds (Python's default: 0.005).
 WORKER_SWITCH_INTERVAL = 0.0005
+
+
+def prepare_worker() -> None:
+    """What every fastdata DataLoader worker does first (the loaders' `worker_init_fn`): leave Ctrl-C to the main
+    process and hand batches over quickly."""
+    worker_ignores_ctrl_c()
+    worker_hands_over_quickly()
 
 
 def worker_hands_over_quickly() -> None:

@@ -4,18 +4,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from time import monotonic_ns, perf_counter
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from fastdata.formats.records import Label
-from fastdata.image.buffers import BatchBuffers, Slot, new_shared
-from fastdata.image.handover import as_tensor, by_value_if_small
+from fastdata.image.buffers import Slot
+from fastdata.image.handover import fields_by_value, rebuilt
 from fastdata.image.targets.captions import Caption, CaptionBatch
 from fastdata.meter.stages import StageTimes
 
@@ -66,15 +63,7 @@ class Batch:
         slot: fastdata.image.buffers), a small labels tensor by value (fastdata.image.handover; masks stay shared
         memory). Each shared tensor costs the main process a file-descriptor handshake with the worker, which waits
         for the worker's GIL while it makes its next batch (benchmarks/device_handover.py)."""
-        return _rebuild_batch, (self.images, by_value_if_small(self.labels), self.skipped, self.times, self.slot,
-                                self.span, self.metadata)
-
-
-def _rebuild_batch(images: torch.Tensor | list[torch.Tensor], labels: Any, skipped: list[tuple[str, str]],
-                   times: StageTimes, slot: Slot | None, span: tuple[int, int, int] | None,
-                   metadata: list[dict] | None) -> Batch:
-    """`Batch.__reduce__`'s other half."""
-    return Batch(images, as_tensor(labels), skipped, times, slot, span, metadata)
+        return rebuilt, (Batch, fields_by_value(self, shared=("images",)))
 
 
 @dataclass
@@ -108,50 +97,23 @@ class EncodedBatch:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """How a batch crosses from a worker to the main process (DataLoader's queue, torch's pickler): the bytes
-        and the worker's pixels as one shared-memory tensor when they share one storage (`encoded_buffer` makes
-        them so), everything small (offsets, boxes, flips, sizes, flags, small labels) by value
-        (fastdata.image.handover). Each shared tensor costs the main process a file-descriptor handshake with the
-        worker (on the thread that also feeds the GPU), and a batch had eight. Never written to disk (no pickle
-        there)."""
-        shared = _one_storage(self.data, self.pixels)
-        big = (shared,) if shared is not None else (self.data, self.pixels)
-        return _rebuild_encoded, (big, self.data.numel(), tuple(self.pixels.shape), self.offsets.numpy(),
-                                  self.boxes.numpy(), self.flips.numpy(), self.sizes.numpy(),
-                                  by_value_if_small(self.labels),
-                                  self.worker_decoded.numpy(), self.keys, self.skipped, self.times, self.span,
-                                  self.metadata, self.slot)
-
-
-def encoded_buffer(payloads: Sequence[bytes | np.ndarray], pixels: torch.Tensor, buffers: BatchBuffers | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, Slot | None]:
-    """`payloads` (the batch's JPEGs, concatenated in order) and `pixels` (the worker-decoded images) copied into
-    one uint8 storage, each straight to its place, as views, and its slot: what `EncodedBatch` hands over in one
-    piece. In a DataLoader worker the
-    storage is shared memory from the start, a reused slot of `buffers` when one is free (a fresh segment costs
-    its page faults on every batch), so that handing it over copies nothing more (torch's pickler would otherwise
-    copy it into shared memory on the worker's queue thread, holding the worker's GIL, which the main process's
-    handshake for the previous batch then waits for)."""
-    length = sum(len(payload) for payload in payloads)
-    size = length + pixels.numel()
-    if get_worker_info() is None:
-        buffer, slot = torch.empty(size, dtype=torch.uint8), None
-    elif buffers is not None:
-        buffer, slot = buffers.acquire((size,))
-    else:
-        buffer, slot = new_shared((size,)), None
-    flat, at = buffer.numpy(), 0
-    for payload in payloads:  # no joined copy of them all first
-        flat[at:at + len(payload)] = np.frombuffer(payload, np.uint8)
-        at += len(payload)
-    images = buffer[length:size].view(pixels.shape)
-    images.copy_(pixels)
-    return buffer[:length], images, slot
+        and the worker's pixels as one shared-memory tensor when they share one storage
+        (`fastdata.image.device.ship.encoded_buffer` makes them so), the small fields (offsets, boxes, flips,
+        sizes, flags, labels) by value (fastdata.image.handover). Each shared tensor costs the main process a
+        file-descriptor handshake with the worker (on the thread that also feeds the GPU), and a batch had eight.
+        Never written to disk (no pickle there)."""
+        state = fields_by_value(self, shared=("data", "pixels"))
+        whole = _one_storage(self.data, self.pixels)
+        if whole is None:
+            return rebuilt, (EncodedBatch, state)
+        del state["data"], state["pixels"]
+        return _rebuild_encoded, (whole, self.data.numel(), tuple(self.pixels.shape), state)
 
 
 def _one_storage(data: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor | None:
     """The whole storage behind `data` and `pixels` as one flat tensor, when they are its first two consecutive
-    contiguous parts (as `encoded_buffer` makes them; a reused slot may be larger than the batch); None
-    otherwise."""
+    contiguous parts (as `fastdata.image.device.ship.encoded_buffer` makes them; a reused slot may be larger than
+    the batch); None otherwise."""
     storage = data.untyped_storage()
     if (data.dtype != torch.uint8 or pixels.dtype != torch.uint8 or data.storage_offset() != 0
             or not data.is_contiguous() or not pixels.is_contiguous() or pixels.untyped_storage().data_ptr()
@@ -161,21 +123,11 @@ def _one_storage(data: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor | Non
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-def _rebuild_encoded(big: tuple[torch.Tensor, ...], data_size: int, pixels_shape: tuple[int, ...],
-                     offsets: np.ndarray, boxes: np.ndarray, flips: np.ndarray, sizes: np.ndarray, labels: Any,
-                     worker_decoded: np.ndarray,
-                     keys: list[str], skipped: list[tuple[str, str]], times: StageTimes,
-                     span: tuple[int, int, int] | None, metadata: list[dict] | None, slot: Slot | None
-                     ) -> EncodedBatch:
-    """`EncodedBatch.__reduce__`'s other half."""
-    if len(big) == 1:
-        end = data_size + math.prod(pixels_shape)
-        data, pixels = big[0][:data_size], big[0][data_size:end].view(pixels_shape)
-    else:
-        data, pixels = big
-    return EncodedBatch(data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
-                        torch.from_numpy(sizes), as_tensor(labels),
-                        torch.from_numpy(worker_decoded), pixels, keys, skipped, times, span, metadata, slot)
+def _rebuild_encoded(whole: torch.Tensor, data_size: int, pixels_shape: tuple[int, ...],
+                     state: dict[str, Any]) -> EncodedBatch:
+    """`EncodedBatch.__reduce__`'s other half when its bytes and pixels came as one storage."""
+    pixels = whole[data_size:data_size + math.prod(pixels_shape)].view(pixels_shape)
+    return rebuilt(EncodedBatch, {**state, "data": whole[:data_size], "pixels": pixels})
 
 
 def sample_metadata(sample: EncodedSample) -> dict:

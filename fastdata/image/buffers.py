@@ -107,3 +107,15 @@ class BatchBuffers:
         for worker, slot in np.argwhere(flags == LENT).tolist():
             if (self.generation, worker, slot) not in self._held:
                 flags[worker, slot] = FREE
+
+
+def batch_tensor(shape: tuple[int, ...], buffers: BatchBuffers | None, dtype: torch.dtype = torch.uint8
+                 ) -> tuple[torch.Tensor, Slot | None]:
+    """An uninitialised tensor for a batch, and its slot. In a DataLoader worker it is in shared memory from
+    the start, as torch's default_collate does (handing a batch to the main process otherwise copies it into
+    shared memory: about a fifth of a worker's time at 3,000 images/s), in a reused slot of `buffers` if given."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype), None
+    if buffers is not None:
+        return buffers.acquire(shape, dtype)
+    return new_shared(shape, dtype), None

@@ -8,6 +8,7 @@ bytes is cheaper; large tensors (images, masks) stay shared memory.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -29,3 +30,15 @@ def by_value_if_small(value: Any) -> Any:
 def as_tensor(value: Any) -> Any:
     """`by_value_if_small`'s other half: a numpy array back as a tensor; anything else as it is."""
     return torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+
+
+def fields_by_value(batch: Any, shared: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every field of the dataclass `batch`, small tensors by value (`by_value_if_small`), those named in `shared`
+    as they are: the state its `__reduce__` hands to `rebuilt`."""
+    return {field.name: getattr(batch, field.name) if field.name in shared
+            else by_value_if_small(getattr(batch, field.name)) for field in fields(batch)}
+
+
+def rebuilt(cls: type, state: dict[str, Any]) -> Any:
+    """`fields_by_value`'s other half: the dataclass `cls` with its numpy arrays back as tensors."""
+    return cls(**{name: as_tensor(value) for name, value in state.items()})

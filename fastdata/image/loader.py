@@ -35,7 +35,7 @@ from fastdata.order.borrow import borrow
 from fastdata.order.ranks import check_not_empty
 from fastdata.order.samplers import EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
-from fastdata.workers import ClosesWorkers, WorkerPass, worker_hands_over_quickly, worker_ignores_ctrl_c
+from fastdata.workers import ClosesWorkers, WorkerPass, prepare_worker
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,7 @@ class Rolled:
 
 
 def _worker_init(_worker_id: int) -> None:
-    worker_ignores_ctrl_c()
-    worker_hands_over_quickly()
+    prepare_worker()
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
 
 

@@ -16,7 +16,7 @@ from fastdata.errors import ConfigError, CorruptSampleError, UnsupportedJpegErro
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS, Label
 from fastdata.image.augment import apply_crop, check_custom, crop_resize_flip, make_preset, wrap_custom
 from fastdata.image.batch import Batch, EncodedSample
-from fastdata.image.buffers import BatchBuffers, Slot, new_shared
+from fastdata.image.buffers import BatchBuffers, Slot, batch_tensor
 from fastdata.image.decode import decode_rgb
 from fastdata.image.detection_presets import is_detection_preset, make_detection_preset
 from fastdata.image.geometry import reduce_factor
@@ -263,7 +263,7 @@ class SamplePipeline:
             import cv2
 
             floating = self.output.floating
-            tensor, slot = _output_tensor((len(samples), 3, *size), buffers, self.output.batch_dtype)
+            tensor, slot = batch_tensor((len(samples), 3, *size), buffers, self.output.batch_dtype)
             image = self._scratch(size)
             order = (2, 1, 0) if self.bgr else (0, 1, 2)
             if floating:  # uint8 planes of one image, then normalised into its row of the batch
@@ -328,18 +328,6 @@ def pad_around(canvas: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return canvas[:height, :width]
 
 
-def _output_tensor(shape: tuple[int, ...], buffers: BatchBuffers | None, dtype: torch.dtype = torch.uint8
-                   ) -> tuple[torch.Tensor, Slot | None]:
-    """An uninitialised tensor for a batch, and its slot. In a DataLoader worker it is in shared memory from
-    the start, as torch's default_collate does (handing a batch to the main process otherwise copies it into
-    shared memory: about a fifth of a worker's time at 3,000 images/s), in a reused slot of `buffers` if given."""
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype), None
-    if buffers is not None:
-        return buffers.acquire(shape, dtype)
-    return new_shared(shape, dtype), None
-
-
 def as_chw(result: Any, where: str) -> torch.Tensor:
     """A custom transform's result as a CHW tensor of its own dtype: a tensor is CHW already (torchvision's and
     albumentations' ToTensorV2 convention; a 2-D one is one channel), an array or PIL image is HWC (numpy's,
@@ -378,6 +366,6 @@ def _stack(images: list[torch.Tensor], samples: list[EncodedSample], source: str
                 f"{source}: cannot batch sample {sample.key!r} ({image.dtype}, C x H x W {tuple(image.shape)}) "
                 f"with ({first.dtype}, {tuple(first.shape)}): images in a batch must have one size and dtype; use "
                 "augment='train'/'val' (or a transform that ends in a fixed-size crop or resize)")
-    tensor, slot = _output_tensor((len(images), *first.shape), buffers, first.dtype)
+    tensor, slot = batch_tensor((len(images), *first.shape), buffers, first.dtype)
     torch.stack(images, out=tensor)
     return tensor, slot

@@ -18,7 +18,7 @@ from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks
 from fastdata.text.dataset import TextBatches, TextDataset, unpack_batches
-from fastdata.workers import ClosesWorkers, WorkerPass, worker_hands_over_quickly, worker_ignores_ctrl_c
+from fastdata.workers import ClosesWorkers, WorkerPass, prepare_worker
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_MAX_LENGTH = 1024
@@ -27,8 +27,7 @@ MAX_GROUP = 16
 
 
 def _worker_init(_worker_id: int) -> None:
-    worker_ignores_ctrl_c()
-    worker_hands_over_quickly()
+    prepare_worker()
 
 
 class GroupedBatches:

@@ -104,7 +104,7 @@ def test_a_batch_arrives_whole_from_another_process(packed, kind):
 
 def pack_encoded_subset(batch: EncodedBatch, rows: np.ndarray) -> EncodedBatch:
     """The batch's rows `rows` only (all shipped bytes, or all worker pixels), packed as a worker packs them."""
-    from fastdata.image.batch import encoded_buffer
+    from fastdata.image.device.ship import encoded_buffer
 
     index = np.flatnonzero(rows)
     offsets = batch.offsets.numpy()

@@ -15,6 +15,7 @@ not touched before the workers fork.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,8 @@ import torch
 
 from fastdata.errors import ConfigError, UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
-from fastdata.image.batch import EncodedBatch, EncodedSample, encoded_buffer
+from fastdata.image.batch import EncodedBatch, EncodedSample
+from fastdata.image.buffers import BatchBuffers, Slot, batch_tensor
 from fastdata.image.geometry import CropParams, pixel_box
 from fastdata.image.jpeg.header import gpu_kind, read_frame
 from fastdata.image.jpeg.region import Region
@@ -32,7 +34,6 @@ from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng
 
 if TYPE_CHECKING:
-    from fastdata.image.buffers import BatchBuffers
     from fastdata.image.pipeline import SamplePipeline
 
 DECODE_MODES = ("auto", "worker", "device")
@@ -104,6 +105,27 @@ def ship_sub_jpeg(sample: EncodedSample, params: CropParams) -> Shipped | None:
     sub = sub_jpeg_for(sample.data, index, Region(8, x0, y0, x1 - x0, y1 - y0))
     box = (params.left - sub.left, params.top - sub.top, params.width, params.height)
     return sub.data, box, (sub.width, sub.height)
+
+
+def encoded_buffer(payloads: Sequence[bytes | np.ndarray], pixels: torch.Tensor, buffers: BatchBuffers | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, Slot | None]:
+    """`payloads` (the batch's JPEGs, concatenated in order) and `pixels` (the worker-decoded images) copied into
+    one uint8 storage, each straight to its place, as views, and its slot: what `EncodedBatch` hands over in one
+    piece. In a DataLoader worker the
+    storage is shared memory from the start, a reused slot of `buffers` when one is free (a fresh segment costs
+    its page faults on every batch), so that handing it over copies nothing more (torch's pickler would otherwise
+    copy it into shared memory on the worker's queue thread, holding the worker's GIL, which the main process's
+    handshake for the previous batch then waits for)."""
+    length = sum(len(payload) for payload in payloads)
+    size = length + pixels.numel()
+    buffer, slot = batch_tensor((size,), buffers)
+    flat, at = buffer.numpy(), 0
+    for payload in payloads:  # no joined copy of them all first
+        flat[at:at + len(payload)] = np.frombuffer(payload, np.uint8)
+        at += len(payload)
+    images = buffer[length:size].view(pixels.shape)
+    images.copy_(pixels)
+    return buffer[:length], images, slot
 
 
 def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: int,

@@ -21,7 +21,7 @@ from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import Label
 from fastdata.formats.targets import DetectionRecord, decode_detection
 from fastdata.image.detection_presets import Placement, scale_area
-from fastdata.image.handover import as_tensor, by_value_if_small
+from fastdata.image.handover import fields_by_value, rebuilt
 from fastdata.image.targets.boxes import map_boxes, map_masks, nonempty
 from fastdata.image.targets.labels import LabelCodec
 
@@ -98,11 +98,6 @@ def _of_record(record: DetectionRecord) -> DetectionTarget:
 _TENSORS = ("boxes", "labels", "iscrowd", "area", "annotation_ids", "image_ids", "counts", "masks")
 
 
-def _rebuild_detection(*values: Any) -> DetectionBatch:
-    """`DetectionBatch.__reduce__`'s other half."""
-    return DetectionBatch(*(as_tensor(value) for value in values))
-
-
 @dataclass
 class DetectionBatch:
     """The targets of a batch, in the batch's order, as a few concatenated tensors (one pickle and one pin per
@@ -132,7 +127,7 @@ class DetectionBatch:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """From a worker to the main process: each small field by value, masks as shared memory
         (fastdata.image.handover: each shared tensor costs the main process a handshake with the worker)."""
-        return _rebuild_detection, tuple(by_value_if_small(getattr(self, name)) for name in _TENSORS)
+        return rebuilt, (DetectionBatch, fields_by_value(self))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> DetectionBatch:
         return self._apply(lambda tensor: tensor.to(device, non_blocking=non_blocking))
