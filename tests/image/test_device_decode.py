@@ -180,6 +180,25 @@ def test_oversized_images_are_refused_before_decoding(photos):
     assert len(made.images) == len(made.labels) == 0 and len(made.skipped) == 3
 
 
+def test_a_decoded_image_smaller_than_its_stored_size_has_its_crop_scaled_to_it(photos):
+    """The stage trusts the decoded pixels over the stored size: where a record says twice the size its JPEG
+    decodes to (boxes drawn in that frame), each crop is scaled onto the decoded pixels and the batch is the one
+    the true sizes give."""
+    from dataclasses import replace
+
+    ds = fastdata.dataset(photos[0], "train", image_size=32)
+    true = pack_encoded(ds.pipeline, [ds.encoded(i) for i in jpeg_and_other_rows(photos[0])[0][:4]], 0)
+    halved = np.flatnonzero(~true.worker_decoded.numpy())[::2]  # every other JPEG: stored size said twice
+    sizes, boxes = true.sizes.clone(), true.boxes.clone()
+    sizes[halved] *= 2
+    boxes[halved] *= 2  # powers of two: the scaled boxes are exactly the true ones
+    claimed = replace(true, sizes=sizes, boxes=boxes)
+    expected, got = device_stage()(true), device_stage()(claimed)
+    assert len(halved) and torch.equal(got.labels, expected.labels) and torch.equal(got.images, expected.images)
+    stage = device_stage(regions=False)  # without a decoder that takes regions the same holds
+    assert torch.equal(stage(claimed).images, expected.images)
+
+
 # ----------------------------------------------------------------------------------------------------
 # decoder failures: the stage given a decoder (the BatchDecoder protocol) that fails on purpose
 

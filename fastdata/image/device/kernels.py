@@ -108,6 +108,8 @@ def _passes(covered: np.ndarray, bytes_per_pixel: int) -> list[tuple[int, int]]:
     """Consecutive runs of images whose padded crops (widest x tallest of the run) fit in MAX_BLOCK_BYTES; one run
     for any batch of ordinary photos."""
     widths, heights = covered[:, 2] - covered[:, 0], covered[:, 3] - covered[:, 1]
+    if len(covered) * int(widths.max()) * int(heights.max()) * bytes_per_pixel <= MAX_BLOCK_BYTES:
+        return [(0, len(covered))]  # the whole batch fits, so every run of it does
     runs, first, width, height = [], 0, 0, 0
     for i in range(len(covered)):
         width, height = max(width, int(widths[i])), max(height, int(heights[i]))

@@ -111,7 +111,7 @@ class DeviceStage:
         skipped: list[tuple[str, str]] = []
         from_worker = batch.worker_decoded.numpy()
         self.policy.fallbacks += int(from_worker.sum())
-        device_rows = self._within_limits(batch, np.flatnonzero(~from_worker).tolist(), skipped)
+        device_rows = self._within_limits(batch, np.flatnonzero(~from_worker), skipped)
         decode_started = perf_counter()
         images, boxes, shapes, flips, decoded_rows = self._decode(batch, device_rows, skipped)
         lease = self.decoder.batch_decoded() if hasattr(self.decoder, "batch_decoded") else None
@@ -126,18 +126,19 @@ class DeviceStage:
         buffers are handed back to it once the crop that reads them is queued."""
         started = perf_counter()
         batch, from_worker, decoded_rows = decoded.batch, decoded.from_worker, decoded.rows
-        decoded_set = set(decoded_rows)
-        keep = [i for i in range(len(batch)) if from_worker[i] or i in decoded_set]
+        kept = from_worker.copy()
+        kept[decoded_rows] = True
+        keep = np.flatnonzero(kept).tolist()
         if out is None:
             out = self.new_output(len(keep))
         out = out[:len(keep)]
-        position = {row: p for p, row in enumerate(keep)}
+        position = np.cumsum(kept) - 1  # each kept row's row in `out`
         if decoded.images:
             resized = crop_resize_flip(decoded.images, decoded.crops, self.image_size)
-            self._write(out, [position[row] for row in decoded_rows], resized.round_().clamp_(0, 255), rounded=True)
+            self._write(out, position[decoded_rows].tolist(), resized.round_().clamp_(0, 255), rounded=True)
         if decoded.lease is not None:
             self.decoder.release(decoded.lease)
-        worker_rows = [position[i] for i in np.flatnonzero(from_worker).tolist()]
+        worker_rows = position[from_worker].tolist()
         if worker_rows:  # every worker-decoded sample is kept: its pixels are the next row of `pixels`
             self._write(out, worker_rows, to_device(batch.pixels, self.device), rounded=False)
         labels = batch.labels if len(keep) == len(batch) else batch.labels[keep]
@@ -148,64 +149,58 @@ class DeviceStage:
         metadata = None if batch.metadata is None else [batch.metadata[i] for i in keep]
         return DeviceBatch(out, labels, decoded.skipped, decoded.seconds + ended - started, metadata)
 
-    def _within_limits(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]) -> list[int]:
+    def _within_limits(self, batch: EncodedBatch, rows: np.ndarray, skipped: list[tuple[str, str]]) -> np.ndarray:
         """The rows whose stored size is within the pixel limit; the others follow on_error."""
-        sizes = batch.sizes.numpy()
-        within = []
-        for i in rows:
-            width, height = (int(v) for v in sizes[i])
-            if width * height > self.max_pixels:
-                self.policy.damaged(batch.keys[i], f"refused: {width}x{height} pixels exceeds the limit of "
-                                                   f"{self.max_pixels:,}", skipped)
-            else:
-                within.append(i)
-        return within
+        sizes = batch.sizes.numpy()[rows]
+        over = sizes[:, 0] * sizes[:, 1] > self.max_pixels
+        for row, (width, height) in zip(rows[over].tolist(), sizes[over].tolist(), strict=True):
+            self.policy.damaged(batch.keys[row], f"refused: {width}x{height} pixels exceeds the limit of "
+                                                 f"{self.max_pixels:,}", skipped)
+        return rows[~over]
 
-    def _decode(self, batch: EncodedBatch, rows: list[int], skipped: list[tuple[str, str]]
+    def _decode(self, batch: EncodedBatch, rows: np.ndarray, skipped: list[tuple[str, str]]
                 ) -> tuple[list[torch.Tensor], np.ndarray, np.ndarray, np.ndarray, list[int]]:
         """The JPEGs of `rows` decoded on the device (CPU-decoded where the device decoder could not), with each
-        one's crop box in its decoded pixels, its decoded (height, width) and flip, and the rows decoded."""
-        if not rows:
+        one's crop box in its decoded pixels, its decoded (height, width) and flip, and the rows decoded. Per-image
+        Python is kept to what the decoder's API needs (the feeder shares the GIL with the training thread)."""
+        if not len(rows):
             return [], np.zeros((0, 4)), np.zeros((0, 2), np.int64), np.zeros(0, bool), []
         assert self.decoder is not None, "the feeder sets the decoder before the first batch"
         data, offsets = batch.data.numpy(), batch.offsets.numpy()
-        payloads = [data[offsets[i]:offsets[i + 1]] for i in rows]
-        boxes = batch.boxes.numpy()[rows].copy()
-        stored = batch.sizes.numpy()[rows][:, ::-1]  # (height, width)
+        payloads = [data[start:end] for start, end in zip(offsets[rows].tolist(), offsets[rows + 1].tolist(),
+                                                          strict=True)]
+        row_list = rows.tolist()
+        boxes = batch.boxes.numpy()[rows]  # a copy (an index array)
+        stored = batch.sizes.numpy()[rows][:, ::-1].copy()  # (height, width)
         regions = None
         if self.regions and self.decoder.regions:
             covered = cover(boxes, stored)
-            regions = [tuple(int(v) for v in box) for box in covered]
+            regions = [tuple(box) for box in covered.tolist()]
             whole_boxes, whole_stored = boxes.copy(), stored.copy()
             boxes[:, :2] -= covered[:, :2]
             stored = np.stack([covered[:, 3] - covered[:, 1], covered[:, 2] - covered[:, 0]], axis=1)
-        decoded = self._decode_call(batch, rows, payloads, regions)
+        decoded = self._decode_call(batch, row_list, payloads, regions)
         if regions is not None and any(image is None for image in decoded):
             # the decoder could not decode these by region: whole, on the device, before the CPU
             again = [n for n, image in enumerate(decoded) if image is None]
-            for n, image in zip(again, self._decode_call(batch, [rows[n] for n in again],
+            for n, image in zip(again, self._decode_call(batch, [row_list[n] for n in again],
                                                          [payloads[n] for n in again], None), strict=True):
                 if image is not None:
                     decoded[n], boxes[n], stored[n] = image, whole_boxes[n], whole_stored[n]
-                    self.policy.whole_instead(batch.keys[rows[n]], self.decoder.name)
-        images, kept, shapes, box_rows = [], [], [], []
-        for n, (row, image) in enumerate(zip(rows, decoded, strict=True)):
-            box = boxes[n]
-            if image is None:
-                image, box = self._on_the_cpu(batch, row, payloads[n], skipped)
-                if image is None:
-                    continue
-            height, width = image.shape[-2:]
-            expected_h, expected_w = stored[n] if image is decoded[n] else (height, width)
-            if (height, width) != (expected_h, expected_w):  # stored smaller than its header said
-                box = box * np.array([width / expected_w, height / expected_h] * 2)
-            images.append(image)
-            kept.append(row)
-            shapes.append((height, width))
-            box_rows.append(box)
-        flips = batch.flips.numpy()[kept]
-        return (images, np.array(box_rows, np.float64).reshape(-1, 4), np.array(shapes, np.int64).reshape(-1, 2),
-                flips, kept)
+                    self.policy.whole_instead(batch.keys[row_list[n]], self.decoder.name)
+        for n in [n for n, image in enumerate(decoded) if image is None]:
+            image, box = self._on_the_cpu(batch, row_list[n], payloads[n], skipped)
+            if image is not None:  # the whole payload, decoded as it is: its box is the shipped one
+                decoded[n], boxes[n], stored[n] = image, box, image.shape[-2:]
+        kept = [n for n, image in enumerate(decoded) if image is not None]
+        images = [decoded[n] for n in kept]
+        shapes = np.array([image.shape[-2:] for image in images], np.int64).reshape(-1, 2)
+        boxes, stored = boxes[kept], stored[kept]
+        differs = (shapes != stored).any(axis=1)
+        if differs.any():  # stored smaller than its header said: the box scaled to the decoded pixels
+            boxes[differs] *= np.tile(shapes[differs, ::-1] / stored[differs, ::-1], 2)
+        kept_rows = rows[kept]
+        return images, boxes.astype(np.float64), shapes, batch.flips.numpy()[kept_rows], kept_rows.tolist()
 
     def _decode_call(self, batch: EncodedBatch, rows: list[int], payloads: list[np.ndarray],
                      regions: list[tuple[int, ...]] | None) -> list[torch.Tensor | None]:
