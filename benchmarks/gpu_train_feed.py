@@ -108,7 +108,8 @@ def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4)
     """Images/s of `step` fed by the loader `make()` makes, over `epochs` whole epochs after one warm-up epoch;
     the same without the first `settle` batches of each epoch (the steady state, from CUDA events recorded after
     each step: no synchronisation in the loop); the host cores the process and its workers used meanwhile (the
-    training thread included); and, on the device path, the feeder's host milliseconds per batch by part."""
+    training thread included); and, on the device path, the feeder's host milliseconds per batch by part, with
+    its waits for the workers and the training thread's waits for it (which of the two is short of batches)."""
     loader = make()
     try:
         for images, labels in loader:  # warm-up: workers, decoder, cuDNN's choice for this shape
@@ -137,7 +138,7 @@ def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4)
         if stage is not None:
             batches = stage.timings["batches"] - before["batches"]
             measured.update({f"feeder_{part}_ms": 1000 * (stage.timings[part] - before[part]) / batches
-                             for part in ("decode", "resize", "other")})
+                             for part in ("decode", "resize", "other", "workers", "starved")})
     finally:
         if hasattr(loader, "close_feeder"):
             loader.close_feeder()
@@ -291,7 +292,9 @@ def main() -> None:
                 measured = feed(step, makers[name], args.epochs)
                 rows[name].append(measured)
                 feeder = (f"; feeder ms/batch: decode {measured['feeder_decode_ms']:.1f}, resize "
-                          f"{measured['feeder_resize_ms']:.1f}, other {measured['feeder_other_ms']:.1f}"
+                          f"{measured['feeder_resize_ms']:.1f}, other {measured['feeder_other_ms']:.1f}, waiting "
+                          f"for the workers {measured['feeder_workers_ms']:.1f}; the training thread waited "
+                          f"{measured['feeder_starved_ms']:.1f} ms/batch for the feeder"
                           if "feeder_decode_ms" in measured else "")
                 say(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s (steady "
                     f"{measured['steady_images_per_s']:,.0f}), {measured['cores']:.1f} cores{feeder}")

@@ -87,6 +87,33 @@ def test_the_decode_of_the_next_batch_runs_while_the_step_on_this_one_runs(jpeg_
         assert decode[0] < step[1] and step[0] < decode[1], (n, decode, step)
 
 
+@pytest.mark.parametrize("decode_ahead", [False, True])
+def test_the_feeder_times_its_waits_for_the_workers_and_the_training_threads_waits_for_it(jpeg_photos,
+                                                                                        decode_ahead):
+    """timings["workers"]: the feeder's waits for the workers' next batch (here each takes at least 30 ms);
+    timings["starved"]: the training thread's waits for a finished batch, never more than the pass lasted."""
+    count, delay = 4, 0.03
+    stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
+    ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
+    batches = packed_batches(jpeg_photos[0], count)
+
+    def slow_workers(key):
+        for batch in batches:
+            time.sleep(delay)
+            yield batch
+
+    started = time.perf_counter()
+    feeder = DeviceFeeder(stage, ring, strong(slow_workers), PassKey(0), follow=lambda key: None,
+                          decode_ahead=decode_ahead)
+    try:
+        assert len(list(feeder.batches(PassKey(0)))) == count
+        lasted = time.perf_counter() - started
+    finally:
+        feeder.close()
+    assert stage.timings["workers"] >= count * delay
+    assert 0 < stage.timings["starved"] <= lasted
+
+
 def test_slots_keep_their_address_unless_their_batch_is_kept(jpeg_photos):
     """Batches dropped by the loop come back in the same slots (fixed addresses: CUDA-graph friendly); a batch the
     user keeps is never written again: its slot gets a new tensor."""

@@ -24,6 +24,7 @@ import functools
 import queue
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,8 +88,11 @@ class DeviceFeeder:
         """The training thread's side: pass `key`'s batches, each taken from its slot (its stream waits for it)."""
         if not self._upcoming or self._upcoming[0] != key:
             raise RuntimeError(f"this feeder does not deliver pass {key} next")
+        timings = self.stage.timings
         while True:
+            started = time.perf_counter()
             kind, _, payload = self._get()
+            timings["starved"] += time.perf_counter() - started
             if kind == _ERROR:
                 self._upcoming.clear()
                 raise payload
@@ -134,7 +138,7 @@ class DeviceFeeder:
         open_pass = self._open_pass()
         if open_pass is None:  # the loader is gone
             return False
-        batches = open_pass(key)
+        batches = _timed(open_pass(key), self.stage.timings)
         del open_pass
         decoded = self._decoded_ahead(batches) if self.decode_ahead else map(self.stage.decode, batches)
         for one in decoded:
@@ -201,6 +205,26 @@ class DeviceFeeder:
             self._thread.join(timeout=0.1)
         self._upcoming.clear()
         atexit.unregister(self._closer)
+
+
+def _timed(batches: Iterator[T], timings: dict[str, float]) -> Iterator[T]:
+    """`batches`, adding the seconds each `next` waited (for the workers) to `timings["workers"]`; closes
+    `batches` when closed itself."""
+    iterator = iter(batches)
+    try:
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                timings["workers"] += time.perf_counter() - started
+            yield batch
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
 
 
 def _block_ctrl_c() -> None:

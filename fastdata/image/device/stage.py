@@ -89,9 +89,11 @@ class DeviceStage:
         self.regions = regions
         self.policy = policy or DevicePolicy(source, str(self.device), on_error)
         # host seconds by part, summed over batches (benchmarks/gpu_train_feed.py prints them): the decoder's
-        # calls (and any CPU decode), the batched crop-resize-flip with its normalisation, the rest; each part is
-        # written by one thread only (`decode` and `finish` may run on two)
-        self.timings = {"decode": 0.0, "resize": 0.0, "other": 0.0, "batches": 0}
+        # calls (and any CPU decode), the batched crop-resize-flip with its normalisation, the rest; and, written
+        # by the feeder (fastdata.image.device.feeder), the seconds it waited for the workers' next batch
+        # ("workers") and those the training thread waited for a finished batch ("starved"). Each part is
+        # written by one thread only (`decode` and `finish` may run on two).
+        self.timings = {"decode": 0.0, "resize": 0.0, "other": 0.0, "workers": 0.0, "starved": 0.0, "batches": 0}
 
     def new_output(self, rows: int) -> torch.Tensor:
         """An output tensor for `rows` images in this stage's dtype and memory format."""
