@@ -10,8 +10,9 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
 - torchvision ImageFolder + DataLoader (RandomResizedCrop + flip + PILToTensor, every core as workers, persistent,
   pinned), normalised to bf16 channels_last on the GPU;
 - fastdata decode="worker", fastdata decode="device", fastdata's defaults (device="cuda": `decode="auto"` takes
-  what `fastdata tune --device cuda` measured, which this script runs first, as a user would), and the defaults
-  with num_workers=4.
+  what `fastdata tune --device cuda --step MODEL` measured, which this script runs before each model's loops, as
+  a user would with their model; `--tune-budget` is shared between the models), and the defaults with
+  num_workers=4.
 
 Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
 per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
@@ -242,14 +243,18 @@ def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
             "spread": max(rates) - min(rates), "not_decoded": failed}
 
 
-def tune_for_defaults(lmdb: Path, budget_s: float) -> dict:
-    """`fastdata tune --device cuda` for the defaults' options, as a user runs it once per dataset and machine."""
+def tune_for_defaults(lmdb: Path, budget_s: float, model: str) -> dict:
+    """`fastdata tune --device cuda --step MODEL` for the defaults' options, as a user runs it once per dataset,
+    machine and model (tune's advice: give it your step). With the model's step the device path is measured
+    sharing the GPU (and the training process) with training, as it will run; without one (`--step none`, the
+    run of 2026-12-04) tune measured the loaders alone and chose the device path for ResNet-18, which then fed
+    the loop slower than decoding in the workers."""
     from fastdata.tools.tune import TuneConfig, run_tune
 
     started = time.perf_counter()
     result = run_tune(lmdb, TuneConfig(batch_size=BATCH, augment="train", dtype=torch.bfloat16, device="cuda",
-                                       budget_s=budget_s, window_s=1.5))
-    return {"seconds": time.perf_counter() - started, "decode": result.entry.choice.decode,
+                                       step=model, budget_s=budget_s, window_s=1.5))
+    return {"seconds": time.perf_counter() - started, "step": model, "decode": result.entry.choice.decode,
             "num_workers": result.entry.choice.num_workers,
             "by_decode": {k: round(v.images_per_s) for k, v in result.entry.by_decode.items()}}
 
@@ -279,10 +284,13 @@ def main() -> None:
     say("decode only:", results["decode_only"])
     results["decode_only_baseline"] = decode_only(baseline)
     say("decode only, baseline layout:", results["decode_only_baseline"])
-    results["tune"] = tune_for_defaults(lmdb, args.tune_budget)
-    say("tune:", results["tune"])
     makers = contenders(src, lmdb, baseline, args.workers)
-    for model in args.models.split(","):
+    models = args.models.split(",")
+    results["tune"] = {}
+    for model in models:
+        # the defaults' loaders read what this stored (tune.json beside the dataset), made when each is built
+        results["tune"][model] = tune_for_defaults(lmdb, args.tune_budget / len(models), model)
+        say(f"tune, step {model}:", results["tune"][model])
         step = Step(model)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in makers}
         top = ceiling(step)
@@ -330,8 +338,9 @@ def print_table(results: dict, models: list[str]) -> None:
     report.table(f"{machine}: training loops fed by each loader, medians of alternating repeats (spread: max - min)",
                  ["model", "loader", "img/s, whole epochs (median)", "spread", "of ceiling", "steady state",
                   "of ceiling", "host cores"], rows, align="llrrrrrr",
-                 notes=[f"fastdata tune --device cuda: {results['tune']['seconds']:.0f} s, chose decode="
-                        f"{results['tune']['decode']!r} ({results['tune']['by_decode']})"])
+                 notes=[f"fastdata tune --device cuda --step {model}: {tune['seconds']:.0f} s, chose decode="
+                        f"{tune['decode']!r}, num_workers={tune['num_workers']} ({tune['by_decode']})"
+                        for model, tune in results["tune"].items()])
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--images", "256", "--repeats", "1", "--out", "/tmp/gpu-data"), needs=("cuda",), timeout=145),
     Benchmark("gpu_train_feed", "device", "ResNet-18 / ResNet-50 training loops fed by ImageFolder, decode='worker' "
               "and the device path, against a loop on batches already on the GPU",
-              ("--images", "6144", "--repeats", "2", "--tune-budget", "25", "--out", "/tmp/gpu-data"),
+              ("--images", "6144", "--repeats", "2", "--tune-budget", "30", "--out", "/tmp/gpu-data"),
               ("--images", "512", "--repeats", "1", "--models", "resnet18", "--tune-budget", "5", "--out",
                "/tmp/gpu-data"), needs=("cuda",), timeout=360),
     # memory
