@@ -375,11 +375,26 @@ def run_tune(path: str | os.PathLike[str], config: TuneConfig, tune_dir: str | o
                       measured=[m.as_choice() for m in found.points()], step=step.name, budget_s=config.budget_s,
                       seconds=round(found.seconds, 2), created=now_utc())
     notes: list[str] = []
+    unseen = placement_note(decodes, step.name)
+    if unseen is not None:
+        notes.append(unseen)
     if config.device is None and _cuda_available():
         notes.append("CUDA is available: for a loader given device='cuda', tune with --device cuda (decoding on the "
                      "GPU is measured too)")
     stored = _store(entry, root, tune_dir, notes)
     return TuneResult(found, entry, stored, notes)
+
+
+def placement_note(decodes: tuple[str, ...], step: str) -> str | None:
+    """What a comparison of decode placements without a model step cannot see (None: nothing): the device path's
+    decoding and resizing share the GPU and the training process with the step, where decoding in the workers
+    does not (on an H200, tune without a step chose the device path for ResNet-18, and the defaults then fed its
+    loop at 3,816 images/s against 4,166 decoding in the workers: benchmarks/README.md, "GPU decode")."""
+    if len(decodes) < 2 or not (step == "none" or step == "to-device" or step.endswith("ms")):
+        return None
+    return ("decode: the placements were measured without a model step; the device path shares the GPU and the "
+            "training process with the step, which this does not see: tune again with your model as the step "
+            "(e.g. --step resnet50) before trusting decode=\"device\" by a small margin")
 
 
 def _cuda_available() -> bool:

@@ -17,7 +17,7 @@ import fastdata
 from fastdata.config import available_cores
 from fastdata.errors import ConfigError
 from fastdata.loader.tuning import TUNE_FILE, default_workers
-from fastdata.tools.tune import Measured, Point, TuneConfig, ladder, measure_point, run_tune, search
+from fastdata.tools.tune import Measured, Point, TuneConfig, ladder, measure_point, placement_note, run_tune, search
 from fastdata.tools.tune_steps import parse_step
 from fastdata.tools.verify import verify
 
@@ -292,3 +292,12 @@ def test_webdataset_shards_are_tuned_and_reused_too(tiny, tmp_path):
     loader = fastdata.loader(shards, num_workers="auto", **TINY)
     assert (loader.num_workers, loader.tuned.source) == (2, str(shards / TUNE_FILE))
     assert verify(shards).ok, str(verify(shards))
+
+
+def test_placements_compared_without_a_model_step_say_what_they_cannot_see():
+    both = ("worker", "device")
+    for step in ("none", "to-device", "50ms"):
+        note = placement_note(both, parse_step(step).name)
+        assert note is not None and "--step resnet50" in note and "shares the GPU" in note
+    assert placement_note(both, "resnet18") is None  # a real step: the device path measured as it will run
+    assert placement_note(("worker",), "none") is None  # one placement: nothing compared
