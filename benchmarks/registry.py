@@ -85,6 +85,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("device_handover", "read", "the main process taking a device-path batch from a worker: one shared "
               "piece vs a shared tensor per field, the worker waiting or busy", ("--images", "3000"),
               ("--images", "60", "--batch-size", "16", "--batches", "3", "--repeats", "1")),
+    Benchmark("feeder_gil", "read", "the training thread's time per batch alone and beside the device path's "
+              "feeder thread (they share the GIL), Python's switch interval and 0.5 ms", (),
+              ("--steps", "10", "--batch-size", "16", "--repeats", "1")),
     Benchmark("autotune", "read", "fastdata tune (its time, its choice) vs the full grid of workers x prefetch",
               ("--images", "3000", "--step", "none", "--budget", "60"),
               ("--images", "60", "--budget", "5", "--window", "0.5", "--confirm", "1", "--max-workers", "1")),
