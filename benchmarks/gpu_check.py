@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report
 from common import arguments
 
+from fastdata.image.device.decoders import decode_now  # each call's buffers handed back, as the feeder does
+
 BATCH = 256
 
 
@@ -72,7 +74,7 @@ def configurations() -> dict[str, object]:
 def agreement(decoder: object, payloads: list[np.ndarray], n: int = 256) -> dict[str, float]:
     from PIL import Image
 
-    images = decoder.decode(payloads[:n])
+    images = decode_now(decoder, payloads[:n])
     diffs, failed = [], 0
     for payload, image in zip(payloads[:n], images, strict=True):
         if image is None:
@@ -88,7 +90,7 @@ def rate(decoder: object, payloads: list[np.ndarray], regions: list | None) -> t
     torch.cuda.synchronize()
     started, failed = time.perf_counter(), 0
     for i in range(0, len(payloads), BATCH):
-        images = decoder.decode(payloads[i:i + BATCH], None if regions is None else regions[i:i + BATCH])
+        images = decode_now(decoder, payloads[i:i + BATCH], None if regions is None else regions[i:i + BATCH])
         failed += sum(image is None for image in images)
     torch.cuda.synchronize()
     return len(payloads) / (time.perf_counter() - started), failed
@@ -107,7 +109,7 @@ def main() -> None:
     results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "jpegs": len(payloads),
                      "date": time.strftime("%Y-%m-%d"), "rows": {}}
     for name, decoder in decoders.items():
-        decoder.decode(payloads[:BATCH])  # warm-up
+        decode_now(decoder, payloads[:BATCH])  # warm-up
         results["rows"][name] = {"pixels": agreement(decoder, payloads), "whole": [], "regions": []}
     for repeat in range(args.repeats):
         order = list(decoders) if repeat % 2 == 0 else list(reversed(decoders))
@@ -152,7 +154,7 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
     decoders = {}
     for options in (DeviceDecode(), DeviceDecode(backends=("hardware",))):
         decoder = NvImageCodecDecoder(cuda, options)
-        decoder.decode(payloads[:BATCH])  # warm-up
+        decode_now(decoder, payloads[:BATCH])  # warm-up
         decoders[decoder.name] = decoder
     runs: dict[str, list[tuple[float, int]]] = {name: [] for name in decoders}
     for repeat in range(repeats):

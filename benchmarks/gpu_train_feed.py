@@ -219,7 +219,7 @@ def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]
 def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
     """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset
     (whole files, as the loader ships them by default), 256 per batched call."""
-    from fastdata.image.device.decoders import make_decoder
+    from fastdata.image.device.decoders import decode_now, make_decoder
     from fastdata.image.device.options import DeviceDecode
 
     decoder = make_decoder(torch.device("cuda"), DeviceDecode())
@@ -227,14 +227,14 @@ def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
     use_regions = DeviceDecode().regions and decoder.regions  # as the loader asks
     batches = [(payloads[i:i + BATCH], regions[i:i + BATCH] if use_regions else None)
                for i in range(0, len(payloads), BATCH)]
-    decoder.decode(*batches[0])
+    decode_now(decoder, *batches[0])
     rates, failed = [], 0
     for _ in range(repeats):
         torch.cuda.synchronize()
         started = time.perf_counter()
         failed = 0
         for chunk, chunk_regions in batches:
-            images = decoder.decode(chunk, chunk_regions)
+            images = decode_now(decoder, chunk, chunk_regions)
             failed += sum(image is None for image in images)
         torch.cuda.synchronize()
         rates.append(len(payloads) / (time.perf_counter() - started))

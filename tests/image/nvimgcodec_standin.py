@@ -83,12 +83,14 @@ class Decoder:
                  options: str = "") -> None:
         self.device_id, self.max_num_cpu_threads, self.backends = device_id, max_num_cpu_threads, backends
         self.calls: list[int] = []
+        self.given: list[int] = []  # per call, how many Images were passed back to decode into (`images=`)
         self.rejects = lambda data: False
         Decoder.created.append(self)
 
     def decode(self, srcs: list[CodeStream], *, images: list[Image] | None = None,
                params: DecodeParams | None = None, cuda_stream: int = 0) -> list[Image | None]:
         self.calls.append(len(srcs))
+        self.given.append(len(images or []))
         return [self._one(src, params) for src in srcs]
 
     def _one(self, src: CodeStream, params: DecodeParams | None) -> Image | None:

@@ -12,7 +12,7 @@ import torch
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.image.device.decoders import TorchvisionDecoder, make_decoder
+from fastdata.image.device.decoders import TorchvisionDecoder, decode_now, make_decoder
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
@@ -104,3 +104,21 @@ def test_a_jpeg_the_library_cannot_decode_by_region_is_decoded_whole_on_the_devi
     expected = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))(packed[0])
     assert stage.policy.whole == 6 and stage.policy.rejected == 0 and made_by.calls[:2] == [6, 6]
     assert (made.images.int() - expected.images.int()).abs().max() <= 1
+
+
+def test_decode_now_hands_the_buffers_back_for_the_next_call(standin, packed):
+    """A caller done with each call's images (a probe, a decode-only benchmark) gets the decoder's buffers reused
+    by its next call; plain `decode` calls without the feeder's hand-back never reuse them (they would pile up)."""
+    batch = packed[0]
+    payloads = [batch.data[batch.offsets[i]:batch.offsets[i + 1]].numpy() for i in range(len(batch))]
+    library = standin(torch.device("cpu"), DeviceDecode())
+    made = nvimgcodec_standin.Decoder.created[-1]
+    first = decode_now(library, payloads)
+    second = decode_now(library, payloads)
+    assert made.given == [0, len(payloads)]
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    plain = standin(torch.device("cpu"), DeviceDecode())
+    for _ in range(3):
+        plain.decode(payloads)
+    assert nvimgcodec_standin.Decoder.created[-1].given == [0, 0, 0]
+    assert decode_now(TorchvisionDecoder(torch.device("cpu")), payloads[:2])[0].shape[0] == 3  # no buffers: as decode

@@ -64,6 +64,19 @@ class TorchvisionDecoder:
         return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=self.device)) if tensors else []
 
 
+def decode_now(decoder: BatchDecoder, payloads: Sequence[np.ndarray],
+               regions: Sequence[tuple[int, int, int, int]] | None = None) -> list[torch.Tensor | None]:
+    """`decoder.decode` for a caller that is done with the images before its next call on the same stream (a
+    probe, a decode-only benchmark): a decoder that reuses its buffers gets them back at once (`batch_decoded` /
+    `release`), for its next call to decode into, where they would otherwise pile up until the feeder's next
+    batch (and a loop of such calls would hold every image it ever decoded)."""
+    images = decoder.decode(payloads, regions)
+    batch_decoded = getattr(decoder, "batch_decoded", None)
+    if batch_decoded is not None:
+        decoder.release(batch_decoded())  # type: ignore[attr-defined]
+    return images
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is a device out-of-memory error (torch's, or a decoder library's message)."""
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fastdata.errors import FastdataError
-from fastdata.image.device.decoders import BatchDecoder
+from fastdata.image.device.decoders import BatchDecoder, decode_now
 from fastdata.image.jpeg.region import region_decoder, unavailable_reason
 from fastdata.image.jpeg.restart import edge_regions, rewrite, sub_jpeg_for
 
@@ -67,7 +67,7 @@ def sub_jpeg_failure(decoder: BatchDecoder) -> str:
         regions = edge_regions(index.width, index.height, index.mcu_width, index.mcu_height)
         subs = [sub_jpeg_for(jpeg, index, region) for region in regions]
         try:  # the loader's batched call: the whole file and every sub-JPEG together
-            decoded = decoder.decode([np.frombuffer(b, np.uint8) for b in [jpeg, *(s.data for s in subs)]])
+            decoded = decode_now(decoder, [np.frombuffer(b, np.uint8) for b in [jpeg, *(s.data for s in subs)]])
         except Exception as exc:  # the decoder's own error: it cannot be relied on
             return f"the {kind} probe: {type(exc).__name__}: {exc}"
         whole, parts = decoded[0], decoded[1:]
