@@ -21,6 +21,7 @@ hybrid backends return nothing for regions of these files and its CPU backend de
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +64,7 @@ class NvImageCodecDecoder:
         self.reuse = True  # pass a finished batch's Images back for their buffers (`images=`)
         self._decoding: list[list[Any]] = []  # the Images of the batch being decoded (one list per call)
         self._free: collections.deque[list[Any]] = collections.deque()  # released sets (`release`), reusable
+        self._free_lock = threading.Lock()  # `release` may come from another thread than `decode`
 
     def decode(self, payloads: Sequence[np.ndarray],
                regions: Sequence[tuple[int, int, int, int]] | None = None) -> list[torch.Tensor | None]:
@@ -86,10 +88,11 @@ class NvImageCodecDecoder:
 
     def _reusable(self, count: int) -> list[Any] | None:
         """A released set of at least `count` Images (None: none; a smaller set is dropped, to be freed)."""
-        while self.reuse and self._free:
-            images = self._free.popleft()  # deque: `release` appends from the other thread
-            if len(images) >= count:
-                return images
+        with self._free_lock:
+            while self.reuse and self._free:
+                images = self._free.popleft()
+                if len(images) >= count:
+                    return images
         return None
 
     def batch_decoded(self) -> list[list[Any]]:
@@ -100,6 +103,7 @@ class NvImageCodecDecoder:
 
     def release(self, lease: list[list[Any]]) -> None:
         """The batch of `lease` is read (its crop queued): its Images may be decoded into again."""
-        self._free.extend(lease)
-        while len(self._free) > 3:  # a few sets at most (the feeder has at most 2 batches decoded ahead)
-            self._free.popleft()
+        with self._free_lock:
+            self._free.extend(lease)
+            while len(self._free) > 3:  # a few sets at most (the feeder has at most 2 batches decoded ahead)
+                self._free.popleft()
