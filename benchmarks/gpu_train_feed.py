@@ -12,7 +12,11 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
 - fastdata decode="worker", fastdata decode="device", fastdata's defaults (device="cuda": `decode="auto"` takes
   what `fastdata tune --device cuda --step MODEL` measured, which this script runs before each model's loops, as
   a user would with their model; `--tune-budget` is shared between the models), and the defaults with
-  num_workers=4.
+  num_workers=4 (and, for ResNet-50, 2);
+- with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and the GPU's hardware
+  JPEG engines alone (`DeviceDecode(backends=("hardware",))`) over the photos converted with
+  `--jpeg-layout baseline` (every JPEG baseline, so the engines take them all and no decoding uses the GPU's SMs,
+  which the training step needs).
 
 Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
 per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
@@ -190,11 +194,16 @@ def contenders(src: Path, lmdb: Path, baseline: Path, workers: int) -> dict[str,
             lmdb, decode="device", num_workers=workers, **common),
         "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
-        "fastdata decode='device', --jpeg-layout baseline, num_workers=4": lambda: fastdata.loader(
-            baseline, decode="device", num_workers=4, **common),
+        "fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout baseline, num_workers=4": lambda: fastdata.loader(
+            baseline, decode=fastdata.DeviceDecode(backends=("hardware",)), num_workers=4, **common),
+        "fastdata defaults, num_workers=2": lambda: fastdata.loader(lmdb, num_workers=2, **common),
         "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
             lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
     }
+
+
+#: Contenders run for some models only (the target they answer is set for those): name -> models.
+ONLY_FOR = {"fastdata defaults, num_workers=2": {"resnet50"}}
 
 
 def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
@@ -292,10 +301,11 @@ def main() -> None:
         results["tune"][model] = tune_for_defaults(lmdb, args.tune_budget / len(models), model)
         say(f"tune, step {model}:", results["tune"][model])
         step = Step(model)
-        rows: dict[str, list[dict[str, float]]] = {name: [] for name in makers}
+        names = [name for name in makers if model in ONLY_FOR.get(name, {model})]
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         top = ceiling(step)
         for repeat in range(args.repeats):
-            order = list(makers) if repeat % 2 == 0 else list(reversed(makers))
+            order = names if repeat % 2 == 0 else names[::-1]
             for name in order:
                 measured = feed(step, makers[name], args.epochs)
                 rows[name].append(measured)
