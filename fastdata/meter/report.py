@@ -21,6 +21,9 @@ MAIN_WALL_CORES = 0.85  # the training process's cores from which it is the wall
 IDLE_WORKERS_SHARE = 0.3  # ... while its workers use less than this share of a core each
 VERDICTS = ("input-bound", "compute-bound", "cpu-contended", "balanced", "no steps measured")
 NO_STEPS = "no steps measured"
+#: How the advice asks for a tune whose decode placements are measured under the user's own step (a model step
+#: shows what the device path costs the training; fastdata.tools.tune.placement_note).
+TUNE_STEP = "--step <your model, e.g. resnet50>"
 _STAGE_WORDS = {"read": "reading from storage", "decode": "decoding", "augment": "augmentation",
                 "collate": "collating batches", "transfer": "pinning / transfer",
                 "device": "the device feeder (decode and crop on the device)"}
@@ -348,7 +351,7 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
             out.append(shrink)
             if cuda and loader.decode != "device":
                 out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`, or let `fastdata tune "
-                           "--device cuda` measure both placements for `decode=\"auto\"`")
+                           f"--device cuda {TUNE_STEP}` measure both placements for `decode=\"auto\"`")
         if cause == "augment":
             out.append("use a cheaper augmentation, or do it on the GPU on uint8 batches")
         if cause == "collate":
@@ -364,7 +367,7 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
                        "`fastdata.loader(...)`")
     elif cause == "device":
         out.append("decode in the workers (`decode=\"worker\"`) if they have the cores, or let `fastdata tune "
-                   "--device cuda` measure both placements for `decode=\"auto\"`; install nvImageCodec "
+                   f"--device cuda {TUNE_STEP}` measure both placements for `decode=\"auto\"`; install nvImageCodec "
                    "(`pip install 'fastdata[gpu-cu13]'`) if `loader.device_decoder` names torchvision")
         if loader.progressive:
             out.append(f"the dataset stores {loader.progressive:,} progressive JPEGs, which the GPU's hardware JPEG "
@@ -374,8 +377,8 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
                    "feeder thread, beside the crop of the batch before")
     elif cause == "main-process":
         if loader.decode == "device":
-            out.append("decode in the workers (`decode=\"worker\"`), or let `fastdata tune --device cuda` measure "
-                       "both placements for `decode=\"auto\"`: the feeder shares the training process's GIL")
+            out.append(f"decode in the workers (`decode=\"worker\"`), or let `fastdata tune --device cuda {TUNE_STEP}` "
+                       "measure both placements for `decode=\"auto\"`: the feeder shares the training process's GIL")
         else:
             out.append("move host work out of the training loop (into the loader's workers or onto the device); "
                        "torch.compile or CUDA graphs cut the step's own Python and launch overhead")
