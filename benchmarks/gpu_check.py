@@ -12,7 +12,8 @@ Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the librar
 all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads) with and without reusing the
 decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
 alone (baseline JPEGs only: progressive files come back None). Then, over the same photos converted with
-`--jpeg-layout baseline` (every JPEG baseline): fastdata's default and the hardware engines alone. Last, the GPU
+`--jpeg-layout baseline` (every JPEG baseline): fastdata's default and the hardware engines alone, as one
+decoder and as two decoders called from two threads (a second batch in flight). Last, the GPU
 time of the device path's batched crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on CUDA:
 its matrix products in float16 and float32 against the per-tap gathers of the kernel before).
 
@@ -26,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +98,37 @@ def rate(decoder: object, payloads: list[np.ndarray], regions: list | None) -> t
     return len(payloads) / (time.perf_counter() - started), failed
 
 
+def rate_in_parallel(decoders: list, payloads: list[np.ndarray]) -> tuple[float, int]:
+    """`rate` with one thread per decoder, each on a CUDA stream of its own, taking every len(decoders)-th batch:
+    whether a second call in flight keeps the hardware engines busier than one decoder's calls in turn (each call
+    waits for the decoder's batch before it)."""
+    chunks = [payloads[i:i + BATCH] for i in range(0, len(payloads), BATCH)]
+    failed = [0] * len(decoders)
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for chunk in chunks[k::len(decoders)]:
+                    failed[k] += sum(image is None for image in decode_now(decoders[k], chunk))
+            stream.synchronize()
+        except BaseException as exc:  # raised below, on the main thread
+            errors.append(exc)
+
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(decoders))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    torch.cuda.synchronize()
+    return len(payloads) / (time.perf_counter() - started), sum(failed)
+
+
 def main() -> None:
     parser = arguments(__doc__.split("\n")[0], images=6144, repeats=3, data=False)
     parser.add_argument("--out", default="benchmarks/data")
@@ -156,10 +189,15 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
         decoder = NvImageCodecDecoder(cuda, options)
         decode_now(decoder, payloads[:BATCH])  # warm-up
         decoders[decoder.name] = decoder
-    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in decoders}
+    pair = [NvImageCodecDecoder(cuda, DeviceDecode(backends=("hardware",))) for _ in range(2)]
+    for decoder in pair:
+        decode_now(decoder, payloads[:BATCH])  # warm-up
+    two = f"{pair[0].name}, two decoders on two threads and streams, batches alternating"
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in [*decoders, two]}
     for repeat in range(repeats):
-        for name in list(decoders) if repeat % 2 == 0 else list(reversed(decoders)):
-            runs[name].append(rate(decoders[name], payloads, None))
+        for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):
+            runs[name].append(rate_in_parallel(pair, payloads) if name == two else
+                              rate(decoders[name], payloads, None))
     report.table(f"--jpeg-layout baseline ({len(payloads)} JPEGs, every one baseline): decode only, whole files, "
                  f"medians of {repeats} alternating repeats",
                  ["decoder", "whole img/s", "spread", "not decoded"],
