@@ -7,7 +7,8 @@ JPEGs' bytes and draw the crop parameters (the GPU does the rest; the few non-JP
 This measures batches built per second by one worker process for each, in the same run: the dataset's file read
 once before timing, one untimed pass each, --repeats alternating runs, medians, and the ratio as the median of the
 per-run ratios. It says how many more images per second the same cores can feed a GPU, and what share of the
-device path's worker time goes to the samples it still decodes itself.
+device path's worker time goes to the samples it still decodes itself (a third row: the same photos without the
+sample generated with no PNGs, every image a JPEG the device takes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import report
-from common import arguments
+from common import arguments, cached_sample_imagefolder
 from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
@@ -44,35 +45,46 @@ def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> tuple[float, f
     return n / seconds, decoding / seconds, decoded
 
 
+def jpeg_only_dataset(data: Path, images: int) -> Path:
+    """The same sample generated with no PNGs (every image a JPEG), converted once."""
+    out = data / f"imagefolder-{images}-jpeg.lmdb"
+    if not out.exists():
+        fastdata.convert_imagefolder(cached_sample_imagefolder(data, images, jpeg_only=True), out, progress=False)
+    return out
+
+
 def main() -> None:
     args = arguments(__doc__, images=3000, batch_size=256).parse_args()
-    path = dataset_for(args.data, args.images)
+    mixed, jpeg_only = dataset_for(args.data, args.images), jpeg_only_dataset(args.data, args.images)
     import cv2
 
     cv2.setNumThreads(1)
-    warm_page_cache(dataset_files(path))
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    shares: dict[bool, list[float]] = {False: [], True: []}
-    counts: dict[bool, int] = {}
+    warm_page_cache([*dataset_files(mixed), *dataset_files(jpeg_only)])
+    contenders = {"decode='worker' (read + decode + crop/resize/flip)": (mixed, False),
+                  "decode='device' (read + crop parameters; non-JPEGs decoded)": (mixed, True),
+                  "decode='device', the same sample with no PNGs (every image a JPEG)": (jpeg_only, True)}
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    shares: dict[str, list[float]] = {name: [] for name in contenders}
+    counts: dict[str, int] = {}
 
-    def run(encoded: bool, _repeat: int) -> None:
-        rate, share, counts[encoded] = batches_per_s(path, encoded, args.batch_size)
-        rates[encoded].append(rate)
-        shares[encoded].append(share)
+    def run(name: str, _repeat: int) -> None:
+        rate, share, counts[name] = batches_per_s(*contenders[name], args.batch_size)
+        rates[name].append(rate)
+        shares[name].append(share)
 
-    alternate([False, True], args.repeats, run)
-    worker, device = rates[False], rates[True]
+    alternate(list(contenders), args.repeats, run)
+    worker, device, _ = contenders
+    ratio = median_ratio(rates[device], rates[worker])
     report.table(f"the CPU side of decode='device' vs decode='worker': images/s of one core, batches of "
                  f"{args.batch_size}, {args.images:,} images, {args.repeats} alternating runs (medians)",
                  ["path", "images/s", "runs (images/s)"],
-                 [[label, f"{statistics.median(values):,.0f}", ", ".join(f"{x:,.0f}" for x in values)]
-                  for label, values in (("decode='worker' (read + decode + crop/resize/flip)", worker),
-                                        ("decode='device' (read + crop parameters; non-JPEGs decoded)", device))],
-                 align="lrl", notes=[f"ratio (median of per-run ratios): {median_ratio(device, worker):.1f}x",
-                                     f"decode='device': the worker decoded and resized {counts[True]:,} of the "
+                 [[name, f"{statistics.median(values):,.0f}", ", ".join(f"{x:,.0f}" for x in values)]
+                  for name, values in rates.items()],
+                 align="lrl", notes=[f"ratio (median of per-run ratios): {ratio:.1f}x",
+                                     f"decode='device': the worker decoded and resized {counts[device]:,} of the "
                                      f"timed pass's samples itself (those the device does not take: PNGs, ...), "
-                                     f"{100 * statistics.median(shares[True]):.0f}% of its time (median; runs "
-                                     f"{', '.join(f'{100 * x:.0f}%' for x in shares[True])})"])
+                                     f"{100 * statistics.median(shares[device]):.0f}% of its time (median; runs "
+                                     f"{', '.join(f'{100 * x:.0f}%' for x in shares[device])})"])
 
 
 if __name__ == "__main__":
