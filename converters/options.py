@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import click
 
+from fastdata.convert.encode import NON_JPEG
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, JPEG_LAYOUTS
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, FORMATS
 
@@ -48,13 +49,17 @@ def convert_options(command: Callable | None = None, *, max_size: bool = True) -
     resize = [
         click.option("--max-size", type=int, default=None, metavar="PX",
                      help="Re-encode images whose longer side exceeds PX to JPEG (cuts IO and decode)."),
-        click.option("--quality", default=90, show_default=True, type=int,
-                     help="JPEG quality for images re-encoded by --max-size."),
     ] if max_size else []
     options = [
         click.option("--seed", default=0, show_default=True, type=int,
                      help="Seed of the sample order across WebDataset shards."),
         *resize,
+        click.option("--quality", default=90, show_default=True, type=int,
+                     help="JPEG quality of the images the conversion encodes (--max-size, --non-jpeg jpeg)."),
+        click.option("--non-jpeg", type=click.Choice(NON_JPEG), default="keep", show_default=True,
+                     help="Images that are not JPEGs (PNG, WebP, BMP, ...): keep their bytes (lossless), or store "
+                          "them as JPEGs at --quality (lossy: the pixels the loader decodes, encoded once), so that "
+                          "decode='device' decodes every image on the GPU and its workers decode none."),
         click.option("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Refuse images with more pixels than this, read from the header before decoding."),
         click.option("--jpeg-layout", type=click.Choice(JPEG_LAYOUTS), default="original", show_default=True,

@@ -17,9 +17,18 @@ class EncodeOptions:
     """Per-image options of a conversion."""
 
     max_size: int | None = None  # re-encode images whose longer side exceeds this to JPEG
-    quality: int = 90
+    quality: int = 90  # of every JPEG a conversion encodes (max_size, non_jpeg="jpeg")
     max_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger images from their header, before any decoding
     jpeg_layout: str = "original"  # "restart": JPEG records rewritten with restart markers (convert.layout)
+    non_jpeg: str = "keep"  # "jpeg": images that are not JPEGs stored as JPEGs (`NON_JPEG`)
+
+
+#: What a conversion does with images that are not JPEGs (PNG, WebP, BMP, TIFF, GIF): "keep" their bytes
+#: (lossless), or store them as "jpeg" at the conversion's quality (lossy, as FFCV's write_mode="jpg"): the pixels
+#: the loader decodes from them, encoded once, so that decode="device" decodes every image on the GPU and its
+#: workers decode none (decoding the sample photos' 3.7% PNGs took 72% of such a worker's time:
+#: benchmarks/device_cpu_side.py).
+NON_JPEG = ("keep", "jpeg")
 
 
 class _Refused(Exception):
@@ -52,8 +61,28 @@ def verify_record(data: bytes, relative_path: str, label: Label, options: Encode
         raise ValueError(f"refused: {exception_text(exc)} (--max-pixels cannot go above Pillow's limit)") from None
     except Exception as exc:  # Pillow raises many types for bad data
         raise ValueError(f"not a decodable image ({exception_text(exc)})") from exc
+    codec = codec_for(fmt, mode)
+    if options.non_jpeg == "jpeg" and fmt != "JPEG":
+        return _as_jpeg(data, codec, relative_path, label, options)
     ext = EXT_OF_FORMAT.get(fmt or "", relative_path.rsplit(".", 1)[-1].lower())
-    return ImageRecord(relative_path, data, ext, label, width, height, codec_for(fmt, mode))
+    return ImageRecord(relative_path, data, ext, label, width, height, codec)
+
+
+def _as_jpeg(data: bytes, codec: int, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:
+    """A verified non-JPEG image stored as a JPEG of the RGB pixels the loader decodes from it (`decode_rgb`, the
+    loader's own decode: alpha dropped, 16-bit scaled to 8, the first frame), at `options.quality`."""
+    from PIL import Image
+
+    from fastdata.image.decode import decode_rgb
+
+    try:
+        pixels = decode_rgb(data, codec, max_pixels=options.max_pixels)
+    except ValueError as exc:
+        raise ValueError(f"not decodable by the loader ({exc})") from None
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=options.quality)
+    height, width = pixels.shape[:2]
+    return ImageRecord(relative_path, out.getvalue(), "jpg", label, width, height, codec_for("JPEG", "RGB"))
 
 
 def _downscaled(im, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:

@@ -27,7 +27,7 @@ from fastdata._version import __version__
 from fastdata.config import available_cores, check_bool, check_int, check_optional_int
 from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
-from fastdata.convert.encode import EncodeOptions
+from fastdata.convert.encode import NON_JPEG, EncodeOptions
 from fastdata.convert.image_work import ChunkResult, SampleJob
 from fastdata.convert.kept import check_kept
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
@@ -210,6 +210,7 @@ def convert_images(
     engine: str = "local",
     ray_address: str | None = None,
     jpeg_layout: str = "original",
+    non_jpeg: str = "keep",
 ) -> ConversionSummary:
     """Pack the images `list_source()` lists into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards); the
     source is listed once the options have been checked.
@@ -230,7 +231,7 @@ def convert_images(
         seed: the seed of the sample order across WebDataset shards.
         max_size: re-encode images whose longer side exceeds this many pixels to JPEG (None: keep every
             image's original bytes).
-        quality: JPEG quality of the images `max_size` re-encodes.
+        quality: JPEG quality of the images the conversion encodes (`max_size`, `non_jpeg="jpeg"`).
         max_pixels: refuse images with more pixels than this, read from the header before decoding.
         workers: processes verifying and encoding images (None: all cores).
         overwrite: replace an existing dataset at `out`.
@@ -244,6 +245,9 @@ def convert_images(
             restart marker after every MCU, so that a loader decodes a crop in proportion to its area) or
             "baseline" (rewrite the progressive JPEGs losslessly as baseline ones, which the GPU's hardware JPEG
             engines take); a JPEG the rewrite refuses keeps its bytes and is counted: `fastdata.convert.layout`.
+        non_jpeg: images that are not JPEGs (PNG, WebP, BMP, ...): "keep" their bytes, or store them as "jpeg"
+            (the pixels the loader decodes from them, at `quality`; lossy), so that `decode="device"` decodes
+            every image on the GPU: `fastdata.convert.encode.NON_JPEG`.
     """
     out = Path(out)
     fmt = resolve_format(out, format)
@@ -260,6 +264,8 @@ def convert_images(
         raise ConfigError(f"--max-pixels must be positive, got {max_pixels}")
     if not 1 <= quality <= 100:
         raise ConfigError(f"--quality must be within 1..100, got {quality}")
+    if non_jpeg not in NON_JPEG:
+        raise ConfigError(f"--non-jpeg must be one of {', '.join(NON_JPEG)}, got {non_jpeg!r}")
     jpeg_layout = check_layout(jpeg_layout)
     if jpeg_layout != "original":
         check_rewriter()  # no libjpeg-turbo that passes the restart self-check: say so before any work
@@ -285,8 +291,9 @@ def convert_images(
         order = np.random.default_rng(seed).permutation(len(listing.samples))
     options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
                "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict,
-               "jpeg_layout": jpeg_layout}
-    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout)
+               "jpeg_layout": jpeg_layout, **({} if non_jpeg == "keep" else {"non_jpeg": non_jpeg})}
+    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout,
+                           non_jpeg=non_jpeg)
     wanted = _fingerprint(fmt, options, listing)
     # WebDataset shards written and hashed by processes of their own (local engine): this process then only says
     # where each sample's bytes go

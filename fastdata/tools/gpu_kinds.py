@@ -52,4 +52,8 @@ def gpu_kinds_line(kinds: dict[str, int] | None, jpeg_layout: str = "original") 
             f"hardware JPEG engines decode; {kinds['progressive']:,} progressive (the CUDA/hybrid decoder only")
     if kinds["progressive"] and jpeg_layout == "original":
         line += "; `--jpeg-layout baseline` at conversion stores them baseline, losslessly"
-    return line + f"), {kinds['other_jpeg'] + kinds['not_jpeg']:,} decoded on the CPU"
+    line += f"), {kinds['other_jpeg'] + kinds['not_jpeg']:,} decoded on the CPU"
+    if kinds["not_jpeg"]:
+        line += (f" ({kinds['not_jpeg']:,} not JPEGs: `--non-jpeg jpeg` at conversion stores them as JPEGs, "
+                 "lossy)")
+    return line

@@ -64,6 +64,8 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
         lines.append(f"  layout      {m.jpeg_layout}: {j.get('rewritten', 0):,} {what}, "
                      f"{sum((j.get('kept_original') or {}).values()):,} kept original, JPEG bytes "
                      f"x{j.get('size_ratio', 1.0):.3f}")
+    if m.options.get("non_jpeg") == "jpeg":
+        lines.append(f"  non-JPEG    stored as JPEGs (quality {m.options.get('quality', 90)}): --non-jpeg jpeg")
     if m.kind == "image":
         kinds = recorded_gpu_kinds(m)
         if kinds is None and scan_gpu:

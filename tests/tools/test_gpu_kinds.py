@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -97,3 +98,56 @@ def test_an_older_dataset_is_counted_from_its_headers_on_request(converted, tmp_
     assert scan_gpu_kinds(older) == recorded
     code, out, _ = cli(capsys, "info", "--scan-gpu", older)
     assert code == 0 and f"{recorded['baseline']} of {sum(recorded.values())} stored images" in out
+
+
+@pytest.fixture(scope="module")
+def mixed_tree(tmp_path_factory):
+    """One JPEG and the non-JPEG kinds a conversion meets: RGB and RGBA PNGs, a 16-bit grey PNG, a WebP."""
+    from tests.builders import photo_like
+
+    root = tmp_path_factory.mktemp("non_jpeg") / "src"
+    photo = photo_like(7, 120, 90)
+    rgba = np.dstack([photo, np.full(photo.shape[:2], 128, np.uint8)])
+    deep = photo[:, :, 1].astype(np.uint16) * 257  # 16-bit grey
+    files = {"a/photo.jpg": ("JPEG", photo), "a/rgb.png": ("PNG", photo), "b/rgba.png": ("PNG", rgba),
+             "b/deep.png": ("PNG", deep), "b/photo.webp": ("WEBP", photo)}
+    for relative, (fmt, array) in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(array).save(root / relative, fmt, **({"quality": 90} if fmt != "PNG" else {}))
+    return root
+
+
+def whole_images(path) -> list[np.ndarray]:
+    data = fastdata.dataset(path)
+    return [np.asarray(data[i][0]) for i in range(len(data))]
+
+
+def test_non_jpeg_jpeg_stores_every_other_image_as_a_jpeg_of_the_pixels_the_loader_decodes(mixed_tree, tmp_path,
+                                                                                          capsys):
+    kept, as_jpeg = tmp_path / "kept.lmdb", tmp_path / "as_jpeg.lmdb"
+    fastdata.convert_imagefolder(mixed_tree, kept, workers=1, progress=False)
+    code, out, _ = cli(capsys, "convert", "imagefolder", mixed_tree, as_jpeg, "--non-jpeg", "jpeg", "--quality", "95",
+                       "--workers", "1", "--quiet")
+    assert code == 0
+    manifest = read_manifest(as_jpeg)
+    assert manifest.options["non_jpeg"] == "jpeg" and manifest.options["quality"] == 95
+    stored_kept, stored_jpeg = stored_lmdb(kept), stored_lmdb(as_jpeg)
+    assert [pillow_kind(data) for data in stored_jpeg] == ["baseline"] * 5  # every record a JPEG the engines take
+    assert manifest.stats["gpu_kinds"] == counts(["baseline"] * 5)
+    assert sorted(pillow_kind(data) for data in stored_kept) == ["baseline", "not_jpeg", "not_jpeg", "not_jpeg",
+                                                                "not_jpeg"]
+    assert set(stored_kept) & set(stored_jpeg) == {(mixed_tree / "a/photo.jpg").read_bytes()}  # JPEGs untouched
+    for before, after in zip(whole_images(kept), whole_images(as_jpeg), strict=True):
+        assert before.shape == after.shape  # the loader's pixels: alpha dropped, 16 bits scaled to 8, as before
+        assert np.abs(before.astype(np.int16) - after.astype(np.int16)).mean() < 4.0  # JPEG at quality 95, 4:2:0
+    code, out, _ = cli(capsys, "info", as_jpeg)
+    assert "stored as JPEGs (quality 95)" in out and "--non-jpeg jpeg` at conversion" not in out
+    code, out, _ = cli(capsys, "info", kept)
+    assert "4 not JPEGs: `--non-jpeg jpeg` at conversion stores them as JPEGs" in out
+
+
+def test_non_jpeg_takes_keep_or_jpeg(mixed_tree, tmp_path):
+    from fastdata.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--non-jpeg must be one of keep, jpeg"):
+        fastdata.convert_imagefolder(mixed_tree, tmp_path / "x.lmdb", non_jpeg="png", progress=False)
