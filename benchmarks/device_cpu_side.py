@@ -7,8 +7,8 @@ JPEGs' bytes and draw the crop parameters (the GPU does the rest; the few non-JP
 This measures batches built per second by one worker process for each, in the same run: the dataset's file read
 once before timing, one untimed pass each, --repeats alternating runs, medians, and the ratio as the median of the
 per-run ratios. It says how many more images per second the same cores can feed a GPU, and what share of the
-device path's worker time goes to the samples it still decodes itself (a third row: the same photos without the
-sample generated with no PNGs, every image a JPEG the device takes).
+device path's worker time goes to the samples it still decodes itself (a third row: the same sample converted with
+`--non-jpeg jpeg`, its PNGs stored as JPEGs, which the device takes).
 """
 
 from __future__ import annotations
@@ -45,24 +45,24 @@ def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> tuple[float, f
     return n / seconds, decoding / seconds, decoded
 
 
-def jpeg_only_dataset(data: Path, images: int) -> Path:
-    """The same sample generated with no PNGs (every image a JPEG), converted once."""
-    out = data / f"imagefolder-{images}-jpeg.lmdb"
+def non_jpeg_as_jpeg(data: Path, images: int) -> Path:
+    """The same sample converted with `--non-jpeg jpeg` (its PNGs stored as JPEGs), converted once."""
+    out = data / f"imagefolder-{images}-non-jpeg-as-jpeg.lmdb"
     if not out.exists():
-        fastdata.convert_imagefolder(cached_sample_imagefolder(data, images, jpeg_only=True), out, progress=False)
+        fastdata.convert_imagefolder(cached_sample_imagefolder(data, images), out, progress=False, non_jpeg="jpeg")
     return out
 
 
 def main() -> None:
     args = arguments(__doc__, images=3000, batch_size=256).parse_args()
-    mixed, jpeg_only = dataset_for(args.data, args.images), jpeg_only_dataset(args.data, args.images)
+    mixed, as_jpeg = dataset_for(args.data, args.images), non_jpeg_as_jpeg(args.data, args.images)
     import cv2
 
     cv2.setNumThreads(1)
-    warm_page_cache([*dataset_files(mixed), *dataset_files(jpeg_only)])
+    warm_page_cache([*dataset_files(mixed), *dataset_files(as_jpeg)])
     contenders = {"decode='worker' (read + decode + crop/resize/flip)": (mixed, False),
                   "decode='device' (read + crop parameters; non-JPEGs decoded)": (mixed, True),
-                  "decode='device', the same sample with no PNGs (every image a JPEG)": (jpeg_only, True)}
+                  "decode='device', the same sample converted with --non-jpeg jpeg": (as_jpeg, True)}
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     shares: dict[str, list[float]] = {name: [] for name in contenders}
     counts: dict[str, int] = {}
