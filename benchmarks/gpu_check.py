@@ -12,7 +12,8 @@ Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the librar
 all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads) with and without reusing the
 decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
 alone (baseline JPEGs only: progressive files come back None). Then, over the same photos converted with
-`--jpeg-layout baseline` (every JPEG baseline): fastdata's default and the hardware engines alone, as one
+`--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded): fastdata's default
+and the hardware engines alone, as one
 decoder and as two decoders called from two threads (a second batch in flight). Last, the GPU
 time of the device path's batched crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on CUDA:
 its matrix products in float16 and float32 against the per-tap gathers of the kernel before).
@@ -172,16 +173,17 @@ def main() -> None:
 
 
 def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tuple[float, int]]]:
-    """The same photos converted with `--jpeg-layout baseline` (progressive files rewritten losslessly as baseline):
-    whole-file decode-only rates of fastdata's default mix and of the hardware engines alone, which now take every
-    JPEG. (Over the original files the default gave 10,198 img/s and the engines alone 14,749 refusing the 19
-    progressive files: whether the hybrid decoder's share of each batch is what costs the difference.)"""
+    """The same photos converted with `--jpeg-layout baseline --non-jpeg jpeg` (progressive files rewritten
+    losslessly as baseline, PNGs stored as JPEGs): whole-file decode-only rates of fastdata's default mix and of the
+    hardware engines alone (as one decoder, and as two on two threads), which now take every image. (Over the
+    original files the default gave 10,198 img/s and the engines alone 14,749 refusing the 19 progressive files:
+    whether the hybrid decoder's share of each batch is what costs the difference.)"""
     from gpu_train_feed import dataset, jpegs
 
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
     from fastdata.image.device.options import DeviceDecode
 
-    _, lmdb = dataset(out, images, "baseline")
+    _, lmdb = dataset(out, images, "baseline", non_jpeg="jpeg")  # gpu_train_feed's: every image a baseline JPEG
     payloads, _ = jpegs(lmdb)
     cuda = torch.device("cuda")
     decoders = {}
@@ -198,8 +200,8 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
         for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):
             runs[name].append(rate_in_parallel(pair, payloads) if name == two else
                               rate(decoders[name], payloads, None))
-    report.table(f"--jpeg-layout baseline ({len(payloads)} JPEGs, every one baseline): decode only, whole files, "
-                 f"medians of {repeats} alternating repeats",
+    report.table(f"--jpeg-layout baseline --non-jpeg jpeg ({len(payloads)} JPEGs, every one baseline): decode only, "
+                 f"whole files, medians of {repeats} alternating repeats",
                  ["decoder", "whole img/s", "spread", "not decoded"],
                  [[name, f"{statistics.median(r for r, _ in rows):,.0f}",
                    f"{max(r for r, _ in rows) - min(r for r, _ in rows):,.0f}", rows[0][1]]

@@ -15,8 +15,8 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
   num_workers=4 (and, for ResNet-50, 2);
 - with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and the GPU's hardware
   JPEG engines alone (`DeviceDecode(backends=("hardware",))`) over the photos converted with
-  `--jpeg-layout baseline` (every JPEG baseline, so the engines take them all and no decoding uses the GPU's SMs,
-  which the training step needs).
+  `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
+  take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs).
 
 Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
 per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
@@ -50,16 +50,18 @@ MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 
 
-def dataset(out: Path, images: int, layout: str = "original") -> tuple[Path, Path]:
+def dataset(out: Path, images: int, layout: str = "original", non_jpeg: str = "keep") -> tuple[Path, Path]:
     """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core; `layout`
     "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU; "baseline": the
-    progressive ones rewritten losslessly as baseline)."""
+    progressive ones rewritten losslessly as baseline; `non_jpeg` "jpeg": the PNGs stored as JPEGs, lossy)."""
     import fastdata
 
     src = cached_sample_imagefolder(out, images)
-    lmdb = out / (f"sample-{images}.lmdb" if layout == "original" else f"sample-{images}-{layout}.lmdb")
+    name = f"sample-{images}" + ("" if layout == "original" else f"-{layout}") + (
+        "" if non_jpeg == "keep" else "-non-jpeg-as-jpeg")
+    lmdb = out / f"{name}.lmdb"
     if not lmdb.exists():
-        fastdata.convert_imagefolder(src, lmdb, progress=False, jpeg_layout=layout)
+        fastdata.convert_imagefolder(src, lmdb, progress=False, jpeg_layout=layout, non_jpeg=non_jpeg)
     return src, lmdb
 
 
@@ -194,7 +196,8 @@ def contenders(src: Path, lmdb: Path, baseline: Path, workers: int) -> dict[str,
             lmdb, decode="device", num_workers=workers, **common),
         "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
-        "fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout baseline, num_workers=4": lambda: fastdata.loader(
+        "fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout baseline --non-jpeg jpeg, num_workers=4":
+            lambda: fastdata.loader(
             baseline, decode=fastdata.DeviceDecode(backends=("hardware",)), num_workers=4, **common),
         "fastdata defaults, num_workers=2": lambda: fastdata.loader(lmdb, num_workers=2, **common),
         "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
@@ -285,14 +288,14 @@ def main() -> None:
         print(f"[{time.perf_counter() - begun:.0f}s]", *what, flush=True)
 
     src, lmdb = dataset(out, args.images)
-    _, baseline = dataset(out, args.images, "baseline")
+    _, baseline = dataset(out, args.images, "baseline", non_jpeg="jpeg")  # every image a baseline JPEG
     say("datasets ready")
     results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "images": args.images,
                      "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     results["decode_only"] = decode_only(lmdb)
     say("decode only:", results["decode_only"])
     results["decode_only_baseline"] = decode_only(baseline)
-    say("decode only, baseline layout:", results["decode_only_baseline"])
+    say("decode only, baseline layout, PNGs as JPEGs:", results["decode_only_baseline"])
     makers = contenders(src, lmdb, baseline, args.workers)
     models = args.models.split(",")
     results["tune"] = {}
@@ -328,7 +331,8 @@ def print_table(results: dict, models: list[str]) -> None:
     machine = (f"{results['machine']}, {results['cores']} cores, {results['images']} sample photos, batch {BATCH}, "
                f"torch {results['torch']}")
     decoder_rows = []
-    for key, what in (("decode_only", "original files"), ("decode_only_baseline", "--jpeg-layout baseline")):
+    for key, what in (("decode_only", "original files"),
+                      ("decode_only_baseline", "--jpeg-layout baseline --non-jpeg jpeg")):
         decode = results[key]
         decoder_rows.append([what, decode["decoder"], f"{decode['images_per_s']:,.0f}", f"{decode['spread']:,.0f}",
                              decode["not_decoded"]])
