@@ -42,6 +42,7 @@ class LoaderFacts:
     folder_of_files: bool = False  # torchvision ImageFolder / DatasetFolder: one file per sample
     decode: str | None = None  # a fastdata image loader's decode placement: "worker" or "device"
     progressive: int | None = None  # progressive JPEGs its dataset stores (manifest stats "gpu_kinds"; None: unknown)
+    not_jpeg: int | None = None  # images that are not JPEGs its dataset stores (the same; decoded in the workers)
 
     @classmethod
     def of(cls, obj: Any) -> LoaderFacts:
@@ -52,7 +53,7 @@ class LoaderFacts:
             return cls("fastdata.loader", type(obj).__name__, getattr(obj, "num_workers", None),
                        getattr(obj, "pin_memory", None), getattr(obj, "batch_size", None),
                        f"fastdata {fmt}" if fmt else None, decode=getattr(obj, "decode", None),
-                       progressive=kinds.get("progressive"))
+                       progressive=kinds.get("progressive"), not_jpeg=kinds.get("not_jpeg"))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.utils.data.DataLoader):
             data = obj.dataset
@@ -352,6 +353,10 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
             if cuda and loader.decode != "device":
                 out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`, or let `fastdata tune "
                            f"--device cuda {TUNE_STEP}` measure both placements for `decode=\"auto\"`")
+            if loader.decode == "device" and loader.not_jpeg:
+                out.append(f"the dataset stores {loader.not_jpeg:,} images that are not JPEGs, which the workers "
+                           "decode (the GPU decoders take JPEGs only): re-convert with `--non-jpeg jpeg` to store "
+                           "them as JPEGs (lossy, at --quality)")
         if cause == "augment":
             out.append("use a cheaper augmentation, or do it on the GPU on uint8 batches")
         if cause == "collate":

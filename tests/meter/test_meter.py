@@ -260,7 +260,7 @@ def test_torch_dataloader_facts():
     r = m.report()
     assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
                         "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False,
-                        "decode": None, "progressive": None}
+                        "decode": None, "progressive": None, "not_jpeg": None}
     assert r.samples == 10 and r.stages is None
 
 
@@ -509,10 +509,25 @@ def test_the_device_feeder_as_a_stage_can_be_the_wall():
 
 
 def test_loader_facts_read_the_datasets_progressive_count(photos):
-    """What the meter knows of a fastdata loader's dataset: how many progressive JPEGs the conversion stored."""
+    """What the meter knows of a fastdata loader's dataset: how many progressive JPEGs (and images that are not
+    JPEGs) the conversion stored."""
     loader = fastdata.loader(photos[0], batch_size=4, num_workers=0)
     facts = LoaderFacts.of(loader)
-    assert facts.progressive == fastdata.info(photos[0]).stats["gpu_kinds"]["progressive"]
+    kinds = fastdata.info(photos[0]).stats["gpu_kinds"]
+    assert facts.progressive == kinds["progressive"] and facts.not_jpeg == kinds["not_jpeg"] > 0
+
+
+def test_device_path_workers_busy_decoding_what_is_not_jpeg_are_told_of_non_jpeg_jpeg():
+    """The device path's workers saturated by decoding: they decode only what the GPU cannot take, so a dataset
+    that stores PNGs is told how to store them as JPEGs; the worker path is not (it decodes everything)."""
+    sysf = system(cores=8, cpu_percent=97.0, workers_cpu_cores=7.8, main_cpu_cores=0.2)
+    decode_bound = stages(read=0.05, decode=0.7, augment=0.15, collate=0.1)
+    _, _, on_device = judge(0.7, sysf, stage=decode_bound, loader=dataclasses.replace(DEVICE, not_jpeg=112),
+                            cuda=True)
+    assert any("112 images that are not JPEGs" in s and "--non-jpeg jpeg" in s for s in on_device)
+    _, _, on_workers = judge(0.7, sysf, stage=decode_bound,
+                             loader=dataclasses.replace(WORKER_DECODE, not_jpeg=112), cuda=True)
+    assert not any("--non-jpeg" in s for s in on_workers)
 
 
 def test_epoch_start_stalls_are_reported_on_their_own_line():
