@@ -27,10 +27,17 @@ def prepare(log: Path) -> dict[str, str]:
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
     with open(log, "a", encoding="utf-8") as out:
         if wheels:
-            print(f"installing {len(wheels)} carried wheels into {SITE}", flush=True)
-            subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                            "--target", str(SITE), *map(str, wheels)], stdout=out, stderr=subprocess.STDOUT,
-                           check=False)
+            marker = SITE / ".fastdata-wheels"  # what an earlier run on this (still warm) machine installed
+            listed = "\n".join(f"{w.name} {w.stat().st_size}" for w in wheels)
+            if marker.exists() and marker.read_text() == listed:
+                print(f"the {len(wheels)} carried wheels are installed in {SITE} already", flush=True)
+            else:
+                print(f"installing {len(wheels)} carried wheels into {SITE}", flush=True)
+                done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                                       "--target", str(SITE), *map(str, wheels)], stdout=out,
+                                      stderr=subprocess.STDOUT, check=False)
+                if done.returncode == 0:
+                    marker.write_text(listed)
             libraries = [str(p) for p in sorted(SITE.glob("nvidia/*/lib"))]
             env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
             env["LD_LIBRARY_PATH"] = os.pathsep.join([*libraries, env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)

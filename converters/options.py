@@ -55,7 +55,8 @@ def convert_options(command: Callable | None = None, *, max_size: bool = True) -
                      help="Seed of the sample order across WebDataset shards."),
         *resize,
         click.option("--quality", default=90, show_default=True, type=int,
-                     help="JPEG quality of the images the conversion encodes (--max-size, --non-jpeg jpeg)."),
+                     help="JPEG quality of the images the conversion encodes ("
+                          f"{'--max-size, ' if max_size else ''}--non-jpeg jpeg)."),
         click.option("--non-jpeg", type=click.Choice(NON_JPEG), default="keep", show_default=True,
                      help="Images that are not JPEGs (PNG, WebP, BMP, ...): keep their bytes (lossless), or store "
                           "them as JPEGs at --quality (lossy: the pixels the loader decodes, encoded once), so that "

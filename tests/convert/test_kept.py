@@ -107,14 +107,16 @@ def test_the_command_line_prints_warnings_as_its_own_one_line_notes(listed, tmp_
 
 
 def test_options_that_do_not_apply_are_not_offered_or_are_refused(listed, tmp_path, capsys):
-    """`convert coco --help` offers no --max-size (always refused there); --shard-size with LMDB is said to be
-    ignored; a shard size without its unit (256 bytes) warns."""
+    """`convert coco --help` offers no --max-size (always refused there), but --quality for --non-jpeg jpeg (which
+    keeps each image's size); --shard-size with LMDB is said to be ignored; a shard size without its unit (256
+    bytes) warns."""
     from click.testing import CliRunner
 
     from fastdata.cli import cli
 
     coco_help = CliRunner().invoke(cli, ["convert", "coco", "--help"]).output
-    assert "--max-size" not in coco_help and "--quality" not in coco_help and "--skip-empty" in coco_help
+    assert "--max-size" not in coco_help and "--skip-empty" in coco_help
+    assert "--quality" in coco_help and "--non-jpeg" in coco_help
     assert "--max-size" in CliRunner().invoke(cli, ["convert", "list", "--help"]).output
     code = main(["convert", "list", str(listed / "list.csv"), str(tmp_path / "o.lmdb"), "--shard-size", "64MB",
                  "--root", str(listed / "images"), "--workers", "1"])
