@@ -122,7 +122,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               "and the device path, against a loop on batches already on the GPU",
               ("--images", "6144", "--repeats", "2", "--tune-budget", "30", "--out", "/tmp/gpu-data"),
               ("--images", "512", "--repeats", "1", "--models", "resnet18", "--tune-budget", "5", "--out",
-               "/tmp/gpu-data"), needs=("cuda",), timeout=360),
+               "/tmp/gpu-data"), needs=("cuda",), timeout=390),
     # memory
     Benchmark("idle_workers", "memory", "memory the idle persistent workers of a val loader hold",
               ("--images", "3000", "--workers", "4"), _SMOKE_IMAGES),
