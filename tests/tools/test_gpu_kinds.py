@@ -146,6 +146,16 @@ def test_non_jpeg_jpeg_stores_every_other_image_as_a_jpeg_of_the_pixels_the_load
     assert "4 not JPEGs: `--non-jpeg jpeg` at conversion stores them as JPEGs" in out
 
 
+def test_non_jpeg_jpeg_in_webdataset_shards_stores_jpg_members(mixed_tree, tmp_path):
+    shards = tmp_path / "shards"
+    fastdata.convert_imagefolder(mixed_tree, shards, format="wds", workers=1, progress=False, non_jpeg="jpeg")
+    manifest = read_manifest(shards)
+    samples = webdataset_reading([shards / f.name for f in manifest.files])
+    assert [sorted(name for name in sample if name in ("jpg", "png", "webp")) for sample in samples] == [["jpg"]] * 5
+    assert [pillow_kind(data) for data in stored_shards(shards)] == ["baseline"] * 5
+    assert sum(1 for _ in fastdata.dataset(shards)) == 5  # the loader reads them
+
+
 def test_non_jpeg_takes_keep_or_jpeg(mixed_tree, tmp_path):
     from fastdata.errors import ConfigError
 
