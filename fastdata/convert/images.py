@@ -74,6 +74,7 @@ class ConversionSummary:
     writer_waited: float = 0.0  # share of the writing time the writer (this process) waited for the workers' results
     jpeg_layout: str = "original"
     layout: LayoutCounts | None = None  # jpeg_layout "restart" or "baseline": what the rewrite did
+    non_jpeg_quality: int | None = None  # non_jpeg="jpeg": the quality the images that were not JPEGs were stored at
     warning: str | None = None  # most of the input rejected (fastdata.convert.kept): the summary's first line
 
     def __str__(self) -> str:
@@ -93,6 +94,9 @@ class ConversionSummary:
         ]
         if self.layout is not None:
             lines += self.layout.summary_lines(self.jpeg_layout)
+        if self.non_jpeg_quality is not None:
+            lines.append(f"  non-JPEG  images that were not JPEGs stored as JPEGs at quality {self.non_jpeg_quality} "
+                         "(--non-jpeg jpeg: lossy)")
         lines.append(f"  rejected  {len(self.rejected):,} file{'s' * (len(self.rejected) != 1)}")
         lines += [f"    {rejected_place(r)}: {r['reason']}" for r in self.rejected[:50]]
         if len(self.rejected) > 50:
@@ -355,7 +359,8 @@ def convert_images(
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,
                              writer_waited=stats.waited / max(stats.seconds, 1e-9), jpeg_layout=jpeg_layout,
-                             layout=layout, warning=warning)
+                             layout=layout, non_jpeg_quality=quality if non_jpeg == "jpeg" else None,
+                             warning=warning)
 
 
 def _progress_json(state: _Progress, listing: ImageSource) -> bytes:

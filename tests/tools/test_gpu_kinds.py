@@ -128,7 +128,7 @@ def test_non_jpeg_jpeg_stores_every_other_image_as_a_jpeg_of_the_pixels_the_load
     fastdata.convert_imagefolder(mixed_tree, kept, workers=1, progress=False)
     code, out, _ = cli(capsys, "convert", "imagefolder", mixed_tree, as_jpeg, "--non-jpeg", "jpeg", "--quality", "95",
                        "--workers", "1", "--quiet")
-    assert code == 0
+    assert code == 0 and "non-JPEG  images that were not JPEGs stored as JPEGs at quality 95" in out
     manifest = read_manifest(as_jpeg)
     assert manifest.options["non_jpeg"] == "jpeg" and manifest.options["quality"] == 95
     stored_kept, stored_jpeg = stored_lmdb(kept), stored_lmdb(as_jpeg)
