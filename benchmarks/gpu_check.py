@@ -13,10 +13,10 @@ all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads
 decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
 alone (baseline JPEGs only: progressive files come back None). Then, over the same photos converted with
 `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded): fastdata's default
-and the hardware engines alone, as one
-decoder and as two decoders called from two threads (a second batch in flight). Last, the GPU
-time of the device path's batched crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on CUDA:
-its matrix products in float16 and float32 against the per-tap gathers of the kernel before).
+and the hardware engines alone, as one decoder and as two decoders called from two threads (a second batch in
+flight), and the engines alone on each train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`. Last,
+the GPU time of the device path's batched crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on
+CUDA: its matrix products in float16 and float32 against the per-tap gathers of the kernel before).
 
 Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip install 'fastdata[gpu-cu13]'`).
 """
@@ -30,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -174,10 +175,12 @@ def main() -> None:
 
 def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tuple[float, int]]]:
     """The same photos converted with `--jpeg-layout baseline --non-jpeg jpeg` (progressive files rewritten
-    losslessly as baseline, PNGs stored as JPEGs): whole-file decode-only rates of fastdata's default mix and of the
-    hardware engines alone (as one decoder, and as two on two threads), which now take every image. (Over the
-    original files the default gave 10,198 img/s and the engines alone 14,749 refusing the 19 progressive files:
-    whether the hybrid decoder's share of each batch is what costs the difference.)"""
+    losslessly as baseline, PNGs stored as JPEGs): decode-only rates of fastdata's default mix and of the hardware
+    engines alone (as one decoder, and as two on two threads), which now take every image; and of the engines
+    alone on each train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg` (what the workers ship
+    there: only the MCUs the crop covers). (Over the original files the default gave 10,198 img/s and the engines
+    alone 14,749 refusing the 19 progressive files: whether the hybrid decoder's share of each batch is what costs
+    the difference.)"""
     from gpu_train_feed import dataset, jpegs
 
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
@@ -185,24 +188,32 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
 
     _, lmdb = dataset(out, images, "baseline", non_jpeg="jpeg")  # gpu_train_feed's: every image a baseline JPEG
     payloads, _ = jpegs(lmdb)
+    _, restart = dataset(out, images, "restart", non_jpeg="jpeg")
+    subs, _ = jpegs(restart, sub_jpegs=True)
     cuda = torch.device("cuda")
+    hardware = DeviceDecode(backends=("hardware",))
     decoders = {}
-    for options in (DeviceDecode(), DeviceDecode(backends=("hardware",))):
+    for options in (DeviceDecode(), hardware):
         decoder = NvImageCodecDecoder(cuda, options)
         decode_now(decoder, payloads[:BATCH])  # warm-up
         decoders[decoder.name] = decoder
-    pair = [NvImageCodecDecoder(cuda, DeviceDecode(backends=("hardware",))) for _ in range(2)]
-    for decoder in pair:
+    pair = [NvImageCodecDecoder(cuda, hardware) for _ in range(2)]
+    on_subs = NvImageCodecDecoder(cuda, hardware)
+    for decoder in [*pair, on_subs]:
         decode_now(decoder, payloads[:BATCH])  # warm-up
-    two = f"{pair[0].name}, two decoders on two threads and streams, batches alternating"
-    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in [*decoders, two]}
+    measures: dict[str, Callable[[], tuple[float, int]]] = {
+        name: (lambda decoder=decoder: rate(decoder, payloads, None)) for name, decoder in decoders.items()}
+    measures[f"{pair[0].name}, two decoders on two threads and streams, batches alternating"] = (
+        lambda: rate_in_parallel(pair, payloads))
+    measures[f"{on_subs.name}, each train crop's sub-JPEG (--jpeg-layout restart --non-jpeg jpeg)"] = (
+        lambda: rate(on_subs, subs, None))
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in measures}
     for repeat in range(repeats):
         for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):
-            runs[name].append(rate_in_parallel(pair, payloads) if name == two else
-                              rate(decoders[name], payloads, None))
-    report.table(f"--jpeg-layout baseline --non-jpeg jpeg ({len(payloads)} JPEGs, every one baseline): decode only, "
-                 f"whole files, medians of {repeats} alternating repeats",
-                 ["decoder", "whole img/s", "spread", "not decoded"],
+            runs[name].append(measures[name]())
+    report.table(f"every image a baseline JPEG ({len(payloads)} of them; --jpeg-layout baseline --non-jpeg jpeg, or "
+                 f"restart for the sub-JPEGs): decode only, medians of {repeats} alternating repeats",
+                 ["decoder", "img/s", "spread", "not decoded"],
                  [[name, f"{statistics.median(r for r, _ in rows):,.0f}",
                    f"{max(r for r, _ in rows) - min(r for r, _ in rows):,.0f}", rows[0][1]]
                   for name, rows in runs.items()])

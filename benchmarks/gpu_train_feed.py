@@ -16,7 +16,9 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
 - with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and the GPU's hardware
   JPEG engines alone (`DeviceDecode(backends=("hardware",))`) over the photos converted with
   `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
-  take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs).
+  take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs), and
+  over `--jpeg-layout restart --non-jpeg jpeg` (the workers ship each crop's sub-JPEG: the engines decode only the
+  MCUs the crop covers); these two for ResNet-18, whose rate the decoder bounds.
 
 Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
 per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
@@ -175,7 +177,14 @@ class OnDevice:
                 non_blocking=True)
 
 
-def contenders(src: Path, lmdb: Path, baseline: Path, workers: int) -> dict[str, Callable[[], Iterable]]:
+HARDWARE_BASELINE = ("fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout baseline --non-jpeg jpeg, "
+                     "num_workers=4")
+HARDWARE_RESTART = ("fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout restart --non-jpeg jpeg (each crop's "
+                    "sub-JPEG), num_workers=4")
+
+
+def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: int
+               ) -> dict[str, Callable[[], Iterable]]:
     import fastdata
 
     def imagefolder() -> Iterable:
@@ -196,9 +205,10 @@ def contenders(src: Path, lmdb: Path, baseline: Path, workers: int) -> dict[str,
             lmdb, decode="device", num_workers=workers, **common),
         "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
-        "fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout baseline --non-jpeg jpeg, num_workers=4":
-            lambda: fastdata.loader(
+        HARDWARE_BASELINE: lambda: fastdata.loader(
             baseline, decode=fastdata.DeviceDecode(backends=("hardware",)), num_workers=4, **common),
+        HARDWARE_RESTART: lambda: fastdata.loader(
+            restart, decode=fastdata.DeviceDecode(backends=("hardware",)), num_workers=4, **common),
         "fastdata defaults, num_workers=2": lambda: fastdata.loader(lmdb, num_workers=2, **common),
         "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
             lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
@@ -206,13 +216,17 @@ def contenders(src: Path, lmdb: Path, baseline: Path, workers: int) -> dict[str,
 
 
 #: Contenders run for some models only (the target they answer is set for those): name -> models.
-ONLY_FOR = {"fastdata defaults, num_workers=2": {"resnet50"}}
+ONLY_FOR = {"fastdata defaults, num_workers=2": {"resnet50"},
+            HARDWARE_BASELINE: {"resnet18"}, HARDWARE_RESTART: {"resnet18"}}  # the decoder's rate: the fast model
 
 
-def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
-    """Every JPEG of the dataset (pinned host memory, as the workers hand them over) and its train crop's region."""
+def jpegs(lmdb: Path, sub_jpegs: bool = False) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
+    """Every JPEG of the dataset (pinned host memory, as the workers hand them over) and its train crop's region;
+    with `sub_jpegs` (a restart-layout dataset), each crop's sub-JPEG instead of the whole file, as the workers
+    ship them there (`fastdata.image.device.ship.ship_sub_jpeg`)."""
     import fastdata
     from fastdata.image.device.kernels import cover
+    from fastdata.image.device.ship import ship_sub_jpeg
     from fastdata.order.epoch import sample_rng
 
     ds = fastdata.dataset(lmdb, "train", image_size=224)
@@ -224,7 +238,9 @@ def jpegs(lmdb: Path) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]
         params = ds.pipeline.preset.params(sample.width, sample.height, sample_rng(0, 0, *sample.position))
         box = np.array([[params.left, params.top, params.width, params.height]])
         regions.append(tuple(int(v) for v in cover(box, np.array([[sample.height, sample.width]]))[0]))
-        payloads.append(torch.frombuffer(bytearray(sample.data), dtype=torch.uint8).pin_memory().numpy())
+        shipped = ship_sub_jpeg(sample, params) if sub_jpegs else None
+        data = sample.data if shipped is None else shipped[0]
+        payloads.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).pin_memory().numpy())
     return payloads, regions
 
 
@@ -289,6 +305,7 @@ def main() -> None:
 
     src, lmdb = dataset(out, args.images)
     _, baseline = dataset(out, args.images, "baseline", non_jpeg="jpeg")  # every image a baseline JPEG
+    _, restart = dataset(out, args.images, "restart", non_jpeg="jpeg")  # every image a JPEG with restart markers
     say("datasets ready")
     results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "images": args.images,
                      "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
@@ -296,7 +313,7 @@ def main() -> None:
     say("decode only:", results["decode_only"])
     results["decode_only_baseline"] = decode_only(baseline)
     say("decode only, baseline layout, PNGs as JPEGs:", results["decode_only_baseline"])
-    makers = contenders(src, lmdb, baseline, args.workers)
+    makers = contenders(src, lmdb, baseline, restart, args.workers)
     models = args.models.split(",")
     results["tune"] = {}
     for model in models:
