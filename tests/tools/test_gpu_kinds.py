@@ -156,6 +156,15 @@ def test_non_jpeg_jpeg_in_webdataset_shards_stores_jpg_members(mixed_tree, tmp_p
     assert sum(1 for _ in fastdata.dataset(shards)) == 5  # the loader reads them
 
 
+def test_non_jpeg_jpeg_with_the_restart_layout_rewrites_the_new_jpegs_too(mixed_tree, tmp_path):
+    """The images stored as JPEGs are JPEG records like the others: the restart layout rewrites them too, so that
+    every crop of the dataset can go to the device as a sub-JPEG."""
+    out = tmp_path / "restart.lmdb"
+    fastdata.convert_imagefolder(mixed_tree, out, workers=1, progress=False, jpeg_layout="restart", non_jpeg="jpeg")
+    stats = read_manifest(out).stats
+    assert stats["jpeg_layout"]["rewritten"] == 5 and stats["gpu_kinds"] == counts(["baseline"] * 5)
+
+
 def test_non_jpeg_takes_keep_or_jpeg(mixed_tree, tmp_path):
     from fastdata.errors import ConfigError
 
