@@ -26,7 +26,7 @@ class EncodeOptions:
 #: What a conversion does with images that are not JPEGs (PNG, WebP, BMP, TIFF, GIF): "keep" their bytes
 #: (lossless), or store them as "jpeg" at the conversion's quality (lossy, as FFCV's write_mode="jpg"): the pixels
 #: the loader decodes from them, encoded once, so that decode="device" decodes every image on the GPU and its
-#: workers decode none (decoding the sample photos' 3.7% PNGs took 73% of such a worker's time:
+#: workers decode none (decoding the sample photos' 3.7% PNGs took about 72% of such a worker's time:
 #: benchmarks/device_cpu_side.py).
 NON_JPEG = ("keep", "jpeg")
 
