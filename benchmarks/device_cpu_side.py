@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import report
-from common import arguments, cached_sample_imagefolder
+from common import arguments
 from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
@@ -45,17 +45,9 @@ def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> tuple[float, f
     return n / seconds, decoding / seconds, decoded
 
 
-def non_jpeg_as_jpeg(data: Path, images: int) -> Path:
-    """The same sample converted with `--non-jpeg jpeg` (its PNGs stored as JPEGs), converted once."""
-    out = data / f"imagefolder-{images}-non-jpeg-as-jpeg.lmdb"
-    if not out.exists():
-        fastdata.convert_imagefolder(cached_sample_imagefolder(data, images), out, progress=False, non_jpeg="jpeg")
-    return out
-
-
 def main() -> None:
     args = arguments(__doc__, images=3000, batch_size=256).parse_args()
-    mixed, as_jpeg = dataset_for(args.data, args.images), non_jpeg_as_jpeg(args.data, args.images)
+    mixed, as_jpeg = dataset_for(args.data, args.images), dataset_for(args.data, args.images, non_jpeg="jpeg")
     import cv2
 
     cv2.setNumThreads(1)

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import report
 from common import arguments, cached_sample_imagefolder
+from hardening import dataset_for
 
 BATCH = 256
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
@@ -53,18 +54,10 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
 
 
 def dataset(out: Path, images: int, layout: str = "original", non_jpeg: str = "keep") -> tuple[Path, Path]:
-    """The sample photos as an ImageFolder tree and as an LMDB dataset (converted on every core; `layout`
+    """The sample photos as an ImageFolder tree and as an LMDB dataset (`hardening.dataset_for`: `layout`
     "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU; "baseline": the
     progressive ones rewritten losslessly as baseline; `non_jpeg` "jpeg": the PNGs stored as JPEGs, lossy)."""
-    import fastdata
-
-    src = cached_sample_imagefolder(out, images)
-    name = f"sample-{images}" + ("" if layout == "original" else f"-{layout}") + (
-        "" if non_jpeg == "keep" else "-non-jpeg-as-jpeg")
-    lmdb = out / f"{name}.lmdb"
-    if not lmdb.exists():
-        fastdata.convert_imagefolder(src, lmdb, progress=False, jpeg_layout=layout, non_jpeg=non_jpeg)
-    return src, lmdb
+    return cached_sample_imagefolder(out, images), dataset_for(out, images, layout, non_jpeg)
 
 
 class Step:

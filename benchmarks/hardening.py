@@ -27,11 +27,15 @@ import fastdata
 from fastdata.tools.bench_fair import alternate, dataset_files, loader_settings, median_ratio, warm_page_cache
 
 
-def dataset_for(data: Path, images: int) -> Path:
+def dataset_for(data: Path, images: int, jpeg_layout: str = "original", non_jpeg: str = "keep") -> Path:
+    """The benchmarks' sample photos (`cached_sample_imagefolder`) as an LMDB dataset under `data`, converted once
+    (on every core) with the layout options given; each combination is a dataset of its own."""
     src = cached_sample_imagefolder(data, images)
-    out = data / f"imagefolder-{images}.lmdb"
+    name = f"imagefolder-{images}" + ("" if jpeg_layout == "original" else f"-{jpeg_layout}") + (
+        "" if non_jpeg == "keep" else f"-non-jpeg-as-{non_jpeg}")
+    out = data / f"{name}.lmdb"
     if not out.exists():
-        fastdata.convert_imagefolder(src, out, progress=False)
+        fastdata.convert_imagefolder(src, out, progress=False, jpeg_layout=jpeg_layout, non_jpeg=non_jpeg)
     return out
 
 

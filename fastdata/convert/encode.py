@@ -79,10 +79,14 @@ def _as_jpeg(data: bytes, codec: int, relative_path: str, label: Label, options:
         pixels = decode_rgb(data, codec, max_pixels=options.max_pixels)
     except ValueError as exc:
         raise ValueError(f"not decodable by the loader ({exc})") from None
+    return _jpeg_record(Image.fromarray(pixels), relative_path, label, options.quality)
+
+
+def _jpeg_record(rgb, relative_path: str, label: Label, quality: int) -> ImageRecord:
+    """The RGB PIL image `rgb` encoded once as the JPEG record of sample `relative_path`."""
     out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=options.quality)
-    height, width = pixels.shape[:2]
-    return ImageRecord(relative_path, out.getvalue(), "jpg", label, width, height, codec_for("JPEG", "RGB"))
+    rgb.save(out, "JPEG", quality=quality)
+    return ImageRecord(relative_path, out.getvalue(), "jpg", label, rgb.width, rgb.height, codec_for("JPEG", "RGB"))
 
 
 def _downscaled(im, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:
@@ -95,7 +99,4 @@ def _downscaled(im, relative_path: str, label: Label, options: EncodeOptions) ->
     if im.format == "JPEG":
         im.draft("RGB", target)  # DCT-domain downscale first: much less to decode
     rgb = im.convert("RGB").resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
-    out = io.BytesIO()
-    rgb.save(out, "JPEG", quality=options.quality)
-    return ImageRecord(relative_path, out.getvalue(), "jpg", label, target[0], target[1],
-                       codec_for("JPEG", "RGB"))
+    return _jpeg_record(rgb, relative_path, label, options.quality)
