@@ -8,15 +8,16 @@ For every configuration, on the sample photos' JPEGs (the same files as benchmar
    each train crop's covering region (RandomResizedCrop boxes drawn as the loader draws them), which is what the
    device path asks for; images the configuration could not decode (None) are counted.
 
-Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the library's own defaults (every backend,
-all cores but one); fastdata's default (hardware engines + hybrid, 4 CPU threads) with and without reusing the
-decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) + hybrid; hybrid alone; hardware
-alone (baseline JPEGs only: progressive files come back None). Then, over the same photos converted with
-`--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded): fastdata's default
-and the hardware engines alone, as one decoder and as two decoders called from two threads (a second batch in
-flight), and the engines alone on each train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`. Last,
-the GPU time of the device path's batched crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on
-CUDA: its matrix products in float16 and float32 against the per-tap gathers of the kernel before).
+Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the library's own defaults (every backend, all
+cores but one); fastdata's default over files that include progressive ones (hardware engines + hybrid, 4 CPU
+threads) with and without reusing the decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) +
+hybrid; hybrid alone; hardware alone (baseline JPEGs only: progressive files come back None). Then, over the same
+photos converted with `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded):
+hardware + hybrid and the hardware engines alone (what `DeviceDecode(backends="auto")` chooses for such a dataset),
+as one decoder and as two decoders called from two threads (a second batch in flight), and the engines alone on each
+train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`. Last, the GPU time of the device path's batched
+crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on CUDA: its matrix products in float16 and
+float32 against the per-tap gathers of the kernel before).
 
 Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip install 'fastdata[gpu-cu13]'`).
 """
@@ -64,7 +65,7 @@ def configurations() -> dict[str, object]:
     library.name = f"nvimgcodec {nvimgcodec.__version__} library defaults (all backends, {os.cpu_count() - 1} threads)"
     found[library.name] = library
     default = NvImageCodecDecoder(cuda, DeviceDecode())
-    found[default.name + " [fastdata default]"] = default
+    found[default.name + " [fastdata default where progressive JPEGs are stored]"] = default
     no_reuse = NvImageCodecDecoder(cuda, DeviceDecode())
     no_reuse.reuse = False
     found[no_reuse.name + ", Images not reused"] = no_reuse
@@ -193,10 +194,11 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
     cuda = torch.device("cuda")
     hardware = DeviceDecode(backends=("hardware",))
     decoders = {}
-    for options in (DeviceDecode(), hardware):
+    for options in (DeviceDecode(backends=("hardware", "hybrid")), hardware):
         decoder = NvImageCodecDecoder(cuda, options)
         decode_now(decoder, payloads[:BATCH])  # warm-up
-        decoders[decoder.name] = decoder
+        chosen = " [fastdata default here: backends='auto']" if options is hardware else ""
+        decoders[decoder.name + chosen] = decoder
     pair = [NvImageCodecDecoder(cuda, hardware) for _ in range(2)]
     on_subs = NvImageCodecDecoder(cuda, hardware)
     for decoder in [*pair, on_subs]:

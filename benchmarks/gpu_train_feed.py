@@ -13,8 +13,9 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
   what `fastdata tune --device cuda --step MODEL` measured, which this script runs before each model's loops, as
   a user would with their model; `--tune-budget` is shared between the models), and the defaults with
   num_workers=4 (and, for ResNet-50, 2);
-- with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and the GPU's hardware
-  JPEG engines alone (`DeviceDecode(backends=("hardware",))`) over the photos converted with
+- with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and decode="device"
+  (whose `backends="auto"` takes the GPU's hardware JPEG engines alone where they pass its probe, fastdata.image.
+  device.choice) over the photos converted with
   `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
   take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs), and
   over `--jpeg-layout restart --non-jpeg jpeg` (the workers ship each crop's sub-JPEG: the engines decode only the
@@ -38,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,7 +108,7 @@ def cpu_seconds() -> float:
     return total
 
 
-def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4) -> dict[str, float]:
+def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4) -> dict[str, Any]:
     """Images/s of `step` fed by the loader `make()` makes, over `epochs` whole epochs after one warm-up epoch;
     the same without the first `settle` batches of each epoch (the steady state, from CUDA events recorded after
     each step: no synchronisation in the loop); the host cores the process and its workers used meanwhile (the
@@ -135,9 +137,10 @@ def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4)
         steady_images = sum(n for epoch in marks for _, n in epoch[settle + 1:])
         steady_seconds = sum(epoch[settle][0].elapsed_time(epoch[-1][0]) / 1000 for epoch in marks
                              if len(epoch) > settle + 1)
-        measured = {"images_per_s": count / seconds, "steady_images_per_s": steady_images / steady_seconds,
-                    "cores": cores}
+        measured: dict[str, Any] = {"images_per_s": count / seconds,
+                                    "steady_images_per_s": steady_images / steady_seconds, "cores": cores}
         if stage is not None:
+            measured["decoder"] = loader.device_decoder
             batches = stage.timings["batches"] - before["batches"]
             measured.update({f"feeder_{part}_ms": 1000 * (stage.timings[part] - before[part]) / batches
                              for part in ("decode", "resize", "other", "workers", "starved")})
@@ -170,10 +173,9 @@ class OnDevice:
                 non_blocking=True)
 
 
-HARDWARE_BASELINE = ("fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout baseline --non-jpeg jpeg, "
-                     "num_workers=4")
-HARDWARE_RESTART = ("fastdata DeviceDecode(backends=('hardware',)), --jpeg-layout restart --non-jpeg jpeg (each crop's "
-                    "sub-JPEG), num_workers=4")
+HARDWARE_BASELINE = "fastdata decode='device', --jpeg-layout baseline --non-jpeg jpeg, num_workers=4"
+HARDWARE_RESTART = ("fastdata decode='device', --jpeg-layout restart --non-jpeg jpeg (each crop's sub-JPEG), "
+                    "num_workers=4")
 
 
 def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: int
@@ -198,10 +200,8 @@ def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: in
             lmdb, decode="device", num_workers=workers, **common),
         "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
         "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
-        HARDWARE_BASELINE: lambda: fastdata.loader(
-            baseline, decode=fastdata.DeviceDecode(backends=("hardware",)), num_workers=4, **common),
-        HARDWARE_RESTART: lambda: fastdata.loader(
-            restart, decode=fastdata.DeviceDecode(backends=("hardware",)), num_workers=4, **common),
+        HARDWARE_BASELINE: lambda: fastdata.loader(baseline, decode="device", num_workers=4, **common),
+        HARDWARE_RESTART: lambda: fastdata.loader(restart, decode="device", num_workers=4, **common),
         "fastdata defaults, num_workers=2": lambda: fastdata.loader(lmdb, num_workers=2, **common),
         "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
             lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
@@ -238,12 +238,16 @@ def jpegs(lmdb: Path, sub_jpegs: bool = False) -> tuple[list[np.ndarray], list[t
 
 
 def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
-    """Images/s of the device path's decoder (fastdata's default DeviceDecode) alone: every JPEG of the dataset
-    (whole files, as the loader ships them by default), 256 per batched call."""
-    from fastdata.image.device.decoders import decode_now, make_decoder
+    """Images/s of the device path's decoder alone, as a loader with the default DeviceDecode makes it for this
+    dataset (`backends="auto"`): every JPEG of the dataset (whole files, as the loader ships them by default), 256
+    per batched call."""
+    from fastdata.formats.manifest import read_manifest
+    from fastdata.image.device.choice import baseline_only, device_decoder
+    from fastdata.image.device.decoders import decode_now
     from fastdata.image.device.options import DeviceDecode
 
-    decoder = make_decoder(torch.device("cuda"), DeviceDecode())
+    kinds = read_manifest(lmdb).stats.get("gpu_kinds")
+    decoder = device_decoder(torch.device("cuda"), DeviceDecode(), baseline_only(DeviceDecode(), kinds))
     payloads, regions = jpegs(lmdb)
     use_regions = DeviceDecode().regions and decoder.regions  # as the loader asks
     batches = [(payloads[i:i + BATCH], regions[i:i + BATCH] if use_regions else None)
@@ -322,9 +326,9 @@ def main() -> None:
             for name in order:
                 measured = feed(step, makers[name], args.epochs)
                 rows[name].append(measured)
-                feeder = (f"; feeder ms/batch: decode {measured['feeder_decode_ms']:.1f}, resize "
-                          f"{measured['feeder_resize_ms']:.1f}, other {measured['feeder_other_ms']:.1f}, waiting "
-                          f"for the workers {measured['feeder_workers_ms']:.1f}; the training thread waited "
+                feeder = (f"; {measured['decoder']}; feeder ms/batch: decode {measured['feeder_decode_ms']:.1f}, "
+                          f"resize {measured['feeder_resize_ms']:.1f}, other {measured['feeder_other_ms']:.1f}, "
+                          f"waiting for the workers {measured['feeder_workers_ms']:.1f}; the training thread waited "
                           f"{measured['feeder_starved_ms']:.1f} ms/batch for the feeder"
                           if "feeder_decode_ms" in measured else "")
                 say(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s (steady "

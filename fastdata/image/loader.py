@@ -21,7 +21,7 @@ from fastdata.image.batch import EncodedBatch, EncodedSample, sample_metadata
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
-from fastdata.image.device.decoders import make_decoder
+from fastdata.image.device.choice import baseline_only, device_decoder
 from fastdata.image.device.feeder import DeviceFeeder, PassKey
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.probes import sub_jpeg_failure, warn_whole_files
@@ -408,7 +408,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         restart layout the proof that it takes sub-JPEGs (until then the workers ship whole files)."""
         assert self._stage is not None
         if self._stage.decoder is None:
-            self._stage.decoder = make_decoder(self._stage.device, self._device_options)
+            only_baseline = baseline_only(self._device_options, self.dataset.manifest.stats.get("gpu_kinds"))
+            self._stage.decoder = device_decoder(self._stage.device, self._device_options, only_baseline)
             pipeline = self.dataset.pipeline
             if pipeline.jpeg_layout == "restart" and self._device_options.sub_jpegs:
                 failure = sub_jpeg_failure(self._stage.decoder)

@@ -1,9 +1,11 @@
 """A stand-in for `nvidia.nvimgcodec` (0.9's Python API, as documented and as fastdata calls it) that decodes on
 the CPU with Pillow, so that fastdata's nvImageCodec integration runs in CI, where the real library cannot (it
 needs an NVIDIA driver even for its CPU backend). It honours what fastdata relies on: `Decoder(device_id,
-max_num_cpu_threads, backends)`, a batched `decode(srcs, images=, params=, cuda_stream=)` that returns None (no
-exception) for an image it cannot decode, `CodeStream(array).get_sub_code_stream(region=Region(y0, x0, y1, x1))`,
-`DecodeParams(sample_format=P_RGB)` giving planar RGB, and Images exported through DLPack."""
+max_num_cpu_threads, backends)` (the hardware backend alone decodes baseline JPEGs only, and nothing on a GPU
+without JPEG engines: `Decoder.engines = False`), a batched `decode(srcs, images=, params=, cuda_stream=)` that
+returns None (no exception) for an image it cannot decode,
+`CodeStream(array).get_sub_code_stream(region=Region(y0, x0, y1, x1))`, `DecodeParams(sample_format=P_RGB)`
+giving planar RGB, and Images exported through DLPack."""
 
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ class Decoder:
     """Decodes with Pillow; `rejects(data)` (set by a test) makes it return None for chosen bytes."""
 
     created: ClassVar[list[Decoder]] = []
+    engines: ClassVar[bool] = True  # the GPU has hardware JPEG engines (HW_GPU_ONLY decodes baseline JPEGs)
 
     def __init__(self, device_id: int = -1, max_num_cpu_threads: int = 0, backends: list[Backend] | None = None,
                  options: str = "") -> None:
@@ -85,6 +88,8 @@ class Decoder:
         self.calls: list[int] = []
         self.given: list[int] = []  # per call, how many Images were passed back to decode into (`images=`)
         self.rejects = lambda data: False
+        kinds = {backend.backend_kind for backend in backends or [Backend()]}
+        self.engines_alone = kinds == {BackendKind.HW_GPU_ONLY}
         Decoder.created.append(self)
 
     def decode(self, srcs: list[CodeStream], *, images: list[Image] | None = None,
@@ -98,6 +103,9 @@ class Decoder:
             return None
         try:
             with PILImage.open(io.BytesIO(src.data)) as opened:
+                if self.engines_alone and (not Decoder.engines or opened.format != "JPEG"
+                                           or opened.info.get("progressive") or opened.info.get("progression")):
+                    return None  # the hardware engines: baseline JPEGs only, and only where the GPU has them
                 array = np.asarray(opened.convert("RGB"))
         except Exception:  # nvImageCodec gives None for an image it cannot decode, never an exception
             return None

@@ -115,3 +115,26 @@ def test_cuda_resize_in_float16_stays_within_a_tenth_of_a_grey_level_of_the_cpus
     gpu = crop_resize_flip([i.cuda() for i in images], crops, (224, 224)).round().cpu()
     difference = (cpu - gpu).abs()
     assert difference.max() <= 1 and difference.mean() < 0.1, (difference.max(), difference.mean())
+
+
+@pytest.mark.skipif(bool(nvimgcodec_missing()), reason="needs nvImageCodec: pip install 'fastdata[gpu-cu13]'")
+def test_auto_backends_on_this_gpu_decode_baseline_jpegs_with_the_engines_or_say_why_not(photos):
+    """DeviceDecode(backends="auto") with progressive JPEGs kept in the workers: the decoder is sent baseline JPEGs
+    only, so it is the JPEG engines alone where this GPU's engines decode the probes (else hardware + hybrid, said
+    once); either way the batches stay within nvImageCodec's tolerance of the CPU's and nothing is refused."""
+    import warnings
+
+    options = dict(batch_size=8, image_size=224, num_workers=0, seed=3, shuffle=False, augment="val",
+                   decode=DeviceDecode(progressive="workers"))
+    cpu = list(fastdata.loader(photos[0], device="cpu", **options))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = fastdata.loader(photos[0], device="cuda", **options)
+        gpu = list(loader)
+    said = [str(w.message) for w in caught if "JPEG engines alone are not used" in str(w.message)]
+    assert ("(hardware;" in loader.device_decoder) != bool(said), (loader.device_decoder, said)
+    for (ci, cl), (gi, gl) in zip(cpu, gpu, strict=True):
+        assert torch.equal(cl, gl.cpu())
+        assert (ci.int() - gi.cpu().int()).abs().float().mean() < TOLERANCE["nvimgcodec"]
+    assert loader.device_rejected == 0 and loader.device_errors == 0
+    loader.close_feeder()

@@ -12,8 +12,10 @@ import torch
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
+from fastdata.image.device.choice import baseline_only, device_decoder
 from fastdata.image.device.decoders import TorchvisionDecoder, decode_now, make_decoder
 from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.probes import ENGINE_PROBE_KINDS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from tests.image import nvimgcodec_standin
@@ -122,3 +124,68 @@ def test_decode_now_hands_the_buffers_back_for_the_next_call(standin, packed):
         plain.decode(payloads)
     assert nvimgcodec_standin.Decoder.created[-1].given == [0, 0, 0]
     assert decode_now(TorchvisionDecoder(torch.device("cpu")), payloads[:2])[0].shape[0] == 3  # no buffers: as decode
+
+
+def test_auto_backends_take_the_engines_alone_where_the_decoder_gets_baseline_jpegs_only(standin, packed):
+    """DeviceDecode(backends="auto"), the default: the hardware backend alone when the decoder is sent baseline
+    JPEGs only and the engines decode the probes; its batches are the whole-image decode's."""
+    cpu = torch.device("cpu")
+    decoder = device_decoder(cpu, DeviceDecode(), baseline_only=True, make=standin)
+    created = nvimgcodec_standin.Decoder.created
+    assert decoder.backends == ("hardware",) and "(hardware;" in decoder.name
+    assert [b.backend_kind.name for b in created[-1].backends] == ["HW_GPU_ONLY"]
+    assert created[-1].calls == [len(ENGINE_PROBE_KINDS)]  # the probes, in one call
+    expected = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(cpu))(packed[0])
+    got = DeviceStage("cpu", 48, "photos", decoder=decoder)(packed[0])
+    assert (got.images.int() - expected.images.int()).abs().max() <= 1
+    # progressive files may reach the decoder, or nothing is known: hardware + hybrid, no probe
+    for options, only_baseline in ((DeviceDecode(), False), (DeviceDecode(backends=("hybrid",)), True)):
+        before = len(created)
+        chosen = device_decoder(cpu, options, baseline_only=only_baseline, make=standin)
+        assert len(created) == before + 1 and created[-1].calls == []
+        assert chosen.backends == (("hardware", "hybrid") if options.backends == "auto" else ("hybrid",))
+    assert isinstance(device_decoder(cpu, DeviceDecode(), baseline_only=True), TorchvisionDecoder)  # CPU: libjpeg
+
+
+def test_auto_backends_keep_the_hybrid_decoder_on_a_gpu_whose_engines_fail_the_probe(standin, monkeypatch):
+    monkeypatch.setattr(nvimgcodec_standin.Decoder, "engines", False)  # a GPU without JPEG engines
+    with pytest.warns(RuntimeWarning, match="JPEG engines alone are not used.*returned nothing for the 4:2:0"):
+        decoder = device_decoder(torch.device("cpu"), DeviceDecode(), baseline_only=True, make=standin)
+    assert decoder.backends == ("hardware", "hybrid")
+    assert [b.backend_kind.name for b in nvimgcodec_standin.Decoder.created[-1].backends] == ["HW_GPU_ONLY",
+                                                                                             "HYBRID_CPU_GPU"]
+
+
+def test_a_progressive_jpeg_refused_by_the_engines_alone_is_decoded_on_the_cpu_and_said(standin, tricky_lmdb):
+    """A JPEG the engines alone refuse (here a progressive one, given them explicitly) is decoded on the CPU,
+    counted, and the warning says how to give such files to the hybrid decoder."""
+    from fastdata.image.jpeg.header import progressive
+
+    ds = fastdata.dataset(tricky_lmdb, "val", image_size=16)
+    rows = [i for i in range(len(ds)) if progressive(ds.encoded(i).data)]
+    batch = pack_encoded(ds.pipeline, [ds.encoded(i) for i in rows], 0)
+    assert not batch.worker_decoded.any()
+    cpu = torch.device("cpu")
+    engines = standin(cpu, DeviceDecode(backends=("hardware",)))
+    stage = DeviceStage("cpu", 16, "tricky", decoder=engines)
+    with pytest.warns(RuntimeWarning, match=r"could not decode sample.*backends=\('hardware', 'hybrid'\)"):
+        made = stage(batch)
+    expected = DeviceStage("cpu", 16, "tricky", decoder=TorchvisionDecoder(cpu))(batch)
+    assert stage.policy.rejected == len(rows) and made.skipped == []
+    assert (made.images.int() - expected.images.int()).abs().max() <= 1
+
+
+def test_the_decoder_gets_baseline_jpegs_only_when_the_conversion_recorded_no_progressive_one(
+        tricky_tree, tricky_lmdb, tmp_path):
+    """What `backends="auto"` goes by: the conversion's count of progressive JPEGs (the tricky tree has one; the
+    baseline layout stores it baseline), or progressive="workers"; an older dataset records none: not known."""
+    from fastdata.formats.manifest import read_manifest
+
+    baseline = tmp_path / "baseline.lmdb"
+    fastdata.convert_imagefolder(tricky_tree.root, baseline, workers=1, progress=False, jpeg_layout="baseline")
+    original_kinds = read_manifest(tricky_lmdb).stats["gpu_kinds"]
+    assert original_kinds["progressive"] == 1
+    assert not baseline_only(DeviceDecode(), original_kinds)
+    assert baseline_only(DeviceDecode(progressive="workers"), original_kinds)
+    assert baseline_only(DeviceDecode(), read_manifest(baseline).stats["gpu_kinds"])
+    assert not baseline_only(DeviceDecode(), None)

@@ -164,3 +164,32 @@ def test_device_sub_jpegs_give_the_rewritten_whole_files_batches(datasets, decod
     assert len(subs) == len(whole) == 6
     for (images, labels), (want_images, want_labels) in zip(subs, whole, strict=True):
         assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)
+
+
+def test_a_kind_the_decoder_takes_neither_whole_nor_cut_leaves_the_sub_jpegs_on():
+    """A decoder that returns nothing for one sampling kind (the JPEG engines alone may refuse 4:4:0), whole file
+    and sub-JPEGs alike, still gets sub-JPEGs: such files go to the CPU either way. One that refuses only the
+    sub-JPEGs of a kind does not."""
+    import torch
+
+    from fastdata.image.device.decoders import TorchvisionDecoder
+    from fastdata.image.device.probes import sub_jpeg_failure
+    from fastdata.image.jpeg.header import read_frame
+
+    def is_440(payload) -> bool:
+        frame = read_frame(bytes(payload))
+        return frame is not None and frame.sampling[0] == (1, 2) and len(frame.sampling) == 3
+
+    class Refuses(TorchvisionDecoder):
+        def __init__(self, device, refused):
+            super().__init__(device)
+            self.refused = refused
+
+        def decode(self, payloads, regions=None):
+            return [None if self.refused(payload, n) else super(Refuses, self).decode([payload])[0]
+                    for n, payload in enumerate(payloads)]
+
+    cpu = torch.device("cpu")
+    assert sub_jpeg_failure(Refuses(cpu, lambda payload, n: is_440(payload))) == ""
+    failure = sub_jpeg_failure(Refuses(cpu, lambda payload, n: is_440(payload) and n > 0))
+    assert "could not decode the 4:4:0 probe or one of its sub-JPEGs" in failure

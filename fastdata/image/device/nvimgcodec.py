@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import AUTO, MIXED, DeviceDecode
 
 _BACKEND_KINDS = {"hardware": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU", "gpu": "GPU_ONLY", "cpu": "CPU_ONLY"}
 
@@ -46,8 +46,9 @@ class NvImageCodecDecoder:
         cuda = self.device.type == "cuda"
         device_id = (self.device.index if self.device.index is not None else torch.cuda.current_device()
                      ) if cuda else -1
+        self.backends = MIXED if options.backends == AUTO else options.backends  # "auto" without a choice made
         backends = []
-        for name in options.backends:
+        for name in self.backends:
             kind = getattr(nvimgcodec.BackendKind, _BACKEND_KINDS[name])
             if name == "hardware" and options.hardware_load is not None:
                 backends.append(nvimgcodec.Backend(kind, load_hint=options.hardware_load))
@@ -59,8 +60,12 @@ class NvImageCodecDecoder:
                                                sample_format=nvimgcodec.SampleFormat.P_RGB,
                                                apply_exif_orientation=False, allow_any_depth=False)
         load = "" if options.hardware_load is None else f", hardware load {options.hardware_load:g}"
-        self.name = (f"nvimgcodec {getattr(nvimgcodec, '__version__', '?')} ({', '.join(options.backends)}{load}; "
+        self.name = (f"nvimgcodec {getattr(nvimgcodec, '__version__', '?')} ({', '.join(self.backends)}{load}; "
                      f"{options.cpu_threads} CPU threads)")
+        # what the device path's warning about a refused image adds (fastdata.image.device.policy)
+        self.refused_hint = ("the GPU's JPEG engines alone decode here; DeviceDecode(backends=('hardware', "
+                             "'hybrid')) gives what they refuse to the hybrid decoder instead"
+                             if self.backends == ("hardware",) else "")
         self.reuse = True  # pass a finished batch's Images back for their buffers (`images=`)
         self._decoding: list[list[Any]] = []  # the Images of the batch being decoded (one list per call)
         self._free: collections.deque[list[Any]] = collections.deque()  # released sets (`release`), reusable

@@ -11,6 +11,10 @@ from fastdata.errors import ConfigError
 DECODERS = ("auto", "nvimgcodec", "torchvision")
 #: nvImageCodec's JPEG backends by the names `DeviceDecode(backends=...)` takes.
 BACKENDS = ("hardware", "hybrid", "gpu", "cpu")
+#: `DeviceDecode(backends=AUTO)`: chosen per dataset and GPU (fastdata.image.device.choice).
+AUTO = "auto"
+#: The backends "auto" gives where the decoder may be sent progressive JPEGs, or the engines fail their probe.
+MIXED = ("hardware", "hybrid")
 #: Where `DeviceDecode(progressive=...)` decodes progressive JPEGs.
 PROGRESSIVE = ("device", "workers")
 
@@ -19,7 +23,9 @@ PROGRESSIVE = ("device", "workers")
 class DeviceDecode:
     """How `decode="device"` decodes: `decoder` ("auto": nvImageCodec when installed, else torchvision's, said
     once), nvImageCodec's `backends` in order of preference ("hardware": the GPU's JPEG engines, baseline JPEGs
-    only; "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"), the share of each batch offered
+    only; "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"; "auto": the engines alone where the
+    decoder is sent baseline JPEGs only and they decode probes of them, else hardware + hybrid: see
+    fastdata.image.device.choice), the share of each batch offered
     to the hardware engines (`hardware_load`, 0..1; None: nvImageCodec's own balance), the CPU threads
     nvImageCodec may use (`cpu_threads`; it would otherwise take all cores but one, which the workers need), and
     `regions`: decode only each crop's covering pixels where the decoder can (nvImageCodec; off by default:
@@ -37,7 +43,7 @@ class DeviceDecode:
     """
 
     decoder: str = "auto"
-    backends: tuple[str, ...] = ("hardware", "hybrid")
+    backends: str | tuple[str, ...] = AUTO
     hardware_load: float | None = None
     cpu_threads: int = 4
     regions: bool = False
@@ -49,11 +55,13 @@ class DeviceDecode:
     def __post_init__(self) -> None:
         if self.decoder not in DECODERS:
             raise ConfigError(f"DeviceDecode(decoder=...) must be one of {DECODERS}, got {self.decoder!r}")
-        backends = (self.backends,) if isinstance(self.backends, str) else tuple(self.backends)
-        unknown = [b for b in backends if b not in BACKENDS]
-        if not backends or unknown:
-            raise ConfigError(f"DeviceDecode(backends=...) takes one or more of {BACKENDS}, got {self.backends!r}")
-        object.__setattr__(self, "backends", backends)
+        if self.backends != AUTO:
+            backends = (self.backends,) if isinstance(self.backends, str) else tuple(self.backends)
+            unknown = [b for b in backends if b not in BACKENDS]
+            if not backends or unknown:
+                raise ConfigError(f"DeviceDecode(backends=...) takes {AUTO!r} or one or more of {BACKENDS}, got "
+                                  f"{self.backends!r}")
+            object.__setattr__(self, "backends", backends)
         if self.hardware_load is not None and not 0 <= self.hardware_load <= 1:
             raise ConfigError(f"DeviceDecode(hardware_load=...) is a share of each batch, 0..1, got "
                               f"{self.hardware_load!r}")

@@ -56,14 +56,16 @@ class DevicePolicy:
             raise CorruptSampleError(message)
         skipped.append((key, message))
 
-    def rejected_by_device(self, key: str, decoder: str) -> None:
-        """The device decoder returned nothing for `key`, which the CPU then decoded: count it, say it once."""
+    def rejected_by_device(self, key: str, decoder: str, hint: str = "") -> None:
+        """The device decoder returned nothing for `key`, which the CPU then decoded: count it, say it once (with
+        the decoder's `hint` on what to do, if it has one)."""
         self.rejected += 1
         if not self._warned_rejected:
             self._warned_rejected = True
             warnings.warn(f"{self.source}: {decoder} on {self.device} could not decode sample {key!r}, which the "
                           "CPU decodes; such samples are decoded on the CPU in the main process (counted in "
-                          "loader.device_rejected; said once)", RuntimeWarning, stacklevel=2)
+                          f"loader.device_rejected; said once){': ' + hint if hint else ''}", RuntimeWarning,
+                          stacklevel=2)
 
     def whole_instead(self, key: str, decoder: str) -> None:
         """The decoder could not decode `key`'s crop region but decoded the whole image: count it, say it once."""

@@ -1,4 +1,5 @@
-"""Whether the device's decoder may be given restart-layout sub-JPEGs (fastdata.image.device.ship).
+"""Whether the device's decoder may be given restart-layout sub-JPEGs (fastdata.image.device.ship), and whether a
+decoder of the GPU's hardware JPEG engines alone decodes baseline JPEGs (`engines_failure`).
 
 What the loader relies on is exactly this: in the loader's own batched call on the device's decoder, the sub-JPEG
 of a region decodes, inside that region, to the same pixels as the rewritten whole file does on the same decoder.
@@ -6,8 +7,9 @@ of a region decodes, inside that region, to the same pixels as the rewritten who
 baseline and progressive streams to different code with different rounding; both are the decoder's own decode of
 the same image.) `sub_jpeg_failure` checks it on probe JPEGs of every sampling kind a dataset may hold (4:2:0,
 4:2:2, 4:4:4, 4:4:0, greyscale, progressive 4:2:0), with regions whose edges fall on, beside and inside MCU
-boundaries. The feeder runs it once, on its own thread, after the workers have started; until it passes, the
-workers ship whole files."""
+boundaries; a kind the decoder takes neither whole nor as sub-JPEGs says nothing either way (such files go to the
+CPU whole or cut). The feeder runs it once, on its own thread, after the workers have started; until it passes,
+the workers ship whole files."""
 
 from __future__ import annotations
 
@@ -71,6 +73,9 @@ def sub_jpeg_failure(decoder: BatchDecoder) -> str:
         except Exception as exc:  # the decoder's own error: it cannot be relied on
             return f"the {kind} probe: {type(exc).__name__}: {exc}"
         whole, parts = decoded[0], decoded[1:]
+        if whole is None and all(part is None for part in parts):
+            continue  # a kind this decoder takes neither whole nor cut (the engines alone and 4:4:0, say): such
+            # files are decoded on the CPU either way (the stage's rule for bytes the device returns nothing for)
         if whole is None or any(part is None for part in parts):
             return f"{decoder.name} could not decode the {kind} probe or one of its sub-JPEGs"
         whole = whole.cpu()
@@ -81,6 +86,36 @@ def sub_jpeg_failure(decoder: BatchDecoder) -> str:
             if not torch.equal(got, expected):
                 return (f"the {kind} probe's sub-JPEG of {region} decodes to other pixels than the whole rewritten "
                         f"file on {decoder.name}")
+    return ""
+
+
+#: The baseline kinds `engines_failure` probes: the subsamplings photos are stored with.
+ENGINE_PROBE_KINDS = ("4:2:0", "4:2:2", "4:4:4", "grey")
+
+
+def engines_failure(decoder: BatchDecoder) -> str:
+    """Why `decoder` (nvImageCodec with the hardware backend alone) cannot be the device path's decoder of baseline
+    JPEGs ("" when it can): the ENGINE_PROBE_KINDS probes, in one batched call, must each decode to the shape and,
+    within 2 grey levels on average, the pixels of OpenCV's decode. A GPU without JPEG engines returns nothing."""
+    import cv2
+
+    probes = [(kind, data) for kind, data in device_probes() if kind in ENGINE_PROBE_KINDS]
+    try:
+        decoded = decode_now(decoder, [np.frombuffer(data, np.uint8) for _, data in probes])
+    except Exception as exc:  # the library's own error: the engines cannot be relied on
+        return f"{decoder.name} failed on the probe JPEGs: {type(exc).__name__}: {exc}"
+    for (kind, data), image in zip(probes, decoded, strict=True):
+        if image is None:
+            return f"{decoder.name} returned nothing for the {kind} probe JPEG"
+        expected = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        expected_chw = torch.from_numpy(expected.transpose(2, 0, 1).copy())
+        got = image.cpu()
+        if got.shape != expected_chw.shape:
+            return (f"{decoder.name} decoded the {kind} probe JPEG to {tuple(got.shape)}, not "
+                    f"{tuple(expected_chw.shape)}")
+        difference = (got.float() - expected_chw.float()).abs().mean().item()
+        if difference > 2:
+            return f"{decoder.name} decoded the {kind} probe JPEG {difference:.1f} grey levels from libjpeg on average"
     return ""
 
 

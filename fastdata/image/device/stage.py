@@ -244,7 +244,7 @@ class DeviceStage:
             self.policy.damaged(key, f"{exc} (and {self.decoder.name} could not decode it)", skipped)
             return None, batch.boxes.numpy()[row]
         assert self.decoder is not None
-        self.policy.rejected_by_device(key, self.decoder.name)
+        self.policy.rejected_by_device(key, self.decoder.name, getattr(self.decoder, "refused_hint", ""))
         image = to_device(torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1))), self.device)
         return image, batch.boxes.numpy()[row].copy()
 
