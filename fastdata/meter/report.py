@@ -377,7 +377,9 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
         if loader.progressive:
             out.append(f"the dataset stores {loader.progressive:,} progressive JPEGs, which the GPU's hardware JPEG "
                        "engines do not take: re-convert with `--jpeg-layout baseline` (lossless), or decode them in "
-                       "the workers with `decode=fastdata.DeviceDecode(progressive=\"workers\")`")
+                       "the workers with `decode=fastdata.DeviceDecode(progressive=\"workers\")`; either way the "
+                       "device decoder then gets baseline JPEGs only, which the default `backends=\"auto\"` gives "
+                       "to the engines alone")
         out.append("try `decode=fastdata.DeviceDecode(decode_ahead=True)`: the decoder's call then runs on a second "
                    "feeder thread, beside the crop of the batch before")
     elif cause == "main-process":
