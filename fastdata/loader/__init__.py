@@ -408,11 +408,12 @@ def loader(
 
 def _measured_decode(data: Any, options: LoaderOptions, image_options: dict[str, Any], augment: Any,
                      tune_dir: Any) -> str | None:
-    """The decode placement `fastdata tune` measured fastest for this loader, if it was measured."""
+    """The decode placement `fastdata tune` measured fastest for this loader (with its num_workers), if it was
+    measured."""
     key, _ = loader_key(data, options.batch_size, augment, image_options["dtype"], image_options["device"],
                         options.world_size)
     files = tune_files(dataset_root(data), key.dataset, tune_dir) if key is not None else []
-    return measured_decode(key, files)
+    return measured_decode(key, files, options.num_workers)
 
 
 def _tuned(data: Any, path: Any, options: LoaderOptions, auto: list[Any], image_options: dict[str, Any],

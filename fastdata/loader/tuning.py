@@ -248,9 +248,10 @@ def resolve_auto(key: TuneKey | None, files: list[Path], num_workers: Any, prefe
     return Tuned(workers, prefetch, point.decode if decode == "auto" else None, str(path), "", entry)
 
 
-def measured_decode(key: TuneKey | None, files: list[Path]) -> str | None:
+def measured_decode(key: TuneKey | None, files: list[Path], num_workers: int | None = None) -> str | None:
     """`decode="auto"` without `num_workers="auto"`: the placement `fastdata tune` measured fastest for `key`
-    (this dataset, machine, GPU and loader options), or None when nothing was measured (then "auto" decodes in the
+    (this dataset, machine, GPU and loader options) with the loader's `num_workers` (None: the default count,
+    `default_workers`; see `placement_for`), or None when nothing was measured (then "auto" decodes in the
     workers). Quiet: the defaults need no tune result."""
     if key is None or key.device is None or not key.device.startswith("cuda"):
         return None
@@ -258,7 +259,23 @@ def measured_decode(key: TuneKey | None, files: list[Path]) -> str | None:
         entry, _, _ = find_entry(key, files)
     except ConfigError:  # a damaged tune file: "auto" stays with the workers; `fastdata tune` rewrites it
         return None
-    return entry.choice.decode if entry is not None else None
+    return placement_for(entry, default_workers() if num_workers is None else num_workers) if entry else None
+
+
+def placement_for(entry: TuneEntry, num_workers: int) -> str:
+    """The decode placement of `entry` for a loader with `num_workers` workers. The entry's choice was made at its
+    own worker count, and the placements need different counts (the device path's workers only ship bytes): with
+    2 workers, decoding in them may be far slower than the device path that tune chose at 16 workers as a tie, or
+    the other way round. So each placement is rated by its best point measured with at most `num_workers` workers
+    (what it reaches with that many: tune climbs each placement from 1 worker up) and the faster one is taken;
+    the entry's choice where a placement has no such point or they are equal."""
+    rates: dict[str, float] = {}
+    for point in entry.measured:
+        if point.num_workers <= num_workers and point.decode in DECODES:
+            rates[point.decode] = max(rates.get(point.decode, 0.0), point.images_per_s)
+    if len(rates) < len(DECODES) or len(set(rates.values())) == 1:
+        return entry.choice.decode
+    return max(rates, key=lambda decode: rates[decode])
 
 
 def tune_command(dataset: str, key: TuneKey | None) -> str:

@@ -301,3 +301,28 @@ def test_placements_compared_without_a_model_step_say_what_they_cannot_see():
         assert note is not None and "--step resnet50" in note and "shares the GPU" in note
     assert placement_note(both, "resnet18") is None  # a real step: the device path measured as it will run
     assert placement_note(("worker",), "none") is None  # one placement: nothing compared
+
+
+def test_decode_auto_takes_the_placement_measured_faster_with_the_loaders_own_workers(dataset):
+    """A stored result chose decoding in the workers at its own worker count (2); a loader with 1 worker, where the
+    device path measured faster, decodes on the device, and one with 2 decodes in the workers (the real search on
+    a table of rates; the loader is only built: on this CPU machine it never starts CUDA)."""
+    from fastdata.loader.tuning import TuneEntry, now_utc, write_entry
+    from fastdata.tools.tune import tune_key
+
+    rates = {"worker": {1: 1000.0, 2: 2000.0}, "device": {1: 1500.0, 2: 1950.0}}
+
+    def measure(point: Point) -> Measured:
+        return Measured(point, rates[point.decode][point.num_workers], 0.5, 1.0)
+
+    found = search(measure, max_workers=2, budget_s=100, decodes=("worker", "device"), prefetch=(2,))
+    assert found.choice.point == Point(2, 2, "worker")
+    key, root = tune_key(dataset, TuneConfig(batch_size=4, image_size=16, device="cuda"))
+    entry = TuneEntry(key=key, choice=found.choice.as_choice(),
+                      by_decode={d: found.best(d).as_choice() for d in ("worker", "device")},
+                      measured=[m.as_choice() for m in found.points()], created=now_utc())
+    write_entry(root / TUNE_FILE, entry)
+    options = dict(batch_size=4, image_size=16, device="cuda")
+    assert fastdata.loader(dataset, num_workers=1, **options).decode == "device"
+    assert fastdata.loader(dataset, num_workers=2, **options).decode == "worker"
+    assert fastdata.loader(dataset, num_workers=8, **options).decode == "worker"  # 2 workers: the most measured
