@@ -118,7 +118,8 @@ def check_gpu_decoder(cuda: bool, nvimgcodec: str | None, missing: str, torchvis
                                           "(how CI tests it); nothing to do for CPU work")
     engines = "" if jpeg_util is None else f"; JPEG engines {jpeg_util:.0f}% busy now"
     if nvimgcodec is not None:
-        return Check("GPU decoder", PASS, f"nvImageCodec {nvimgcodec} (hardware JPEG engines + hybrid){engines}")
+        return Check("GPU decoder", PASS, f"nvImageCodec {nvimgcodec} (the hardware JPEG engines alone for a "
+                                          f"dataset of baseline JPEGs, + hybrid otherwise){engines}")
     return Check("GPU decoder", WARN, f"torchvision {torchvision} decode_jpeg (nvjpeg), which blocks the host around "
                                       f"each batch: nvImageCodec is not usable ({missing}){engines}",
                  "pip install 'fastdata[gpu-cu13]' (CUDA 13 torch; gpu-cu12 for CUDA 12)")
