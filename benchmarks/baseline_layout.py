@@ -6,7 +6,9 @@ with the baseline layout (progressive JPEGs rewritten losslessly as baseline one
 Prints the conversion seconds of each (medians, with the per-round ratio's range), how many JPEGs were rewritten,
 the rewritten files' bytes against their sources', the rewrite alone per progressive file (the libjpeg-turbo
 transcode, timed in this process over the source's progressive files), and whether every rewritten file decodes
-to its source's pixels.
+to its source's pixels. Then what the layout changes for the CPU path: the worker's own work per image (the
+train preset's decode, crop and resize of one stored record, `pipeline.process`, one core) over both
+conversions, alternating, for the progressive files (rewritten in the baseline layout) and for the whole dataset.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import cv2
 import report
+import torch
 from common import arguments, cached_sample_imagefolder
 
 import fastdata
@@ -27,6 +31,39 @@ from fastdata.image.jpeg.restart import baseline_rewrite, same_pixels
 from fastdata.tools.bench_fair import alternate, per_run_ratios
 
 LAYOUTS = ("original", "baseline")
+
+
+def worker_times(lmdbs: dict[str, Path], repeats: int) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+    """Per layout, the seconds per image of the worker's decode + crop + resize (train preset, 224) over the rows
+    stored progressive in the original layout, and over every row, alternating `repeats` rounds on one core;
+    and how many rows were progressive."""
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+    datasets = {layout: fastdata.dataset(path, "train", image_size=224) for layout, path in lmdbs.items()}
+    samples = {layout: [ds.encoded(i) for i in range(len(ds))] for layout, ds in datasets.items()}
+    keys = [[sample.key for sample in rows] for rows in samples.values()]
+    assert keys[0] == keys[1], "the two conversions store the same samples in the same order"
+    chosen = [i for i, sample in enumerate(samples["original"]) if progressive(sample.data)]
+    per_image: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+    progressive_only: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+
+    def run(layout: str, round_: int) -> None:
+        pipeline, rows = datasets[layout].pipeline, samples[layout]
+        begun = time.perf_counter()
+        for i in chosen:
+            pipeline.process(rows[i], round_)
+        progressive_only[layout].append((time.perf_counter() - begun) / max(len(chosen), 1))
+        begun = time.perf_counter()
+        for sample in rows:
+            pipeline.process(sample, round_)
+        per_image[layout].append((time.perf_counter() - begun) / len(rows))
+
+    for layout in LAYOUTS:  # untimed: the decoders' first calls
+        run(layout, 0)
+        per_image[layout].clear()
+        progressive_only[layout].clear()
+    alternate(LAYOUTS, repeats, run)
+    return progressive_only, per_image, len(chosen)
 
 
 def main() -> None:
@@ -54,6 +91,10 @@ def main() -> None:
         convert("original", -1)  # untimed: the page cache, the workers' first imports
         seconds["original"].clear()
         alternate(LAYOUTS, args.repeats, convert)
+        kept = {layout: Path(scratch) / f"{layout}-kept.lmdb" for layout in LAYOUTS}
+        for layout, out in kept.items():
+            fastdata.convert_imagefolder(src, out, progress=False, workers=args.workers, jpeg_layout=layout)
+        progressive_only, per_image, count = worker_times(kept, args.repeats)
     layout = stats["baseline"].get("jpeg_layout") or {}
     ratios = per_run_ratios(seconds["baseline"], seconds["original"])
     rows = [[name, f"{statistics.median(seconds[name]):.2f}", f"{min(seconds[name]):.2f}-{max(seconds[name]):.2f}"]
@@ -71,6 +112,20 @@ def main() -> None:
                         f"the sources: {'yes, every one' if pixels else 'NO'}",
                         f"stored progressive JPEGs after: {stats['baseline'].get('gpu_kinds', {}).get('progressive')}"
                         f" (original layout: {stats['original'].get('gpu_kinds', {}).get('progressive')})"])
+    rows = []
+    for name in LAYOUTS:
+        prog, every = progressive_only[name], per_image[name]
+        rows.append([name, f"{statistics.median(prog) * 1e3:.2f}", f"{min(prog) * 1e3:.2f}-{max(prog) * 1e3:.2f}",
+                     f"{statistics.median(every) * 1e3:.3f}", f"{min(every) * 1e3:.3f}-{max(every) * 1e3:.3f}",
+                     f"{1 / statistics.median(every):,.0f}"])
+    whole = per_run_ratios(per_image["original"], per_image["baseline"])
+    report.table(f"the CPU path's worker, per image (train preset, 224: decode + crop + resize of one stored record, "
+                 f"one core), over each conversion: the {count} files stored progressive in the original layout, "
+                 f"and all {len(files):,}; medians of {args.repeats} alternating rounds",
+                 ["layout", f"ms per image, the {count} progressive", "range", "ms per image, all", "range",
+                  "images/s, all"], rows, align="lrrrrr",
+                 notes=[f"the whole dataset, baseline layout against the original: x{statistics.median(whole):.3f} "
+                        f"the images per second (rounds {min(whole):.3f}-{max(whole):.3f})"])
 
 
 if __name__ == "__main__":

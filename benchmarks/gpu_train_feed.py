@@ -14,8 +14,8 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
   a user would with their model; `--tune-budget` is shared between the models), and the defaults with
   num_workers=4 (and, for ResNet-50, 2);
 - with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and decode="device"
-  (whose `backends="auto"` takes the GPU's hardware JPEG engines alone where they pass its probe, fastdata.image.
-  device.choice) over the photos converted with
+  (whose `backends="auto"` takes the GPU's hardware JPEG engines alone where they pass its probe:
+  fastdata.image.device.choice) over the photos converted with
   `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
   take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs), and
   over `--jpeg-layout restart --non-jpeg jpeg` (the workers ship each crop's sub-JPEG: the engines decode only the
