@@ -81,6 +81,7 @@ class Decoder:
 
     created: ClassVar[list[Decoder]] = []
     engines: ClassVar[bool] = True  # the GPU has hardware JPEG engines (HW_GPU_ONLY decodes baseline JPEGs)
+    refuse_engines_alone: ClassVar[bool] = False  # without them, the library may refuse such a decoder instead
 
     def __init__(self, device_id: int = -1, max_num_cpu_threads: int = 0, backends: list[Backend] | None = None,
                  options: str = "") -> None:
@@ -90,6 +91,8 @@ class Decoder:
         self.rejects = lambda data: False
         kinds = {backend.backend_kind for backend in backends or [Backend()]}
         self.engines_alone = kinds == {BackendKind.HW_GPU_ONLY}
+        if self.engines_alone and Decoder.refuse_engines_alone:
+            raise RuntimeError("nvImageCodec: no backend available for the requested backend kinds")
         Decoder.created.append(self)
 
     def decode(self, srcs: list[CodeStream], *, images: list[Image] | None = None,

@@ -147,9 +147,13 @@ def test_auto_backends_take_the_engines_alone_where_the_decoder_gets_baseline_jp
     assert isinstance(device_decoder(cpu, DeviceDecode(), baseline_only=True), TorchvisionDecoder)  # CPU: libjpeg
 
 
-def test_auto_backends_keep_the_hybrid_decoder_on_a_gpu_whose_engines_fail_the_probe(standin, monkeypatch):
-    monkeypatch.setattr(nvimgcodec_standin.Decoder, "engines", False)  # a GPU without JPEG engines
-    with pytest.warns(RuntimeWarning, match="JPEG engines alone are not used.*returned nothing for the 4:2:0"):
+@pytest.mark.parametrize("no_engines, said", [("engines", "returned nothing for the 4:2:0"),
+                                               ("refuse_engines_alone", "could not be made: RuntimeError")])
+def test_auto_backends_keep_the_hybrid_decoder_on_a_gpu_whose_engines_fail_the_probe(standin, monkeypatch,
+                                                                                     no_engines, said):
+    """A GPU without JPEG engines: the library's decoder of the engines alone decodes nothing, or cannot be made."""
+    monkeypatch.setattr(nvimgcodec_standin.Decoder, no_engines, no_engines == "refuse_engines_alone")
+    with pytest.warns(RuntimeWarning, match=f"JPEG engines alone are not used.*{said}"):
         decoder = device_decoder(torch.device("cpu"), DeviceDecode(), baseline_only=True, make=standin)
     assert decoder.backends == ("hardware", "hybrid")
     assert [b.backend_kind.name for b in nvimgcodec_standin.Decoder.created[-1].backends] == ["HW_GPU_ONLY",

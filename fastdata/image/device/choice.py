@@ -7,8 +7,9 @@ H200 (benchmarks/README.md, "GPU decode", decode only, the same 5,927 sample JPE
 So "auto" gives the engines alone where the decoder is sent baseline JPEGs only (`baseline_only`: the conversion
 recorded no progressive JPEG, as after `--jpeg-layout baseline` or `restart`, or `progressive="workers"` keeps them
 in the workers) and the engines decode probe JPEGs on this GPU (`engines_failure`; a GPU without them returns
-nothing); otherwise hardware + hybrid, as before. An image the engines still refuse is decoded on the CPU in the
-feeder (counted in `loader.device_rejected`, said once with how to give it to the hybrid decoder instead).
+nothing, or the library refuses to make such a decoder); otherwise hardware + hybrid, as before. An image the
+engines still refuse is decoded on the CPU in the feeder (counted in `loader.device_rejected`, said once with how to
+give it to the hybrid decoder instead).
 """
 
 from __future__ import annotations
@@ -43,12 +44,16 @@ def device_decoder(device: torch.device, options: DeviceDecode, baseline_only: b
     backends (torchvision's) is made as asked."""
     if options.backends != AUTO or not baseline_only:
         return make(device, options)
-    engines = make(device, dataclasses.replace(options, backends=ENGINES_ALONE))
-    if getattr(engines, "backends", None) != ENGINES_ALONE:  # not nvImageCodec: backends do not apply
-        return engines
-    failure = engines_failure(engines)
-    if not failure:
-        return engines
+    try:
+        engines = make(device, dataclasses.replace(options, backends=ENGINES_ALONE))
+    except Exception as exc:  # the library refused the engines alone here (no JPEG engines on this GPU)
+        failure = f"a decoder of the engines alone could not be made: {type(exc).__name__}: {exc}"
+    else:
+        if getattr(engines, "backends", None) != ENGINES_ALONE:  # not nvImageCodec: backends do not apply
+            return engines
+        failure = engines_failure(engines)
+        if not failure:
+            return engines
     _say_engines_failed(str(device), failure)
     return make(device, options)
 
