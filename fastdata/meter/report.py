@@ -19,6 +19,9 @@ SATURATED_AT = 85.0  # CPU busy percent from which the machine has no core to sp
 CONTENDED_SHARE = 0.25  # other processes' share of the machine's cores from which they slow a saturated job
 MAIN_WALL_CORES = 0.85  # the training process's cores from which it is the wall (one Python thread at work) ...
 IDLE_WORKERS_SHARE = 0.3  # ... while its workers use less than this share of a core each
+# the share of progressive JPEGs from which a decode-bound worker-path loader is told of `--jpeg-layout baseline`
+# (a progressive file cost a worker 2.13 ms, its baseline rewrite 0.73: benchmarks/baseline_layout.py)
+PROGRESSIVE_WORTH_REWRITING = 0.01
 VERDICTS = ("input-bound", "compute-bound", "cpu-contended", "balanced", "no steps measured")
 NO_STEPS = "no steps measured"
 #: How the advice asks for a tune whose decode placements are measured under the user's own step (a model step
@@ -43,6 +46,7 @@ class LoaderFacts:
     decode: str | None = None  # a fastdata image loader's decode placement: "worker" or "device"
     progressive: int | None = None  # progressive JPEGs its dataset stores (manifest stats "gpu_kinds"; None: unknown)
     not_jpeg: int | None = None  # images that are not JPEGs its dataset stores (the same; decoded in the workers)
+    stored: int | None = None  # images its dataset stores (the same counts' sum)
 
     @classmethod
     def of(cls, obj: Any) -> LoaderFacts:
@@ -53,7 +57,8 @@ class LoaderFacts:
             return cls("fastdata.loader", type(obj).__name__, getattr(obj, "num_workers", None),
                        getattr(obj, "pin_memory", None), getattr(obj, "batch_size", None),
                        f"fastdata {fmt}" if fmt else None, decode=getattr(obj, "decode", None),
-                       progressive=kinds.get("progressive"), not_jpeg=kinds.get("not_jpeg"))
+                       progressive=kinds.get("progressive"), not_jpeg=kinds.get("not_jpeg"),
+                       stored=sum(kinds.values()) if kinds else None)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.utils.data.DataLoader):
             data = obj.dataset
@@ -353,6 +358,12 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
             if cuda and loader.decode != "device":
                 out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`, or let `fastdata tune "
                            f"--device cuda {TUNE_STEP}` measure both placements for `decode=\"auto\"`")
+            if loader.decode != "device" and loader.progressive and loader.stored and (
+                    loader.progressive >= PROGRESSIVE_WORTH_REWRITING * loader.stored):
+                out.append(f"{loader.progressive / loader.stored:.0%} of the stored images ({loader.progressive:,}) "
+                           "are progressive JPEGs, which cost a worker about 3x a baseline file (decoded whole "
+                           "before the crop; benchmarks/baseline_layout.py): re-convert with `--jpeg-layout "
+                           "baseline` (lossless: the same pixels)")
             if loader.decode == "device" and loader.not_jpeg:
                 out.append(f"the dataset stores {loader.not_jpeg:,} images that are not JPEGs, which the workers "
                            "decode (the GPU decoders take JPEGs only): re-convert with `--non-jpeg jpeg` to store "

@@ -260,7 +260,7 @@ def test_torch_dataloader_facts():
     r = m.report()
     assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
                         "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False,
-                        "decode": None, "progressive": None, "not_jpeg": None}
+                        "decode": None, "progressive": None, "not_jpeg": None, "stored": None}
     assert r.samples == 10 and r.stages is None
 
 
@@ -494,6 +494,20 @@ def test_decode_advice_knows_the_loaders_placement():
     assert not any('decode=\"device\"`' in s for s in on_device)
 
 
+def test_decode_bound_workers_over_progressive_jpegs_are_told_of_the_baseline_layout():
+    """A worker-path loader, decode-bound, whose dataset stores progressive JPEGs (at least 1% of its images) is
+    told to re-convert with --jpeg-layout baseline; under 1%, or none known, it is not."""
+    sysf = system(cores=8, cpu_percent=97.0, workers_cpu_cores=7.8, main_cpu_cores=0.2)
+    decode_bound = stages(read=0.05, decode=0.7, augment=0.15, collate=0.1)
+    for progressive, told in ((57, True), (9, False), (None, False)):
+        facts = dataclasses.replace(WORKER_DECODE, progressive=progressive, stored=1000)
+        _, _, suggestions = judge(0.7, sysf, stage=decode_bound, loader=facts, cuda=False)
+        advice = [s for s in suggestions if "--jpeg-layout baseline" in s]
+        assert bool(advice) == told, (progressive, suggestions)
+        if told:
+            assert advice[0].startswith("6% of the stored images (57) are progressive JPEGs")
+
+
 def test_the_device_feeder_as_a_stage_can_be_the_wall():
     _, reasons, suggestions = judge(0.5, system(cpu_percent=30.0, workers_cpu_cores=2.0, main_cpu_cores=0.6),
                                     stage=stages(read=0.1, device=0.85, collate=0.05), loader=DEVICE, cuda=True)
@@ -515,6 +529,7 @@ def test_loader_facts_read_the_datasets_progressive_count(photos):
     facts = LoaderFacts.of(loader)
     kinds = fastdata.info(photos[0]).stats["gpu_kinds"]
     assert facts.progressive == kinds["progressive"] and facts.not_jpeg == kinds["not_jpeg"] > 0
+    assert facts.stored == len(fastdata.dataset(photos[0]))
 
 
 def test_device_path_workers_busy_decoding_what_is_not_jpeg_are_told_of_non_jpeg_jpeg():
