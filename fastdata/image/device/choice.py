@@ -22,10 +22,8 @@ from collections.abc import Callable, Mapping
 import torch
 
 from fastdata.image.device.decoders import BatchDecoder, make_decoder
-from fastdata.image.device.options import AUTO, DeviceDecode
+from fastdata.image.device.options import AUTO, ENGINES_ALONE, DeviceDecode
 from fastdata.image.device.probes import engines_failure
-
-ENGINES_ALONE = ("hardware",)
 
 
 def baseline_only(options: DeviceDecode, recorded_kinds: Mapping[str, int] | None) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.image.device.options import AUTO, MIXED, DeviceDecode
+from fastdata.image.device.options import AUTO, ENGINES_ALONE, MIXED, DeviceDecode
 
 _BACKEND_KINDS = {"hardware": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU", "gpu": "GPU_ONLY", "cpu": "CPU_ONLY"}
 
@@ -65,7 +65,7 @@ class NvImageCodecDecoder:
         # what the device path's warning about a refused image adds (fastdata.image.device.policy)
         self.refused_hint = ("the GPU's JPEG engines alone decode here; DeviceDecode(backends=('hardware', "
                              "'hybrid')) gives what they refuse to the hybrid decoder instead"
-                             if self.backends == ("hardware",) else "")
+                             if self.backends == ENGINES_ALONE else "")
         self.reuse = True  # pass a finished batch's Images back for their buffers (`images=`)
         self._decoding: list[list[Any]] = []  # the Images of the batch being decoded (one list per call)
         self._free: collections.deque[list[Any]] = collections.deque()  # released sets (`release`), reusable

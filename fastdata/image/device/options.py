@@ -15,25 +15,26 @@ BACKENDS = ("hardware", "hybrid", "gpu", "cpu")
 AUTO = "auto"
 #: The backends "auto" gives where the decoder may be sent progressive JPEGs, or the engines fail their probe.
 MIXED = ("hardware", "hybrid")
+#: ... and where it is sent baseline JPEGs only and the engines pass it: the GPU's hardware JPEG engines alone.
+ENGINES_ALONE = ("hardware",)
 #: Where `DeviceDecode(progressive=...)` decodes progressive JPEGs.
 PROGRESSIVE = ("device", "workers")
 
 
 @dataclass(frozen=True)
 class DeviceDecode:
-    """How `decode="device"` decodes: `decoder` ("auto": nvImageCodec when installed, else torchvision's, said
-    once), nvImageCodec's `backends` in order of preference ("hardware": the GPU's JPEG engines, baseline JPEGs
-    only; "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"; "auto": the engines alone where the
+    """How `decode="device"` decodes: `decoder` ("auto": nvImageCodec when installed, else torchvision's, said once),
+    nvImageCodec's `backends` in order of preference ("hardware": the GPU's JPEG engines, baseline JPEGs only;
+    "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"; "auto": the engines alone where the
     decoder is sent baseline JPEGs only and they decode probes of them, else hardware + hybrid: see
-    fastdata.image.device.choice), the share of each batch offered
-    to the hardware engines (`hardware_load`, 0..1; None: nvImageCodec's own balance), the CPU threads
-    nvImageCodec may use (`cpu_threads`; it would otherwise take all cores but one, which the workers need), and
-    `regions`: decode only each crop's covering pixels where the decoder can (nvImageCodec; off by default:
-    nvImageCodec 0.9's hardware and hybrid backends do not decode these regions, see
-    fastdata.image.device.nvimgcodec). `slots`: the output
-    batches preallocated on the device (fastdata.image.device.ring): the one in use, the one before it, and the
-    rest made ahead of the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its
-    sub-JPEG once the decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
+    fastdata.image.device.choice), the share of each batch offered to the hardware engines (`hardware_load`,
+    0..1; None: nvImageCodec's own balance), the CPU threads nvImageCodec may use (`cpu_threads`; it would
+    otherwise take all cores but one, which the workers need), and `regions`: decode only each crop's covering
+    pixels where the decoder can (nvImageCodec; off by default: nvImageCodec 0.9's hardware and hybrid backends
+    do not decode these regions, see fastdata.image.device.nvimgcodec). `slots`: the output batches preallocated
+    on the device (fastdata.image.device.ring): the one in use, the one before it, and the rest made ahead of
+    the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its sub-JPEG once the
+    decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
     `progressive`: where progressive JPEGs are decoded: "device" (nvImageCodec's hybrid decoder; the hardware
     engines take baseline files only) or "workers" (on the CPU, as the worker path does), so that the device
     decoder gets baseline files only; `--jpeg-layout baseline` at conversion stores them baseline instead.
