@@ -19,7 +19,10 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
   `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
   take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs), and
   over `--jpeg-layout restart --non-jpeg jpeg` (the workers ship each crop's sub-JPEG: the engines decode only the
-  MCUs the crop covers); these two for ResNet-18, whose rate the decoder bounds.
+  MCUs the crop covers); these two for ResNet-18, whose rate the decoder bounds. Also for ResNet-18, over the
+  original conversion, `DeviceDecode(progressive="workers")` with 8 workers: the progressive files (and the PNGs)
+  decoded in the workers, so that the device decoder gets baseline JPEGs only and `backends="auto"` gives them to
+  the engines alone (whether the device path should do so by default where the engines are).
 
 Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
 per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
@@ -176,6 +179,7 @@ class OnDevice:
 HARDWARE_BASELINE = "fastdata decode='device', --jpeg-layout baseline --non-jpeg jpeg, num_workers=4"
 HARDWARE_RESTART = ("fastdata decode='device', --jpeg-layout restart --non-jpeg jpeg (each crop's sub-JPEG), "
                     "num_workers=4")
+PROGRESSIVE_IN_WORKERS = "fastdata DeviceDecode(progressive='workers'), num_workers=8"
 
 
 def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: int
@@ -203,6 +207,8 @@ def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: in
         HARDWARE_BASELINE: lambda: fastdata.loader(baseline, decode="device", num_workers=4, **common),
         HARDWARE_RESTART: lambda: fastdata.loader(restart, decode="device", num_workers=4, **common),
         "fastdata defaults, num_workers=2": lambda: fastdata.loader(lmdb, num_workers=2, **common),
+        PROGRESSIVE_IN_WORKERS: lambda: fastdata.loader(
+            lmdb, decode=fastdata.DeviceDecode(progressive="workers"), num_workers=8, **common),
         "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
             lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
     }
@@ -210,7 +216,8 @@ def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: in
 
 #: Contenders run for some models only (the target they answer is set for those): name -> models.
 ONLY_FOR = {"fastdata defaults, num_workers=2": {"resnet50"},
-            HARDWARE_BASELINE: {"resnet18"}, HARDWARE_RESTART: {"resnet18"}}  # the decoder's rate: the fast model
+            HARDWARE_BASELINE: {"resnet18"}, HARDWARE_RESTART: {"resnet18"},  # the decoder's rate: the fast model
+            PROGRESSIVE_IN_WORKERS: {"resnet18"}}
 
 
 def jpegs(lmdb: Path, sub_jpegs: bool = False) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
