@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 from fastdata.errors import FastdataError
+from fastdata.formats.records import CODEC_CV_JPEG
+from fastdata.image.decode import decode_rgb
 from fastdata.image.device.decoders import BatchDecoder, decode_now
 from fastdata.image.jpeg.region import region_decoder, unavailable_reason
 from fastdata.image.jpeg.restart import edge_regions, rewrite, sub_jpeg_for
@@ -96,9 +98,8 @@ ENGINE_PROBE_KINDS = ("4:2:0", "4:2:2", "4:4:4", "grey")
 def engines_failure(decoder: BatchDecoder) -> str:
     """Why `decoder` (nvImageCodec with the hardware backend alone) cannot be the device path's decoder of baseline
     JPEGs ("" when it can): the ENGINE_PROBE_KINDS probes, in one batched call, must each decode to the shape and,
-    within 2 grey levels on average, the pixels of OpenCV's decode. A GPU without JPEG engines returns nothing."""
-    import cv2
-
+    within 2 grey levels on average, the pixels of the CPU path's decode (`decode_rgb`). A GPU without JPEG engines
+    returns nothing."""
     probes = [(kind, data) for kind, data in device_probes() if kind in ENGINE_PROBE_KINDS]
     try:
         decoded = decode_now(decoder, [np.frombuffer(data, np.uint8) for _, data in probes])
@@ -107,8 +108,7 @@ def engines_failure(decoder: BatchDecoder) -> str:
     for (kind, data), image in zip(probes, decoded, strict=True):
         if image is None:
             return f"{decoder.name} returned nothing for the {kind} probe JPEG"
-        expected = cv2.cvtColor(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
-        expected_chw = torch.from_numpy(expected.transpose(2, 0, 1).copy())
+        expected_chw = torch.from_numpy(decode_rgb(data, CODEC_CV_JPEG).transpose(2, 0, 1).copy())
         got = image.cpu()
         if got.shape != expected_chw.shape:
             return (f"{decoder.name} decoded the {kind} probe JPEG to {tuple(got.shape)}, not "
