@@ -61,7 +61,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     },
     "docs/meter.md": {
         "a loop of 10 ms steps": "meter_overhead.py's setting: the step it times the meter against",
-        "from 30% data wait": "the verdict's threshold (fastdata/meter/report.py)",
+        "from 30% data wait": "the verdict's threshold (INPUT_BOUND_AT, fastdata/meter/report.py)",
         "under 10%, in between": "the verdict's threshold",
         "Under 10% wait on a saturated CPU (85% busy or more)": "the cpu-contended verdict's thresholds",
         "64 MB in a default container": "Docker's default /dev/shm size, a fact of the platform",
@@ -76,9 +76,9 @@ ALLOWED: dict[str, dict[str, str]] = {
         "about 60 MB": "the size the cap of 500,000 events allows a trace file (a bound, not a measurement)",
     },
     "docs/tune.md": {
-        "data wait under 5%": "the tuner's stopping rule (fastdata/loader/tuning)",
+        "data wait under 5%": "the tuner's stopping rule (WAIT_FLOOR, fastdata/tools/tune.py)",
         "falls by more than 10%": "the tuner's stopping rule",
-        "within 3% of the fastest": "the tuner's choice rule",
+        "within 3% of the fastest": "the tuner's choice rule (TOLERANCE, fastdata/tools/tune.py)",
         "default 60 s": "the default of --budget",
         "the host waits 120 ms": "an example of a --step value",
     },

@@ -98,7 +98,7 @@ class Run:
         if transcribed:
             return (f"transcribed by hand from {transcribed} (no raw output kept): measured {date} on "
                     f"{machine_text(machine)}, `{command}`{smoke}")
-        harness = self.field("harness")
+        harness = (self.field("harness") or "").split(" --json")[0]  # where it wrote its results: not a how-to
         run = f"`{harness}` (`{command}`)" if harness else f"`{command}`"
         return f"measured on {machine_text(machine)}, {date}: {run}{smoke}"
 

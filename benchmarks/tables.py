@@ -167,30 +167,38 @@ def uncaptioned(text: str) -> list[Marker]:
 
 
 def render(text: str, results: Results | None = None) -> str:
-    """`text` with every marker written from `results` (Broken: a marker names what does not exist)."""
+    """`text` with every marker written from `results` (Broken, naming every such marker: one names what does not
+    exist)."""
     results = results or Results()
-    out, last = [], 0
+    out, last, broken = [], 0, []
     for marker in markers(text):
         try:
             out += [text[last:marker.span[0]], expected(marker, results)[0]]
         except Broken as exc:
-            raise Broken(f"line {text.count(chr(10), 0, marker.start) + 1}: <!-- {marker.kind}: {marker.spec} -->: "
-                         f"{exc}") from exc
+            broken.append(f"line {text.count(chr(10), 0, marker.start) + 1}: <!-- {marker.kind}: {marker.spec} -->: "
+                          f"{exc}")
+            out.append(text[last:marker.span[1]])
         last = marker.span[1]
+    if broken:
+        raise Broken("\n".join(broken))
     return "".join(out) + text[last:]
 
 
 def update(documents: tuple[Path, ...], results: Results | None = None) -> list[Path]:
-    """Rewrite the markers of `documents`; the documents that changed."""
+    """Rewrite the markers of `documents`; the documents that changed. A marker that names what does not exist
+    stops it before any document is written (Broken, naming every such marker)."""
     results = results or Results()
-    changed = []
+    rendered, broken = {}, []
     for path in documents:
-        text = path.read_text(encoding="utf-8")
         try:
-            new = render(text, results)
+            rendered[path] = render(path.read_text(encoding="utf-8"), results)
         except Broken as exc:
-            raise Broken(f"{path}: {exc}") from exc
-        if new != text:
+            broken += [f"{path}: {line}" for line in str(exc).splitlines()]
+    if broken:
+        raise Broken("\n".join(broken))
+    changed = []
+    for path, new in rendered.items():
+        if new != path.read_text(encoding="utf-8"):
             path.write_text(new, encoding="utf-8")
             changed.append(path)
     return changed
@@ -221,6 +229,11 @@ def check(documents: tuple[Path, ...], results: Results | None = None, complete:
                                 "changed without `python -m benchmarks tables`")
             elif complete and pending:
                 problems.append(f"{where}: {name} is not measured yet")
+        for marker in markers(text):
+            line_start = text.rfind("\n", 0, marker.start) + 1
+            if marker.kind in ("fig", "measured") and not text[line_start:marker.start].strip():
+                problems.append(f"{_where(path, text, marker)}: <!-- {marker.kind}: {marker.spec} --> starts a line: "
+                                "Markdown ends the paragraph there (an HTML block); put a word before it")
         for marker in uncaptioned(text):
             file, benchmark = marker.source()
             problems.append(f"{_where(path, text, marker)}: the figure <!-- fig: {marker.spec} --> has no caption "

@@ -116,14 +116,14 @@ def test_a_table_and_a_figure_show_their_machine_date_and_command(tmp_path):
     assert "It costs 1.25 us, 1.50x the plain loop, 400.00x (measured on Test CPU 9000, 2 cores, 2031-02-03: " \
            "`python -m benchmarks run read`)" in text
     assert "- a note\n\n*Measured on Test CPU 9000, 2 cores, 7.5 GiB, 2031-02-03 04:05 UTC: `python -m benchmarks " \
-           "run read --json benchmarks/results/read.json` (`python meter_overhead.py`).*" in text
+           "run read` (`python meter_overhead.py`).*" in text
     assert tables.check((page,), results) == []
 
 
 def test_a_figure_without_its_runs_caption_in_its_section_fails(tmp_path):
     write_results(tmp_path, "read.json", [a_run()])
     page = tmp_path / "page.md"
-    page.write_text('## A\n\n<!-- measured: read.json meter_overhead --><!-- /measured -->\n\n## B\n\n'
+    page.write_text('## A\n\nSee (<!-- measured: read.json meter_overhead --><!-- /measured -->).\n\n## B\n\n'
                     'It costs <!-- fig: read.json meter_overhead 0 "empty" us/step --><!-- /fig --> us.\n',
                     encoding="utf-8")
     results = provenance.Results(tmp_path)
@@ -144,6 +144,18 @@ def test_a_transcribed_run_says_so_with_its_date_and_what_is_not_known(tmp_path)
                               "measured 2026-12-04 on a machine of 16 cores (CPU model and memory not recorded), "
                               "NVIDIA H200, driver 1.2")
     assert "transcribed by hand" in run.provenance(short=True) and "NVIDIA H200" in run.provenance(short=True)
+
+
+def test_a_figure_starting_a_line_is_refused(tmp_path):
+    """Markdown ends a paragraph at a line that starts with an HTML comment: the sentence would break there."""
+    write_results(tmp_path, "read.json", [a_run()])
+    page = tmp_path / "page.md"
+    page.write_text('## A\n\nIt costs\n<!-- fig: read.json meter_overhead 0 "empty" us/step --><!-- /fig --> us '
+                    '(<!-- measured: read.json meter_overhead --><!-- /measured -->).\n', encoding="utf-8")
+    results = provenance.Results(tmp_path)
+    tables.update((page,), results)
+    (problem,) = tables.check((page,), results)
+    assert "starts a line" in problem
 
 
 def test_cells_are_found_by_text_and_ambiguity_is_refused():
