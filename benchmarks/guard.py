@@ -5,7 +5,8 @@ marker of `tables.py` is a figure nobody can trace to a run, and `unguarded()` n
 What is read: the prose (tables included) and the code blocks that show output (no language, `text`, `console`),
 less what `python -m benchmarks tables` writes (the markers), inline code (`--step 120ms` is an argument), link
 targets, and the output blocks said to be samples: `<!-- sample -->` on the line before the block, with the text
-above it saying "sample" or "example". What is not a measurement (a default, a size, a limit, a setting of a
+above it saying "sample" or "example". A figure after an inequality (`<= 12%`, `>= 2x`, `< 50 us`) is a bound or a
+target, not a measurement, and passes. What else is not a measurement (a default, a size, a limit, a setting of a
 benchmark, a count in an example) is listed in ALLOWED, phrase by phrase, each with why.
 """
 
@@ -17,8 +18,9 @@ from pathlib import Path
 from tables import MARKER, ROOT
 
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
+_BOUND = r"(?<![<>≤≥=] )(?<![<>≤≥=])"  # "<= 12%", ">= 2x", "< 50 us": a bound or a target, not a measurement
 MEASURED = re.compile(
-    rf"(?<![\w.]){_NUMBER}(?:"
+    rf"{_BOUND}(?<![\w.]){_NUMBER}(?:"
     r"\s?[x×](?![\w×]|\s*\d)"                     # 2.73x, 1.22 × (not 500x375, not 10 x 40)
     r"|\s?%"                                       # 26%
     r"|\s?(?:ms|us|µs|ns|s|seconds?|minutes?|hours?)\b"  # 0.65 ms, 24 s
@@ -27,7 +29,7 @@ MEASURED = re.compile(
     r"|[\s-](?:host\s)?cores?\b"                   # 4.3 host cores, a 2-core machine
     r"|\s(?:grey|gray) levels?\b"                  # 3 grey levels
     r")"
-    rf"|(?<![\w])[x×]{_NUMBER}")                   # x1.39
+    rf"|{_BOUND}(?<![\w])[x×]{_NUMBER}")           # x1.39
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 _FENCE = re.compile(r"^( {0,3})(```|~~~)([^\n]*)\n(.*?)^ {0,3}\2[ \t]*$", re.MULTILINE | re.DOTALL)
 _CODE = re.compile(r"(`+)(?!`).+?(?<!`)\1(?!`)", re.DOTALL)

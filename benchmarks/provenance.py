@@ -74,6 +74,13 @@ class Run:
     def field(self, name: str) -> Any:
         return self.record.get(name, self.top.get(name))
 
+    def harness(self) -> str:
+        """The harness command that measured this run, without where it wrote its results (files written before
+        the harness kept its command name their suite, or benchmark, once)."""
+        harness = self.field("harness") or (f"python -m benchmarks run {self.top['suite']}" if self.top.get("suite")
+                                            else "")
+        return harness.split(" --json")[0]
+
     @property
     def tables(self) -> list[Table]:
         return [Table.from_json(t) for t in self.record.get("tables", [])]
@@ -93,12 +100,11 @@ class Run:
                 f", {machine['gpu'].split(' | ')[0]}" if machine.get("gpu") else "")
             if transcribed:
                 return f"transcribed by hand, no raw output kept: measured {date[:10]} on {where}{smoke}"
-            harness = (self.field("harness") or command).split(" --json")[0]
-            return f"measured on {where}, {date[:10]}: `{harness}`{smoke}"
+            return f"measured on {where}, {date[:10]}: `{self.harness() or command}`{smoke}"
         if transcribed:
             return (f"transcribed by hand from {transcribed} (no raw output kept): measured {date} on "
                     f"{machine_text(machine)}, `{command}`{smoke}")
-        harness = (self.field("harness") or "").split(" --json")[0]  # where it wrote its results: not a how-to
+        harness = self.harness()
         run = f"`{harness}` (`{command}`)" if harness else f"`{command}`"
         return f"measured on {machine_text(machine)}, {date}: {run}{smoke}"
 
