@@ -52,3 +52,34 @@ def test_a_script_that_returns_prints_nothing_at_exit(kinds, kind, tmp_path):
                           timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
     assert done.stderr == "", done.stderr
+
+
+# A script that leaves an iterator of each loader alive, in the middle of its pass, in a module global: the
+# interpreter finalises the generators while it clears the modules' globals, so the loader's own clean-up must not
+# read a module global that may already be None.
+ALIVE_AT_EXIT = textwrap.dedent("""
+    import sys
+    import fastdata
+
+    path, options = sys.argv[1], eval(sys.argv[2])
+    loaders, iterators = [], []
+    for workers in (0, 2):
+        loader = fastdata.loader(path, batch_size=4, num_workers=workers, **options)
+        batches = iter(loader)
+        next(batches)
+        loaders.append(loader)
+        iterators.append(batches)
+    print("done")
+""")
+
+
+@pytest.mark.parametrize("kind", ["image lmdb", "image wds", "detection", "segmentation", "pairs", "text lmdb",
+                                  "text wds"])
+def test_an_iterator_alive_at_exit_prints_nothing(kinds, kind, tmp_path):
+    path, options = kinds[kind]
+    script = tmp_path / "train.py"
+    script.write_text(ALIVE_AT_EXIT)
+    done = subprocess.run([sys.executable, str(script), str(path), repr(options)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+    assert done.stderr == "", done.stderr

@@ -316,7 +316,9 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                     yield from self._device_pass(key)
                 else:
                     yield from self._deliver(self._open_pass(key), key)
-        except (GeneratorExit, FastdataError):
+        except GeneratorExit:  # (alone: a generator finalised at interpreter exit may find the module's globals
+            raise              # already None, and `except (GeneratorExit, None)` would raise a TypeError)
+        except FastdataError:
             raise
         except BaseException as exc:
             message = str(exc)
