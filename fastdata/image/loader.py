@@ -189,6 +189,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                               "to a transform's uint8 batches")
         if self.device is None:
             data.pipeline.output = output  # the workers make the floats, image by image
+        data.output = output  # loader.dataset[i] gives its image as the batches hold it (on the CPU)
         self._device_options = image.device_decode or DeviceDecode()
         self._stage: DeviceStage | None = None
         self._ring: SlotRing | None = None

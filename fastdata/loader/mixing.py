@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastdata.config import LoaderOptions, check_bool, check_int
+from fastdata.config import LoaderOptions, check_bool, check_epoch, check_int
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
@@ -121,9 +121,10 @@ class Mixture:
 
     def set_epoch(self, epoch: int) -> None:
         """Draw the next batches (and the images' augmentation) for `epoch`."""
-        self.sampler.epoch, self.sampler.start, self.sampler.skip = int(epoch), 0, 0
+        epoch = check_epoch(epoch)
+        self.sampler.epoch, self.sampler.start, self.sampler.skip = epoch, 0, 0
         if isinstance(self.dataset, MixedImageDataset):
-            self.dataset.set_epoch(int(epoch))
+            self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -180,7 +181,7 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    sources = open_sources(paths, augment, image_size=image_size, seed=check_int("seed", seed), on_error=on_error,
+    sources = open_sources(paths, augment, image_size=image_size, seed=check_int("seed", seed, minimum=0), on_error=on_error,
                            scale=scale, ratio=ratio)
     if isinstance(sources[0], TextDataset):
         check_same_tokenizer([str(p) for p in paths], sources)  # type: ignore[arg-type]

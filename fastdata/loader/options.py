@@ -24,6 +24,8 @@ from typing import Any
 from fastdata.config import check_bool
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
+from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
+from fastdata.order.mixing import check_epoch_rule
 from fastdata.text.loader import TextOptions
 
 
@@ -40,7 +42,12 @@ class Output:
     channels_last: bool = False
 
     def __post_init__(self) -> None:
+        """Each value checked when the object is made (one line naming what is wrong); whether they fit the
+        dataset and the transform (mean without a floating dtype, channels_last without a device) is the loader's
+        to say, which knows both."""
         check_bool("channels_last", self.channels_last)
+        OutputFormat(self.dtype, IMAGENET_MEAN if self.mean is None else self.mean,
+                     IMAGENET_STD if self.std is None else self.std)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,10 @@ class MixOptions:
     samples_per_epoch: int | None = None
     epoch_end: str = "first"
     exhausted: str = "cycle"
+
+    def __post_init__(self) -> None:
+        """Checked when the object is made (one line naming the option that is wrong)."""
+        check_epoch_rule(self.samples_per_epoch, self.epoch_end, self.exhausted)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fastdata.config import check_epoch
 from fastdata.errors import ResumeError
 from fastdata.formats.manifest import Manifest
 
@@ -84,7 +85,7 @@ class ResumableLoader:
         """Make the next pass yield epoch `epoch` (as DistributedSampler.set_epoch does). Setting the epoch a
         restored state is in keeps its place in that epoch; setting another one drops the restored place, with a
         warning (the usual cause is a loop that restored its own epoch counter from another checkpoint)."""
-        epoch = int(epoch)
+        epoch = check_epoch(epoch)
         if self._restored and epoch != self._next.epoch:
             where = self._next
             done = "all its batches" if where.complete else f"{where.skip} batches"

@@ -137,6 +137,12 @@ class TextOptions:
         if self.eos_token is not None and not isinstance(self.eos_token, str):
             raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {self.eos_token!r} "
                               f"({type(self.eos_token).__name__})")
+        padded_only = [name for name in ("max_length", "bucketing") if getattr(self, name)]
+        if self.packing is True and padded_only:
+            raise ConfigError(f"{' and '.join(padded_only)}: for padded batches (packing=False); packed blocks are "
+                              "seq_len tokens long")
+        if self.seq_len is not None and (self.packing is False or padded_only):
+            raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
 
     def given(self) -> list[str]:
         """The names of the options that were set (for the error when the dataset holds images)."""
