@@ -353,10 +353,12 @@ def loader(
             `tune.json` inside the dataset's directory is read first).
         weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
             batch holds each dataset's share, rounded; 0 leaves a dataset out.
-        mixing: a mixture's epoch, a `fastdata.options.MixOptions(samples_per_epoch, epoch_end, exhausted)`:
-            its length in samples, all ranks together (None: `epoch_end` decides); it ends when the "first"
-            (default) or the "last" dataset has given all its samples; a dataset that runs out before is
-            "cycle"d (reshuffled, restarted) or "stop"ped (left out, the other weights renormalised).
+        mixing: a mixture's epoch and labels, a `fastdata.options.MixOptions(samples_per_epoch, epoch_end,
+            exhausted, classes)`: its length in samples, all ranks together (None: `epoch_end` decides); it ends
+            when the "first" (default) or the "last" dataset has given all its samples; a dataset that runs out
+            before is "cycle"d (reshuffled, restarted) or "stop"ped (left out, the other weights renormalised);
+            `classes`: how the datasets' class lists make one label space ("auto", "by_name", "per_dataset":
+            docs/mixing.md).
         **keywords: the older spellings, still taken: the fields of `output` (`dtype`, `mean`, `std`,
             `channels_last`), `text` (`seq_len`, `packing`, `max_length`, `bucketing`, `eos_token`), `remote`
             (`cache_dir`, `cache_max_bytes`, `storage_options`) and `mixing` (`samples_per_epoch`, `epoch_end`,
@@ -368,8 +370,7 @@ def loader(
                                text=text, remote=remote, mixing=mixing, augment=augment, image_size=image_size)
     augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
     out, text, remote = spelled.output, spelled.text, spelled.remote
-    samples_per_epoch, epoch_end, exhausted = (spelled.mixing.samples_per_epoch, spelled.mixing.epoch_end,
-                                               spelled.mixing.exhausted)
+    mix = spelled.mixing
     rank, world_size = resolve_world(rank, world_size)
     auto = [None if num_workers is None else check_int_or_auto("num_workers", num_workers, 0),
             check_int_or_auto("prefetch_factor", prefetch_factor, 1)]
@@ -388,9 +389,9 @@ def loader(
     if isinstance(decode, DeviceDecode):  # the device path, with its decoder's options
         image_options.update(decode="device", device_decode=decode)
         decode = "device"
-    if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
+    if isinstance(path, (list, tuple)) and len(path) == 1 and mix.samples_per_epoch is None:
         plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
-        path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
+        path, weights, mix = path[0], None, MixOptions()
     if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.loader.mixing)
         if AUTO in auto:
             warnings.warn(f"num_workers/prefetch_factor='auto' over a mixture: `fastdata tune` results are per "
@@ -400,13 +401,12 @@ def loader(
         if metadata:
             raise ConfigError("metadata=True applies to one dataset's loader; a mixture's batches do not carry it")
         mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
-                             on_error=on_error, scale=scale, ratio=ratio, masks=masks,
-                             samples_per_epoch=samples_per_epoch, epoch_end=epoch_end, exhausted=exhausted)
+                             on_error=on_error, scale=scale, ratio=ratio, masks=masks, mixing=mix)
         mixed.tuned = None
         return mixed
-    if weights is not None or samples_per_epoch is not None or (epoch_end, exhausted) != ("first", "cycle"):
-        raise ConfigError("weights, samples_per_epoch, epoch_end and exhausted apply to a mixture: pass a list of "
-                          "dataset paths")
+    if weights is not None or mix != MixOptions():
+        raise ConfigError("weights, samples_per_epoch, epoch_end, exhausted and classes apply to a mixture: pass a "
+                          "list of dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, remote=remote,
                          scale=scale, ratio=ratio, max_length=text.max_length, masks=masks, metadata=metadata)
     spelled.check_preset(path, getattr(data, "target_kind", None))

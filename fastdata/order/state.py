@@ -30,7 +30,7 @@ STATE_KIND = "fastdata.loader"
 
 #: Options added to the resume config after the first release of the state format: a state saved without them
 #: cannot be checked against them, so they are compared only when the state has them.
-CHECKED_WHEN_PRESENT = ("augment", "image_size", "output")
+CHECKED_WHEN_PRESENT = ("augment", "image_size", "output", "classes")
 
 
 @dataclass(frozen=True)
