@@ -26,7 +26,6 @@ from fastdata.image.loader import ImageLoader, ImageOptions
 from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
 
-
 #: How a mixture's label space is made from its datasets' class lists (`MixOptions(classes=...)`, docs/mixing.md)
 CLASS_RULES = ("auto", "by_name", "per_dataset")
 

@@ -92,9 +92,10 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             the loader's batches hold it, normalised `(x / 255 - mean) / std`, instead of uint8 (with
             augment="train"/"val", whose images are uint8; a transform of your own normalises its own output).
         **keywords: the older spellings, still taken: `cache_dir`, `cache_max_bytes`, `storage_options` (the
-            fields of `remote`), the fields of `output` (`dtype`, `mean`, `std`), and `scale`, `ratio` ("train": RandomResizedCrop's ranges of the crop's area and
-            aspect, as `fastdata.presets.RandomResizedCrop(size, scale, ratio)` sets them; detection and
-            segmentation: `scale` is the scale jitter's range, as `ScaleJitterCrop(size, scale_range)`).
+            fields of `remote`), the fields of `output` (`dtype`, `mean`, `std`), and `scale`, `ratio` ("train":
+            RandomResizedCrop's ranges of the crop's area and aspect, as `fastdata.presets.RandomResizedCrop(size,
+            scale, ratio)` sets them; detection and segmentation: `scale` is the scale jitter's range, as
+            `ScaleJitterCrop(size, scale_range)`).
     """
     if isinstance(path, (list, tuple)):
         raise ConfigError("fastdata.dataset opens one dataset; for a weighted mixture of several use "

@@ -27,10 +27,10 @@ from fastdata.presets import ResizeLongerPad, ScaleJitterCrop
 
 pytest.importorskip("pycocotools")
 v2 = pytest.importorskip("torchvision.transforms.v2")
+from torch.utils.data import IterableDataset  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402
-from torch.utils.data import IterableDataset  # noqa: E402
 
 SIZE = 32
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from builders import SOLID_CLASSES, SMALL_SOLID_COUNT, build_solid_tree, sample_id_of, solid_id_of_path, solid_label
+from builders import SMALL_SOLID_COUNT, SOLID_CLASSES, build_solid_tree, sample_id_of, solid_id_of_path, solid_label
 
 import fastdata
 from fastdata.errors import ConfigError, ResumeError
