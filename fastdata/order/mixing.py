@@ -293,8 +293,8 @@ class MixedResumable:
         slots = sampler.num_samples if complete else start + done * sampler.batch_size * sampler.world_size
         return sampler.consumed(epoch, slots)
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()  # type: ignore[misc]
+    def state_dict(self, pending: int = 0) -> dict[str, Any]:
+        state = super().state_dict(pending)  # type: ignore[misc]
         state["positions"] = self._positions(state["epoch"], state["start"], state["batches"], state["complete"])
         return state
 

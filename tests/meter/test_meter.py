@@ -260,7 +260,8 @@ def test_torch_dataloader_facts():
     r = m.report()
     assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
                         "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False,
-                        "decode": None, "progressive": None, "not_jpeg": None, "stored": None}
+                        "decode": None, "progressive": None, "not_jpeg": None, "stored": None,
+                        "largest_side": None}
     assert r.samples == 10 and r.stages is None
 
 
