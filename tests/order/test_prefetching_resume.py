@@ -71,3 +71,13 @@ def test_pending_cannot_exceed_the_batches_yielded(makers):
     for bad in (-1, 1.5, "1"):
         with pytest.raises(ConfigError, match=r"^pending must be"):
             loader.state_dict(pending=bad)
+
+
+def test_with_persistent_workers_that_run_ahead_into_the_next_epoch(solid_lmdb):
+    """Workers that build the next epoch's first batches ahead (persistent workers roll over) change nothing: the
+    batches the loop holds are counted by what the loader yielded, not by what the workers made."""
+    def make():
+        return fastdata.loader(solid_lmdb, **{**IMAGE, "num_workers": 2, "persistent_workers": True})
+
+    per_epoch = len(make())
+    check_prefetching_resume(make, 2 * per_epoch + 1, per_epoch, ahead=1)
