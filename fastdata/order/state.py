@@ -73,6 +73,9 @@ class ResumableLoader:
     rank: int
     world_size: int
     _repartitions: bool
+    #: As a DataLoader's with `batch_size=None`: the loader makes whole batches itself, so there is no batch
+    #: sampler (code that looks for one, e.g. Lightning's checks, then reads `sampler`).
+    batch_sampler: None = None
 
     def _init_progress(self) -> None:
         self._next = Position(0)

@@ -53,6 +53,7 @@ def test_sampler_and_dataset_lengths_as_a_dataloader_has_them(makers, kind, unev
         loader = makers[kind](rank=rank, world_size=world, uneven=uneven)
         sampler = loader.sampler
         assert (sampler.rank, sampler.num_replicas, sampler.drop_last) == (rank, world, uneven == "drop")
+        assert loader.batch_sampler is None  # whole batches, as a DataLoader with batch_size=None (Lightning looks)
         assert sum(_rows(batch) for batch in loader) == len(sampler) == len(list(sampler))
         assert sampler.total_size == world * len(sampler) and len(loader.dataset) == len(whole.dataset)
         if uneven == "pad":
