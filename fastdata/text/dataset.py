@@ -17,8 +17,12 @@ from fastdata.formats.manifest import Manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.tokens import TOKENIZER_FILE
 from fastdata.formats.wds_text import TextWdsReader
+from fastdata.order.packing import DEFAULT_WINDOW
+from fastdata.text.bestfit import BestFitRows
 from fastdata.text.blocks import PackedBlocks, PaddedDocuments
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos
+
+Batcher = PackedBlocks | PaddedDocuments | BestFitRows
 
 
 def open_store(root: Path, manifest: Manifest) -> TextLmdbReader | TextWdsReader:
@@ -88,60 +92,84 @@ class TextDataset(Dataset):
         found = resolve_eos(self.tokenizer, eos_token, str(self.root / TOKENIZER_FILE))
         return None if found is None else found[1]
 
-    def packed(self, seq_len: int, eos_token: str | None = None) -> PackedBlocks:
-        """Fixed-length blocks over the document stream, each document followed by the end-of-text token
-        (the dataset's, or `eos_token`)."""
+    def _packing_eos(self, eos_token: str | None) -> int:
         eos_id = self._eos(eos_token)
         if eos_id is None:
             raise ConfigError(
                 f"{self.root}: no end-of-text token to separate packed documents (the tokenizer has none of the "
                 "usual special tokens and none was given); convert again with --eos-token TOKEN, pass "
                 "eos_token=... to the loader, or load with packing=False")
-        return PackedBlocks(self.store, seq_len, eos_id)
+        return eos_id
+
+    def _pad_id(self, eos_id: int | None) -> int:
+        """The padding id: the tokenizer's padding token, else the end-of-text token, else 0."""
+        pad_id = self.manifest.text.get("pad_token_id")
+        return pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
+
+    def packed(self, seq_len: int, eos_token: str | None = None) -> PackedBlocks:
+        """Fixed-length blocks over the document stream, each document followed by the end-of-text token
+        (the dataset's, or `eos_token`)."""
+        return PackedBlocks(self.store, seq_len, self._packing_eos(eos_token))
+
+    def best_fit(self, seq_len: int, seed: int, shuffle: bool, eos_token: str | None = None,
+                 window: int = DEFAULT_WINDOW) -> BestFitRows:
+        """Rows of `seq_len` tokens holding whole documents (each followed by the end-of-text token), best-fit
+        packed per epoch from (seed, epoch), padded."""
+        eos_id = self._packing_eos(eos_token)
+        return BestFitRows(self.store, seq_len, eos_id, self._pad_id(eos_id), seed, shuffle, window)
 
     def padded(self, max_length: int, eos_token: str | None = None) -> PaddedDocuments:
         """One document per row, truncated to `max_length` tokens and padded per batch."""
         eos_id = self._eos(eos_token)
-        pad_id = self.manifest.text.get("pad_token_id")
-        pad_id = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
-        return PaddedDocuments(self.store, max_length, eos_id, pad_id)
+        return PaddedDocuments(self.store, max_length, eos_id, self._pad_id(eos_id))
 
 
 class TextBatches(Dataset):
-    """DataLoader adapter: item `(epoch, [indices, ...])` -> those whole batches, built inside the worker and
-    handed over in a compact form (int32; packed blocks as rows of L + 1 tokens) in one flat shared-memory
-    tensor plus each batch's shape: one small transfer per group is what makes moving batches between
-    processes cheap. `unpack_batches` turns an item back into batch dicts."""
+    """DataLoader adapter: item `(epoch, [batch, ...])` -> those whole batches (each given as the batcher takes it:
+    indices, or a best-fit batch's description), built inside the worker and handed over in a compact form
+    (int32 arrays: packed blocks as rows of L + 1 tokens) in one flat shared-memory tensor plus each batch's
+    arrays' shapes: one small transfer per group is what makes moving batches between processes cheap.
+    `unpack_batches` turns an item back into batch dicts."""
 
-    def __init__(self, batcher: PackedBlocks | PaddedDocuments) -> None:
+    def __init__(self, batcher: Batcher) -> None:
         self.batcher = batcher
 
-    def __len__(self) -> int:
-        return len(self.batcher)
-
-    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[list[tuple[int, ...]]]]:
         _epoch, group = item
-        if isinstance(self.batcher, PackedBlocks):
-            shapes = [self.batcher.transfer_shape(len(indices)) for indices in group]
-            flat = torch.empty(sum(int(np.prod(shape)) for shape in shapes), dtype=torch.int32)
-            if get_worker_info() is not None:  # filled in shared memory: nothing to copy when it is sent
-                flat.share_memory_()
+        if isinstance(self.batcher, PackedBlocks) and self.batcher.form.plain:  # rows written in place
+            shapes = [[self.batcher.transfer_shape(len(indices))] for indices in group]
+            flat = self._flat(sum(int(np.prod(shape[0])) for shape in shapes))
             view, pos = flat.numpy(), 0
-            for indices, shape in zip(group, shapes, strict=True):
+            for indices, (shape,) in zip(group, shapes, strict=True):
                 size = int(np.prod(shape))
                 self.batcher.transfer_array(indices, view[pos:pos + size].reshape(shape))
                 pos += size
             return flat, shapes
-        arrays = [self.batcher.batch_array(indices) for indices in group]
-        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.int32)
-        return torch.from_numpy(flat), [a.shape for a in arrays]
+        arrays = [self.batcher.parts(batch) for batch in group]
+        flat = self._flat(sum(part.size for parts in arrays for part in parts))
+        view, pos = flat.numpy(), 0
+        for parts in arrays:
+            for part in parts:
+                view[pos:pos + part.size] = part.reshape(-1)
+                pos += part.size
+        return flat, [[part.shape for part in parts] for parts in arrays]
+
+    @staticmethod
+    def _flat(size: int) -> torch.Tensor:
+        flat = torch.empty(size, dtype=torch.int32)
+        if get_worker_info() is not None:  # filled in shared memory: nothing to copy when it is sent
+            flat.share_memory_()
+        return flat
 
 
-def unpack_batches(flat: torch.Tensor, shapes: list[tuple[int, ...]], batcher: PackedBlocks | PaddedDocuments
+def unpack_batches(flat: torch.Tensor, shapes: list[list[tuple[int, ...]]], batcher: Batcher
                    ) -> Iterator[dict[str, torch.Tensor]]:
     """The batch dicts (contiguous int64 tensors) of one TextBatches item."""
     pos = 0
-    for shape in shapes:
-        size = int(np.prod(shape))
-        yield batcher.to_batch(flat[pos:pos + size].view(shape))
-        pos += size
+    for batch in shapes:
+        parts = []
+        for shape in batch:
+            size = int(np.prod(shape))
+            parts.append(flat[pos:pos + size].view(shape))
+            pos += size
+        yield batcher.to_batch(parts)

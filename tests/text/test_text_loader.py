@@ -183,7 +183,8 @@ def test_text_loader_option_errors(data):
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("seq_len", "16", "seq_len must be an int, got '16' (str)"),
     ("max_length", 8.0, "max_length must be an int, got 8.0 (float)"),
-    ("packing", "no", "packing must be True or False, got 'no' (str)"),
+    ("packing", "no", "packing must be True, False or 'best-fit', got 'no' (str)"),
+    ("boundaries", 1, "boundaries must be True or False, got 1 (int)"),
     ("bucketing", 1, "bucketing must be True or False, got 1 (int)"),
     ("eos_token", 0, "eos_token must be a str (a token of the tokenizer), got 0 (int)"),
 ])
