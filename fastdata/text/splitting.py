@@ -29,16 +29,18 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Split regexes known to split before a space that follows a non-space character, whatever comes after it.
-KNOWN_SPLIT_REGEXES = frozenset({
-    # GPT-2 (ByteLevel's own)
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
-    # GPT-4 (cl100k) and Llama 3
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+",
-    # Qwen 2
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-})
+#: GPT-2's pre-tokenizer regex (ByteLevel's own)
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+#: GPT-4's (cl100k), which Llama 3 uses
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: Qwen 2's (single digits)
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: Split regexes known to split before a space that follows a non-space character, whatever comes after it: no
+#: alternative matches a space after a non-space character, none looks behind, and the one lookahead, `(?!\S)`,
+#: follows whitespace only.
+KNOWN_SPLIT_REGEXES = frozenset({GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX})
 _PER_CHARACTER = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "BertNormalizer"})
 _PER_PRETOKEN = frozenset({"BPE", "WordPiece", "WordLevel", "Unigram"})
 _POST_PROCESSORS = frozenset({"ByteLevel", "TemplateProcessing", "BertProcessing", "RobertaProcessing"})
@@ -84,7 +86,8 @@ def _splits_at(pre: dict, cut: str) -> bool:
     if kind == "ByteLevel":
         if pre.get("use_regex", True) and cut == " ":
             return True
-        raise _Unsafe("its ByteLevel pre-tokenizer does not split by its regex")
+        raise _Unsafe("its ByteLevel pre-tokenizer does not split by its regex" if cut == " " else
+                      f"its normalizer makes spaces {cut!r}, which its ByteLevel pre-tokenizer does not split at")
     if kind == "Split":
         pattern, behavior = pre.get("pattern", {}), pre.get("behavior")
         if pre.get("invert"):
