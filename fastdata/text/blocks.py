@@ -92,25 +92,25 @@ class PackedBlocks:
         """Stream tokens `[k*L, k*L + L]` (L + 1 int64)."""
         return self.rows([k])[0]
 
-    def transfer_array(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
-        """Write a batch of plain blocks (`form.plain`) in its hand-over form, rows of L + 1 tokens, into `out`
-        (int32 [B, L + 1]): the worker's one copy of them."""
-        self.rows(blocks, out)
+    def transfer_shapes(self, blocks: Sequence[int] | np.ndarray) -> list[tuple[int, ...]]:
+        """The int32 arrays a batch of `blocks` hands over (`fastdata.text.forms`)."""
+        return self.form.shapes(len(blocks))
 
-    def transfer_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, self.seq_len + 1)
+    def transfer(self, blocks: Sequence[int] | np.ndarray, parts: list[np.ndarray]) -> np.ndarray | None:
+        """Write a batch into its hand-over `parts` (int32 views into shared memory: the rows straight into the
+        first); returns what travels beside it (`RowsForm.fill`)."""
+        self.rows(blocks, parts[0])
+        return self.form.fill(parts)
 
-    def parts(self, blocks: Sequence[int] | np.ndarray) -> list[np.ndarray]:
-        """A batch's hand-over: int32 arrays (`fastdata.text.forms`)."""
-        ks = np.asarray(blocks, dtype=np.int64).reshape(-1)
-        return self.form.parts(self.rows(ks, np.empty((len(ks), self.seq_len + 1), np.int32)))
-
-    def to_batch(self, parts: list[torch.Tensor]) -> dict[str, torch.Tensor | int]:
-        """The batch dict from a hand-over (`parts`), int64 tensors [B, L] (`fastdata.text.forms`)."""
-        return self.form.batch(parts)
+    def to_batch(self, parts: list[torch.Tensor], extra: np.ndarray | None = None) -> dict[str, torch.Tensor | int]:
+        """The batch dict from a hand-over (`parts`, and what travelled beside it), int64 tensors [B, L]."""
+        return self.form.batch(parts, extra)
 
     def batch(self, blocks: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor | int]:
-        return self.to_batch([torch.from_numpy(part) for part in self.parts(blocks)])
+        """A batch of `blocks` built in this process."""
+        parts = [np.empty(shape, np.int32) for shape in self.transfer_shapes(blocks)]
+        extra = self.transfer(blocks, parts)
+        return self.to_batch([torch.from_numpy(part) for part in parts], extra)
 
 
 class PaddedDocuments:
@@ -170,7 +170,7 @@ class PaddedDocuments:
         """A batch's hand-over: its [3, B, W] array as int32."""
         return [self.batch_array(indices).astype(np.int32)]
 
-    def to_batch(self, parts: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    def to_batch(self, parts: list[torch.Tensor], extra: None = None) -> dict[str, torch.Tensor]:
         """The batch dict (contiguous int64 [B, W] each) from the hand-over (one [3, B, W] array)."""
         return dict(zip(self.keys, parts[0].to(torch.int64).unbind(0), strict=True))
 

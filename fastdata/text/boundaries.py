@@ -27,25 +27,17 @@ def segment_starts(input_ids: np.ndarray, eos_id: int, real: np.ndarray | None =
     return starts
 
 
-def position_ids(starts: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """The position of each token in its segment (int32 [B, L], or written into `out`): 0 where `starts`, then
-    counting up."""
-    flat = np.arange(starts.size, dtype=np.int32)
-    last = np.where(starts.reshape(-1), flat, 0)
-    np.maximum.accumulate(last, out=last)  # the latest start at or before each position (rows start with one)
+def segments(starts: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(position_ids: the position of each token in its segment, int32 [B, L], or written into `out`; bounds: int32
+    [segments + 2], the segments' starts over the flattened batch, then B * L (together `cu_seqlens`), then the
+    longest segment (`max_seqlen`)) from `starts` (`segment_starts`)."""
+    first = np.flatnonzero(starts.reshape(-1)).astype(np.int32)
+    bounds = np.empty(len(first) + 2, np.int32)
+    bounds[:-2], bounds[-2] = first, starts.size
+    lengths = np.diff(bounds[:-1])
+    bounds[-1] = lengths.max(initial=0)
     out = np.empty(starts.shape, np.int32) if out is None else out
-    np.subtract(flat, last, out=out.reshape(-1))
-    return out
-
-
-def cu_seqlens(starts: np.ndarray) -> np.ndarray:
-    """int32 [segments + 2]: the segments' starts over the flattened batch, then B * L (`cu_seqlens`), then the
-    longest segment (`max_seqlen`): what `split_cu_seqlens` takes apart in the main process."""
-    bounds = np.append(np.flatnonzero(starts.reshape(-1)), starts.size).astype(np.int32)
-    return np.append(bounds, np.diff(bounds).max(initial=0)).astype(np.int32)
-
-
-def mask_cross_document(labels: np.ndarray, input_ids: np.ndarray, eos_id: int) -> None:
-    """Set `labels` to IGNORE_INDEX where the input is an end-of-text token: that position would predict the
-    next document's first token, which its own document does not let it see."""
-    labels[input_ids == eos_id] = IGNORE_INDEX
+    flat = out.reshape(-1)
+    flat[:] = np.repeat(first, lengths)  # each position's segment start ...
+    np.subtract(np.arange(starts.size, dtype=np.int32), flat, out=flat)  # ... taken from its place
+    return out, bounds

@@ -127,32 +127,36 @@ class TextDataset(Dataset):
 class TextBatches(Dataset):
     """DataLoader adapter: item `(epoch, [batch, ...])` -> those whole batches (each given as the batcher takes it:
     indices, or a best-fit batch's description), built inside the worker and handed over in a compact form
-    (int32 arrays: packed blocks as rows of L + 1 tokens) in one flat shared-memory tensor plus each batch's
-    arrays' shapes: one small transfer per group is what makes moving batches between processes cheap.
-    `unpack_batches` turns an item back into batch dicts."""
+    (int32 arrays: packed blocks as rows of L + 1 tokens, written in place) in one flat shared-memory tensor, plus
+    each batch's arrays' shapes and the little that travels beside them (a batch's segments): one small transfer
+    per group is what makes moving batches between processes cheap. `unpack_batches` turns an item back into
+    batch dicts."""
 
     def __init__(self, batcher: Batcher) -> None:
         self.batcher = batcher
 
-    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[list[tuple[int, ...]]]]:
+    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[tuple[list, Any]]]:
         _epoch, group = item
-        if isinstance(self.batcher, PackedBlocks) and self.batcher.form.plain:  # rows written in place
-            shapes = [[self.batcher.transfer_shape(len(indices))] for indices in group]
-            flat = self._flat(sum(int(np.prod(shape[0])) for shape in shapes))
-            view, pos = flat.numpy(), 0
-            for indices, (shape,) in zip(group, shapes, strict=True):
-                size = int(np.prod(shape))
-                self.batcher.transfer_array(indices, view[pos:pos + size].reshape(shape))
-                pos += size
-            return flat, shapes
-        arrays = [self.batcher.parts(batch) for batch in group]
+        if hasattr(self.batcher, "transfer_shapes"):  # written in place: packed blocks, best-fit rows
+            layouts = [self.batcher.transfer_shapes(batch) for batch in group]
+            flat = self._flat(sum(int(np.prod(shape)) for shapes in layouts for shape in shapes))
+            view, pos, extras = flat.numpy(), 0, []
+            for batch, shapes in zip(group, layouts, strict=True):
+                parts = []
+                for shape in shapes:
+                    size = int(np.prod(shape))
+                    parts.append(view[pos:pos + size].reshape(shape))
+                    pos += size
+                extras.append(self.batcher.transfer(batch, parts))
+            return flat, list(zip(layouts, extras, strict=True))
+        arrays = [self.batcher.parts(batch) for batch in group]  # padded documents: sized by what they hold
         flat = self._flat(sum(part.size for parts in arrays for part in parts))
         view, pos = flat.numpy(), 0
         for parts in arrays:
             for part in parts:
                 view[pos:pos + part.size] = part.reshape(-1)
                 pos += part.size
-        return flat, [[part.shape for part in parts] for parts in arrays]
+        return flat, [([part.shape for part in parts], None) for parts in arrays]
 
     @staticmethod
     def _flat(size: int) -> torch.Tensor:
@@ -162,14 +166,15 @@ class TextBatches(Dataset):
         return flat
 
 
-def unpack_batches(flat: torch.Tensor, shapes: list[list[tuple[int, ...]]], batcher: Batcher
+def unpack_batches(flat: torch.Tensor, layouts: list[tuple[list, Any]], batcher: Batcher
                    ) -> Iterator[dict[str, torch.Tensor]]:
-    """The batch dicts (contiguous int64 tensors) of one TextBatches item."""
+    """The batch dicts (contiguous int64 tensors) of one TextBatches item: each batch's arrays' shapes, and what
+    travelled beside them."""
     pos = 0
-    for batch in shapes:
+    for shapes, extra in layouts:
         parts = []
-        for shape in batch:
+        for shape in shapes:
             size = int(np.prod(shape))
             parts.append(flat[pos:pos + size].view(shape))
             pos += size
-        yield batcher.to_batch(parts)
+        yield batcher.to_batch(parts, extra)

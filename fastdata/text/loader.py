@@ -38,11 +38,11 @@ class GroupedBatches:
     or what `describe(epoch, indices)` makes of them (best-fit rows: the token ranges they hold)."""
 
     def __init__(self, sampler: EpochBatchSampler, group: int,
-                 describe: Callable[[int, np.ndarray], np.ndarray] | None = None) -> None:
+                 describe: Callable[[int, np.ndarray], Any] | None = None) -> None:
         self.sampler, self.group, self.describe = sampler, group, describe
 
-    def __iter__(self) -> Iterator[tuple[int, list[np.ndarray]]]:
-        pending: list[np.ndarray] = []
+    def __iter__(self) -> Iterator[tuple[int, list[Any]]]:
+        pending: list[Any] = []
         epoch = self.sampler.epoch
         for epoch, indices in self.sampler:
             pending.append(indices if self.describe is None else self.describe(epoch, indices))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import warnings
 
-import pytest
 import numpy as np
+import pytest
 from builders import cli, make_corpus, reference_ids, train_bytelevel, train_tokenizer, tricky_text
 
 import fastdata
@@ -95,7 +95,7 @@ def test_one_big_text_file_is_tokenized_on_every_worker_into_the_ids_of_the_whol
     np.testing.assert_array_equal(stored, reference_ids(tokenizer, text))
     said = [note for note in summary.notes if "long document" in note or "tokenized whole" in note]
     if kind == "llama2-prepend":
-        assert said == [f"1 document over 3,000 characters tokenized whole, on one core: cutting them cannot be "
+        assert said == ["1 document over 3,000 characters tokenized whole, on one core: cutting them cannot be "
                         "shown to keep this tokenizer's ids (its normalizer has a Prepend step, which is not "
                         "character by character)"]
         assert sum("tokenized whole, on one core" in str(w.message) for w in caught) == 1

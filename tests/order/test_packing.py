@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.order.packing import PlannedBatchSampler, Pieces, RowPlanner, best_fit, plan_rows
+from fastdata.order.packing import Pieces, PlannedBatchSampler, RowPlanner, best_fit, plan_rows
 
 
 def reference_best_fit(sizes: list[int], capacity: int) -> list[list[int]]:
@@ -43,7 +43,7 @@ def test_best_fit_is_best_fit_decreasing_bin_for_bin():
 
 
 def test_best_fit_refuses_items_that_do_not_fit():
-    with pytest.raises(ValueError, match="1..8"):
+    with pytest.raises(ValueError, match=r"1\.\.8"):
         best_fit(np.array([3, 9]), 8)
 
 

@@ -5,6 +5,7 @@ end-of-text tokens; and FlexAttention's document mask built from the batch gives
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def reference(input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tupl
             position += 1
         positions.append(row)
     bounds = [*starts, rows * width]
-    return positions, bounds, max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    return positions, bounds, max(b - a for a, b in itertools.pairwise(bounds))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -117,7 +118,7 @@ def test_flex_attention_document_mask_from_a_batch_keeps_each_document_to_itself
     flat = lambda t: t.transpose(1, 2).reshape(rows * width, 2, 8)  # noqa: E731 ([B, H, L, D] -> [B * L, H, D])
     expected = torch.empty(rows * width, 2, 8)
     bounds = batch["cu_seqlens"].tolist()
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         seg = [flat(t)[a:b].transpose(0, 1) for t in (q, k, v)]  # [H, n, D]
         expected[a:b] = torch.nn.functional.scaled_dot_product_attention(*seg, is_causal=True).transpose(0, 1)
     assert len(bounds) > rows + 1
@@ -125,12 +126,13 @@ def test_flex_attention_document_mask_from_a_batch_keeps_each_document_to_itself
 
 
 def test_the_hand_over_is_compact(data):
-    """Workers hand over int32: rows of L + 1 tokens, positions and the cumulative lengths (no int64 [B, L] array
-    more than the plain batch's rows)."""
+    """Workers hand over int32 in shared memory: the rows of L + 1 tokens and their positions; the segments'
+    bounds (a few int32) travel beside them."""
     from fastdata.text.dataset import TextBatches
 
-    ds = fastdata.dataset(data)
-    batcher = ds.packed(24).shaped(boundaries=True)
-    flat, shapes = TextBatches(batcher)[(0, [np.arange(5), np.arange(5, 10)])]
-    assert flat.dtype == torch.int32
-    assert [shape[:2] for shape in shapes] == [[(5, 25), (5, 24)]] * 2
+    batcher = fastdata.dataset(data).packed(24).shaped(boundaries=True)
+    flat, layouts = TextBatches(batcher)[(0, [np.arange(5), np.arange(5, 10)])]
+    assert flat.dtype == torch.int32 and flat.numel() == 2 * (5 * 25 + 5 * 24)
+    for shapes, bounds in layouts:
+        assert shapes == [(5, 25), (5, 24)]
+        assert bounds.dtype == np.int32 and 5 + 2 <= len(bounds) < 5 * 24 and bounds[-2] == 5 * 24

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from builders import make_corpus, seeded_loader, train_bytelevel, write_jsonl
 from contracts import check_checkpoint_loop, check_resumes, clone, same
-
 from fastdata.converters.text import convert_text
+
 from fastdata.errors import ResumeError
 
 
