@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import report
-from text_corpus import build_corpus, iter_texts, train_tokenizer
+from text_corpus import corpus_and_tokenizer, iter_texts
 from text_throughput import _in_fresh_process
 
 WHOLE = "kept whole: one worker tokenizes the document (split_documents=False)"
@@ -71,9 +71,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
 
-    args.data.mkdir(parents=True, exist_ok=True)
-    corpus = build_corpus(args.data / f"corpus-{args.mb:g}mb.jsonl", args.mb)
-    tokenizer = train_tokenizer(corpus, args.data / f"{corpus.stem}-bpe-32k.json")
+    corpus, tokenizer = corpus_and_tokenizer(args.data, args.mb)
     source = one_file(corpus, args.data / f"{corpus.stem}-one-file.txt", args.mb)
     outputs = {WHOLE: args.data / "one-file-whole.lmdb", CUT: args.data / "one-file-cut.lmdb"}
     print(f"{source} ({source.stat().st_size / 1e6:.1f} MB, one document), {args.workers} workers", flush=True)

@@ -34,12 +34,12 @@ import numpy as np
 
 from fastdata.order.packing import Pieces, plan_rows
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
+from fastdata.tools.bench_fair import dataset_files
 
 sys.path.insert(0, str(Path(__file__).parent))
 import report
-from text_corpus import build_corpus, train_tokenizer
-from text_loaders import Pairs
+from text_corpus import corpus_and_tokenizer
+from text_loaders import Pairs, add_loading_arguments
 from text_throughput import _fastdata_convert, _in_fresh_process
 
 LOADERS = {  # name -> the loader's text options
@@ -124,20 +124,12 @@ def planning_table(documents: int, seq_len: int, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "text")
-    parser.add_argument("--mb", type=float, default=80, help="Corpus size in MB of UTF-8 text.")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per loading run (after one untimed).")
+    add_loading_arguments(parser)
     parser.add_argument("--synthetic-documents", type=int, default=1_000_000)
     parser.add_argument("--plan-documents", type=int, default=10_000_000)
     args = parser.parse_args()
 
-    args.data.mkdir(parents=True, exist_ok=True)
-    corpus = build_corpus(args.data / f"corpus-{args.mb:g}mb.jsonl", args.mb)
-    tokenizer = train_tokenizer(corpus, args.data / f"{corpus.stem}-bpe-32k.json")
+    corpus, tokenizer = corpus_and_tokenizer(args.data, args.mb)
     out = args.data / f"{corpus.stem}.lmdb"
     if not (out / "manifest.json").is_file():  # tokenized in a child: the loaders below fork this process
         _in_fresh_process(_fastdata_convert, str(corpus), str(tokenizer), str(out), "lmdb")

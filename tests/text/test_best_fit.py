@@ -7,11 +7,10 @@ test_text_loader_state.py."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
-from builders import make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders import write_jsonl
 from contracts import clone
 
 import fastdata
@@ -20,30 +19,6 @@ from fastdata.text.blocks import IGNORE_INDEX
 
 EOS, PAD = 0, 1
 SEQ_LEN = 32
-
-
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    return make_corpus(150, seed=3)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory, corpus) -> Path:
-    return train_bytelevel(tmp_path_factory.mktemp("tok") / "bpe.json", corpus)
-
-
-@pytest.fixture(scope="module", params=["lmdb", "wds"])
-def data(request, tmp_path_factory, corpus, tokenizer) -> Path:
-    root = tmp_path_factory.mktemp(f"bestfit_{request.param}")
-    out = root / ("d.lmdb" if request.param == "lmdb" else "d")
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
-                          shard_size="2KB", progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def documents(corpus, tokenizer) -> list[list[int]]:
-    return [reference_ids(tokenizer, text) for text in corpus]
 
 
 def pieces_of(documents: list[list[int]], seq_len: int) -> Counter:
@@ -71,24 +46,24 @@ def segments_of(batches: list[dict]) -> list[tuple[tuple[int, ...], int]]:
 
 
 @pytest.mark.parametrize("seq_len", [SEQ_LEN, 9])
-def test_every_document_is_whole_once_per_epoch_and_only_long_ones_are_cut(data, documents, seq_len):
-    loader = fastdata.loader(data, packing="best-fit", seq_len=seq_len, batch_size=6, num_workers=2, seed=4)
+def test_every_document_is_whole_once_per_epoch_and_only_long_ones_are_cut(loader_text, loader_documents, seq_len):
+    loader = fastdata.loader(loader_text, packing="best-fit", seq_len=seq_len, batch_size=6, num_workers=2, seed=4)
     batches = [clone(b) for b in loader]
     assert len(batches) == len(loader)
     assert all(set(b) == {"input_ids", "attention_mask", "labels"} for b in batches)
     assert all(b["input_ids"].shape[1] == seq_len and b["input_ids"].dtype == torch.int64 for b in batches)
     segments = segments_of(batches)
-    assert Counter(tokens for tokens, _ in segments) == pieces_of(documents, seq_len)  # nothing lost, none twice
-    whole = Counter(tuple([*doc, EOS]) for doc in documents if len(doc) < seq_len)
+    assert Counter(tokens for tokens, _ in segments) == pieces_of(loader_documents, seq_len)  # nothing lost, none twice
+    whole = Counter(tuple([*doc, EOS]) for doc in loader_documents if len(doc) < seq_len)
     assert whole and all(Counter(t for t, _ in segments)[tokens] >= n for tokens, n in whole.items())
-    cut = [doc for doc in documents if len(doc) >= seq_len]
+    cut = [doc for doc in loader_documents if len(doc) >= seq_len]
     assert cut and loader.batcher.pieces.cut_documents == len(cut)
 
 
-def test_labels_are_the_next_token_of_the_row_and_padding_is_ignored(data, documents):
-    loader = fastdata.loader(data, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0, seed=4)
+def test_labels_are_the_next_token_of_the_row_and_padding_is_ignored(loader_text, loader_documents):
+    loader = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0, seed=4)
     following = {}  # a cut piece -> its document's next token
-    for doc in documents:
+    for doc in loader_documents:
         sequence = [*doc, EOS]
         for at in range(0, len(sequence) - SEQ_LEN, SEQ_LEN):
             following[tuple(sequence[at:at + SEQ_LEN])] = sequence[at + SEQ_LEN]
@@ -107,27 +82,27 @@ def test_labels_are_the_next_token_of_the_row_and_padding_is_ignored(data, docum
     assert continued
 
 
-def test_padding_is_what_the_rows_hold_and_less_than_next_fit(data, documents):
-    loader = fastdata.loader(data, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0, seed=4)
+def test_padding_is_what_the_rows_hold_and_less_than_next_fit(loader_text, loader_documents):
+    loader = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0, seed=4)
     pads = positions = 0
     for batch in loader:
         pads += int((batch["attention_mask"] == 0).sum())
         positions += batch["attention_mask"].numel()
     assert loader.padding == pytest.approx(pads / positions)
     rows, room = 0, 0  # next-fit in source order: a piece that does not fit in the open row opens the next one
-    sizes = [min(SEQ_LEN, len(doc) + 1 - at) for doc in documents for at in range(0, len(doc) + 1, SEQ_LEN)]
+    sizes = [min(SEQ_LEN, len(doc) + 1 - at) for doc in loader_documents for at in range(0, len(doc) + 1, SEQ_LEN)]
     for size in sizes:
         if size > room:
             rows, room = rows + 1, SEQ_LEN
         room -= size
-    next_fit = 1 - sum(len(doc) + 1 for doc in documents) / (rows * SEQ_LEN)
+    next_fit = 1 - sum(len(doc) + 1 for doc in loader_documents) / (rows * SEQ_LEN)
     assert loader.padding < 0.02 < next_fit / 5
-    assert fastdata.loader(data, seq_len=SEQ_LEN, num_workers=0).padding == 0.0
+    assert fastdata.loader(loader_text, seq_len=SEQ_LEN, num_workers=0).padding == 0.0
 
 
-def test_order_depends_on_seed_and_epoch_only(data):
+def test_order_depends_on_seed_and_epoch_only(loader_text):
     def epochs(workers: int, seed: int = 7) -> list[list[dict]]:
-        loader = fastdata.loader(data, packing="best-fit", seq_len=SEQ_LEN, batch_size=5, num_workers=workers,
+        loader = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=5, num_workers=workers,
                                  seed=seed)
         return [[clone(b) for b in loader] for _ in range(2)]
 
@@ -137,28 +112,28 @@ def test_order_depends_on_seed_and_epoch_only(data):
     assert not torch.equal(serial[0][0]["input_ids"], serial[1][0]["input_ids"])  # the next pass: the next epoch
     assert not torch.equal(epochs(0, seed=8)[0][0]["input_ids"], serial[0][0]["input_ids"])
     rows = [tuple(r.tolist()) for b in serial[0] for r in b["input_ids"]]
-    unshuffled = fastdata.loader(data, packing="best-fit", seq_len=SEQ_LEN, batch_size=5, num_workers=0,
+    unshuffled = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=5, num_workers=0,
                                  shuffle=False)
     again = [tuple(r.tolist()) for b in unshuffled for r in b["input_ids"]]
     assert sorted(again) != again or sorted(rows) != rows  # shuffled rows, or at least not both sorted
     assert again == [tuple(r.tolist()) for b in unshuffled for r in b["input_ids"]]  # unshuffled: every epoch alike
 
 
-def test_best_fit_options(data):
+def test_best_fit_options(loader_text):
     with pytest.raises(ConfigError, match="max_length and bucketing apply to padded batches"):
-        fastdata.loader(data, packing="best-fit", max_length=8, num_workers=0)
+        fastdata.loader(loader_text, packing="best-fit", max_length=8, num_workers=0)
     with pytest.raises(ConfigError, match="packing must be True, False or 'best-fit'"):
-        fastdata.loader(data, packing="best", num_workers=0)
+        fastdata.loader(loader_text, packing="best", num_workers=0)
     with pytest.raises(ConfigError, match="mixture"):
-        fastdata.loader([data, data], weights=[1, 1], packing="best-fit", num_workers=0)
+        fastdata.loader([loader_text, loader_text], weights=[1, 1], packing="best-fit", num_workers=0)
 
 
-def test_rows_are_planned_without_reading_a_token(tmp_path, corpus, tokenizer):
+def test_rows_are_planned_without_reading_a_token(tmp_path, loader_corpus, loader_tokenizer):
     """Rows are planned from the stored document lengths alone: over WebDataset shards whose token data is gone
     (their indexes kept), the loader plans its epoch (len, padding); only building a batch reads tokens."""
     out = tmp_path / "d"
-    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus), out, tokenizer=tokenizer, format="wds",
-                          shard_size="2KB", progress=False)
+    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", loader_corpus), out, tokenizer=loader_tokenizer,
+                          format="wds", shard_size="2KB", progress=False)
     for shard in out.glob("*.tar"):
         shard.write_bytes(b"")
     loader = fastdata.loader(out, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0)

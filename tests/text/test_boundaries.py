@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from builders import make_corpus, train_bytelevel, write_jsonl
 from contracts import clone
 
 import fastdata
@@ -21,15 +20,9 @@ from fastdata.text.blocks import IGNORE_INDEX
 EOS = 0
 
 
-@pytest.fixture(scope="module", params=["lmdb", "wds"])
-def data(request, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp(f"bounds_{request.param}")
-    corpus = make_corpus(150, seed=3)
-    tokenizer = train_bytelevel(root / "bpe.json", corpus)
-    out = root / ("d.lmdb" if request.param == "lmdb" else "d")
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
-                          shard_size="2KB", progress=False)
-    return out
+@pytest.fixture
+def data(loader_text) -> Path:
+    return loader_text
 
 
 def reference(input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[list, list, int]:

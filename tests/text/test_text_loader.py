@@ -14,7 +14,6 @@ import torch
 from builders import (
     REPLACE_AFTER_ERROR,
     damaged_text_copy,
-    make_corpus,
     reference_ids,
     run_python,
     train_bytelevel,
@@ -28,28 +27,19 @@ from fastdata.text.blocks import IGNORE_INDEX
 EOS, PAD = 0, 1
 
 
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    return make_corpus(150, seed=3)
+@pytest.fixture
+def data(loader_text) -> Path:
+    return loader_text
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory, corpus) -> Path:
-    return train_bytelevel(tmp_path_factory.mktemp("tok") / "bpe.json", corpus)
+@pytest.fixture
+def documents(loader_documents) -> list[list[int]]:
+    return loader_documents
 
 
-@pytest.fixture(scope="module", params=["lmdb", "wds"])
-def data(request, tmp_path_factory, corpus, tokenizer) -> Path:
-    root = tmp_path_factory.mktemp(f"loader_{request.param}")
-    out = root / ("d.lmdb" if request.param == "lmdb" else "d")
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
-                          shard_size="2KB", progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def documents(corpus, tokenizer) -> list[list[int]]:
-    return [reference_ids(tokenizer, text) for text in corpus]
+@pytest.fixture
+def corpus(loader_corpus) -> list[str]:
+    return loader_corpus
 
 
 def stream_of(documents: list[list[int]]) -> np.ndarray:
