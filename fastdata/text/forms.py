@@ -35,11 +35,6 @@ class RowsForm:
     def padded(self) -> bool:
         return self.pad_id is not None
 
-    @property
-    def keys(self) -> tuple[str, ...]:
-        keys = ("input_ids", "attention_mask", "labels") if self.padded else ("input_ids", "labels")
-        return (*keys, "position_ids", "cu_seqlens", "max_seqlen") if self.boundaries else keys
-
     def shapes(self, rows: int) -> list[tuple[int, int]]:
         """The shapes of the int32 arrays a batch of `rows` rows hands over: the rows, then their positions."""
         rows_shape = (rows, self.seq_len + 1)
