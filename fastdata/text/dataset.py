@@ -3,7 +3,7 @@ DataLoader adapter that builds whole batches inside the workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,54 @@ class TextDataset(Dataset):
         """One document per row, truncated to `max_length` tokens and padded per batch."""
         eos_id = self._eos(eos_token)
         return PaddedDocuments(self.store, max_length, eos_id, self._pad_id(eos_id))
+
+
+class TextRows(Dataset):
+    """What a text loader's `loader.dataset` is: the rows its batches are made of, as DataLoader users expect of
+    `loader.dataset`: `len()` rows in the whole dataset (packed: blocks of seq_len + 1 tokens; padded: documents;
+    best-fit: the rows of the loader's epoch under way, else of its next one), all ranks together, and `ds[i]` row
+    i as a batch holds it (`{"input_ids", "labels"}` int64 [seq_len], padded and best-fit: also `attention_mask`,
+    a padded row its own length, without the padding to a batch's longest row; with boundaries its
+    `position_ids`, and `cu_seqlens` and `max_seqlen` of the row alone); the indices `loader.sampler` gives index
+    it. `tokenizer`, `root` and `manifest` are the dataset's (a mixture's: its first dataset's, which all share
+    one tokenizer), `documents` the documents themselves (`fastdata.dataset`'s)."""
+
+    def __init__(self, batcher: Batcher, documents: Any, first: TextDataset,
+                 epoch: Callable[[], int] | None = None) -> None:
+        self.batcher, self.documents, self._first, self._epoch = batcher, documents, first, epoch
+
+    def _rows_epoch(self) -> int:
+        return self._epoch() if self._epoch is not None else 0
+
+    def __len__(self) -> int:
+        if isinstance(self.batcher, BestFitRows):
+            assert self.batcher.planner is not None, "a best-fit loader's rows are planned in its process"
+            return self.batcher.planner.rows(self._rows_epoch())
+        return len(self.batcher)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} out of range for {len(self)} rows")
+        if isinstance(self.batcher, BestFitRows):
+            batch = self.batcher.batch(self._rows_epoch(), np.array([index]))
+        else:
+            batch = self.batcher.batch([index])
+        whole = ("cu_seqlens", "max_seqlen")  # of the row alone already
+        return {name: values if name in whole else values[0] for name, values in batch.items()}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._first.tokenizer
+
+    @property
+    def root(self) -> Path:
+        return self._first.root
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._first.manifest
 
 
 class TextBatches(Dataset):

@@ -120,7 +120,7 @@ def test_order_depends_on_seed_and_epoch_only(loader_text):
 
 
 def test_best_fit_options(loader_text):
-    with pytest.raises(ConfigError, match="max_length and bucketing apply to padded batches"):
+    with pytest.raises(ConfigError, match="max_length: for padded batches"):
         fastdata.loader(loader_text, packing="best-fit", max_length=8, num_workers=0)
     with pytest.raises(ConfigError, match="packing must be True, False or 'best-fit'"):
         fastdata.loader(loader_text, packing="best", num_workers=0)
@@ -140,3 +140,20 @@ def test_rows_are_planned_without_reading_a_token(tmp_path, loader_corpus, loade
     assert len(loader) > 0 and 0 < loader.padding < 0.05
     with pytest.raises(CorruptSampleError, match="truncated"):
         next(iter(loader))
+
+
+def test_loader_dataset_and_sampler_are_the_epochs_rows(loader_text):
+    """As a DataLoader has them: `loader.dataset` the rows of the epoch (row i as a batch holds it, its boundaries
+    too), `loader.sampler` this rank's rows of the epoch, in the order the batches take them."""
+    loader = fastdata.loader(loader_text, packing="best-fit", boundaries=True, seq_len=SEQ_LEN, batch_size=6,
+                             num_workers=0, seed=4)
+    loader.set_epoch(1)
+    rows = [row for batch in loader for row in zip(batch["input_ids"], batch["position_ids"], strict=True)]
+    loader.set_epoch(1)
+    assert len(loader.dataset) == len(rows) == len(loader.sampler)
+    assert list(loader.sampler) == list(range(len(rows)))
+    for index in (0, len(rows) // 2, len(rows) - 1):
+        row = loader.dataset[index]
+        assert torch.equal(row["input_ids"], rows[index][0]) and torch.equal(row["position_ids"], rows[index][1])
+        assert row["cu_seqlens"][0] == 0 and row["cu_seqlens"][-1] == SEQ_LEN and isinstance(row["max_seqlen"], int)
+    assert loader.dataset.tokenizer is not None
