@@ -407,17 +407,14 @@ def busy_machine_note(results: list[LoaderResult]) -> str:
     (`BUSY_SHARE` or more, fastdata.meter's figures) while a run was timed: its figures and ratios then say as much
     about the other work as about the loaders. "" when every timed run had the machine to itself (or was not
     metered)."""
-    measured = [(share, run) for r in results for run in r.runs
+    measured = [(share, run.system["others_cpu_cores"], run.name) for r in results for run in r.runs
                 if run.system is not None and (share := others_share(run.system)) is not None]
-    if not measured:
-        return ""
-    share, busiest = max(measured, key=lambda pair: pair[0])
+    share, others, name = max(measured, default=(0.0, 0.0, ""))
     if share < BUSY_SHARE:
         return ""
-    others = busiest.system["others_cpu_cores"] if busiest.system else 0.0
     return (f"note: the machine was busy: other processes took up to {share:.0%} of its CPU ({others:.1f} cores, "
-            f"while {busiest.name} was timed), so these figures are lower and less steady than the loaders "
-            "alone would give: rerun on a quiet machine for figures to keep")
+            f"while {name} was timed), so these figures are lower and less steady than the loaders alone would "
+            "give: rerun on a quiet machine for figures to keep")
 
 
 def format_summary(results: list[LoaderResult]) -> str:

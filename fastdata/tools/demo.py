@@ -24,8 +24,8 @@ def decoder_note() -> str:
 
     if region_decoder() is not None:
         return ""
-    return f"note: fastdata's figure is without its region decoder (whole JPEGs decoded with OpenCV): " \
-        f"{unavailable_reason()}"
+    without = "note: fastdata's figure is without its region decoder (whole JPEGs decoded with OpenCV)"
+    return f"{without}: {unavailable_reason()}"
 
 
 def run_demo(directory: Path, images: int = 1200, epochs: int = 2, batch_size: int = 128,
