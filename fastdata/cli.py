@@ -79,8 +79,12 @@ class _ConvertGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt("rerun the same command to resume the conversion") from None
+        except KeyboardInterrupt as exc:  # a conversion says how far it had come (`Staging.owned`); before it
+            if exc.args:                  # took its output, nothing was written
+                raise
+            from fastdata.convert.staging import NOT_STARTED_HINT
+
+            raise KeyboardInterrupt(NOT_STARTED_HINT) from None
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -31,7 +31,7 @@ from fastdata.convert.checkpoints import (
 )
 from fastdata.convert.kept import check_kept
 from fastdata.convert.pool import PoolStats
-from fastdata.convert.staging import Staging
+from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.convert.text_work import encode, encoded_batches
@@ -275,67 +275,69 @@ def convert_documents(
     source = list_source()
     files = source.files
     staging = Staging(out)
-    staging.check(overwrite)
-    sizes = [f.stat().st_size for f in files]
+    with staging.owned(overwrite):  # one writer per output: see `Staging.owned`
+        sizes = [f.stat().st_size for f in files]
+        options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
+                   "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
+                   "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
+        wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in source.given], "files": len(files),
+                                            "digest": files_digest((os.path.abspath(f), f) for f in files)},
+                             tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
 
-    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
-               "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
-               "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
-    wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in source.given], "files": len(files),
-                                        "digest": files_digest((os.path.abspath(f), f) for f in files)},
-                         tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
+        def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
+            return storage("text", fmt).open_writer(directory, WriterOptions(
+                shard_bytes=shard_bytes, dtype=dtype, chunk_tokens=chunk_tokens,
+                commit_every_chunks=commit_every_chunks))
 
-    def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
-        return storage("text", fmt).open_writer(directory, WriterOptions(
-            shard_bytes=shard_bytes, dtype=dtype, chunk_tokens=chunk_tokens, commit_every_chunks=commit_every_chunks))
-
-    writer, resumed = open_or_resume(staging, overwrite, wanted, make_writer, _TextProgress.parse)
-    state = resumed or _TextProgress(wanted)
-    resumed_at = resumed.records if resumed else None  # `state` moves on from here
-    resumed_documents = resumed.documents if resumed else None
-    if isinstance(writer, TextWdsWriter) and resumed is not None:
-        try:
-            writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens,
-                          resumed.open_shard)
-        except BaseException:
-            writer.abort()
-            raise
-    partial = staging.partial
-    started = time.perf_counter()
-    with keep_checkpoint_on_failure(writer, partial):
-        if resumed is None:
-            writer.checkpoint(state.to_json())  # records the fingerprint at once
-        write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
-        batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
-        stats = _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
-                              progress, checkpoint_bytes, workers)
-        if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
-            data_files, layout = writer.close()
-            _checkpoint(writer, state)
-        else:
-            writer.checkpoint(state.to_json())
-            data_files, layout = writer.close()
-    seconds = time.perf_counter() - started
-    bytes_out = sum(f.bytes for f in data_files)
-    text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
-            "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
-            "tokenizer_sha256": sha256_file(partial / TOKENIZER_FILE),
-            "eos_token": eos[0] if eos else None, "eos_token_id": eos[1] if eos else None,
-            "pad_token": pad[0] if pad else None, "pad_token_id": pad[1] if pad else None, **layout}
-    manifest = Manifest(
-        format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
-        fastdata_version=__version__, text=text, options=options,
-        source={"kind": "text", "path": [str(s) for s in source.given], "tokenizer": str(tokenizer_path.resolve()),
-                "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
-        rejected=state.rejected,
-        stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
-               "rejected_records": state.rejected_count, "resumed_at": resumed_at},
-    )
-    looked = (f"in field {source.options['field']!r} of {', '.join(source.given)}" if source.options.get("field")
-              else f"in {', '.join(source.given)}")
-    warning = check_kept(out, partial, state.documents, state.rejected_count,
-                         [r["reason"] for r in state.rejected], "documents", looked)
-    staging.commit(manifest, scratch=(PROGRESS_FILE,))
+        writer, resumed = open_or_resume(staging, overwrite, wanted, make_writer, _TextProgress.parse)
+        state = resumed or _TextProgress(wanted)
+        resumed_at = resumed.records if resumed else None  # `state` moves on from here
+        resumed_documents = resumed.documents if resumed else None
+        if isinstance(writer, TextWdsWriter) and resumed is not None:
+            try:
+                writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens,
+                              resumed.open_shard)
+            except BaseException:
+                writer.abort()
+                raise
+        partial = staging.partial
+        started = time.perf_counter()
+        with keep_checkpoint_on_failure(writer, partial):
+            if resumed is None:
+                writer.checkpoint(state.to_json())  # records the fingerprint at once
+            write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
+            batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
+            stats = _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
+                                  progress, checkpoint_bytes, workers)
+            if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
+                data_files, layout = writer.close()
+                _checkpoint(writer, state)
+            else:
+                writer.checkpoint(state.to_json())
+                data_files, layout = writer.close()
+        seconds = time.perf_counter() - started
+        bytes_out = sum(f.bytes for f in data_files)
+        text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
+                "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
+                "tokenizer_sha256": sha256_file(partial / TOKENIZER_FILE),
+                "eos_token": eos[0] if eos else None, "eos_token_id": eos[1] if eos else None,
+                "pad_token": pad[0] if pad else None, "pad_token_id": pad[1] if pad else None, **layout}
+        manifest = Manifest(
+            format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
+            fastdata_version=__version__, text=text, options=options,
+            source={"kind": "text", "path": [str(s) for s in source.given], "tokenizer": str(tokenizer_path.resolve()),
+                    "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
+            rejected=state.rejected,
+            stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
+                   "rejected_records": state.rejected_count, "resumed_at": resumed_at},
+        )
+        if fmt == "wds":
+            check_shard_count(shard_size, len(data_files), state.documents, "documents")
+        looked = (f"in field {source.options['field']!r} of {', '.join(source.given)}" if source.options.get("field")
+                  else f"in {', '.join(source.given)}")
+        warning = check_kept(out, partial, state.documents, state.rejected_count,
+                             [r["reason"] for r in state.rejected], "documents", looked)
+        staging.commit(manifest, scratch=(PROGRESS_FILE,))
     notes = [] if warning is None else [warning]
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),

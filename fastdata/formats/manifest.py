@@ -194,16 +194,29 @@ def partial_path(out: Path) -> Path:
     return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
+def incomplete_or_missing(root: Path) -> NotADatasetError:
+    """Why there is no dataset at `root` (which does not exist): a conversion is writing it now (named: pid, command,
+    since when; its lock, `fastdata.output_lock`), one was interrupted (only `OUT.partial` exists, no conversion
+    holds it: rerunning the same command resumes it), or there is nothing at all."""
+    from fastdata.output_lock import running_conversion
+
+    partial = partial_path(root)
+    holder = running_conversion(root)
+    if holder is not None:
+        what = f"its work so far is in {partial}" if partial.exists() else "it has written nothing yet"
+        return IncompleteDatasetError(f"{root}: a conversion is writing it now: {holder.describe()} ({what}); wait "
+                                      "for it to finish: the dataset appears there when it is complete")
+    if partial.exists():
+        return IncompleteDatasetError(f"{root}: incomplete conversion (only {partial} exists), interrupted: no "
+                                      "conversion is running; rerun the same convert command to resume it")
+    return NotADatasetError(f"{root}: no such file or directory")
+
+
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read the manifest of the dataset at `path`, or say clearly why `path` is not a dataset."""
     root = Path(path)
     if not root.exists():
-        if partial_path(root).exists():
-            raise IncompleteDatasetError(
-                f"{root}: incomplete conversion (only {partial_path(root)} exists); "
-                "rerun the same convert command to resume it"
-            )
-        raise NotADatasetError(f"{root}: no such file or directory")
+        raise incomplete_or_missing(root)
     if not root.is_dir():
         raise NotADatasetError(
             f"{root}: not a fastdata dataset (expected a directory holding {MANIFEST_NAME}; "
