@@ -1,8 +1,9 @@
 """`fastdata` command line: convert | info | verify | bench | tune | doctor | demo.
 
 Every error a user can cause prints as one line, `error: <what is wrong and what to do>`, exit code 2 (1 for
---strict rejections), never a traceback; Ctrl-C prints one line, exit code 130. Heavy modules (torch, the
-converters) are imported by the command that needs them, so `--version` and `--help` answer at once.
+rejections: --strict, or more than --max-rejected), never a traceback; Ctrl-C prints one line, exit code 130. Heavy
+modules (torch, the converters) are imported by the command that needs them, so `--version` and `--help` answer at
+once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import click
 
 from fastdata._version import __version__
 from fastdata.converters import REGISTRY, SUMMARIES
-from fastdata.errors import FastdataError, RejectedFileError
+from fastdata.errors import FastdataError, MostlyRejectedWarning, RejectedFileError, TooManyRejectedError
 from fastdata.interrupts import CtrlC
 
 #: exit codes
@@ -78,7 +79,9 @@ class _ConvertGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():  # the summary's first line says it: not a second time as a note
+                warnings.simplefilter("ignore", MostlyRejectedWarning)
+                return super().invoke(ctx)
         except KeyboardInterrupt as exc:  # a conversion says how far it had come (`Staging.owned`); before it
             if exc.args:                  # took its output, nothing was written
                 raise
@@ -355,7 +358,7 @@ def _run(argv: list[str] | None) -> int:
         return exc.exit_code
     except FastdataError as exc:
         click.echo(f"error: {_one_line(exc)}", err=True)
-        return 1 if isinstance(exc, RejectedFileError) else USAGE_ERROR
+        return 1 if isinstance(exc, (RejectedFileError, TooManyRejectedError)) else USAGE_ERROR
     return code if isinstance(code, int) else 0
 
 

@@ -31,6 +31,11 @@ class TooManyRejectedError(SourceError):
     again (the CLI exits with 1, as for --strict)."""
 
 
+class MostlyRejectedWarning(UserWarning):
+    """A conversion rejected most of its input and was allowed to (`--max-rejected`): said once, first. The command
+    line shows it as the summary's first line (and not a second time as a note)."""
+
+
 #: The remedy every StagingDamagedError message ends with.
 START_AGAIN = "the interrupted conversion cannot be resumed: pass --overwrite to start it again"
 

@@ -29,7 +29,7 @@ from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import NON_JPEG, EncodeOptions
 from fastdata.convert.image_work import ChunkResult, SampleJob
-from fastdata.convert.kept import check_kept
+from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork, require_ray
@@ -215,12 +215,14 @@ def convert_images(
     ray_address: str | None = None,
     jpeg_layout: str = "original",
     non_jpeg: str = "keep",
+    max_rejected: str | int = DEFAULT_MAX_REJECTED,
 ) -> ConversionSummary:
     """Pack the images `list_source()` lists into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards); the
     source is listed once the options have been checked.
 
     Unreadable or undecodable files are rejected, listed in the summary and the manifest, and the rest is
-    written; with `strict=True` the first one raises instead and nothing is written. An interrupted
+    written; with `strict=True` the first one raises instead and nothing is written; more rejections than
+    `max_rejected` fail the conversion before it commits (`fastdata.convert.kept`). An interrupted
     conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its last
     checkpoint (every `commit_every` images), WebDataset from its first unfinished shard.
     `engine="ray"` verifies and encodes the images on a Ray cluster (`ray_address`, or a local Ray instance)
@@ -252,8 +254,12 @@ def convert_images(
         non_jpeg: images that are not JPEGs (PNG, WebP, BMP, ...): "keep" their bytes, or store them as "jpeg"
             (the pixels the loader decodes from them, at `quality`; lossy), so that `decode="device"` decodes
             every image on the GPU: `fastdata.convert.encode.NON_JPEG`.
+        max_rejected: the rejected images a conversion may commit with: a count (0: none) or a share of the
+            input ("5%"; "100%": any); more raise TooManyRejectedError, nothing committed, the work kept in
+            `OUT.partial` for a rerun with a higher limit (`fastdata.convert.kept`).
     """
     out = Path(out)
+    limit = rejection_limit(max_rejected)
     fmt = resolve_format(out, format)
     shard_bytes = staged_shard_bytes(fmt, shard_size)
     seed, quality, commit_every = check_int("seed", seed), check_int("quality", quality), check_int(
@@ -355,7 +361,7 @@ def convert_images(
         if fmt == "wds":
             check_shard_count(shard_size, len(files), manifest.num_samples)
         warning = check_kept(out, partial, manifest.num_samples, len(state.rejected),
-                             [r["reason"] for r in state.rejected], "images", listing.looked())
+                             [r["reason"] for r in state.rejected], "images", listing.looked(), limit)
         for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
             write_atomic(partial / name, data)
         staging.commit(manifest, scratch=(PROGRESS_FILE,))

@@ -66,7 +66,9 @@ class Staging:
 
     def check(self, overwrite: bool, source: Path | None = None) -> None:
         """Refuse, before anything is written, an output that cannot be made or is not ours to replace: one inside
-        the `source` folder (the next conversion of the source would take it in: a new class), one whose folder
+        the `source` folder, the folder a converter walks to find its samples (`ImageSource.walks_root`: the next
+        conversion of it would take the output in, a new class; a source that names its files passes None), one
+        whose folder
         cannot be created (under a file, on a read-only or virtual file system, without permission), an existing
         path that holds something other than a fastdata dataset (or an empty directory; never touched), and an
         existing dataset without `overwrite`."""

@@ -29,7 +29,7 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
-from fastdata.convert.kept import check_kept
+from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
 from fastdata.convert.pool import PoolStats
 from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
@@ -214,13 +214,15 @@ def convert_documents(
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
     checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
     workers: int | None = None,
+    max_rejected: str | int = DEFAULT_MAX_REJECTED,
 ) -> TextConversionSummary:
     """Tokenize the documents of `list_source()` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"`
     shards), with the `tokenizers` file `tokenizer`; the source is listed once the options have been checked.
 
     Each document is stored whole as `tokenizer.encode(text, add_special_tokens=False).ids` (truncation and
     padding off), as uint16 when the vocabulary fits, else uint32, in source order. Unusable records are
-    reported with file and line and skipped (`strict=True` raises at the first and writes nothing). An
+    reported with file and line and skipped (`strict=True` raises at the first and writes nothing; more than
+    `max_rejected` fail the conversion before it commits, as for images: `fastdata.convert.kept`). An
     interrupted conversion (killed, crashed, Ctrl-C) resumes when the same call is made again, from its last
     checkpoint: one after every `checkpoint_every` of source read (default 4MB; LMDB also every
     `commit_every_chunks` chunks of `chunk_tokens` tokens, WebDataset after each shard, and a WebDataset
@@ -247,8 +249,12 @@ def convert_documents(
         workers: tokenize on this many worker processes, one thread each (None: one per usable core, as the
             image converter; 0: in this process, on the tokenizer's own thread pool). The ids, and so the dataset,
             are the same either way.
+        max_rejected: the rejected records a conversion may commit with: a count (0: none) or a share of the
+            input ("5%"; "100%": any); more raise TooManyRejectedError, nothing committed, the work kept in
+            `OUT.partial` for a rerun with a higher limit.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
+    limit = rejection_limit(max_rejected)
     fmt = resolve_format(out, format)
     shard_bytes, batch_chars = staged_shard_bytes(fmt, shard_size), parse_size(batch_size)
     checkpoint_bytes = parse_size(checkpoint_every)
@@ -336,7 +342,7 @@ def convert_documents(
         looked = (f"in field {source.options['field']!r} of {', '.join(source.given)}" if source.options.get("field")
                   else f"in {', '.join(source.given)}")
         warning = check_kept(out, partial, state.documents, state.rejected_count,
-                             [r["reason"] for r in state.rejected], "documents", looked)
+                             [r["reason"] for r in state.rejected], "documents", looked, limit)
         staging.commit(manifest, scratch=(PROGRESS_FILE,))
     notes = [] if warning is None else [warning]
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
