@@ -35,9 +35,9 @@ from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.convert.text_work import encode, encoded_batches
-from fastdata.errors import ConfigError, RejectedFileError
+from fastdata.errors import ConfigError, RejectedFileError, SourceError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, write_atomic
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, sha256_files, write_atomic
 from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -322,6 +322,7 @@ def convert_documents(
                 writer.checkpoint(state.to_json())
                 data_files, layout = writer.close()
         seconds = time.perf_counter() - started
+        contents = _source_contents(files, workers, wanted["source"]["digest"])
         bytes_out = sum(f.bytes for f in data_files)
         text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
                 "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
@@ -332,7 +333,8 @@ def convert_documents(
             format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
             fastdata_version=__version__, text=text, options=options,
             source={"kind": "text", "path": [str(s) for s in source.given], "tokenizer": str(tokenizer_path.resolve()),
-                    "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
+                    "files": [{"name": str(f), "bytes": n, "sha256": digest}
+                              for f, n, digest in zip(files, sizes, contents, strict=True)]},
             rejected=state.rejected,
             stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
                    "rejected_records": state.rejected_count, "resumed_at": resumed_at},
@@ -350,3 +352,15 @@ def convert_documents(
                                  data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,
                                  seconds, notes, resumed_at=resumed_at, resumed_documents=resumed_documents,
                                  writer_waited=stats.waited if workers is not None else None)
+
+
+def _source_contents(files: list[Path], workers: int | None, digest: str) -> list[str]:
+    """The sha256 of each source file, which the manifest records so that `fastdata verify --source` compares
+    content, not only names and sizes (a second read of the source, on `workers` threads, mostly from the page
+    cache); SourceError when a file changed while it was converted (its size or time differs from the start's)."""
+    contents = sha256_files(files, workers or 1)
+    if files_digest((os.path.abspath(f), f) for f in files) != digest:
+        raise SourceError(f"{', '.join(str(f) for f in files[:3])}{' ...' if len(files) > 3 else ''}: a source "
+                          "file changed while it was converted (its size or modification time differs from the "
+                          "start's); rerun with --overwrite once the source stays as it is")
+    return contents

@@ -188,6 +188,17 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def sha256_files(paths: list[Path], threads: int = 1) -> list[str]:
+    """The sha256 of each file of `paths`, in order, hashed on up to `threads` threads (hashlib lets go of the GIL
+    while it hashes, so they run on as many cores)."""
+    if threads <= 1 or len(paths) <= 1:
+        return [sha256_file(path) for path in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(threads, len(paths)), thread_name_prefix="fastdata-sha256") as pool:
+        return list(pool.map(sha256_file, paths))
+
+
 def partial_path(out: Path) -> Path:
     """Where a conversion into `out` writes until it is complete."""
     out = Path(out)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastdata.config import available_cores
 from fastdata.errors import FastdataError
 from fastdata.formats.manifest import (
     CHECKSUM_FIELD,
@@ -22,6 +23,7 @@ from fastdata.formats.manifest import (
     content_checksum,
     read_manifest,
     sha256_file,
+    sha256_files,
 )
 from fastdata.formats.records import Label
 from fastdata.loader.tuning import TUNE_FILE
@@ -78,16 +80,19 @@ def verify(path: str | os.PathLike[str], source: str | os.PathLike[str] | None =
 
 def _check_text_source(source: Path, manifest: Manifest, report: VerifyReport) -> None:
     """A text dataset against `source`: the files it lists (as `fastdata convert text` lists them) must be the
-    conversion's source files, by name and size (what the manifest records of them; it keeps no digest of their
-    content)."""
+    conversion's source files, by name, size and content (the sha256 of each that the conversion recorded; a
+    dataset converted before those were recorded is compared by names and sizes, and the report says so)."""
     from fastdata.converters.text import list_sources
 
-    recorded = [(Path(f["name"]).name, int(f["bytes"])) for f in manifest.source.get("files", [])]
+    entries = manifest.source.get("files", [])
+    recorded = [(Path(f["name"]).name, int(f["bytes"])) for f in entries]
     try:
-        listed = [(path.name, path.stat().st_size) for path in list_sources([source])]
+        paths = list_sources([source])
+        listed = [(path.name, path.stat().st_size) for path in paths]
     except (FastdataError, OSError) as exc:
         report.problems.append(f"cannot check against the source {source}: {exc}")
         return
+    with_content = bool(entries) and all(f.get("sha256") for f in entries)
     if listed != recorded:
         def show(files: list[tuple[str, int]]) -> str:
             shown = ", ".join(f"{name} ({size:,} bytes)" for name, size in files[:4])
@@ -95,7 +100,16 @@ def _check_text_source(source: Path, manifest: Manifest, report: VerifyReport) -
 
         report.problems.append(f"the source {source} is not the one converted: it lists {show(listed) or 'nothing'};"
                                f" the conversion read {show(recorded) or 'nothing'}")
-    report.checked.append(f"against the source {source} (its files' names and sizes)")
+    elif with_content:
+        changed = [str(path) for path, entry, digest in zip(paths, entries, sha256_files(paths, available_cores()),
+                                                            strict=True) if digest != entry["sha256"]]
+        if changed:
+            report.problems.append(f"the source {source} is not the one converted: the content of "
+                                   f"{len(changed)} file(s) differs from what the conversion read (sha256): "
+                                   f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}")
+    report.checked.append(f"against the source {source} (its files' names, sizes and content)" if with_content else
+                          f"against the source {source} (its files' names and sizes only: this dataset records no "
+                          "digest of their content, converted by an older fastdata)")
 
 
 def _check_manifest_checksum(root: Path, report: VerifyReport) -> None:

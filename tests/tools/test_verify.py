@@ -9,7 +9,7 @@ import struct
 
 import lmdb
 import pytest
-from builders import build_solid_tree
+from builders import build_solid_tree, cli
 
 import fastdata
 from fastdata.cli import main
@@ -202,6 +202,40 @@ def test_text_verify_checks_the_source_it_is_given(tmp_path):
         assert not report.ok and any(str(wrong) in problem for problem in report.problems), report.problems
     write_jsonl(source, [*corpus[:-1], corpus[-1] + " and more"])  # the same name, changed
     assert not verify(tmp_path / "c.lmdb", source=source).ok
+
+
+def test_text_verify_compares_the_content_of_the_source(tmp_path, capsys):
+    """An edited corpus of the same size (one letter changed) is not the one converted: the conversion recorded each
+    source file's sha256, and verify --source names the file whose content differs. A dataset converted before the
+    digests were recorded is still compared, by names and sizes, and the report says that is all it compared."""
+    from fastdata.formats.manifest import MANIFEST_NAME, Manifest, sha256_file
+    from tests.builders import make_corpus, train_bytelevel, write_jsonl
+
+    corpus = make_corpus(30)
+    source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
+    tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
+    out = tmp_path / "c.lmdb"
+    fastdata.convert_text(source, out, tokenizer=tokenizer, progress=False)
+    manifest = fastdata.info(out)
+    assert manifest.source["files"] == [{"name": str(source), "bytes": source.stat().st_size,
+                                         "sha256": sha256_file(source)}]
+    report = verify(out, source=source)
+    assert report.ok and "against the source" in report.checked[-1] and "content" in report.checked[-1]
+    edited = source.read_bytes().replace(b"doc 7:", b"doc 8:", 1)
+    assert edited != source.read_bytes() and len(edited) == source.stat().st_size
+    source.write_bytes(edited)
+    report = verify(out, source=source)
+    assert report.problems == [f"the source {source} is not the one converted: the content of 1 file(s) differs from "
+                               f"what the conversion read (sha256): {source}"]
+    code, stdout, _ = cli(capsys, "verify", out, "--source", source)
+    assert code == 1 and "content of 1 file(s) differs" in stdout
+    # a dataset from before content digests: its manifest without them (rewritten with a valid checksum)
+    data = json.loads((out / MANIFEST_NAME).read_text())
+    for entry in data["source"]["files"]:
+        del entry["sha256"]
+    Manifest.from_dict(data).write(out)
+    report = verify(out, source=source)
+    assert report.ok and "names and sizes only" in report.checked[-1] and "older fastdata" in report.checked[-1]
 
 
 def test_verify_names_each_damaged_record_by_its_digest(tmp_path, capsys):
