@@ -79,10 +79,13 @@ class Manifest:
     # original's pixels, so a reader that does not know the field (or a layout named here) decodes it as any JPEG;
     # the layout only tells a reader that knows it that a crop can be decoded from the MCUs it covers.
     jpeg_layout: str = "original"
-    # LMDB image datasets: a digest per record (`fastdata.formats.lmdb.record_digest`) stands for the whole file's
-    # sha256 (its FileEntry's is then ""): {"algorithm": "sha256", "records": N, "root": sha256 of the digests in
-    # index order}. Left out of the JSON when None (datasets with the whole file's sha256, as before). Needs no
-    # newer format version: every reader loads such a dataset; only `fastdata verify` reads the digests.
+    # Image datasets: a digest per record, {"algorithm": "sha256", "records": N, "root": sha256 of the digests in
+    # stored order}. LMDB (`fastdata.formats.lmdb.record_digest`): they stand for the whole file's sha256 (its
+    # FileEntry's is then ""), with "arrays" (the per-sample arrays' digests). WebDataset
+    # (`fastdata.formats.wds.sample_digest`): beside each shard's own sha256, in a file beside it ("files": the
+    # suffix of its name, ".digests"), so that verify names a damaged sample, not only its shard. Left out of the
+    # JSON when None (datasets from before, verified by their files' sha256). Needs no newer format version: every
+    # reader loads such a dataset; only `fastdata verify` reads the digests.
     record_digests: dict[str, Any] | None = None
 
     @property

@@ -134,6 +134,19 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
               for section in (manifest.text, manifest.pairs) if section and section.get("tokenizer")}
     # a text WebDataset's shard indexes (one `.idx` per shard), with their recorded sha256
     beside.update({entry["name"]: entry.get("sha256") for entry in (manifest.text or {}).get("index_files", [])})
+    # a WebDataset image dataset's record digests, a file beside each shard (none: converted before they were kept)
+    tables: dict[str, bytes] | None = None
+    if manifest.format == "wds" and manifest.kind == "image":
+        if manifest.record_digests is not None:
+            from fastdata.formats.wds import digests_name
+            from fastdata.tools.verify_records import shard_digest_tables
+
+            tables = shard_digest_tables(root, manifest, report.problems)
+            listed |= {digests_name(entry.name) for entry in manifest.files}
+            report.checked.append(f"{manifest.record_digests.get('records', 0):,} samples' record digests")
+        else:
+            report.checked.append("no record digests (converted by an older fastdata: a damaged shard is named, not "
+                                  "its samples)")
     for name, digest in beside.items():
         what = "shard index" if name.endswith(".idx") else "tokenizer"
         if not (root / name).is_file():
@@ -148,9 +161,13 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
             continue
         size = path.stat().st_size
         by_record = not entry.sha256 and manifest.record_digests is not None  # a digest per record
+        if tables is not None and entry.name in tables:
+            hint = ""  # the damaged samples are named below
         if size != entry.bytes:
             report.problems.append(f"{entry.name}: {size:,} bytes, the manifest says {entry.bytes:,}"
                                    f"{'' if by_record else hint}")
+            if tables is not None and entry.name in tables:
+                _name_damaged_samples(path, tables[entry.name], report)
             if not by_record:
                 continue
         if by_record:  # checked on every core, each damaged record named
@@ -163,6 +180,8 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
             progress(f"hashing {entry.name}")
         if sha256_file(path) != entry.sha256:
             report.problems.append(f"{entry.name}: sha256 differs from the manifest (the file was altered{hint})")
+            if tables is not None and entry.name in tables:
+                _name_damaged_samples(path, tables[entry.name], report)
     for name in sorted(os.listdir(root)):
         if name not in listed and name not in _ALLOWED_EXTRA and name not in beside and not (root / name).is_dir():
             report.problems.append(f"{name}: not part of the dataset (not in the manifest)")
@@ -171,6 +190,15 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
                                f"num_samples says {manifest.num_samples:,}")
     report.checked.append(f"{len(manifest.files)} file(s): presence, size, sha256")
     return missing
+
+
+def _name_damaged_samples(path: Path, table: bytes, report: VerifyReport) -> None:
+    """A damaged shard's samples against their record digests: each damaged one named (shard and key)."""
+    from fastdata.tools.verify_records import damaged_samples
+
+    found = damaged_samples(path, table)
+    report.problems += found or [f"{path.name}: every sample matches its record digest: the damage is in the tar "
+                                 "file's own blocks (its end)"]
 
 
 def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, source: str | os.PathLike | None,

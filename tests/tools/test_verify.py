@@ -298,3 +298,86 @@ def test_info_says_an_lmdb_dataset_has_a_digest_per_record(tmp_path):
     line = next(line for line in describe(tmp_path / "o.lmdb").splitlines() if "data.mdb" in line)
     root = fastdata.info(tmp_path / "o.lmdb").record_digests["root"]
     assert f"a sha256 per record (root {root[:16]}" in line
+
+
+@pytest.fixture(scope="module")
+def photo_shards(tmp_path_factory):
+    """Nine JPEG photos in three classes, converted to WebDataset shards of a few samples each."""
+    from builders import photo_like, write_image
+
+    root = tmp_path_factory.mktemp("photo_shards")
+    for i in range(9):
+        write_image(root / "src" / f"c{i % 3}" / f"p{i}.jpg", photo_like(i, 64, 48), "jpeg")
+    out = root / "shards"
+    fastdata.convert_imagefolder(root / "src", out, format="wds", shard_size="16KB", workers=1, progress=False)
+    return out
+
+
+def test_a_webdataset_conversion_keeps_a_digest_per_sample_beside_each_shard(photo_shards):
+    """The shards stay what the `webdataset` library reads (the same samples and members as before, nothing
+    added to them); each has a `.digests` file of 32 bytes per sample, whose root the manifest records."""
+    import hashlib
+
+    from builders import webdataset_reading
+
+    from fastdata.formats.wds import digests_name
+
+    manifest = fastdata.info(photo_shards)
+    assert len(manifest.files) >= 2 and manifest.record_digests["records"] == 9
+    table = b""
+    for entry in manifest.files:
+        digests = (photo_shards / digests_name(entry.name)).read_bytes()
+        assert len(digests) == 32 * entry.samples
+        table += digests
+    assert hashlib.sha256(table).hexdigest() == manifest.record_digests["root"]
+    read = webdataset_reading([photo_shards / entry.name for entry in manifest.files])
+    assert len(read) == 9
+    assert all({name for name in sample if not name.startswith("__")} == {"jpg", "cls", "json"} for sample in read)
+    assert verify(photo_shards, decode=True).ok
+
+
+def test_verify_names_the_damaged_sample_of_a_shard_even_when_it_still_decodes(photo_shards, tmp_path, capsys):
+    """One byte flipped inside a JPEG member's entropy data: the image still decodes (other pixels), so only the
+    digests can tell; plain verify and --decode both name the shard and the sample's key."""
+    import tarfile
+
+    copy = tmp_path / "shards"
+    shutil.copytree(photo_shards, copy)
+    shard = copy / fastdata.info(copy).files[1].name
+    with tarfile.open(shard) as tar:
+        members = tar.getmembers()
+    victim = next(m for m in members if m.name.endswith(".jpg"))
+    data = bytearray(shard.read_bytes())
+    at = victim.offset_data + victim.size // 2
+    while data[at] == 0xFF or data[at] ^ 0x10 == 0xFF:  # not a marker, before or after
+        at += 1
+    data[at] ^= 0x10
+    shard.write_bytes(bytes(data))
+    key = victim.name.rsplit(".", 1)[0]
+    named = (f"{shard.name}: sample 0 ({key!r}: {key}.jpg, {key}.cls, {key}.json): its bytes differ from its record "
+             "digest (damaged)")
+    for decode in (False, True):
+        report = verify(copy, decode=decode)
+        assert named in report.problems, report.problems
+        assert not any(p.startswith("undecodable") for p in report.problems)  # it still decodes
+    code, stdout, _ = cli(capsys, "verify", copy, "--decode")
+    assert code == 1 and named in stdout
+
+
+def test_a_webdataset_dataset_from_before_record_digests_still_loads_and_verifies(photo_shards, tmp_path):
+    """Its manifest has no record digests and no .digests files are there: it loads, verifies by its shards'
+    sha256, and the report says it has no record digests."""
+    from fastdata.formats.manifest import MANIFEST_NAME, Manifest
+    from fastdata.formats.wds import DIGESTS_SUFFIX
+
+    copy = tmp_path / "old"
+    shutil.copytree(photo_shards, copy)
+    for path in copy.glob(f"*{DIGESTS_SUFFIX}"):
+        path.unlink()
+    data = json.loads((copy / MANIFEST_NAME).read_text())
+    del data["record_digests"]
+    Manifest.from_dict(data).write(copy)
+    assert len(fastdata.dataset(copy)) == 9
+    report = verify(copy, decode=True)
+    assert report.ok, report.problems
+    assert any(item.startswith("no record digests (converted by an older fastdata") for item in report.checked)
