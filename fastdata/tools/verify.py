@@ -211,7 +211,8 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
             manifest.classes):
         report.problems.append(f"{MANIFEST_NAME}: class_counts do not add up to num_samples / the class list")
     ds = dataset(root)
-    restart = _restart_check(manifest, source) if decode else None
+    relisted = _Relisting(Path(source), manifest) if source is not None else None  # listed once, if at all
+    restart = _restart_check(manifest, relisted) if decode else None
     keys: list[str] = []
     labels: list[Label] = []
     with_metadata = source is not None and bool(manifest.metadata_fields)
@@ -266,7 +267,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
         report.problems += problems
         report.checked.append(checked)
     if source is not None:
-        _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report,
+        _check_against_source(relisted, manifest, dict(zip(keys, labels, strict=True)), report,
                               metadata if with_metadata else None, captions, targets if with_targets else None)
 
 
@@ -298,9 +299,38 @@ def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False,
             yield f"{name}: sample #{index} unreadable ({type(exc).__name__}: {exc})"
 
 
-def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
+class _Relisting:
+    """The source a dataset was converted from, listed again as its conversion listed it (by the converter the
+    manifest names: its `relist`), once for the whole verify: what listing it says (a note about the source) is
+    said once."""
+
+    def __init__(self, source: Path, manifest: Manifest) -> None:
+        self.source, self.manifest = source, manifest
+        self._listing: Any = None
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.source.get("kind", "imagefolder")
+
+    @property
+    def possible(self) -> bool:
+        """Whether this fastdata can list a source of this kind again."""
+        from fastdata.converters import REGISTRY, load
+
+        return self.kind in REGISTRY and getattr(load(self.kind), "relist", None) is not None
+
+    def get(self) -> Any:
+        """The listing (an ImageSource); the converter's errors (FastdataError) as it raises them."""
+        if self._listing is None:
+            from fastdata.converters import load
+
+            self._listing = load(self.kind).relist(self.source, self.manifest)
+        return self._listing
+
+
+def _restart_check(manifest: Manifest, relisted: _Relisting | None) -> Any:
     """The JPEG-layout checks of `--decode` (`fastdata.tools.verify_layout`: restart or baseline), comparing pixels
-    with the source files when `source` is given and the conversion stored them unchanged but for the rewrite (no
+    with the source files when the source is given and the conversion stored them unchanged but for the rewrite (no
     --max-size); None for the original layout."""
     from fastdata.tools.verify_layout import layout_check
 
@@ -308,16 +338,11 @@ def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
     if check is None:
         return None
     reader = None
-    if source is not None and manifest.options.get("max_size") is None:
-        from fastdata.converters import REGISTRY, load
-
-        kind = manifest.source.get("kind", "imagefolder")
-        relist = getattr(load(kind), "relist", None) if kind in REGISTRY else None
-        if relist is not None:
-            try:
-                reader = relist(Path(source), manifest).sample_reader
-            except FastdataError:
-                reader = None  # the source check reports why the source cannot be listed
+    if relisted is not None and manifest.options.get("max_size") is None and relisted.possible:
+        try:
+            reader = relisted.get().sample_reader
+        except FastdataError:
+            reader = None  # the source check reports why the source cannot be listed
     return check(manifest, reader)
 
 
@@ -348,19 +373,17 @@ def _check_labels(manifest: Manifest, labels: list[Label], report: VerifyReport)
         report.problems.append("per-class sample counts in the data differ from the manifest's class_counts")
 
 
-def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
+def _check_against_source(relisted: _Relisting, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
                           metadata: dict[str, dict] | None = None, captions: dict[str, tuple] | None = None,
                           targets: dict[str, bytes | None] | None = None) -> None:
     """The dataset's samples, labels (and `metadata`, `captions` and `targets`, when given) against its source,
-    listed again as the conversion listed it (by the converter the manifest names: its `relist`)."""
-    from fastdata.converters import REGISTRY, load
-
-    kind = manifest.source.get("kind", "imagefolder")
-    relist = getattr(load(kind), "relist", None) if kind in REGISTRY else None
-    if relist is None:
-        report.problems.append(f"cannot check against the source: this fastdata cannot list a {kind!r} source again")
+    listed again as the conversion listed it (`relisted`)."""
+    if not relisted.possible:
+        report.problems.append(f"cannot check against the source: this fastdata cannot list a {relisted.kind!r} "
+                               "source again")
         return
-    listing = relist(src, manifest)
+    src = relisted.source
+    listing = relisted.get()
     if listing.classes != manifest.classes:
         report.problems.append(f"class list differs from the source's ({len(listing.classes)} classes there, "
                                f"{len(manifest.classes)} in the manifest)")

@@ -197,6 +197,22 @@ def test_empty_caption_is_kept_and_counted(solid_tree, tmp_path):
     assert captions.count("") == 1
 
 
+def test_verify_against_the_source_says_the_empty_caption_note_once(solid_tree, tmp_path, capsys):
+    """`fastdata verify --source --decode` of a dataset whose JPEG layout it checks lists the source once: the note
+    about its empty caption is said once, not once per check that reads the source."""
+    from builders import cli
+
+    frame = pairs_frame(solid_tree)
+    frame.loc[3, "caption"] = ""
+    listed = write_list(frame, tmp_path / "pairs.csv")
+    with pytest.warns(UserWarning, match="1 empty caption"):
+        fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False,
+                               jpeg_layout="baseline")
+    code, stdout, stderr = cli(capsys, "verify", tmp_path / "out.lmdb", "--source", listed, "--decode")
+    assert code == 0 and stdout.startswith("OK:"), stdout
+    assert stderr.count("empty caption(s) kept") == 1, stderr
+
+
 def test_csv_cells_are_captions_as_written(solid_tree, tmp_path):
     """In a CSV every cell is text: "NA" and "null" are captions, not missing values."""
     frame = pairs_frame(solid_tree).iloc[:4].copy()
