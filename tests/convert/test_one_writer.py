@@ -28,7 +28,10 @@ from builders import (
     solid_id_of_path,
     train_bytelevel,
     wait_for_file,
+    wds_sample,
+    write_coco,
     write_jsonl,
+    write_wds_shards,
 )
 
 import fastdata
@@ -205,7 +208,7 @@ def test_a_second_staging_in_this_process_is_refused(tree, tmp_path):
     assert fastdata.info(out).num_samples == COUNT
 
 
-def test_every_converter_and_engine_takes_the_lock(tree, tmp_path):
+def test_every_converter_and_engine_takes_the_lock(tree, hf_sources, tmp_path):
     """Each source kind (and the Ray engine, the text driver) meets the held lock before it writes anything."""
     import pandas as pd
 
@@ -215,6 +218,9 @@ def test_every_converter_and_engine_takes_the_lock(tree, tmp_path):
     pairs = tmp_path / "pairs.csv"
     pd.DataFrame([{"path": path, "caption": f"image {solid_id_of_path(path)}"} for path in sorted(tree.images)]
                  ).to_csv(pairs, index=False)
+    shards = tmp_path / "shards"
+    write_wds_shards(shards, [wds_sample(tree, path) for path in sorted(tree.images)])
+    coco = write_coco(tmp_path / "coco")
     corpus = make_corpus(20)
     tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
     write_jsonl(tmp_path / "corpus.jsonl", corpus)
@@ -225,6 +231,9 @@ def test_every_converter_and_engine_takes_the_lock(tree, tmp_path):
                                                                 progress=False),
         "list": lambda: fastdata.convert_list(listed, out, root=tree.root, workers=1, progress=False),
         "pairs": lambda: fastdata.convert_pairs(pairs, out, root=tree.root, workers=1, progress=False),
+        "webdataset": lambda: fastdata.convert_webdataset(shards, out, workers=1, progress=False),
+        "coco": lambda: fastdata.convert_coco(coco.annotations, coco.images, out, workers=1, progress=False),
+        "hf": lambda: fastdata.convert_hf(hf_sources.saved, out, workers=1, progress=False),
         "text": lambda: fastdata.convert_text(tmp_path / "corpus.jsonl", out, tokenizer=tokenizer, progress=False),
     }
     if _has_ray():
