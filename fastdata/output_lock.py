@@ -114,6 +114,15 @@ def running_conversion(out: str | os.PathLike[str]) -> Holder | None:
     return holder if holder is not None and holder.alive() else None
 
 
+def check_free(out: str | os.PathLike[str]) -> None:
+    """Raise OutputBusyError, naming it, when a conversion that still runs holds `out` (what its lock file says,
+    read without taking the lock): a conversion calls it before the long work that precedes taking the lock
+    (listing its source), so that it stops at once. Taking the lock (`OutputLock`) is what decides."""
+    holder = running_conversion(out)
+    if holder is not None:
+        raise OutputBusyError(OutputLock(out)._busy(holder))
+
+
 class OutputLock:
     """The exclusive lock on an output: `with OutputLock(out): ...` (or `acquire()` / `release()`). Raises
     OutputBusyError, naming the holder, when another conversion holds it (in this process too)."""

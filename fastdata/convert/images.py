@@ -289,11 +289,12 @@ def convert_images(
     workers = available_cores() if workers is None else workers
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
+    staging = Staging(out)
+    staging.check_free()  # a conversion writing OUT now: said at once, before the source is listed
     listing = list_source()
     if listing.targets is not None and max_size is not None:
         raise ConfigError(f"--max-size: a {listing.kind} source has {listing.targets.kind} targets in source pixels, "
                           "which a re-encoded smaller image would no longer match; convert without --max-size")
-    staging = Staging(out)
     # one writer per output: a second conversion into OUT is refused (naming this one) until this one ends
     with staging.owned(overwrite, source=listing.root if listing.walks_root else None):
         order = np.arange(len(listing.samples))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fastdata.errors import OutputError, OutputExistsError
 from fastdata.formats.manifest import MANIFEST_NAME, Manifest, fsync_dir, partial_path
-from fastdata.output_lock import OutputLock
+from fastdata.output_lock import OutputLock, check_free
 
 #: What a Ctrl-C says, by how far the conversion had come (`Staging.owned`).
 RESUME_HINT = "rerun the same command to resume the conversion"
@@ -55,6 +55,11 @@ class Staging:
                 if exc.args:
                     raise
                 raise KeyboardInterrupt(self.interrupted_hint()) from None
+
+    def check_free(self) -> None:
+        """Stop at once (OutputBusyError, naming it) when a running conversion holds `out`: before the source is
+        listed, which may take long. `owned` is what decides."""
+        check_free(self.out)
 
     def interrupted_hint(self) -> str:
         """What to do after a Ctrl-C, by how far the conversion had come."""

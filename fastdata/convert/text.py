@@ -278,9 +278,10 @@ def convert_documents(
     eos, pad = resolve_eos(tok, eos_token, str(tokenizer_path)), resolve_pad(tok)
     vocab = vocab_size(tok)
     dtype = token_dtype(vocab)
+    staging = Staging(out)
+    staging.check_free()  # a conversion writing OUT now: said at once, before the source is listed
     source = list_source()
     files = source.files
-    staging = Staging(out)
     with staging.owned(overwrite):  # one writer per output: see `Staging.owned`
         sizes = [f.stat().st_size for f in files]
         options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
