@@ -88,6 +88,15 @@ def wait_for_file(path: Path, process: subprocess.Popen, bound_s: float = 600) -
         time.sleep(0.01)
 
 
+def no_process_left(group: int) -> bool:
+    """Whether every process of the process group `group` has exited."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 # ----------------------------------------------------------------------------------------------------
 # pixel patterns
 

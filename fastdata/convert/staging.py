@@ -73,10 +73,9 @@ class Staging:
         """Refuse, before anything is written, an output that cannot be made or is not ours to replace: one inside
         the `source` folder, the folder a converter walks to find its samples (`ImageSource.walks_root`: the next
         conversion of it would take the output in, a new class; a source that names its files passes None), one
-        whose folder
-        cannot be created (under a file, on a read-only or virtual file system, without permission), an existing
-        path that holds something other than a fastdata dataset (or an empty directory; never touched), and an
-        existing dataset without `overwrite`."""
+        whose folder cannot be created (under a file, on a read-only or virtual file system, without permission),
+        an existing path that holds something other than a fastdata dataset (or an empty directory; never
+        touched), and an existing dataset without `overwrite`."""
         out = self.out
         if source is not None and source.is_dir():
             inside = Path(os.path.abspath(out)).resolve()
@@ -171,6 +170,10 @@ def check_shard_count(shard_size: str | int | None, shards: int, samples: int, w
     shards of several samples each, however small it is."""
     if shards < 2 or samples >= FEW_PER_SHARD * shards:
         return
+    if shard_size is None:
+        from fastdata.formats.registry import DEFAULT_SHARD_SIZE
+
+        shard_size = f"{DEFAULT_SHARD_SIZE} (the default)"
     warnings.warn(f"--shard-size {shard_size} made {shards:,} shards for {samples:,} {what} ({samples / shards:.1f} "
                   f"per shard): nearly every sample closed a shard of its own; a larger size (e.g. 256MB) makes "
                   "fewer, fuller shards", UserWarning, stacklevel=3)

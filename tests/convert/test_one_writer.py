@@ -25,6 +25,7 @@ from builders import (
     build_solid_tree,
     cli,
     make_corpus,
+    no_process_left,
     solid_id_of_path,
     train_bytelevel,
     wait_for_file,
@@ -87,19 +88,11 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
     return found
 
 
-def group_gone(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def wait_group_gone(group: int) -> None:
     """Wait until every process of the child's group has exited (a killed conversion's workers stop at once, their
     parent gone); the bound only catches a hang."""
     deadline = time.monotonic() + HUNG_S
-    while not group_gone(group):
+    while not no_process_left(group):
         assert time.monotonic() < deadline, "a process of the killed conversion never exited"
         time.sleep(0.01)
 
