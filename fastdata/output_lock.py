@@ -131,6 +131,7 @@ class OutputLock:
         self.out = Path(out)
         self.path = lock_path(out)
         self._fd: int | None = None
+        self._made: list[Path] = []  # the folders `acquire` made for the lock file, removed again if left empty
 
     @property
     def held(self) -> bool:
@@ -141,10 +142,41 @@ class OutputLock:
 
         if self._fd is not None:
             raise RuntimeError(f"{self.path}: already held by this lock")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_folders()
+        try:
+            self._take(fcntl)
+        except BaseException:
+            self._remove_folders()
+            raise
+
+    def _make_folders(self) -> None:
+        """Make the folders of OUT that do not exist yet, remembering which (a refused or failed conversion
+        leaves none behind)."""
+        missing, folder = [], self.path.parent
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        self._made = []
+        for folder in reversed(missing):
+            folder.mkdir(exist_ok=True)
+            self._made.append(folder)
+
+    def _remove_folders(self) -> None:
+        for folder in reversed(self._made):  # the deepest first; one that holds anything (OUT) stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self._made = []
+
+    def _take(self, fcntl: Any) -> None:
         deadline = None
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # the holder before us removed the folder it had made: make it again
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -196,6 +228,7 @@ class OutputLock:
             if self._same_file(fd):
                 os.unlink(self.path)
         os.close(fd)
+        self._remove_folders()
 
     def __enter__(self) -> OutputLock:
         self.acquire()

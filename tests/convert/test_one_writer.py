@@ -142,9 +142,10 @@ def test_a_second_conversion_into_the_same_output_is_refused_and_changes_nothing
                                                          r"\(`.*convert imagefolder") as caught:
             fastdata.dataset(out)
         assert "rerun" not in str(caught.value)
-        code, _, err = cli(capsys, "info", out)
-        assert code == 2
-        assert_one_line_error(err, "a conversion is writing it now", f"pid {first.pid}", "wait for it to finish")
+        for command in ("info", "verify"):
+            code, _, err = cli(capsys, command, out)
+            assert code == 2
+            assert_one_line_error(err, "a conversion is writing it now", f"pid {first.pid}", "wait for it to finish")
     finally:
         go_on(here)
         stdout, stderr = first.communicate(timeout=HUNG_S)
@@ -183,6 +184,8 @@ def test_a_second_staging_in_this_process_is_refused(tree, tmp_path):
     out = tmp_path / "out.lmdb"
     with Staging(out).owned(overwrite=False) as staging:
         staging.fresh()
+        with pytest.raises(IncompleteDatasetError, match=f"a conversion is writing it now: pid {os.getpid()}"):
+            fastdata.loader(out, batch_size=2)
         holder = read_holder(out)
         assert holder is not None and holder.pid == os.getpid() and holder.alive()
         with pytest.raises(OutputBusyError, match=f"pid {os.getpid()}"), Staging(out).owned(overwrite=True):
@@ -235,6 +238,7 @@ def test_every_converter_and_engine_takes_the_lock(tree, hf_sources, tmp_path):
             with pytest.raises(OutputBusyError, match=f"pid {os.getpid()}"):
                 convert()
             assert sorted(p.name for p in out.parent.iterdir()) == ["out.lmdb.lock"], name
+    assert not out.parent.exists()  # the folder the lock needed, made for it, is removed with it
 
 
 def _has_ray() -> bool:

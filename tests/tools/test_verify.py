@@ -163,16 +163,20 @@ def test_damaged_shards_name_their_undecodable_samples_and_the_check_goes_on(wds
         spoil_image(wds_copy / files[shard_id].name, sample.data)
         damaged[files[shard_id].name] = sample.key
     report = verify(wds_copy, decode=True)
-    assert len(report.problems) == 4, report.problems
+    assert len(report.problems) == 6, report.problems
     for name, key in damaged.items():
         assert any(p.startswith(f"{name}: sha256 differs") for p in report.problems)
+        assert any(p.startswith(f"{name}: sample 1 (") and key in p and "differ from its record digest" in p
+                   for p in report.problems)  # named by the shard's record digests
         assert any(p.startswith("undecodable:") and f"{name}: sample {key!r}" in p for p in report.problems)
     assert not any(f.name in p for f in files if f.name not in damaged for p in report.problems)
     assert main(["verify", str(wds_copy), "--decode"]) == 1
     out = capsys.readouterr().out
     assert all(key in out for key in damaged.values())
-    without_decode = verify(wds_copy).problems  # names the damaged files and how to find the samples
-    assert len(without_decode) == 2 and all("--decode names the samples" in p for p in without_decode)
+    without_decode = verify(wds_copy).problems  # the damaged files, and their samples by their record digests
+    assert len(without_decode) == 4
+    assert all(any(name in p and key in p and "record digest" in p for p in without_decode)
+               for name, key in damaged.items())
 
 
 def test_damaged_lmdb_names_its_undecodable_sample(lmdb_copy):
