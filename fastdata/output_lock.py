@@ -14,8 +14,8 @@ file before it lets the lock go; a lock file left by a killed conversion is stal
 it over. Processes the holder forks (its conversion workers) share its lock, so a conversion whose main process was
 killed holds OUT until its workers have exited too (they stop at once, their parent gone).
 
-`flock` is advisory and local: it works between processes of one machine (and on NFS only where the server keeps
-it); a conversion from another machine into the same shared folder is named by host, not excluded.
+`flock` (POSIX) is advisory and local: it works between processes of one machine (and on NFS only where the server
+keeps it); a conversion from another machine into the same shared folder is named by host, not excluded.
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ class Holder:
 
         try:
             started = psutil.Process(self.pid).create_time()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
             return False
+        except psutil.AccessDenied:  # it exists, and its start time is not ours to read: taken to be it
+            return True
         return self.process_started is None or abs(started - self.process_started) < 1.0
 
 
