@@ -320,3 +320,23 @@ def test_a_conversion_into_a_held_output_stops_before_it_lists_its_source(tree, 
     out = tmp_path / "out.lmdb"
     with OutputLock(out), pytest.raises(OutputBusyError, match="another conversion is writing it"):
         fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+
+
+def test_a_stale_lock_file_naming_a_reused_pid_is_no_running_conversion(tmp_path):
+    """A lock file left by a killed conversion whose pid a later process took: that process did not start when the
+    file says, so it is not the holder; readers say the conversion was interrupted, and a conversion takes it over
+    (the file is not locked)."""
+    import json
+    import socket
+
+    out = tmp_path / "out.lmdb"
+    partial_path(out).mkdir()
+    lock_path(out).write_text(json.dumps({"pid": os.getpid(), "command": "fastdata convert imagefolder a out.lmdb",
+                                          "since": 1.0, "host": socket.gethostname(), "process_started": 1.0}))
+    assert read_holder(out).pid == os.getpid() and running_conversion(out) is None
+    with pytest.raises(IncompleteDatasetError, match="interrupted: no conversion is running"):
+        fastdata.dataset(out)
+    with Staging(out).owned(overwrite=False):
+        holder = read_holder(out)
+        assert holder.process_started != 1.0 and running_conversion(out) == holder
+    assert not lock_path(out).exists()
