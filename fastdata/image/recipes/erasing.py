@@ -72,7 +72,7 @@ class RandomErasing:
         elif not all(0 <= v <= 255 for v in values):
             raise ConfigError(f"RandomErasing(value={self.value!r}): uint8 batches hold grey levels 0..255; a value "
                               "in normalised units needs floating batches (output=Output(dtype=torch.float32))")
-        return tuple(int(np.clip(round(v), 0, 255)) for v in values)  # type: ignore[return-value]
+        return tuple(min(max(round(v), 0), 255) for v in values)  # type: ignore[return-value]
 
     def box(self, rng: np.random.Generator, height: int, width: int) -> tuple[int, int, int, int] | None:
         """(top, left, height, width) of the rectangle to erase in a `height` x `width` crop, or None (not this

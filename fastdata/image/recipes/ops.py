@@ -3,8 +3,9 @@ H x W x 3 uint8 crop, in place, each one or two OpenCV calls:
 
 - point operations (Brightness, Contrast, Posterize, Solarize, AutoContrast, Equalize, Invert) are a lookup table
   (`cv2.LUT`) computed with torchvision's own arithmetic on the 256 grey levels: the same pixels as torchvision;
-- Color (saturation) and Sharpness blend with a grey image or a 3x3 blur (`cv2.transform`, `cv2.filter2D`,
-  `cv2.addWeighted`), truncated as torchvision truncates;
+- Color (saturation) and Sharpness blend with the grey image or the 3x3 blur (`cv2.transform`, `cv2.filter2D`,
+  `cv2.scaleAdd`) in torch's float32 arithmetic (its fused multiply-add), truncated as torchvision truncates: the
+  same pixels too;
 - ShearX/Y, TranslateX/Y and Rotate are one `cv2.warpAffine` with torchvision's inverse matrix mapped to pixel
   indices (nearest or bilinear, filled outside the image).
 
@@ -24,9 +25,6 @@ import torch
 
 #: torchvision's grey (`_rgb_to_grayscale_image`): R, G, B weights
 GREY_WEIGHTS = (0.2989, 0.587, 0.114)
-#: cv2's rounding (to nearest) made a floor: the offset added before it, a little under a half so that a value
-#: computed a hair below a whole number (float error; torchvision's is exact there) still floors to it
-FLOOR_OFFSET = -0.5 + 1 / 1024
 INTERPOLATIONS = ("nearest", "bilinear")
 
 
@@ -58,9 +56,20 @@ class OpContext:
         return self.fill[::-1] if self.bgr else self.fill
 
 
+@functools.cache
 def _ramp() -> torch.Tensor:
-    """The 256 grey levels, uint8: what a lookup table is computed from."""
+    """The 256 grey levels, uint8: what a lookup table is computed from (never written to)."""
     return torch.arange(256, dtype=torch.uint8)
+
+
+#: the 256 grey levels as float32 (never written to)
+_LEVELS = np.arange(256, dtype=np.float32)
+
+
+def _fma32(x: np.ndarray | float, y: float, z: np.ndarray) -> np.ndarray:
+    """float32 `x * y + z` rounded once, as torch's `z.add_(x, alpha=y)` computes it (a fused multiply-add): the
+    float64 product of two float32 is exact."""
+    return (np.float64(np.float32(y)) * np.asarray(x, np.float32).astype(np.float64) + z).astype(np.float32)
 
 
 def _table(values: torch.Tensor) -> np.ndarray:
@@ -90,8 +99,8 @@ def solarize_lut(threshold: float) -> np.ndarray:
 def contrast_lut(factor: float, mean: float) -> np.ndarray:
     """torchvision's adjust_contrast for an image whose (floored) grey mean is `mean`: `x * factor + mean * (1 -
     factor)` in float32, clamped, truncated."""
-    blended = _ramp().mul(factor).add_(torch.tensor(mean, dtype=torch.float32), alpha=1.0 - factor)
-    return _table(blended.clamp_(0, 255))
+    blended = _fma32(mean, 1.0 - factor, _LEVELS * np.float32(factor))
+    return np.clip(blended, 0, 255).astype(np.uint8)
 
 
 def _lut(image: np.ndarray, table: np.ndarray) -> None:
@@ -100,20 +109,15 @@ def _lut(image: np.ndarray, table: np.ndarray) -> None:
     cv2.LUT(image, table, dst=image)
 
 
-def _grey(image: np.ndarray, context: OpContext) -> np.ndarray:
-    """torchvision's grey of a uint8 image, floored (H x W float32 of whole numbers): `cv2.transform` in float32
-    gives torchvision's value bit for bit, where its uint8 path (fixed point) is a level off for 1 pixel in 200."""
+def _grey(image: np.ndarray, context: OpContext, pixels: np.ndarray | None = None) -> np.ndarray:
+    """torchvision's grey of a uint8 image (`pixels`: it as float32, if made already), floored (H x W float32 of
+    whole numbers): `cv2.transform` in float32 gives torchvision's value bit for bit, where its uint8 path (fixed
+    point) is a level off for 1 pixel in 200."""
     import cv2
 
-    grey = cv2.transform(image.astype(np.float32), np.array([context.weights], np.float32))
+    source = image.astype(np.float32) if pixels is None else pixels
+    grey = cv2.transform(source, np.array([context.weights], np.float32))
     return np.floor(grey, out=grey)
-
-
-def _blend(image: np.ndarray, factor: float, other: np.ndarray, out: np.ndarray) -> None:
-    """`image * factor + other * (1 - factor)`, clamped and truncated (torchvision's `_blend` on uint8)."""
-    import cv2
-
-    cv2.addWeighted(image, factor, other, 1.0 - factor, FLOOR_OFFSET, dst=out)
 
 
 def brightness(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -121,12 +125,16 @@ def brightness(image: np.ndarray, magnitude: float, context: OpContext) -> None:
 
 
 def color(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    """torchvision's adjust_saturation: blended with its floored grey in float32, clamped, truncated (torch's own
-    arithmetic: an OpenCV blend rounds differently for 1 pixel in 50)."""
+    """torchvision's adjust_saturation: blended with its floored grey in float32 (`x * factor`, then the grey
+    times `1 - factor` added in one fused step, as torch adds), clamped, truncated."""
+    import cv2
+
     factor = 1.0 + magnitude
-    pixels = torch.from_numpy(image)
-    grey = torch.from_numpy(_grey(image, context)).unsqueeze_(-1)
-    pixels.copy_(pixels.mul(factor).add_(grey, alpha=1.0 - factor).clamp_(0, 255))
+    pixels = image.astype(np.float32)
+    grey = _grey(image, context, pixels)
+    pixels *= np.float32(factor)
+    blended = cv2.scaleAdd(cv2.merge([grey, grey, grey]), 1.0 - factor, pixels)
+    np.copyto(image, np.clip(blended, 0, 255, out=blended), casting="unsafe")
 
 
 def contrast(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -141,14 +149,21 @@ _SHARPNESS_KERNEL = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], np.float32) / 13
 
 
 def sharpness(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    """Blend with the 3x3 blur (rounded), the outermost rows and columns left as they are (torchvision's)."""
+    """torchvision's adjust_sharpness: blended with the 3x3 blur (rounded) in float32 (`x + (blur - x) * (1 -
+    factor)` in one fused step, as torch adds), clamped, truncated; the outermost rows and columns left as they
+    are."""
     import cv2
 
     if image.shape[0] <= 2 or image.shape[1] <= 2:
         return
+    factor = 1.0 + magnitude
     blurred = cv2.filter2D(image, -1, _SHARPNESS_KERNEL, dst=context.spare(image))
     inner = image[1:-1, 1:-1]
-    _blend(inner, 1.0 + magnitude, blurred[1:-1, 1:-1], inner)
+    pixels = inner.astype(np.float32)
+    change = blurred[1:-1, 1:-1].astype(np.float32)
+    change -= pixels
+    blended = cv2.scaleAdd(change, 1.0 - factor, pixels)
+    np.copyto(inner, np.clip(blended, 0, 255, out=blended), casting="unsafe")
 
 
 def posterize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -169,14 +184,13 @@ def autocontrast(image: np.ndarray, magnitude: float, context: OpContext) -> Non
     """Each channel stretched from its min..max to 0..255 (torchvision's float32 arithmetic, as a table)."""
     import cv2
 
-    limits = [cv2.minMaxLoc(channel)[:2] for channel in cv2.split(image)]
-    low = torch.tensor([lo for lo, _ in limits], dtype=torch.float32).view(1, 3)
-    high = torch.tensor([hi for _, hi in limits], dtype=torch.float32).view(1, 3)
+    limits = np.array([cv2.minMaxLoc(channel)[:2] for channel in cv2.split(image)], np.float32)
+    low, high = limits[:, 0], limits[:, 1]
     same = high == low
-    scale = high.sub(low).mul_(1.0 / 255)
+    scale = (high - low) * np.float32(1.0 / 255)
     low[same], scale[same] = 0.0, 1.0
-    table = _ramp().view(256, 1).to(torch.float32).sub(low).div_(scale).clamp_(0, 255)
-    _lut(image, _table(table).reshape(256, 1, 3))
+    table = np.clip((_LEVELS[:, None] - low) / scale, 0, 255)
+    _lut(image, table.astype(np.uint8).reshape(256, 1, 3))
 
 
 def equalize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
