@@ -74,7 +74,7 @@ def check(got: np.ndarray, want: np.ndarray, name: str, tolerance: str, what: st
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("name", list(_WIDE) + ["Invert"])
+@pytest.mark.parametrize("name", [*_WIDE, "Invert"])
 def test_every_operation_at_every_magnitude_is_torchvisions(name, size):
     wide = name in _WIDE
     policy = v2.TrivialAugmentWide() if wide else v2.AutoAugment()

@@ -45,12 +45,6 @@ class ImageSizes:
         height, width, start, next_height, next_width = self._values()
         return (next_height, next_width) if start != _NONE and epoch >= start else (height, width)
 
-    @property
-    def pending(self) -> tuple[int, tuple[int, int]] | None:
-        """(from epoch, size) of the change waiting for its epoch, or None."""
-        _, _, start, next_height, next_width = self._values()
-        return None if start == _NONE else (start, (next_height, next_width))
-
     def set(self, size: Any, from_epoch: int) -> bool:
         """Make epochs from `from_epoch` on `size` (a side or (height, width)); True when anything changed."""
         wanted = output_size(size)
