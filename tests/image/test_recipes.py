@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from builders import SOLID_CLASSES, SOLID_COUNT, seeded_loader
+from builders import SOLID_CLASSES, SOLID_COUNT, corrupt_copy, seeded_loader
 from contracts import check_resumes, clone, same
 from torchvision.transforms import v2
 
@@ -238,3 +238,36 @@ def test_a_dataset_applies_the_per_sample_presets(solid_lmdb):
     ds.set_epoch(0)
     images, _ = next(iter(fastdata.loader(solid_lmdb, batch_size=4, augment=recipe, shuffle=False, num_workers=0)))
     assert all(torch.equal(ds[i][0], images[i]) for i in range(4))
+
+
+def test_the_device_path_mixes_on_the_device(photos):
+    """decode="device" (here device="cpu"): the batch preset mixes the device's batch; labels float [B, C] rows
+    summing to 1; the same for any worker count and after a resume."""
+    recipe = [RandomResizedCrop(SIZE), RandomChoice([MixUp(alpha=0.4), CutMix(alpha=1.0)])]
+
+    def make(workers):
+        return seeded_loader(photos[0], augment=recipe, num_workers=workers, decode="device", device="cpu")
+
+    runs = [every_batch(make(workers)) for workers in (0, 1)]
+    assert same(runs[0], runs[1])
+    unmixed = every_batch(seeded_loader(photos[0], augment=RandomResizedCrop(SIZE), decode="device",
+                                        device="cpu"))
+    assert not same(runs[0], unmixed)
+    for images, labels in runs[0]:
+        assert labels.dtype == torch.float32 and labels.shape == (len(images), 3)
+        assert torch.allclose(labels.sum(1), torch.ones(len(labels)))
+    check_resumes(make, lambda n: [1], 1)
+
+
+def test_a_borrowed_batch_gets_the_batch_presets_labels(solid_lmdb, tmp_path):
+    """A batch whose samples were all skipped borrows one (fastdata.order.borrow): its labels are float rows over
+    the classes like every other batch's."""
+    path, _key = corrupt_copy(solid_lmdb, tmp_path, 2, b"not an image")
+    loader = seeded_loader(path, augment=[RandomResizedCrop(SIZE), MixUp()], batch_size=1, shuffle=False,
+                           on_error="skip")
+    with pytest.warns(UserWarning, match="borrowed"):
+        batches = every_batch(loader)
+    assert len(batches) == SOLID_COUNT and len(loader.borrowed) == 1
+    for _, labels in batches:
+        assert labels.dtype == torch.float32 and labels.shape == (1, len(SOLID_CLASSES))
+        assert torch.allclose(labels.sum(1), torch.ones(1))
