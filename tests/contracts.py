@@ -90,10 +90,11 @@ def check_resumes(make_loader: MakeLoader, interrupts: Callable[[int], list[int]
 
 
 def training_loop(make_loader: Callable[[], Any], epochs: int, every: int,
-                  restore: tuple[int, dict] | None = None):
-    """A training loop that keeps its own epoch counter, calls `set_epoch(epoch)` and checkpoints (its epoch, the
-    loader's state) every `every` steps; resumed from `restore`, it starts at the saved epoch. Returns the batches
-    it saw and its checkpoints as (epoch, state, batches seen so far)."""
+                  restore: tuple[int, dict] | None = None, each_epoch: Callable[[Any, int], None] | None = None):
+    """A training loop that keeps its own epoch counter, calls `set_epoch(epoch)` (then `each_epoch(loader,
+    epoch)` if given: e.g. a size schedule) and checkpoints (its epoch, the loader's state) every `every` steps;
+    resumed from `restore`, it starts at the saved epoch. Returns the batches it saw and its checkpoints as (epoch,
+    state, batches seen so far)."""
     loader = make_loader()
     start = 0
     if restore is not None:
@@ -102,6 +103,8 @@ def training_loop(make_loader: Callable[[], Any], epochs: int, every: int,
     seen, checkpoints = [], []
     for epoch in range(start, epochs):
         loader.set_epoch(epoch)
+        if each_epoch is not None:
+            each_epoch(loader, epoch)
         for batch in loader:
             seen.append(clone(batch))
             if len(seen) % every == 0:

@@ -5,11 +5,9 @@ size yields exactly the uninterrupted run's batches."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from builders import seeded_loader
-from contracts import clone, same
+from contracts import clone, same, training_loop
 
 from fastdata.errors import ConfigError
 from fastdata.presets import RandomResizedCrop, TrivialAugmentWide
@@ -24,23 +22,9 @@ def size_at(epoch: int) -> int:
     return SCHEDULE[epoch]
 
 
-def scheduled_run(make, every: int, restore: tuple[int, dict] | None = None):
-    """A training loop over SCHEDULE's epochs that sets the epoch's size before each pass, as FFCV's recipes do,
-    and checkpoints (its epoch, the loader's state) every `every` steps; resumed from `restore`."""
-    loader = make()
-    start = 0
-    if restore is not None:
-        start, state = restore
-        loader.load_state_dict(state)
-    seen, checkpoints = [], []
-    for epoch in range(start, len(SCHEDULE)):
-        loader.set_epoch(epoch)
-        loader.set_image_size(size_at(epoch))
-        for batch in loader:
-            seen.append(clone(batch))
-            if len(seen) % every == 0:
-                checkpoints.append((epoch, json.loads(json.dumps(loader.state_dict())), len(seen)))
-    return seen, checkpoints
+def scheduled(loader, epoch: int) -> None:
+    """Each epoch's size set before its pass, as FFCV's recipes do."""
+    loader.set_image_size(size_at(epoch))
 
 
 @pytest.mark.parametrize(("fmt", "workers"), [("lmdb", 0), ("lmdb", 2), ("wds", 0), ("wds", 2)])
@@ -50,10 +34,10 @@ def test_a_resumed_schedule_sees_exactly_the_uninterrupted_run(fmt, workers, sol
     def make():
         return seeded_loader(path, augment=[RRC(16), TrivialAugmentWide()], num_workers=workers)
 
-    reference, checkpoints = scheduled_run(make, every=4)
+    reference, checkpoints = training_loop(make, len(SCHEDULE), 4, each_epoch=scheduled)
     assert [batch[0].shape[-1] for batch in reference[::6]] == SCHEDULE  # 6 batches an epoch
     for epoch, state, count in checkpoints:
-        resumed, _ = scheduled_run(make, every=4, restore=(epoch, state))
+        resumed, _ = training_loop(make, len(SCHEDULE), 4, restore=(epoch, state), each_epoch=scheduled)
         assert same(resumed, reference[count:]), f"resumed after {count} batches (epoch {epoch})"
 
 
