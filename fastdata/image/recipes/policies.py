@@ -105,11 +105,16 @@ class _Policy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "interpolation", _interpolation_name(self.interpolation))
-        _check_common(self.interpolation, self.fill)
+        object.__setattr__(self, "_levels", _check_common(self.interpolation, self.fill) or (0.0, 0.0, 0.0))
 
     def context(self, bgr: bool) -> OpContext:
-        fill = _check_common(self.interpolation, self.fill)
-        return OpContext(bgr, self.interpolation, fill or (0.0, 0.0, 0.0))
+        """A context for this policy's operations on a crop in BGR order if `bgr` (its fill as three levels)."""
+        return OpContext(bgr, self.interpolation, self.levels)
+
+    @property
+    def levels(self) -> tuple[float, float, float]:
+        """The fill as three grey levels (R, G, B)."""
+        return self._levels  # type: ignore[attr-defined]
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
         """The operations (name, signed magnitude) for one crop."""

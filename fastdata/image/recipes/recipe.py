@@ -106,6 +106,5 @@ class Recipe:
 
 def _policy_context(context: OpContext, policy: Policy) -> OpContext:
     """`context` (its scratch, channel order) with `policy`'s interpolation and fill."""
-    own = policy.context(context.bgr)
-    context.interpolation, context.fill = own.interpolation, own.fill
+    context.interpolation, context.fill = policy.interpolation, policy.levels
     return context
