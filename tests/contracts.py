@@ -130,17 +130,20 @@ def check_checkpoint_loop(make_loader: MakeLoader, workers: int) -> None:
 
 
 def prefetching_loop(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1,
-                     restore: dict | None = None):
+                     restore: dict | None = None, each_pass: Callable[[Any], None] | None = None):
     """nanoGPT's loop: batches are taken `ahead` steps before they are trained on (`X, Y = get_batch()` before
-    the step; `ahead` > 1: a prefetcher that keeps more in flight), passes follow one another across epochs, and
-    every `every` steps it checkpoints `state_dict(pending=ahead)`, the batches in hand not trained on yet.
-    Returns the batches it trained on and its checkpoints as (state, batches trained so far)."""
+    the step; `ahead` > 1: a prefetcher that keeps more in flight), passes follow one another across epochs
+    (`each_pass(loader)` before each, if given: e.g. a size schedule), and every `every` steps it checkpoints
+    `state_dict(pending=ahead)`, the batches in hand not trained on yet. Returns the batches it trained on and its
+    checkpoints as (state, batches trained so far)."""
     loader = make_loader()
     if restore is not None:
         loader.load_state_dict(restore)
 
     def passes():
         while True:
+            if each_pass is not None:
+                each_pass(loader)
             yield from loader  # each pass the next epoch
 
     stream = passes()
@@ -154,11 +157,12 @@ def prefetching_loop(make_loader: Callable[[], Any], steps: int, every: int, ahe
     return trained, checkpoints
 
 
-def check_prefetching_resume(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1) -> None:
+def check_prefetching_resume(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1,
+                             each_pass: Callable[[Any], None] | None = None) -> None:
     """A prefetching loop resumed from each of its checkpoints trains on exactly the batches the uninterrupted
     loop trained on after it: none lost, none repeated, across epoch ends too."""
-    reference, checkpoints = prefetching_loop(make_loader, steps, every, ahead)
+    reference, checkpoints = prefetching_loop(make_loader, steps, every, ahead, each_pass=each_pass)
     assert len(reference) == steps and checkpoints
     for state, count in checkpoints:
-        resumed, _ = prefetching_loop(make_loader, steps - count, every, ahead, restore=state)
+        resumed, _ = prefetching_loop(make_loader, steps - count, every, ahead, restore=state, each_pass=each_pass)
         assert same(resumed, reference[count:]), f"resumed from the checkpoint after {count} batches: the run differs"

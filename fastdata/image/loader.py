@@ -335,8 +335,6 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
 
     def __iter__(self) -> Iterator[Any]:
         here = self._begin_pass()
-        if self._sizes is not None:
-            self._sizes.begin(here.epoch)
         if here.complete:  # restored after the last batch of its epoch: nothing of it is left
             self._end_pass()
             return

@@ -5,11 +5,14 @@ size yields exactly the uninterrupted run's batches."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from builders import seeded_loader
-from contracts import clone, same, training_loop
+from contracts import check_prefetching_resume, clone, same, training_loop
 
-from fastdata.errors import ConfigError
+from fastdata.errors import ConfigError, ResumeError
+from fastdata.image.recipes.sizes import CAPACITY, ImageSizes
 from fastdata.presets import RandomResizedCrop, TrivialAugmentWide
 
 RRC = RandomResizedCrop
@@ -39,6 +42,20 @@ def test_a_resumed_schedule_sees_exactly_the_uninterrupted_run(fmt, workers, sol
     for epoch, state, count in checkpoints:
         resumed, _ = training_loop(make, len(SCHEDULE), 4, restore=(epoch, state), each_epoch=scheduled)
         assert same(resumed, reference[count:]), f"resumed after {count} batches (epoch {epoch})"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_prefetching_loop_resumes_at_the_sizes_of_its_pending_batches(workers, solid_lmdb):
+    """nanoGPT's loop holds batches it has not trained on (`state_dict(pending=2)`), which may belong to the epoch
+    before the one under way: the state is at that epoch's size, the next one's step kept."""
+
+    def each_pass(loader):  # the schedule's size for the pass about to start
+        loader.set_image_size(size_at(min(loader.epoch, len(SCHEDULE) - 1)))
+
+    def make():
+        return seeded_loader(solid_lmdb, augment=RRC(16), num_workers=workers)
+
+    check_prefetching_resume(make, steps=26, every=1, ahead=2, each_pass=each_pass)
 
 
 def test_the_size_applies_from_the_next_epoch_that_starts(solid_lmdb):
@@ -107,3 +124,18 @@ def test_set_image_size_is_refused_where_the_size_is_not_the_loaders(solid_lmdb)
         loader.set_image_size(16)
     with pytest.raises(ConfigError, match="image_size"):
         seeded_loader(solid_lmdb, augment=RandomResizedCrop(16)).set_image_size(0)
+
+
+def test_the_schedule_keeps_its_latest_steps_and_refuses_a_damaged_state():
+    sizes = ImageSizes((16, 16))
+    for epoch in range(1, 40):
+        sizes.set(16 + 8 * (epoch % 2), epoch)  # a change every epoch
+    assert len(sizes.steps()) == CAPACITY
+    assert [sizes.size_for(e)[0] for e in range(30, 40)] == [16 + 8 * (e % 2) for e in range(30, 40)]
+    assert not sizes.set(24, 39)  # already so: nothing changes
+    restored = ImageSizes((16, 16))
+    restored.apply(restored.parse(json.loads(json.dumps(sizes.state()))))
+    assert restored.steps() == sizes.steps()
+    for damaged in ([[3, 16, 16], [1, 20, 20]], [[0, 0, 16]], "16", [[0, 16]]):
+        with pytest.raises(ResumeError, match="image sizes"):
+            restored.parse(damaged)

@@ -1,15 +1,16 @@
 """Progressive resizing (FFCV's schedule: low resolution early, higher later): the size each epoch's images are
-made at, kept in a few shared-memory integers so that persistent workers read it with each batch.
+made at, kept in shared memory so that persistent workers read it with each batch.
 
-A loader holds one `ImageSizes`: the size in force and at most one change waiting for its epoch
-(`loader.set_image_size(size)` takes effect at the next epoch that starts from its beginning). The change becomes
-the size in force when that epoch's pass begins (`begin`). `state()` / `restore()` carry both in a loader's state,
-so that a state taken mid-epoch restores into a loader built with the original size and yields the batches the
-uninterrupted run yields.
+A loader holds one `ImageSizes`: a short schedule of (from epoch, size) steps, the first the size the loader was
+built with; `loader.set_image_size(size)` adds a step at the next epoch that starts from its beginning. A size is
+a function of the epoch, so `state()` / `restore()` carry the schedule in a loader's state, and a state taken
+mid-epoch (or before its last `pending` batches: `state_dict(pending=n)`, which may reach back into the epoch
+before) restores into a loader built with the original size and yields the batches the uninterrupted run yields.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,82 +20,98 @@ import torch
 from fastdata.errors import ConfigError, ResumeError
 from fastdata.image.geometry import output_size, stable_size
 
-_NONE = -1
+#: steps a schedule keeps: the oldest goes when a new one would not fit (epochs long past: no state reaches them)
+CAPACITY = 16
 
 
 class ImageSizes:
-    """The output size per epoch: `built` (height, width) until a change; `set(size, from_epoch)` changes it from
-    `from_epoch` on. Shared memory: `size_for(epoch)` reads the same values in every worker."""
+    """The output size per epoch: `built` (height, width) from epoch 0, then each step (from epoch, size).
+
+    Shared memory, read without a lock by the workers: `[version, steps, (from, height, width) * CAPACITY]`; the
+    writer makes the version odd while it writes and even again after, and a reader that saw it odd or changed
+    reads again (a sequence lock), so no worker reads half a change."""
 
     def __init__(self, built: tuple[int, int]) -> None:
         self.built = built
-        # [height, width, from epoch of the change (or -1), its height, its width]
-        self.cell = torch.tensor([*built, _NONE, 0, 0], dtype=torch.int64).share_memory_()
+        self.cell = torch.zeros(2 + 3 * CAPACITY, dtype=torch.int64).share_memory_()
         self._view: np.ndarray | None = None  # the cell as numpy (read per sample: 1 us, where tolist() takes 50)
+        self._write([(0, *built)])
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_view": None}
 
-    def _values(self) -> list[int]:
+    def _array(self) -> np.ndarray:
         if self._view is None:
             self._view = self.cell.numpy()
-        return self._view.tolist()
+        return self._view
+
+    def steps(self) -> list[tuple[int, int, int]]:
+        """The schedule: (from epoch, height, width), by epoch."""
+        view = self._array()
+        while True:
+            version = int(view[0])
+            count = int(view[1])
+            rows = view[2:2 + 3 * count].tolist()
+            if version % 2 == 0 and int(view[0]) == version:
+                return [(rows[i], rows[i + 1], rows[i + 2]) for i in range(0, len(rows), 3)]
+
+    def _write(self, steps: list[tuple[int, int, int]]) -> None:
+        steps = steps[-CAPACITY:]
+        view = self._array()
+        view[0] += 1  # odd: being written
+        view[1] = len(steps)
+        view[2:2 + 3 * len(steps)] = [value for step in steps for value in step]
+        view[0] += 1
 
     def size_for(self, epoch: int) -> tuple[int, int]:
         """(height, width) of epoch `epoch`'s images."""
-        height, width, start, next_height, next_width = self._values()
-        return (next_height, next_width) if start != _NONE and epoch >= start else (height, width)
+        found = self.built
+        for start, height, width in self.steps():
+            if start > epoch:
+                break
+            found = (height, width)
+        return found
 
     def set(self, size: Any, from_epoch: int) -> bool:
-        """Make epochs from `from_epoch` on `size` (a side or (height, width)); True when anything changed."""
+        """Make epochs from `from_epoch` on `size` (a side or (height, width)); True when any epoch's size
+        changed."""
         wanted = output_size(size)
-        before = self._values()
-        current = (before[0], before[1])
-        if wanted == current:
-            self.cell[2] = _NONE
-        else:
-            self.cell[3], self.cell[4] = wanted
-            self.cell[2] = from_epoch  # last: a worker never pairs this epoch with the old change's size
-        return self._values() != before
+        before = self.steps()
+        steps = [step for step in before if step[0] < from_epoch]
+        if not steps or (steps[-1][1], steps[-1][2]) != wanted:
+            steps.append((from_epoch, *wanted))
+        if steps == before:
+            return False
+        self._write(steps)
+        return True
 
-    def begin(self, epoch: int) -> None:
-        """A pass of `epoch` begins: a change due by then becomes the size in force."""
-        _, _, start, next_height, next_width = self._values()
-        if start != _NONE and epoch >= start:
-            self.cell[0], self.cell[1] = next_height, next_width
-            self.cell[2] = _NONE
+    def state(self) -> list[list[int]]:
+        """The schedule as a loader state carries it (JSON): [from epoch, height, width] per step."""
+        return [list(step) for step in self.steps()]
 
-    def state(self) -> dict[str, Any]:
-        """The sizes as a loader state carries them (JSON)."""
-        height, width, start, next_height, next_width = self._values()
-        return {"size": [height, width], "next": None if start == _NONE else [start, next_height, next_width]}
-
-    def parse(self, state: Mapping[str, Any] | None) -> list[int]:
-        """The sizes of a loader state, checked, ready for `apply` (None: a state without them, taken at the
-        size the loader was built with)."""
+    def parse(self, state: Any) -> list[tuple[int, int, int]]:
+        """The schedule of a loader state, checked, for `apply` (None: a state without one, taken at the size the
+        loader was built with)."""
         if state is None:
-            return [*self.built, _NONE, 0, 0]
+            return [(0, *self.built)]
         try:
-            height, width = output_size(tuple(int(v) for v in state["size"]))
-            change = state.get("next")
-            if change is None:
-                return [height, width, _NONE, 0, 0]
-            start, next_height, next_width = (int(v) for v in change)
-            output_size((next_height, next_width))
-        except (ConfigError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            steps = [(int(start), *output_size(tuple(int(v) for v in size))) for start, *size in state]
+            if not steps or any(b[0] <= a[0] for a, b in itertools.pairwise(steps)) or steps[0][0] < 0:
+                raise ValueError("steps must be in rising epochs from 0 on")
+        except (ConfigError, TypeError, ValueError) as exc:
             raise ResumeError(f"damaged loader state: image sizes {state!r} ({exc})") from exc
-        return [height, width, start, next_height, next_width]
+        return steps  # type: ignore[return-value]
 
-    def apply(self, values: list[int]) -> None:
-        """Take the sizes `parse` read."""
-        self.cell.copy_(torch.tensor(values, dtype=torch.int64))
+    def apply(self, steps: list[tuple[int, int, int]]) -> None:
+        """Take the schedule `parse` read."""
+        self._write(steps)
 
 
 class ResizableLoader:
     """Mixin for the image loader (before `ResumableLoader` in its bases): `set_image_size`, `image_size`, and the
     sizes carried by `state_dict()` / `load_state_dict()`. The loader sets `_sizes` (None: a transform of its
-    own, whose size is its own), calls `_sizes.begin(epoch)` as each pass begins and says in `_sizes_changed` what
-    a change drops (the workers' batches made ahead at the size before)."""
+    own, whose size is its own) and says in `_sizes_changed` what a change drops (the workers' batches made ahead
+    at the size before)."""
 
     _sizes: ImageSizes | None
     _current: list[int] | None
@@ -132,7 +149,7 @@ class ResizableLoader:
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Where this loader stands (`fastdata.order.state.ResumableLoader.state_dict`), with the image sizes
-        (`"image_sizes"`: the size in force and a change waiting for its epoch)."""
+        (`"image_sizes"`: the schedule, [from epoch, height, width] per step)."""
         state = super().state_dict(*args, **kwargs)  # type: ignore[misc]
         if self._sizes is not None:
             state["image_sizes"] = self._sizes.state()
