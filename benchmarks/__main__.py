@@ -2,14 +2,16 @@
 
     python -m benchmarks list                          the suites and their benchmarks
     python -m benchmarks run SUITE [--smoke] [--repeats N] [--json OUT]
-    python -m benchmarks tables [--check]              the READMEs' tables from benchmarks/results/*.json
+    python -m benchmarks tables [--check [--complete]]  the documents' figures from benchmarks/results/*.json
 
 `run` takes a suite (read, convert, text, device, memory, startup) or one benchmark's name; each benchmark runs in
 a fresh Python process, one after another (run nothing else heavy meanwhile: the ratios are only as good as the
 machine is quiet), its output shown as it comes. `--smoke` runs each at a tiny size (proof that it runs; its figures
-mean nothing). `--json OUT` writes what was measured: the machine, and per benchmark its command, seconds, exit
-status and tables. A benchmark that needs what this machine lacks (a module, a GPU) is left out, and the results
-say why. The device suite first makes a lent GPU machine ready (`benchmarks/device_setup.py`).
+mean nothing, and it never writes into benchmarks/results/). `--json OUT` writes what was measured, per benchmark:
+the machine, the date, this command and the benchmark's own, its seconds, exit status and tables; the runs of the
+benchmarks run now replace theirs in OUT, the others stay. A benchmark that needs what this machine lacks (a
+module, a GPU) is left out, and the results say why. The device suite first makes a lent GPU machine ready
+(`benchmarks/device_setup.py`).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None) -> list[s
 
 def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[str, str]) -> dict[str, Any]:
     """Run `benchmark` in a fresh process, its output passed through; its record for the results."""
-    record: dict[str, Any] = {"benchmark": benchmark.name, "suite": benchmark.suite, "about": benchmark.about}
+    record: dict[str, Any] = {"benchmark": benchmark.name, "suite": benchmark.suite, "about": benchmark.about,
+                              "date": time.strftime("%Y-%m-%d %H:%M %Z")}
     reason = missing(benchmark)
     if reason is not None:
         print(f"\n== {benchmark.name}: left out ({reason})", flush=True)
@@ -100,25 +103,52 @@ def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[st
     return {**record, "command": f"python {shown}", "seconds": round(seconds, 1), "exit": code, "tables": tables}
 
 
+def harness_command(argv: list[str]) -> str:
+    """This command as typed from the repository's root (what a results file says measured its runs)."""
+    shown = [os.path.relpath(a, HERE.parent) if os.path.isabs(a) and Path(a).is_relative_to(HERE.parent) else a
+             for a in argv]
+    return " ".join(["python -m benchmarks", *shown])
+
+
+def earlier_runs(out: Path, smoke: bool, chosen: list[Benchmark]) -> list[dict[str, Any]]:
+    """The runs of `out` that this run keeps: those of the benchmarks it does not run. A smoke run never writes
+    into benchmarks/results/, nor into a file of real runs (nor a real run into a file of smoke runs)."""
+    if smoke and out.resolve().parent == (HERE / "results").resolve():
+        raise SystemExit(f"--smoke figures mean nothing: not into {out} (give a scratch path, e.g. /tmp/{out.name})")
+    if not out.exists():
+        return []
+    earlier = json.loads(out.read_text(encoding="utf-8"))
+    if bool(earlier.get("smoke")) != smoke:
+        raise SystemExit(f"{out} holds {'smoke' if earlier.get('smoke') else 'real'} runs: a "
+                         f"{'smoke' if smoke else 'real'} run does not mix with them (another --json path)")
+    names = {b.name for b in chosen}
+    top = {k: v for k, v in earlier.items() if k in ("date", "machine", "harness")}  # older files: once for all
+    return [{**top, **r} for r in earlier.get("runs", []) if r["benchmark"] not in names]
+
+
 def run(args: argparse.Namespace) -> int:
     chosen = select(args.suite)
     env = dict(os.environ)
-    results: dict[str, Any] = {"suite": args.suite, "smoke": args.smoke,
-                               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(), "runs": []}
+    here = machine()
+    kept = earlier_runs(Path(args.json), args.smoke, chosen) if args.json else []
+    results: dict[str, Any] = {"smoke": args.smoke, "runs": kept}
     if any(b.suite == "device" for b in chosen):
         from device_setup import describe_gpu, prepare
 
-        log = Path(args.json).with_suffix(".setup.txt") if args.json else Path(tempfile.gettempdir()) / "setup.txt"
+        log = Path(tempfile.gettempdir()) / "fastdata-device-setup.txt"
         env = prepare(log)
-        results["machine"]["gpu"] = describe_gpu(env)
-        print(f"GPU: {results['machine']['gpu']}", flush=True)
+        here["gpu"] = describe_gpu(env)
+        print(f"GPU: {here['gpu']} (set-up log: {log})", flush=True)
+    ran_now = []
     for benchmark in chosen:
-        results["runs"].append(run_one(benchmark, args.smoke, args.repeats, env))
+        record = run_one(benchmark, args.smoke, args.repeats, env)
+        ran_now.append({**record, "machine": here, "harness": harness_command(args.argv), "smoke": args.smoke})
+        results["runs"] = kept + ran_now
         if args.json:  # written after each benchmark: a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    failed = [r["benchmark"] for r in results["runs"] if r.get("exit", 0) != 0]
-    left_out = [r["benchmark"] for r in results["runs"] if "left_out" in r]
-    ran = len(results["runs"]) - len(failed) - len(left_out)
+    failed = [r["benchmark"] for r in ran_now if r.get("exit", 0) != 0]
+    left_out = [r["benchmark"] for r in ran_now if "left_out" in r]
+    ran = len(ran_now) - len(failed) - len(left_out)
     print(f"\n{ran} ran, {len(failed)} failed{' (' + ', '.join(failed) + ')' if failed else ''}, "
           f"{len(left_out)} left out{' (' + ', '.join(left_out) + ')' if left_out else ''}"
           + (f"; results in {args.json}" if args.json else ""))
@@ -136,15 +166,36 @@ def list_all(_args: argparse.Namespace) -> int:
 
 
 def tables(args: argparse.Namespace) -> int:
-    from tables import DOCUMENTS, check, update
+    import shutil
 
+    from guard import HOW_TO_ADD, unguarded
+    from provenance import Broken, Results
+    from tables import DOCUMENTS, ROOT, check, update
+
+    results = Results(Path(args.results)) if args.results else Results()
+    documents = DOCUMENTS
+    if args.render_to:  # copies of the documents, written from those results (the committed ones untouched)
+        out = Path(args.render_to)
+        documents = tuple(out / path.relative_to(ROOT) for path in DOCUMENTS)
+        for source, copy in zip(DOCUMENTS, documents, strict=True):
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, copy)
     if args.check:
-        drift = check(DOCUMENTS)
-        for line in drift:
+        problems = check(documents, results, complete=args.complete)
+        stray = [f"{path.relative_to(ROOT)}:{line}: a measured figure outside a marker: {context!r}"
+                 for path in DOCUMENTS for line, context in unguarded(path)]
+        for line in problems + stray:
             print(line)
-        return 1 if drift else 0
-    for path in update(DOCUMENTS):
-        print(f"rewrote the tables of {path}")
+        if stray:
+            print(HOW_TO_ADD)
+        return 1 if problems or stray else 0
+    try:
+        changed = update(documents, results)
+    except Broken as exc:
+        print(f"{exc}")
+        return 1
+    for path in changed:
+        print(f"rewrote the figures of {path}")
     return 0
 
 
@@ -159,10 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     runner.add_argument("--json", default=None, help="write the results here")
     runner.set_defaults(handler=run)
     commands.add_parser("list", help="the suites and their benchmarks").set_defaults(handler=list_all)
-    writer = commands.add_parser("tables", help="write the READMEs' tables from benchmarks/results/")
-    writer.add_argument("--check", action="store_true", help="only say where they differ (exit 1 if any)")
+    writer = commands.add_parser("tables", help="write the documents' figures from benchmarks/results/")
+    writer.add_argument("--check", action="store_true", help="only say where they differ, and name any measured "
+                        "figure written outside a marker (exit 1 if any)")
+    writer.add_argument("--complete", action="store_true", help="with --check: a figure not measured yet fails too")
+    writer.add_argument("--results", default=None, help="another results folder (default: benchmarks/results)")
+    writer.add_argument("--render-to", default=None, help="write copies of the documents under this folder "
+                        "instead of the documents themselves (to see what a scratch run's results would give)")
     writer.set_defaults(handler=tables)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args.handler(args)
 
 

@@ -54,10 +54,14 @@ def prepare(log: Path) -> dict[str, str]:
 
 
 def describe_gpu(env: dict[str, str]) -> str:
-    """The GPU, its driver, torch and nvImageCodec, as one line (what the results record)."""
+    """The GPU, torch and nvImageCodec, and the GPU's driver (nvidia-smi), as one line (what the results
+    record)."""
     code = ("import torch, torchvision; from fastdata.image.device.decoders import nvimgcodec_missing as m; "
             "print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device', "
             "'| torch', torch.__version__, 'torchvision', torchvision.__version__, '| nvimgcodec:', m() or 'ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False, cwd=ROOT)
     lines = (done.stdout or done.stderr).strip().splitlines()
-    return lines[-1] if lines else "unknown"
+    smi = shutil.which("nvidia-smi")
+    driver = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                            text=True, check=False).stdout.strip().splitlines() if smi else []
+    return (lines[-1] if lines else "unknown") + f" | driver {driver[0] if driver else 'not recorded'}"

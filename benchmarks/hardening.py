@@ -67,17 +67,16 @@ def memory(out: Path, epochs: int, workers: int) -> None:
         for _ in loader:
             pass
         rows.append(worker_memory_mb())
-    growth = []
-    for column, name in ((0, "RSS"), (1, "anonymous (heap) RSS")):
-        change = [(last[column] - first[column]) / first[column] * 100
-                  for first, last in zip(rows[0], rows[-1], strict=True)]
-        growth.append(f"{name} growth after the first epoch: " + ", ".join(f"{g:+.2f}%" for g in change))
     report.table(f"per-worker memory (MB: RSS = anonymous + file-backed) after each epoch, {len(loader.dataset):,} "
                  f"images, {workers} workers, data file {fastdata.info(out).data_bytes / 2**20:,.0f} MB",
                  ["epoch", "worker (by RSS)", "RSS MB", "anonymous MB", "file-backed MB"],
                  [[str(epoch), str(worker), f"{rss:,.1f}", f"{anon:,.1f}", f"{file:,.1f}"]
                   for epoch, workers_mb in enumerate(rows) for worker, (rss, anon, file) in enumerate(workers_mb)],
-                 align="llrrr", notes=growth)
+                 align="llrrr")
+    report.table(f"per-worker memory growth from the first epoch to the last ({epochs} epochs)",
+                 ["worker (by RSS)", "RSS", "anonymous (heap) RSS"],
+                 [[str(worker), *(f"{(last[c] - first[c]) / first[c] * 100:+.2f}%" for c in (0, 1))]
+                  for worker, (first, last) in enumerate(zip(rows[0], rows[-1], strict=True))], align="lrr")
 
 
 def corrupt_copy(out: Path, fraction: float, seed: int = 0) -> tuple[Path, int]:
@@ -131,11 +130,12 @@ def corrupt(out: Path, repeats: int, workers: int) -> None:
     delta = (median_ratio(dirty, clean) - 1) * 100
     report.table(f"corrupt samples: {bad} of {fastdata.info(out).num_samples:,} records overwritten with garbage; "
                  f'on_error="skip", one untimed + one timed epoch, medians of {repeats} alternating runs',
-                 ["dataset", "images/s", "runs", "skipped per epoch"],
-                 [["clean", f"{statistics.median(clean):,.0f}", ", ".join(f"{r:,.0f}" for r in clean), ""],
+                 ["dataset", "images/s", "runs", "skipped per epoch", "throughput vs clean (median of the per-run "
+                  "ratios)"],
+                 [["clean", f"{statistics.median(clean):,.0f}", ", ".join(f"{r:,.0f}" for r in clean), "", ""],
                   ["corrupt", f"{statistics.median(dirty):,.0f}", ", ".join(f"{r:,.0f}" for r in dirty),
-                   str(sorted(skipped))]],
-                 align="lrrl", notes=[f"throughput {delta:+.1f}% (the median of the per-run ratios)"])
+                   str(sorted(skipped)), f"{delta:+.1f}%"]],
+                 align="lrrlr")
 
 
 def main() -> None:

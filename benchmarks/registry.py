@@ -54,7 +54,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     # read: the loader on the CPU
     Benchmark("cpu_path", "read", "ImageFolder + PIL, torchvision.io + v2, fastdata, FFCV, DALI CPU, the decode "
               "ceiling: train, val, --max-size 256", ("--images", "4000"), ("--images", "60", "--repeats", "1",
-                                                                             "--workloads", "train", "--no-peers")),
+                                                                             "--no-peers")),
+    Benchmark("bench_sample", "read", "what `fastdata bench` prints on the demo's sample photos (kept as printed: "
+              "the documents' sample of its output)", ("--images", "1200"), ("--images", "60", "--repeats", "1")),
     Benchmark("imagefolder_vs_fastdata", "read", "torchvision ImageFolder vs fastdata LMDB / WebDataset",
               ("--images", "3000"), _SMOKE_IMAGES),
     Benchmark("source_kinds", "read", "a file list and an HF dataset: torchvision / HF set_transform vs fastdata",

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SINK = "FASTDATA_BENCH_SINK"
+OUTPUT = "output"  # the one column of a program's output kept by `output()`
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,25 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], ali
     print(made.markdown())
     for note in made.notes:
         print(f"  {note}")
+    _hand_over(made)
+    return made
+
+
+def output(title: str, text: str) -> Table:
+    """Keep what a program printed, line by line (a table of one column, `OUTPUT`): the documents show it as a
+    code block written from the results (`<!-- output: ... -->`), so that a sample of a command's output is one
+    the harness recorded. Prints nothing: the runner shows the output itself."""
+    made = Table(title, (OUTPUT,), tuple((line.rstrip(),) for line in text.strip("\n").splitlines()), "l")
+    _hand_over(made)
+    return made
+
+
+def _hand_over(made: Table) -> None:
+    """Append `made` to the harness's sink, when a harness runs this runner."""
     sink = os.environ.get(SINK)
     if sink:
         with open(sink, "a", encoding="utf-8") as file:
             file.write(json.dumps(made.to_json()) + "\n")
-    return made
 
 
 def read_sink(path: str) -> list[Table]:

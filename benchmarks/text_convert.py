@@ -3,10 +3,12 @@
 the same 32k byte-level BPE tokenizer:
 
   (a) `fastdata convert text CORPUS OUT --tokenizer TOK` with its defaults (LMDB);
-  (b) a ten-line script: read the JSONL, `Tokenizer.encode_batch` (tokenizers' own threads), the ids with an
-      end-of-text token after each document written to a numpy memmap (what nanoGPT's prepare.py does);
-  (c) HF `datasets`: `load_dataset("json")`, `map(tokenize, batched=True, num_proc=CORES)`, then the packing of
-      HF's run_clm example (`group_texts`, blocks of 1024), `num_proc=CORES` too.
+  (b) a ten-line script as a competent user writes it: read the JSONL, `encode_batch_fast` (tokenizers' own
+      threads; the same ids as `encode_batch`, no offsets) on chunks of 2,000 documents, each document's ids and
+      an end-of-text token joined with one `np.concatenate`, written as uint16 (what nanoGPT's prepare.py does);
+  (c) HF `datasets`: `load_dataset("json")`, `map(tokenize, batched=True, num_proc=CORES)` (the same batched
+      call), then packing into blocks of 1024 with numpy over the Arrow column (no Python loop per token, where
+      HF's run_clm `group_texts` builds Python lists).
 
 Alternating rounds; the table gives each contender's median tokens/s over the rounds and the ratio of fastdata's
 median to each peer's, with the range of the per-round ratios.
@@ -36,19 +38,21 @@ SCRIPT = textwrap.dedent("""
     from tokenizers import Tokenizer
     corpus, tokenizer, out = sys.argv[1:4]
     tok = Tokenizer.from_file(tokenizer)
-    eos = tok.token_to_id("<|endoftext|>")
+    eos = np.array([tok.token_to_id("<|endoftext|>")], dtype=np.uint16)
     texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
-    ids = [e.ids + [eos] for e in tok.encode_batch(texts, add_special_tokens=False)]
-    total = sum(len(i) for i in ids)
-    arr = np.memmap(out, dtype=np.uint16, mode="w+", shape=(total,))
-    arr[:] = np.fromiter((t for doc in ids for t in doc), dtype=np.uint16, count=total)
-    arr.flush()
-    print(total)
+    parts = []
+    for start in range(0, len(texts), 2000):
+        for e in tok.encode_batch_fast(texts[start:start + 2000], add_special_tokens=False):
+            parts += [np.array(e.ids, dtype=np.uint16), eos]
+    ids = np.concatenate(parts)
+    ids.tofile(out)
+    print(len(ids))
 """)
 
 DATASETS = textwrap.dedent("""
     import sys
     import datasets
+    import numpy as np
     from tokenizers import Tokenizer
     corpus, tokenizer, out, cores = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     datasets.disable_progress_bars()
@@ -57,28 +61,27 @@ DATASETS = textwrap.dedent("""
     block = 1024
 
     def tokenize(batch):
-        return {"input_ids": [e.ids + [eos] for e in tok.encode_batch(batch["text"], add_special_tokens=False)]}
-
-    def group_texts(batch):  # HF's run_clm packing
-        flat = [t for doc in batch["input_ids"] for t in doc]
-        usable = len(flat) // block * block
-        return {"input_ids": [flat[i:i + block] for i in range(0, usable, block)]}
+        return {"input_ids": [e.ids + [eos] for e in tok.encode_batch_fast(batch["text"], add_special_tokens=False)]}
 
     data = datasets.load_dataset("json", data_files=corpus, split="train", cache_dir=out)
     ids = data.map(tokenize, batched=True, num_proc=cores, remove_columns=data.column_names)
-    total = sum(len(i) for i in ids["input_ids"])
-    ids.map(group_texts, batched=True, num_proc=cores)
-    print(total)
+    flat = ids.data.column("input_ids").combine_chunks().flatten().to_numpy().astype(np.uint16)
+    blocks = flat[: len(flat) // block * block].reshape(-1, block)  # packed, as run_clm's group_texts packs
+    blocks.tofile(out + ".bin")
+    print(len(flat))
 """)
 
 
-def run(argv: list[str], cwd: Path) -> float:
-    """Seconds the process `argv` took, start to exit; raises if it failed."""
+def run(argv: list[str], cwd: Path, counts: list[int] | None = None) -> float:
+    """Seconds the process `argv` took, start to exit; raises if it failed. The token count it printed last is
+    appended to `counts` (the peers print theirs: every contender must tokenize the same ids)."""
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{argv[:3]} failed:\n{done.stderr[-2000:]}")
+    if counts is not None:
+        counts.append(int(done.stdout.split()[-1]))
     return seconds
 
 
@@ -98,20 +101,21 @@ def main() -> None:
     work.mkdir(parents=True)
     corpus.read_bytes()  # the page cache warm for all
     cores = os.cpu_count() or 2
+    counts: list[int] = []
     contenders = {
         "(a) fastdata convert text, defaults": lambda: run(
             [sys.executable, "-m", "fastdata", "convert", "text", str(corpus), str(work / "out.lmdb"),
              "--tokenizer", str(tokenizer), "-q", "--overwrite"], work),
-        "(b) encode_batch + numpy memmap script": lambda: run(
-            [sys.executable, "-c", SCRIPT, str(corpus), str(tokenizer), str(work / "ids.bin")], work),
+        "(b) a script: encode_batch_fast on chunks of 2,000 documents + np.concatenate": lambda: run(
+            [sys.executable, "-c", SCRIPT, str(corpus), str(tokenizer), str(work / "ids.bin")], work, counts),
     }
     if subprocess.run([sys.executable, "-c", "import datasets"], capture_output=True, check=False).returncode == 0:
         def hf_datasets() -> float:
             shutil.rmtree(work / "hf", ignore_errors=True)  # its cache, so that each round tokenizes afresh
             return run([sys.executable, "-c", DATASETS, str(corpus), str(tokenizer), str(work / "hf"), str(cores)],
-                       work)
+                       work, counts)
 
-        contenders[f"(c) HF datasets map(num_proc={cores}) + packing"] = hf_datasets
+        contenders[f"(c) HF datasets map(batched=True, num_proc={cores}) + numpy packing"] = hf_datasets
         notes = []
     else:
         notes = ["(c) HF datasets: omitted (not installed)"]
@@ -122,7 +126,11 @@ def main() -> None:
             print(f"round {round_number + 1}: {name}: {seconds[name][-1]:.1f} s", flush=True)
     from fastdata.formats.manifest import read_manifest
 
-    tokens = read_manifest(work / "out.lmdb").text["total_tokens"]
+    text = read_manifest(work / "out.lmdb").text
+    tokens = text["total_tokens"] + text["documents"]  # fastdata stores no end-of-text token; the peers write one
+    if any(count != tokens for count in counts):
+        raise SystemExit(f"the peers wrote {sorted(set(counts))} tokens, fastdata {tokens} with an end-of-text "
+                         "token per document: not the same work")
     size = corpus.stat().st_size / 1e6
     ours = seconds["(a) fastdata convert text, defaults"]
     rows = []

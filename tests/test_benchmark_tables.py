@@ -1,6 +1,7 @@
-"""The benchmark harness (benchmarks/): the READMEs' tables are the results it recorded (a table edited by hand,
-or results changed without rewriting the tables, fails here), every runner is registered, and a run hands a
-runner's tables over as JSON."""
+"""The benchmark harness (benchmarks/): the documents' tables and figures are the results it recorded (a table or
+figure edited by hand, or results changed without rewriting them, fails here), every runner is registered, a run
+hands a runner's tables over as JSON and keeps the machine, date and command of each benchmark's run.
+tests/test_benchmark_figures.py: no measured figure outside a marker, captions, pending figures."""
 
 from __future__ import annotations
 
@@ -15,58 +16,93 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import provenance  # noqa: E402
 import registry  # noqa: E402
 import tables  # noqa: E402
 from report import Table  # noqa: E402
 
 # modules of benchmarks/ that are not benchmarks: the harness and what the runners share
 NOT_RUNNERS = {"__init__", "__main__", "registry", "report", "tables", "common", "device_setup", "peers",
-               "text_corpus", "text_loaders"}
+               "text_corpus", "text_loaders", "provenance", "guard"}
+READMES = (ROOT / "README.md", BENCHMARKS / "README.md")
 # the tables of the READMEs that are prose, not results (their header rows)
 PROSE_TABLES = {"| converted with | a batch |"}
 
 
-def test_the_readmes_tables_are_the_recorded_results():
+def test_the_documents_figures_are_the_recorded_results():
     assert tables.check(tables.DOCUMENTS) == []
+
+
+def test_the_documents_are_readme_docs_and_benchmarks():
+    names = {str(p.relative_to(ROOT)) for p in tables.DOCUMENTS}
+    assert {"README.md", "benchmarks/README.md", "docs/gpu.md", "docs/images.md", "docs/remote.md",
+            "docs/guarantees.md", "docs/benchmarks.md"} <= names
 
 
 def test_every_readme_table_of_results_is_generated():
     """No hand-copied results table outside a results block (the README's table of batch formats is prose)."""
-    for path in tables.DOCUMENTS:
+    for path in READMES:
         text = path.read_text(encoding="utf-8")
         assert tables.blocks(text), f"{path} has no results blocks"
-        outside = tables._REGISTRY.sub("", tables._BLOCK.sub("", text))
+        outside = tables.MARKER.sub("", text)
         lines = outside.splitlines()
         headers = [line for i, line in enumerate(lines) if line.startswith("|") and not lines[i - 1].startswith("|")]
         stray = [header for header in headers if header not in PROSE_TABLES]
         assert not stray, f"{path.name}: tables outside a results block: {stray}"
 
 
-def test_a_figure_changed_by_hand_is_caught(tmp_path):
+def test_a_table_changed_by_hand_is_caught(tmp_path):
     readme = tmp_path / "README.md"
     text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
-    file, benchmark, index = tables.blocks(text)[0]
-    rendered = tables._table(file, benchmark, index, {})
-    row = rendered.splitlines()[2]
+    marker = next(m for m in tables.markers(text) if m.kind == "results" and "Not measured" not in m.content)
+    row = marker.content.strip("\n").splitlines()[2]
     changed = row.replace(row.split("|")[2], " 1 ", 1)
     readme.write_text(text.replace(row, changed, 1), encoding="utf-8")
     drift = tables.check((readme,))
-    assert len(drift) == 1 and benchmark in drift[0]
+    assert len(drift) == 1 and marker.spec in drift[0] and "edited by hand" in drift[0]
     tables.update((readme,))
     assert tables.check((readme,)) == []
     assert readme.read_text(encoding="utf-8") == text
 
 
+def test_a_figure_in_prose_changed_by_hand_is_caught(tmp_path):
+    """The audit's case: README's ratio changed from 1.22x to 9.22x passed every check; a figure in prose is a
+    marker now, and a hand edit of it fails."""
+    for source in tables.DOCUMENTS:
+        text = source.read_text(encoding="utf-8")
+        figures = [m for m in tables.markers(text) if m.kind == "fig" and m.content != tables.NOT_MEASURED]
+        if not figures:
+            continue
+        copy = tmp_path / source.name
+        figure = figures[0]
+        edited = ("8" if figure.content[0] == "9" else "9") + figure.content[1:]
+        copy.write_text(text[:figure.span[0]] + edited + text[figure.span[1]:], encoding="utf-8")
+        drift = tables.check((copy,))
+        assert len(drift) == 1 and figure.spec in drift[0], (source, drift)
+        tables.update((copy,))
+        assert copy.read_text(encoding="utf-8") == text
+
+
 def test_changed_results_without_rewritten_tables_are_caught(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    shutil.copytree(tables.RESULTS, results)
-    monkeypatch.setattr(tables, "RESULTS", results)
+    shutil.copytree(tables.HERE / "results", results)
     recorded = json.loads((results / "recorded.json").read_text(encoding="utf-8"))
     recorded["runs"][0]["tables"][0]["rows"][0][1] = "999,999"
     (results / "recorded.json").write_text(json.dumps(recorded), encoding="utf-8")
     first = recorded["runs"][0]["benchmark"]
-    drift = tables.check(tables.DOCUMENTS)
+    drift = tables.check(tables.DOCUMENTS, provenance.Results(results))
     assert drift and all(first in line for line in drift)
+
+
+def test_a_marker_naming_what_does_not_exist_is_refused(tmp_path):
+    page = tmp_path / "page.md"
+    for spec, why in (("nothing.json cpu_path 0", "does not exist"), ("read.json no_such_benchmark 0", "registry"),
+                      ("read.json gpu_check 0", "device suite"), ("recorded.json cpu_path@1999-01-01 0", "no run")):
+        page.write_text(f"<!-- results: {spec} -->\n<!-- /results -->\n", encoding="utf-8")
+        (problem,) = tables.check((page,))
+        assert why in problem
+        with pytest.raises(provenance.Broken, match=why):
+            tables.update((page,))
 
 
 def test_every_runner_is_registered_in_a_known_suite():

@@ -383,16 +383,30 @@ def test_bench_cli_baseline_options_need_a_baseline(capsys, tiny):
 
 
 def test_the_benchmarks_readme_sample_has_the_layout_fastdata_bench_prints():
-    """benchmarks/README.md shows a sample of `fastdata bench`'s output: its first lines (baseline, header,
-    rule) and its rows' columns are what `format_table` prints for the same loaders today."""
-    text = (Path(__file__).resolve().parents[2] / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    """benchmarks/README.md shows what `fastdata bench` printed on the demo sample: an output block written from the
+    harness's run of benchmarks/bench_sample.py (never typed by hand), which runs the very command the text names;
+    once measured, its header and rows have the columns `format_table` prints for the same loaders today."""
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(benchmarks))
+    from bench_sample import bench_command
+
+    text = (benchmarks / "README.md").read_text(encoding="utf-8")
     section = text[text.index("### `fastdata bench` on the demo sample"):]
-    assert "sample" in section[:300].lower()
+    section = section[:section.index("\n### ")]
+    assert "<!-- output: read.json bench_sample 0 -->" in section
+    command = " ".join(bench_command(2, 128, 3)[:-2])  # as the text names it, less --repeats (bench's default)
+    assert command in " ".join(section.split()).replace("` `", " ")
+    if "```\n" not in section:  # not measured yet: the block says so, and names the command that measures it
+        assert "Not measured yet" in section
+        return
     sample = section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)].splitlines()
     names = ["torchvision ImageFolder", "fastdata (lmdb)", "synthetic upper bound"]
     results = [LoaderResult(name, [RunResult(name, 100, 1.0, 0.5, 1000.0, 0.5)]) for name in names]
     printed = format_table(results, data_wait=True).splitlines()
-    assert sample[:3] == printed[:3]
-    for line, name in zip(sample[3:6], names, strict=True):
+    header = next(i for i, line in enumerate(sample) if line.startswith("loader "))
+    assert sample[header:header + 2] == printed[1:3]
+    for line, name in zip(sample[header + 2:header + 5], names, strict=True):
         assert re.fullmatch(re.escape(name) + r" +[\d,]+ +[\d.]+ +[\d.]+ +\d+ +\d+% +[\d.]+x", line), line
         assert len(line) == len(printed[3])

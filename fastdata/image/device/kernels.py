@@ -1,5 +1,6 @@
-"""The device path's one batched crop-resize-flip: every image of a batch, whatever its size, in a fixed number of
-kernel launches that never depends on how many images the batch holds (nor on its shrink factors).
+"""The device path's one batched crop-resize-flip: every image of a batch, whatever its size, in one batched pass,
+no kernel per image: the resampling's launches depend neither on how many images the batch holds nor on their
+shrink factors; only gathering the decoded images into one buffer (`torch.cat`) launches more as the batch grows.
 
 Resampling is torchvision's `resized_crop(..., antialias=True)` (Pillow's bilinear filter: a triangle whose radius
 is the shrink factor, so downscaling averages every pixel under the output pixel; plain bilinear when enlarging),
