@@ -15,7 +15,7 @@ warm-up epoch (so the timed window holds an epoch boundary), contenders alternat
   num_workers=4 (and, for ResNet-50, 2);
 - with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and decode="device"
   (whose `backends="auto"` takes the GPU's hardware JPEG engines alone where they pass its probe:
-  fastdata.image.device.choice) over the photos converted with
+  fastdata.image.device.auto) over the photos converted with
   `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
   take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs), and
   over `--jpeg-layout restart --non-jpeg jpeg` (the workers ship each crop's sub-JPEG: the engines decode only the
@@ -249,7 +249,7 @@ def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
     dataset (`backends="auto"`): every JPEG of the dataset (whole files, as the loader ships them by default), 256
     per batched call."""
     from fastdata.formats.manifest import read_manifest
-    from fastdata.image.device.choice import baseline_only, device_decoder
+    from fastdata.image.device.auto import baseline_only, device_decoder
     from fastdata.image.device.decoders import decode_now
     from fastdata.image.device.options import DeviceDecode
 

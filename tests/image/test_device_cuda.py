@@ -86,7 +86,7 @@ def test_damaged_jpegs_on_the_gpu_follow_on_error(photos, decoder):
     victim = next(s for s in samples if s.codec == 0)
     victim.data = victim.data[:victim.data.index(b"\xff\xda") + 30]  # truncated: the worker's decoder reports it
     packed = pack_encoded(ds.pipeline, samples, 0, on_error="skip")
-    from fastdata.image.device.decoders import make_decoder
+    from fastdata.image.device.auto import make_decoder
 
     stage = DeviceStage("cuda", 32, "photos", decoder=make_decoder(torch.device("cuda"), DeviceDecode(decoder=decoder)),
                         on_error="skip")

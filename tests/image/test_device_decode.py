@@ -14,7 +14,7 @@ import torch
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
 from fastdata.image.device.decoders import TorchvisionDecoder
-from fastdata.image.device.policy import MAX_CONSECUTIVE_DEVICE_ERRORS
+from fastdata.image.device.failures import MAX_CONSECUTIVE_DEVICE_ERRORS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD
@@ -259,7 +259,8 @@ def test_a_batched_call_that_fails_while_every_sample_decodes_alone_is_one_devic
     _, packed = val_photos
     fail = FailingDecoder(RuntimeError("nvjpeg status 6"), lambda streams: len(streams) > 1)
     stage = device_stage(fail)
-    with pytest.warns(RuntimeWarning, match="failed on the batched call on the 5 JPEGs of a batch.*one at a time"):
+    with pytest.warns(RuntimeWarning, match="failed: the batched call on the 5 JPEGs of a batch raised although "
+                                            "each then decoded alone.*one at a time"):
         made = stage(packed)
     assert stage.policy.errors == 1 and fail.calls == [5, 1, 1, 1, 1, 1]
     assert torch.equal(made.images, device_stage()(packed).images)  # all decoded on the device, one at a time
@@ -368,13 +369,49 @@ def test_device_errors_through_the_loader(photos):
     fail = FailingDecoder(RuntimeError("nvjpeg status 5"), lambda streams: len(streams) > 1)
     loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=2, shuffle=False,
                              decode="device", device="cpu")
-    loader._stage.decoder = fail  # the feeder makes a decoder only when none is set
+    loader._device.stage.decoder = fail  # the feeder makes a decoder only when none is set
     seen = 0
     with pytest.warns(RuntimeWarning, match="nvjpeg status 5"), pytest.raises(DeviceDecodeError, match="in a row"):
         for _, labels in loader:
             seen += len(labels)
     assert seen == 16  # two batches, then the third raised
     assert loader.device_errors == 3
+
+
+@pytest.mark.parametrize("how", ["raises", "returns nothing"])
+def test_a_decoder_that_fails_every_call_is_a_device_error_not_a_silent_cpu_path(val_photos, how):
+    """A broken decoder (every call raises, or it decodes nothing of any batch) while the CPU decodes the bytes:
+    each batch is a device error, said once, and the third in a row raises DeviceDecodeError; nothing is blamed on
+    the bytes (no "rejected" warning). The batches before it are whole (decoded on the CPU)."""
+    _, packed = val_photos
+    if how == "raises":
+        broken = FailingDecoder(RuntimeError("CUDA error: unspecified launch failure"))
+    else:
+        broken = FailingDecoder(rejects=lambda stream: True)
+    stage = device_stage(broken)
+    healthy = device_stage()(packed)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(MAX_CONSECUTIVE_DEVICE_ERRORS - 1):
+            made = stage(packed)
+            assert torch.equal(made.images, healthy.images) and torch.equal(made.labels, healthy.labels)
+        with pytest.raises(DeviceDecodeError, match=f"{MAX_CONSECUTIVE_DEVICE_ERRORS} batches in a row"):
+            stage(packed)
+    messages = device_warnings(record)
+    assert len(messages) == 1 and "device errors" in messages[0].lower() and "none of the 5 JPEGs" in messages[0]
+    assert stage.policy.errors == MAX_CONSECUTIVE_DEVICE_ERRORS and stage.policy.rejected == 0
+
+
+def test_a_broken_decoder_stops_the_loader_with_device_decode_error(photos):
+    """The same through a loader: a decoder raising on every call stops it at the third batch."""
+    loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=0, shuffle=False,
+                             decode="device", device="cpu")
+    loader._device.stage.decoder = FailingDecoder(RuntimeError("nvjpeg status 7"))
+    seen = 0
+    with pytest.warns(RuntimeWarning, match="nvjpeg status 7"), pytest.raises(DeviceDecodeError, match="in a row"):
+        for _, labels in loader:
+            seen += len(labels)
+    assert seen == 16 and loader.device_errors == 3 and loader.device_rejected == 0
 
 
 def test_device_path_options_are_checked(photos):

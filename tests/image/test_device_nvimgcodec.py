@@ -12,10 +12,9 @@ import torch
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.image.device.choice import baseline_only, device_decoder
-from fastdata.image.device.decoders import TorchvisionDecoder, decode_now, make_decoder
+from fastdata.image.device.auto import ENGINE_PROBE_KINDS, baseline_only, device_decoder, make_decoder
+from fastdata.image.device.decoders import TorchvisionDecoder, decode_now
 from fastdata.image.device.options import DeviceDecode
-from fastdata.image.device.probes import ENGINE_PROBE_KINDS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from tests.image import nvimgcodec_standin

@@ -11,8 +11,8 @@ separable, so each crop is resized by two matrix products, `rows @ crop @ column
    a padded [n, height, C * width] block (rows past a crop's height repeat its last row; columns past its width
    hold the next pixels of the buffer);
 3. two batched matrix products with dense weight matrices ([n, out_h, height] and [n, out_w, width], Pillow's
-   weights evaluated at every pixel; a flip mirrors the columns' matrix) resize every crop at once; the padding
-   gets weight 0.
+   weights evaluated at every pixel, each written in three passes: `_axis_weights`; a flip mirrors the columns'
+   matrix) resize every crop at once; the padding gets weight 0.
 
 Compared with gathering each output row's taps and summing them (the kernel before it, kept as the baseline of
 benchmarks/resize_kernel.py), this moves far fewer bytes: each source pixel is read once, not once per tap, and the
@@ -25,6 +25,7 @@ queues on the current stream and never waits).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,25 +56,51 @@ def cover(boxes: np.ndarray, shapes: np.ndarray) -> np.ndarray:
     return np.stack([x0, y0, x1, y1], axis=1).astype(np.int64)
 
 
+#: Where a padding pixel's scaled coordinate is put: so far from every centre that its weight is 0
+_FAR = 1e9
+
+
+def taps(lengths: np.ndarray, out: int) -> int:
+    """Pixels a triangle of radius max(length / out, 1) can cover, for the batch's largest (host arrays: known
+    without asking the device), with a margin for rounding."""
+    radius = max(float(lengths.max()) / out, 1.0) if len(lengths) else 1.0
+    return 2 * math.ceil(radius) + 2
+
+
 def _axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: int,
-                  extent: int, flip: torch.Tensor | None = None) -> torch.Tensor:
-    """The dense resampling matrix along one axis, float32 [n, out, extent]: output pixel i of image b samples the
+                  extent: int, dtype: torch.dtype, taps: int, flip: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense resampling matrix along one axis, `dtype` [n, out, extent]: output pixel i of image b samples the
     box [start, start + length) at centre start + (i + 0.5) * scale (mirrored when `flip`) with a triangle of radius
-    max(scale, 1) (Pillow's bilinear filter, antialiased when shrinking), over the covering pixels [lo, hi) only,
-    numbered from lo (columns past hi - lo: padding, weight 0); each row of weights sums to 1. Evaluated at every
-    pixel rather than scattered from a list of taps (no scatter: deterministic on CUDA); the coordinates are taken
-    relative to `lo` in float64 before float32, so that large images keep their sub-pixel precision."""
+    r = max(scale, 1) (Pillow's bilinear filter, antialiased when shrinking), over the covering pixels [lo, hi)
+    only, numbered from lo (columns past hi - lo: padding, weight 0); each row of weights sums to 1. Evaluated at
+    every pixel rather than scattered from a list of taps (no scatter: deterministic on CUDA).
+
+    The dense matrix is written in three passes: one fused |p - c| / r (`torch.cdist` of the pixels' and the
+    centres' coordinates, both divided by r beforehand, the padding's put `_FAR` away), one clamp at 1, and one
+    fused (1 - d) / sum, cast to `dtype` as it is written (`torch.addcmul` into the output). Everything else runs on
+    [n, out], [n, extent] or [n, out, taps] tensors: each row's sum comes from the `taps` pixels around its centre,
+    with the same float32 arithmetic. Coordinates are taken relative to `lo` and divided in float64 before
+    float32, so that large images keep their sub-pixel precision."""
     device = start.device
-    scale = (length / out)[:, None]  # [n, 1]
+    scale = length / out  # [n] float64
+    inverse_radius = 1 / scale.clamp(min=1.0)  # [n]
     i = torch.arange(out, device=device, dtype=torch.float64)[None, :]  # [1, out]
     if flip is not None:
         i = torch.where(flip[:, None], out - 1 - i, i)
-    centre = (start[:, None] - lo[:, None] + (i + 0.5) * scale).float()  # [n, out], from lo
-    radius = scale.clamp(min=1.0).float()
-    pixel = torch.arange(extent, device=device, dtype=torch.float32) + 0.5  # pixel centres, from lo
-    weight = (pixel[None, None, :] - centre[:, :, None]).abs_().div_(radius[:, :, None]).neg_().add_(1).clamp_(min=0)
-    weight.mul_((pixel[None, :] < (hi - lo).float()[:, None])[:, None, :])
-    return weight.div_(weight.sum(-1, keepdim=True).clamp_(min=1e-12))
+    centre = start[:, None] - lo[:, None] + (i + 0.5) * scale[:, None]  # [n, out], from lo
+    valid = (hi - lo)[:, None]  # [n, 1]: the covering pixels; past them, padding
+    centres = (centre * inverse_radius[:, None]).float()  # [n, out]
+    pixel = torch.arange(extent, device=device, dtype=torch.float64)[None, :] + 0.5  # pixel centres, from lo
+    pixels = torch.where(pixel < valid, pixel * inverse_radius[:, None], _FAR).float()  # [n, extent]
+    first = torch.floor(centre - 1 / inverse_radius[:, None] - 0.5) + 1  # [n, out]: the first pixel it covers
+    tap = first[:, :, None] + torch.arange(taps, device=device, dtype=torch.float64)  # [n, out, taps]
+    tapped = torch.where((tap >= 0) & (tap < valid[:, :, None]), (tap + 0.5) * inverse_radius[:, None, None],
+                         _FAR).float()
+    inverse = (1 - (tapped - centres[:, :, None]).abs()).clamp_(min=0).sum(-1, keepdim=True).clamp_(min=1e-12)
+    inverse = inverse.reciprocal_()  # [n, out, 1]: 1 / each row's sum
+    distance = torch.cdist(centres[:, :, None], pixels[:, :, None], p=1)  # [n, out, extent]: |p - c| / r
+    weights = torch.empty(distance.shape, dtype=dtype, device=device)
+    return torch.addcmul(inverse, distance.clamp_(max=1), inverse, value=-1, out=weights)  # (1 - d) / sum
 
 
 MAX_BLOCK_BYTES = 1 << 30  # the padded crops of one pass at most (step 2 of the module's docstring)
@@ -140,8 +167,8 @@ def _resize(images: list[torch.Tensor], crops: CropBatch, covered: np.ndarray, s
               + source_rows[:, :, None] * image_w[:, None, None] + x0[:, None, None]).long()  # [n, height, C]
     block = windows.index_select(0, starts.reshape(-1)).view(n, height, channels * width).to(dtype)
 
-    vertical = _axis_weights(top, box_h, y0, y1, out_h, height).to(dtype)  # [n, out_h, height]
-    horizontal = _axis_weights(left, box_w, x0, x1, out_w, width, flips).to(dtype)  # [n, out_w, width]
+    vertical = _axis_weights(top, box_h, y0, y1, out_h, height, dtype, taps(crops.boxes[:, 3], out_h))
+    horizontal = _axis_weights(left, box_w, x0, x1, out_w, width, dtype, taps(crops.boxes[:, 2], out_w), flips)
     resized_rows = torch.bmm(vertical, block).view(n, out_h * channels, width)  # [n, out_h, C * width]
     out = torch.bmm(resized_rows, horizontal.transpose(1, 2))  # [n, out_h * C, out_w]
     return out.view(n, out_h, channels, out_w).permute(0, 2, 1, 3).float()
