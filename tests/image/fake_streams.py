@@ -31,11 +31,17 @@ class Node:
     reads: frozenset[int] = frozenset()  # storages (data pointers) the work reads
     ran: bool = False
 
+    def __repr__(self) -> str:
+        return f"<{self.label} #{self.number} on {self.stream.name}>"
+
 
 @dataclass(eq=False)
 class FakeStream:
     name: str
     nodes: list[Node] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"<stream {self.name}: {len(self.nodes)} nodes>"
 
     @property
     def last(self) -> Node | None:
@@ -62,6 +68,7 @@ class FakeStreams:
         self._local = threading.local()
         self._lock = threading.RLock()
         self._shared: FakeStream | None = None
+        self._pending: list[Node] = []  # nodes not run yet, in the order they were queued
 
     # the interface of fastdata.image.device.streams
     def new_stream(self) -> FakeStream:
@@ -111,15 +118,21 @@ class FakeStreams:
             node = Node(len(self.nodes), stream, label, before + [d for d in deps if d is not None], gate, reads)
             stream.nodes.append(node)
             self.nodes.append(node)
+            self._pending.append(node)
             return node
 
     def ran(self, node: Node) -> bool:
         """Whether `node` has run: every node it depends on has, and its gate is open (nodes are numbered in the
         order they were queued, which is an order every dependency respects)."""
         with self._lock:
-            for other in self.nodes[:node.number + 1]:
+            if node.ran:
+                return True
+            still = []
+            for other in self._pending:
+                other.ran = (other.gate is None or other.gate.is_set()) and all(d.ran for d in other.deps)
                 if not other.ran:
-                    other.ran = (other.gate is None or other.gate.is_set()) and all(d.ran for d in other.deps)
+                    still.append(other)
+            self._pending = still
             return node.ran
 
     @staticmethod

@@ -68,8 +68,8 @@ class DevicePath:
         feeder when it is collected."""
         feeder = self._feeder
         if feeder is None or not feeder.offers(key):
-            last_write = feeder.last_write if feeder is not None else None
             self.close()
+            last_write = feeder.last_write if feeder is not None else None  # its threads have ended
             if self._ring is None:
                 stage, rows = self.stage, self.batch_size  # (the ring must not hold the loader)
                 self._ring = SlotRing(self.options.slots, lambda: stage.new_output(rows), stage.device, self.streams)
