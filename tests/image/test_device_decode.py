@@ -426,6 +426,32 @@ def test_device_path_options_are_checked(photos):
     assert fastdata.loader(photos[0], device="cpu").decode == "worker"  # "auto" without a measurement: workers
 
 
+def test_the_device_path_without_a_device_goes_to_the_gpu_or_is_refused_in_one_line(photos, monkeypatch):
+    """decode="device" without device=: the GPU where torch sees one; on a machine without one, one ConfigError at
+    construction (never the GPU path silently run on the CPU); device="cpu" asks for the CPU explicitly."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"decode='device' without device=: no CUDA GPU here .*device='cpu'") as no:
+        fastdata.loader(photos[0], decode="device")
+    assert "\n" not in str(no.value)
+    assert fastdata.loader(photos[0], decode="device", device="cpu").device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    loader = fastdata.loader(photos[0], decode="device", num_workers=0)  # made, not iterated: no CUDA call yet
+    assert loader.device == torch.device("cuda") and loader.decode == "device"
+
+
+@pytest.mark.parametrize("decode", ["device", "worker"])
+def test_a_cuda_device_that_is_not_there_is_refused_at_construction_naming_what_is(photos, monkeypatch, decode):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ConfigError, match=rf"device='{device}': no CUDA GPU here .*devices available: 'cpu'"):
+            fastdata.loader(photos[0], decode=decode, device=device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"device='cuda:2': this machine has 2 CUDA GPUs: cuda:0, cuda:1"):
+        fastdata.loader(photos[0], decode=decode, device="cuda:2")
+
+
 def test_device_path_with_worker_processes(photos):
     loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=2, decode="device", device="cpu")
     assert sum(len(labels) for _, labels in loader) == 24

@@ -11,8 +11,8 @@ separable, so each crop is resized by two matrix products, `rows @ crop @ column
    a padded [n, height, C * width] block (rows past a crop's height repeat its last row; columns past its width
    hold the next pixels of the buffer);
 3. two batched matrix products with dense weight matrices ([n, out_h, height] and [n, out_w, width], Pillow's
-   weights evaluated at every pixel, each written in three passes: `_axis_weights`; a flip mirrors the columns'
-   matrix) resize every crop at once; the padding gets weight 0.
+   weights evaluated at every pixel, each written in one fused pass on CUDA: `_axis_weights`; a flip mirrors the
+   columns' matrix) resize every crop at once; the padding gets weight 0.
 
 Compared with gathering each output row's taps and summing them (the kernel before it, kept as the baseline of
 benchmarks/resize_kernel.py), this moves far fewer bytes: each source pixel is read once, not once per tap, and the
@@ -25,8 +25,11 @@ queues on the current stream and never waits).
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,12 +78,11 @@ def _axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, h
     only, numbered from lo (columns past hi - lo: padding, weight 0); each row of weights sums to 1. Evaluated at
     every pixel rather than scattered from a list of taps (no scatter: deterministic on CUDA).
 
-    The dense matrix is written in three passes: one fused |p - c| / r (`torch.cdist` of the pixels' and the
-    centres' coordinates, both divided by r beforehand, the padding's put `_FAR` away), one clamp at 1, and one
-    fused (1 - d) / sum, cast to `dtype` as it is written (`torch.addcmul` into the output). Everything else runs on
-    [n, out], [n, extent] or [n, out, taps] tensors: each row's sum comes from the `taps` pixels around its centre,
-    with the same float32 arithmetic. Coordinates are taken relative to `lo` and divided in float64 before
-    float32, so that large images keep their sub-pixel precision."""
+    The pixels' and the centres' coordinates are divided by r beforehand (the padding's put `_FAR` away), and each
+    row's sum comes from the `taps` pixels around its centre, on small [n, out], [n, extent] and [n, out, taps]
+    tensors; the dense matrix is then written in one fused pass, max(0, 1 - |p - c|) / sum (`_dense`), and cast to
+    `dtype`. Coordinates are taken relative to `lo` and divided in float64 before float32, so that large images
+    keep their sub-pixel precision."""
     device = start.device
     scale = length / out  # [n] float64
     inverse_radius = 1 / scale.clamp(min=1.0)  # [n]
@@ -97,10 +99,48 @@ def _axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, h
     tapped = torch.where((tap >= 0) & (tap < valid[:, :, None]), (tap + 0.5) * inverse_radius[:, None, None],
                          _FAR).float()
     inverse = (1 - (tapped - centres[:, :, None]).abs()).clamp_(min=0).sum(-1, keepdim=True).clamp_(min=1e-12)
-    inverse = inverse.reciprocal_()  # [n, out, 1]: 1 / each row's sum
-    distance = torch.cdist(centres[:, :, None], pixels[:, :, None], p=1)  # [n, out, extent]: |p - c| / r
-    weights = torch.empty(distance.shape, dtype=dtype, device=device)
+    return _dense(pixels, centres, inverse.reciprocal_(), dtype)
+
+
+def _dense(pixels: torch.Tensor, centres: torch.Tensor, inverse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[n, out, extent] `dtype`: max(0, 1 - |pixels[b, p] - centres[b, o]|) * inverse[b, o]. On CUDA one fused
+    kernel (`_fused_weights`) then the cast; elsewhere (or where that kernel cannot be compiled) three passes: one
+    fused |p - c| (`torch.cdist` on the CPU; a subtraction and an abs on CUDA), a clamp, and one fused scale-and-cast
+    (`torch.addcmul` into the output)."""
+    if pixels.device.type == "cuda":
+        fused = _fused_weights()
+        if fused is not None:
+            return fused(pixels[:, None, :], centres[:, :, None], inverse).to(dtype)
+        distance = torch.sub(pixels[:, None, :], centres[:, :, None]).abs_()
+    else:
+        distance = torch.cdist(centres[:, :, None], pixels[:, :, None], p=1)  # [n, out, extent]
+    weights = torch.empty(distance.shape, dtype=dtype, device=distance.device)
     return torch.addcmul(inverse, distance.clamp_(max=1), inverse, value=-1, out=weights)  # (1 - d) / sum
+
+
+_WEIGHTS_KERNEL = """
+template <typename T> T resize_weight(T pixel, T centre, T inverse) {
+    T distance = pixel > centre ? pixel - centre : centre - pixel;
+    return distance < T(1) ? (T(1) - distance) * inverse : T(0);
+}
+"""
+
+
+@functools.cache
+def _fused_weights() -> Any:
+    """The weights' one fused CUDA kernel (torch's jiterator, compiled on first use), or None where it cannot be
+    made (said once: the weights then take a few more passes)."""
+    try:
+        from torch.cuda import jiterator
+
+        fused = jiterator._create_jit_fn(_WEIGHTS_KERNEL)
+        one = torch.ones(1, device="cuda")
+        fused(one, one, one)  # compiled here, on first use
+        return fused
+    except Exception as exc:  # no NVRTC in this install, say
+        warnings.warn(f"fastdata: the device path's resize weights are built without their fused kernel ({exc}); "
+                      "a few more passes over them", RuntimeWarning, stacklevel=2)
+        return None
 
 
 MAX_BLOCK_BYTES = 1 << 30  # the padded crops of one pass at most (step 2 of the module's docstring)
