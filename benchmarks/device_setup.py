@@ -21,7 +21,7 @@ SITE = Path("/tmp/fastdata-device-site")
 #: Seconds the set-up may take in all (installing the wheels, building the extension): part of the device suite's
 #: budget (registry.DEVICE_SUITE_S). Each step is stopped at its share; a step stopped is said, and the suite goes on.
 SETUP_TIMEOUT = 60
-INSTALL_TIMEOUT, BUILD_TIMEOUT, CHECK_TIMEOUT = 20, 20, 10  # the check runs twice: 60 in all
+INSTALL_TIMEOUT, BUILD_TIMEOUT, CHECK_TIMEOUT = 15, 20, 12  # the check runs twice: 59 in all
 assert INSTALL_TIMEOUT + BUILD_TIMEOUT + 2 * CHECK_TIMEOUT <= SETUP_TIMEOUT
 
 
