@@ -155,6 +155,49 @@ def corrupt_record(path, index: int) -> str:
     return fastdata.dataset(path).reader.key(index)
 
 
+def test_the_workers_keep_progressive_jpegs_from_a_decoder_of_the_jpeg_engines_alone(tricky_lmdb):
+    """DeviceDecode(backends=("hardware",)): the engines refuse progressive files, so the workers keep them (decoded
+    there, as with progressive="workers") rather than ship them to be refused and decoded in the main process."""
+    from fastdata.image.jpeg.header import progressive
+
+    loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(backends=("hardware",)), device="cpu",
+                             batch_size=9, augment="val", image_size=16, num_workers=0)
+    assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.ship_progressive is True
+    ds = loader.dataset
+    samples = [ds.encoded(i) for i in range(len(ds))]
+    rows = [i for i, sample in enumerate(samples) if progressive(sample.data)]
+    packed = pack_encoded(ds.pipeline, samples, 0)  # as the loader's workers pack them
+    assert rows and packed.worker_decoded[rows].all()
+    assert sum(len(labels) for _, labels in loader) == len(ds) and loader.device_rejected == 0
+    loader.close_feeder()
+
+
+def test_refused_jpegs_are_decoded_on_the_cpu_pool_never_on_the_resize_thread(photos, monkeypatch):
+    """Through the feeder: the bytes the device decoder refuses are decoded on the CPU threads beside it, so the
+    resize thread (which feeds the training step) never spends a CPU decode's milliseconds."""
+    import threading
+
+    import fastdata.image.device.stage as stage_module
+
+    threads = []
+    real = stage_module.decode_rgb
+
+    def decode_rgb(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stage_module, "decode_rgb", decode_rgb)
+    loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=0, decode="device", device="cpu")
+    jpegs, _ = jpeg_and_other_rows(photos[0])
+    refused = {loader.dataset.encoded(i).data for i in jpegs[:3]}
+    loader._device.stage.decoder = FailingDecoder(rejects=lambda stream: stream in refused)
+    with pytest.warns(RuntimeWarning, match="could not decode sample"):
+        assert sum(len(labels) for _, labels in loader) == len(loader.dataset)
+    loader.close_feeder()
+    assert threads and all(name.startswith("fastdata-device-cpu") for name in threads), threads
+    assert len(threads) >= loader.device_rejected >= len(refused) and loader.device_errors == 0
+
+
 def test_corrupt_sample_follows_on_error(photos, tmp_path):
     import shutil
 

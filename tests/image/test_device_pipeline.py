@@ -169,14 +169,7 @@ class Guard:
 
 @pytest.fixture
 def library(monkeypatch):
-    import sys
-    import types
-
-    nvidia = sys.modules.get("nvidia") or types.ModuleType("nvidia")
-    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
-    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", nvimgcodec_standin)
-    monkeypatch.setattr(nvidia, "nvimgcodec", nvimgcodec_standin, raising=False)
-    nvimgcodec_standin.Decoder.created.clear()
+    nvimgcodec_standin.install(monkeypatch)
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
 
     return NvImageCodecDecoder(torch.device("cpu"), DeviceDecode())

@@ -151,13 +151,7 @@ def test_with_the_training_stream_held_back_no_decode_overwrites_a_buffer_before
     the slots' reuse waits for it, so every crop after the sixth is still queued, and the decoder (nvImageCodec
     behind the stand-in library) gets buffers back only once the crop that read them has run: it reuses those of
     the first six batches, and no other."""
-    import sys
-    import types
-
-    nvidia = sys.modules.get("nvidia") or types.ModuleType("nvidia")
-    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
-    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", nvimgcodec_standin)
-    monkeypatch.setattr(nvidia, "nvimgcodec", nvimgcodec_standin, raising=False)
+    nvimgcodec_standin.install(monkeypatch)
     monkeypatch.setattr(nvimgcodec_standin, "Decoder", ReusingLibrary)
     ReusingLibrary.reuses = 0
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
