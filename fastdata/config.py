@@ -29,6 +29,12 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     return int(value)
 
 
+def check_epoch(value: Any) -> int:
+    """An epoch given to `set_epoch`: a non-negative int (numpy integers taken), else ConfigError saying so (a
+    string, a float or a bool is refused, not converted: `set_epoch(1.5)` must not quietly run epoch 1)."""
+    return check_int("epoch", value, minimum=0)
+
+
 AUTO = "auto"  # num_workers / prefetch_factor: the stored `fastdata tune` result (fastdata.loader.tuning)
 
 
@@ -135,7 +141,7 @@ class LoaderOptions:
 _LOADER_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "batch_size": lambda name, v: check_int(name, v, minimum=1),
     "shuffle": check_bool,
-    "seed": check_int,
+    "seed": lambda name, v: check_int(name, v, minimum=0),
     "drop_last": check_bool,
     "num_workers": lambda name, v: check_int(name, v, minimum=0),
     "pin_memory": check_bool,

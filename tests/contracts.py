@@ -124,3 +124,38 @@ def check_checkpoint_loop(make_loader: MakeLoader, workers: int) -> None:
             resumed, _ = training_loop(fresh, 3, every, restore=(epoch, state))
             assert same(resumed, reference[count:]), \
                 f"resumed from the checkpoint after {count} batches (epoch {epoch}): the run differs"
+
+
+def prefetching_loop(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1,
+                     restore: dict | None = None):
+    """nanoGPT's loop: batches are taken `ahead` steps before they are trained on (`X, Y = get_batch()` before
+    the step; `ahead` > 1: a prefetcher that keeps more in flight), passes follow one another across epochs, and
+    every `every` steps it checkpoints `state_dict(pending=ahead)`, the batches in hand not trained on yet.
+    Returns the batches it trained on and its checkpoints as (state, batches trained so far)."""
+    loader = make_loader()
+    if restore is not None:
+        loader.load_state_dict(restore)
+
+    def passes():
+        while True:
+            yield from loader  # each pass the next epoch
+
+    stream = passes()
+    in_hand = [clone(next(stream)) for _ in range(ahead)]
+    trained, checkpoints = [], []
+    for step in range(steps):
+        trained.append(in_hand.pop(0))
+        in_hand.append(clone(next(stream)))  # the next batch, taken before the checkpoint
+        if (step + 1) % every == 0:
+            checkpoints.append((json.loads(json.dumps(loader.state_dict(pending=ahead))), len(trained)))
+    return trained, checkpoints
+
+
+def check_prefetching_resume(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1) -> None:
+    """A prefetching loop resumed from each of its checkpoints trains on exactly the batches the uninterrupted
+    loop trained on after it: none lost, none repeated, across epoch ends too."""
+    reference, checkpoints = prefetching_loop(make_loader, steps, every, ahead)
+    assert len(reference) == steps and checkpoints
+    for state, count in checkpoints:
+        resumed, _ = prefetching_loop(make_loader, steps - count, every, ahead, restore=state)
+        assert same(resumed, reference[count:]), f"resumed from the checkpoint after {count} batches: the run differs"

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -59,6 +60,13 @@ class RemoteOptions:
     storage_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        """Checked when the object is made (one line naming the option that is wrong)."""
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ConfigError(f"cache_dir must be a folder (a str or os.PathLike), got {self.cache_dir!r} "
+                              f"({type(self.cache_dir).__name__})")
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise ConfigError(f"storage_options must be a dict of fsspec options, got {self.storage_options!r} "
+                              f"({type(self.storage_options).__name__})")
         if self.cache_max_bytes is not None:
             object.__setattr__(self, "cache_max_bytes", parse_size(self.cache_max_bytes))
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from fastdata.config import check_epoch
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import RECORD_TARGET_KINDS, Manifest
@@ -29,6 +30,7 @@ from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, sample_meta
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.epoch_clock import EpochClock
+from fastdata.image.output import OutputFormat
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
 from fastdata.image.stored_lists import StoredSamples, StoredTargets
 from fastdata.image.targets.codec import target_codec
@@ -71,6 +73,9 @@ class _ImageMetaMixin:
         self.on_error = on_error
         self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0
+        # what `ds[i]` (and iteration) gives its images as: uint8, or normalised floats when the loader's batches
+        # are (`loader.dataset`) or `fastdata.dataset(output=...)` asked for them
+        self.output = OutputFormat()
         self.clock: EpochClock | None = None  # a plain dataset's epochs (`count_epochs`); loaders pass their own
 
     def count_epochs(self) -> None:
@@ -81,6 +86,7 @@ class _ImageMetaMixin:
     def set_epoch(self, epoch: int) -> None:
         """Augment every sample for `epoch` (each sample's randomness from `(seed, epoch, sample)`), in every
         worker, persistent ones included, until it is called again."""
+        epoch = check_epoch(epoch)
         self.epoch = epoch
         if self.clock is not None:
             self.clock.set_epoch(epoch)
@@ -162,7 +168,7 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
             index += len(self)
         sample = self.encoded(index)
         epoch = self.clock.read(index) if self.clock is not None else self.epoch
-        image = self.pipeline.to_tensor(self.pipeline.process(sample, epoch))
+        image = self.output.convert(self.pipeline.to_tensor(self.pipeline.process(sample, epoch)))
         label = self._label(sample)
         if self.with_metadata:
             return image, label, self.metadata(index)
@@ -324,6 +330,6 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
                 continue
             label = self._label(sample)
             if self.with_metadata:
-                yield self.pipeline.to_tensor(image), label, dict(sample.metadata or {})
+                yield self.output.convert(self.pipeline.to_tensor(image)), label, dict(sample.metadata or {})
             else:
-                yield self.pipeline.to_tensor(image), label
+                yield self.output.convert(self.pipeline.to_tensor(image)), label

@@ -155,8 +155,11 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
     With `metadata=True` the metadata ride along (a third item, or `"metadata"`). Each new pass is the next epoch
     (reshuffled from (seed, epoch)); `set_epoch(e)` sets it explicitly. Batches are built whole inside the workers.
     Rank `rank` of `world_size` gets its own part of every epoch; `state_dict()` / `load_state_dict()` resume
-    exactly in the middle of an epoch; a skipped image's target goes with it. `close()` (or `with`) ends the worker
-    processes and the device path's feeder thread."""
+    exactly in the middle of an epoch (`state_dict(pending=n)` for a loop holding n batches not trained on yet);
+    a skipped image's target goes with it. As a DataLoader has them: `loader.dataset` (`len`: the whole dataset;
+    `dataset[i]`: sample i as the batches hold it, the loader's dtype and normalisation included, on the CPU) and
+    `loader.sampler` (`len`: this rank's samples per epoch). `close()` (or `with`) ends the worker processes and
+    the device path's feeder thread."""
 
     def __init__(self, data: LmdbImageDataset | WdsImageDataset, options: LoaderOptions,
                  image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
@@ -185,6 +188,7 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                               "to a transform's uint8 batches")
         if self.device is None:
             data.pipeline.output = output  # the workers make the floats, image by image
+        data.output = output  # loader.dataset[i] gives its image as the batches hold it (on the CPU)
         data.pipeline.ship_encoded = False
         self._device: DevicePath | None = None  # decode="device": fastdata.image.device
         if self.decode == "device":
@@ -288,6 +292,16 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         assert isinstance(self._batches, WdsBatches)
         return self._batches.num_batches()
 
+    def _sampling(self) -> tuple[int, bool, int, str]:
+        total = self._sampler.num_samples if self._sampler is not None else self.dataset.manifest.num_samples
+        return total, self.shuffle, self.seed, self.uneven
+
+    def _rank_order(self, epoch: int) -> np.ndarray:
+        if self._sampler is not None:
+            return self._sampler.rank_indices_for(epoch, 0)
+        assert isinstance(self._batches, WdsBatches)
+        return self._batches.planner.rank_order(epoch)
+
     def __iter__(self) -> Iterator[Any]:
         here = self._begin_pass()
         if here.complete:  # restored after the last batch of its epoch: nothing of it is left
@@ -309,7 +323,9 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                     yield from self._device_pass(key)
                 else:
                     yield from self._deliver(self._open_pass(key), key)
-        except (GeneratorExit, FastdataError):
+        except GeneratorExit:  # (alone: a generator finalised at interpreter exit may find the module's globals
+            raise              # already None, and `except (GeneratorExit, None)` would raise a TypeError)
+        except FastdataError:
             raise
         except BaseException as exc:
             message = str(exc)

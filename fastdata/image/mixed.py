@@ -1,8 +1,9 @@
 """A weighted mixture of image datasets read by index (LMDB, local WebDataset shards through `IndexedShards`)
 whose batches are alike (class labels, image-text pairs, detection or segmentation targets: `batch_structure`),
 read as one: the global index space is the sources one after the other (`fastdata.order.mixing` says which index
-each slot takes), and the label space is their union (identical class lists share ids; different ones get a block
-each, named "source/class").
+each slot takes), and the label space is their union (`class_space`: identical class lists share ids, the same
+names in another order are merged by name, lists with no name in common get a block each, named "source/class",
+and lists that share only some names are refused unless a rule is chosen).
 
 `MixedImageDataset` is map-style (`ds[i]`, `len`, `.classes`), so the loader's workers build batches from it as
 from one LMDB dataset; `MixedImageLoader` is `ImageLoader` over it with the mixing schedule as its sampler."""
@@ -10,6 +11,7 @@ from one LMDB dataset; `MixedImageLoader` is `ImageLoader` over it with the mixi
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +26,87 @@ from fastdata.image.loader import ImageLoader, ImageOptions
 from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
 
+#: How a mixture's label space is made from its datasets' class lists (`MixOptions(classes=...)`, docs/mixing.md)
+CLASS_RULES = ("auto", "by_name", "per_dataset")
 
-def class_union(names: list[str], class_lists: list[list[str]]) -> tuple[list[str], list[np.ndarray]]:
-    """The union label space and, per source, the map from its class ids to the union's: sources with identical
-    class lists share one block of ids; with several blocks, each block's names are prefixed with the name of
-    the first source that has it ("a/cat"), so that no two classes share a name."""
-    blocks: list[tuple[list[str], str]] = []
-    block_of: list[int] = []
-    for name, classes in zip(names, class_lists, strict=True):
-        found = next((b for b, (known, _) in enumerate(blocks) if known == classes), None)
-        if found is None:
-            blocks.append((list(classes), name))
-            found = len(blocks) - 1
-        block_of.append(found)
-    starts = np.cumsum([0] + [len(classes) for classes, _ in blocks])
-    union = blocks[0][0] if len(blocks) == 1 else [f"{owner}/{c}" for classes, owner in blocks for c in classes]
-    maps = [np.arange(len(class_lists[i]), dtype=np.int64) + starts[b] for i, b in enumerate(block_of)]
-    return union, maps
+
+@dataclass(frozen=True)
+class ClassSpace:
+    """A mixture's label space: `classes` (the union), per source `maps` (its class id -> the union's), and the
+    sources whose ids were `merged` by name into another's order (`(source, first source with those names)`:
+    the same names in another order), which the mixture says once."""
+
+    classes: list[str]
+    maps: list[np.ndarray]
+    merged: list[tuple[int, int]]
+
+
+def class_space(names: list[str], class_lists: list[list[str]], rule: str = "auto",
+                where: list[str] | None = None) -> ClassSpace:
+    """The union label space of sources named `names` with these class lists, by `rule` (CLASS_RULES):
+
+    - "auto": lists with the same names (in any order) form one group, one class per name in the order of the
+      group's first source (the others' ids remapped by name: `merged`); groups with no name in common get a
+      block of ids each, one after the other, their names prefixed with the group's first source ("a/cat") when
+      there are several; lists that share only some names are refused (ConfigError naming them and the rules
+      that decide): whether "cat" in one is "cat" in the other is the user's to say;
+    - "by_name": one class per distinct name, in the order first met; every source's ids mapped by name;
+    - "per_dataset": each distinct list (identical lists share) its own block, prefixed as above, even where
+      names coincide.
+    `where` names the sources in errors (default: `names`)."""
+    if rule not in CLASS_RULES:
+        raise ConfigError(f"classes must be one of {CLASS_RULES}, got {rule!r}")
+    where = where or names
+    if rule == "by_name":
+        union = list(dict.fromkeys(c for classes in class_lists for c in classes))
+        return ClassSpace(union, [_by_name(classes, union) for classes in class_lists], [])
+    group_of: list[int] = []  # per source, its group: the first source with the same names
+    for i, classes in enumerate(class_lists):
+        key = list(classes) if rule == "per_dataset" else set(classes)
+        first = next(j for j in range(i + 1) if (list(class_lists[j]) if rule == "per_dataset"
+                                                 else set(class_lists[j])) == key)
+        group_of.append(first)
+    heads = list(dict.fromkeys(group_of))
+    if rule == "auto":
+        _refuse_partial_overlap(heads, class_lists, where)
+    starts = dict(zip(heads, np.cumsum([0] + [len(class_lists[h]) for h in heads]).tolist(), strict=False))
+    union = list(class_lists[heads[0]]) if len(heads) == 1 else \
+        [f"{names[h]}/{c}" for h in heads for c in class_lists[h]]
+    maps = [_by_name(classes, list(class_lists[group_of[i]])) + starts[group_of[i]]
+            for i, classes in enumerate(class_lists)]
+    merged = [(i, group_of[i]) for i, classes in enumerate(class_lists)
+              if list(classes) != list(class_lists[group_of[i]])]
+    return ClassSpace(union, maps, merged)
+
+
+def _by_name(classes: list[str], order: list[str]) -> np.ndarray:
+    """Each of `classes`' ids -> the position of its name in `order`."""
+    position = {name: i for i, name in enumerate(order)}
+    return np.array([position[c] for c in classes], dtype=np.int64)
+
+
+def _refuse_partial_overlap(heads: list[int], class_lists: list[list[str]], where: list[str]) -> None:
+    for n, a in enumerate(heads):
+        for b in heads[n + 1:]:
+            shared = [c for c in class_lists[a] if c in set(class_lists[b])]
+            if shared:
+                only = sorted(set(class_lists[a]) ^ set(class_lists[b]))
+                listed = ", ".join(map(repr, shared[:3])) + (f" and {len(shared) - 3} more" if len(shared) > 3 else "")
+                raise ConfigError(
+                    f"cannot tell whether the classes of {where[a]} and {where[b]} are the same: they share "
+                    f"{len(shared)} class name{'s' * (len(shared) != 1)} ({listed}) but not {len(only)} others; "
+                    "pass mixing=MixOptions(classes='by_name') to make each shared name one class, or "
+                    "classes='per_dataset' to keep each dataset's classes apart")
+
+
+def merged_note(space: ClassSpace, where: list[str]) -> str | None:
+    """What a mixture says once when it merged reordered class lists by name (None: it did not)."""
+    if not space.merged:
+        return None
+    said = [f"{where[i]} has the classes of {where[first]} in another order (its ids remapped "
+            f"{dict(enumerate(space.maps[i].tolist()))})" for i, first in space.merged]
+    return ("; ".join(said) + ": merged by name into one label space of "
+            f"{len(space.classes)} classes (loader.class_maps has every dataset's map)")
 
 
 _KIND_WORDS = {"class": "class labels", "pairs": "image-text pairs", "detection": "detection targets",
@@ -103,8 +169,10 @@ class MixedImageDataset(LmdbImageDataset):
 
     def __init__(self, sources: list[LmdbImageDataset | IndexedShards], names: list[str], augment: Any = None,
                  image_size: Any = None, seed: int = 0, on_error: str = "raise", *, scale: Any = None,
-                 ratio: Any = None, masks: bool = False) -> None:
-        classes, self.label_maps = class_union(names, [data.classes for data in sources])
+                 ratio: Any = None, masks: bool = False, classes_rule: str = "auto") -> None:
+        self.class_space = class_space(names, [data.classes for data in sources], classes_rule,
+                                       [str(d.root) for d in sources])
+        classes, self.label_maps = self.class_space.classes, self.class_space.maps
         self.sources, self.names = sources, names
         self.offsets = np.concatenate([[0], np.cumsum([len(d) for d in sources])]).astype(np.int64)
         first = sources[0].manifest
@@ -117,6 +185,11 @@ class MixedImageDataset(LmdbImageDataset):
         root = Path("+".join(str(d.root) for d in sources))
         self._setup(root, manifest, augment, image_size, seed, on_error, False, scale, ratio, masks=masks)
         self.reader = _MixedKeys(self)  # type: ignore[assignment]  # what the loader's messages read: key(i)
+
+    @property
+    def class_maps(self) -> dict[str, list[int]]:
+        """Per source (by its name), the union's class id of each of its class ids."""
+        return {name: mapping.tolist() for name, mapping in zip(self.names, self.label_maps, strict=True)}
 
     def locate(self, index: int) -> tuple[int, int]:
         """(source, index in that source) of global index `index`."""
@@ -183,9 +256,16 @@ class MixedImageLoader(MixedResumable, ImageLoader):
                                     options.rank, options.world_size, options.uneven)
         super().__init__(data, options, image, sampler=sampler)
 
+    @property
+    def class_maps(self) -> dict[str, list[int]]:
+        """Per dataset (by its name), the mixture's class id (`loader.classes`) of each of its class ids."""
+        assert isinstance(self.dataset, MixedImageDataset)
+        return self.dataset.class_maps
+
     def _resume_config(self) -> dict[str, Any]:
         assert isinstance(self.dataset, MixedImageDataset)
-        return {**super()._resume_config(), **self._mix_config(self.dataset.names, self.dataset.fingerprints())}
+        return {**super()._resume_config(), **self._mix_config(self.dataset.names, self.dataset.fingerprints()),
+                "classes": list(self.dataset.classes)}
 
 
 def mixed_image_loader(data: MixedImageDataset, plan: MixPlan, options: LoaderOptions,

@@ -71,6 +71,13 @@ class OutputFormat:
             return None
         return f"{self.dtype}, mean={self.mean}, std={self.std}"
 
+    def convert(self, images: torch.Tensor) -> torch.Tensor:
+        """Images as this format gives them: uint8 ones normalised into a floating `dtype` (a transform's floating
+        output, normalised by the transform, only cast to it); unchanged when the format is uint8."""
+        if not self.floating:
+            return images
+        return self.normalise(images) if images.dtype == torch.uint8 else images.to(self.dtype)
+
     def normalise(self, images: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 images (..., 3, H, W) -> `dtype`, `(x - 255 mean) / (255 std)` computed in float32 (into `out`
         if given: a tensor of `dtype` and the same shape)."""

@@ -33,7 +33,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             image_size: int | tuple[int, int] | None = None, seed: int = 0, on_error: str = "raise",
             remote: RemoteOptions | None = None, rank: int | None = None, world_size: int | None = None,
             uneven: str = "pad", metadata: bool = False, max_length: int | None = None, masks: bool = False,
-            **keywords: Any) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+            output: Output | None = None, **keywords: Any) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
@@ -88,16 +88,20 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             captions truncated keeping the tokenizer's closing special tokens, shorter ones padded.
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
             (needs pycocotools).
+        output: images: a `fastdata.options.Output(dtype, mean, std)` with a floating dtype gives each image as
+            the loader's batches hold it, normalised `(x / 255 - mean) / std`, instead of uint8 (with
+            augment="train"/"val", whose images are uint8; a transform of your own normalises its own output).
         **keywords: the older spellings, still taken: `cache_dir`, `cache_max_bytes`, `storage_options` (the
-            fields of `remote`), and `scale`, `ratio` ("train": RandomResizedCrop's ranges of the crop's area and
-            aspect, as `fastdata.presets.RandomResizedCrop(size, scale, ratio)` sets them; detection and
-            segmentation: `scale` is the scale jitter's range, as `ScaleJitterCrop(size, scale_range)`).
+            fields of `remote`), the fields of `output` (`dtype`, `mean`, `std`), and `scale`, `ratio` ("train":
+            RandomResizedCrop's ranges of the crop's area and aspect, as `fastdata.presets.RandomResizedCrop(size,
+            scale, ratio)` sets them; detection and segmentation: `scale` is the scale jitter's range, as
+            `ScaleJitterCrop(size, scale_range)`).
     """
     if isinstance(path, (list, tuple)):
         raise ConfigError("fastdata.dataset opens one dataset; for a weighted mixture of several use "
                           "fastdata.mix(paths, weights=...) (docs/mixing.md)")
-    spelled = resolve_spelling("dataset", keywords, ("remote", "augment"), remote=remote, augment=augment,
-                               image_size=image_size)
+    spelled = resolve_spelling("dataset", keywords, ("remote", "augment", "output"), remote=remote, augment=augment,
+                               image_size=image_size, output=output)
     augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
@@ -111,6 +115,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
         if max_length is not None:
             raise ConfigError(f"{path}: max_length applies to fastdata.loader over text (padded rows) and to "
                               "image-text pairs; a text dataset's ds[i] is a whole document")
+    _sample_output(path, data, spelled.output)
     if isinstance(data, LmdbImageDataset | WdsImageDataset):
         data.count_epochs()  # in the user's own DataLoader, each pass draws new augmentations
     if isinstance(data, WdsImageDataset):
@@ -121,6 +126,25 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     return data
 
 
+def _sample_output(path: str | os.PathLike[str], data: Any, output: Output) -> None:
+    """`fastdata.dataset(output=...)`: the dataset's images in that dtype and normalisation, or a ConfigError
+    saying why the output does not apply."""
+    given = [f.name for f in dataclasses.fields(output) if getattr(output, f.name) not in (None, False)]
+    if not given:
+        return
+    if isinstance(data, TextDataset):
+        raise ConfigError(f"{', '.join(given)}: for image datasets only; {path} holds text")
+    if output.channels_last:
+        raise ConfigError("channels_last applies to batches on a device (fastdata.loader(..., device=)); "
+                          "fastdata.dataset gives one CPU image at a time")
+    made = ImageOptions(dtype=output.dtype, mean=output.mean, std=output.std).output_format()
+    if made.floating and data.pipeline.preset is None:
+        raise ConfigError(f"dtype={output.dtype} applies to augment='train'/'val'; with augment=None or a transform "
+                          "of your own the images are uint8 (a transform normalises its own output: A.Normalize, "
+                          "v2.Normalize)")
+    data.output = made
+
+
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
                   ratio: Any = None, metadata: bool = False, max_length: int | None = None, masks: bool = False,
@@ -128,7 +152,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
-    check_int("seed", seed)
+    check_int("seed", seed, minimum=0)
     if augment is not None and not isinstance(augment, str) and not callable(augment) \
             and not is_detection_preset(augment):
         raise ConfigError(f"augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
@@ -320,8 +344,9 @@ def loader(
             eos_token)`: packed blocks of `seq_len` tokens (default 1024), or with `packing=False` one document
             per row of at most `max_length` tokens (default 1024), optionally length-`bucketing`; `eos_token`
             overrides the conversion's end-of-text token. Image-text pairs: `max_length` tokens per caption.
-        masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in the batch's pixels
-            (decoded from their COCO RLE with pycocotools, mapped by nearest neighbour).
+        masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in its image's pixels (a
+            preset's canvas; with augment=None each image's stored size), decoded from their COCO RLE with
+            pycocotools (needed: refused here without it), mapped by nearest neighbour.
         metadata: image datasets: each batch also carries a list, one dict per sample in batch order, of its key
             (`"key"`) and its stored metadata (the source's other columns): `(images, labels, metadata)`,
             `(images, targets, metadata)` for detection, a `"metadata"` entry for image-text pairs.
@@ -329,10 +354,12 @@ def loader(
             `tune.json` inside the dataset's directory is read first).
         weights: with a list of paths (a mixture, docs/mixing.md): one number per dataset (None: equal); every
             batch holds each dataset's share, rounded; 0 leaves a dataset out.
-        mixing: a mixture's epoch, a `fastdata.options.MixOptions(samples_per_epoch, epoch_end, exhausted)`:
-            its length in samples, all ranks together (None: `epoch_end` decides); it ends when the "first"
-            (default) or the "last" dataset has given all its samples; a dataset that runs out before is
-            "cycle"d (reshuffled, restarted) or "stop"ped (left out, the other weights renormalised).
+        mixing: a mixture's epoch and labels, a `fastdata.options.MixOptions(samples_per_epoch, epoch_end,
+            exhausted, classes)`: its length in samples, all ranks together (None: `epoch_end` decides); it ends
+            when the "first" (default) or the "last" dataset has given all its samples; a dataset that runs out
+            before is "cycle"d (reshuffled, restarted) or "stop"ped (left out, the other weights renormalised);
+            `classes`: how the datasets' class lists make one label space ("auto", "by_name", "per_dataset":
+            docs/mixing.md).
         **keywords: the older spellings, still taken: the fields of `output` (`dtype`, `mean`, `std`,
             `channels_last`), `text` (`seq_len`, `packing`, `max_length`, `bucketing`, `eos_token`), `remote`
             (`cache_dir`, `cache_max_bytes`, `storage_options`) and `mixing` (`samples_per_epoch`, `epoch_end`,
@@ -344,8 +371,7 @@ def loader(
                                text=text, remote=remote, mixing=mixing, augment=augment, image_size=image_size)
     augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
     out, text, remote = spelled.output, spelled.text, spelled.remote
-    samples_per_epoch, epoch_end, exhausted = (spelled.mixing.samples_per_epoch, spelled.mixing.epoch_end,
-                                               spelled.mixing.exhausted)
+    mix = spelled.mixing
     rank, world_size = resolve_world(rank, world_size)
     auto = [None if num_workers is None else check_int_or_auto("num_workers", num_workers, 0),
             check_int_or_auto("prefetch_factor", prefetch_factor, 1)]
@@ -364,9 +390,9 @@ def loader(
     if isinstance(decode, DeviceDecode):  # the device path, with its decoder's options
         image_options.update(decode="device", device_decode=decode)
         decode = "device"
-    if isinstance(path, (list, tuple)) and len(path) == 1 and samples_per_epoch is None:
+    if isinstance(path, (list, tuple)) and len(path) == 1 and mix.samples_per_epoch is None:
         plan_weights(weights, 1)  # one positive number (or None): the plain loader over that dataset
-        path, weights, epoch_end, exhausted = path[0], None, "first", "cycle"
+        path, weights, mix = path[0], None, MixOptions()
     if isinstance(path, (list, tuple)):  # a weighted mixture (fastdata.loader.mixing)
         if AUTO in auto:
             warnings.warn(f"num_workers/prefetch_factor='auto' over a mixture: `fastdata tune` results are per "
@@ -376,13 +402,12 @@ def loader(
         if metadata:
             raise ConfigError("metadata=True applies to one dataset's loader; a mixture's batches do not carry it")
         mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
-                             on_error=on_error, scale=scale, ratio=ratio, masks=masks,
-                             samples_per_epoch=samples_per_epoch, epoch_end=epoch_end, exhausted=exhausted)
+                             on_error=on_error, scale=scale, ratio=ratio, masks=masks, mixing=mix)
         mixed.tuned = None
         return mixed
-    if weights is not None or samples_per_epoch is not None or (epoch_end, exhausted) != ("first", "cycle"):
-        raise ConfigError("weights, samples_per_epoch, epoch_end and exhausted apply to a mixture: pass a list of "
-                          "dataset paths")
+    if weights is not None or mix != MixOptions():
+        raise ConfigError("weights, samples_per_epoch, epoch_end, exhausted and classes apply to a mixture: pass a "
+                          "list of dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, remote=remote,
                          scale=scale, ratio=ratio, max_length=text.max_length, masks=masks, metadata=metadata)
     spelled.check_preset(path, getattr(data, "target_kind", None))

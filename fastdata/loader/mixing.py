@@ -6,11 +6,12 @@ The schedule itself is `fastdata.order.mixing` (docs/mixing.md)."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastdata.config import LoaderOptions, check_bool, check_int
+from fastdata.config import LoaderOptions, check_bool, check_epoch, check_int
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.registry import storage
@@ -22,6 +23,7 @@ from fastdata.image.mixed import (
     MixedImageLoader,
     by_index,
     check_image_sources,
+    merged_note,
     mixed_image_loader,
 )
 from fastdata.loader.options import MixOptions, resolve_spelling
@@ -73,16 +75,17 @@ def open_sources(paths: Sequence[str | os.PathLike[str]], augment: Any = None, *
 
 def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None, options: LoaderOptions,
                  text: TextOptions, image_options: dict[str, Any], *, augment: Any, image_size: Any,
-                 on_error: str, scale: Any, ratio: Any, masks: bool, samples_per_epoch: int | None,
-                 epoch_end: str, exhausted: str) -> MixedImageLoader | MixedTextLoader:
+                 on_error: str, scale: Any, ratio: Any, masks: bool, mixing: MixOptions
+                 ) -> MixedImageLoader | MixedTextLoader:
     """`fastdata.loader` over several datasets (its options already validated into `options`)."""
+    samples_per_epoch, epoch_end, exhausted = mixing.samples_per_epoch, mixing.epoch_end, mixing.exhausted
     sources = open_sources(paths, augment, image_size=image_size, seed=options.seed, on_error=on_error,
                            scale=scale, ratio=ratio, masks=masks)
     names, paths = source_names(paths), [str(p) for p in paths]
     if isinstance(sources[0], TextDataset):
         given = ["augment"] if augment is not None and not (isinstance(augment, str) and augment == "train") else []
         given += [k for k, v in {"image_size": image_size, "scale": scale, "ratio": ratio}.items() if v is not None]
-        given += ImageOptions.given_in(image_options)
+        given += ImageOptions.given_in(image_options) + (["classes"] if mixing.classes != "auto" else [])
         if given:
             raise ConfigError(f"{', '.join(given)}: for image datasets only; the mixture holds text")
         return mixed_text_loader(paths, names, sources, weights, options, text, samples_per_epoch,  # type: ignore
@@ -92,10 +95,19 @@ def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[floa
     sources = by_index(sources)  # type: ignore[assignment]
     check_image_sources(paths, sources)
     data = MixedImageDataset(sources, names, augment, image_size, options.seed, on_error,  # type: ignore[arg-type]
-                             scale=scale, ratio=ratio, masks=masks)
+                             scale=scale, ratio=ratio, masks=masks, classes_rule=mixing.classes)
+    _say_merged(data, paths, stacklevel=3)  # (the caller of fastdata.loader)
     plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
                         [str(p) for p in paths])
     return mixed_image_loader(data, plan, options, ImageOptions(**image_options))
+
+
+def _say_merged(data: MixedImageDataset, paths: list[str], stacklevel: int) -> None:
+    """Warn once (per mixture made) when class lists were merged by name: the labels of a dataset are not its
+    stored ids."""
+    note = merged_note(data.class_space, paths)
+    if note is not None:
+        warnings.warn(note, stacklevel=stacklevel + 1)
 
 
 class Mixture:
@@ -119,11 +131,17 @@ class Mixture:
         """The union label space (images); [] for text."""
         return self.dataset.classes if isinstance(self.dataset, MixedImageDataset) else []
 
+    @property
+    def class_maps(self) -> dict[str, list[int]]:
+        """Per dataset (by its name), the union's class id of each of its class ids (images); {} for text."""
+        return self.dataset.class_maps if isinstance(self.dataset, MixedImageDataset) else {}
+
     def set_epoch(self, epoch: int) -> None:
         """Draw the next batches (and the images' augmentation) for `epoch`."""
-        self.sampler.epoch, self.sampler.start, self.sampler.skip = int(epoch), 0, 0
+        epoch = check_epoch(epoch)
+        self.sampler.epoch, self.sampler.start, self.sampler.skip = epoch, 0, 0
         if isinstance(self.dataset, MixedImageDataset):
-            self.dataset.set_epoch(int(epoch))
+            self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -165,9 +183,10 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
         rank: this process's rank (None: torch.distributed's when initialised, else 0).
         world_size: the number of ranks (None: torch.distributed's when initialised, else 1).
         uneven: "pad" or "drop", when an epoch's samples do not divide between the ranks.
-        mixing: a `fastdata.options.MixOptions(samples_per_epoch, epoch_end, exhausted)`: the epoch's length in
-            samples (None: `epoch_end` decides), when it ends ("first" or "last" source done) and what a source
-            that runs out does ("cycle" or "stop"); None: the defaults.
+        mixing: a `fastdata.options.MixOptions(samples_per_epoch, epoch_end, exhausted, classes)`: the epoch's
+            length in samples (None: `epoch_end` decides), when it ends ("first" or "last" source done), what a
+            source that runs out does ("cycle" or "stop") and how class lists make one label space ("auto",
+            "by_name", "per_dataset": docs/mixing.md); None: the defaults.
         on_error: as for `fastdata.dataset`.
         **keywords: the older spellings, still taken: `samples_per_epoch`, `epoch_end`, `exhausted` (the fields
             of `mixing`), `scale`, `ratio` (of `fastdata.presets.RandomResizedCrop`).
@@ -180,16 +199,19 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    sources = open_sources(paths, augment, image_size=image_size, seed=check_int("seed", seed), on_error=on_error,
-                           scale=scale, ratio=ratio)
+    sources = open_sources(paths, augment, image_size=image_size, seed=check_int("seed", seed, minimum=0),
+                           on_error=on_error, scale=scale, ratio=ratio)
     if isinstance(sources[0], TextDataset):
+        if spelled.mixing.classes != "auto":
+            raise ConfigError("classes: for image datasets only; the mixture holds text")
         check_same_tokenizer([str(p) for p in paths], sources)  # type: ignore[arg-type]
         dataset: MixedImageDataset | MixedTextDataset = MixedTextDataset(sources)  # type: ignore[arg-type]
     else:
         sources = by_index(sources)  # type: ignore[assignment]
         check_image_sources([str(p) for p in paths], sources)
         dataset = MixedImageDataset(sources, source_names(paths), augment, image_size, seed, on_error,  # type: ignore
-                                    scale=scale, ratio=ratio)
+                                    scale=scale, ratio=ratio, classes_rule=spelled.mixing.classes)
+        _say_merged(dataset, [str(p) for p in paths], stacklevel=2)
     plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
                         [str(p) for p in paths])
     sampler = MixedBatchSampler(plan, batch_size, check_bool("shuffle", shuffle), seed,

@@ -24,6 +24,9 @@ from typing import Any
 from fastdata.config import check_bool
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
+from fastdata.image.mixed import CLASS_RULES
+from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
+from fastdata.order.mixing import check_epoch_rule
 from fastdata.text.loader import TextOptions
 
 
@@ -40,19 +43,34 @@ class Output:
     channels_last: bool = False
 
     def __post_init__(self) -> None:
+        """Each value checked when the object is made (one line naming what is wrong); whether they fit the
+        dataset and the transform (mean without a floating dtype, channels_last without a device) is the loader's
+        to say, which knows both."""
         check_bool("channels_last", self.channels_last)
+        OutputFormat(self.dtype, IMAGENET_MEAN if self.mean is None else self.mean,
+                     IMAGENET_STD if self.std is None else self.std)
 
 
 @dataclass(frozen=True)
 class MixOptions:
-    """A mixture's epoch (docs/mixing.md): `samples_per_epoch` its length in samples, all ranks together (None:
-    `epoch_end` decides); `epoch_end` "first" (the epoch ends when the first dataset has given all its samples)
-    or "last"; `exhausted`: a dataset that runs out before the epoch ends is "cycle"d (reshuffled, restarted) or
-    "stop"ped (left out, the other weights renormalised)."""
+    """A mixture's epoch and labels (docs/mixing.md): `samples_per_epoch` its length in samples, all ranks
+    together (None: `epoch_end` decides); `epoch_end` "first" (the epoch ends when the first dataset has given all
+    its samples) or "last"; `exhausted`: a dataset that runs out before the epoch ends is "cycle"d (reshuffled,
+    restarted) or "stop"ped (left out, the other weights renormalised); `classes` (image datasets of class labels):
+    how their class lists make one label space: "auto" (identical lists share ids, the same names in another order
+    are merged by name, lists with no name in common get a block each, lists that share only some names are
+    refused), "by_name" (one class per distinct name) or "per_dataset" (each list its own block)."""
 
     samples_per_epoch: int | None = None
     epoch_end: str = "first"
     exhausted: str = "cycle"
+    classes: str = "auto"
+
+    def __post_init__(self) -> None:
+        """Checked when the object is made (one line naming the option that is wrong)."""
+        check_epoch_rule(self.samples_per_epoch, self.epoch_end, self.exhausted)
+        if self.classes not in CLASS_RULES:
+            raise ConfigError(f"classes must be one of {CLASS_RULES}, got {self.classes!r}")
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,7 @@ REPLACED: dict[str, tuple[str, ...]] = {
     "output": tuple(f.name for f in fields(Output)),
     "text": tuple(f.name for f in fields(TextOptions)),
     "remote": tuple(f.name for f in fields(RemoteOptions)),
-    "mixing": tuple(f.name for f in fields(MixOptions)),
+    "mixing": ("samples_per_epoch", "epoch_end", "exhausted"),  # (`classes` came with the object: no keyword)
     "augment": ("scale", "ratio"),
 }
 _OBJECT_TYPES = {"output": Output, "text": TextOptions, "remote": RemoteOptions, "mixing": MixOptions}

@@ -449,7 +449,7 @@ class Meter(Generic[T]):
                               first_batch_s=self._first_batch_s, window=window, system=system, stages=stages,
                               loader=self._facts, cuda=self._cuda is not None,
                               timeline=self._timeline.as_dict(), epoch_starts=self._epoch_starts,
-                              total_wait_s=c.wait)
+                              total_wait_s=c.wait, warmup_steps=self.warmup_steps)
         if self._tracer is not None:
             report.trace = str(self._tracer.path)
         wanted = self._ranks_wanted if ranks is None else ranks

@@ -22,8 +22,13 @@ IDLE_WORKERS_SHARE = 0.3  # ... while its workers use less than this share of a 
 # the share of progressive JPEGs from which a decode-bound worker-path loader is told of `--jpeg-layout baseline`
 # (a progressive file cost a worker 2.13 ms, its baseline rewrite 0.73: benchmarks/baseline_layout.py)
 PROGRESSIVE_WORTH_REWRITING = 0.01
-VERDICTS = ("input-bound", "compute-bound", "cpu-contended", "balanced", "no steps measured")
+VERDICTS = ("input-bound", "compute-bound", "cpu-contended", "balanced", "no steps measured", "too few steps")
 NO_STEPS = "no steps measured"
+TOO_FEW_STEPS = "too few steps"
+#: The longer side `--max-size` advice re-converts to, given only where some stored image is larger
+SHRINK_TO = 512
+#: Steps after the warm-up a verdict needs: fewer say more about the start-up than about the loop.
+MIN_MEASURED_STEPS = 3
 #: How the advice asks for a tune whose decode placements are measured under the user's own step (a model step
 #: shows what the device path costs the training; fastdata.tools.tune.placement_note).
 TUNE_STEP = "--step <your model, e.g. resnet50>"
@@ -47,6 +52,7 @@ class LoaderFacts:
     progressive: int | None = None  # progressive JPEGs its dataset stores (manifest stats "gpu_kinds"; None: unknown)
     not_jpeg: int | None = None  # images that are not JPEGs its dataset stores (the same; decoded in the workers)
     stored: int | None = None  # images its dataset stores (the same counts' sum)
+    largest_side: int | None = None  # the longest side of any image its dataset stores (None: not known)
 
     @classmethod
     def of(cls, obj: Any) -> LoaderFacts:
@@ -58,7 +64,7 @@ class LoaderFacts:
                        getattr(obj, "pin_memory", None), getattr(obj, "batch_size", None),
                        f"fastdata {fmt}" if fmt else None, decode=getattr(obj, "decode", None),
                        progressive=kinds.get("progressive"), not_jpeg=kinds.get("not_jpeg"),
-                       stored=sum(kinds.values()) if kinds else None)
+                       stored=sum(kinds.values()) if kinds else None, largest_side=largest_side(obj.dataset))
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.utils.data.DataLoader):
             data = obj.dataset
@@ -66,6 +72,26 @@ class LoaderFacts:
             return cls("torch DataLoader", type(obj).__name__, obj.num_workers, bool(obj.pin_memory),
                        obj.batch_size, type(data).__name__, bool(names & {"DatasetFolder", "ImageFolder"}))
         return cls("iterable", type(obj).__name__)
+
+
+def largest_side(data: Any) -> int | None:
+    """The longest side of any image a fastdata image dataset stores: from an LMDB dataset's stored sizes (a
+    mixture's: its sources'), else the conversion's `--max-size` when it set one; None when not known (WebDataset
+    shards converted without --max-size, text, another dataset)."""
+    sources = getattr(data, "sources", None)
+    if isinstance(sources, list) and sources:
+        sides = [largest_side(source) for source in sources]
+        return None if None in sides else max(sides)  # type: ignore[type-var]
+    reader = getattr(data, "reader", None)
+    try:
+        widths, heights = reader.widths, reader.heights  # type: ignore[union-attr]
+    except AttributeError:
+        widths = heights = None
+    if widths is not None and len(widths):
+        return int(max(widths.max(), heights.max()))
+    options = getattr(getattr(data, "manifest", None), "options", None) or {}
+    bound = options.get("max_size")
+    return int(bound) if isinstance(bound, int) and bound > 0 else None
 
 
 @dataclass
@@ -125,8 +151,9 @@ class MeterReport:
 def build_report(*, steps: int, samples: int | None, seconds: float, first_batch_s: float | None, window: Window,
                  system: dict[str, Any] | None, stages: StageTimes | None, loader: LoaderFacts, cuda: bool,
                  timeline: dict[str, Any], epoch_starts: list[float] | None = None,
-                 total_wait_s: float = 0.0) -> MeterReport:
-    """Assemble the report from what the meter measured."""
+                 total_wait_s: float = 0.0, warmup_steps: int = 0) -> MeterReport:
+    """Assemble the report from what the meter measured (`warmup_steps`: the steps the meter was asked to leave
+    out, whether or not that many came)."""
     on_gpu = window.gpu_seconds is not None and window.gpu_seconds > 0
     if on_gpu:
         wait, span = float(window.gpu_wait_s or 0.0), float(window.gpu_seconds or 0.0)
@@ -134,8 +161,12 @@ def build_report(*, steps: int, samples: int | None, seconds: float, first_batch
         wait, span = window.host_wait_s, window.seconds
     fraction = min(1.0, wait / span) if span > 0 else 0.0
     stage_dict = _stage_dict(stages)
-    verdict, reasons, suggestions = diagnose(steps=steps, wait_fraction=fraction, wait_s=wait, seconds=span,
-                                             system=system, stages=stage_dict, loader=loader, cuda=cuda)
+    measured = max(0, steps - warmup_steps)
+    if steps and measured < MIN_MEASURED_STEPS:
+        verdict, reasons, suggestions = too_few_steps(steps, measured, warmup_steps)
+    else:
+        verdict, reasons, suggestions = diagnose(steps=steps, wait_fraction=fraction, wait_s=wait, seconds=span,
+                                                 system=system, stages=stage_dict, loader=loader, cuda=cuda)
     if on_gpu and steps:
         host = window.host_wait_s / window.seconds if window.seconds > 0 else 0.0
         reasons.append(f"timed on the GPU with CUDA events: the GPU sat idle waiting for data {fraction:.0%} of "
@@ -202,6 +233,18 @@ def _feeder_line(feeder: dict[str, float]) -> str:
 
 # -------------------------------------------------------------------------------------------------
 # diagnosis
+
+
+def too_few_steps(steps: int, measured: int, warmup_steps: int) -> tuple[str, list[str], list[str]]:
+    """(verdict, reasons, suggestions) when too few steps came after the warm-up for a verdict: what is missing."""
+    left_out = f"the first {warmup_steps} left out as start-up" if warmup_steps != 1 else \
+        "the first left out as start-up"
+    needed = warmup_steps + MIN_MEASURED_STEPS
+    return TOO_FEW_STEPS, [
+        f"{steps} step{'s' * (steps != 1)} in all, {measured} after the warm-up ({left_out}): a verdict needs at "
+        f"least {MIN_MEASURED_STEPS} measured steps, so none is given; the figures above are not a steady state"], [
+        f"run at least {needed} steps before reading the report (more for steady figures: a few hundred, or a "
+        "whole epoch)"]
 
 
 def diagnose(*, steps: int, wait_fraction: float, wait_s: float, seconds: float, system: dict[str, Any] | None,
@@ -359,20 +402,20 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
     packed = loader.kind == "fastdata.loader"
     convert = ("pack the dataset once and load it with fastdata: `fastdata convert imagefolder SRC OUT.lmdb`, "
                "then `fastdata.loader(\"OUT.lmdb\")` (batches built in the workers, JPEGs decoded at reduced scale)")
-    shrink = ("re-convert with `--max-size 512` (or the smallest size your crop needs): fewer bytes to read "
-              "and fewer pixels to decode")
+    shrink = _shrink(loader.largest_side)
     workers = loader.num_workers
     if cause == "read":
         out.append(convert.replace("pack the dataset once", "pack the small files into one LMDB file (sequential, "
                                                             "few large reads)") if not packed else
                    "copy the dataset to a local SSD (or /dev/shm when it fits in RAM) instead of a network or "
                    "spinning disk")
-        out.append(shrink)
+        if shrink:
+            out.append(shrink)
         out.append(f"raise num_workers (now {workers if workers is not None else '?'}) to keep more reads in flight")
     elif cause in ("decode", "augment", "collate"):
         if not packed:
             out.append(convert)
-        if cause == "decode":
+        if cause == "decode" and shrink:
             out.append(shrink)
             if cuda and loader.decode != "device":
                 out.append("decode on the GPU: `fastdata.loader(..., decode=\"device\")`, or let `fastdata tune "
@@ -444,6 +487,18 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
     if cuda and loader.pin_memory is False:
         out.append("pin_memory=True: page-locked batches copy to the GPU faster and asynchronously")
     return out
+
+
+def _shrink(largest: int | None) -> str | None:
+    """The advice to store smaller images, where it can help: the dataset holds images larger than SHRINK_TO
+    (or their sizes are not known); None when none is larger."""
+    what = (f"re-convert with `--max-size {SHRINK_TO}` (or the smallest size your crop needs): fewer bytes to read "
+            "and fewer pixels to decode")
+    if largest is None:
+        return f"if the images are larger than {SHRINK_TO} px, {what}"
+    if largest <= SHRINK_TO:
+        return None
+    return f"{what} (the largest stored image is {largest:,} px on its longer side)"
 
 
 # -------------------------------------------------------------------------------------------------

@@ -77,6 +77,16 @@ def check_weights(weights: Sequence[float] | None, count: int) -> tuple[int, ...
     return tuple(int(p) for p in rounded)
 
 
+def check_epoch_rule(samples_per_epoch: int | None, epoch_end: str, exhausted: str) -> int | None:
+    """A mixture's epoch options checked (ConfigError naming the one that is wrong): `samples_per_epoch` None or
+    an int of at least 1 (returned), `epoch_end` one of EPOCH_ENDS, `exhausted` one of EXHAUSTED."""
+    if epoch_end not in EPOCH_ENDS:
+        raise ConfigError(f"epoch_end must be one of {EPOCH_ENDS}, got {epoch_end!r}")
+    if exhausted not in EXHAUSTED:
+        raise ConfigError(f"exhausted must be one of {EXHAUSTED}, got {exhausted!r}")
+    return None if samples_per_epoch is None else check_int("samples_per_epoch", samples_per_epoch, minimum=1)
+
+
 @dataclass(frozen=True)
 class MixPlan:
     """What fixes a mixture's schedule besides (seed, epoch): the sources' sizes and weights (integer parts), and the
@@ -93,12 +103,7 @@ class MixPlan:
     def make(cls, sizes: Sequence[int], weights: Sequence[float] | None = None, length: int | None = None,
              end: str = "first", exhausted: str = "cycle", paths: Sequence[str] | None = None) -> MixPlan:
         """A checked plan (ConfigError naming the option that is wrong; `paths` name the sources in it)."""
-        if end not in EPOCH_ENDS:
-            raise ConfigError(f"epoch_end must be one of {EPOCH_ENDS}, got {end!r}")
-        if exhausted not in EXHAUSTED:
-            raise ConfigError(f"exhausted must be one of {EXHAUSTED}, got {exhausted!r}")
-        if length is not None:
-            length = check_int("samples_per_epoch", length, minimum=1)
+        length = check_epoch_rule(length, end, exhausted)
         sizes = tuple(check_int("dataset size", n, minimum=0) for n in sizes)
         if not sizes:
             raise ConfigError("mixing needs at least one dataset")
@@ -288,8 +293,8 @@ class MixedResumable:
         slots = sampler.num_samples if complete else start + done * sampler.batch_size * sampler.world_size
         return sampler.consumed(epoch, slots)
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()  # type: ignore[misc]
+    def state_dict(self, pending: int = 0) -> dict[str, Any]:
+        state = super().state_dict(pending)  # type: ignore[misc]
         state["positions"] = self._positions(state["epoch"], state["start"], state["batches"], state["complete"])
         return state
 

@@ -73,9 +73,21 @@ class StreamPlanner:
         """Batches every rank yields per epoch (the same on every rank, whatever the shard sizes)."""
         return num_batches(rank_count(self.total, self.world_size, self.uneven), self.batch_size, self.drop_last)
 
-    def plan(self, epoch: int) -> EpochPlan:
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The shard order, where each stream shard starts, and this rank's stream positions of `epoch`."""
         shard_order = epoch_order(len(self.counts), self.seed, epoch, self.shuffle)
         starts = np.concatenate([[0], np.cumsum(self.counts[shard_order])]).astype(np.int64)
         order = window_order(self.total, self.seed, epoch, self.shuffle, self.window)
-        mine = contiguous_part(order, self.rank, self.world_size, self.uneven)
+        return shard_order, starts, contiguous_part(order, self.rank, self.world_size, self.uneven)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        shard_order, starts, mine = self._epoch(epoch)
         return EpochPlan(shard_order, starts, split_batches(mine, self.batch_size, self.drop_last))
+
+    def rank_order(self, epoch: int) -> np.ndarray:
+        """This rank's samples of `epoch` in order (before batching), as positions in the stored order (the
+        shards in manifest order, one after the other)."""
+        shard_order, starts, mine = self._epoch(epoch)
+        slot = np.searchsorted(starts, mine, side="right") - 1
+        stored = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        return stored[shard_order[slot]] + (mine - starts[slot])

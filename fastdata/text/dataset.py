@@ -107,6 +107,40 @@ class TextDataset(Dataset):
         return PaddedDocuments(self.store, max_length, eos_id, pad_id)
 
 
+class TextRows(Dataset):
+    """What a text loader's `loader.dataset` is: the rows its batches are made of, as DataLoader users expect of
+    `loader.dataset`: `len()` rows in the whole dataset (packed: blocks of seq_len + 1 tokens; padded: documents),
+    all ranks together, and `ds[i]` row i as a batch holds it (`{"input_ids", "labels"}` int64 [seq_len], padded:
+    also `attention_mask`, the row's own length, without the padding to a batch's longest row); the indices
+    `loader.sampler` gives index it. `tokenizer`, `root` and `manifest` are the dataset's (a mixture's: its first
+    dataset's, which all share one tokenizer), `documents` the documents themselves (`fastdata.dataset`'s)."""
+
+    def __init__(self, batcher: PackedBlocks | PaddedDocuments, documents: Any, first: TextDataset) -> None:
+        self.batcher, self.documents, self._first = batcher, documents, first
+
+    def __len__(self) -> int:
+        return len(self.batcher)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"row {index} out of range for {len(self)} rows")
+        return {name: values[0] for name, values in self.batcher.batch([index]).items()}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._first.tokenizer
+
+    @property
+    def root(self) -> Path:
+        return self._first.root
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._first.manifest
+
+
 class TextBatches(Dataset):
     """DataLoader adapter: item `(epoch, [indices, ...])` -> those whole batches, built inside the worker and
     handed over in a compact form (int32; packed blocks as rows of L + 1 tokens) in one flat shared-memory

@@ -17,7 +17,7 @@ from fastdata.errors import ConfigError
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks
-from fastdata.text.dataset import TextBatches, TextDataset, unpack_batches
+from fastdata.text.dataset import TextBatches, TextDataset, TextRows, unpack_batches
 from fastdata.workers import ClosesWorkers, WorkerPass, prepare_worker
 
 DEFAULT_SEQ_LEN = 1024
@@ -60,11 +60,16 @@ class TextLoader(ClosesWorkers, ResumableLoader):
     """Iterable of batch dicts. Packed: `{"input_ids", "labels"}` [B, seq_len]; padded: `{"input_ids",
     "attention_mask", "labels"}` [B, longest row]. Each new pass is the next epoch (reshuffled from
     (seed, epoch)); `set_epoch(e)` sets it; `len()` is the exact number of batches per epoch (per rank: each
-    rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly; `close()`
-    (or `with`) ends the worker processes."""
+    rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly
+    (`state_dict(pending=n)` for a loop that holds n batches not yet trained on); `close()` (or `with`) ends the
+    worker processes. As a DataLoader has them: `loader.dataset` the rows batches are made of (`TextRows`: `len`
+    rows in the whole dataset, `.tokenizer`, `.documents`), `loader.sampler` this rank's rows per epoch."""
 
-    def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, options: LoaderOptions) -> None:
-        self.dataset = data
+    def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, options: LoaderOptions,
+                 documents: Any = None) -> None:
+        """`documents`: what `loader.dataset.documents` is (default `data`; a mixture's: all its documents)."""
+        self._data = data
+        self.dataset = TextRows(batcher, data if documents is None else documents, data)
         self.options = options
         self.batcher = batcher
         self.batch_size = sampler.batch_size
@@ -86,7 +91,7 @@ class TextLoader(ClosesWorkers, ResumableLoader):
 
     def _resume_config(self) -> dict[str, Any]:
         s = self._sampler
-        return {"format": f"text-{self.dataset.manifest.format}", "dataset": dataset_fingerprint(self.dataset.manifest),
+        return {"format": f"text-{self._data.manifest.format}", "dataset": dataset_fingerprint(self._data.manifest),
                 "samples": s.num_samples, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
                 "drop_last": s.drop_last, "uneven": s.uneven, "packing": self.packed,
                 "bucketing": isinstance(s, BucketBatchSampler),
@@ -97,6 +102,13 @@ class TextLoader(ClosesWorkers, ResumableLoader):
 
     def __len__(self) -> int:
         return len(self._sampler)
+
+    def _sampling(self) -> tuple[int, bool, int, str]:
+        s = self._sampler
+        return s.num_samples, s.shuffle, s.seed, s.uneven
+
+    def _rank_order(self, epoch: int) -> np.ndarray:
+        return self._sampler.rank_indices_for(epoch, 0)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         here = self._begin_pass()
@@ -137,6 +149,12 @@ class TextOptions:
         if self.eos_token is not None and not isinstance(self.eos_token, str):
             raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {self.eos_token!r} "
                               f"({type(self.eos_token).__name__})")
+        padded_only = [name for name in ("max_length", "bucketing") if getattr(self, name)]
+        if self.packing is True and padded_only:
+            raise ConfigError(f"{' and '.join(padded_only)}: for padded batches (packing=False); packed blocks are "
+                              "seq_len tokens long")
+        if self.seq_len is not None and (self.packing is False or padded_only):
+            raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
 
     def given(self) -> list[str]:
         """The names of the options that were set (for the error when the dataset holds images)."""

@@ -98,15 +98,16 @@ class MixedPaddedDocuments(PaddedDocuments):
 
 
 class MixedTextLoader(MixedResumable, TextLoader):
-    """`TextLoader` over a mixture: batches drawn by the mixing schedule; `loader.datasets` are the sources
-    (`loader.dataset` the first)."""
+    """`TextLoader` over a mixture: batches drawn by the mixing schedule; `loader.datasets` are the sources,
+    `loader.dataset` the rows of all of them (`TextRows`; `.documents` every source's documents, one source after
+    the other)."""
 
     def __init__(self, sources: list[TextDataset], names: list[str], batcher: Any, plan: MixPlan,
                  options: LoaderOptions) -> None:
         self.plan, self.datasets, self.names = plan, sources, names
         sampler = MixedBatchSampler(plan, options.batch_size, options.shuffle, options.seed, options.drop_last,
                                     options.rank, options.world_size, options.uneven)
-        super().__init__(sources[0], batcher, sampler, options)
+        super().__init__(sources[0], batcher, sampler, options, documents=MixedTextDataset(sources))
 
     def _resume_config(self) -> dict[str, Any]:
         s = self._sampler

@@ -344,6 +344,9 @@ def tune_key(path: str | os.PathLike[str], config: TuneConfig) -> tuple[TuneKey,
     directory (None: remote)."""
     from fastdata.loader import dataset
 
+    if getattr(dataset(path), "pipeline", None) is None:  # opened without image options: any kind opens so
+        raise ConfigError(f"{path}: holds text; fastdata tune measures image loaders (their workers decode): give "
+                          "a text loader its num_workers and prefetch_factor as numbers")
     data = dataset(path, config.augment, image_size=config.image_size)
     key, why_not = loader_key(data, config.batch_size, config.augment, config.dtype, config.device, 1)
     if key is None:

@@ -4,6 +4,8 @@ and every image's target travels with it through workers, shuffling, resumption,
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,7 @@ from fastdata.presets import ResizeLongerPad, ScaleJitterCrop
 
 pytest.importorskip("pycocotools")
 v2 = pytest.importorskip("torchvision.transforms.v2")
+from torch.utils.data import IterableDataset  # noqa: E402
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.transforms import InterpolationMode  # noqa: E402
 from torchvision.transforms.v2 import functional as F  # noqa: E402
@@ -272,6 +275,50 @@ def test_augment_none_gives_whole_images_in_their_stored_geometry(rect_lmdb, wor
     losses = model([image.float() / 255 for image in images],
                    [{**t, "labels": t["labels"] + 1} for t in targets])
     assert all(torch.isfinite(loss) for loss in losses.values())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_augment_none_gives_each_image_its_masks_in_its_stored_geometry(rects, workers):
+    """`masks=True` with `augment=None` (what Mask R-CNN takes): each target's masks are its own image's uint8
+    `[N, H, W]` in that image's stored size (images of different sizes in one batch, an image without
+    annotations among them), equal to the plain dataset's; one training step of Mask R-CNN runs on a batch."""
+    from torchvision.models.detection import maskrcnn_resnet50_fpn
+
+    loader = fastdata.loader(rects, augment=None, batch_size=4, num_workers=workers, shuffle=False, masks=True)
+    whole = fastdata.dataset(rects, masks=True)
+    plain = list(whole) if isinstance(whole, IterableDataset) else [whole[i] for i in range(len(whole))]
+    seen, sizes = 0, set()
+    for images, targets in loader:
+        for image, target in zip(images, targets, strict=True):
+            stored, stored_target = plain[seen]
+            height, width = image.shape[-2:]
+            sizes.add((height, width))
+            assert torch.equal(image, stored)
+            assert target["masks"].dtype == torch.uint8
+            assert target["masks"].shape == (len(target["boxes"]), height, width)
+            assert torch.equal(target["masks"], stored_target["masks"])
+            seen += 1
+    assert seen == len(plain) and len(sizes) > 1
+    assert any(len(target["boxes"]) == 0 for _, target in plain)  # the image without annotations came through
+    model = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=len(loader.classes) + 1,
+                                  min_size=64, max_size=96)
+    model.train()
+    images, targets = next(iter(loader))
+    losses = model([image.float() / 255 for image in images],
+                   [{**t, "labels": t["labels"] + 1} for t in targets])
+    assert "loss_mask" in losses and all(torch.isfinite(loss) for loss in losses.values())
+
+
+def test_masks_without_pycocotools_are_refused_when_the_loader_is_made(rect_lmdb, monkeypatch):
+    """masks=True needs pycocotools to decode the stored RLE: without it, the loader (and the dataset) is refused
+    where it is made, with the install command, not at its first sample."""
+    monkeypatch.setitem(sys.modules, "pycocotools", None)  # `import pycocotools` raises ImportError
+    monkeypatch.setitem(sys.modules, "pycocotools.mask", None)
+    for make in (lambda: fastdata.loader(rect_lmdb, image_size=SIZE, masks=True, num_workers=0),
+                 lambda: fastdata.dataset(rect_lmdb, masks=True)):
+        with pytest.raises(ConfigError, match=r"pycocotools: pip install 'fastdata\[coco\]'"):
+            make()
+    assert next(iter(fastdata.loader(rect_lmdb, image_size=SIZE, num_workers=0)))  # without masks, no need
 
 
 def test_a_target_for_an_image_of_another_size_is_named(rect_lmdb, tmp_path):

@@ -260,7 +260,8 @@ def test_torch_dataloader_facts():
     r = m.report()
     assert r.loader == {"kind": "torch DataLoader", "type_name": "DataLoader", "num_workers": 0,
                         "pin_memory": False, "batch_size": 4, "dataset": "TensorDataset", "folder_of_files": False,
-                        "decode": None, "progressive": None, "not_jpeg": None, "stored": None}
+                        "decode": None, "progressive": None, "not_jpeg": None, "stored": None,
+                        "largest_side": None}
     assert r.samples == 10 and r.stages is None
 
 
@@ -619,3 +620,70 @@ def test_memory_is_the_main_rss_plus_the_workers_own_pages(tmp_path):
         done.set()
         process.join(60)
     del big
+
+
+# -------------------------------------------------------------------------------------------------
+# advice that fits the dataset, and no verdict before there is a measured window
+
+
+@pytest.fixture(scope="module")
+def sized(tmp_path_factory, solid_lmdb, solid_wds):
+    """fastdata datasets whose largest stored side is known: the solid ones (small images), large PNGs (700 px
+    and up) as stored and converted with --max-size 512, and shards whose sizes are not known."""
+    from builders import build_large_tree
+
+    root = tmp_path_factory.mktemp("sized")
+    tree = build_large_tree(root / "src", count=3)
+    large, bounded = root / "large.lmdb", root / "bounded"
+    fastdata.convert_imagefolder(tree.root, large, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, bounded, format="wds", max_size=512, workers=1, progress=False)
+    return {"small": solid_lmdb, "large": large, "bounded": bounded, "unknown": solid_wds}
+
+
+def _decode_bound(path):
+    facts = LoaderFacts.of(fastdata.loader(path, batch_size=4, image_size=16, num_workers=0))
+    return facts, judge(0.7, system(cpu_percent=97.0, workers_cpu_cores=7.8), loader=facts,
+                        stage=stages(read=0.05, decode=0.7, augment=0.15, collate=0.1))
+
+
+def test_max_size_is_advised_only_for_a_dataset_with_larger_images(sized):
+    """Decode-bound over a dataset with no image over 512 px: no `--max-size 512` (it would change nothing);
+    over 700-px images it is advised, naming the largest; where the sizes are not known it is said as a
+    condition."""
+    facts, (_, _, suggestions) = _decode_bound(sized["small"])
+    assert facts.largest_side is not None and facts.largest_side <= 512
+    assert not any("--max-size" in s for s in suggestions), suggestions
+    facts, (_, _, suggestions) = _decode_bound(sized["large"])
+    assert facts.largest_side == 702
+    assert any(s.startswith("re-convert with `--max-size 512`") and "702 px" in s for s in suggestions)
+    facts, (_, _, suggestions) = _decode_bound(sized["bounded"])  # shards, but converted with --max-size 512
+    assert facts.largest_side == 512 and not any("--max-size" in s for s in suggestions)
+    facts, (_, _, suggestions) = _decode_bound(sized["unknown"])
+    assert facts.largest_side is None
+    assert any(s.startswith("if the images are larger than 512 px, re-convert with `--max-size 512`")
+               for s in suggestions)
+
+
+@pytest.mark.parametrize(("steps", "warmup", "measured"), [(1, 1, 0), (2, 1, 1), (3, 1, 2), (2, 0, 2),
+                                                           (5, 3, 2)])
+def test_no_verdict_before_enough_steps_and_the_report_says_what_is_missing(steps, warmup, measured):
+    """The first `warmup_steps` are left out (worker start-up): with fewer than 3 steps after them there is no
+    verdict, and the report says how many came, how many were measured and how many to run."""
+    m = fastdata.meter(range(steps), warmup_steps=warmup, system=False)
+    for _ in m:
+        pass
+    r = m.report()
+    assert r.verdict == "too few steps"
+    assert r.reasons[0].startswith(f"{steps} step{'s' * (steps != 1)} in all, {measured} after the warm-up")
+    assert "a verdict needs at least 3 measured steps" in r.reasons[0]
+    assert r.suggestions == [f"run at least {warmup + 3} steps before reading the report (more for steady figures: "
+                             "a few hundred, or a whole epoch)"]
+    assert str(r).startswith("fastdata.meter: too few steps")
+    json.dumps(r.to_dict())
+
+
+def test_a_verdict_from_three_measured_steps_on():
+    m = fastdata.meter(sleepy(4, 0.01), system=False)
+    for _ in m:
+        pass
+    assert m.report().verdict == "input-bound"

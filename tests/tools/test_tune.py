@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from builders import build_solid_tree, cli
+from builders import assert_one_line_error, build_solid_tree, cli
 
 import fastdata
 from fastdata.config import available_cores
@@ -276,6 +276,16 @@ def test_cli_tune_then_auto(capsys, dataset, tmp_path):
 def test_cli_tune_refuses_a_bad_step(capsys, dataset):
     code, _, err = cli(capsys, "tune", dataset, "--step", "fast!")
     assert code == 2 and err.startswith("error: step must be none, to-device")
+
+
+def test_cli_tune_over_text_is_refused_in_one_line(capsys, text_mix):
+    """Not about an image option the user never gave (the CLI's defaults are image options): tune says in one
+    line that it measures image loaders, for text datasets in either format."""
+    for path in text_mix[:2]:
+        code, out, err = cli(capsys, "tune", path)
+        assert code == 2 and out == ""
+        assert_one_line_error(err, f"{path}: holds text; fastdata tune measures image loaders")
+        assert "augment" not in err and not (path / TUNE_FILE).exists()
 
 
 def test_auto_over_text_warns_and_uses_the_default(small_text_lmdb):

@@ -39,6 +39,17 @@ def check_targets(manifest: Manifest, where: str, masks: bool) -> None:
     if masks and not (manifest.targets or {}).get("masks"):
         raise ConfigError(f"{where}: masks=True, but this detection dataset holds no masks (its annotations had no "
                           "segmentations)")
+    if masks:
+        _rle_decoder()  # missing: said when the dataset is opened, not at its first sample
+
+
+def _rle_decoder() -> Any:
+    """pycocotools' mask module (COCO RLE decoding), or ConfigError with the install command."""
+    try:
+        from pycocotools import mask
+    except ImportError as exc:
+        raise ConfigError("masks=True decodes COCO RLE masks with pycocotools: pip install 'fastdata[coco]'") from exc
+    return mask
 
 
 def mask_array(record: DetectionRecord) -> np.ndarray:
@@ -47,10 +58,7 @@ def mask_array(record: DetectionRecord) -> np.ndarray:
         raise ConfigError(f"image {record.image_id}: its detection target holds no masks")
     if not record.rles:
         return np.zeros((0, record.height, record.width), np.uint8)
-    try:
-        from pycocotools import mask
-    except ImportError as exc:
-        raise ConfigError("masks=True decodes COCO RLE masks with pycocotools: pip install 'fastdata[coco]'") from exc
+    mask = _rle_decoder()
     size = [record.height, record.width]
     decoded = mask.decode([{"size": size, "counts": rle} for rle in record.rles])  # [H, W, N], Fortran order
     return np.ascontiguousarray(decoded.transpose(2, 0, 1))
@@ -102,8 +110,9 @@ _TENSORS = ("boxes", "labels", "iscrowd", "area", "annotation_ids", "image_ids",
 class DetectionBatch:
     """The targets of a batch, in the batch's order, as a few concatenated tensors (one pickle and one pin per
     field, however many boxes): annotation fields over all M boxes of the batch (`boxes` float32 [M, 4], `labels`,
-    `iscrowd`, `annotation_ids` int64 [M], `area` float32 [M], `masks` uint8 [M, H, W] or None), and per image
-    `image_ids` and `counts` (int64 [B]: image i's boxes follow the `counts[:i].sum()` before them)."""
+    `iscrowd`, `annotation_ids` int64 [M], `area` float32 [M], `masks` uint8 [M, H, W], or None; whole images of
+    different sizes: a list of each image's uint8 [N_i, H_i, W_i]), and per image `image_ids` and `counts` (int64
+    [B]: image i's boxes follow the `counts[:i].sum()` before them)."""
 
     boxes: torch.Tensor
     labels: torch.Tensor
@@ -112,13 +121,16 @@ class DetectionBatch:
     annotation_ids: torch.Tensor
     image_ids: torch.Tensor
     counts: torch.Tensor
-    masks: torch.Tensor | None = None
+    masks: torch.Tensor | list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.counts)
 
     def _apply(self, fn: Any) -> DetectionBatch:
-        return DetectionBatch(**{name: None if getattr(self, name) is None else fn(getattr(self, name))
+        def apply(value: Any) -> Any:
+            return [fn(part) for part in value] if isinstance(value, list) else fn(value)
+
+        return DetectionBatch(**{name: None if getattr(self, name) is None else apply(getattr(self, name))
                                  for name in _TENSORS})
 
     def pin_memory(self) -> DetectionBatch:
@@ -139,7 +151,7 @@ class DetectionBatch:
         names = [f.name for f in fields(self) if f.name not in ("image_ids", "counts", "masks")]
         parts = {name: getattr(self, name).split(counts) for name in names}
         if self.masks is not None:
-            parts["masks"] = self.masks.split(counts)
+            parts["masks"] = self.masks if isinstance(self.masks, list) else self.masks.split(counts)
         image_ids = self.image_ids.tolist()
         return [{**{name: parts[name][row] for name in parts}, "image_id": image_ids[row]}
                 for row in range(len(counts))]
@@ -223,12 +235,12 @@ class DetectionCodec:
             arrays = [getattr(t, name) for t in targets]
             return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(shape, dtype))
 
-        masks = None
-        if self.masks:
+        masks: torch.Tensor | list[torch.Tensor] | None = None
+        if self.masks and len({t.masks.shape[1:] for t in targets if t.masks is not None}) > 1:
+            # whole images (augment=None) of different sizes: each image's masks in its own geometry
+            masks = [torch.from_numpy(t.masks) for t in targets]  # type: ignore[arg-type]
+        elif self.masks:
             shapes = {t.masks.shape[1:] for t in targets if t.masks is not None and len(t.masks)}
-            if len(shapes) > 1:
-                raise ConfigError(f"cannot batch instance masks of different sizes {sorted(shapes)}: use a preset or "
-                                  "a transform that ends in a fixed size")
             size = shapes.pop() if shapes else (0, 0)
             arrays = [t.masks if t.masks is not None and len(t.masks) else np.zeros((0, *size), np.uint8)
                       for t in targets]
