@@ -29,6 +29,7 @@ from builders import (
     pair_caption,
     pair_shard_sample,
     pairs_frame,
+    reference_ids,
     train_bytelevel,
     write_coco,
     write_coco_rectangles,
@@ -159,6 +160,45 @@ def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("photo_like_out") / "photos.lmdb"
     fastdata.convert_imagefolder(photo_tree.root, out, workers=1, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def loader_corpus() -> list[str]:
+    """The text loader tests' corpus: 150 documents of varied length (builders.make_corpus)."""
+    return make_corpus(150, seed=3)
+
+
+@pytest.fixture(scope="session")
+def loader_tokenizer(tmp_path_factory, loader_corpus) -> Path:
+    return train_bytelevel(tmp_path_factory.mktemp("loader_tok") / "bpe.json", loader_corpus)
+
+
+@pytest.fixture(scope="session")
+def loader_documents(loader_corpus, loader_tokenizer) -> list[list[int]]:
+    """Each document's exact ids (one `encode` each)."""
+    return [reference_ids(loader_tokenizer, text) for text in loader_corpus]
+
+
+@pytest.fixture(scope="session")
+def loader_text_lmdb(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("loader_lmdb")
+    fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d.lmdb", tokenizer=loader_tokenizer,
+                          progress=False)
+    return root / "d.lmdb"
+
+
+@pytest.fixture(scope="session")
+def loader_text_wds(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("loader_wds")
+    fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d", tokenizer=loader_tokenizer,
+                          format="wds", shard_size="2KB", progress=False)
+    return root / "d"
+
+
+@pytest.fixture(params=["lmdb", "wds"])
+def loader_text(request, loader_text_lmdb, loader_text_wds) -> Path:
+    """The loader corpus converted, in each format (WebDataset: shards of 2KB)."""
+    return loader_text_lmdb if request.param == "lmdb" else loader_text_wds
 
 
 @pytest.fixture(scope="session")
