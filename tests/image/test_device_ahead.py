@@ -59,10 +59,12 @@ def test_an_error_comes_after_the_results_before_it_with_its_type_and_ends_the_i
 def test_at_most_depth_results_wait_and_the_thread_then_waits_for_room():
     made = []
     ahead = Ahead(range(100), lambda x: made.append(x) or x, depth=3, name="test-ahead").start()
-    wait_until(lambda: ahead.waiting == 3 and ahead.state == "room", "the thread never filled its queue")
-    assert len(made) == 4  # 3 waiting, the 4th in hand: the thread cannot go on until one is taken
+    # 3 waiting, the 4th in hand: the thread cannot go on until one is taken
+    wait_until(lambda: ahead.waiting == 3 and len(made) == 4, "the thread never filled its queue")
+    assert ahead.state == "room" and len(made) == 4
     assert next(ahead) == 0
     wait_until(lambda: ahead.waiting == 3 and len(made) == 5, "the thread did not make the next one")
+    assert len(made) == 5
     ahead.close()
 
 
@@ -75,10 +77,11 @@ def test_close_ends_the_thread_closes_the_source_on_its_thread_and_hands_what_is
         finally:
             closed_on.append(threading.current_thread().name)
 
-    discarded = []
-    ahead = Ahead(source(), lambda x: x, depth=2, name="test-ahead", discard=discarded.append).start()
+    discarded, made = [], []
+    ahead = Ahead(source(), lambda x: made.append(x) or x, depth=2, name="test-ahead",
+                  discard=discarded.append).start()
     assert next(ahead) == 0
-    wait_until(lambda: ahead.waiting == 2 and ahead.state == "room", "the thread never filled its queue")
+    wait_until(lambda: ahead.waiting == 2 and len(made) == 4, "the thread never filled its queue")
     calls_before = ahead.busy_s
     ahead.close()
     assert not ahead.alive and closed_on == ["test-ahead"]

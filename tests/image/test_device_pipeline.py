@@ -116,12 +116,15 @@ def test_two_decoded_batches_wait_for_the_resize_thread_and_six_slots_for_the_lo
     feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None)
     try:
         threads = feeder.threads()
+        expected = slots + 1 + DECODED_AHEAD + 1
         deadline = time.monotonic() + WAIT_S
-        while not (threads["decode"].waiting == DECODED_AHEAD and threads["decode"].state == "room"
-                   and threads["resize"].state == "work" and len(ring.slots) == slots):
-            assert time.monotonic() < deadline, "the feeder never filled its slots and queue"
+        # stuck for good: the resize thread's 6 batches wait for the loop and it holds a seventh (inside the slot
+        # wait), 2 decoded batches wait for it, and the decode thread made one more it cannot put
+        while not (threads["resize"].waiting == slots and threads["resize"].state == "work"
+                   and threads["decode"].waiting == DECODED_AHEAD and decoder.calls >= expected):
+            assert time.monotonic() < deadline, f"the feeder stopped at {decoder.calls} decodes"
             time.sleep(0.01)
-        assert decoder.calls == slots + 1 + DECODED_AHEAD + 1
+        assert decoder.calls == expected and len(ring.slots) == slots
     finally:
         feeder.close()
     assert feeder_threads() == []
