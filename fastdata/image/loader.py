@@ -27,6 +27,7 @@ from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import DECODE_MODES
 from fastdata.image.device.stage import finish
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
+from fastdata.image.recipes.sizes import ImageSizes, ResizableLoader
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
 from fastdata.order.borrow import borrow
@@ -115,21 +116,33 @@ class Receipts:
 class Rolled:
     """The workers' rolling iterator (EpochBatchSampler.rollover) between passes: `share` gives one pass's batches
     off it and, once all are read, keeps it for the next pass, whose key it then holds; `take` hands it over (or
-    None) and forgets it. It holds no reference to the loader, so that a feeder thread reading a pass's batches does
-    not keep a loader its user dropped alive."""
+    None) and forgets it; `drop` forgets it and what any pass under way would keep (the workers' next epoch would
+    be made otherwise: a new image size). It holds no reference to the loader, so that a feeder thread reading a
+    pass's batches does not keep a loader its user dropped alive."""
 
     def __init__(self) -> None:
         self._kept: tuple[PassKey, Iterator[Any]] | None = None
+        self._generation = 0  # counts `drop`s: a pass shared before the last one keeps nothing
 
     def take(self) -> tuple[PassKey, Iterator[Any]] | None:
         kept, self._kept = self._kept, None
         return kept
 
+    def drop(self) -> None:
+        self._kept = None
+        self._generation += 1
+
     def share(self, key: PassKey, count: int, batches: Iterator[Any]) -> Iterator[Any]:
         """Pass `key`'s `count` batches off `batches`; then `batches` (at the next epoch's start) is kept for pass
-        `key.epoch + 1`. A pass left early keeps nothing."""
-        yield from itertools.islice(batches, count)
-        self._kept = (PassKey(key.epoch + 1), batches)
+        `key.epoch + 1`, unless `drop` was called meanwhile. A pass left early keeps nothing."""
+        generation = self._generation
+
+        def passing() -> Iterator[Any]:
+            yield from itertools.islice(batches, count)
+            if generation == self._generation:
+                self._kept = (PassKey(key.epoch + 1), batches)
+
+        return passing()
 
 
 def _worker_init(_worker_id: int) -> None:
@@ -137,7 +150,7 @@ def _worker_init(_worker_id: int) -> None:
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
 
 
-class ImageLoader(ClosesWorkers, ResumableLoader):
+class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
     """Iterable of batches over an image dataset of any target kind, shaped by its target codec
     (`fastdata.image.targets.codec`, `deliver`):
     - class labels: `(images, labels)`, like a DataLoader over torchvision's ImageFolder: images [B, 3, H, W]
@@ -172,7 +185,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         self.dataset = data
         self.options = options
         dtype, channels_last = image.dtype, image.channels_last
-        self.decode = placement(image.decode, data.target_kind, data.pipeline.preset)
+        self.decode = placement(image.decode, data.target_kind, data.pipeline.preset,
+                                data.pipeline.recipe.per_sample)
         self.device = device_for(self.decode, image.device)  # decode="device" without one: the GPU, if any
         self._output = output = image.output_format()
         self._channels_last = channels_last
@@ -189,6 +203,12 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         if self.device is None:
             data.pipeline.output = output  # the workers make the floats, image by image
         data.output = output  # loader.dataset[i] gives its image as the batches hold it (on the CPU)
+        data.pipeline.delivered = output  # (RandomErasing's value is in the delivered batches' units)
+        data.pipeline.recipe.check_output(output)
+        # progressive resizing (`set_image_size`): each epoch's size, shared with the workers
+        self._sizes: ImageSizes | None = None
+        if data.pipeline.preset is not None and data.pipeline.spatial is None:
+            self._sizes = data.pipeline.sizes = ImageSizes(data.pipeline.preset.out_size)
         data.pipeline.ship_encoded = False
         self._device: DevicePath | None = None  # decode="device": fastdata.image.device
         if self.decode == "device":
@@ -271,6 +291,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             size = pipeline.image_size  # an int for a square, as states before rectangles had it
             config["image_size"] = size if isinstance(size, int) else list(size)
         config["output"] = self._output.describe()
+        if pipeline.recipe:
+            config["recipe"] = pipeline.recipe.describe()
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         targets = pipeline.labels.describe()
@@ -291,6 +313,9 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             return len(self._sampler)
         assert isinstance(self._batches, WdsBatches)
         return self._batches.num_batches()
+
+    def _sizes_changed(self) -> None:
+        self._rolled.drop()  # what the workers made ahead is at the size before
 
     def _sampling(self) -> tuple[int, bool, int, str]:
         total = self._sampler.num_samples if self._sampler is not None else self.dataset.manifest.num_samples
@@ -387,10 +412,20 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
     def _device_pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """decode="device": the batches its feeder makes beside the training step (fastdata.image.device)."""
+        """decode="device": the batches its feeder makes beside the training step (fastdata.image.device), at the
+        epoch's image size (progressive resizing: a new size gets slots of its own, and the feeder prepares the next
+        epoch ahead only when it is made at the same size)."""
         assert self._device is not None
-        timings = self._device.timings
-        for number, made in enumerate(self._device.batches(key, weakref.WeakMethod(self._open_pass), self),
+        device, sizes = self._device, self._sizes  # (the feeder must not hold this loader)
+        if sizes is not None:
+            device.set_image_size(sizes.size_for(key.epoch))
+
+        def follow(done: PassKey) -> PassKey | None:  # the next epoch ahead, unless it is made at another size
+            same = sizes is None or sizes.size_for(done.epoch + 1) == device.stage.image_size
+            return PassKey(done.epoch + 1) if same else None
+
+        timings = device.timings
+        for number, made in enumerate(device.batches(key, weakref.WeakMethod(self._open_pass), self, follow),
                                       start=key.skip):
             self._note_skipped(made.skipped)
             self.stage_times.device += made.seconds
@@ -400,6 +435,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                 images, labels, metadata = self._borrow(key, number)
                 images = finish(images.to(self.device), self._output, self._channels_last, str(self.dataset.root))
                 labels = labels.to(self.device)
+            elif self.dataset.pipeline.recipe.batch is not None:  # mixed here, on the device
+                labels = self.dataset.pipeline.mix(images, labels, key.epoch, (number,))
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
     def close(self) -> None:
@@ -456,7 +493,10 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                           stacklevel=3)
         metadata = [sample_metadata(sample)] if self.dataset.with_metadata else None
         images = [image] if pipeline.unstacked else image[None]
-        return images, pipeline.labels.batch([pipeline.target_of(sample)]), metadata
+        labels = pipeline.labels.batch([pipeline.target_of(sample)])
+        if pipeline.recipe.batch is not None:  # labels as the batch preset makes them (one row: not mixed)
+            labels = pipeline.mix(images, labels, epoch, sample.position)
+        return images, labels, metadata
 
     @property
     def device_fallbacks(self) -> int:

@@ -6,7 +6,7 @@
   or an index past the last) is refused at construction, naming what is.
 - `placement`: `decode="auto"` decodes in the workers unless `fastdata tune --device cuda` measured the device
   path faster (the loader's layer looks that up); what `decode="device"` refuses (detection, segmentation, custom
-  transforms).
+  transforms, recipes with per-crop operations).
 - `ships_progressive`: where progressive JPEGs are decoded: on the device, unless `progressive="workers"` or the
   backends asked for are the hardware engines alone (which refuse them): then the workers keep them.
 - `make_decoder`: `DeviceDecode(decoder="auto")`: nvImageCodec on CUDA when it imports, torchvision's otherwise
@@ -81,8 +81,9 @@ def _cuda_build() -> str:
         f"torch {torch.__version__} is built without CUDA"
 
 
-def placement(decode: str, target_kind: str, preset: Any) -> str:
-    """"worker" or "device" for the loader's `decode` (see the module's docstring)."""
+def placement(decode: str, target_kind: str, preset: Any, per_sample: Any = ()) -> str:
+    """"worker" or "device" for the loader's `decode` (see the module's docstring); `per_sample`: the recipe's
+    operations that run on each crop (RandAugment, RandomErasing, ...), which only the workers run."""
     if decode not in DECODE_MODES:
         raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
     if target_kind in ("detection", "segmentation"):
@@ -93,6 +94,9 @@ def placement(decode: str, target_kind: str, preset: Any) -> str:
     if decode == "device" and preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
                           "(decode='worker')")
+    if decode == "device" and per_sample:
+        raise ConfigError(f"decode='device': {list(per_sample)} run on each crop in the workers (decode='worker'); "
+                          "on the device path a recipe takes MixUp / CutMix only")
     return "worker" if decode == "auto" else decode
 
 

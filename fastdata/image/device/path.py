@@ -61,11 +61,19 @@ class DevicePath:
         self._feeder: DeviceFeeder | None = None
         self._closer: weakref.finalize | None = None
 
-    def batches(self, key: PassKey, open_pass: Reference[Callable[[PassKey], Iterator[Any]]], owner: Any
-                ) -> Iterator[DeviceBatch]:
+    def set_image_size(self, size: tuple[int, int]) -> None:
+        """The batches' (height, width) from the next pass on (progressive resizing): a new size stops the feeder
+        and gets slots of its own."""
+        if tuple(size) != tuple(self.stage.image_size):
+            self.close()
+            self.stage.image_size, self._ring = tuple(size), None
+
+    def batches(self, key: PassKey, open_pass: Reference[Callable[[PassKey], Iterator[Any]]], owner: Any,
+                follow: Callable[[PassKey], PassKey | None] | None = None) -> Iterator[DeviceBatch]:
         """Pass `key`'s device batches: from the feeder already preparing it (the epoch after the last), or from a
         new one (any other is closed first). `open_pass` opens the workers' pass; `owner` (the loader) stops the
-        feeder when it is collected."""
+        feeder when it is collected; `follow(key)`: the pass the feeder prepares after `key` (None: none; by
+        default the next epoch). Neither may hold the loader."""
         feeder = self._feeder
         if feeder is None or not feeder.offers(key):
             self.close()
@@ -75,7 +83,7 @@ class DevicePath:
                 self._ring = SlotRing(self.options.slots, lambda: stage.new_output(rows), stage.device, self.streams)
             self._ring.restart(after=last_write)  # the new stream writes no slot the old one may still write
             feeder = self._feeder = DeviceFeeder(self.stage, self._ring, open_pass, key,
-                                                 follow=lambda done: PassKey(done.epoch + 1),
+                                                 follow=follow or (lambda done: PassKey(done.epoch + 1)),
                                                  setup=strong(self.setup), streams=self.streams)
             self._closer = weakref.finalize(owner, feeder.close)  # a loader dropped mid-pass stops it
         yield from feeder.batches(key)
