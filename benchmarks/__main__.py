@@ -11,7 +11,8 @@ mean nothing, and it never writes into benchmarks/results/). `--json OUT` writes
 the machine, the date, this command and the benchmark's own, its seconds, exit status and tables; the runs of the
 benchmarks run now replace theirs in OUT, the others stay. A benchmark that needs what this machine lacks (a
 module, a GPU) is left out, and the results say why. The device suite first makes a lent GPU machine ready
-(`benchmarks/device_setup.py`).
+(`benchmarks/device_setup.py`); a benchmark that writes its own results as it goes gets a file beside OUT
+(`OUT-stem.NAME.json`), and a GPU benchmark with a CPU smoke run runs that instead under `--smoke`.
 """
 
 from __future__ import annotations
@@ -57,35 +58,48 @@ def has_cuda() -> bool:
                           capture_output=True, check=False).returncode == 0
 
 
-def missing(benchmark: Benchmark) -> str | None:
+def on_cpu_instead(benchmark: Benchmark, smoke: bool) -> bool:
+    """Whether a smoke run here runs `benchmark`'s CPU smoke (it needs a GPU, this machine has none)."""
+    return smoke and benchmark.cpu_smoke is not None and "cuda" in benchmark.needs and not has_cuda()
+
+
+def missing(benchmark: Benchmark, smoke: bool = False) -> str | None:
     """Why `benchmark` cannot run here (None: it can)."""
     for need in benchmark.needs:
         if need == "cuda":
-            if not has_cuda():
+            if not has_cuda() and not on_cpu_instead(benchmark, smoke):
                 return "no CUDA GPU on this machine"
         elif importlib.util.find_spec(need) is None:
             return f"`{need}` is not installed (benchmarks/requirements-peers.txt)"
     return None
 
 
-def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None) -> list[str]:
-    """The command line that runs `benchmark`."""
+def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None, json_file: Path | None = None) -> list[str]:
+    """The command line that runs `benchmark` (`json_file`: where a benchmark that writes its own results does)."""
     target = list(benchmark.command) or [str(HERE / benchmark.file)]
-    args = list(benchmark.smoke if smoke else benchmark.args)
+    if on_cpu_instead(benchmark, smoke):
+        args = list(benchmark.cpu_smoke or ())
+    else:
+        args = list(benchmark.smoke if smoke else benchmark.args)
     if repeats is not None and benchmark.takes_repeats:
         args += ["--repeats", str(repeats)]
+    if json_file is not None and benchmark.writes_json:
+        args += ["--json", str(json_file)]
     return [sys.executable, *target, *args]
 
 
-def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[str, str]) -> dict[str, Any]:
+def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[str, str],
+            json_file: Path | None = None) -> dict[str, Any]:
     """Run `benchmark` in a fresh process, its output passed through; its record for the results."""
     record: dict[str, Any] = {"benchmark": benchmark.name, "suite": benchmark.suite, "about": benchmark.about,
                               "date": time.strftime("%Y-%m-%d %H:%M %Z")}
-    reason = missing(benchmark)
+    reason = missing(benchmark, smoke)
     if reason is not None:
         print(f"\n== {benchmark.name}: left out ({reason})", flush=True)
         return {**record, "left_out": reason, "tables": []}
-    command = command_of(benchmark, smoke, repeats)
+    if on_cpu_instead(benchmark, smoke):
+        record["on_cpu"] = "no CUDA GPU here: the CPU smoke run (its figures mean nothing)"
+    command = command_of(benchmark, smoke, repeats, json_file)
     shown = " ".join(Path(part).name if part.endswith(".py") else part for part in command[1:])
     print(f"\n== {benchmark.name}: python {shown}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
@@ -100,6 +114,8 @@ def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[st
         seconds = time.perf_counter() - started
         tables = [table.to_json() for table in read_sink(sink)]
     print(f"== {benchmark.name}: {'done' if code == 0 else f'FAILED ({code})'} in {seconds:.0f} s", flush=True)
+    if json_file is not None and benchmark.writes_json:
+        record["results_file"] = str(json_file)
     return {**record, "command": f"python {shown}", "seconds": round(seconds, 1), "exit": code, "tables": tables}
 
 
@@ -141,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"GPU: {here['gpu']} (set-up log: {log})", flush=True)
     ran_now = []
     for benchmark in chosen:
-        record = run_one(benchmark, args.smoke, args.repeats, env)
+        own = Path(args.json).with_name(f"{Path(args.json).stem}.{benchmark.name}.json") if args.json else None
+        record = run_one(benchmark, args.smoke, args.repeats, env, own)
         ran_now.append({**record, "machine": here, "harness": harness_command(args.argv), "smoke": args.smoke})
         results["runs"] = kept + ran_now
         if args.json:  # written after each benchmark: a run cut short keeps what it measured

@@ -18,6 +18,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = Path("/tmp/fastdata-device-site")
+#: Seconds the set-up may take in all (installing the wheels, building the extension): part of the device suite's
+#: budget (registry.DEVICE_SUITE_S). Each step is stopped at its share; a step stopped is said, and the suite goes on.
+SETUP_TIMEOUT = 60
+INSTALL_TIMEOUT, BUILD_TIMEOUT, CHECK_TIMEOUT = 15, 20, 12  # the check runs twice: 59 in all
+assert INSTALL_TIMEOUT + BUILD_TIMEOUT + 2 * CHECK_TIMEOUT <= SETUP_TIMEOUT
 
 
 def prepare(log: Path) -> dict[str, str]:
@@ -33,24 +38,33 @@ def prepare(log: Path) -> dict[str, str]:
                 print(f"the {len(wheels)} carried wheels are installed in {SITE} already", flush=True)
             else:
                 print(f"installing {len(wheels)} carried wheels into {SITE}", flush=True)
-                done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                                       "--target", str(SITE), *map(str, wheels)], stdout=out,
-                                      stderr=subprocess.STDOUT, check=False)
-                if done.returncode == 0:
+                done = _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                             "--target", str(SITE), *map(str, wheels)], INSTALL_TIMEOUT, stdout=out,
+                            stderr=subprocess.STDOUT)
+                if done == 0:
                     marker.write_text(listed)
             libraries = [str(p) for p in sorted(SITE.glob("nvidia/*/lib"))]
             env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
             env["LD_LIBRARY_PATH"] = os.pathsep.join([*libraries, env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
         if (ROOT / "setup.py").exists():
-            built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT, stdout=out,
-                                   stderr=subprocess.STDOUT, check=False, env=env)
-            if built.returncode != 0:
+            built = _run([sys.executable, "setup.py", "build_ext", "--inplace"], BUILD_TIMEOUT, cwd=ROOT, stdout=out,
+                         stderr=subprocess.STDOUT, env=env)
+            if built != 0:
                 print(f"the C extension did not build (see {log}): the region decoder's rows fall back", flush=True)
-    installed = subprocess.run([sys.executable, "-c", "import fastdata.converters"], env=env, cwd=ROOT,
-                               capture_output=True, check=False).returncode == 0
+    installed = _run([sys.executable, "-c", "import fastdata.converters"], CHECK_TIMEOUT, env=env, cwd=ROOT,
+                     capture_output=True) == 0
     if not installed and not (ROOT / "fastdata" / "converters").exists():  # fastdata not installed here: what
         shutil.copytree(ROOT / "converters", ROOT / "fastdata" / "converters")  # its package-dir mapping does
     return env
+
+
+def _run(command: list[str], timeout: float, **options: object) -> int | str:
+    """A step's exit status, or "timeout" when it ran past its share of SETUP_TIMEOUT (said)."""
+    try:
+        return subprocess.run(command, check=False, timeout=timeout, **options).returncode  # type: ignore
+    except subprocess.TimeoutExpired:
+        print(f"set-up: {' '.join(command[1:3])} stopped after {timeout:.0f} s", flush=True)
+        return "timeout"
 
 
 def describe_gpu(env: dict[str, str]) -> str:
@@ -59,7 +73,11 @@ def describe_gpu(env: dict[str, str]) -> str:
     code = ("import torch, torchvision; from fastdata.image.device.decoders import nvimgcodec_missing as m; "
             "print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device', "
             "'| torch', torch.__version__, 'torchvision', torchvision.__version__, '| nvimgcodec:', m() or 'ok')")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False, cwd=ROOT)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False,
+                              cwd=ROOT, timeout=CHECK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"unknown (the check took over {CHECK_TIMEOUT} s)"
     lines = (done.stdout or done.stderr).strip().splitlines()
     smi = shutil.which("nvidia-smi")
     driver = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,

@@ -1,6 +1,6 @@
 """GPU decode check for decode="device": each decoder and nvImageCodec backend mix, decode only, one table.
 
-    python benchmarks/gpu_check.py [--images 6144] [--json F]
+    python benchmarks/gpu_check.py [--images 6144] [--repeats 2] [--json F] [--device cuda|cpu]
 
 For every configuration, on the sample photos' JPEGs (the same files as benchmarks/gpu_train_feed.py):
 1. pixels: each image decoded whole against Pillow's decode (libjpeg-turbo): max and mean absolute difference;
@@ -10,16 +10,22 @@ For every configuration, on the sample photos' JPEGs (the same files as benchmar
 
 Configurations: torchvision's decode_jpeg (nvjpeg); nvImageCodec with the library's own defaults (every backend, all
 cores but one); fastdata's default over files that include progressive ones (hardware engines + hybrid, 4 CPU
-threads) with and without reusing the decoded Images' buffers; the hardware engines with a 0.65 load hint (DALI's) +
-hybrid; hybrid alone; hardware alone (baseline JPEGs only: progressive files come back None). Then, over the same
+threads) with and without reusing the decoded Images' buffers, and with the preallocation options the loader gives it
+(DALI's: `preallocate_batch_size` and the dataset's size hints); the hardware engines with a 0.65 load hint
+(DALI's) + hybrid; hybrid alone; hardware alone (baseline JPEGs only: progressive files come back None); with the
+JPEG engines' utilisation where NVML exposes it. Then, over the same
 photos converted with `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded):
 hardware + hybrid and the hardware engines alone (what `DeviceDecode(backends="auto")` chooses for such a dataset),
 as one decoder and as two decoders called from two threads (a second batch in flight), and the engines alone on each
-train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`. Last, the GPU time of the device path's batched
-crop-resize-flip per batch of 256 photos (benchmarks/resize_kernel.py on CUDA: its matrix products in float16 and
-float32 against the per-tap gathers of the kernel before).
+train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`; the two-decoder row settles whether a second
+decode thread pays (only at >= 1.15x one decoder: said under the table). Last, the GPU time of the device path's
+batched crop-resize-flip per batch of 256 photos, with CUDA events (benchmarks/resize_kernel.py on CUDA: its matrix
+products in float16 and float32 against the per-tap gathers of the kernel before), and of its two weight matrices
+alone, against the target of 1 ms per batch.
 
 Needs torch + torchvision with CUDA and nvidia-nvimgcodec-cu13/-cu12 (`pip install 'fastdata[gpu-cu13]'`).
+`--device cpu` runs what the CPU can (torchvision's decoder, the resize on the CPU): proof that it runs, figures
+meaning nothing.
 """
 
 from __future__ import annotations
@@ -42,18 +48,29 @@ sys.path.insert(0, str(Path(__file__).parent))
 import report
 from common import arguments
 
+import fastdata
 from fastdata.image.device.decoders import decode_now  # each call's buffers handed back, as the feeder does
 
 BATCH = 256
+#: the target of the batched crop-resize-flip's GPU time per batch of 256 photos (ms)
+RESIZE_TARGET_MS = 1.0
+#: a second decoder and thread pay only when they make decoding this much faster than one
+SECOND_DECODER_AT = 1.15
 
 
-def configurations() -> dict[str, object]:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def configurations(device: torch.device, hints: object = None) -> dict[str, object]:
     from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missing
     from fastdata.image.device.options import DeviceDecode
 
-    found: dict[str, object] = {"torchvision decode_jpeg (nvjpeg)": TorchvisionDecoder(torch.device("cuda"))}
-    if nvimgcodec_missing():
-        print("nvImageCodec is not installed:", nvimgcodec_missing())
+    engine = "nvjpeg" if device.type == "cuda" else "libjpeg"
+    found: dict[str, object] = {f"torchvision decode_jpeg ({engine})": TorchvisionDecoder(device)}
+    if device.type != "cuda" or nvimgcodec_missing():
+        print("nvImageCodec is not usable here:", nvimgcodec_missing() or "no CUDA device")
         return found
     from nvidia import nvimgcodec
 
@@ -69,6 +86,8 @@ def configurations() -> dict[str, object]:
     no_reuse = NvImageCodecDecoder(cuda, DeviceDecode())
     no_reuse.reuse = False
     found[no_reuse.name + ", Images not reused"] = no_reuse
+    hinted = NvImageCodecDecoder(cuda, DeviceDecode(), hints)
+    found[hinted.name + f", options {hinted.options!r} (as the loader makes it)"] = hinted
     for options in (DeviceDecode(hardware_load=0.65), DeviceDecode(backends=("hybrid",)),
                     DeviceDecode(backends=("hardware",)), DeviceDecode(cpu_threads=8)):
         decoder = NvImageCodecDecoder(cuda, options)
@@ -92,13 +111,44 @@ def agreement(decoder: object, payloads: list[np.ndarray], n: int = 256) -> dict
 
 
 def rate(decoder: object, payloads: list[np.ndarray], regions: list | None) -> tuple[float, int]:
-    torch.cuda.synchronize()
+    device = decoder.device  # type: ignore[attr-defined]
+    synchronize(device)
     started, failed = time.perf_counter(), 0
     for i in range(0, len(payloads), BATCH):
         images = decode_now(decoder, payloads[i:i + BATCH], None if regions is None else regions[i:i + BATCH])
         failed += sum(image is None for image in images)
-    torch.cuda.synchronize()
+    synchronize(device)
     return len(payloads) / (time.perf_counter() - started), failed
+
+
+class JpegEngines:
+    """The JPEG engines' utilisation (NVML, where exposed) sampled every 0.1 s while a block runs: (mean, max)."""
+
+    def __init__(self) -> None:
+        from fastdata.meter.gpu import Nvml
+
+        self.nvml, self.reason = Nvml.open()
+
+    def during(self, run: Callable[[], tuple[float, int]]) -> tuple[tuple[float, int], tuple[float, float] | None]:
+        if self.nvml is None:
+            return run(), None
+        seen: list[float] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.1):
+                use = self.nvml.utilization()[0]
+                if use is not None and use.jpeg_util_percent is not None:
+                    seen.append(use.jpeg_util_percent)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            result = run()
+        finally:
+            stop.set()
+            thread.join()
+        return result, ((statistics.mean(seen), max(seen)) if seen else None)
 
 
 def rate_in_parallel(decoders: list, payloads: list[np.ndarray]) -> tuple[float, int]:
@@ -133,45 +183,110 @@ def rate_in_parallel(decoders: list, payloads: list[np.ndarray]) -> tuple[float,
 
 
 def main() -> None:
-    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=3, data=False)
+    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=2, data=False)
     parser.add_argument("--out", default="benchmarks/data")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     from gpu_train_feed import dataset, jpegs
 
+    from fastdata.image.device.auto import decoder_hints
+
+    device = torch.device(args.device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke: figures mean nothing)"
     _, lmdb = dataset(Path(args.out), args.images)
     payloads, regions = jpegs(lmdb)
-    decoders = configurations()
-    results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "jpegs": len(payloads),
+    reader = fastdata.dataset(lmdb).reader
+    decoders = configurations(device, decoder_hints(BATCH, reader.widths, reader.heights))
+    results: dict = {"machine": gpu, "gpu": gpu, "cores": os.cpu_count(), "jpegs": len(payloads),
                      "date": time.strftime("%Y-%m-%d"), "rows": {}}
+
+    def save() -> None:  # after each part: a run cut short keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+
+    engines = JpegEngines()
     for name, decoder in decoders.items():
         decode_now(decoder, payloads[:BATCH])  # warm-up
-        results["rows"][name] = {"pixels": agreement(decoder, payloads), "whole": [], "regions": []}
+        results["rows"][name] = {"pixels": agreement(decoder, payloads), "whole": [], "regions": [],
+                                 "jpeg_engines_percent": None}
     for repeat in range(args.repeats):
         order = list(decoders) if repeat % 2 == 0 else list(reversed(decoders))
         for name in order:
             decoder = decoders[name]
             row = results["rows"][name]
-            row["whole"].append(rate(decoder, payloads, None))
-            if getattr(decoder, "regions", False):
+            measured, engine_use = engines.during(lambda decoder=decoder: rate(decoder, payloads, None))
+            row["whole"].append(measured)
+            row["jpeg_engines_percent"] = engine_use or row["jpeg_engines_percent"]
+            if getattr(decoder, "regions", False) and "library defaults" in name:  # regions: known refused on 0.9
                 row["regions"].append(rate(decoder, payloads, regions))
+        save()
     rows = []
     for name, row in results["rows"].items():
         whole = statistics.median(r for r, _ in row["whole"])
         region = (f"{statistics.median(r for r, _ in row['regions']):,.0f} ({row['regions'][0][1]} not decoded)"
                   if row["regions"] else "n/a")
-        pixels = row["pixels"]
-        rows.append([name, f"{whole:,.0f}", region, row["whole"][0][1], f"{pixels['max']:.0f} / {pixels['mean']:.2f}"])
-    report.table(f"{results['machine']}, {results['cores']} cores, {len(payloads)} JPEGs, batches of {BATCH}: decode "
-                 f"only, medians of {args.repeats} alternating repeats; pixels of the first 256 against Pillow",
-                 ["decoder", "whole img/s", "by crop region img/s", "not decoded", "max / mean diff vs Pillow"], rows)
-    results["baseline_layout"] = baseline_layout(Path(args.out), args.images, args.repeats)
-    from resize_kernel import measure
+        pixels, use = row["pixels"], row["jpeg_engines_percent"]
+        rows.append([name, f"{whole:,.0f}", region, row["whole"][0][1], f"{pixels['max']:.0f} / {pixels['mean']:.2f}",
+                     f"{use[0]:.0f} / {use[1]:.0f}" if use else (engines.reason or "not exposed")])
+    report.table(f"{gpu}, {results['cores']} cores, {len(payloads)} JPEGs, batches of {BATCH}: decode only, medians of "
+                 f"{args.repeats} alternating repeats; pixels of the first 256 against Pillow",
+                 ["decoder", "whole img/s", "by crop region img/s", "not decoded", "max / mean diff vs Pillow",
+                  "JPEG engines % (mean / max)"], rows)
+    if device.type == "cuda" and len(decoders) > 1:
+        results["baseline_layout"] = baseline_layout(Path(args.out), args.images, args.repeats)
+        save()
+    results["resize"] = resize(Path(args.out), args.images, args.repeats, device, gpu)
+    save()
 
-    results["resize_kernel"] = measure(Path(args.out), args.images, BATCH, max(1, min(4, args.images // BATCH)),
-                                       args.repeats, torch.device("cuda"))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+
+def resize(data: Path, images: int, repeats: int, device: torch.device, gpu: str) -> dict:
+    """The batched crop-resize-flip's time per batch (GPU time with CUDA events; wall time on the CPU), and its two
+    weight matrices' alone, against RESIZE_TARGET_MS."""
+    from resize_kernel import SIZE, measure, photo_batches
+
+    from fastdata.image.device.kernels import cover, device_params, taps
+
+    batches = max(1, min(4, images // BATCH))
+    found = measure(data, images, min(BATCH, images), batches, repeats, device)
+    photos = photo_batches(data, images, min(BATCH, images), batches, device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+
+    def weights() -> None:
+        from fastdata.image.device.kernels import _axis_weights
+
+        for _images, crops in photos:
+            covered = cover(crops.boxes, crops.shapes)
+            left, top, box_w, box_h, x0, y0, x1, y1, *_ = device_params(crops, covered, device).unbind(1)
+            height, width = int((covered[:, 3] - covered[:, 1]).max()), int((covered[:, 2] - covered[:, 0]).max())
+            _axis_weights(top, box_h, y0, y1, SIZE[0], height, dtype, taps(crops.boxes[:, 3], SIZE[0]))
+            _axis_weights(left, box_w, x0, x1, SIZE[1], width, dtype, taps(crops.boxes[:, 2], SIZE[1]))
+
+    weights()  # warm-up
+    spans = []
+    for _ in range(repeats):
+        synchronize(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            weights()
+            end.record()
+            torch.cuda.synchronize()
+            spans.append(start.elapsed_time(end) / len(photos))
+        else:
+            started = time.perf_counter()
+            weights()
+            spans.append(1000 * (time.perf_counter() - started) / len(photos))
+    ms = found["ms_per_batch"]
+    kernel = ms.get("matrix products, float16 (the CUDA default)") or ms["matrix products, float32"]
+    whole, alone = statistics.median(kernel), statistics.median(spans)
+    report.table(f"{gpu}: the device path's batched crop-resize-flip per batch of {min(BATCH, images)} photos "
+                 f"({'GPU time, CUDA events' if device.type == 'cuda' else 'CPU wall time'}), target "
+                 f"{RESIZE_TARGET_MS:g} ms", ["part", "ms per batch (median)", "within the target"],
+                 [["the whole crop-resize-flip (as the loader runs it)", f"{whole:.3f}",
+                   "yes" if whole <= RESIZE_TARGET_MS else "no"],
+                  ["its two weight matrices alone (one fused pass each on CUDA)", f"{alone:.3f}", ""]], align="lrl")
+    return {**found, "whole_ms": whole, "weights_ms": alone, "target_ms": RESIZE_TARGET_MS}
 
 
 def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tuple[float, int]]]:
@@ -213,12 +328,17 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
     for repeat in range(repeats):
         for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):
             runs[name].append(measures[name]())
+    one = statistics.median(r for r, _ in runs[next(name for name in decoders if "default here" in name)])
+    two = statistics.median(r for r, _ in runs[next(name for name in runs if "two decoders" in name)])
+    verdict = (f"two decoders on two threads / one decoder = {two / one:.2f}x: a second decode thread "
+               f"{'pays' if two / one >= SECOND_DECODER_AT else 'does not pay'} (it would at >= {SECOND_DECODER_AT}x)")
+    print(verdict)
     report.table(f"every image a baseline JPEG ({len(payloads)} of them; --jpeg-layout baseline --non-jpeg jpeg, or "
                  f"restart for the sub-JPEGs): decode only, medians of {repeats} alternating repeats",
                  ["decoder", "img/s", "spread", "not decoded"],
                  [[name, f"{statistics.median(r for r, _ in rows):,.0f}",
                    f"{max(r for r, _ in rows) - min(r for r, _ in rows):,.0f}", rows[0][1]]
-                  for name, rows in runs.items()])
+                  for name, rows in runs.items()], notes=[verdict])
     return runs
 
 

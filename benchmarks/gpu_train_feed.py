@@ -1,33 +1,34 @@
-"""Does the loader keep a GPU training loop fed? The measurement the device path is judged by.
+"""Does the loader keep a GPU training loop fed? The measurement the device path is judged by, in steady state.
 
-    python benchmarks/gpu_train_feed.py [--images 6144] [--models resnet18,resnet50] [--repeats 2] [--json F]
+    python benchmarks/gpu_train_feed.py [--images 6144] [--copies 4] [--models resnet18,resnet50] [--repeats 1]
+                                        [--budget-s 250] [--tune-budget 0] [--json F] [--device cuda|cpu]
 
-A real training loop (torchvision ResNet-18 and ResNet-50, bf16 autocast, channels_last, SGD, batch 256,
-`cudnn.benchmark`), fed by each contender at one fixed batch shape (drop_last), timed over whole epochs after a
-warm-up epoch (so the timed window holds an epoch boundary), contenders alternating over the repeats:
+The protocol (docs/gpu.md, "Measuring it"; ../shared/notes/gpu-feeder-round4.md sec. 5):
+- data: the sample photos replicated `--copies` times (symlinks) as one ImageFolder tree, so that an epoch holds
+  >= 96 batches of 256 for every contender; converted once as is and once with `--jpeg-layout baseline --non-jpeg
+  jpeg` (every image a baseline JPEG, which the GPU's JPEG engines take);
+- one fixed batch shape (`drop_last`), bf16 autocast, channels_last, SGD, the same `Step`, `cudnn.benchmark`;
+- per model, the ceiling (the step on a batch kept on the GPU) first and last (its drift is reported);
+- per contender, an untimed warm-up epoch (workers fork, decoders and allocations made), then one timed epoch:
+  a CUDA event after each step, no synchronisation in the loop. The steady rate counts the steps after
+  S = max(8, workers x prefetch + 4) (the pipeline has filled by then); the epoch-start stall (the gap between the
+  warm-up epoch's last step and the timed epoch's first, less one ceiling step) has its own column; the whole
+  epoch's rate is kept for reference only;
+- for the device path, in the same process: the decode-only rate of the decoder its loader makes, and the loader
+  alone (the same protocol, each batch touched by one kernel instead of a model step), with the feeder's threads'
+  and streams' milliseconds per batch;
+- host cores (the process and its workers, psutil) over the timed epoch;
+- the JSON (`--json`) is written after every contender, so a run cut short keeps what it measured; every figure
+  is named with the GPU it was measured on.
 
-- the synthetic ceiling: the same step on one batch kept on the GPU;
-- torchvision ImageFolder + DataLoader (RandomResizedCrop + flip + PILToTensor, every core as workers, persistent,
-  pinned), normalised to bf16 channels_last on the GPU;
-- fastdata decode="worker", fastdata decode="device", fastdata's defaults (device="cuda": `decode="auto"` takes
-  what `fastdata tune --device cuda --step MODEL` measured, which this script runs before each model's loops, as
-  a user would with their model; `--tune-budget` is shared between the models), and the defaults with
-  num_workers=4 (and, for ResNet-50, 2);
-- with 4 workers: `DeviceDecode(decode_ahead=True)` (decode and crop on two feeder threads), and decode="device"
-  (whose `backends="auto"` takes the GPU's hardware JPEG engines alone where they pass its probe:
-  fastdata.image.device.choice) over the photos converted with
-  `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded, lossy: the engines
-  take them all, the workers decode none, and no decoding uses the GPU's SMs, which the training step needs), and
-  over `--jpeg-layout restart --non-jpeg jpeg` (the workers ship each crop's sub-JPEG: the engines decode only the
-  MCUs the crop covers); these two for ResNet-18, whose rate the decoder bounds. Also for ResNet-18, over the
-  original conversion, `DeviceDecode(progressive="workers")` with 8 workers: the progressive files (and the PNGs)
-  decoded in the workers, so that the device decoder gets baseline JPEGs only and `backends="auto"` gives them to
-  the engines alone (whether the device path should do so by default where the engines are).
-
-Also, in the same run: the decode-only rate of the device path's decoder over the same files (one batched call
-per 256 images, the crops' regions as the loader asks for them), and the host CPU the whole loader used (its
-process and its workers, in cores) while it fed the loop. Two tables (the decoder alone, the training feed);
-`--json` keeps every figure.
+Contenders: torchvision ImageFolder + DataLoader (RandomResizedCrop + flip + PILToTensor, `--workers` workers);
+fastdata decode="worker" (`--workers`); the device path (4 workers) over the original conversion and over the
+baseline one (the engines alone: `backends="auto"`), and fastdata's defaults with device="cuda" (decode="auto":
+the workers, unless `fastdata tune --device cuda --step MODEL` measured the device path faster: `--tune-budget`
+seconds, 0 to skip tune). `--budget-s`: contenders that would start after this many seconds are left out (said),
+so that the tables print within the harness's cap. `--device cpu` runs the whole protocol on the CPU with a tiny
+model (its figures mean nothing: proof that the script runs, as `python -m benchmarks run device --smoke` does
+where there is no GPU).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,179 +52,63 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import report
 from common import arguments, cached_sample_imagefolder
-from hardening import dataset_for
 
 BATCH = 256
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+DEVICE_WORKERS = 4  # the device path's workers: its host-core budget (targets: <= 6 cores in all)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the protocol's arithmetic (pure: tests/test_gpu_protocol.py)
+
+
+def settle_steps(workers: int, prefetch: int) -> int:
+    """S: the steps left out before the steady window, once every batch in flight at an epoch's start has come."""
+    return max(8, workers * prefetch + 4)
+
+
+def steady(marks: list[float], images_per_step: int, settle: int) -> float | None:
+    """Images/s over the steps after `settle`, from the times (seconds, one clock) at which each step ended; None
+    when the epoch is too short to have a steady window."""
+    if len(marks) < settle + 2:
+        return None
+    return (len(marks) - 1 - settle) * images_per_step / (marks[-1] - marks[settle])
+
+
+def stall(last_of_warmup: float, first_of_timed: float, ceiling_step_s: float) -> float:
+    """The epoch-start stall: the gap between one epoch's last step and the next one's first, less one step."""
+    return max(0.0, first_of_timed - last_of_warmup - ceiling_step_s)
+
+
+def replicate(src: Path, out: Path, copies: int) -> Path:
+    """`src`'s ImageFolder tree `copies` times over as symlinks under `out` (each file once per copy, in its
+    class), made once."""
+    if out.is_dir():
+        return out
+    tmp = out.with_suffix(".tmp")
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        for copy in range(copies):
+            link = tmp / path.parent.relative_to(src) / f"{path.stem}-{copy}{path.suffix}"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists():
+                link.symlink_to(path.resolve())
+    tmp.rename(out)
+    return out
 
 
 def dataset(out: Path, images: int, layout: str = "original", non_jpeg: str = "keep") -> tuple[Path, Path]:
-    """The sample photos as an ImageFolder tree and as an LMDB dataset (`hardening.dataset_for`: `layout`
-    "restart": every JPEG rewritten losslessly as baseline with a restart marker per MCU; "baseline": the
-    progressive ones rewritten losslessly as baseline; `non_jpeg` "jpeg": the PNGs stored as JPEGs, lossy)."""
+    """The sample photos (not replicated) as an ImageFolder tree and as an LMDB dataset (`hardening.dataset_for`;
+    gpu_check's decode tables use them)."""
+    from hardening import dataset_for
+
     return cached_sample_imagefolder(out, images), dataset_for(out, images, layout, non_jpeg)
 
 
-class Step:
-    """One training step of `model` (bf16 autocast, channels_last, SGD) on a batch already on the GPU."""
-
-    def __init__(self, name: str) -> None:
-        import torchvision
-
-        self.name = name
-        self.model = getattr(torchvision.models, name)(num_classes=1000).cuda().to(memory_format=torch.channels_last)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-        self.loss = torch.nn.CrossEntropyLoss()
-
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = self.loss(self.model(images), labels)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-
-def ceiling(step: Step, steps: int = 60) -> float:
-    """Images/s of the step on one batch kept on the GPU."""
-    images = torch.randn(BATCH, 3, 224, 224, device="cuda").to(torch.bfloat16).contiguous(
-        memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (BATCH,), device="cuda")
-    for _ in range(15):
-        step(images, labels)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step(images, labels)
-    torch.cuda.synchronize()
-    return steps * BATCH / (time.perf_counter() - started)
-
-
-def cpu_seconds() -> float:
-    """CPU seconds of this process and its live children (the loader's workers)."""
-    import psutil
-
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            total += sum(child.cpu_times()[:2])
-    return total
-
-
-def feed(step: Step, make: Callable[[], Iterable], epochs: int, settle: int = 4) -> dict[str, Any]:
-    """Images/s of `step` fed by the loader `make()` makes, over `epochs` whole epochs after one warm-up epoch;
-    the same without the first `settle` batches of each epoch (the steady state, from CUDA events recorded after
-    each step: no synchronisation in the loop); the host cores the process and its workers used meanwhile (the
-    training thread included); and, on the device path, the feeder's host milliseconds per batch by part, with
-    its waits for the workers and the training thread's waits for it (which of the two is short of batches)."""
-    loader = make()
-    try:
-        for images, labels in loader:  # warm-up: workers, decoder, cuDNN's choice for this shape
-            step(images, labels)
-        torch.cuda.synchronize()
-        stage = getattr(loader, "_stage", None)
-        before = dict(stage.timings) if stage is not None else None
-        cpu, started, count = cpu_seconds(), time.perf_counter(), 0
-        marks: list[list[tuple[torch.cuda.Event, int]]] = []
-        for _ in range(epochs):
-            marks.append([])
-            for images, labels in loader:
-                step(images, labels)
-                count += len(labels)
-                event = torch.cuda.Event(enable_timing=True)
-                event.record()
-                marks[-1].append((event, len(labels)))
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        cores = (cpu_seconds() - cpu) / seconds
-        steady_images = sum(n for epoch in marks for _, n in epoch[settle + 1:])
-        steady_seconds = sum(epoch[settle][0].elapsed_time(epoch[-1][0]) / 1000 for epoch in marks
-                             if len(epoch) > settle + 1)
-        measured: dict[str, Any] = {"images_per_s": count / seconds,
-                                    "steady_images_per_s": steady_images / steady_seconds, "cores": cores}
-        if stage is not None:
-            measured["decoder"] = loader.device_decoder
-            batches = stage.timings["batches"] - before["batches"]
-            measured.update({f"feeder_{part}_ms": 1000 * (stage.timings[part] - before[part]) / batches
-                             for part in ("decode", "resize", "other", "workers", "starved")})
-    finally:
-        if hasattr(loader, "close_feeder"):
-            loader.close_feeder()
-        del loader
-        wait_for_workers()
-    return measured
-
-
-def wait_for_workers(timeout: float = 30.0) -> None:
-    gc.collect()
-    deadline = time.monotonic() + timeout
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-class OnDevice:
-    """A torchvision DataLoader's uint8 batches, normalised to bf16 channels_last on the GPU."""
-
-    def __init__(self, loader: Iterable) -> None:
-        self.loader = loader
-        self.mean, self.std = MEAN.cuda(), STD.cuda()
-
-    def __iter__(self):
-        for images, labels in self.loader:
-            images = images.cuda(non_blocking=True).float().sub_(self.mean).div_(self.std)
-            yield images.to(torch.bfloat16).contiguous(memory_format=torch.channels_last), labels.cuda(
-                non_blocking=True)
-
-
-HARDWARE_BASELINE = "fastdata decode='device', --jpeg-layout baseline --non-jpeg jpeg, num_workers=4"
-HARDWARE_RESTART = ("fastdata decode='device', --jpeg-layout restart --non-jpeg jpeg (each crop's sub-JPEG), "
-                    "num_workers=4")
-PROGRESSIVE_IN_WORKERS = "fastdata DeviceDecode(progressive='workers'), num_workers=8"
-
-
-def contenders(src: Path, lmdb: Path, baseline: Path, restart: Path, workers: int
-               ) -> dict[str, Callable[[], Iterable]]:
-    import fastdata
-
-    def imagefolder() -> Iterable:
-        from torch.utils.data import DataLoader
-        from torchvision import datasets, transforms
-
-        transform = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-                                        transforms.PILToTensor()])
-        return OnDevice(DataLoader(datasets.ImageFolder(str(src), transform), batch_size=BATCH, shuffle=True,
-                                   num_workers=workers, persistent_workers=True, pin_memory=True, drop_last=True))
-
-    common = dict(batch_size=BATCH, device="cuda", dtype=torch.bfloat16, channels_last=True, drop_last=True)
-    return {
-        f"torchvision ImageFolder ({workers} workers)": imagefolder,
-        f"fastdata decode='worker' ({workers} workers)": lambda: fastdata.loader(
-            lmdb, decode="worker", num_workers=workers, **common),
-        f"fastdata decode='device' ({workers} workers)": lambda: fastdata.loader(
-            lmdb, decode="device", num_workers=workers, **common),
-        "fastdata defaults": lambda: fastdata.loader(lmdb, **common),
-        "fastdata defaults, num_workers=4": lambda: fastdata.loader(lmdb, num_workers=4, **common),
-        HARDWARE_BASELINE: lambda: fastdata.loader(baseline, decode="device", num_workers=4, **common),
-        HARDWARE_RESTART: lambda: fastdata.loader(restart, decode="device", num_workers=4, **common),
-        "fastdata defaults, num_workers=2": lambda: fastdata.loader(lmdb, num_workers=2, **common),
-        PROGRESSIVE_IN_WORKERS: lambda: fastdata.loader(
-            lmdb, decode=fastdata.DeviceDecode(progressive="workers"), num_workers=8, **common),
-        "fastdata DeviceDecode(decode_ahead=True), num_workers=4": lambda: fastdata.loader(
-            lmdb, decode=fastdata.DeviceDecode(decode_ahead=True), num_workers=4, **common),
-    }
-
-
-#: Contenders run for some models only (the target they answer is set for those): name -> models.
-ONLY_FOR = {"fastdata defaults, num_workers=2": {"resnet50"},
-            HARDWARE_BASELINE: {"resnet18"}, HARDWARE_RESTART: {"resnet18"},  # the decoder's rate: the fast model
-            PROGRESSIVE_IN_WORKERS: {"resnet18"}}
-
-
 def jpegs(lmdb: Path, sub_jpegs: bool = False) -> tuple[list[np.ndarray], list[tuple[int, int, int, int]]]:
-    """Every JPEG of the dataset (pinned host memory, as the workers hand them over) and its train crop's region;
-    with `sub_jpegs` (a restart-layout dataset), each crop's sub-JPEG instead of the whole file, as the workers
-    ship them there (`fastdata.image.device.ship.ship_sub_jpeg`)."""
+    """Every JPEG of the dataset (pinned host memory where CUDA is, as the workers hand them over) and its train
+    crop's region; with `sub_jpegs` (a restart-layout dataset), each crop's sub-JPEG instead of the whole file, as
+    the workers ship them there (`fastdata.image.device.ship.ship_sub_jpeg`)."""
     import fastdata
     from fastdata.image.device.kernels import cover
     from fastdata.image.device.ship import ship_sub_jpeg
@@ -239,143 +124,379 @@ def jpegs(lmdb: Path, sub_jpegs: bool = False) -> tuple[list[np.ndarray], list[t
         box = np.array([[params.left, params.top, params.width, params.height]])
         regions.append(tuple(int(v) for v in cover(box, np.array([[sample.height, sample.width]]))[0]))
         shipped = ship_sub_jpeg(sample, params) if sub_jpegs else None
-        data = sample.data if shipped is None else shipped[0]
-        payloads.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).pin_memory().numpy())
+        data = torch.frombuffer(bytearray(sample.data if shipped is None else shipped[0]), dtype=torch.uint8)
+        payloads.append((data.pin_memory() if torch.cuda.is_available() else data).numpy())
     return payloads, regions
 
 
-def decode_only(lmdb: Path, repeats: int = 3) -> dict[str, float | str]:
-    """Images/s of the device path's decoder alone, as a loader with the default DeviceDecode makes it for this
-    dataset (`backends="auto"`): every JPEG of the dataset (whole files, as the loader ships them by default), 256
-    per batched call."""
+def datasets(data: Path, images: int, copies: int) -> dict[str, Path]:
+    """The replicated tree and its two conversions (made once, cached under `data`)."""
+    import fastdata
+
+    tree = replicate(cached_sample_imagefolder(data, images), data / f"imagefolder-{images}-x{copies}", copies)
+    found = {"tree": tree}
+    for name, layout in (("original", {}), ("baseline", {"jpeg_layout": "baseline", "non_jpeg": "jpeg"})):
+        out = data / f"imagefolder-{images}-x{copies}-{name}.lmdb"
+        if not out.exists():
+            fastdata.convert_imagefolder(tree, out, progress=False, **layout)
+        found[name] = out
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------
+# the device the figures are measured on
+
+
+class Clock:
+    """A mark after each step: a CUDA event on the training stream (no synchronisation in the loop), or the host
+    clock on the CPU; `seconds()` reads them all once the epoch is over."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self, origin: Any = None) -> list[float]:
+        if not self.cuda:
+            return [m - (origin if origin is not None else 0.0) for m in self.marks]
+        torch.cuda.synchronize()
+        base = origin if origin is not None else self.marks[0]
+        return [base.elapsed_time(m) / 1000 for m in self.marks]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def card(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke: figures mean nothing)"
+
+
+class Step:
+    """One training step of `name` (bf16 autocast, channels_last, SGD) on a batch already on the device; on the
+    CPU a tiny model (the protocol's smoke run)."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        import torchvision
+
+        self.name, self.device = name, device
+        if device.type == "cuda":
+            model = getattr(torchvision.models, name)(num_classes=1000)
+        else:
+            model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(48, 1000))
+        self.model = model.to(device).to(memory_format=torch.channels_last)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            loss = self.loss(self.model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def touch(images: torch.Tensor, labels: torch.Tensor) -> None:
+    """The loader-alone rows' step: one small kernel that reads the batch (its event then follows the batch)."""
+    images[:1, :1, :1, :1] + labels[:1, None, None, None].to(images.dtype)
+
+
+def ceiling(step: Step, device: torch.device, size: int, batch: int, steps: int = 60) -> float:
+    """Images/s of the step on one batch kept on the device (15 untimed steps first)."""
+    images = torch.randn(batch, 3, size, size, device=device).to(torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    for _ in range(15):
+        step(images, labels)
+    clock = Clock(device)
+    clock.mark()
+    for _ in range(steps):
+        step(images, labels)
+    clock.mark()
+    seconds = clock.seconds()
+    return steps * batch / (seconds[-1] - seconds[0])
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its live children (the loader's workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
+# ----------------------------------------------------------------------------------------------------
+# one contender
+
+
+def feed(step: Callable[[torch.Tensor, torch.Tensor], None], make: Callable[[], Any], device: torch.device,
+         settle: int, ceiling_step_s: float, batch: int) -> dict[str, Any]:
+    """The protocol for one loader: an untimed warm-up epoch, then a timed one with a mark after each step."""
+    loader = make()
+    try:
+        warm = Clock(device)
+        for images, labels in loader:  # warm-up: workers, decoder, cuDNN's choice for this shape
+            step(images, labels)
+            warm.mark()
+        stage = getattr(getattr(loader, "_device", None), "timings", None)
+        before = dict(stage) if stage is not None else None
+        clock = Clock(device)
+        synchronize(device)
+        cpu, started = cpu_seconds(), time.perf_counter()
+        for images, labels in loader:
+            step(images, labels)
+            clock.mark()
+        synchronize(device)
+        wall = time.perf_counter() - started
+        cores = (cpu_seconds() - cpu) / wall
+        marks = clock.seconds(origin=warm.marks[-1])  # seconds since the warm-up epoch's last step
+        measured: dict[str, Any] = {
+            "steps": len(marks), "settle": settle, "steady_images_per_s": steady(marks, batch, settle),
+            "epoch_images_per_s": len(marks) * batch / marks[-1] if marks else None,
+            "epoch_start_stall_s": stall(0.0, marks[0], ceiling_step_s) if marks else None, "cores": cores}
+        if stage is not None:
+            batches = stage["batches"] - before["batches"]
+            measured["decoder"] = loader.device_decoder
+            measured["feeder_ms"] = {part: round(1000 * (stage[part] - before[part]) / max(batches, 1), 3)
+                                     for part in stage if part != "batches"}
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+        del loader
+        wait_for_workers()
+    return measured
+
+
+def wait_for_workers(timeout: float = 30.0) -> None:
+    gc.collect()
+    deadline = time.monotonic() + timeout
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class OnDevice:
+    """A torchvision DataLoader's uint8 batches, normalised to bf16 channels_last on the device."""
+
+    def __init__(self, loader: Any, device: torch.device) -> None:
+        self.loader, self.device = loader, device
+        self.mean, self.std = MEAN.to(device), STD.to(device)
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            images = images.to(self.device, non_blocking=True).float().sub_(self.mean).div_(self.std)
+            yield images.to(torch.bfloat16).contiguous(memory_format=torch.channels_last), labels.to(
+                self.device, non_blocking=True)
+
+    def close(self) -> None:
+        pass
+
+
+def contenders(data: dict[str, Path], workers: int, device: torch.device, size: int, batch: int
+               ) -> dict[str, tuple[Callable[[], Any], int]]:
+    """name -> (make the loader, its workers)."""
+    import fastdata
+
+    def imagefolder() -> Any:
+        from torch.utils.data import DataLoader
+        from torchvision import datasets as tv_datasets
+        from torchvision import transforms
+
+        transform = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                                        transforms.PILToTensor()])
+        return OnDevice(DataLoader(tv_datasets.ImageFolder(str(data["tree"]), transform), batch_size=batch,
+                                   shuffle=True, num_workers=workers, persistent_workers=workers > 0,
+                                   pin_memory=device.type == "cuda", drop_last=True), device)
+
+    common = dict(batch_size=batch, device=str(device), dtype=torch.bfloat16, channels_last=True, drop_last=True,
+                  image_size=size)
+    return {
+        f"fastdata decode='device', --jpeg-layout baseline --non-jpeg jpeg, {DEVICE_WORKERS} workers": (
+            lambda: fastdata.loader(data["baseline"], decode="device", num_workers=DEVICE_WORKERS, **common),
+            DEVICE_WORKERS),
+        f"torchvision ImageFolder ({workers} workers)": (imagefolder, workers),
+        f"fastdata decode='worker' ({workers} workers)": (
+            lambda: fastdata.loader(data["original"], decode="worker", num_workers=workers, **common), workers),
+        f"fastdata decode='device', original files, {DEVICE_WORKERS} workers": (
+            lambda: fastdata.loader(data["original"], decode="device", num_workers=DEVICE_WORKERS, **common),
+            DEVICE_WORKERS),
+        f"fastdata defaults, device={device.type}": (lambda: fastdata.loader(data["original"], **common), min(
+            os.cpu_count() or 1, 16)),
+        f"fastdata defaults, device={device.type}, {DEVICE_WORKERS} workers, --jpeg-layout baseline --non-jpeg jpeg": (
+            lambda: fastdata.loader(data["baseline"], num_workers=DEVICE_WORKERS, **common), DEVICE_WORKERS),
+    }
+
+
+#: the device-path contenders whose loader-alone and decode-only rows are measured too: name -> dataset
+DEVICE_ROWS = {f"fastdata decode='device', --jpeg-layout baseline --non-jpeg jpeg, {DEVICE_WORKERS} workers":
+               "baseline",
+               f"fastdata decode='device', original files, {DEVICE_WORKERS} workers": "original"}
+
+
+def decode_only(lmdb: Path, device: torch.device, batch: int, repeats: int = 2) -> dict[str, Any]:
+    """Images/s of the decoder the device path's loader makes for this dataset (with its preallocation hints),
+    alone: every JPEG of the dataset, 256 per batched call, each call's buffers handed back at once."""
+    import fastdata
     from fastdata.formats.manifest import read_manifest
-    from fastdata.image.device.choice import baseline_only, device_decoder
+    from fastdata.image.device.auto import baseline_only, decoder_hints, device_decoder
     from fastdata.image.device.decoders import decode_now
     from fastdata.image.device.options import DeviceDecode
 
-    kinds = read_manifest(lmdb).stats.get("gpu_kinds")
-    decoder = device_decoder(torch.device("cuda"), DeviceDecode(), baseline_only(DeviceDecode(), kinds))
-    payloads, regions = jpegs(lmdb)
-    use_regions = DeviceDecode().regions and decoder.regions  # as the loader asks
-    batches = [(payloads[i:i + BATCH], regions[i:i + BATCH] if use_regions else None)
-               for i in range(0, len(payloads), BATCH)]
-    decode_now(decoder, *batches[0])
+    ds = fastdata.dataset(lmdb, "train", image_size=224)
+    decoder = device_decoder(device, DeviceDecode(), baseline_only(DeviceDecode(),
+                                                                   read_manifest(lmdb).stats.get("gpu_kinds")),
+                             hints=decoder_hints(batch, ds.reader.widths, ds.reader.heights))
+    payloads = []
+    for i in range(min(len(ds), 16 * batch)):
+        sample = ds.encoded(i)
+        if sample.codec == 0:
+            data = torch.frombuffer(bytearray(sample.data), dtype=torch.uint8)
+            payloads.append((data.pin_memory() if device.type == "cuda" else data).numpy())
+    batches = [payloads[i:i + batch] for i in range(0, len(payloads), batch)]
+    decode_now(decoder, batches[0])
     rates, failed = [], 0
     for _ in range(repeats):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        failed = 0
-        for chunk, chunk_regions in batches:
-            images = decode_now(decoder, chunk, chunk_regions)
-            failed += sum(image is None for image in images)
-        torch.cuda.synchronize()
+        synchronize(device)
+        started, failed = time.perf_counter(), 0
+        for chunk in batches:
+            failed += sum(image is None for image in decode_now(decoder, chunk))
+        synchronize(device)
         rates.append(len(payloads) / (time.perf_counter() - started))
-        del images
-    return {"decoder": decoder.name, "regions": use_regions, "images_per_s": statistics.median(rates),
-            "spread": max(rates) - min(rates), "not_decoded": failed}
+    return {"decoder": decoder.name, "images_per_s": statistics.median(rates), "not_decoded": failed,
+            "jpegs": len(payloads)}
 
 
-def tune_for_defaults(lmdb: Path, budget_s: float, model: str) -> dict:
-    """`fastdata tune --device cuda --step MODEL` for the defaults' options, as a user runs it once per dataset,
-    machine and model (tune's advice: give it your step). With the model's step the device path is measured
-    sharing the GPU (and the training process) with training, as it will run; without one (`--step none`, the
-    run of 2026-12-04) tune measured the loaders alone and chose the device path for ResNet-18, which then fed
-    the loop slower than decoding in the workers."""
+def tune_for_defaults(lmdb: Path, budget_s: float, model: str, device: torch.device, batch: int) -> dict:
+    """`fastdata tune --device cuda --step MODEL`, as a user runs it once per dataset, machine and model."""
     from fastdata.tools.tune import TuneConfig, run_tune
 
     started = time.perf_counter()
-    result = run_tune(lmdb, TuneConfig(batch_size=BATCH, augment="train", dtype=torch.bfloat16, device="cuda",
+    result = run_tune(lmdb, TuneConfig(batch_size=batch, augment="train", dtype=torch.bfloat16, device=str(device),
                                        step=model, budget_s=budget_s, window_s=1.5))
     return {"seconds": time.perf_counter() - started, "step": model, "decode": result.entry.choice.decode,
-            "num_workers": result.entry.choice.num_workers,
-            "by_decode": {k: round(v.images_per_s) for k, v in result.entry.by_decode.items()}}
+            "num_workers": result.entry.choice.num_workers}
+
+
+# ----------------------------------------------------------------------------------------------------
+# the run
 
 
 def main() -> None:
-    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=2, data=False, epochs=2,
-                       workers=min(os.cpu_count() or 1, 16))
+    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=1, data=False,
+                       workers=min(os.cpu_count() or 1, 16), batch_size=BATCH)
+    parser.add_argument("--copies", type=int, default=4, help="replicas of the sample photos (>= 96 batches)")
     parser.add_argument("--models", default="resnet18,resnet50")
-    parser.add_argument("--tune-budget", type=float, default=40.0)
+    parser.add_argument("--budget-s", type=float, default=250.0)
+    parser.add_argument("--tune-budget", type=float, default=0.0)
+    parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--out", default="benchmarks/data")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    torch.backends.cudnn.benchmark = True
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
     begun = time.perf_counter()
+    torch.backends.cudnn.benchmark = True
 
     def say(*what: object) -> None:
         print(f"[{time.perf_counter() - begun:.0f}s]", *what, flush=True)
 
-    src, lmdb = dataset(out, args.images)
-    _, baseline = dataset(out, args.images, "baseline", non_jpeg="jpeg")  # every image a baseline JPEG
-    _, restart = dataset(out, args.images, "restart", non_jpeg="jpeg")  # every image a JPEG with restart markers
-    say("datasets ready")
-    results: dict = {"machine": torch.cuda.get_device_name(), "cores": os.cpu_count(), "images": args.images,
-                     "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
-    results["decode_only"] = decode_only(lmdb)
-    say("decode only:", results["decode_only"])
-    results["decode_only_baseline"] = decode_only(baseline)
-    say("decode only, baseline layout, PNGs as JPEGs:", results["decode_only_baseline"])
-    makers = contenders(src, lmdb, baseline, restart, args.workers)
-    models = args.models.split(",")
-    results["tune"] = {}
-    for model in models:
-        # the defaults' loaders read what this stored (tune.json beside the dataset), made when each is built
-        results["tune"][model] = tune_for_defaults(lmdb, args.tune_budget / len(models), model)
-        say(f"tune, step {model}:", results["tune"][model])
-        step = Step(model)
-        names = [name for name in makers if model in ONLY_FOR.get(name, {model})]
-        rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-        top = ceiling(step)
-        for repeat in range(args.repeats):
-            order = names if repeat % 2 == 0 else names[::-1]
-            for name in order:
-                measured = feed(step, makers[name], args.epochs)
-                rows[name].append(measured)
-                feeder = (f"; {measured['decoder']}; feeder ms/batch: decode {measured['feeder_decode_ms']:.1f}, "
-                          f"resize {measured['feeder_resize_ms']:.1f}, other {measured['feeder_other_ms']:.1f}, "
-                          f"waiting for the workers {measured['feeder_workers_ms']:.1f}; the training thread waited "
-                          f"{measured['feeder_starved_ms']:.1f} ms/batch for the feeder"
-                          if "feeder_decode_ms" in measured else "")
-                say(f"{model} repeat {repeat} {name}: {measured['images_per_s']:,.0f} img/s (steady "
-                    f"{measured['steady_images_per_s']:,.0f}), {measured['cores']:.1f} cores{feeder}")
-        results[model] = {"ceiling": top, "rows": rows}
+    batch = args.batch_size
+    results: dict[str, Any] = {"gpu": card(device), "cores": os.cpu_count(), "images": args.images,
+                               "copies": args.copies, "batch": batch, "torch": torch.__version__,
+                               "date": time.strftime("%Y-%m-%d"), "protocol": "steady state (docs/gpu.md)",
+                               "decode_only": {}, "loader_alone": {}, "left_out": []}
+
+    def save() -> None:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(results, indent=1))
+
+    data = datasets(Path(args.out), args.images, args.copies)
+    say("datasets ready:", {k: str(v) for k, v in data.items()})
+    for name, layout in DEVICE_ROWS.items():
+        results["decode_only"][name] = decode_only(data[layout], device, batch)
+        say("decode only,", layout, results["decode_only"][name])
+        save()
+    makers = contenders(data, args.workers, device, args.image_size, batch)
+    for model in args.models.split(","):
+        step = Step(model, device)
+        top = ceiling(step, device, args.image_size, batch)
+        row: dict[str, Any] = {"ceiling_first": top, "rows": {}}
+        results[model] = row
+        save()
+        if args.tune_budget > 0:
+            row["tune"] = tune_for_defaults(data["original"], args.tune_budget, model, device, batch)
+            say("tune:", row["tune"])
+        for name, (make, workers) in makers.items():
+            if time.perf_counter() - begun > args.budget_s:
+                results["left_out"].append(f"{model}: {name} (past --budget-s {args.budget_s:.0f})")
+                continue
+            settle = settle_steps(workers, 2)
+            runs = [feed(step, make, device, settle, batch / top, batch) for _ in range(args.repeats)]
+            row["rows"][name] = runs
+            say(model, name, runs)
+            save()
+            if name in DEVICE_ROWS and name not in results["loader_alone"]:  # once, with the first model
+                results["loader_alone"][name] = feed(touch, make, device, settle, 0.0, batch)
+                say("loader alone:", name, results["loader_alone"][name])
+                save()
+        row["ceiling_last"] = ceiling(step, device, args.image_size, batch)
+        save()
         del step
-        torch.cuda.empty_cache()
-    print_table(results, args.models.split(","))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print_tables(results, args.models.split(","))
+    save()
 
 
-def print_table(results: dict, models: list[str]) -> None:
-    machine = (f"{results['machine']}, {results['cores']} cores, {results['images']} sample photos, batch {BATCH}, "
-               f"torch {results['torch']}")
-    decoder_rows = []
-    for key, what in (("decode_only", "original files"),
-                      ("decode_only_baseline", "--jpeg-layout baseline --non-jpeg jpeg")):
-        decode = results[key]
-        decoder_rows.append([what, decode["decoder"], f"{decode['images_per_s']:,.0f}", f"{decode['spread']:,.0f}",
-                             decode["not_decoded"]])
-    report.table(f"{machine}: the device path's decoder alone, decode only, {BATCH} images per batched call",
-                 ["files", "decoder", "img/s", "spread", "not decoded"], decoder_rows, align="llrrr")
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def print_tables(results: dict[str, Any], models: list[str]) -> None:
+    batch = results["batch"]
+    where = (f"{results['gpu']}, {results['cores']} cores, the {results['images']} sample photos x{results['copies']}, "
+             f"batch {batch}, torch {results['torch']}")
+    rows = [[name, d["decoder"], f"{d['images_per_s']:,.0f}", d["not_decoded"]]
+            for name, d in results.get("decode_only", {}).items()]
+    report.table(f"{where}: the device path's decoders alone, decode only, {batch} images per batched call",
+                 ["loader", "decoder", "img/s", "not decoded"], rows, align="llrr")
     rows = []
     for model in models:
-        top = results[model]["ceiling"]
-        rows.append([model, "synthetic ceiling (batch kept on the GPU)", f"{top:,.0f}", "", "100%", "", "", ""])
-        for name, runs in results[model]["rows"].items():
-            rates = [r["images_per_s"] for r in runs]
-            rate = statistics.median(rates)
-            steady = statistics.median(r["steady_images_per_s"] for r in runs)
-            cores = statistics.median(r["cores"] for r in runs)
-            rows.append([model, name, f"{rate:,.0f}", f"{max(rates) - min(rates):,.0f}", f"{rate / top:.0%}",
-                         f"{steady:,.0f}", f"{steady / top:.0%}", f"{cores:.1f}"])
-    report.table(f"{machine}: training loops fed by each loader, medians of alternating repeats (spread: max - min)",
-                 ["model", "loader", "img/s, whole epochs (median)", "spread", "of ceiling", "steady state",
-                  "of ceiling", "host cores"], rows, align="llrrrrrr",
-                 notes=[f"fastdata tune --device cuda --step {model}: {tune['seconds']:.0f} s, chose decode="
-                        f"{tune['decode']!r}, num_workers={tune['num_workers']} ({tune['by_decode']})"
-                        for model, tune in results["tune"].items()])
+        if model not in results:
+            continue
+        data = results[model]
+        top = data["ceiling_first"]
+        last = data.get("ceiling_last")
+        drift = f"{last / top - 1:+.1%}" if last else "not measured"
+        rows.append([model, f"ceiling (batch kept on the GPU; last: {drift})", f"{top:,.0f}", "100%", "", "", ""])
+        for name, runs in data["rows"].items():
+            rate = _median(runs, "steady_images_per_s")
+            alone = results["loader_alone"].get(name)
+            decode = results.get("decode_only", {}).get(name)
+            note = ""
+            if alone and decode and alone.get("steady_images_per_s"):
+                note = (f"alone {alone['steady_images_per_s']:,.0f} img/s = "
+                        f"{alone['steady_images_per_s'] / decode['images_per_s']:.0%} of decode-only")
+            rows.append([model, name, f"{rate:,.0f}" if rate else "-", f"{rate / top:.0%}" if rate else "-",
+                         f"{_median(runs, 'epoch_start_stall_s'):.2f}", f"{_median(runs, 'cores'):.1f}", note])
+    report.table(f"{where}: training loops fed by each loader, steady state (steps after S = max(8, workers x "
+                 "prefetch + 4) of a timed epoch after a warm-up epoch; CUDA events per step)",
+                 ["model", "loader", "steady img/s", "of ceiling", "epoch-start stall s", "host cores",
+                  "loader alone"], rows, align="llrrrrl",
+                 notes=[f"left out: {what}" for what in results["left_out"]])
 
 
 if __name__ == "__main__":

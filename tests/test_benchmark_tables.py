@@ -170,3 +170,30 @@ def test_a_real_runner_hands_its_tables_to_the_harness(tmp_path):
     assert any("LMDB" in name for name in names) and any("WebDataset" in name for name in names)
     assert all(float(row[2]) > 0 for row in speed.rows)
     assert [row[0] for row in cpu.rows] == [name[4:] for name in names if "fastdata convert" in name]
+
+
+def test_the_device_suite_fits_one_device_call_with_room_to_rerun():
+    """Its benchmarks' caps and the set-up's (installing the wheels, building the extension) add up to at most
+    DEVICE_SUITE_S, 540 s: one device call may run 600 s (they added up to 635 s before the set-up)."""
+    import device_setup
+
+    caps = sum(b.timeout for b in registry.select("device"))
+    assert caps + device_setup.SETUP_TIMEOUT <= registry.DEVICE_SUITE_S <= 540
+
+
+def test_a_gpu_benchmark_without_a_gpu_runs_its_cpu_smoke_and_writes_its_results_beside_the_harnesss(tmp_path,
+                                                                                                    monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_harness", BENCHMARKS / "__main__.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    monkeypatch.setattr(harness, "has_cuda", lambda: False)
+    feed = next(b for b in registry.select("device") if b.name == "gpu_train_feed")
+    assert harness.missing(feed, smoke=False) == "no CUDA GPU on this machine"
+    assert harness.missing(feed, smoke=True) is None
+    command = harness.command_of(feed, True, None, tmp_path / "device.gpu_train_feed.json")
+    assert "--device" in command and command[command.index("--device") + 1] == "cpu"
+    assert command[-2:] == ["--json", str(tmp_path / "device.gpu_train_feed.json")]
+    tests = next(b for b in registry.select("device") if b.name == "cuda_tests")
+    assert harness.missing(tests, smoke=True) == "no CUDA GPU on this machine"

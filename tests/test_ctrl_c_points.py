@@ -64,7 +64,7 @@ DRIVER = textwrap.dedent("""
 
     if program[0] in ("loader", "loader-device"):
         import fastdata
-        device = dict(device="cpu", decode=fastdata.DeviceDecode(decode_ahead=True)) if program[0] != "loader" else {}
+        device = dict(device="cpu", decode="device") if program[0] != "loader" else {}
         loader = fastdata.loader(program[1], batch_size=4, augment="train", image_size=16, num_workers=2, **device)
         try:
             for epoch in range(3):

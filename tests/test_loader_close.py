@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import fastdata
-from fastdata.image.device.options import DeviceDecode
 from tests.image.test_device_feeder import feeder_threads
 
 
@@ -22,7 +21,7 @@ def workers_now() -> set[int]:
 def test_close_ends_the_workers_and_the_feeder_and_the_loader_goes_on(jpeg_photos, decode):
     before = workers_now()
     options = dict(batch_size=4, image_size=32, num_workers=2, seed=5)
-    device = dict(device="cpu", decode=DeviceDecode(decode_ahead=True)) if decode == "device" else {}
+    device = dict(device="cpu", decode="device") if decode == "device" else {}
     loader = fastdata.loader(jpeg_photos[0], **options, **device)
     first = [labels.clone() for _, labels in loader]
     assert workers_now() - before  # persistent workers stay between passes

@@ -21,13 +21,11 @@ from fastdata.image.batch import EncodedBatch, EncodedSample, sample_metadata
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDataset
 from fastdata.image.decode import opencv_single_threaded
-from fastdata.image.device.choice import baseline_only, device_decoder
-from fastdata.image.device.feeder import DeviceFeeder, PassKey
+from fastdata.image.device import DevicePath, PassKey
+from fastdata.image.device.auto import device_for, placement
 from fastdata.image.device.options import DeviceDecode
-from fastdata.image.device.probes import sub_jpeg_failure, warn_whole_files
-from fastdata.image.device.ring import SlotRing
-from fastdata.image.device.ship import DECODE_MODES, SubJpegSwitch
-from fastdata.image.device.stage import DeviceStage, finish
+from fastdata.image.device.ship import DECODE_MODES
+from fastdata.image.device.stage import finish
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.image.recipes.sizes import ImageSizes, ResizableLoader
 from fastdata.image.wds_batches import WdsBatches
@@ -186,11 +184,10 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         self._shape = codec.deliver  # (images, targets[, metadata]) -> the batch as this kind of dataset gives it
         self.dataset = data
         self.options = options
-        self.device = image.device
         dtype, channels_last = image.dtype, image.channels_last
-        self.decode = _resolve_decode(image.decode, self.device, data)
-        if self.decode == "device" and self.device is None:
-            self.device = torch.device("cpu")
+        self.decode = placement(image.decode, data.target_kind, data.pipeline.preset,
+                                data.pipeline.recipe.per_sample)
+        self.device = device_for(self.decode, image.device)  # decode="device" without one: the GPU, if any
         self._output = output = image.output_format()
         self._channels_last = channels_last
         custom = data.pipeline.preset is None
@@ -212,17 +209,14 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         self._sizes: ImageSizes | None = None
         if data.pipeline.preset is not None and data.pipeline.spatial is None:
             self._sizes = data.pipeline.sizes = ImageSizes(data.pipeline.preset.out_size)
-        self._device_options = image.device_decode or DeviceDecode()
-        self._stage: DeviceStage | None = None
-        self._ring: SlotRing | None = None
-        self._feeder: DeviceFeeder | None = None
-        data.pipeline.ship_encoded = self.decode == "device"
-        if data.pipeline.ship_encoded:
-            self._stage = DeviceStage(self.device, data.pipeline.output_size, str(data.root), output=output,
+        data.pipeline.ship_encoded = False
+        self._device: DevicePath | None = None  # decode="device": fastdata.image.device
+        if self.decode == "device":
+            assert self.device is not None
+            self._device = DevicePath(self.device, data.pipeline, str(data.root), options.batch_size, output=output,
                                       channels_last=channels_last, on_error=data.on_error,
-                                      max_pixels=data.pipeline.max_pixels, regions=self._device_options.regions)
-            data.pipeline.ship_sub_jpegs = SubJpegSwitch()  # on once the feeder proved the decoder takes them
-            data.pipeline.ship_progressive = self._device_options.progressive == "device"
+                                      options=image.device_decode, gpu_kinds=data.manifest.stats.get("gpu_kinds"),
+                                      sizes=_stored_sizes(data))
         if data.pipeline.preset is not None:
             # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
             # this process, before the workers fork (they inherit the warned state)
@@ -350,7 +344,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         self._iterating_epoch = key.epoch
         try:
             with self._workers.running(cleanup=self.close_feeder):  # a failure stops the workers, named
-                if self._stage is not None:
+                if self._device is not None:
                     yield from self._device_pass(key)
                 else:
                     yield from self._deliver(self._open_pass(key), key)
@@ -418,33 +412,24 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
     def _device_pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """decode="device": the feeder's batches (fastdata.image.device.feeder), made beside the training step;
-        the feeder already preparing this pass (the epoch after the last) is adopted, any other is closed."""
-        assert self._stage is not None
-        stage, sizes = self._stage, self._sizes  # (the ring and the feeder must not hold this loader)
-        if sizes is not None and sizes.size_for(key.epoch) != stage.image_size:  # progressive resizing
-            self.close_feeder()
-            stage.image_size, self._ring = sizes.size_for(key.epoch), None  # slots of the new size
+        """decode="device": the batches its feeder makes beside the training step (fastdata.image.device), at the
+        epoch's image size (progressive resizing: a new size gets slots of its own, and the feeder prepares the next
+        epoch ahead only when it is made at the same size)."""
+        assert self._device is not None
+        device, sizes = self._device, self._sizes  # (the feeder must not hold this loader)
+        if sizes is not None:
+            device.set_image_size(sizes.size_for(key.epoch))
 
         def follow(done: PassKey) -> PassKey | None:  # the next epoch ahead, unless it is made at another size
-            same = sizes is None or sizes.size_for(done.epoch + 1) == stage.image_size
+            same = sizes is None or sizes.size_for(done.epoch + 1) == device.stage.image_size
             return PassKey(done.epoch + 1) if same else None
 
-        feeder = self._feeder
-        if feeder is None or not feeder.offers(key):
-            self.close_feeder()
-            if self._ring is None:
-                rows = self.batch_size
-                self._ring = SlotRing(self._device_options.slots, lambda: stage.new_output(rows), stage.device)
-            self._ring.restart()
-            feeder = self._feeder = DeviceFeeder(self._stage, self._ring, weakref.WeakMethod(self._open_pass), key,
-                                                 follow=follow,
-                                                 setup=weakref.WeakMethod(self._setup_device),
-                                                 decode_ahead=self._device_options.decode_ahead)
-            self._feeder_closer = weakref.finalize(self, feeder.close)  # a loader dropped mid-pass stops it
-        for number, made in enumerate(feeder.batches(key), start=key.skip):
+        timings = device.timings
+        for number, made in enumerate(device.batches(key, weakref.WeakMethod(self._open_pass), self, follow),
+                                      start=key.skip):
             self._note_skipped(made.skipped)
             self.stage_times.device += made.seconds
+            self.stage_times.parts = dict(timings)  # the feeder's threads and streams, so far (the meter's)
             images, labels, metadata = made.images, made.labels, made.metadata
             if not len(labels):
                 images, labels, metadata = self._borrow(key, number)
@@ -454,20 +439,6 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
                 labels = self.dataset.pipeline.mix(images, labels, key.epoch, (number,))
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
-    def _setup_device(self) -> None:
-        """On the feeder's thread, before its first batch (the workers have started): the decoder, and over the
-        restart layout the proof that it takes sub-JPEGs (until then the workers ship whole files)."""
-        assert self._stage is not None
-        if self._stage.decoder is None:
-            only_baseline = baseline_only(self._device_options, self.dataset.manifest.stats.get("gpu_kinds"))
-            self._stage.decoder = device_decoder(self._stage.device, self._device_options, only_baseline)
-            pipeline = self.dataset.pipeline
-            if pipeline.jpeg_layout == "restart" and self._device_options.sub_jpegs:
-                failure = sub_jpeg_failure(self._stage.decoder)
-                if failure:
-                    warn_whole_files(str(self._stage.device), failure)
-                pipeline.ship_sub_jpegs.enable(not failure)
-
     def close(self) -> None:
         """End the worker processes and the device path's feeder thread now (also `with fastdata.loader(...) as
         loader:`); the next pass, if any, starts them again."""
@@ -476,18 +447,15 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         super().close()
 
     def close_feeder(self) -> None:
-        """Stop the device path's feeder thread, if one runs (the next pass starts another)."""
-        if self._feeder is not None:
-            self._feeder_closer.detach()
-            self._feeder.close()
-            self._feeder = None
+        """Stop the device path's feeder threads, if they run (the next pass starts them again)."""
+        if self._device is not None:
+            self._device.close()
 
     @property
     def device_decoder(self) -> str | None:
         """decode="device": the decoder in use (e.g. "nvimgcodec 0.9.0 (hardware, hybrid; 4 CPU threads)"), once
         the first pass has made it; None otherwise."""
-        decoder = self._stage.decoder if self._stage is not None else None
-        return decoder.name if decoder is not None else None
+        return self._device.decoder_name if self._device is not None else None
 
     def _borrow(self, key: PassKey, number: int) -> tuple[torch.Tensor, Any, list[dict] | None]:
         """A batch of one for batch `number` of pass `key`, whose samples were all skipped: the first later sample
@@ -534,26 +502,26 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
     def device_fallbacks(self) -> int:
         """decode="device": samples the device decoder does not take (PNG, CMYK and other non-baseline/progressive
         JPEGs), decoded in the workers instead; expected, not an error."""
-        return self._stage.policy.fallbacks if self._stage is not None else 0
+        return self._device.fallbacks if self._device is not None else 0
 
     @property
     def device_errors(self) -> int:
-        """decode="device": failures of the device decoder on bytes the CPU decodes (each failing sample, decoded
-        on the CPU in the main process instead; or a failed batched call whose samples then decode alone).
-        The first warns; out of memory, or errors in MAX_CONSECUTIVE_DEVICE_ERRORS batches in a row, raise
-        DeviceDecodeError."""
-        return self._stage.policy.errors if self._stage is not None else 0
+        """decode="device": batches in which the device decoder failed as a whole on bytes that decode (a failed
+        batched call whose samples then decode alone, or none of two or more JPEGs decoded while the CPU decodes
+        them; fastdata.image.device.failures). The first warns; out of memory, or errors in
+        MAX_CONSECUTIVE_DEVICE_ERRORS batches in a row, raise DeviceDecodeError."""
+        return self._device.errors if self._device is not None else 0
 
     @property
     def device_whole(self) -> int:
         """decode="device": JPEGs the device decoder could not decode by region, decoded whole there instead."""
-        return self._stage.policy.whole if self._stage is not None else 0
+        return self._device.whole if self._device is not None else 0
 
     @property
     def device_rejected(self) -> int:
-        """decode="device": samples whose bytes the device decoder could not decode but the CPU could (decoded on
-        the CPU in the main process; said once). Bytes neither decodes follow on_error."""
-        return self._stage.policy.rejected if self._stage is not None else 0
+        """decode="device": samples whose bytes the device decoder refused but the CPU decodes (decoded on the CPU
+        in the main process, beside the feeder; said once). Bytes neither decodes follow on_error."""
+        return self._device.rejected if self._device is not None else 0
 
     def _waiting_for(self, key: PassKey, batch_number: int) -> str:
         """What the loader was waiting for when a worker failed: the batch, its worker and its first keys."""
@@ -576,21 +544,9 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
 PairLoader = DetectionLoader = ImageLoader
 
 
-def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
-    """The placement: "worker" or "device". "auto" (when the loader's caller found no measurement for it, see
-    fastdata.loader) decodes in the workers: the device path is chosen by measurement (`fastdata tune`), never
-    by capability alone."""
-    if decode not in DECODE_MODES:
-        raise ConfigError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
-    if data.target_kind in ("detection", "segmentation"):
-        if decode == "device":
-            raise ConfigError(f"decode='device' supports class labels and image-text pairs; {data.target_kind} "
-                              "datasets decode in the workers (decode='worker' or 'auto')")
-        return "worker"
-    if decode == "device" and data.pipeline.preset is None:
-        raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
-                          "(decode='worker')")
-    if decode == "device" and data.pipeline.recipe.per_sample:
-        raise ConfigError(f"decode='device': {list(data.pipeline.recipe.per_sample)} run on each crop in the "
-                          "workers (decode='worker'); on the device path a recipe takes MixUp / CutMix only")
-    return "worker" if decode == "auto" else decode
+def _stored_sizes(data: Any) -> Any:
+    """For the device decoder's preallocation: the stored widths and heights, where the dataset records them
+    (LMDB), read when called (on the feeder's thread, after the workers forked)."""
+    if not isinstance(data, LmdbImageDataset):
+        return None
+    return lambda: (data.reader.widths, data.reader.heights)

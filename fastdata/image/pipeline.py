@@ -65,7 +65,7 @@ class SamplePipeline:
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
         self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
         # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
-        # once the device's decoder passed fastdata.image.device.probes.sub_jpeg_failure)
+        # once the device's decoder passed fastdata.image.device.auto.sub_jpeg_failure)
         self.ship_sub_jpegs = False
         self.ship_progressive = True  # decode="device": progressive JPEGs to the device too (False: decoded here)
         # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors

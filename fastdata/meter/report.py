@@ -210,9 +210,26 @@ def _stage_dict(stages: StageTimes | None) -> dict[str, Any] | None:
     if stages is None or stages.total <= 0:
         return None
     seconds = stages.seconds()
-    return {"seconds": {k: round(v, 6) for k, v in seconds.items()},
-            "share": {k: round(v / stages.total, 4) for k, v in seconds.items()},
-            "worker_seconds": round(stages.total, 6), "batches": stages.batches}
+    found: dict[str, Any] = {"seconds": {k: round(v, 6) for k, v in seconds.items()},
+                             "share": {k: round(v / stages.total, 4) for k, v in seconds.items()},
+                             "worker_seconds": round(stages.total, 6), "batches": stages.batches}
+    batches = stages.parts.get("batches", 0)
+    if batches > 0:  # decode="device": its feeder's threads and streams, milliseconds per batch
+        found["feeder_ms"] = {k: round(1000 * v / batches, 3) for k, v in stages.parts.items() if k != "batches"}
+    return found
+
+
+def _feeder_line(feeder: dict[str, float]) -> str:
+    """The device feeder's threads and streams per batch, in one line."""
+    line = (f"device feeder per batch: decode thread {feeder.get('decode', 0) + feeder.get('other', 0):.1f} ms busy "
+            f"(waited {feeder.get('workers', 0):.1f} ms for the workers, {feeder.get('decoded_full', 0):.1f} ms "
+            f"for the resize thread); resize thread {feeder.get('resize', 0):.1f} ms busy (waited "
+            f"{feeder.get('decode_wait', 0):.1f} ms for a decoded batch, {feeder.get('slot_wait', 0):.1f} ms for a "
+            f"free slot); the training thread waited {feeder.get('starved', 0):.1f} ms")
+    if feeder.get("decode_gpu") or feeder.get("resize_gpu"):
+        line += (f"; GPU: decode stream {feeder.get('decode_gpu', 0):.1f} ms, resize stream "
+                 f"{feeder.get('resize_gpu', 0):.1f} ms")
+    return line
 
 
 # -------------------------------------------------------------------------------------------------
@@ -262,6 +279,8 @@ def diagnose(*, steps: int, wait_fraction: float, wait_s: float, seconds: float,
         reasons.append("loader time by stage: " + ", ".join(f"{k} {v:.0%}" for k, v in share if v > 0)
                        + f" (of {stages['worker_seconds']:.2f} seconds: the workers' stages summed over workers"
                        + ("; device: the feeder thread" if stages["share"].get("device") else "") + ")")
+        if stages.get("feeder_ms"):
+            reasons.append(_feeder_line(stages["feeder_ms"]))
     gpu = sysf.get("gpu_util_percent")
     if gpu is not None:
         jpeg = sysf.get("gpu_jpeg_util_percent")
@@ -444,8 +463,15 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
                        "the workers with `decode=fastdata.DeviceDecode(progressive=\"workers\")`; either way the "
                        "device decoder then gets baseline JPEGs only, which the default `backends=\"auto\"` gives "
                        "to the engines alone")
-        out.append("try `decode=fastdata.DeviceDecode(decode_ahead=True)`: the decoder's call then runs on a second "
-                   "feeder thread, beside the crop of the batch before")
+        feeder = (stages or {}).get("feeder_ms") or {}
+        decode_ms, resize_ms = feeder.get("decode", 0.0) + feeder.get("other", 0.0), feeder.get("resize", 0.0)
+        if decode_ms and decode_ms >= resize_ms:
+            out.append(f"the feeder's decode thread sets its pace ({decode_ms:.1f} ms per batch in the decoder's "
+                       "call): give the GPU's JPEG engines baseline JPEGs only (`--jpeg-layout baseline --non-jpeg "
+                       "jpeg` at conversion), or decode in the workers")
+        elif resize_ms:
+            out.append(f"the feeder's resize thread sets its pace ({resize_ms:.1f} ms per batch): a smaller "
+                       "image_size or fewer, larger batches cost it less host time per image")
     elif cause == "main-process":
         if loader.decode == "device":
             out.append(f"decode in the workers (`decode=\"worker\"`), or let `fastdata tune --device cuda {TUNE_STEP}` "

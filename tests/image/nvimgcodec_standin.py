@@ -86,6 +86,7 @@ class Decoder:
     def __init__(self, device_id: int = -1, max_num_cpu_threads: int = 0, backends: list[Backend] | None = None,
                  options: str = "") -> None:
         self.device_id, self.max_num_cpu_threads, self.backends = device_id, max_num_cpu_threads, backends
+        self.options = options
         self.calls: list[int] = []
         self.given: list[int] = []  # per call, how many Images were passed back to decode into (`images=`)
         self.rejects = lambda data: False
@@ -118,3 +119,16 @@ class Decoder:
         if params is not None and params.sample_format == SampleFormat.P_RGB:
             array = array.transpose(2, 0, 1)
         return Image(np.ascontiguousarray(array))
+
+
+def install(monkeypatch: object) -> None:
+    """Make this module `nvidia.nvimgcodec` for the test that owns `monkeypatch` (pytest's fixture), with no
+    decoder made yet."""
+    import sys
+    import types
+
+    nvidia = sys.modules.get("nvidia") or types.ModuleType("nvidia")
+    monkeypatch.setitem(sys.modules, "nvidia", nvidia)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", sys.modules[__name__])  # type: ignore[attr-defined]
+    monkeypatch.setattr(nvidia, "nvimgcodec", sys.modules[__name__], raising=False)  # type: ignore[attr-defined]
+    Decoder.created.clear()

@@ -14,7 +14,7 @@ import torch
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError, DeviceDecodeError
 from fastdata.image.device.decoders import TorchvisionDecoder
-from fastdata.image.device.policy import MAX_CONSECUTIVE_DEVICE_ERRORS
+from fastdata.image.device.failures import MAX_CONSECUTIVE_DEVICE_ERRORS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD
@@ -155,6 +155,49 @@ def corrupt_record(path, index: int) -> str:
     return fastdata.dataset(path).reader.key(index)
 
 
+def test_the_workers_keep_progressive_jpegs_from_a_decoder_of_the_jpeg_engines_alone(tricky_lmdb):
+    """DeviceDecode(backends=("hardware",)): the engines refuse progressive files, so the workers keep them (decoded
+    there, as with progressive="workers") rather than ship them to be refused and decoded in the main process."""
+    from fastdata.image.jpeg.header import progressive
+
+    loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(backends=("hardware",)), device="cpu",
+                             batch_size=9, augment="val", image_size=16, num_workers=0)
+    assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.ship_progressive is True
+    ds = loader.dataset
+    samples = [ds.encoded(i) for i in range(len(ds))]
+    rows = [i for i, sample in enumerate(samples) if progressive(sample.data)]
+    packed = pack_encoded(ds.pipeline, samples, 0)  # as the loader's workers pack them
+    assert rows and packed.worker_decoded[rows].all()
+    assert sum(len(labels) for _, labels in loader) == len(ds) and loader.device_rejected == 0
+    loader.close_feeder()
+
+
+def test_refused_jpegs_are_decoded_on_the_cpu_pool_never_on_the_resize_thread(photos, monkeypatch):
+    """Through the feeder: the bytes the device decoder refuses are decoded on the CPU threads beside it, so the
+    resize thread (which feeds the training step) never spends a CPU decode's milliseconds."""
+    import threading
+
+    import fastdata.image.device.stage as stage_module
+
+    threads = []
+    real = stage_module.decode_rgb
+
+    def decode_rgb(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stage_module, "decode_rgb", decode_rgb)
+    loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=0, decode="device", device="cpu")
+    jpegs, _ = jpeg_and_other_rows(photos[0])
+    refused = {loader.dataset.encoded(i).data for i in jpegs[:3]}
+    loader._device.stage.decoder = FailingDecoder(rejects=lambda stream: stream in refused)
+    with pytest.warns(RuntimeWarning, match="could not decode sample"):
+        assert sum(len(labels) for _, labels in loader) == len(loader.dataset)
+    loader.close_feeder()
+    assert threads and all(name.startswith("fastdata-device-cpu") for name in threads), threads
+    assert len(threads) >= loader.device_rejected >= len(refused) and loader.device_errors == 0
+
+
 def test_corrupt_sample_follows_on_error(photos, tmp_path):
     import shutil
 
@@ -259,7 +302,8 @@ def test_a_batched_call_that_fails_while_every_sample_decodes_alone_is_one_devic
     _, packed = val_photos
     fail = FailingDecoder(RuntimeError("nvjpeg status 6"), lambda streams: len(streams) > 1)
     stage = device_stage(fail)
-    with pytest.warns(RuntimeWarning, match="failed on the batched call on the 5 JPEGs of a batch.*one at a time"):
+    with pytest.warns(RuntimeWarning, match="failed: the batched call on the 5 JPEGs of a batch raised although "
+                                            "each then decoded alone.*one at a time"):
         made = stage(packed)
     assert stage.policy.errors == 1 and fail.calls == [5, 1, 1, 1, 1, 1]
     assert torch.equal(made.images, device_stage()(packed).images)  # all decoded on the device, one at a time
@@ -368,13 +412,49 @@ def test_device_errors_through_the_loader(photos):
     fail = FailingDecoder(RuntimeError("nvjpeg status 5"), lambda streams: len(streams) > 1)
     loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=2, shuffle=False,
                              decode="device", device="cpu")
-    loader._stage.decoder = fail  # the feeder makes a decoder only when none is set
+    loader._device.stage.decoder = fail  # the feeder makes a decoder only when none is set
     seen = 0
     with pytest.warns(RuntimeWarning, match="nvjpeg status 5"), pytest.raises(DeviceDecodeError, match="in a row"):
         for _, labels in loader:
             seen += len(labels)
     assert seen == 16  # two batches, then the third raised
     assert loader.device_errors == 3
+
+
+@pytest.mark.parametrize("how", ["raises", "returns nothing"])
+def test_a_decoder_that_fails_every_call_is_a_device_error_not_a_silent_cpu_path(val_photos, how):
+    """A broken decoder (every call raises, or it decodes nothing of any batch) while the CPU decodes the bytes:
+    each batch is a device error, said once, and the third in a row raises DeviceDecodeError; nothing is blamed on
+    the bytes (no "rejected" warning). The batches before it are whole (decoded on the CPU)."""
+    _, packed = val_photos
+    if how == "raises":
+        broken = FailingDecoder(RuntimeError("CUDA error: unspecified launch failure"))
+    else:
+        broken = FailingDecoder(rejects=lambda stream: True)
+    stage = device_stage(broken)
+    healthy = device_stage()(packed)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(MAX_CONSECUTIVE_DEVICE_ERRORS - 1):
+            made = stage(packed)
+            assert torch.equal(made.images, healthy.images) and torch.equal(made.labels, healthy.labels)
+        with pytest.raises(DeviceDecodeError, match=f"{MAX_CONSECUTIVE_DEVICE_ERRORS} batches in a row"):
+            stage(packed)
+    messages = device_warnings(record)
+    assert len(messages) == 1 and "device errors" in messages[0].lower() and "none of the 5 JPEGs" in messages[0]
+    assert stage.policy.errors == MAX_CONSECUTIVE_DEVICE_ERRORS and stage.policy.rejected == 0
+
+
+def test_a_broken_decoder_stops_the_loader_with_device_decode_error(photos):
+    """The same through a loader: a decoder raising on every call stops it at the third batch."""
+    loader = fastdata.loader(photos[0], batch_size=8, image_size=32, num_workers=0, shuffle=False,
+                             decode="device", device="cpu")
+    loader._device.stage.decoder = FailingDecoder(RuntimeError("nvjpeg status 7"))
+    seen = 0
+    with pytest.warns(RuntimeWarning, match="nvjpeg status 7"), pytest.raises(DeviceDecodeError, match="in a row"):
+        for _, labels in loader:
+            seen += len(labels)
+    assert seen == 16 and loader.device_errors == 3 and loader.device_rejected == 0
 
 
 def test_device_path_options_are_checked(photos):
@@ -387,6 +467,32 @@ def test_device_path_options_are_checked(photos):
     with pytest.raises(ConfigError, match="pass device="):
         fastdata.loader(photos[0], channels_last=True)
     assert fastdata.loader(photos[0], device="cpu").decode == "worker"  # "auto" without a measurement: workers
+
+
+def test_the_device_path_without_a_device_goes_to_the_gpu_or_is_refused_in_one_line(photos, monkeypatch):
+    """decode="device" without device=: the GPU where torch sees one; on a machine without one, one ConfigError at
+    construction (never the GPU path silently run on the CPU); device="cpu" asks for the CPU explicitly."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"decode='device' without device=: no CUDA GPU here .*device='cpu'") as no:
+        fastdata.loader(photos[0], decode="device")
+    assert "\n" not in str(no.value)
+    assert fastdata.loader(photos[0], decode="device", device="cpu").device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    loader = fastdata.loader(photos[0], decode="device", num_workers=0)  # made, not iterated: no CUDA call yet
+    assert loader.device == torch.device("cuda") and loader.decode == "device"
+
+
+@pytest.mark.parametrize("decode", ["device", "worker"])
+def test_a_cuda_device_that_is_not_there_is_refused_at_construction_naming_what_is(photos, monkeypatch, decode):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ConfigError, match=rf"device='{device}': no CUDA GPU here .*devices available: 'cpu'"):
+            fastdata.loader(photos[0], decode=decode, device=device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"device='cuda:2': this machine has 2 CUDA GPUs: cuda:0, cuda:1"):
+        fastdata.loader(photos[0], decode=decode, device="cuda:2")
 
 
 def test_device_path_with_worker_processes(photos):

@@ -1,6 +1,7 @@
 """decode="device"'s feeder (fastdata.image.device.feeder) and slot ring (fastdata.image.device.ring): the decode
-of batch n+1 runs while the training step on batch n runs, a kept batch is never overwritten, errors surface at
-the training thread's next(), the next epoch is prepared ahead, and the thread stops cleanly. CPU stand-ins."""
+of batch n+1 runs while the training step on batch n runs, a kept batch (or its labels) is never overwritten,
+labels live in the slots, errors surface at the training thread's next(), the next epoch is prepared ahead, and
+the threads stop cleanly. CPU stand-ins."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from fastdata.image.device.decoders import TorchvisionDecoder
 from fastdata.image.device.feeder import DeviceFeeder, PassKey, strong
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.ship import pack_encoded
-from fastdata.image.device.stage import DeviceStage
+from fastdata.image.device.stage import TIMING_PARTS, DeviceStage
 
 WAIT_S = 120  # only a broken feeder waits this long: the test then fails
+FEEDER_THREADS = ("fastdata-device-decode", "fastdata-device-resize")
 
 
 
@@ -88,11 +90,11 @@ def test_the_decode_of_the_next_batch_runs_while_the_step_on_this_one_runs(jpeg_
         assert decode[0] < step[1] and step[0] < decode[1], (n, decode, step)
 
 
-@pytest.mark.parametrize("decode_ahead", [False, True])
-def test_the_feeder_times_its_waits_for_the_workers_and_the_training_threads_waits_for_it(jpeg_photos,
-                                                                                        decode_ahead):
-    """timings["workers"]: the feeder's waits for the workers' next batch (here each takes at least 30 ms);
-    timings["starved"]: the training thread's waits for a finished batch, never more than the pass lasted."""
+def test_the_feeder_times_its_threads_waits(jpeg_photos):
+    """timings["workers"]: the decode thread's waits for the workers' next batch (here each takes at least 30 ms);
+    "decode_wait": the resize thread's waits for a decoded batch, which with its own work ("resize") covers the
+    time the workers took (it cannot end sooner); "starved": the training thread's waits for a finished batch,
+    never more than the pass lasted; every part is there."""
     count, delay = 4, 0.03
     stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
@@ -104,15 +106,17 @@ def test_the_feeder_times_its_waits_for_the_workers_and_the_training_threads_wai
             yield batch
 
     started = time.perf_counter()
-    feeder = DeviceFeeder(stage, ring, strong(slow_workers), PassKey(0), follow=lambda key: None,
-                          decode_ahead=decode_ahead)
+    feeder = DeviceFeeder(stage, ring, strong(slow_workers), PassKey(0), follow=lambda key: None)
     try:
         assert len(list(feeder.batches(PassKey(0)))) == count
         lasted = time.perf_counter() - started
     finally:
         feeder.close()
     assert stage.timings["workers"] >= count * delay
+    resize_thread = stage.timings["decode_wait"] + stage.timings["resize"] + stage.timings["slot_wait"]
+    assert stage.timings["decode_wait"] > 0 and resize_thread >= 0.5 * count * delay
     assert 0 < stage.timings["starved"] <= lasted
+    assert set(TIMING_PARTS) <= set(stage.timings) and stage.timings["batches"] == count
 
 
 def test_slots_keep_their_address_unless_their_batch_is_kept(jpeg_photos):
@@ -135,15 +139,38 @@ def test_slots_keep_their_address_unless_their_batch_is_kept(jpeg_photos):
     assert torch.equal(kept, kept_copy)  # and the kept batch was never overwritten
 
 
-@pytest.mark.parametrize("decode_ahead", [False, True])
-def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(jpeg_photos, decode_ahead):
-    """... after the batches before it (with decode_ahead, raised in the decode thread), and no thread is left."""
+def test_labels_live_in_the_slots_and_labels_kept_by_the_user_are_never_overwritten(jpeg_photos):
+    """Each batch's labels are a view of its slot's own labels tensor (written on the resize thread, reused at a
+    fixed address like the images, never a fresh tensor handed from one stream to another); labels the user keeps
+    (appended to a list, as metrics code does) keep their values: their slot gets a new tensor."""
+    stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
+    ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
+    batches = packed_batches(jpeg_photos[0], 9)
+    feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None)
+    addresses, kept, kept_copy, values = [], None, None, []
+    try:
+        for n, made in enumerate(feeder.batches(PassKey(0))):
+            addresses.append(made.labels.data_ptr())
+            values.append(made.labels.clone())
+            if n == 2:
+                kept, kept_copy = made.labels, made.labels.clone()
+    finally:
+        feeder.close()
+    slots = {held.tensor.untyped_storage().data_ptr() for slot in ring.slots for held in slot.extra.values()}
+    assert len(set(addresses[:3])) == 3 and addresses[3:5] == addresses[:2]  # the slots' labels, reused
+    assert set(addresses[:2]) <= slots
+    assert addresses[5] != addresses[2] and torch.equal(kept, kept_copy)  # kept: a new tensor took its place
+    assert [v.tolist() for v in values] == [b.labels.tolist() for b in batches]
+
+
+def test_an_error_in_the_feeder_is_raised_at_next_with_its_type(jpeg_photos):
+    """... after the batches before it (raised on the resize thread, where the CPU finds the sample damaged), and
+    no thread is left."""
     batches = packed_batches(jpeg_photos[0], 4)
     batches[2].data[batches[2].offsets[0] + 200:batches[2].offsets[1]] = 0  # damage the first JPEG's scan
     stage = DeviceStage("cpu", 32, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     ring = SlotRing(3, lambda: stage.new_output(4), stage.device)
-    feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None,
-                          decode_ahead=decode_ahead)
+    feeder = DeviceFeeder(stage, ring, strong(lambda key: iter(batches)), PassKey(0), follow=lambda key: None)
     seen = 0
     with pytest.raises(CorruptSampleError, match=batches[2].keys[0]):
         for _ in feeder.batches(PassKey(0)):
@@ -161,7 +188,7 @@ def feeder_threads() -> list[threading.Thread]:
     deadline = time.monotonic() + WAIT_S
     while True:
         gc.collect()
-        running = [t for t in threading.enumerate() if t.name in ("fastdata-device-feeder", "fastdata-device-decode")]
+        running = [t for t in threading.enumerate() if t.name in FEEDER_THREADS]
         if not running or time.monotonic() > deadline:
             return running
         time.sleep(0.05)
@@ -189,7 +216,7 @@ def test_a_dropped_loader_stops_its_feeder(jpeg_photos):
     loader = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=2, decode="device", device="cpu")
     for _ in loader:
         pass
-    assert [t for t in threading.enumerate() if t.name == "fastdata-device-feeder"]
+    assert [t for t in threading.enumerate() if t.name in FEEDER_THREADS]
     del loader
     assert feeder_threads() == []
 

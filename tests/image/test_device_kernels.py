@@ -102,3 +102,31 @@ def test_a_batch_past_the_block_limit_is_resized_in_several_passes(monkeypatch):
     assert len(runs) > 1 and runs[0][0] == 0 and runs[-1][1] == 10
     assert all(a[1] == b[0] for a, b in itertools.pairwise(runs))
     assert torch.allclose(crop_resize_flip(images, crops, (32, 32)), whole, atol=1e-3)
+
+
+class Shapes(TorchDispatchMode):
+    """The output shapes of the operations that compute (not views, not allocations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        computes = not any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        if computes and "empty" not in func.__name__ and isinstance(out, torch.Tensor):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_the_dense_weight_matrices_are_written_in_three_passes():
+    """Each axis's [n, out, extent] weights: one fused |p - c| / r, one clamp, one fused scale-and-cast; the rest of
+    the arithmetic runs on [n, out], [n, extent] or [n, out, taps] tensors (the kernel before it made ~8 passes
+    over the dense matrices, each reading and writing all of it)."""
+    images, crops = random_batch(8, seed=4)
+    covered = kernels.cover(crops.boxes, crops.shapes)
+    height, width = int((covered[:, 3] - covered[:, 1]).max()), int((covered[:, 2] - covered[:, 0]).max())
+    with Shapes() as seen:
+        crop_resize_flip(images, crops, (50, 40))
+    assert seen.shapes.count((8, 50, height)) == 3 and seen.shapes.count((8, 40, width)) == 3, seen.shapes

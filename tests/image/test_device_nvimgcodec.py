@@ -5,17 +5,15 @@ the device path's rules. The real library is tested by the cuda-marked tests."""
 
 from __future__ import annotations
 
-import sys
-
+import numpy as np
 import pytest
 import torch
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
-from fastdata.image.device.choice import baseline_only, device_decoder
-from fastdata.image.device.decoders import TorchvisionDecoder, decode_now, make_decoder
+from fastdata.image.device.auto import ENGINE_PROBE_KINDS, baseline_only, device_decoder, make_decoder
+from fastdata.image.device.decoders import TorchvisionDecoder, decode_now
 from fastdata.image.device.options import DeviceDecode
-from fastdata.image.device.probes import ENGINE_PROBE_KINDS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from tests.image import nvimgcodec_standin
@@ -23,13 +21,7 @@ from tests.image import nvimgcodec_standin
 
 @pytest.fixture
 def standin(monkeypatch):
-    import types
-
-    nvidia = sys.modules.get("nvidia") or types.ModuleType("nvidia")
-    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
-    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", nvimgcodec_standin)
-    monkeypatch.setattr(nvidia, "nvimgcodec", nvimgcodec_standin, raising=False)
-    nvimgcodec_standin.Decoder.created.clear()
+    nvimgcodec_standin.install(monkeypatch)
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
 
     return NvImageCodecDecoder
@@ -49,6 +41,22 @@ def test_the_options_reach_the_library(standin):
     assert [(b.backend_kind.name, b.load_hint) for b in made.backends] == [("HW_GPU_ONLY", 0.7),
                                                                           ("HYBRID_CPU_GPU", 1.0)]
     assert decoder.regions and "hardware, hybrid" in decoder.name and "3 CPU threads" in decoder.name
+    assert made.options == ":fancy_upsampling=0"  # nvImageCodec's own default, which options replace
+
+
+def test_the_hardware_decoder_preallocates_as_dali_has_it(standin):
+    """The loader's batch size and, where the dataset records its sizes, a typical image's: the options DALI passes
+    nvImageCodec (nvjpeg_hw_decoder:preallocate_batch_size, width and height hints)."""
+    from fastdata.image.device.auto import decoder_hints
+
+    widths, heights = np.array([500] * 90 + [4000] * 10), np.array([375] * 90 + [3000] * 10)
+    standin(torch.device("cpu"), DeviceDecode(), decoder_hints(256, widths, heights))
+    options = nvimgcodec_standin.Decoder.created[-1].options.split()
+    assert options[0] == ":fancy_upsampling=0"
+    assert "nvjpeg_hw_decoder:preallocate_batch_size=256" in options
+    hints = {o.split("=")[0]: int(o.split("=")[1]) for o in options if "hint" in o}
+    assert 500 <= hints["nvjpeg_hw_decoder:preallocate_width_hint"] <= 4000
+    assert 375 <= hints["nvjpeg_hw_decoder:preallocate_height_hint"] <= 3000
 
 
 def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):

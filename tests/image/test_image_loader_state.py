@@ -58,3 +58,15 @@ def test_a_batch_whose_samples_were_all_skipped_resumes_exactly(solid_lmdb, tmp_
         else:
             rest = [clone(b) for b in resumed]
         assert same(rest, batches[k + 1:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_device_path_keeps_the_resume_contract(jpeg_photos, workers):
+    """decode="device" (device="cpu"): its feeder runs a pass ahead, yet a state taken after k batches resumes
+    exactly there, and a checkpointing training loop resumes as if never stopped."""
+    def make(w):
+        return seeded_loader(jpeg_photos[0], num_workers=w, batch_size=5, decode="device", device="cpu")
+
+    check_resumes(make, image_interrupts, workers)
+    if workers:
+        check_checkpoint_loop(make, workers)

@@ -134,8 +134,8 @@ def test_a_device_decoder_that_differs_on_sub_jpegs_gets_whole_files():
     every sampling kind it probes."""
     import torch
 
+    from fastdata.image.device.auto import DEVICE_PROBE_KINDS, sub_jpeg_failure
     from fastdata.image.device.decoders import TorchvisionDecoder
-    from fastdata.image.device.probes import DEVICE_PROBE_KINDS, sub_jpeg_failure
 
     class BlanksLastColumn(TorchvisionDecoder):
         def decode(self, payloads, regions=None):
@@ -171,8 +171,8 @@ def test_a_kind_the_decoder_takes_neither_whole_nor_cut_leaves_the_sub_jpegs_on(
     sub-JPEGs of a kind does not."""
     import torch
 
+    from fastdata.image.device.auto import sub_jpeg_failure
     from fastdata.image.device.decoders import TorchvisionDecoder
-    from fastdata.image.device.probes import sub_jpeg_failure
     from fastdata.image.jpeg.header import read_frame
 
     def is_440(payload) -> bool:

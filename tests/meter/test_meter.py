@@ -515,12 +515,41 @@ def test_the_device_feeder_as_a_stage_can_be_the_wall():
     assert "the device feeder (decode and crop on the device) is the bottleneck (85%" in reasons[0]
     assert "device: the feeder thread" in reasons[1]
     assert any("nvImageCodec" in s for s in suggestions)
-    assert any("DeviceDecode(decode_ahead=True)" in s for s in suggestions)
+    assert not any("decode_ahead" in s for s in suggestions)  # gone: the feeder always decodes ahead
     assert not any("progressive" in s for s in suggestions)  # nothing known of progressive files
     with_progressive = dataclasses.replace(DEVICE, progressive=19)
     _, _, suggestions = judge(0.5, system(cpu_percent=30.0, workers_cpu_cores=2.0, main_cpu_cores=0.6),
                               stage=stages(read=0.1, device=0.85, collate=0.05), loader=with_progressive, cuda=True)
     assert any("19 progressive JPEGs" in s and "--jpeg-layout baseline" in s for s in suggestions)
+
+
+def test_the_device_feeders_threads_and_streams_are_in_the_report():
+    """decode="device": per batch, each feeder thread's busy and waiting milliseconds and each stream's GPU time;
+    the slower thread is named as the feeder's pace."""
+    stage = stages(read=0.1, device=0.85, collate=0.05)
+    stage["feeder_ms"] = {"decode": 17.0, "other": 0.5, "workers": 0.4, "decoded_full": 0.0, "resize": 3.1,
+                          "decode_wait": 14.0, "slot_wait": 0.2, "starved": 9.0, "decode_gpu": 16.5,
+                          "resize_gpu": 0.8}
+    _, reasons, suggestions = judge(0.5, system(cpu_percent=30.0, workers_cpu_cores=2.0, main_cpu_cores=0.6),
+                                    stage=stage, loader=DEVICE, cuda=True)
+    line = next(r for r in reasons if r.startswith("device feeder per batch"))
+    assert "decode thread 17.5 ms busy (waited 0.4 ms for the workers" in line
+    assert "resize thread 3.1 ms busy (waited 14.0 ms for a decoded batch, 0.2 ms for a free slot)" in line
+    assert "GPU: decode stream 16.5 ms, resize stream 0.8 ms" in line
+    assert any("decode thread sets its pace (17.5 ms" in s for s in suggestions)
+
+
+def test_a_metered_device_path_loop_reports_its_feeder(jpeg_photos):
+    loader = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=0, decode="device",
+                             device="cpu")
+    metered = fastdata.meter(loader, system=False, warmup_steps=1)
+    for _ in metered:
+        pass
+    report = metered.report()
+    loader.close_feeder()
+    feeder = report.stages["feeder_ms"]
+    assert feeder["resize"] > 0 and feeder["decode"] > 0 and "decode_gpu" in feeder
+    assert any(r.startswith("device feeder per batch") for r in report.reasons)
 
 
 def test_loader_facts_read_the_datasets_progressive_count(photos):

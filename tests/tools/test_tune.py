@@ -11,6 +11,7 @@ import shutil
 import warnings
 
 import pytest
+import torch
 from builders import assert_one_line_error, build_solid_tree, cli
 
 import fastdata
@@ -313,7 +314,7 @@ def test_placements_compared_without_a_model_step_say_what_they_cannot_see():
     assert placement_note(("worker",), "none") is None  # one placement: nothing compared
 
 
-def test_decode_auto_takes_the_placement_measured_faster_with_the_loaders_own_workers(dataset):
+def test_decode_auto_takes_the_placement_measured_faster_with_the_loaders_own_workers(dataset, monkeypatch):
     """A stored result chose decoding in the workers at its own worker count (2); a loader with 1 worker, where the
     device path measured faster, decodes on the device, and one with 2 decodes in the workers (the real search on
     a table of rates; the loader is only built: on this CPU machine it never starts CUDA)."""
@@ -327,6 +328,13 @@ def test_decode_auto_takes_the_placement_measured_faster_with_the_loaders_own_wo
 
     found = search(measure, max_workers=2, budget_s=100, decodes=("worker", "device"), prefetch=(2,))
     assert found.choice.point == Point(2, 2, "worker")
+    import importlib
+
+    tuning = importlib.import_module("fastdata.loader.tuning")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # loaders for a GPU (made, never iterated here)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(tuning, "cuda_device_name", lambda device: "Stand-in GPU")
     key, root = tune_key(dataset, TuneConfig(batch_size=4, image_size=16, device="cuda"))
     entry = TuneEntry(key=key, choice=found.choice.as_choice(),
                       by_decode={d: found.best(d).as_choice() for d in ("worker", "device")},

@@ -6,24 +6,19 @@
   hint, region decoding, images handed to torch through DLPack without a copy (`fastdata.image.device.nvimgcodec`).
 - `TorchvisionDecoder`: torchvision's `decode_jpeg` (nvjpeg on CUDA, libjpeg on the CPU: how CI runs this path).
   On CUDA it blocks the host around each call and holds a process-wide lock; used where nvImageCodec is not
-  installed, said once with how to install it.
+  installed, said once with how to install it (which one a loader gets: fastdata.image.device.auto).
 
 A decoder returns, for each payload, a CHW uint8 RGB tensor on its device (queued on the current stream) or None
-where it could not decode those bytes; the caller decides what a None means (fastdata.image.device.policy).
+where it could not decode those bytes; the caller decides what a None means (fastdata.image.device.failures).
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
-
-from fastdata.errors import ConfigError
-from fastdata.image.device.options import DeviceDecode
 
 
 class BatchDecoder(Protocol):
@@ -41,8 +36,9 @@ class BatchDecoder(Protocol):
         ...
 
     # Optional, for a decoder that reuses its output buffers (NvImageCodecDecoder): `batch_decoded()` returns a
-    # lease on the buffers of the batch decoded since the last call, and `release(lease)` hands them back once the
-    # work that reads them is queued (fastdata.image.device.stage calls both).
+    # lease on the buffers of the batch decoded since the last call, and `release(lease, guard)` hands them back
+    # with an event behind the work that reads them (None: read already); the decoder writes into them again only
+    # once that event has completed (fastdata.image.device.stage calls both).
 
 
 class TorchvisionDecoder:
@@ -95,33 +91,3 @@ def nvimgcodec_missing() -> str:
     except Exception as exc:  # ImportError, or a library that fails to load
         return f"{type(exc).__name__}: {exc}"
     return ""
-
-
-@functools.cache
-def _say_torchvision_once(reason: str) -> None:
-    warnings.warn("fastdata: decode='device' decodes with torchvision's decode_jpeg, which blocks the host around "
-                  "each batch; NVIDIA nvImageCodec is several times faster on the same GPU: pip install "
-                  f"'fastdata[gpu-cu13]' (CUDA 13; 'fastdata[gpu-cu12]' for CUDA 12) ({reason})", RuntimeWarning,
-                  stacklevel=3)
-
-
-def make_decoder(device: torch.device, options: DeviceDecode) -> BatchDecoder:
-    """The decoder `options` asks for on `device`. "auto": nvImageCodec on CUDA when it imports, torchvision's
-    otherwise (said once on CUDA); on the CPU always torchvision's (nvImageCodec needs an NVIDIA driver even for
-    its CPU backend)."""
-    if device.type != "cuda":
-        if options.decoder == "nvimgcodec":
-            raise ConfigError(f"DeviceDecode(decoder='nvimgcodec') needs a CUDA device, not {device}")
-        return TorchvisionDecoder(device)
-    if options.decoder == "torchvision":
-        return TorchvisionDecoder(device)
-    missing = nvimgcodec_missing()
-    if not missing:
-        from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
-
-        return NvImageCodecDecoder(device, options)
-    if options.decoder == "nvimgcodec":
-        raise ConfigError(f"DeviceDecode(decoder='nvimgcodec'): nvImageCodec is not usable here ({missing}); "
-                          "pip install 'fastdata[gpu-cu13]' (or gpu-cu12)")
-    _say_torchvision_once(missing)
-    return TorchvisionDecoder(device)

@@ -1,42 +1,50 @@
-"""`DeviceFeeder`: the thread that makes device batches beside the training step.
+"""`DeviceFeeder`: the two threads that make device batches beside the training step, on two streams.
 
-The training thread only takes finished batches: `next()` is a queue get, a stream wait on the batch's event and
-the ring's bookkeeping (fastdata.image.device.ring): O(1) Python, no host synchronisation. The feeder thread, in the
-main process, takes the workers' `EncodedBatch`es, runs the device stage (fastdata.image.device.stage: decode,
-batched crop-resize-flip, normalise) on a CUDA stream of its own into the next free slot, records the slot's
-event and queues the batch. CUDA's stream priorities go from the default stream's (the lowest) upwards, so the
-feeder's stream takes the lowest, as the default: the training step's kernels are never put behind it. With
-`decode_ahead` (DeviceDecode(decode_ahead=True)) the decode half of the stage runs on a second thread, on the same
-stream, one batch ahead of the crop-resize half (`DeviceStage.decode` / `finish`, in batch order).
+    decode thread   the workers' EncodedBatches, in passes; `stage.decode` on the DECODE stream, which nothing
+                    else is queued on (nvImageCodec orders each decode after what its stream holds: here only the
+                    decodes before it); an event "decoded" recorded behind each batch
+                    -> up to `depth` (2) decoded batches wait
+    resize thread   a free slot of the ring (its stream waits for the loop's release of it); the RESIZE stream
+                    waits for "decoded"; `stage.finish` writes the images AND the labels into the slot; "ready"
+                    recorded; the decoder's buffers handed back with "ready" (reused once it has completed)
+                    -> the ring's slots
+    training thread `next()`: take a ready slot (its stream waits for "ready"): O(1) Python, no host
+                    synchronisation
+
+Both threads are `Ahead`s (fastdata.image.device.ahead), whose invariant (order, bound, errors in order, ending)
+is what the feeder relies on. Nothing touches the device before the workers have forked: the decode thread opens
+the first pass (forking the workers), then makes its stream and the decoder (`setup`); the resize thread makes its
+stream and the slots when its first decoded batch comes.
 
 Passes: the feeder runs the pass it was started for, then (when `follow` names one) the pass after it, so that the
 next epoch's first batches are made while the last ones train. The loader adopts that pass when the user's next
-`iter()` asks for it (`offers`) and otherwise closes the feeder and starts another. Whatever fails in the thread
-(a worker's error, a damaged sample with on_error="raise", a device error) is raised at the training thread's
-`next()`, with its own type and traceback. `close()` stops the thread (it is also called at interpreter exit).
+`iter()` asks for it (`offers`) and otherwise closes the feeder and starts another, whose stream waits for this
+one's last write before writing any slot (`last_write`, `SlotRing.restart`). Whatever fails on either thread (a
+worker's error, a damaged sample with on_error="raise", a device error) is raised at the training thread's
+`next()`, with its own type and traceback, after the batches before it. `close()` stops both threads (it is also
+called at interpreter exit).
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
-import queue
-import signal
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
-
+from fastdata.image.device.ahead import Ahead
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DecodedBatch, DeviceBatch, DeviceStage
+from fastdata.image.device.streams import CudaStreams
 
 T = TypeVar("T")
 Reference = Callable[[], T | None]  # weakref.WeakMethod / weakref.ref, or `strong(f)`
+
+#: Decoded batches that may wait for the resize thread (DALI's queue depth; covers a decoder's p99 of ~1.6 x p50)
+DECODED_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -50,39 +58,45 @@ class PassKey:
 
 _END = "end"
 _BATCH = "batch"
-_ERROR = "error"
 
 
 class DeviceFeeder:
-    """Runs `stage` over the batches of `open_pass()(key)` on its own thread and stream, into `ring`'s slots.
+    """Runs `stage` over the batches of `open_pass()(key)` on a decode and a resize thread, into `ring`'s slots.
 
-    `setup()()` runs first on the thread (the decoder is made there, after the workers started); `follow(key)` is
-    the pass to prepare after `key` (None: stop after it). `open_pass` and `setup` are references (a
-    `weakref.WeakMethod` of the loader's methods, or `strong(f)`): the thread must not keep the loader alive, so
-    that a loader its user dropped is collected and its finaliser closes the feeder."""
+    `setup()()` runs once on the decode thread after the first pass opened (the workers forked): the decoder is
+    made there. `follow(key)` is the pass to prepare after `key` (None: stop after it). `open_pass` and `setup` are
+    references (a `weakref.WeakMethod` of the loader's methods, or `strong(f)`): the threads must not keep the
+    loader alive, so that a loader its user dropped is collected and its finaliser closes the feeder."""
 
     def __init__(self, stage: DeviceStage, ring: SlotRing, open_pass: Reference[Callable[[PassKey], Iterator[Any]]],
                  first: PassKey, follow: Callable[[PassKey], PassKey | None],
-                 setup: Reference[Callable[[], None]] | None = None, decode_ahead: bool = False) -> None:
+                 setup: Reference[Callable[[], None]] | None = None, streams: CudaStreams | None = None,
+                 depth: int = DECODED_AHEAD) -> None:
         self.stage = stage
-        self.decode_ahead = decode_ahead
         self.ring = ring
+        self.streams = streams or stage.streams
         self._open_pass = open_pass
         self._follow = follow
         self._setup = setup
-        self._items: queue.SimpleQueue[tuple[str, PassKey, Any]] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        self._upcoming = [first]  # passes the thread has started or will start, in order, not yet taken
-        self.cuda = stage.device.type == "cuda"
-        self.stream = torch.cuda.Stream(stage.device) if self.cuda else None
+        self._upcoming = [first]  # passes the threads have started or will start, in order, not yet taken
+        self._set_up = False  # the decode thread made its stream and ran `setup`
+        self._decode_stream: Any = None
+        self._resize_stream: Any = None
+        self._resize_ready = False
+        self._seen = {"decoded_full": 0.0, "decode_wait": 0.0}  # the threads' waits already added to the timings
+        self.last_write: Any = None  # the resize stream's event behind its last write into a slot
         self._closer = functools.partial(_close_if_alive, weakref.ref(self))
         atexit.register(self._closer)
-        self._thread = threading.Thread(target=self._run, args=(first,), name="fastdata-device-feeder", daemon=True)
-        self._thread.start()
+        self._decoded: Ahead[tuple[str, PassKey, Any]] = Ahead(
+            self._passes(first), self._decode_one, depth, "fastdata-device-decode", discard=self._drop_decoded)
+        self._made: Ahead[tuple[str, PassKey, Any]] = Ahead(
+            self._decoded, self._resize_one, ring.count, "fastdata-device-resize", poll_s=0.5)
+        self._decoded.start()
+        self._made.start()
 
     def offers(self, key: PassKey) -> bool:
         """Whether the next pass this feeder delivers is `key` (and it is still running)."""
-        return self._thread.is_alive() and bool(self._upcoming) and self._upcoming[0] == key
+        return self._made.alive and bool(self._upcoming) and self._upcoming[0] == key
 
     def batches(self, key: PassKey) -> Iterator[DeviceBatch]:
         """The training thread's side: pass `key`'s batches, each taken from its slot (its stream waits for it)."""
@@ -91,11 +105,16 @@ class DeviceFeeder:
         timings = self.stage.timings
         while True:
             started = time.perf_counter()
-            kind, _, payload = self._get()
-            timings["starved"] += time.perf_counter() - started
-            if kind == _ERROR:
+            try:
+                kind, _, payload = next(self._made)
+            except StopIteration:
                 self._upcoming.clear()
-                raise payload
+                raise RuntimeError("the device feeder was closed while a pass was read from it") from None
+            except BaseException:
+                self._upcoming.clear()
+                raise
+            finally:
+                timings["starved"] += time.perf_counter() - started
             if kind == _END:
                 self._upcoming.pop(0)
                 return
@@ -103,135 +122,107 @@ class DeviceFeeder:
             self.ring.take(slot)
             yield result
 
-    def _get(self) -> tuple[str, PassKey, Any]:
-        while True:  # a timed wait, so that Ctrl-C reaches the training thread while it waits
-            try:
-                return self._items.get(timeout=0.5)
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    try:
-                        return self._items.get_nowait()
-                    except queue.Empty:
-                        raise RuntimeError("the device feeder thread ended without a word") from None
+    def threads(self) -> dict[str, Ahead]:
+        """The feeder's two threads (their busy and waiting seconds: fastdata.image.device.ahead)."""
+        return {"decode": self._decoded, "resize": self._made}
 
-    def _run(self, first: PassKey) -> None:
-        _block_ctrl_c()
+    def _passes(self, first: PassKey) -> Iterator[tuple[str, PassKey, Any]]:
+        """The decode thread's source: each pass's worker batches, then its end; the pass after it, and so on."""
         key: PassKey | None = first
-        try:
-            with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
-                setup = self._setup() if self._setup is not None else None
-                if setup is not None:
-                    setup()
-                del setup
-                while key is not None and not self._stop.is_set():
-                    if not self._feed(key):
-                        return
-                    self._items.put((_END, key, None))
-                    key = self._follow(key)
-                    if key is not None:
-                        self._upcoming.append(key)
-        except BaseException as exc:  # forwarded to the training thread, which raises it
-            self._items.put((_ERROR, key or first, exc))
-
-    def _feed(self, key: PassKey) -> bool:
-        """Make every batch of pass `key`; False when stopped on the way."""
-        open_pass = self._open_pass()
-        if open_pass is None:  # the loader is gone
-            return False
-        batches = _timed(open_pass(key), self.stage.timings)
-        del open_pass
-        decoded = self._decoded_ahead(batches) if self.decode_ahead else map(self.stage.decode, batches)
-        for one in decoded:
-            slot = self.ring.fill_next()
-            if slot is None or self._stop.is_set():
-                return False
-            result = self.stage.finish(one, out=slot.tensor)
-            self.ring.filled(slot)
-            self._items.put((_BATCH, key, (result, slot)))
-        return not self._stop.is_set()
-
-    def _decoded_ahead(self, batches: Iterator[Any]) -> Iterator[DecodedBatch]:
-        """`stage.decode` of `batches`, run on a second thread (on this feeder's stream) one batch ahead of the
-        caller, which crops and resizes: the decoder's call for batch n+1 (the GIL released) overlaps the crop of
-        batch n and the taking of the workers' batches. Its errors are raised here, in batch order."""
-        ahead: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
-        done = threading.Event()  # the caller is gone (its pass ended, failed or was stopped)
-
-        def put(item: tuple[str, Any]) -> bool:
-            while not (done.is_set() or self._stop.is_set()):
-                with contextlib.suppress(queue.Full):
-                    ahead.put(item, timeout=0.1)
-                    return True
-            return False
-
-        def run() -> None:
-            _block_ctrl_c()
-            try:
-                with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
-                    for batch in batches:
-                        if not put((_BATCH, self.stage.decode(batch))):
-                            return
-            except BaseException as exc:  # raised by the caller, after the batches decoded before it
-                put((_ERROR, exc))
+        timings = self.stage.timings
+        while key is not None:
+            open_pass = self._open_pass()
+            if open_pass is None:  # the loader is gone
                 return
-            put((_END, None))
+            batches = iter(open_pass(key))  # the first pass of persistent workers forks them here
+            del open_pass
+            try:
+                if not self._set_up:  # after the fork: the device's first use
+                    self._set_up = True
+                    self._decode_stream = self.streams.new_stream()
+                    with self.streams.using(self._decode_stream):
+                        setup = self._setup() if self._setup is not None else None
+                        if setup is not None:
+                            setup()
+                        del setup
+                while True:
+                    started = time.perf_counter()
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        break
+                    finally:
+                        timings["workers"] += time.perf_counter() - started
+                    yield _BATCH, key, batch
+                    del batch
+            finally:  # the workers' iterator is this pass's alone: closed before another pass opens them
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+            yield _END, key, None
+            key = self._follow(key)
+            if key is not None:
+                self._upcoming.append(key)
 
-        thread = threading.Thread(target=run, name="fastdata-device-decode", daemon=True)
-        thread.start()
-        try:
-            while not self._stop.is_set():
-                try:
-                    kind, payload = ahead.get(timeout=0.1)
-                except queue.Empty:
-                    if not thread.is_alive() and ahead.empty() and not self._stop.is_set():
-                        raise RuntimeError("the device decode thread ended without a word") from None
-                    continue
-                if kind == _ERROR:
-                    raise payload
-                if kind == _END:
-                    return
-                yield payload
-        finally:  # the workers' iterator is this pass's alone: the thread is gone before another pass opens it
-            done.set()
-            thread.join()
+    def _decode_one(self, item: tuple[str, PassKey, Any]) -> tuple[str, PassKey, Any]:
+        kind, key, batch = item
+        if kind != _BATCH:
+            return item
+        with self.streams.using(self._decode_stream):
+            decoded = self.stage.decode(batch)
+            decoded.event = self.streams.record()  # behind the decode: the crop waits for it
+        self._add_wait("decoded_full", self._decoded.waited_room_s)
+        return kind, key, decoded
+
+    def _resize_one(self, item: tuple[str, PassKey, Any]) -> tuple[str, PassKey, Any]:
+        kind, key, decoded = item
+        timings = self.stage.timings
+        self._add_wait("decode_wait", self._made.waited_source_s)
+        if kind != _BATCH:
+            return item
+        if not self._resize_ready:  # after the fork: a decoded batch came
+            self._resize_ready = True
+            self._resize_stream = self.streams.new_stream()
+        started = time.perf_counter()
+        with self.streams.using(self._resize_stream):
+            slot = self.ring.fill_next()  # the resize stream waits for the loop's release of the slot
+            timings["slot_wait"] += time.perf_counter() - started
+            if slot is None:  # stopped
+                self._drop_decoded(item)
+                return item
+            guard = decoded.event
+            try:
+                self.streams.wait(decoded.event)
+                result = self.stage.finish(decoded, out=slot.tensor, place=functools.partial(self.ring.place, slot))
+            finally:
+                self.ring.filled(slot)
+                self.last_write = guard = slot.ready if slot.ready is not None else guard
+                self.stage.release(decoded, guard)
+        return kind, key, (result, slot)
+
+    def _add_wait(self, part: str, total: float) -> None:
+        """Add what a thread's wait counter (`total`, since this feeder started) grew by to the stage's timings."""
+        self.stage.timings[part] += total - self._seen[part]
+        self._seen[part] = total
+
+    def _drop_decoded(self, item: tuple[str, PassKey, Any]) -> None:
+        """A decoded batch nobody will crop: its buffers go back once its decode has run."""
+        kind, _, decoded = item
+        if kind == _BATCH and isinstance(decoded, DecodedBatch):
+            self.stage.release(decoded, decoded.event)
 
     def close(self) -> None:
-        """Stop the thread and wait for it (it finishes the batch it is making, or the workers' next batch)."""
-        self._stop.set()
+        """Stop both threads and wait for them (each finishes the batch it is on, or the workers' next batch).
+        Called on one of them (a finaliser the garbage collector ran there), it only asks them to stop."""
+        self._made.stop()
+        self._decoded.stop()
         self.ring.stop()
-        if threading.current_thread() is self._thread:  # a finaliser run by the garbage collector on this thread
+        if self._made.on_its_thread() or self._decoded.on_its_thread():
             return
-        while self._thread.is_alive():
-            self._thread.join(timeout=0.1)
+        self._made.close()  # the resize thread closes the decode thread (its source) as it ends
+        self._decoded.close()
         self._upcoming.clear()
         atexit.unregister(self._closer)
-
-
-def _timed(batches: Iterator[T], timings: dict[str, float]) -> Iterator[T]:
-    """`batches`, adding the seconds each `next` waited (for the workers) to `timings["workers"]`; closes
-    `batches` when closed itself."""
-    iterator = iter(batches)
-    try:
-        while True:
-            started = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            finally:
-                timings["workers"] += time.perf_counter() - started
-            yield batch
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-
-
-def _block_ctrl_c() -> None:
-    """Block SIGINT on a feeder thread: Ctrl-C is the training thread's; workers forked from here inherit the block
-    and drop the signal."""
-    if threading.current_thread() is not threading.main_thread():
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 def strong(target: Any) -> Callable[[], Any]:

@@ -12,8 +12,8 @@ separable, so each crop is resized by two matrix products, `rows @ crop @ column
    a padded [n, height, C * width] block (rows past a crop's height repeat its last row; columns past its width
    hold the next pixels of the buffer);
 3. two batched matrix products with dense weight matrices ([n, out_h, height] and [n, out_w, width], Pillow's
-   weights evaluated at every pixel; a flip mirrors the columns' matrix) resize every crop at once; the padding
-   gets weight 0.
+   weights evaluated at every pixel, each written in one fused pass on CUDA: `_axis_weights`; a flip mirrors the
+   columns' matrix) resize every crop at once; the padding gets weight 0.
 
 Compared with gathering each output row's taps and summing them (the kernel before it, kept as the baseline of
 benchmarks/resize_kernel.py), this moves far fewer bytes: each source pixel is read once, not once per tap, and the
@@ -26,7 +26,11 @@ queues on the current stream and never waits).
 
 from __future__ import annotations
 
+import functools
+import math
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,25 +60,88 @@ def cover(boxes: np.ndarray, shapes: np.ndarray) -> np.ndarray:
     return np.stack([x0, y0, x1, y1], axis=1).astype(np.int64)
 
 
+#: Where a padding pixel's scaled coordinate is put: so far from every centre that its weight is 0
+_FAR = 1e9
+
+
+def taps(lengths: np.ndarray, out: int) -> int:
+    """Pixels a triangle of radius max(length / out, 1) can cover, for the batch's largest (host arrays: known
+    without asking the device), with a margin for rounding."""
+    radius = max(float(lengths.max()) / out, 1.0) if len(lengths) else 1.0
+    return 2 * math.ceil(radius) + 2
+
+
 def _axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: int,
-                  extent: int, flip: torch.Tensor | None = None) -> torch.Tensor:
-    """The dense resampling matrix along one axis, float32 [n, out, extent]: output pixel i of image b samples the
+                  extent: int, dtype: torch.dtype, taps: int, flip: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense resampling matrix along one axis, `dtype` [n, out, extent]: output pixel i of image b samples the
     box [start, start + length) at centre start + (i + 0.5) * scale (mirrored when `flip`) with a triangle of radius
-    max(scale, 1) (Pillow's bilinear filter, antialiased when shrinking), over the covering pixels [lo, hi) only,
-    numbered from lo (columns past hi - lo: padding, weight 0); each row of weights sums to 1. Evaluated at every
-    pixel rather than scattered from a list of taps (no scatter: deterministic on CUDA); the coordinates are taken
-    relative to `lo` in float64 before float32, so that large images keep their sub-pixel precision."""
+    r = max(scale, 1) (Pillow's bilinear filter, antialiased when shrinking), over the covering pixels [lo, hi)
+    only, numbered from lo (columns past hi - lo: padding, weight 0); each row of weights sums to 1. Evaluated at
+    every pixel rather than scattered from a list of taps (no scatter: deterministic on CUDA).
+
+    The pixels' and the centres' coordinates are divided by r beforehand (the padding's put `_FAR` away), and each
+    row's sum comes from the `taps` pixels around its centre, on small [n, out], [n, extent] and [n, out, taps]
+    tensors; the dense matrix is then written in one fused pass, max(0, 1 - |p - c|) / sum (`_dense`), and cast to
+    `dtype`. Coordinates are taken relative to `lo` and divided in float64 before float32, so that large images
+    keep their sub-pixel precision."""
     device = start.device
-    scale = (length / out)[:, None]  # [n, 1]
+    scale = length / out  # [n] float64
+    inverse_radius = 1 / scale.clamp(min=1.0)  # [n]
     i = torch.arange(out, device=device, dtype=torch.float64)[None, :]  # [1, out]
     if flip is not None:
         i = torch.where(flip[:, None], out - 1 - i, i)
-    centre = (start[:, None] - lo[:, None] + (i + 0.5) * scale).float()  # [n, out], from lo
-    radius = scale.clamp(min=1.0).float()
-    pixel = torch.arange(extent, device=device, dtype=torch.float32) + 0.5  # pixel centres, from lo
-    weight = (pixel[None, None, :] - centre[:, :, None]).abs_().div_(radius[:, :, None]).neg_().add_(1).clamp_(min=0)
-    weight.mul_((pixel[None, :] < (hi - lo).float()[:, None])[:, None, :])
-    return weight.div_(weight.sum(-1, keepdim=True).clamp_(min=1e-12))
+    centre = start[:, None] - lo[:, None] + (i + 0.5) * scale[:, None]  # [n, out], from lo
+    valid = (hi - lo)[:, None]  # [n, 1]: the covering pixels; past them, padding
+    centres = (centre * inverse_radius[:, None]).float()  # [n, out]
+    pixel = torch.arange(extent, device=device, dtype=torch.float64)[None, :] + 0.5  # pixel centres, from lo
+    pixels = torch.where(pixel < valid, pixel * inverse_radius[:, None], _FAR).float()  # [n, extent]
+    first = torch.floor(centre - 1 / inverse_radius[:, None] - 0.5) + 1  # [n, out]: the first pixel it covers
+    tap = first[:, :, None] + torch.arange(taps, device=device, dtype=torch.float64)  # [n, out, taps]
+    tapped = torch.where((tap >= 0) & (tap < valid[:, :, None]), (tap + 0.5) * inverse_radius[:, None, None],
+                         _FAR).float()
+    inverse = (1 - (tapped - centres[:, :, None]).abs()).clamp_(min=0).sum(-1, keepdim=True).clamp_(min=1e-12)
+    return _dense(pixels, centres, inverse.reciprocal_(), dtype)
+
+
+def _dense(pixels: torch.Tensor, centres: torch.Tensor, inverse: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[n, out, extent] `dtype`: max(0, 1 - |pixels[b, p] - centres[b, o]|) * inverse[b, o]. On CUDA one fused
+    kernel (`_fused_weights`) then the cast; elsewhere (or where that kernel cannot be compiled) three passes: one
+    fused |p - c| (`torch.cdist` on the CPU; a subtraction and an abs on CUDA), a clamp, and one fused scale-and-cast
+    (`torch.addcmul` into the output)."""
+    if pixels.device.type == "cuda":
+        fused = _fused_weights()
+        if fused is not None:
+            return fused(pixels[:, None, :], centres[:, :, None], inverse).to(dtype)
+        distance = torch.sub(pixels[:, None, :], centres[:, :, None]).abs_()
+    else:
+        distance = torch.cdist(centres[:, :, None], pixels[:, :, None], p=1)  # [n, out, extent]
+    weights = torch.empty(distance.shape, dtype=dtype, device=distance.device)
+    return torch.addcmul(inverse, distance.clamp_(max=1), inverse, value=-1, out=weights)  # (1 - d) / sum
+
+
+_WEIGHTS_KERNEL = """
+template <typename T> T resize_weight(T pixel, T centre, T inverse) {
+    T distance = pixel > centre ? pixel - centre : centre - pixel;
+    return distance < T(1) ? (T(1) - distance) * inverse : T(0);
+}
+"""
+
+
+@functools.cache
+def _fused_weights() -> Any:
+    """The weights' one fused CUDA kernel (torch's jiterator, compiled on first use), or None where it cannot be
+    made (said once: the weights then take a few more passes)."""
+    try:
+        from torch.cuda import jiterator
+
+        fused = jiterator._create_jit_fn(_WEIGHTS_KERNEL)
+        one = torch.ones(1, device="cuda")
+        fused(one, one, one)  # compiled here, on first use
+        return fused
+    except Exception as exc:  # no NVRTC in this install, say
+        warnings.warn(f"fastdata: the device path's resize weights are built without their fused kernel ({exc}); "
+                      "a few more passes over them", RuntimeWarning, stacklevel=2)
+        return None
 
 
 MAX_BLOCK_BYTES = 1 << 30  # the padded crops of one pass at most (step 2 of the module's docstring)
@@ -141,8 +208,8 @@ def _resize(images: list[torch.Tensor], crops: CropBatch, covered: np.ndarray, s
               + source_rows[:, :, None] * image_w[:, None, None] + x0[:, None, None]).long()  # [n, height, C]
     block = windows.index_select(0, starts.reshape(-1)).view(n, height, channels * width).to(dtype)
 
-    vertical = _axis_weights(top, box_h, y0, y1, out_h, height).to(dtype)  # [n, out_h, height]
-    horizontal = _axis_weights(left, box_w, x0, x1, out_w, width, flips).to(dtype)  # [n, out_w, width]
+    vertical = _axis_weights(top, box_h, y0, y1, out_h, height, dtype, taps(crops.boxes[:, 3], out_h))
+    horizontal = _axis_weights(left, box_w, x0, x1, out_w, width, dtype, taps(crops.boxes[:, 2], out_w), flips)
     resized_rows = torch.bmm(vertical, block).view(n, out_h * channels, width)  # [n, out_h, C * width]
     out = torch.bmm(resized_rows, horizontal.transpose(1, 2))  # [n, out_h * C, out_w]
     return out.view(n, out_h, channels, out_w).permute(0, 2, 1, 3).float()

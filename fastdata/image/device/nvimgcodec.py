@@ -9,13 +9,23 @@ Each decoder keeps a batch or two in flight and has no lock: one feeder thread d
 buffers back, may come from another).
 
 Each image comes back planar RGB (`P_RGB`, the CHW layout the batched crop reads) and crosses into torch through
-DLPack (`torch.from_dlpack`, which orders the streams; never `__cuda_array_interface__`, which ignores them). The
-decoded Images of a batch whose crop is queued (`release`) are passed back to a later call (`images=`: their buffers
-are resized, not freed and allocated again: 10,198 img/s against 9,587 without), which is safe because that decode
-queues on the same stream after the crop that read them. EXIF orientation is not applied: crop boxes are drawn in
-the stored frame, as on the CPU path. Region decoding (`regions`) is offered, but nvImageCodec 0.9's hardware and
-hybrid backends return nothing for regions of these files and its CPU backend decodes them slower than whole images
-(7,041 against 11,272 img/s), so `DeviceDecode(regions=False)` is the default.
+DLPack (`torch.from_dlpack`, which orders the streams; never `__cuda_array_interface__`, which ignores them). EXIF
+orientation is not applied: crop boxes are drawn in the stored frame, as on the CPU path. Region decoding
+(`regions`) is offered, but nvImageCodec 0.9's hardware and hybrid backends return nothing for regions of these
+files and its CPU backend decodes them slower than whole images (7,041 against 11,272 img/s), so
+`DeviceDecode(regions=False)` is the default.
+
+Options, as DALI's nvImageCodec decoder sets them (dali/operators/imgcodec/image_decoder.h): the hardware decoder
+preallocates for the loader's batch (`nvjpeg_hw_decoder:preallocate_batch_size`) and, where the dataset's image
+sizes are known, for its typical image (`preallocate_width_hint` / `preallocate_height_hint`); fancy upsampling
+off (`:fancy_upsampling=0`, nvImageCodec's own Python default, which passing options replaces).
+
+Buffers (`images=`): the decoded Images of a batch are a lease (`batch_decoded`), every set of them, handed back
+with an event behind the crop that reads them (`release(lease, guard)`). A set is decoded into again only once
+that event has completed, never merely once the crop is queued: nvJPEG's hardware batched decode has been seen
+writing before earlier work on its stream ran (meta-pytorch/torchcodec #1634, pytorch/vision #9606), and the crop
+runs on another stream than the decode. Sets beyond the few kept are dropped (their memory freed by the library)
+only after their event too. Reusing buffers decoded 10,198 img/s against 9,587 without (H200).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,12 +44,32 @@ from fastdata.image.device.options import AUTO, ENGINES_ALONE, MIXED, DeviceDeco
 _BACKEND_KINDS = {"hardware": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU", "gpu": "GPU_ONLY", "cpu": "CPU_ONLY"}
 
 
+@dataclass(frozen=True)
+class DecoderHints:
+    """What the decoder may preallocate for: the loader's batch size and, where known, a typical image's size."""
+
+    batch_size: int = 0
+    width: int = 0
+    height: int = 0
+
+
+def library_options(hints: DecoderHints | None) -> str:
+    """nvImageCodec's options string for `hints` (see the module's docstring)."""
+    options = [":fancy_upsampling=0"]
+    if hints is not None and hints.batch_size > 0:
+        options.append(f"nvjpeg_hw_decoder:preallocate_batch_size={hints.batch_size}")
+    if hints is not None and hints.width > 0 and hints.height > 0:
+        options += [f"nvjpeg_hw_decoder:preallocate_width_hint={hints.width}",
+                    f"nvjpeg_hw_decoder:preallocate_height_hint={hints.height}"]
+    return " ".join(options)
+
+
 class NvImageCodecDecoder:
     """nvImageCodec's batched (and region) JPEG decoding on a CUDA device."""
 
     regions = True
 
-    def __init__(self, device: torch.device, options: DeviceDecode) -> None:
+    def __init__(self, device: torch.device, options: DeviceDecode, hints: DecoderHints | None = None) -> None:
         from nvidia import nvimgcodec
 
         self._codec = nvimgcodec
@@ -54,22 +85,25 @@ class NvImageCodecDecoder:
                 backends.append(nvimgcodec.Backend(kind, load_hint=options.hardware_load))
             else:
                 backends.append(nvimgcodec.Backend(kind))
+        self.options = library_options(hints)
         self._decoder = nvimgcodec.Decoder(device_id=device_id, max_num_cpu_threads=options.cpu_threads,
-                                           backends=backends)
+                                           backends=backends, options=self.options)
         self._params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
                                                sample_format=nvimgcodec.SampleFormat.P_RGB,
                                                apply_exif_orientation=False, allow_any_depth=False)
         load = "" if options.hardware_load is None else f", hardware load {options.hardware_load:g}"
         self.name = (f"nvimgcodec {getattr(nvimgcodec, '__version__', '?')} ({', '.join(self.backends)}{load}; "
                      f"{options.cpu_threads} CPU threads)")
-        # what the device path's warning about a refused image adds (fastdata.image.device.policy)
+        # what the device path's warning about a refused image adds (fastdata.image.device.failures)
         self.refused_hint = ("the GPU's JPEG engines alone decode here; DeviceDecode(backends=('hardware', "
                              "'hybrid')) gives what they refuse to the hybrid decoder instead"
                              if self.backends == ENGINES_ALONE else "")
         self.reuse = True  # pass a finished batch's Images back for their buffers (`images=`)
         self._decoding: list[list[Any]] = []  # the Images of the batch being decoded (one list per call)
-        self._free: collections.deque[list[Any]] = collections.deque()  # released sets (`release`), reusable
-        self._free_lock = threading.Lock()  # `release` may come from another thread than `decode`
+        # released sets and their guards: reusable once the guard is done (`_free`), or to drop then (`_dropping`)
+        self._free: collections.deque[tuple[list[Any], Any]] = collections.deque()
+        self._dropping: list[tuple[list[Any], Any]] = []
+        self._lock = threading.Lock()  # `release` may come from another thread than `decode`
 
     def decode(self, payloads: Sequence[np.ndarray],
                regions: Sequence[tuple[int, int, int, int]] | None = None) -> list[torch.Tensor | None]:
@@ -87,28 +121,42 @@ class NvImageCodecDecoder:
                                           cuda_stream=stream)
         else:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
-        if self.reuse and all(image is not None for image in images):
-            self._decoding.append(list(images))
+        self._decoding.append(list(images))  # every set is leased, those with a None too
         return [None if image is None else torch.from_dlpack(image) for image in images]
 
     def _reusable(self, count: int) -> list[Any] | None:
-        """A released set of at least `count` Images (None: none; a smaller set is dropped, to be freed)."""
-        with self._free_lock:
-            while self.reuse and self._free:
-                images = self._free.popleft()
-                if len(images) >= count:
+        """A released set of at least `count` Images whose guard has completed (None: none; the library then
+        allocates)."""
+        with self._lock:
+            self._dropping = [(images, guard) for images, guard in self._dropping if not _done(guard)]
+            for n, (images, guard) in enumerate(self._free):
+                if self.reuse and len(images) >= count and _done(guard):
+                    del self._free[n]
                     return images
         return None
 
     def batch_decoded(self) -> list[list[Any]]:
-        """The lease on the buffers of the batch decoded since the last call: hand it back with `release` once the
-        work that reads them is queued (on the same stream: the decode that reuses them is queued after it)."""
+        """The lease on the buffers of the batch decoded since the last call: hand it back with `release` and an
+        event behind the work that reads them."""
         lease, self._decoding = self._decoding, []
         return lease
 
-    def release(self, lease: list[list[Any]]) -> None:
-        """The batch of `lease` is read (its crop queued): its Images may be decoded into again."""
-        with self._free_lock:
-            self._free.extend(lease)
-            while len(self._free) > 3:  # a few sets at most (the feeder has at most 2 batches decoded ahead)
-                self._free.popleft()
+    def release(self, lease: list[list[Any]], guard: Any = None) -> None:
+        """The batch of `lease` is read once `guard` (an event with `query()`; None: now) has completed: its
+        Images may then be decoded into again, or dropped."""
+        with self._lock:
+            for images in lease:
+                if self.reuse and images and all(image is not None for image in images):
+                    self._free.append((images, guard))
+                else:
+                    self._dropping.append((images, guard))
+            while len(self._free) > KEPT_SETS:  # a few sets at most; the others freed once read
+                self._dropping.append(self._free.popleft())
+
+
+#: Released sets of decoded buffers kept for reuse (two decoded batches wait, one is decoded, one cropped)
+KEPT_SETS = 4
+
+
+def _done(guard: Any) -> bool:
+    return guard is None or bool(guard.query())

@@ -3,6 +3,7 @@ output slots, sub-JPEGs), one frozen object a user passes as `fastdata.loader(..
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from fastdata.errors import ConfigError
@@ -11,7 +12,7 @@ from fastdata.errors import ConfigError
 DECODERS = ("auto", "nvimgcodec", "torchvision")
 #: nvImageCodec's JPEG backends by the names `DeviceDecode(backends=...)` takes.
 BACKENDS = ("hardware", "hybrid", "gpu", "cpu")
-#: `DeviceDecode(backends=AUTO)`: chosen per dataset and GPU (fastdata.image.device.choice).
+#: `DeviceDecode(backends=AUTO)`: chosen per dataset and GPU (fastdata.image.device.auto).
 AUTO = "auto"
 #: The backends "auto" gives where the decoder may be sent progressive JPEGs, or the engines fail their probe.
 MIXED = ("hardware", "hybrid")
@@ -27,20 +28,19 @@ class DeviceDecode:
     nvImageCodec's `backends` in order of preference ("hardware": the GPU's JPEG engines, baseline JPEGs only;
     "hybrid": Huffman on CPU threads, the rest on the GPU; "gpu"; "cpu"; "auto": the engines alone where the
     decoder is sent baseline JPEGs only and they decode probes of them, else hardware + hybrid: see
-    fastdata.image.device.choice), the share of each batch offered to the hardware engines (`hardware_load`,
+    fastdata.image.device.auto), the share of each batch offered to the hardware engines (`hardware_load`,
     0..1; None: nvImageCodec's own balance), the CPU threads nvImageCodec may use (`cpu_threads`; it would
     otherwise take all cores but one, which the workers need), and `regions`: decode only each crop's covering
     pixels where the decoder can (nvImageCodec; off by default: nvImageCodec 0.9's hardware and hybrid backends
     do not decode these regions, see fastdata.image.device.nvimgcodec). `slots`: the output batches preallocated
     on the device (fastdata.image.device.ring): the one in use, the one before it, and the rest made ahead of
     the training step. `sub_jpegs`: over a restart-layout dataset, ship each crop as its sub-JPEG once the
-    decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.probes).
+    decoder has proved it decodes them to the rewritten file's pixels (fastdata.image.device.auto).
     `progressive`: where progressive JPEGs are decoded: "device" (nvImageCodec's hybrid decoder; the hardware
     engines take baseline files only) or "workers" (on the CPU, as the worker path does), so that the device
     decoder gets baseline files only; `--jpeg-layout baseline` at conversion stores them baseline instead.
-    `decode_ahead`: decode on a second feeder thread one batch ahead of the crop-resize (the decoder's call for
-    batch n+1 beside the crop of batch n and the taking of the workers' batches) instead of both in series on one;
-    off until measured on a GPU (benchmarks/gpu_train_feed.py has it as a contender).
+    `decode_ahead`: deprecated and ignored (the device path always decodes ahead now: a decode thread and a resize
+    thread on two streams, docs/gpu.md); passing it warns once.
     """
 
     decoder: str = "auto"
@@ -48,12 +48,14 @@ class DeviceDecode:
     hardware_load: float | None = None
     cpu_threads: int = 4
     regions: bool = False
-    slots: int = 4
+    slots: int = 6
     sub_jpegs: bool = True
     progressive: str = "device"
-    decode_ahead: bool = False
+    decode_ahead: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.decode_ahead is not None:
+            _say_decode_ahead_went()
         if self.decoder not in DECODERS:
             raise ConfigError(f"DeviceDecode(decoder=...) must be one of {DECODERS}, got {self.decoder!r}")
         if self.backends != AUTO:
@@ -73,3 +75,9 @@ class DeviceDecode:
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1:
             raise ConfigError(f"DeviceDecode(cpu_threads=...) must be a positive whole number, got "
                               f"{self.cpu_threads!r}")
+
+
+def _say_decode_ahead_went() -> None:
+    warnings.warn("DeviceDecode(decode_ahead=...) is deprecated and ignored: the device path always decodes one "
+                  "batch ahead now, on a decode thread and stream of its own beside the resize thread (docs/gpu.md); "
+                  "remove the argument", FutureWarning, stacklevel=4)

@@ -8,7 +8,7 @@ one of finished pixels (shared memory, pinned for the copy): an `EncodedBatch`.
 Over a restart-layout dataset a worker may ship each rewritten JPEG's crop as the sub-JPEG of the MCUs it covers
 (fastdata.image.jpeg.restart) instead of the whole file, so that the device decodes (and the bus carries) about the
 crop's share of the image: only once the main process has proved, on its own decoder, that sub-JPEGs decode to
-exactly the rewritten whole file's pixels (fastdata.image.device.probes). The main process says so through a
+exactly the rewritten whole file's pixels (fastdata.image.device.auto). The main process says so through a
 `SubJpegSwitch` in shared memory, after the workers have started: the proof needs the device, and the device is
 not touched before the workers fork.
 """

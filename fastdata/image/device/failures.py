@@ -4,14 +4,18 @@
   counted in `fallbacks`, never warned about.
 - A JPEG the decoder cannot decode by region (only the crop's pixels) is decoded whole on the device: counted in
   `whole`, said once.
-- Bytes the device decoder cannot decode are decoded on the CPU in the feeder, as the worker path would decode
-  them: *rejected* by the device, counted in `rejected` and said once. Bytes the CPU cannot decode either are a
-  damaged sample and follow `on_error` exactly as on the worker path (raise CorruptSampleError, or skip and list).
-  Neither is a device error: one decoder refusing what another accepts is about the bytes, not the device.
-- A *device error* is the decoder failing as a whole while the batch's bytes are fine: a batched call that raises
-  although each of its JPEGs then decodes alone (a CUDA or library error). The first warns; each counts in
-  `errors`; `max_consecutive_errors` batches in a row with one raise DeviceDecodeError, and so does running out of
-  device memory, naming the batch's keys. On the CPU (`device="cpu"`) the same rules hold.
+- Bytes the device decoder refuses while it decodes the rest of the batch are decoded on the CPU, beside the
+  feeder (a side pool, never on its resize thread), as the worker path would decode them: *rejected* by the
+  device, counted in `rejected` and said once. Bytes the CPU cannot decode either are a damaged sample and follow
+  `on_error` exactly as on the worker path (raise CorruptSampleError, or skip and list). Neither is a device error:
+  one decoder refusing what another accepts is about the bytes, not the device.
+- A *device error* is the decoder failing as a whole while the bytes are fine:
+  - a batched call that raises although each of its JPEGs then decodes alone on the device; or
+  - a batch of two or more JPEGs of which the decoder decodes none (every call raising, or returning nothing)
+    while the CPU decodes them (checked on the first one the CPU decodes).
+  A broken decoder is never a silent CPU path: the first device error warns; each counts in `errors`;
+  `max_consecutive_errors` batches in a row with one raise DeviceDecodeError, and so does running out of device
+  memory, naming the batch's keys. On the CPU (`device="cpu"`) the same rules hold.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ def some_keys(keys: list[str]) -> str:
 
 
 class DevicePolicy:
-    """The counters and the decisions of one loader's device path (see the module's docstring)."""
+    """The counters and the decisions of one loader's device path (see the module's docstring). The decode thread
+    writes `fallbacks`, `errors` and `whole`; the resize thread `rejected` (and the skipped samples)."""
 
     def __init__(self, source: str, device: str, on_error: str,
                  max_consecutive_errors: int = MAX_CONSECUTIVE_DEVICE_ERRORS) -> None:
@@ -41,7 +46,7 @@ class DevicePolicy:
         self.on_error = on_error
         self.max_consecutive_errors = max_consecutive_errors
         self.fallbacks = 0  # samples the device does not take, decoded in the workers
-        self.rejected = 0  # bytes the device decoder could not decode, decoded on the CPU in the feeder
+        self.rejected = 0  # bytes the device decoder refused, decoded on the CPU beside the feeder
         self.errors = 0  # failures of the decoder as a whole on bytes that decode
         self.whole = 0  # JPEGs the decoder could not decode by region, decoded whole on the device instead
         self._warned_whole = False
@@ -63,9 +68,9 @@ class DevicePolicy:
         if not self._warned_rejected:
             self._warned_rejected = True
             warnings.warn(f"{self.source}: {decoder} on {self.device} could not decode sample {key!r}, which the "
-                          "CPU decodes; such samples are decoded on the CPU in the main process (counted in "
-                          f"loader.device_rejected; said once){': ' + hint if hint else ''}", RuntimeWarning,
-                          stacklevel=2)
+                          "CPU decodes; such samples are decoded on the CPU in the main process, beside the feeder "
+                          f"(counted in loader.device_rejected; said once){': ' + hint if hint else ''}",
+                          RuntimeWarning, stacklevel=2)
 
     def whole_instead(self, key: str, decoder: str) -> None:
         """The decoder could not decode `key`'s crop region but decoded the whole image: count it, say it once."""
@@ -82,24 +87,26 @@ class DevicePolicy:
             f"batch ({some_keys(keys)}): {exc}. Lower batch_size, leave the loader more device memory, or decode "
             "in the workers: decode='worker'")
 
-    def batch_done(self, error: tuple[str, BaseException] | None, keys: list[str]) -> None:
-        """After each batch: `error` is (what failed, the exception) when the decoder failed as a whole although
-        the bytes decode; counts it, warns on the first, raises after too many failing batches in a row."""
+    def batch_done(self, error: tuple[str, BaseException | None] | None, keys: list[str]) -> None:
+        """After each batch's decoding: `error` is (what failed, the exception if one was raised) when the decoder
+        failed as a whole although the bytes decode; counts it, warns on the first, raises after too many failing
+        batches in a row."""
         if error is None:
             self._failing_batches = 0
             return
         what, exc = error
         self.errors += 1
         self._failing_batches += 1
+        said = f"{what}: {exc}" if exc is not None else what
         if self._failing_batches >= self.max_consecutive_errors:
             raise DeviceDecodeError(
                 f"{self.source}: the device decoder on {self.device} failed in {self._failing_batches} batches in a "
-                f"row (the last: {some_keys(keys)}; on {what}: {exc}); it is not working: decode in the workers "
-                "with decode='worker'") from exc
+                f"row (the last: {some_keys(keys)}; {said}); it is not working: decode in the workers with "
+                "decode='worker'") from exc
         if not self._warned_error:
             self._warned_error = True
             warnings.warn(
-                f"{self.source}: the device decoder on {self.device} failed on {what}: {exc}; decoded one at a "
-                "time instead. Device errors are counted in loader.device_errors (this warning is shown once); "
+                f"{self.source}: the device decoder on {self.device} failed: {said}; this batch was decoded "
+                "without it. Device errors are counted in loader.device_errors (this warning is shown once); "
                 f"{self.max_consecutive_errors} batches in a row with device errors raise DeviceDecodeError",
                 RuntimeWarning, stacklevel=2)
