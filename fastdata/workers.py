@@ -172,6 +172,21 @@ def _quiet_hand_over(previous: Callable[..., None], kind: type[BaseException], v
     previous(kind, value, trace)
 
 
+def new_shared(shape: tuple[int, ...], dtype: Any = None) -> Any:
+    """An uninitialised tensor (uint8 unless `dtype`) in a fresh shared-memory segment, made there directly (the
+    private call torch's default_collate makes; share_memory_() would fill an ordinary tensor first and copy it)."""
+    import math
+
+    import torch
+
+    dtype = torch.uint8 if dtype is None else dtype
+    try:
+        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
+        return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+    except AttributeError:  # pragma: no cover
+        return torch.empty(shape, dtype=dtype).share_memory_()
+
+
 def failed_pass(dataloader: Any, batches: Any, exc: BaseException) -> BaseException:
     """After `exc` ended a pass over `batches`: stop the workers (`stop_workers`) and return what to raise, our
     own error as the worker raised it (`fastdata.errors.from_worker`: its one-line message, not torch's wrapper),

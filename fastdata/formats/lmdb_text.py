@@ -21,13 +21,18 @@ import numpy as np
 from fastdata.errors import CorruptSampleError, NotADatasetError
 from fastdata.formats.lmdb import DATA_FILE, index_key
 from fastdata.formats.manifest import FileEntry, sha256_file
-from fastdata.formats.tokens import DocumentEnds, TokenReader
+from fastdata.formats.mapped_pages import mapped_ranges
+from fastdata.formats.tokens import DocumentEnds, TokenReader, scatter
 
 CHUNK_TOKENS = 1 << 18
 ENDS_PER_CHUNK = 1 << 16
 _MAX_DBS = 4
 _DBS = ("tokens", "ends")
 COMMIT_EVERY_CHUNKS = 32
+#: A read whose ranges average fewer tokens than this is one gather (`np.take`: a few passes over the tokens read,
+#: whatever the number of ranges), else a slice of the map per range (a Python step each, then one copy): about
+#: where the two cost the same for a batch of 32 x 1,025 tokens.
+GATHER_BELOW = 192
 
 
 def _environment(directory: Path) -> tuple[Any, dict[str, Any]]:
@@ -156,9 +161,14 @@ class TextLmdbWriter:
 
 
 class TextLmdbReader(TokenReader):
-    """Random access to the token stream of an LMDB text dataset (all ranges of one `read_many` in one read
-    transaction). Opens the environment lazily, once per process, read-only and unlocked; safe to pickle
-    for spawn."""
+    """Random access to the token stream of an LMDB text dataset. Opens the environment lazily, once per process,
+    read-only and unlocked; safe to pickle for spawn.
+
+    A read of many ranges (a batch's rows) is one gather: each token chunk is a value of its own, stored contiguously
+    in the data file, so once its place in the file is known (looked up once per process, with its length checked)
+    a range is a slice of one read-only map of the file, and all ranges are one `np.take` of an index made with a few
+    vectorised steps, whatever their number (a best-fit batch of short documents holds hundreds). Where the file's
+    place in memory cannot be found (no /proc/self/maps: not Linux), each range is copied from its chunk's value."""
 
     def __init__(self, directory: Path, text: dict[str, Any]) -> None:
         super().__init__(text)
@@ -167,21 +177,27 @@ class TextLmdbReader(TokenReader):
         self._env: Any = None
         self._dbs: dict[str, Any] = {}
         self._pid = -1
+        self._real_path = ""
         self._ends: np.ndarray | None = None
         self._document_ends: DocumentEnds | None = None
+        self._file: np.ndarray | None = None  # the data file as tokens (a read-only map), once chunks are placed
+        self._chunk_at: np.ndarray | None = None  # each chunk's first token in `_file`; -1: not looked up yet
+        self._mapped: list[tuple[int, int, int]] | None = None  # where LMDB maps the file (`mapped_ranges`)
         if not (self.directory / DATA_FILE).is_file():
             raise NotADatasetError(f"{self.directory}: {DATA_FILE} is missing; the dataset is damaged")
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_env": None, "_dbs": {}, "_pid": -1, "_ends": None, "_document_ends": None}
+        return {**self.__dict__, "_env": None, "_dbs": {}, "_pid": -1, "_ends": None, "_document_ends": None,
+                "_file": None, "_chunk_at": None, "_mapped": None}
 
     def _open(self) -> Any:
         from fastdata.formats.lmdb import is_current
 
-        if (self._env is None or self._pid != os.getpid()
-                or not is_current(os.path.realpath(self.directory), self._env)):
+        if self._env is None or self._pid != os.getpid() or not is_current(self._real_path, self._env):
+            self._real_path = os.path.realpath(self.directory)
             self._env, self._dbs = _environment(self.directory)
             self._pid = os.getpid()
+            self._file = self._chunk_at = self._mapped = None  # chunks are placed again in this environment's file
         return self._env
 
     @property
@@ -223,28 +239,105 @@ class TextLmdbReader(TokenReader):
                                      "damaged")
         return np.frombuffer(value, "<i8")
 
-    def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
-        env, size, db, dtype = self._open(), self.chunk_tokens, self._dbs["tokens"], self.dtype
-        with env.begin(buffers=True) as txn:
-            chunks: dict[int, np.ndarray] = {}  # each chunk read once per call (a batch's ranges share chunks)
-            views = []  # the ranges' tokens, copied into `out` in one go
+    def _fill(self, out: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
+        counts = stops - starts
+        self._put(out, starts, counts, np.cumsum(counts) - counts)
 
-            def take(number: int, lo: int, hi: int) -> None:
-                found = chunks.get(number)
+    def _put(self, out: np.ndarray, starts: np.ndarray, counts: np.ndarray, places: np.ndarray) -> None:
+        chunk, lo, hi, places = self._chunk_pieces(starts, starts + counts, places)
+        if not len(chunk):
+            return
+        at = self._chunk_places(chunk)
+        if at is None:
+            scatter(out, self._copy_pieces(chunk, lo, hi), hi - lo, places)
+            return
+        counts, first = hi - lo, at + lo  # each piece's length and first token in the file
+        end = int(places[-1] + counts[-1])
+        if end - int(places[0]) >= GATHER_BELOW * len(first):  # long pieces: a slice of the map each, one copy
+            np.concatenate(self._views(first, counts, places), out=out[int(places[0]):end])
+            return
+        runs = np.diff(places, append=end)  # each piece and what lies after it, up to the next one
+        index = np.repeat(first - places, runs)
+        index += np.arange(int(places[0]), end)
+        out[int(places[0]):end] = np.take(self._file, index, mode="clip")
+
+    def _views(self, first: np.ndarray, counts: np.ndarray, places: np.ndarray) -> list[np.ndarray]:
+        """The pieces as slices of the map, each followed by as many zeros as lie before the next piece's place."""
+        gaps = np.diff(places, append=places[-1] + counts[-1]) - counts
+        filler = np.zeros(int(gaps.max()), self.dtype)
+        file, views = self._file, []
+        for a, n, gap in zip(first.tolist(), counts.tolist(), gaps.tolist(), strict=True):
+            views.append(file[a:a + n])
+            if gap:
+                views.append(filler[:gap])
+        return views
+
+    def _chunk_pieces(self, starts: np.ndarray, stops: np.ndarray, places: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The non-empty ranges `[starts, stops)` cut at the chunks' ends: (chunk, first, end, place) of each
+        piece, the first and end within the chunk. A range almost always lies in one chunk."""
+        size = self.chunk_tokens
+        keep = stops > starts
+        starts, stops, places = starts[keep], stops[keep], places[keep]
+        first = starts // size
+        spans = (stops - 1) // size - first + 1
+        if not len(spans) or int(spans.max()) == 1:
+            return first, starts - first * size, stops - first * size, places
+        of = np.repeat(np.arange(len(spans)), spans)
+        chunk = np.repeat(first - (np.cumsum(spans) - spans), spans) + np.arange(len(of))
+        lo = np.maximum(starts[of] - chunk * size, 0)
+        return chunk, lo, np.minimum(stops[of] - chunk * size, size), places[of] + chunk * size + lo - starts[of]
+
+    def _chunk_places(self, chunks: np.ndarray) -> np.ndarray | None:
+        """Where chunks `chunks` begin in `_file` (looked up, and checked, on first use in this process); None
+        where the file's mapping cannot be found."""
+        self._open()
+        if self._chunk_at is None:
+            self._chunk_at = np.full(-(-self.total_tokens // self.chunk_tokens), -1, np.int64)
+        at = self._chunk_at[chunks]
+        if (at < 0).any():
+            self._place_chunks(np.unique(chunks[at < 0]).tolist())
+            at = self._chunk_at[chunks]
+        return at if self._file is not None else None
+
+    def _chunk_value(self, txn: Any, number: int) -> Any:
+        """Token chunk `number`'s value (a view into LMDB's map), its length checked."""
+        value = txn.get(index_key(number), db=self._dbs["tokens"])
+        tokens = min(self.chunk_tokens, self.total_tokens - number * self.chunk_tokens)
+        if value is None or len(value) < tokens * self.dtype.itemsize:
+            raise CorruptSampleError(f"{self.directory}: token chunk {number} is missing or short; the dataset is "
+                                     "damaged")
+        return value
+
+    def _place_chunks(self, numbers: list[int]) -> None:
+        """Find the chunks `numbers` in the data file (from where LMDB's map holds their values); without the
+        file's mapping, only check them."""
+        path = os.path.join(self._real_path, DATA_FILE)
+        if self._mapped is None:
+            self._mapped = mapped_ranges(path)  # the environment's map does not move while it is open
+        ranges = self._mapped
+        itemsize = self.dtype.itemsize
+        with self._open().begin(buffers=True) as txn:
+            for number in numbers:
+                address = np.frombuffer(self._chunk_value(txn, number), np.uint8).ctypes.data
+                offset = next((address - low + at for low, high, at in ranges if low <= address < high), -1)
+                self._chunk_at[number] = offset // itemsize if offset >= 0 and offset % itemsize == 0 else 0
+                if offset < 0 or offset % itemsize:
+                    ranges = self._mapped = []  # unknown place: every read copies from the values (`_copy_pieces`)
+        if ranges and self._file is None:  # a plain array over the map: slicing a np.memmap costs more
+            self._file = np.asarray(np.memmap(path, dtype=self.dtype, mode="r"))
+        elif not ranges:
+            self._file = None
+
+    def _copy_pieces(self, chunks: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Without the file's map: the pieces copied from their chunks' values (in one read transaction), one after
+        the other."""
+        views = []
+        with self._open().begin(buffers=True) as txn:
+            values: dict[int, np.ndarray] = {}
+            for number, first, end in zip(chunks.tolist(), lo.tolist(), hi.tolist(), strict=True):
+                found = values.get(number)
                 if found is None:
-                    value = txn.get(index_key(number), db=db)
-                    found = chunks[number] = np.frombuffer(value, dtype) if value is not None else np.zeros(0, dtype)
-                if len(found) < hi:
-                    raise CorruptSampleError(f"{self.directory}: token chunk {number} is missing or short; "
-                                             "the dataset is damaged")
-                views.append(found[lo:hi])
-
-            for start, stop in zip(starts, stops, strict=True):
-                first = start // size
-                if stop - first * size <= size:  # the usual case: a range inside one chunk (or empty)
-                    take(first, start - first * size, stop - first * size)
-                    continue
-                for number in range(first, (stop - 1) // size + 1):
-                    take(number, max(start - number * size, 0), min(stop - number * size, size))
-            if views:
-                np.concatenate(views, out=out)
+                    found = values[number] = np.frombuffer(self._chunk_value(txn, number), self.dtype)
+                views.append(found[first:end])
+            return np.concatenate(views)

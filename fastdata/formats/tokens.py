@@ -137,9 +137,34 @@ class TokenReader:
         if len(starts) and (starts.min() < 0 or counts.min() < 0 or stops.max() > self.total_tokens):
             raise IndexError(f"token ranges out of range for {self.total_tokens} tokens")
         out = np.empty(int(counts.sum()), self.dtype)
-        self._fill(out, starts.tolist(), stops.tolist())
+        self._fill(out, starts, stops)
         return out
 
-    def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
-        """Write the ranges `[starts[j], stops[j])` one after the other into `out`."""
+    def read_into(self, out: np.ndarray, starts: np.ndarray, counts: np.ndarray, places: np.ndarray) -> None:
+        """Token ranges `[starts[j], starts[j] + counts[j])` written into the flat array `out` (an integer dtype
+        that holds the ids), range j from `out[places[j]]` on (ascending, not overlapping): a batch's rows laid out
+        in one call. What lies between the ranges may be overwritten with other tokens: the caller writes it
+        after."""
+        starts, counts, places = (np.asarray(a, np.int64) for a in (starts, counts, places))
+        stops = starts + counts
+        if len(starts) and (starts.min() < 0 or counts.min() < 0 or stops.max() > self.total_tokens
+                            or places.min() < 0 or (places + counts).max() > len(out)):
+            raise IndexError(f"token ranges out of range for {self.total_tokens} tokens or {len(out)} places")
+        self._put(out, starts, counts, places)
+
+    def _fill(self, out: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Write the ranges `[starts[j], stops[j])` (int64 arrays, checked) one after the other into `out`."""
         raise NotImplementedError
+
+    def _put(self, out: np.ndarray, starts: np.ndarray, counts: np.ndarray, places: np.ndarray) -> None:
+        """`read_into` once checked: the ranges read one after the other, then put in their places."""
+        tokens = np.empty(int(counts.sum()), self.dtype)
+        self._fill(tokens, starts, starts + counts)
+        scatter(out, tokens, counts, places)
+
+
+def scatter(out: np.ndarray, tokens: np.ndarray, counts: np.ndarray, places: np.ndarray) -> None:
+    """`tokens` (ranges of `counts` one after the other) written into `out`, range j from `places[j]` on."""
+    index = np.repeat(places - (np.cumsum(counts) - counts), counts)
+    index += np.arange(len(tokens))
+    out[index] = tokens

@@ -240,10 +240,10 @@ class TextWdsReader(TokenReader):
             handle = self._handles[shard] = open(self.directory / self.files[shard].name, "rb", buffering=0)  # noqa: SIM115 (kept open for reuse)
         return handle
 
-    def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
+    def _fill(self, out: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
         index = self.document_ends
         size, pos, shard, ends, offsets, base = self.dtype.itemsize, 0, -1, index.last_ends, index.last_ends, 0
-        for start, stop in zip(starts, stops, strict=True):
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
             local = -1  # the document of `start` in its shard, once found
             while start < stop:
                 if shard < 0 or not base <= start < int(ends[-1]):  # the shard that holds token `start`

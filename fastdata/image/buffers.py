@@ -21,19 +21,11 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import get_worker_info
 
+from fastdata.workers import new_shared
+
 FREE, LENT = 0, 1
 
 Slot = tuple[int, int, int]  # (generation of the flags, worker id, slot number)
-
-
-def new_shared(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """An uninitialised tensor in a fresh shared-memory segment (the private call default_collate makes;
-    share_memory_() on an empty tensor if it ever goes away)."""
-    try:
-        storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
-        return torch.empty(0, dtype=dtype).set_(storage).view(shape)
-    except AttributeError:  # pragma: no cover
-        return torch.empty(shape, dtype=dtype).share_memory_()
 
 
 class BatchBuffers:

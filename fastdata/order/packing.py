@@ -32,9 +32,13 @@ DEFAULT_WINDOW = 1 << 20
 _TAG = 0x62666974
 
 
-def best_fit(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+def best_fit(sizes: np.ndarray, capacity: int, known: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Best-fit decreasing of items of `sizes` (each 1..capacity) into bins of `capacity`: (the items, as indices
-    into `sizes`, bin after bin; the number of items in each bin), bins in the order they were opened."""
+    into `sizes`, bin after bin; the number of items in each bin), bins in the order they were opened.
+
+    Where each item goes depends on the sizes' histogram alone (their order only breaks ties among equal sizes):
+    `known` keeps the latest histogram's placement, so that packing the same sizes again in another order (an
+    epoch's shuffle of the same pieces) is a sort and a gather, without placing anything."""
     sizes = np.asarray(sizes)
     if not len(sizes):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -45,9 +49,23 @@ def best_fit(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(key, kind="stable")
     ordered = sizes[order]
     group_starts = np.flatnonzero(np.diff(ordered, prepend=ordered[0] + 1))
-    group_sizes = ordered[group_starts].tolist()
-    group_counts = np.diff(np.append(group_starts, len(ordered))).tolist()
-    bins = np.empty(len(sizes), np.int64)  # bin of each item, in `order`
+    group_sizes = ordered[group_starts].astype(np.int64)
+    group_counts = np.diff(np.append(group_starts, len(ordered)))
+    histogram = (capacity, group_sizes.tobytes(), group_counts.tobytes())
+    placed = known.get(histogram) if known is not None else None
+    if placed is None:
+        placed = _place(group_sizes.tolist(), group_counts.tolist(), capacity)
+        if known is not None:
+            known.clear()
+            known[histogram] = placed
+    grouped, per_bin = placed
+    return order[grouped], per_bin
+
+
+def _place(group_sizes: list[int], group_counts: list[int], capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best-fit decreasing of items sorted longest first, given as runs of one size (`group_sizes`, each
+    `group_counts` long): (the items, as positions in that order, bin after bin; the number in each bin)."""
+    bins = np.empty(sum(group_counts), np.int64)  # bin of each item, in sorted order
     rooms: dict[int, list[np.ndarray]] = {}  # room left -> the bins with that room, in the order they got it
     nonempty = 0  # bit c set: some bin has room c
 
@@ -65,7 +83,7 @@ def best_fit(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
                 each = capacity // size
                 new = -(-count // each)
                 ids = np.arange(opened, opened + new, dtype=np.int64)
-                bins[pos:pos + count] = np.repeat(ids, each)[:count]
+                bins[pos:pos + count] = (ids.repeat(each) if each > 1 else ids)[:count]
                 full, rest = divmod(count, each)
                 put(ids[:full], capacity - each * size)
                 if rest:
@@ -79,7 +97,7 @@ def best_fit(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
             each = room // size
             filled = min(len(here), count // each)
             if filled:
-                bins[pos:pos + filled * each] = np.repeat(here[:filled], each)
+                bins[pos:pos + filled * each] = here[:filled].repeat(each) if each > 1 else here[:filled]
                 pos, count = pos + filled * each, count - filled * each
                 put(here[:filled], room - each * size)
             rest = here[filled:]
@@ -89,7 +107,7 @@ def best_fit(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
                 pos, count, rest = pos + count, 0, rest[1:]
             put(rest, room)
     grouped = np.argsort(bins, kind="stable")  # mostly runs already: new bins are numbered in order
-    return order[grouped], np.bincount(bins, minlength=opened)
+    return grouped, np.bincount(bins, minlength=opened)
 
 
 class Pieces:
@@ -106,6 +124,7 @@ class Pieces:
         self.cut_documents = int(np.count_nonzero(lengths >= seq_len))  # those cut into several pieces
         self.tokens = int(self.ends[-1]) + len(self.ends) if len(self.ends) else 0  # with end-of-text tokens
         self._sizes: np.ndarray | None = None
+        self._documents: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.first[-1])
@@ -130,6 +149,14 @@ class Pieces:
             sizes[last] = lengths + 1 - (last - self.first[:-1]) * self.seq_len
             self._sizes = sizes
         return self._sizes
+
+    @property
+    def document_of(self) -> np.ndarray:
+        """The document of each piece (made once; int32 when it fits): a gather where `locate` searches."""
+        if self._documents is None:
+            dtype = np.int32 if len(self.ends) < 1 << 31 else np.int64
+            self._documents = np.repeat(np.arange(len(self.ends), dtype=dtype), np.diff(self.first))
+        return self._documents
 
     def locate(self, pieces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(document, first position in the document's tokens + end-of-text, positions) of each piece."""
@@ -161,23 +188,31 @@ class RowPlan:
     def rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the pieces of the epoch's rows `rows`, one row after the other; the row of each, as a position in
         `rows`)."""
+        pieces, row_of, _ = self.members(rows)
+        return pieces, row_of
+
+    def members(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`rows(rows)`, and where each row's first piece is among them."""
         planned = self.order[np.asarray(rows, np.int64)]
-        starts, counts = self.offsets[planned], self.offsets[planned + 1] - self.offsets[planned]
+        starts = self.offsets[planned]
+        counts = self.offsets[planned + 1] - starts
+        first = np.cumsum(counts) - counts
         row_of = np.repeat(np.arange(len(planned)), counts)
-        at = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        return self.pieces[starts[row_of] + at], row_of
+        return self.pieces[np.repeat(starts - first, counts) + np.arange(len(row_of))], row_of, first
 
 
-def plan_rows(pieces: Pieces, seed: int, epoch: int, shuffle: bool, window: int = DEFAULT_WINDOW) -> RowPlan:
+def plan_rows(pieces: Pieces, seed: int, epoch: int, shuffle: bool, window: int = DEFAULT_WINDOW,
+              known: dict | None = None) -> RowPlan:
     """The rows of `epoch`: the pieces in an order drawn from (seed, epoch) (source order unshuffled), best-fit
     decreasing in windows of `window` pieces, the rows shuffled from (seed, epoch) (unshuffled: window after
-    window, in the order they were opened)."""
+    window, in the order they were opened). `known`: `best_fit`'s, kept from epoch to epoch (a corpus of one window
+    is placed once)."""
     sizes = pieces.sizes
     order = epoch_order(len(sizes), seed, epoch, shuffle)
     members, counts = [], []
     for at in range(0, len(order), window):
         here = order[at:at + window]
-        grouped, per_bin = best_fit(sizes[here], pieces.seq_len)
+        grouped, per_bin = best_fit(sizes[here], pieces.seq_len, known)
         members.append(here[grouped])
         counts.append(per_bin)
     row_sizes = np.concatenate(counts) if counts else np.zeros(0, np.int64)
@@ -198,10 +233,11 @@ class RowPlanner:
         self.pieces, self.seed, self.shuffle, self.window = pieces, seed, shuffle, window
         self._latest: tuple[int, RowPlan] | None = None
         self._rows: dict[int, int] = {}
+        self._known: dict = {}  # best_fit's latest placement: the next epoch's, when the corpus is one window
 
     def plan(self, epoch: int) -> RowPlan:
         if self._latest is None or self._latest[0] != epoch:
-            plan = plan_rows(self.pieces, self.seed, epoch, self.shuffle, self.window)
+            plan = plan_rows(self.pieces, self.seed, epoch, self.shuffle, self.window, self._known)
             self._latest, self._rows[epoch] = (epoch, plan), len(plan)
         return self._latest[1]
 

@@ -1,7 +1,8 @@
 """Best-fit packed rows: each row exactly `seq_len` tokens of whole documents, each followed by its end-of-text
 token, the rest padding; a document longer than a row is cut into row-sized pieces. The rows of an epoch are
 planned from the stored document lengths alone (`fastdata.order.packing`, in the main process); the main process
-describes each batch as the token ranges its rows hold, and a worker reads them (one `read_many`) and lays them out.
+describes each batch as the token ranges its rows hold and where they go, and a worker reads them into place (one
+`read_into`).
 
 The labels are the next token in the row, as for packed blocks: a document's last token has its end-of-text
 token as its label, and an end-of-text token the next document's first token (IGNORE_INDEX where padding follows,
@@ -55,35 +56,46 @@ class BestFitRows:
     def describe(self, epoch: int, rows: np.ndarray) -> Description:
         """The epoch's rows `rows` as the token ranges they hold (main process): each piece of a document, and one
         position more for a piece its row ends inside of (the row's last label)."""
+        return self.describe_batches(epoch, [rows])[0]
+
+    def describe_batches(self, epoch: int, batches: list[np.ndarray]) -> list[Description]:
+        """`describe` of each of several batches (each the epoch's rows it holds), all in the same few numpy passes:
+        the main process describes every batch a worker is sent, so per batch this is a handful of operations."""
         plan = self.planner.plan(epoch) if self.planner is not None else None
         assert plan is not None, "described in the main process"
-        pieces, row_of = plan.rows(rows)
-        docs, start, size = self.pieces.locate(pieces)
-        length = self.pieces.length_of(docs)
+        pieces, row_of, row_first = plan.members(np.concatenate(batches))
+        docs = self.pieces.document_of[pieces]
+        ends = self.pieces.ends
+        length = ends[docs] - np.where(docs > 0, ends[docs - 1], 0)
+        start = (pieces - self.pieces.first[docs]) * self.seq_len
+        size = np.minimum(self.seq_len, length + 1 - start)
         span = size + (start + size <= length)  # a piece cut off before its end-of-text token: one label more
         before = np.cumsum(span) - span  # positions before each piece, all rows together ...
-        first = np.searchsorted(row_of, np.arange(len(rows)))  # (each row's first piece)
+        width = self.seq_len + 1
+        sizes = [len(rows) for rows in batches]
+        row_base = (np.arange(len(row_first)) - np.repeat(np.cumsum(sizes) - sizes, sizes)) * width - before[row_first]
         out = np.empty((len(pieces), 4), np.int64)
-        out[:, _START] = self.pieces.ends[docs] - length + start
+        out[:, _START] = ends[docs] - length + start
         out[:, _COUNT] = np.minimum(start + span, length) - start
         out[:, _EOS] = start + span > length
-        out[:, _PLACE] = row_of * (self.seq_len + 1) + before - before[first][row_of]  # ... and in its row
-        return out, np.bincount(row_of, weights=span, minlength=len(rows)).astype(np.int64)
+        out[:, _PLACE] = row_base[row_of] + before  # ... and in its row of its batch
+        held = np.add.reduceat(span, row_first) if len(row_first) else np.zeros(0, np.int64)
+        cuts = np.cumsum(sizes)[:-1]
+        return list(zip(np.split(out, row_first[cuts]), np.split(held, cuts), strict=True))
 
     def rows(self, description: Description, out: np.ndarray | None = None) -> np.ndarray:
         """The described rows, L + 1 positions each (int32 [B, L + 1], or written into `out`): the pieces' tokens
-        (and end-of-text tokens) one after the other, IGNORE_INDEX after them."""
+        (and end-of-text tokens) one after the other, IGNORE_INDEX after them. The pieces' tokens go straight to
+        their places (one `read_into`); then the end-of-text tokens, and the padding of the few rows not full."""
         pieces, held = description
         width = self.seq_len + 1
-        tokens = self.store.read_many(pieces[:, _START], pieces[:, _COUNT])
         out = np.empty((len(held), width), np.int32) if out is None else out
-        out.fill(IGNORE_INDEX)
-        places = np.arange(width) < held[:, None]  # each row's pieces from its start: their tokens, ...
+        flat = out.reshape(-1)
+        self.store.read_into(flat, pieces[:, _START], pieces[:, _COUNT], pieces[:, _PLACE])
         eos = pieces[pieces[:, _EOS].astype(bool)]
-        at_eos = eos[:, _PLACE] + eos[:, _COUNT]
-        places.reshape(-1)[at_eos] = False
-        out[places] = tokens
-        out.reshape(-1)[at_eos] = self.eos_id  # ... and after each document's last one its end-of-text token
+        flat[eos[:, _PLACE] + eos[:, _COUNT]] = self.eos_id
+        for row in np.flatnonzero(held < width).tolist():
+            out[row, int(held[row]):] = IGNORE_INDEX
         return out
 
     def transfer_shapes(self, description: Description) -> list[tuple[int, ...]]:
@@ -96,7 +108,7 @@ class BestFitRows:
         self.rows(description, parts[0])
         return self.form.fill(parts)
 
-    def to_batch(self, parts: list[torch.Tensor], extra: np.ndarray | None = None) -> dict[str, torch.Tensor | int]:
+    def to_batch(self, parts: list[np.ndarray], extra: np.ndarray | None = None) -> dict[str, torch.Tensor | int]:
         return self.form.batch(parts, extra)
 
     def batch(self, epoch: int, rows: np.ndarray) -> dict[str, torch.Tensor | int]:
@@ -104,4 +116,4 @@ class BestFitRows:
         description = self.describe(epoch, rows)
         parts = [np.empty(shape, np.int32) for shape in self.transfer_shapes(description)]
         extra = self.transfer(description, parts)
-        return self.to_batch([torch.from_numpy(part) for part in parts], extra)
+        return self.to_batch(parts, extra)

@@ -102,7 +102,7 @@ class PackedBlocks:
         self.rows(blocks, parts[0])
         return self.form.fill(parts)
 
-    def to_batch(self, parts: list[torch.Tensor], extra: np.ndarray | None = None) -> dict[str, torch.Tensor | int]:
+    def to_batch(self, parts: list[np.ndarray], extra: np.ndarray | None = None) -> dict[str, torch.Tensor | int]:
         """The batch dict from a hand-over (`parts`, and what travelled beside it), int64 tensors [B, L]."""
         return self.form.batch(parts, extra)
 
@@ -110,7 +110,7 @@ class PackedBlocks:
         """A batch of `blocks` built in this process."""
         parts = [np.empty(shape, np.int32) for shape in self.transfer_shapes(blocks)]
         extra = self.transfer(blocks, parts)
-        return self.to_batch([torch.from_numpy(part) for part in parts], extra)
+        return self.to_batch(parts, extra)
 
 
 class PaddedDocuments:
@@ -170,9 +170,9 @@ class PaddedDocuments:
         """A batch's hand-over: its [3, B, W] array as int32."""
         return [self.batch_array(indices).astype(np.int32)]
 
-    def to_batch(self, parts: list[torch.Tensor], extra: None = None) -> dict[str, torch.Tensor]:
+    def to_batch(self, parts: list[np.ndarray], extra: None = None) -> dict[str, torch.Tensor]:
         """The batch dict (contiguous int64 [B, W] each) from the hand-over (one [3, B, W] array)."""
-        return dict(zip(self.keys, parts[0].to(torch.int64).unbind(0), strict=True))
+        return dict(zip(self.keys, torch.from_numpy(parts[0].astype(np.int64)).unbind(0), strict=True))
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        return self.to_batch([torch.from_numpy(part) for part in self.parts(indices)])
+        return self.to_batch(self.parts(indices))

@@ -15,29 +15,33 @@ import numpy as np
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
 
-def segment_starts(input_ids: np.ndarray, eos_id: int, real: np.ndarray | None = None) -> np.ndarray:
-    """bool [B, L]: True at each row's first position and after each end-of-text token that is a real token
-    (`real`: where the row holds a token rather than padding; None: everywhere)."""
-    starts = np.empty(input_ids.shape, bool)
-    starts[:, 0] = True
-    after = starts[:, 1:]
-    np.equal(input_ids[:, :-1], eos_id, out=after)
-    if real is not None:
-        after &= real[:, :-1].astype(bool, copy=False)
-    return starts
+def segment_bounds(rows: np.ndarray, eos_id: int) -> np.ndarray:
+    """The segments of the inputs of `rows` (int [B, L + 1]: a row's inputs and, one further, its last label;
+    best-fit rows hold IGNORE_INDEX at their padding, which is never the end-of-text id) as int32 [segments + 2]:
+    their starts over the flattened B x L inputs, then B * L (together `cu_seqlens`), then the longest
+    (`max_seqlen`).
+
+    One comparison over the contiguous rows and one `flatnonzero`, nothing sorted or merged: an end-of-text token
+    at row r, column c < L - 1 starts a segment at r * L + c + 1 (its index in the rows, r * (L + 1) + c, less r,
+    plus one), and so does every row's column L - 1, marked as if it held one: that is where the next row starts
+    (after the last row, B * L). The label column starts nothing."""
+    width = rows.shape[1]
+    marks = rows == eos_id
+    marks[:, -2] = True
+    marks[:, -1] = False
+    hits = np.flatnonzero(marks)
+    bounds = np.empty(len(hits) + 2, np.int32)
+    bounds[0] = 0
+    np.subtract(hits, hits // width - 1, out=bounds[1:-1])
+    bounds[-1] = np.diff(bounds[:-1]).max()
+    return bounds
 
 
-def segments(starts: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(position_ids: the position of each token in its segment, int32 [B, L], or written into `out`; bounds: int32
-    [segments + 2], the segments' starts over the flattened batch, then B * L (together `cu_seqlens`), then the
-    longest segment (`max_seqlen`)) from `starts` (`segment_starts`)."""
-    first = np.flatnonzero(starts.reshape(-1)).astype(np.int32)
-    bounds = np.empty(len(first) + 2, np.int32)
-    bounds[:-2], bounds[-2] = first, starts.size
-    lengths = np.diff(bounds[:-1])
-    bounds[-1] = lengths.max(initial=0)
-    out = np.empty(starts.shape, np.int32) if out is None else out
+def positions(bounds: np.ndarray, out: np.ndarray, ramp: np.ndarray | None = None) -> np.ndarray:
+    """Each input's position in its segment, written into `out` (int [B, L]), from `bounds` (`segment_bounds`):
+    its place in the flattened batch less its segment's start. `ramp`: `arange(B * L)` (or longer) of `out`'s
+    dtype, when the caller keeps one."""
     flat = out.reshape(-1)
-    flat[:] = np.repeat(first, lengths)  # each position's segment start ...
-    np.subtract(np.arange(starts.size, dtype=np.int32), flat, out=flat)  # ... taken from its place
-    return out, bounds
+    ramp = np.arange(flat.size, dtype=out.dtype) if ramp is None else ramp[:flat.size]
+    np.subtract(ramp, np.repeat(bounds[:-2], np.diff(bounds[:-1])), out=flat)
+    return out

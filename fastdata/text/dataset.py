@@ -3,6 +3,7 @@ DataLoader adapter that builds whole batches inside the workers."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from fastdata.formats.wds_text import TextWdsReader
 from fastdata.order.packing import DEFAULT_WINDOW
 from fastdata.text.bestfit import BestFitRows
 from fastdata.text.blocks import PackedBlocks, PaddedDocuments
+from fastdata.text.handover import HandOver
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos
+from fastdata.workers import new_shared
 
 Batcher = PackedBlocks | PaddedDocuments | BestFitRows
 
@@ -173,56 +176,64 @@ class TextRows(Dataset):
 
 
 class TextBatches(Dataset):
-    """DataLoader adapter: item `(epoch, [batch, ...])` -> those whole batches (each given as the batcher takes it:
-    indices, or a best-fit batch's description), built inside the worker and handed over in a compact form
-    (int32 arrays: packed blocks as rows of L + 1 tokens, written in place) in one flat shared-memory tensor, plus
-    each batch's arrays' shapes and the little that travels beside them (a batch's segments): one small transfer
-    per group is what makes moving batches between processes cheap. `unpack_batches` turns an item back into
-    batch dicts."""
+    """DataLoader adapter: item `(epoch, [batch, ...])`, or `(epoch, [batch, ...], number)` -> those whole batches
+    (each given as the batcher takes it: indices, or a best-fit batch's description), built inside the worker and
+    handed over in a compact form (int32 arrays: packed blocks as rows of L + 1 tokens, written in place) in one
+    flat shared-memory tensor, plus each batch's arrays' shapes and the little that travels beside them (a batch's
+    segments): one small transfer per group is what makes moving batches between processes cheap. A numbered item
+    goes into its slot of `handover` (`fastdata.text.handover`, set by the loader before its workers start) and is
+    handed over as its number instead of the tensor. `unpack_batches` turns an item back into batch dicts."""
 
     def __init__(self, batcher: Batcher) -> None:
         self.batcher = batcher
+        self.handover: HandOver | None = None
 
-    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[tuple[list, Any]]]:
-        _epoch, group = item
+    def __getitem__(self, item: tuple) -> tuple[torch.Tensor | int, list[tuple[list, Any]]]:
+        _epoch, group, *numbered = item
+        number = numbered[0] if numbered else None
         if hasattr(self.batcher, "transfer_shapes"):  # written in place: packed blocks, best-fit rows
             layouts = [self.batcher.transfer_shapes(batch) for batch in group]
-            flat = self._flat(sum(int(np.prod(shape)) for shapes in layouts for shape in shapes))
+            flat, handed = self._flat(sum(math.prod(shape) for shapes in layouts for shape in shapes), number)
             view, pos, extras = flat.numpy(), 0, []
             for batch, shapes in zip(group, layouts, strict=True):
                 parts = []
                 for shape in shapes:
-                    size = int(np.prod(shape))
+                    size = math.prod(shape)
                     parts.append(view[pos:pos + size].reshape(shape))
                     pos += size
                 extras.append(self.batcher.transfer(batch, parts))
-            return flat, list(zip(layouts, extras, strict=True))
+            return handed, list(zip(layouts, extras, strict=True))
         arrays = [self.batcher.parts(batch) for batch in group]  # padded documents: sized by what they hold
-        flat = self._flat(sum(part.size for parts in arrays for part in parts))
+        flat, handed = self._flat(sum(part.size for parts in arrays for part in parts), number)
         view, pos = flat.numpy(), 0
         for parts in arrays:
             for part in parts:
                 view[pos:pos + part.size] = part.reshape(-1)
                 pos += part.size
-        return flat, [([part.shape for part in parts], None) for parts in arrays]
+        return handed, [([part.shape for part in parts], None) for parts in arrays]
 
-    @staticmethod
-    def _flat(size: int) -> torch.Tensor:
-        flat = torch.empty(size, dtype=torch.int32)
-        if get_worker_info() is not None:  # filled in shared memory: nothing to copy when it is sent
-            flat.share_memory_()
-        return flat
+    def _flat(self, size: int, number: int | None) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """Where an item of `size` int32 goes, and what names it in the handed-over item: its slot's number, else
+        the tensor itself (in a worker made in shared memory directly: nothing to copy when it is sent)."""
+        if get_worker_info() is None:
+            flat = torch.empty(size, dtype=torch.int32)
+            return flat, flat
+        slot = self.handover.slot(number, size) if self.handover is not None else None
+        if slot is not None:
+            return slot, number
+        flat = new_shared((size,), torch.int32)
+        return flat, flat
 
 
 def unpack_batches(flat: torch.Tensor, layouts: list[tuple[list, Any]], batcher: Batcher
                    ) -> Iterator[dict[str, torch.Tensor]]:
     """The batch dicts (contiguous int64 tensors) of one TextBatches item: each batch's arrays' shapes, and what
     travelled beside them."""
-    pos = 0
+    view, pos = flat.numpy(), 0
     for shapes, extra in layouts:
         parts = []
         for shape in shapes:
-            size = int(np.prod(shape))
-            parts.append(flat[pos:pos + size].view(shape))
+            size = math.prod(shape)
+            parts.append(view[pos:pos + size].reshape(shape))
             pos += size
         yield batcher.to_batch(parts, extra)

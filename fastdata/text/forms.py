@@ -6,19 +6,23 @@ A worker writes the rows themselves (int32 [B, L + 1], straight into the shared-
 starts, B * L and the longest segment travel beside them as one small array (`cu_seqlens` and `max_seqlen`). The
 main process makes the int64 `input_ids` and `labels` (labels shifted by one) of the rows, and:
 
-- best-fit rows (`padded`): positions past a row's tokens hold IGNORE_INDEX in the rows, so `labels` has it there
-  already; `input_ids` gets the padding id there, and `attention_mask` is 1 on the row's tokens;
+- best-fit rows (`padded`): positions past a row's tokens (the end of the row) hold IGNORE_INDEX in the rows, so
+  `labels` has it there already; `input_ids` gets the padding id there, and `attention_mask` is 1 on the row's
+  tokens;
 - `mask_cross_document`: labels IGNORE_INDEX where the input is an end-of-text token.
+
+Every step is one vectorised pass over the batch (or over its few segments): the main process, which takes the
+batches of every worker, does per batch only what it must (each int64 array written once).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from fastdata.text.boundaries import IGNORE_INDEX, segment_starts, segments
+from fastdata.text.boundaries import IGNORE_INDEX, positions, segment_bounds
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class RowsForm:
     pad_id: int | None = None  # None: packed blocks, every position a token; else best-fit rows, padded
     boundaries: bool = False
     mask_cross_document: bool = False
+    _ramps: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # dtype -> arange, reused
 
     @property
     def padded(self) -> bool:
@@ -50,37 +55,49 @@ class RowsForm:
         None."""
         if not self.boundaries:
             return None
-        inputs = parts[0][:, :-1]
-        real = inputs != IGNORE_INDEX if self.padded else None
-        _, bounds = segments(segment_starts(inputs, self.eos_id, real), out=parts[1])
+        bounds = segment_bounds(parts[0], self.eos_id)
+        positions(bounds, parts[1], self._ramp(parts[1].size, parts[1].dtype))
         return bounds
 
-    def batch(self, parts: list[torch.Tensor], bounds: np.ndarray | torch.Tensor | None = None
+    def _ramp(self, size: int, dtype: np.dtype) -> np.ndarray:
+        """`arange(size)` (or longer) in `dtype`, made once per process and size: each batch's positions start
+        from it."""
+        ramp = self._ramps.get(np.dtype(dtype))
+        if ramp is None or len(ramp) < size:
+            ramp = self._ramps[np.dtype(dtype)] = np.arange(size, dtype=dtype)
+        return ramp
+
+    def _unpad(self, inputs: np.ndarray, input_ids: np.ndarray) -> np.ndarray:
+        """The attention mask of padded rows' `inputs` (int64: 1 on a row's tokens), the padding id written into
+        `input_ids` where they are padding. A row's padding is the end of the row (and few rows have any: best-fit
+        fills most exactly): a fill of ones, and two slices for each row whose last input is padding, rather than
+        passes over the whole batch to find it."""
+        mask = np.ones(inputs.shape, np.int64)
+        padded = np.flatnonzero(inputs[:, -1] == IGNORE_INDEX)
+        if len(padded):
+            starts = np.argmax(inputs[padded] == IGNORE_INDEX, axis=1)
+            for row, start in zip(padded.tolist(), starts.tolist(), strict=True):
+                mask[row, start:] = 0
+                input_ids[row, start:] = self.pad_id
+        return mask
+
+    def batch(self, parts: list[np.ndarray], bounds: np.ndarray | torch.Tensor | None = None
               ) -> dict[str, torch.Tensor | int]:
         """The batch dict (contiguous int64 tensors; `cu_seqlens` int32, `max_seqlen` an int) from the hand-over
-        `parts` (views into the transferred tensor) and what travelled beside it. numpy does the few passes over
-        the batch: on arrays this size it takes about half of torch's time per operation."""
-        rows = parts[0].numpy()
+        `parts` (int32 views into the transferred memory) and what travelled beside it. numpy does the few passes
+        over the batch: on arrays this size it takes about half of torch's time per operation."""
+        rows = parts[0]
         inputs = rows[:, :-1]
-        shape = inputs.shape
-        input_ids, labels = np.empty(shape, np.int64), np.empty(shape, np.int64)
-        np.copyto(input_ids, inputs)
-        np.copyto(labels, rows[:, 1:])
+        input_ids, labels = inputs.astype(np.int64), rows[:, 1:].astype(np.int64)
         out: dict[str, torch.Tensor | int] = {"input_ids": torch.from_numpy(input_ids)}
         if self.padded:
-            padding = inputs == IGNORE_INDEX
-            np.copyto(input_ids, self.pad_id, where=padding)
-            out["attention_mask"] = torch.from_numpy(np.logical_not(padding, out=np.empty(shape, np.int64),
-                                                                    casting="unsafe"))
+            out["attention_mask"] = torch.from_numpy(self._unpad(inputs, input_ids))
         if self.mask_cross_document:
             np.copyto(labels, IGNORE_INDEX, where=inputs == self.eos_id)
         out["labels"] = torch.from_numpy(labels)
         if self.boundaries:
             assert bounds is not None, "a batch with boundaries has its segments beside it"
-            positions = np.empty(shape, np.int64)
-            np.copyto(positions, parts[1].numpy())
-            out["position_ids"] = torch.from_numpy(positions)
-            bounds = torch.as_tensor(bounds)  # a DataLoader hands numpy arrays over as tensors
-            out["cu_seqlens"] = bounds[:-1]
-            out["max_seqlen"] = int(bounds[-1])
+            out["position_ids"] = torch.from_numpy(parts[1].astype(np.int64))
+            out["cu_seqlens"] = torch.as_tensor(bounds[:-1])  # numpy (or a tensor, through a DataLoader of one's
+            out["max_seqlen"] = int(bounds[-1])  # own): shared, not copied
         return out

@@ -4,6 +4,7 @@ on (seed, epoch) only, never on the number of workers)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +21,13 @@ from fastdata.order.state import ResumableLoader, dataset_fingerprint
 from fastdata.text.bestfit import BestFitRows
 from fastdata.text.blocks import PackedBlocks
 from fastdata.text.dataset import TextBatches, TextDataset, TextRows, unpack_batches
+from fastdata.text.handover import HandOver
 from fastdata.workers import ClosesWorkers, WorkerPass, prepare_worker
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_MAX_LENGTH = 1024
 BEST_FIT = "best-fit"
-GROUP_BYTES = 2 << 20  # batches a worker hands over at once: about this many bytes (one shared-memory transfer)
+GROUP_BYTES = 2 << 20  # batches a worker hands over at once: about this many bytes of rows (one item)
 MAX_GROUP = 16
 
 
@@ -33,24 +35,46 @@ def _worker_init(_worker_id: int) -> None:
     prepare_worker()
 
 
+def as_made(item: Any) -> Any:
+    """The DataLoader's `collate_fn`: a worker's item (`TextBatches`) as it was made. Its shared-memory tensor is
+    handed over as a tensor; the few small numpy arrays beside it (a batch's segments) are pickled with the item.
+    torch's default (`default_convert`) would make each of them a tensor, which a worker hands over in a
+    shared-memory segment of its own: a segment, a file descriptor and a socket handshake per batch, on both sides
+    costlier than the whole batch's rows."""
+    return item
+
+
 class GroupedBatches:
     """Yields `(epoch, [up to `group` consecutive batches])` from an epoch batch sampler: each batch its indices,
-    or what `describe(epoch, indices)` makes of them (best-fit rows: the token ranges they hold)."""
+    or what `describe(epoch, [indices, ...])` makes of the group's batches of each epoch at once (best-fit rows:
+    the token ranges they hold). `numbered`: each item also has its number, counted over every pass (`sent`: the
+    next one's), which names its hand-over slot (`fastdata.text.handover`)."""
 
     def __init__(self, sampler: EpochBatchSampler, group: int,
-                 describe: Callable[[int, np.ndarray], Any] | None = None) -> None:
-        self.sampler, self.group, self.describe = sampler, group, describe
+                 describe: Callable[[int, list[np.ndarray]], list[Any]] | None = None, numbered: bool = False
+                 ) -> None:
+        self.sampler, self.group, self.describe, self.numbered = sampler, group, describe, numbered
+        self.sent = 0
 
-    def __iter__(self) -> Iterator[tuple[int, list[Any]]]:
-        pending: list[Any] = []
-        epoch = self.sampler.epoch
+    def __iter__(self) -> Iterator[tuple]:
+        pending: list[tuple[int, np.ndarray]] = []
         for epoch, indices in self.sampler:
-            pending.append(indices if self.describe is None else self.describe(epoch, indices))
+            pending.append((epoch, indices))
             if len(pending) == self.group:
-                yield epoch, pending
+                yield self._item(pending)
                 pending = []
         if pending:
-            yield epoch, pending
+            yield self._item(pending)
+
+    def _item(self, pending: list[tuple[int, np.ndarray]]) -> tuple:
+        batches: list[Any] = []
+        for epoch, run in itertools.groupby(pending, key=lambda batch: batch[0]):
+            indices = [batch[1] for batch in run]
+            batches += indices if self.describe is None else self.describe(epoch, indices)
+        if not self.numbered:
+            return pending[-1][0], batches
+        self.sent += 1
+        return pending[-1][0], batches, self.sent - 1
 
     def __len__(self) -> int:
         return -(-len(self.sampler) // self.group)
@@ -88,10 +112,14 @@ class TextLoader(ClosesWorkers, ResumableLoader):
         self._repartitions = sampler.repartitions
         self._init_progress()
         form = getattr(batcher, "form", None)
-        batch_bytes = 4 * self.batch_size * (form.row_ints() if form is not None else 3 * batcher.max_length)
-        self.group = group_size(batch_bytes) if num_workers else 1
-        describe = batcher.describe if isinstance(batcher, BestFitRows) else None
-        self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group, describe),
+        row_ints = form.row_ints() if form is not None else 3 * batcher.max_length  # in the hand-over
+        tokens = form.seq_len + 1 if form is not None else row_ints  # a row's tokens alone: what sets the group,
+        self.group = group_size(4 * self.batch_size * tokens) if num_workers else 1  # so that every packing ...
+        self._item_ints = self.group * self.batch_size * row_ints  # ... hands over as many batches at once
+        describe = batcher.describe_batches if isinstance(batcher, BestFitRows) else None
+        self._batches = TextBatches(batcher)
+        self._grouped = GroupedBatches(sampler, self.group, describe, numbered=num_workers > 0)
+        self._loader = DataLoader(self._batches, sampler=self._grouped, collate_fn=as_made,
                                   **options.dataloader_kwargs(worker_init_fn=_worker_init))
         self._workers = WorkerPass(self._loader)
 
@@ -156,9 +184,35 @@ class TextLoader(ClosesWorkers, ResumableLoader):
     def _pass(self) -> Iterator[dict[str, torch.Tensor]]:
         """The batches of one pass; after a failure the workers are stopped and our own errors raised as they
         were raised in the worker (`fastdata.errors.from_worker`)."""
+        self._prepare_hand_over()
         with self._workers.running():
-            for flat, shapes in self._workers.start():
-                yield from unpack_batches(flat, shapes, self.batcher)
+            for handed, layouts in self._workers.start():
+                yield from self._unpack(handed, layouts)
+
+    def _prepare_hand_over(self) -> None:
+        """Before a pass: the slots its items come in (`fastdata.text.handover`), new ones for new workers (the
+        first pass's, each pass's when they do not persist, after `close()`), which those inherit; the items of an
+        earlier pass are done with."""
+        if not self.num_workers:
+            return
+        handover = self._batches.handover
+        if handover is None or getattr(self._loader, "_iterator", None) is None:
+            slots = self._loader.prefetch_factor * self.num_workers + 1  # the items in flight, and one unpacked
+            self._batches.handover = HandOver(slots, self._item_ints, self._grouped.sent)
+        else:
+            handover.begin(self._grouped.sent)
+
+    def _unpack(self, handed: torch.Tensor | int, layouts: list) -> Iterator[dict[str, torch.Tensor]]:
+        """The batch dicts of one item, each copied out of its slot as it is asked for; the slot is free once this
+        generator is done with it (finished or closed)."""
+        handover = self._batches.handover
+        if handover is None:
+            yield from unpack_batches(handed, layouts, self.batcher)
+            return
+        try:
+            yield from unpack_batches(handover.received(handed), layouts, self.batcher)
+        finally:
+            handover.copied(handed)
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,40 @@ def test_each_epoch_has_its_own_number_of_rows_and_batches():
         counts.append(planner.rows(epoch))
         assert sum(1 for _ in sampler) == sampler.pass_length(0, epoch) == -(-counts[-1] // 3)
     assert len(set(counts)) > 1 and min(counts) >= planner.least_rows
+
+
+@pytest.mark.parametrize("window", [100_000, 700])
+def test_a_planner_keeping_the_placement_plans_every_epoch_as_afresh(window):
+    """The placement best-fit keeps between epochs (a function of the sizes' histogram) gives each epoch exactly
+    the plan made from nothing: one window (kept and reused) or several (each placed anew)."""
+    lengths = np.random.default_rng(7).integers(0, 300, 2000)
+    pieces = Pieces(ends_of(lengths), 128)
+    planner = RowPlanner(pieces, seed=9, shuffle=True, window=window)
+    for epoch in (0, 1, 2, 1):
+        plan, fresh = planner.plan(epoch), plan_rows(pieces, 9, epoch, True, window)
+        assert np.array_equal(plan.pieces, fresh.pieces) and np.array_equal(plan.offsets, fresh.offsets)
+        assert np.array_equal(plan.order, fresh.order)
+
+
+def test_best_fit_with_a_kept_placement_is_best_fit_of_each_order():
+    rng = np.random.default_rng(8)
+    sizes = rng.integers(1, 40, 500)
+    known: dict = {}
+    for _ in range(4):
+        shuffled = sizes[rng.permutation(len(sizes))]
+        kept, fresh = best_fit(shuffled, 40, known), best_fit(shuffled, 40)
+        assert np.array_equal(kept[0], fresh[0]) and np.array_equal(kept[1], fresh[1])
+    assert len(known) == 1
+
+
+def test_members_name_each_rows_first_piece_and_pieces_their_documents():
+    lengths = np.random.default_rng(3).integers(0, 200, 800)
+    pieces = Pieces(ends_of(lengths), 64)
+    plan = plan_rows(pieces, seed=1, epoch=0, shuffle=True, window=300)
+    rows = np.array([5, 0, len(plan) - 1, 17])
+    members, row_of, first = plan.members(rows)
+    assert np.array_equal(first, np.searchsorted(row_of, np.arange(len(rows))))
+    for position, row in enumerate(rows):
+        held = plan.pieces[plan.offsets[plan.order[row]]:plan.offsets[plan.order[row] + 1]]
+        assert members[row_of == position].tolist() == held.tolist()
+    assert np.array_equal(pieces.document_of, pieces.locate(np.arange(len(pieces)))[0])

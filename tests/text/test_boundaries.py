@@ -129,3 +129,24 @@ def test_the_hand_over_is_compact(data):
     for shapes, bounds in layouts:
         assert shapes == [(5, 25), (5, 24)]
         assert bounds.dtype == np.int32 and 5 + 2 <= len(bounds) < 5 * 24 and bounds[-2] == 5 * 24
+
+
+@pytest.mark.parametrize("seq_len", [1, 2, 7])
+def test_segments_from_rows_match_the_reference_at_every_edge(seq_len):
+    """Rows of L + 1 made to hold end-of-text tokens everywhere (first input, last input, the label column,
+    several in a row) and best-fit padding (IGNORE_INDEX at the end of a row): the bounds and positions the
+    workers make equal the reference built from the inputs."""
+    from fastdata.text.boundaries import positions, segment_bounds
+
+    rng = np.random.default_rng(seq_len)
+    for _ in range(50):
+        rows = rng.choice([EOS, 5, 6, 7], size=(int(rng.integers(1, 6)), seq_len + 1), p=[0.4, 0.2, 0.2, 0.2])
+        held = rng.integers(0, seq_len + 2, len(rows))
+        for row, count in zip(rows, held, strict=True):
+            row[count:] = IGNORE_INDEX
+        bounds = segment_bounds(rows.astype(np.int32), EOS)
+        inputs = torch.from_numpy(rows[:, :-1].astype(np.int64))
+        expected_positions, expected_bounds, longest = reference(inputs, (inputs != IGNORE_INDEX).long())
+        assert bounds.dtype == np.int32 and bounds[:-1].tolist() == expected_bounds and bounds[-1] == longest
+        out = np.empty((len(rows), seq_len), np.int32)
+        assert positions(bounds, out).tolist() == expected_positions
