@@ -151,6 +151,10 @@ class ImageSource:
         if self.reader is None:
             self.reader = FileReader(self.root)
         self._check_labels()
+        for name, rows in (("metadata", self.metadata), ("caption", self.captions),
+                           ("caption token", self.caption_tokens)):
+            if rows is not None and len(rows) != len(self.samples):
+                raise SourceError(f"{self.kind} source: {len(rows)} {name} rows for {len(self.samples)} samples")
 
     def looked(self) -> str:
         """Where the samples' bytes were looked for, for messages: the absolute folder their paths are read
@@ -158,10 +162,6 @@ class ImageSource:
         if isinstance(self.reader, FileReader):
             return f"for files under {Path(self.root).resolve()}"
         return f"in the {self.kind} source {self.root}"
-        for name, rows in (("metadata", self.metadata), ("caption", self.captions),
-                           ("caption token", self.caption_tokens)):
-            if rows is not None and len(rows) != len(self.samples):
-                raise SourceError(f"{self.kind} source: {len(rows)} {name} rows for {len(self.samples)} samples")
 
     def _check_labels(self) -> None:
         """Every label is of the source's kind and names a class (a converter bug otherwise, named here rather
