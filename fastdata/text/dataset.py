@@ -42,6 +42,11 @@ class TextDataset(Dataset):
     def __len__(self) -> int:
         return self.store.num_documents
 
+    @property
+    def _text(self) -> dict[str, Any]:
+        assert self.manifest.text is not None  # open_store refuses a manifest without its text section
+        return self.manifest.text
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index < 0:
             index += len(self)
@@ -71,16 +76,16 @@ class TextDataset(Dataset):
     def tokenizer(self) -> Any:
         """The tokenizer the dataset was made with (its copy beside the data), truncation and padding off."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.root / self.manifest.text.get("tokenizer", TOKENIZER_FILE))
+            self._tokenizer = load_tokenizer(self.root / self._text.get("tokenizer", TOKENIZER_FILE))
         return self._tokenizer
 
     @property
     def eos_token(self) -> str | None:
-        return self.manifest.text.get("eos_token")
+        return self._text.get("eos_token")
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.manifest.text.get("eos_token_id")
+        return self._text.get("eos_token_id")
 
     def _eos(self, eos_token: str | None) -> int | None:
         if eos_token is None:
@@ -102,7 +107,7 @@ class TextDataset(Dataset):
     def padded(self, max_length: int, eos_token: str | None = None) -> PaddedDocuments:
         """One document per row, truncated to `max_length` tokens and padded per batch."""
         eos_id = self._eos(eos_token)
-        pad_id = self.manifest.text.get("pad_token_id")
+        pad_id = self._text.get("pad_token_id")
         pad_id = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
         return PaddedDocuments(self.store, max_length, eos_id, pad_id)
 
@@ -167,8 +172,8 @@ class TextBatches(Dataset):
                 pos += size
             return flat, shapes
         arrays = [self.batcher.batch_array(indices) for indices in group]
-        flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.int32)
-        return torch.from_numpy(flat), [a.shape for a in arrays]
+        ids = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.int32)
+        return torch.from_numpy(ids), [a.shape for a in arrays]
 
 
 def unpack_batches(flat: torch.Tensor, shapes: list[tuple[int, ...]], batcher: PackedBlocks | PaddedDocuments
