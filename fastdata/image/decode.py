@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import struct
+from types import ModuleType
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def image_size(data: bytes | memoryview, pillow: bool = True) -> tuple[str, tupl
         return None
 
 
-def _cv2():
+def _cv2() -> ModuleType:
     import cv2
 
     return cv2

@@ -6,8 +6,9 @@ normalised floats made from each image's uint8 planes (fastdata.image.output); a
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from fastdata.image.jpeg.region import (
 )
 from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, restart_failure, warn_restart_fallback
 from fastdata.image.output import OutputFormat
-from fastdata.image.targets.codec import TargetCodec, wrap_spatial_custom
+from fastdata.image.targets.codec import SpatialCodec, TargetCodec, wrap_spatial_custom
 from fastdata.image.targets.labels import LabelCodec
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
@@ -54,7 +55,8 @@ class SamplePipeline:
         # MCUs it covers (fastdata.image.jpeg.restart); any other layout, or a JPEG the conversion kept as it was, by
         # region from the whole file (same pixels)
         self.jpeg_layout = jpeg_layout
-        self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
+        # how a batch's labels become a tensor (class ids or multi-hot)
+        self.labels: TargetCodec = labels or LabelCodec()
         # JPEGs with a preset: decode only the crop's region (fastdata.image.jpeg.region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
@@ -62,7 +64,7 @@ class SamplePipeline:
         self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
         # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
         # once the device's decoder passed fastdata.image.device.probes.sub_jpeg_failure)
-        self.ship_sub_jpegs = False
+        self.ship_sub_jpegs: object = False  # read with bool(): False, or the loader's device.ship.SubJpegSwitch
         self.ship_progressive = True  # decode="device": progressive JPEGs to the device too (False: decoded here)
         # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
         self.unstacked = False
@@ -72,7 +74,7 @@ class SamplePipeline:
         self.source = source
         # detection and segmentation: targets follow the pixels' geometry (fastdata.image.targets.detection,
         # fastdata.image.targets.segmentation); None for other targets
-        self.spatial = self.labels if self.labels.spatial else None
+        self.spatial = cast(SpatialCodec, self.labels) if self.labels.spatial else None
         self.preset: Any
         if self.spatial is not None and (isinstance(augment, str) or is_detection_preset(augment)):
             self.preset = make_detection_preset(augment, image_size, scale, ratio)
@@ -88,7 +90,7 @@ class SamplePipeline:
             if self.spatial is not None and augment is not None:
                 self._wrap_spatial_custom()  # ConfigError now for a transform the targets cannot follow
             self.preset, self.image_size = None, None
-        self._custom = None
+        self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
 
     def __getstate__(self) -> dict:
@@ -196,7 +198,8 @@ class SamplePipeline:
             canvas = self.preset.out_size
             if out is None:
                 out = np.empty((*canvas, 3), np.uint8)
-            if record is not None:  # boxes, masks: the crop goes to the canvas' top-left, the rest padded with 0
+            # boxes, masks: the crop goes to the canvas' top-left, the rest padded with 0
+            if self.spatial is not None and record is not None:
                 placement = self.preset.place(sample.width, sample.height, rng, self.spatial.boxes_of(record))
                 params, size = placement.crop, placement.size
                 result = out
@@ -259,6 +262,7 @@ class SamplePipeline:
         labels: list[Label] = []
         size = self.output_size
         times = StageTimes()
+        tensor: torch.Tensor | list[torch.Tensor]
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
             import cv2
 

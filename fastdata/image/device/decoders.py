@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -40,9 +40,18 @@ class BatchDecoder(Protocol):
         whole (out of memory, a CUDA error, or a decoder that cannot say which payload it failed on)."""
         ...
 
-    # Optional, for a decoder that reuses its output buffers (NvImageCodecDecoder): `batch_decoded()` returns a
-    # lease on the buffers of the batch decoded since the last call, and `release(lease)` hands them back once the
-    # work that reads them is queued (fastdata.image.device.stage calls both).
+
+@runtime_checkable
+class LeasingDecoder(BatchDecoder, Protocol):
+    """A decoder that reuses its output buffers (NvImageCodecDecoder); fastdata.image.device.stage calls both."""
+
+    def batch_decoded(self) -> Any:
+        """A lease on the buffers of the batch decoded since the last call."""
+        ...
+
+    def release(self, lease: Any) -> None:
+        """Hand the lease's buffers back, once the work that reads them is queued."""
+        ...
 
 
 class TorchvisionDecoder:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from fastdata.image.device.options import AUTO, ENGINES_ALONE, MIXED, DeviceDecode
 
@@ -89,7 +90,7 @@ class NvImageCodecDecoder:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
         if self.reuse and all(image is not None for image in images):
             self._decoding.append(list(images))
-        return [None if image is None else torch.from_dlpack(image) for image in images]
+        return [None if image is None else from_dlpack(image) for image in images]
 
     def _reusable(self, count: int) -> list[Any] | None:
         """A released set of at least `count` Images (None: none; a smaller set is dropped, to be freed)."""

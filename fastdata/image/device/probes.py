@@ -83,7 +83,7 @@ def sub_jpeg_failure(decoder: BatchDecoder) -> str:
         whole = whole.cpu()
         for region, sub, part in zip(regions, subs, parts, strict=True):
             top, left = region.top - sub.top, region.left - sub.left
-            got = part.cpu()[:, top:top + region.height, left:left + region.width]
+            got = part.cpu()[:, top:top + region.height, left:left + region.width]  # type: ignore[union-attr]  # all set
             expected = whole[:, region.top:region.top + region.height, region.left:region.left + region.width]
             if not torch.equal(got, expected):
                 return (f"the {kind} probe's sub-JPEG of {region} decodes to other pixels than the whole rewritten "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from fastdata.errors import ConfigError
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.decode import decode_rgb
-from fastdata.image.device.decoders import BatchDecoder, out_of_memory
+from fastdata.image.device.decoders import BatchDecoder, LeasingDecoder, out_of_memory
 from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip
 from fastdata.image.device.policy import DevicePolicy
 from fastdata.image.geometry import ImageSize, output_size
@@ -116,7 +116,7 @@ class DeviceStage:
         device_rows = self._within_limits(batch, np.flatnonzero(~from_worker), skipped)
         decode_started = perf_counter()
         images, boxes, shapes, flips, decoded_rows = self._decode(batch, device_rows, skipped)
-        lease = self.decoder.batch_decoded() if hasattr(self.decoder, "batch_decoded") else None
+        lease = self.decoder.batch_decoded() if isinstance(self.decoder, LeasingDecoder) else None
         ended = perf_counter()
         self.timings["other"] += decode_started - started
         self.timings["decode"] += ended - decode_started
@@ -138,8 +138,8 @@ class DeviceStage:
         if decoded.images:
             resized = crop_resize_flip(decoded.images, decoded.crops, self.image_size)
             self._write(out, position[decoded_rows].tolist(), resized.round_().clamp_(0, 255), rounded=True)
-        if decoded.lease is not None:
-            self.decoder.release(decoded.lease)
+        if decoded.lease is not None:  # from a LeasingDecoder
+            cast(LeasingDecoder, self.decoder).release(decoded.lease)
         worker_rows = position[from_worker].tolist()
         if worker_rows:  # every worker-decoded sample is kept: its pixels are the next row of `pixels`
             self._write(out, worker_rows, to_device(batch.pixels, self.device), rounded=False)
@@ -177,7 +177,7 @@ class DeviceStage:
         regions = None
         if self.regions and self.decoder.regions:
             covered = cover(boxes, stored)
-            regions = [tuple(box) for box in covered.tolist()]
+            regions = [(x0, y0, x1, y1) for x0, y0, x1, y1 in covered.tolist()]
             whole_boxes, whole_stored = boxes.copy(), stored.copy()
             boxes[:, :2] -= covered[:, :2]
             stored = np.stack([covered[:, 3] - covered[:, 1], covered[:, 2] - covered[:, 0]], axis=1)
@@ -195,7 +195,7 @@ class DeviceStage:
             if image is not None:  # the whole payload, decoded as it is: its box is the shipped one
                 decoded[n], boxes[n], stored[n] = image, box, image.shape[-2:]
         kept = [n for n, image in enumerate(decoded) if image is not None]
-        images = [decoded[n] for n in kept]
+        images = [image for image in decoded if image is not None]  # decoded[n] for n in kept
         shapes = np.array([image.shape[-2:] for image in images], np.int64).reshape(-1, 2)
         boxes, stored = boxes[kept], stored[kept]
         differs = (shapes != stored).any(axis=1)
@@ -205,7 +205,7 @@ class DeviceStage:
         return images, boxes.astype(np.float64), shapes, batch.flips.numpy()[kept_rows], kept_rows.tolist()
 
     def _decode_call(self, batch: EncodedBatch, rows: list[int], payloads: list[np.ndarray],
-                     regions: list[tuple[int, ...]] | None) -> list[torch.Tensor | None]:
+                     regions: list[tuple[int, int, int, int]] | None) -> list[torch.Tensor | None]:
         """One batched decoder call; when it raises, each JPEG alone. A failed call whose JPEGs all decode alone is
         a device error (DevicePolicy.batch_done); out of memory raises DeviceDecodeError."""
         assert self.decoder is not None
