@@ -16,7 +16,7 @@ SUITES = {
             "datasets, webdataset and its own other paths?",
     "convert": "How fast is a conversion against the least a converter must do, FFCV's writer and Ray?",
     "text": "How fast are text conversion and packed-token loading against the tokenizer, nanoGPT's get_batch and "
-            "HF datasets?",
+            "HF datasets, and what do document boundaries, best-fit packing and cutting one big file cost or gain?",
     "device": "Does the GPU ever wait? Decode on the GPU's engines and the training feed of real models "
               "(a GPU machine: one command, under 10 minutes).",
     "memory": "What do the loader's workers and main process hold in memory?",
@@ -112,6 +112,12 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--mb", "2", "--repeats", "1")),
     Benchmark("text_convert", "text", "text conversion with default settings vs a tokenize script and HF "
               "datasets map", ("--mb", "80"), ("--mb", "2", "--repeats", "1")),
+    Benchmark("text_packing", "text", "boundaries=True and best-fit loading vs plain packed blocks; best-fit "
+              "padding and cut documents vs next-fit; planning 10M documents", ("--mb", "80"),
+              ("--mb", "2", "--repeats", "1", "--epochs", "1", "--seq-len", "256", "--synthetic-documents",
+               "20000", "--plan-documents", "100000")),
+    Benchmark("text_one_file", "text", "one big .txt converted with --workers 2: cut and tokenized on every "
+              "worker vs kept whole", ("--mb", "80"), ("--mb", "2", "--repeats", "1")),
     # device (a GPU machine)
     Benchmark("cuda_tests", "device", "the cuda-marked tests", takes_repeats=False, needs=("cuda",), timeout=100,
               command=("-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/image")),

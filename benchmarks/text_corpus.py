@@ -151,3 +151,10 @@ def train_tokenizer(corpus: Path, out: Path, vocab_size: int = 32_000, train_mb:
     tok.train_from_iterator(iter_texts(corpus, train_mb), trainer)
     tok.save(str(out))
     return out
+
+
+def corpus_and_tokenizer(data: Path, mb: float) -> tuple[Path, Path]:
+    """The benchmarks' corpus of `mb` MB under `data` and its 32k byte-level BPE, each made once."""
+    data.mkdir(parents=True, exist_ok=True)
+    corpus = build_corpus(data / f"corpus-{mb:g}mb.jsonl", mb)
+    return corpus, train_tokenizer(corpus, data / f"{corpus.stem}-bpe-32k.json")

@@ -9,6 +9,7 @@ one epoch: `len(blocks) // batch` batches for the memmap and HF loaders, fastdat
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
@@ -20,7 +21,18 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
-from fastdata.tools.bench_fair import dataset_files
+from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
+
+
+def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
+    """The corpus and loading options the text loading benchmarks share."""
+    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "text")
+    parser.add_argument("--mb", type=float, default=80, help="Corpus size in MB of UTF-8 text.")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per loading run (after one untimed).")
 
 
 class Pairs:

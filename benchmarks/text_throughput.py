@@ -43,12 +43,12 @@ import numpy as np
 import torch
 
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, alternate, median_ratio, warm_page_cache
+from fastdata.tools.bench_fair import alternate, median_ratio, warm_page_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 import report
-from text_corpus import build_corpus, iter_texts, train_tokenizer
-from text_loaders import fastdata_contender, hf_blocks, hf_contender, memmap_contenders
+from text_corpus import corpus_and_tokenizer, iter_texts
+from text_loaders import add_loading_arguments, fastdata_contender, hf_blocks, hf_contender, memmap_contenders
 
 # ------------------------------------------------------------------------------------------ conversion
 
@@ -189,22 +189,14 @@ def loading_table(results: list[LoaderResult], seq_len: int, config: BenchConfig
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "text")
-    parser.add_argument("--mb", type=float, default=80, help="Corpus size in MB of UTF-8 text.")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per loading run (after one untimed).")
+    add_loading_arguments(parser)
     parser.add_argument("--one-at-a-time-mb", type=float, default=8,
                         help="Corpus MB for the one-document-at-a-time encode row (it is slow).")
     parser.add_argument("--skip-conversion", action="store_true")
     parser.add_argument("--no-peers", action="store_true", help="leave HF datasets out")
     args = parser.parse_args()
 
-    args.data.mkdir(parents=True, exist_ok=True)
-    corpus = build_corpus(args.data / f"corpus-{args.mb:g}mb.jsonl", args.mb)
-    tokenizer = train_tokenizer(corpus, args.data / f"{corpus.stem}-bpe-32k.json")
+    corpus, tokenizer = corpus_and_tokenizer(args.data, args.mb)
     outputs = {"lmdb": args.data / f"{corpus.stem}.lmdb", "wds": args.data / f"{corpus.stem}-wds"}
     cores = len(os.sched_getaffinity(0))
     print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:.1f} MB JSONL), tokenizer {tokenizer.name}, "

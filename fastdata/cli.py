@@ -190,7 +190,7 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     wait), against the ImageFolder baseline and the synthetic upper bound, in one run. Every loader gets
     fastdata.loader's DataLoader settings, the same warm-up and the same page-cache treatment."""
     from fastdata.errors import ConfigError
-    from fastdata.tools.bench import BenchConfig, format_summary, format_table, run_bench
+    from fastdata.tools.bench import BenchConfig, busy_machine_note, format_summary, format_table, run_bench
     from fastdata.tools.bench_report import check_plotting, plot_runs, write_json
 
     if plot is not None:
@@ -207,6 +207,9 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
                         baseline_source=baseline_source, export_dir=export_dir, baseline_list=baseline_list,
                         baseline_export=baseline_export, trace_dir=trace_dir)
     click.echo(format_table(results, data_wait=step != "none"))
+    busy = busy_machine_note(results)
+    if busy:
+        click.echo(busy)
     summary = format_summary(results)
     if summary:
         click.echo("\n" + summary)

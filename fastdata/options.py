@@ -3,7 +3,8 @@
 implement them:
 
 - `Output(dtype, mean, std, channels_last)`: what image batches are made of (`output=`);
-- `TextOptions(seq_len, packing, max_length, bucketing, eos_token)`: how text is cut into rows (`text=`);
+- `TextOptions(seq_len, packing, max_length, bucketing, eos_token, boundaries, mask_cross_document)`: how text is
+  cut into rows (`text=`);
 - `RemoteOptions(cache_dir, cache_max_bytes, storage_options)`: how a remote dataset is read (`remote=`);
 - `MixOptions(samples_per_epoch, epoch_end, exhausted)`: a mixture's epoch (`mixing=`);
 - `DeviceDecode(...)`: the device path's decoder (`decode=`, also `fastdata.DeviceDecode`).

@@ -29,6 +29,7 @@ from builders import (
     pair_caption,
     pair_shard_sample,
     pairs_frame,
+    reference_ids,
     train_bytelevel,
     write_coco,
     write_coco_rectangles,
@@ -41,7 +42,11 @@ from builders import (
 )
 
 import fastdata
+from fastdata.image.jpeg.extension import EXTENSION, HOW_TO_BUILD, NOT_BUILT, extension_built
 from fastdata.tools.sample import make_sample_imagefolder
+
+#: why a test that needs the region decoder's C extension is skipped where it was not built, and what to install
+NEEDS_EXTENSION = f"needs the region decoder, and {NOT_BUILT}: {HOW_TO_BUILD}"
 
 # The Ctrl-C tests send SIGINT to programs they start, as a terminal does to its foreground job. A shell starts a
 # background job (`pytest &`, nohup) with SIGINT ignored, and an ignored signal stays ignored across exec, so those
@@ -162,6 +167,45 @@ def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def loader_corpus() -> list[str]:
+    """The text loader tests' corpus: 150 documents of varied length (builders.make_corpus)."""
+    return make_corpus(150, seed=3)
+
+
+@pytest.fixture(scope="session")
+def loader_tokenizer(tmp_path_factory, loader_corpus) -> Path:
+    return train_bytelevel(tmp_path_factory.mktemp("loader_tok") / "bpe.json", loader_corpus)
+
+
+@pytest.fixture(scope="session")
+def loader_documents(loader_corpus, loader_tokenizer) -> list[list[int]]:
+    """Each document's exact ids (one `encode` each)."""
+    return [reference_ids(loader_tokenizer, text) for text in loader_corpus]
+
+
+@pytest.fixture(scope="session")
+def loader_text_lmdb(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("loader_lmdb")
+    fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d.lmdb", tokenizer=loader_tokenizer,
+                          progress=False)
+    return root / "d.lmdb"
+
+
+@pytest.fixture(scope="session")
+def loader_text_wds(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
+    root = tmp_path_factory.mktemp("loader_wds")
+    fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d", tokenizer=loader_tokenizer,
+                          format="wds", shard_size="2KB", progress=False)
+    return root / "d"
+
+
+@pytest.fixture(params=["lmdb", "wds"])
+def loader_text(request, loader_text_lmdb, loader_text_wds) -> Path:
+    """The loader corpus converted, in each format (WebDataset: shards of 2KB)."""
+    return loader_text_lmdb if request.param == "lmdb" else loader_text_wds
+
+
+@pytest.fixture(scope="session")
 def small_text_lmdb(tmp_path_factory) -> Path:
     """A small tokenized text conversion (30 documents, LMDB): for what a loader does with a text dataset."""
     root = tmp_path_factory.mktemp("small_text")
@@ -242,12 +286,33 @@ def readme_trees(tmp_path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def decoder():
-    """The region JPEG decoder (fastdata.image.jpeg.region), which must be there."""
+    """The region JPEG decoder (fastdata.image.jpeg.region): the test is skipped, saying what to install, where its
+    C extension was not built (no compiler or no Python headers at install); where it was, it must load and pass."""
     from fastdata.image.jpeg.region import region_decoder, unavailable_reason
 
+    if not extension_built():
+        pytest.skip(NEEDS_EXTENSION)
     found = region_decoder()
-    assert found is not None, unavailable_reason()  # the extension builds wherever the package installs with gcc
+    assert found is not None, unavailable_reason()
     return found
+
+
+@pytest.fixture
+def without_extension(monkeypatch):
+    """This process as on a machine where the region decoder's C extension was not built (no compiler or no Python
+    headers at install): importing it fails, and what was loaded from it is forgotten until the test ends."""
+    import fastdata.image
+    from fastdata.image.jpeg import region, restart
+
+    def forget() -> None:
+        for cached in (region._load, region.warn_fallback, restart._extension):
+            cached.cache_clear()
+
+    monkeypatch.setitem(sys.modules, EXTENSION, None)
+    monkeypatch.delattr(fastdata.image, EXTENSION.rpartition(".")[2], raising=False)
+    forget()
+    yield
+    forget()  # before monkeypatch puts the extension back: the next use loads it again
 
 
 @pytest.fixture(scope="session")
@@ -384,15 +449,17 @@ def _release_readers():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` run wherever a CUDA GPU is visible and are skipped (with the reason) elsewhere."""
+    """Tests marked `cuda` run wherever a CUDA GPU is visible, those marked `region_extension` wherever the region
+    decoder's C extension was built; elsewhere they are skipped with the reason (and what to install)."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here")
+    skips = {"cuda": None if torch.cuda.is_available() else
+             pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here"),
+             "region_extension": None if extension_built() else pytest.mark.skip(reason=NEEDS_EXTENSION)}
     for item in items:
-        if item.get_closest_marker("cuda") is not None:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if skip is not None and item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -55,8 +55,9 @@ def _clone(value):
 
 def clone(batch):
     """A copy of a batch that outlives the loader's reuse of its buffers."""
-    if isinstance(batch, dict):
-        return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()}
+    if isinstance(batch, dict):  # lists (captions) copied, plain values (a packed batch's max_seqlen) kept
+        return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) if isinstance(v, list) else v
+                for k, v in batch.items()}
     return tuple(_clone(t) for t in batch)
 
 

@@ -9,6 +9,9 @@ from builders import SOLID_COUNT, sample_id_of, solid_label
 
 import fastdata
 from fastdata.cli import main
+from fastdata.image.jpeg.extension import HOW_TO_BUILD, NOT_BUILT, extension_built
+from fastdata.tools import demo
+from fastdata.tools.bench import run_bench
 from fastdata.tools.demo import run_demo
 
 
@@ -44,7 +47,31 @@ def test_demo_runs_on_a_tiny_sample(tmp_path):
     assert "wrote" in text
     assert "torchvision ImageFolder" in text and "fastdata (lmdb)" in text
     assert len(re.findall(r"\d+\.\d\dx$", text, flags=re.MULTILINE)) == 2  # a ratio per loader
+    assert ("without its region decoder" in text) == (not extension_built())  # said only where it was not built
     assert len(fastdata.dataset(tmp_path / "demo" / "sample.lmdb")) == 8
     # a second run reuses the sample and replaces the dataset
     run_demo(tmp_path / "demo", images=8, epochs=1, batch_size=4, workers=1, echo=lines.append)
     assert fastdata.info(tmp_path / "demo" / "sample.lmdb").num_samples == 8
+
+
+def test_the_demo_says_beside_its_table_that_the_machine_was_busy_and_the_region_decoder_not_built(
+        tmp_path, monkeypatch, without_extension):
+    """Other processes' CPU is what the meter measured while each run was timed; it is made busy here by giving the
+    bench's results that figure (half of every CPU), not by loading the machine, so that no timing decides the test.
+    Without the C extension (installed where no compiler was) the demo also says what to install."""
+    def measured_on_a_busy_machine(*args, **kwargs):
+        results = run_bench(*args, **kwargs)
+        for result in results:
+            for run in result.runs:
+                run.system = {**run.system, "others_cpu_cores": 0.5 * len(run.system["cpu_per_core_percent"])}
+        return results
+
+    monkeypatch.setattr(demo, "run_bench", measured_on_a_busy_machine)
+    lines: list[str] = []
+    run_demo(tmp_path / "demo", images=8, epochs=1, batch_size=4, workers=1, echo=lines.append)
+    last_row = max(i for i, line in enumerate(lines) if re.search(r"\d+\.\d\dx$", line))
+    busy, decoder = lines[last_row + 1:last_row + 3]
+    assert busy.startswith("note: the machine was busy: other processes took up to 50% of its CPU")
+    assert busy.endswith("rerun on a quiet machine for figures to keep")
+    assert decoder.startswith("note: fastdata's figure is without its region decoder")
+    assert NOT_BUILT in decoder and decoder.endswith(HOW_TO_BUILD)

@@ -57,12 +57,35 @@ def test_snippet_runs(page: Path, index: int, readme_lmdb: Path, pairs_lmdb: Pat
             assert namespace["labels"].dtype.is_floating_point is False
 
 
+def setup_commands(page: Path) -> list[str]:
+    """The commands of a page's set-up section (its first bash block), each less its trailing comment."""
+    setup = page.read_text().split("## Set-up", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in setup.splitlines() if line.strip() and
+            not line.startswith("#")]
+
+
 def test_readme_setup_is_two_commands() -> None:
-    setup = README.read_text().split("## Set-up", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [line for line in setup.splitlines() if line.strip() and not line.startswith("#")]
+    """Two commands that hold on any Python 3.10+: the first makes the clone's own virtual environment and activates
+    it (a distribution's Python refuses installs outside one, PEP 668), installs into it and runs the demo; the
+    second runs the tests with the interpreter of that environment."""
+    commands = setup_commands(README)
     assert len(commands) == 2
-    assert "pip install" in commands[0] and "fastdata demo" in commands[0]
-    assert "pytest" in commands[1]
+    first, second = commands
+    assert first.startswith("python3 -m venv .venv && . .venv/bin/activate && ")
+    assert "pip install -e" in first and first.endswith("&& fastdata demo")
+    assert second == "python -m pytest"
+    assert setup_commands(ROOT / "docs" / "index.md") == commands  # the documentation's home page says the same
+
+
+def test_ci_runs_the_readme_commands_as_a_newcomer_types_them() -> None:
+    """.ci/run runs the README's two commands word for word, in order (lint and docs between them), so that CI
+    checks what a newcomer types; `set -e` does not stop at a failure inside an && list, so the first one's status
+    is checked with `|| exit`."""
+    first, second = setup_commands(README)
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert f"{first} || exit" in ci and second in ci
+    assert ci.index(f"{first} || exit") < ci.index("ruff check .") < ci.index(second)
+    assert not [line for line in ci if "pip install" in line and line != f"{first} || exit"]  # nothing else installs
 
 
 def test_readme_is_short() -> None:

@@ -34,7 +34,7 @@ from fastdata.convert.pool import PoolStats
 from fastdata.convert.staging import Staging
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
-from fastdata.convert.text_work import encode, encoded_batches
+from fastdata.convert.text_work import encode, encoded_batches, splitter_for, splitting_notes
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, write_atomic
@@ -42,6 +42,7 @@ from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
 from fastdata.formats.wds_text import TextWdsWriter
+from fastdata.text.splitting import DocumentSplitter
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos, resolve_pad, vocab_size
 
 DEFAULT_BATCH_SIZE = "1MB"
@@ -145,11 +146,12 @@ def _checkpoint(writer: TextLmdbWriter | TextWdsWriter, state: _TextProgress) ->
 
 def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWriter | TextWdsWriter,
                   dtype: np.dtype, strict: bool, state: _TextProgress, total_bytes: int, done_bytes: int,
-                  progress: bool, checkpoint_bytes: int, workers: int | None = None) -> PoolStats:
+                  progress: bool, checkpoint_bytes: int, workers: int | None = None,
+                  splitter: DocumentSplitter | None = None) -> PoolStats:
     """Tokenize and write the records of `batches` in order, counting them in `state` and checkpointing it
     whenever the writer asks (a filled LMDB chunk group, a finished shard) and after the batch that takes the
     source read past `checkpoint_bytes` more since the last byte-driven checkpoint. Returns what the tokenizing
-    measured (`workers`: see `fastdata.convert.text_work`)."""
+    measured (`workers`, `splitter`: see `fastdata.convert.text_work`)."""
     from tqdm import tqdm
 
     checkpointed_at = done_bytes
@@ -165,7 +167,8 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
     with tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc="tokenizing",
               disable=not progress, smoothing=0.1) as bar:
         for batch, ids_of_documents in encoded_batches(in_background(batches, _QUEUE_BATCHES), tokenizer, dtype,
-                                                       workers, stats, lambda tok, texts: _encode(tok, texts)):
+                                                       workers, stats, lambda tok, texts: _encode(tok, texts),
+                                                       splitter):
             encoded = iter(ids_of_documents)
             for record, (file_number, consumed) in zip(batch.records, batch.marks, strict=True):
                 state.next_file, state.file_records = file_number, consumed
@@ -214,6 +217,7 @@ def convert_documents(
     commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
     checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
     workers: int | None = None,
+    split_documents: bool = True,
 ) -> TextConversionSummary:
     """Tokenize the documents of `list_source()` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"`
     shards), with the `tokenizers` file `tokenizer`; the source is listed once the options have been checked.
@@ -247,6 +251,10 @@ def convert_documents(
         workers: tokenize on this many worker processes, one thread each (None: one per usable core, as the
             image converter; 0: in this process, on the tokenizer's own thread pool). The ids, and so the dataset,
             are the same either way.
+        split_documents: cut documents longer than a worker task (64K characters) into pieces tokenized in
+            parallel, where the tokenizer provably gives the ids of the whole (`fastdata.text.splitting`; a
+            tokenizer where that cannot be shown tokenizes them whole, and the summary says why). False: always
+            whole. The ids are the same either way.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
     fmt = resolve_format(out, format)
@@ -255,7 +263,7 @@ def convert_documents(
     chunk_tokens, commit_every_chunks = check_int("chunk_tokens", chunk_tokens), check_int("commit_every_chunks",
                                                                                           commit_every_chunks)
     overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
-    progress = check_bool("progress", progress)
+    progress, split_documents = check_bool("progress", progress), check_bool("split_documents", split_documents)
     workers = check_optional_int("workers", workers)
     if workers is not None and workers < 0:
         raise ConfigError(f"--workers must be 0 (this process) or more, got {workers}")
@@ -307,8 +315,9 @@ def convert_documents(
             writer.checkpoint(state.to_json())  # records the fingerprint at once
         write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
         batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
+        splitter = splitter_for(tok) if split_documents else None
         stats = _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
-                              progress, checkpoint_bytes, workers)
+                              progress, checkpoint_bytes, workers, splitter)
         if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
             data_files, layout = writer.close()
             _checkpoint(writer, state)
@@ -336,7 +345,7 @@ def convert_documents(
     warning = check_kept(out, partial, state.documents, state.rejected_count,
                          [r["reason"] for r in state.rejected], "documents", looked)
     staging.commit(manifest, scratch=(PROGRESS_FILE,))
-    notes = [] if warning is None else [warning]
+    notes = ([] if warning is None else [warning]) + ([] if splitter is None else splitting_notes(splitter))
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
                                  data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,

@@ -224,19 +224,27 @@ class TextLmdbReader(TokenReader):
         return np.frombuffer(value, "<i8")
 
     def _fill(self, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
-        env, size, itemsize, db = self._open(), self.chunk_tokens, self.dtype.itemsize, self._dbs["tokens"]
-        pos = 0
+        env, size, db, dtype = self._open(), self.chunk_tokens, self._dbs["tokens"], self.dtype
         with env.begin(buffers=True) as txn:
-            for start, stop in zip(starts, stops, strict=True):
-                if stop == start:
-                    continue
-                first, last = start // size, (stop - 1) // size
-                for number in range(first, last + 1):
+            chunks: dict[int, np.ndarray] = {}  # each chunk read once per call (a batch's ranges share chunks)
+            views = []  # the ranges' tokens, copied into `out` in one go
+
+            def take(number: int, lo: int, hi: int) -> None:
+                found = chunks.get(number)
+                if found is None:
                     value = txn.get(index_key(number), db=db)
-                    lo = start - number * size if number == first else 0
-                    hi = stop - number * size if number == last else size
-                    if value is None or len(value) < hi * itemsize:
-                        raise CorruptSampleError(f"{self.directory}: token chunk {number} is missing or short; "
-                                                 "the dataset is damaged")
-                    out[pos:pos + hi - lo] = np.frombuffer(value, self.dtype, hi - lo, lo * itemsize)
-                    pos += hi - lo
+                    found = chunks[number] = np.frombuffer(value, dtype) if value is not None else np.zeros(0, dtype)
+                if len(found) < hi:
+                    raise CorruptSampleError(f"{self.directory}: token chunk {number} is missing or short; "
+                                             "the dataset is damaged")
+                views.append(found[lo:hi])
+
+            for start, stop in zip(starts, stops, strict=True):
+                first = start // size
+                if stop - first * size <= size:  # the usual case: a range inside one chunk (or empty)
+                    take(first, start - first * size, stop - first * size)
+                    continue
+                for number in range(first, (stop - 1) // size + 1):
+                    take(number, max(start - number * size, 0), min(stop - number * size, size))
+            if views:
+                np.concatenate(views, out=out)

@@ -288,9 +288,11 @@ def loader(
     (`tv_tensors.Image`, `tv_tensors.Mask`) are accepted; `decode="device"` is refused.
 
     Text datasets yield dicts of int64 tensors instead: packed blocks of `seq_len` tokens (default 1024;
-    `{"input_ids", "labels"}`, labels shifted by one), or with `packing=False` one document per row truncated
-    to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
-        `eos_token` overrides the end-of-text token that follows each document. These apply to text only, and the
+    `{"input_ids", "labels"}`, labels shifted by one), with `packing="best-fit"` rows of `seq_len` tokens holding
+    whole documents, padded (`{"input_ids", "attention_mask", "labels"}`), or with `packing=False` one document
+    per row truncated to `max_length` (`{"input_ids", "attention_mask", "labels"}`, optional length `bucketing`);
+    `eos_token` overrides the end-of-text token that follows each document; `boundaries=True` adds
+    `position_ids`, `cu_seqlens` and `max_seqlen` to packed rows (docs/text.md). These apply to text only, and the
     image options (anything but augment's default "train") are refused for text.
 
     Args:
@@ -341,9 +343,13 @@ def loader(
             `std` in 0..1 units, ImageNet's by default), made in the workers (or on `device`); `channels_last`
             with `device`. None: uint8 batches.
         text: text datasets: a `fastdata.options.TextOptions(seq_len, packing, max_length, bucketing,
-            eos_token)`: packed blocks of `seq_len` tokens (default 1024), or with `packing=False` one document
-            per row of at most `max_length` tokens (default 1024), optionally length-`bucketing`; `eos_token`
-            overrides the conversion's end-of-text token. Image-text pairs: `max_length` tokens per caption.
+            eos_token, boundaries, mask_cross_document)`: packed blocks of `seq_len` tokens (default 1024), with
+            `packing="best-fit"` rows of `seq_len` tokens holding whole documents (best-fit decreasing, padded),
+            or with `packing=False` one document per row of at most `max_length` tokens (default 1024),
+            optionally length-`bucketing`; `eos_token` overrides the conversion's end-of-text token;
+            `boundaries=True` adds each packed row's document starts (`position_ids`, `cu_seqlens`,
+            `max_seqlen`); `mask_cross_document=True` sets the labels at end-of-text tokens to -100. Image-text
+            pairs: `max_length` tokens per caption.
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` in its image's pixels (a
             preset's canvas; with augment=None each image's stored size), decoded from their COCO RLE with
             pycocotools (needed: refused here without it), mapped by nearest neighbour.
@@ -361,7 +367,8 @@ def loader(
             `classes`: how the datasets' class lists make one label space ("auto", "by_name", "per_dataset":
             docs/mixing.md).
         **keywords: the older spellings, still taken: the fields of `output` (`dtype`, `mean`, `std`,
-            `channels_last`), `text` (`seq_len`, `packing`, `max_length`, `bucketing`, `eos_token`), `remote`
+            `channels_last`), `text` (`seq_len`, `packing`, `max_length`, `bucketing`, `eos_token`, `boundaries`,
+            `mask_cross_document`), `remote`
             (`cache_dir`, `cache_max_bytes`, `storage_options`) and `mixing` (`samples_per_epoch`, `epoch_end`,
             `exhausted`), and `scale`, `ratio` ("train": RandomResizedCrop's ranges of the crop's area, default
             (0.08, 1), and aspect, default (3/4, 4/3), as `fastdata.presets.RandomResizedCrop` sets them;

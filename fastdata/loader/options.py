@@ -3,7 +3,8 @@ only travel as one object each instead of a row of keywords, so the three functi
 docs entry:
 
 - `Output(dtype, mean, std, channels_last)`: what image batches are made of;
-- `TextOptions(seq_len, packing, max_length, bucketing, eos_token)`: how text is cut into rows
+- `TextOptions(seq_len, packing, max_length, bucketing, eos_token, boundaries, mask_cross_document)`: how text is
+  cut into rows
   (`fastdata.text.loader`);
 - `RemoteOptions(cache_dir, cache_max_bytes, storage_options)`: how a remote dataset is read
   (`fastdata.formats.remote`);

@@ -17,6 +17,7 @@ INPUT_BOUND_AT = 0.30  # data wait fraction from which the loop is input-bound
 COMPUTE_BOUND_BELOW = 0.10  # ... and below which it is compute-bound (balanced in between)
 SATURATED_AT = 85.0  # CPU busy percent from which the machine has no core to spare
 CONTENDED_SHARE = 0.25  # other processes' share of the machine's cores from which they slow a saturated job
+BUSY_SHARE = 0.10  # ... from which a timed figure is said to come from a busy machine (`fastdata bench`, the demo)
 MAIN_WALL_CORES = 0.85  # the training process's cores from which it is the wall (one Python thread at work) ...
 IDLE_WORKERS_SHARE = 0.3  # ... while its workers use less than this share of a core each
 # the share of progressive JPEGs from which a decode-bound worker-path loader is told of `--jpeg-layout baseline`
@@ -346,6 +347,15 @@ def _cause(sysf: dict[str, Any], stages: dict[str, Any] | None, loader: LoaderFa
 def _machine_cores(sysf: dict[str, Any], cores: int) -> int:
     """The CPUs the busy percentage covers (every CPU of the machine), else the cores this job may use."""
     return len(sysf.get("cpu_per_core_percent") or []) or cores
+
+
+def others_share(sysf: dict[str, Any]) -> float | None:
+    """The share of the machine's CPU (0 to 1) that other processes took while the meter sampled, from its system
+    figures (`MeterReport.system`); None without the figure (no psutil, or not sampled)."""
+    others = sysf.get("others_cpu_cores")
+    if others is None:
+        return None
+    return others / max(1, _machine_cores(sysf, sysf.get("cores") or available_cores()))
 
 
 def _contention(sysf: dict[str, Any], cores: int) -> str | None:

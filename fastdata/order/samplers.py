@@ -70,8 +70,9 @@ class EpochBatchSampler:
         """Batches per epoch on this rank (the same on every rank)."""
         return self.pass_length(0)
 
-    def pass_length(self, start: int) -> int:
-        """Batches on this rank in an epoch that begins at position `start` of its order."""
+    def pass_length(self, start: int, epoch: int | None = None) -> int:
+        """Batches on this rank in an epoch (every epoch has as many) that begins at position `start` of its
+        order."""
         return num_batches(rank_count(self.num_samples - start, self.world_size, self.uneven), self.batch_size,
                            self.drop_last)
 

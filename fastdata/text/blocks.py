@@ -16,8 +16,10 @@ import torch
 
 from fastdata.errors import ConfigError
 from fastdata.formats.tokens import TokenReader
+from fastdata.text.boundaries import IGNORE_INDEX
+from fastdata.text.forms import RowsForm
 
-IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
+__all__ = ["IGNORE_INDEX", "PackedBlocks", "PaddedDocuments", "num_blocks"]
 
 
 def num_blocks(stream_tokens: int, seq_len: int) -> int:
@@ -27,7 +29,7 @@ def num_blocks(stream_tokens: int, seq_len: int) -> int:
 
 class PackedBlocks:
     """Block k of the EOS-separated document stream; batches of blocks as `input_ids` / `labels` [B, L]
-    int64, labels shifted by one."""
+    int64, labels shifted by one (and what `form` adds: `fastdata.text.forms`)."""
 
     def __init__(self, store: TokenReader, seq_len: int, eos_id: int) -> None:
         if seq_len < 1:
@@ -35,7 +37,13 @@ class PackedBlocks:
         self.store = store
         self.seq_len = seq_len
         self.eos_id = int(eos_id)
+        self.form = RowsForm(seq_len, self.eos_id)
         self._eos_positions: np.ndarray | None = None
+
+    def shaped(self, boundaries: bool = False, mask_cross_document: bool = False) -> PackedBlocks:
+        """These blocks with document boundaries in the batch and / or cross-document labels masked."""
+        self.form = RowsForm(self.seq_len, self.eos_id, None, boundaries, mask_cross_document)
+        return self
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_eos_positions": None}
@@ -84,22 +92,25 @@ class PackedBlocks:
         """Stream tokens `[k*L, k*L + L]` (L + 1 int64)."""
         return self.rows([k])[0]
 
-    def transfer_array(self, blocks: Sequence[int] | np.ndarray, out: np.ndarray) -> None:
-        """Write a batch in its compact hand-over form (rows of L + 1 tokens) into `out` (int32 [B, L + 1])."""
-        self.rows(blocks, out)
+    def transfer_shapes(self, blocks: Sequence[int] | np.ndarray) -> list[tuple[int, ...]]:
+        """The int32 arrays a batch of `blocks` hands over (`fastdata.text.forms`)."""
+        return self.form.shapes(len(blocks))
 
-    def transfer_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, self.seq_len + 1)
+    def transfer(self, blocks: Sequence[int] | np.ndarray, parts: list[np.ndarray]) -> np.ndarray | None:
+        """Write a batch into its hand-over `parts` (int32 views into shared memory: the rows straight into the
+        first); returns what travels beside it (`RowsForm.fill`)."""
+        self.rows(blocks, parts[0])
+        return self.form.fill(parts)
 
-    def to_batch(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`{"input_ids", "labels"}` (contiguous int64 [B, L]) from rows of L + 1 tokens."""
-        shape = (rows.shape[0], self.seq_len)
-        input_ids = torch.empty(shape, dtype=torch.int64).copy_(rows[:, :-1])
-        labels = torch.empty(shape, dtype=torch.int64).copy_(rows[:, 1:])
-        return {"input_ids": input_ids, "labels": labels}
+    def to_batch(self, parts: list[torch.Tensor], extra: np.ndarray | None = None) -> dict[str, torch.Tensor | int]:
+        """The batch dict from a hand-over (`parts`, and what travelled beside it), int64 tensors [B, L]."""
+        return self.form.batch(parts, extra)
 
-    def batch(self, blocks: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        return self.to_batch(torch.from_numpy(self.rows(blocks)))
+    def batch(self, blocks: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor | int]:
+        """A batch of `blocks` built in this process."""
+        parts = [np.empty(shape, np.int32) for shape in self.transfer_shapes(blocks)]
+        extra = self.transfer(blocks, parts)
+        return self.to_batch([torch.from_numpy(part) for part in parts], extra)
 
 
 class PaddedDocuments:
@@ -155,9 +166,13 @@ class PaddedDocuments:
             mask[row, :n] = 1
         return out
 
-    def to_batch(self, array: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The batch dict (contiguous int64 [B, W] each) from a [3, B, W] array."""
-        return dict(zip(self.keys, array.to(torch.int64).unbind(0), strict=True))
+    def parts(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """A batch's hand-over: its [3, B, W] array as int32."""
+        return [self.batch_array(indices).astype(np.int32)]
+
+    def to_batch(self, parts: list[torch.Tensor], extra: None = None) -> dict[str, torch.Tensor]:
+        """The batch dict (contiguous int64 [B, W] each) from the hand-over (one [3, B, W] array)."""
+        return dict(zip(self.keys, parts[0].to(torch.int64).unbind(0), strict=True))
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        return self.to_batch(torch.from_numpy(self.batch_array(indices)))
+        return self.to_batch([torch.from_numpy(part) for part in self.parts(indices)])

@@ -3,7 +3,7 @@ DataLoader adapter that builds whole batches inside the workers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,12 @@ from fastdata.formats.manifest import Manifest
 from fastdata.formats.registry import storage
 from fastdata.formats.tokens import TOKENIZER_FILE
 from fastdata.formats.wds_text import TextWdsReader
+from fastdata.order.packing import DEFAULT_WINDOW
+from fastdata.text.bestfit import BestFitRows
 from fastdata.text.blocks import PackedBlocks, PaddedDocuments
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos
+
+Batcher = PackedBlocks | PaddedDocuments | BestFitRows
 
 
 def open_store(root: Path, manifest: Manifest) -> TextLmdbReader | TextWdsReader:
@@ -41,11 +45,6 @@ class TextDataset(Dataset):
 
     def __len__(self) -> int:
         return self.store.num_documents
-
-    @property
-    def _text(self) -> dict[str, Any]:
-        assert self.manifest.text is not None  # open_store refuses a manifest without its text section
-        return self.manifest.text
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index < 0:
@@ -76,16 +75,16 @@ class TextDataset(Dataset):
     def tokenizer(self) -> Any:
         """The tokenizer the dataset was made with (its copy beside the data), truncation and padding off."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.root / self._text.get("tokenizer", TOKENIZER_FILE))
+            self._tokenizer = load_tokenizer(self.root / self.manifest.text.get("tokenizer", TOKENIZER_FILE))
         return self._tokenizer
 
     @property
     def eos_token(self) -> str | None:
-        return self._text.get("eos_token")
+        return self.manifest.text.get("eos_token")
 
     @property
     def eos_token_id(self) -> int | None:
-        return self._text.get("eos_token_id")
+        return self.manifest.text.get("eos_token_id")
 
     def _eos(self, eos_token: str | None) -> int | None:
         if eos_token is None:
@@ -93,45 +92,72 @@ class TextDataset(Dataset):
         found = resolve_eos(self.tokenizer, eos_token, str(self.root / TOKENIZER_FILE))
         return None if found is None else found[1]
 
-    def packed(self, seq_len: int, eos_token: str | None = None) -> PackedBlocks:
-        """Fixed-length blocks over the document stream, each document followed by the end-of-text token
-        (the dataset's, or `eos_token`)."""
+    def _packing_eos(self, eos_token: str | None) -> int:
         eos_id = self._eos(eos_token)
         if eos_id is None:
             raise ConfigError(
                 f"{self.root}: no end-of-text token to separate packed documents (the tokenizer has none of the "
                 "usual special tokens and none was given); convert again with --eos-token TOKEN, pass "
                 "eos_token=... to the loader, or load with packing=False")
-        return PackedBlocks(self.store, seq_len, eos_id)
+        return eos_id
+
+    def _pad_id(self, eos_id: int | None) -> int:
+        """The padding id: the tokenizer's padding token, else the end-of-text token, else 0."""
+        pad_id = self.manifest.text.get("pad_token_id")
+        return pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
+
+    def packed(self, seq_len: int, eos_token: str | None = None) -> PackedBlocks:
+        """Fixed-length blocks over the document stream, each document followed by the end-of-text token
+        (the dataset's, or `eos_token`)."""
+        return PackedBlocks(self.store, seq_len, self._packing_eos(eos_token))
+
+    def best_fit(self, seq_len: int, seed: int, shuffle: bool, eos_token: str | None = None,
+                 window: int = DEFAULT_WINDOW) -> BestFitRows:
+        """Rows of `seq_len` tokens holding whole documents (each followed by the end-of-text token), best-fit
+        packed per epoch from (seed, epoch), padded."""
+        eos_id = self._packing_eos(eos_token)
+        return BestFitRows(self.store, seq_len, eos_id, self._pad_id(eos_id), seed, shuffle, window)
 
     def padded(self, max_length: int, eos_token: str | None = None) -> PaddedDocuments:
         """One document per row, truncated to `max_length` tokens and padded per batch."""
         eos_id = self._eos(eos_token)
-        pad_id = self._text.get("pad_token_id")
-        pad_id = pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
-        return PaddedDocuments(self.store, max_length, eos_id, pad_id)
+        return PaddedDocuments(self.store, max_length, eos_id, self._pad_id(eos_id))
 
 
 class TextRows(Dataset):
     """What a text loader's `loader.dataset` is: the rows its batches are made of, as DataLoader users expect of
-    `loader.dataset`: `len()` rows in the whole dataset (packed: blocks of seq_len + 1 tokens; padded: documents),
-    all ranks together, and `ds[i]` row i as a batch holds it (`{"input_ids", "labels"}` int64 [seq_len], padded:
-    also `attention_mask`, the row's own length, without the padding to a batch's longest row); the indices
-    `loader.sampler` gives index it. `tokenizer`, `root` and `manifest` are the dataset's (a mixture's: its first
-    dataset's, which all share one tokenizer), `documents` the documents themselves (`fastdata.dataset`'s)."""
+    `loader.dataset`: `len()` rows in the whole dataset (packed: blocks of seq_len + 1 tokens; padded: documents;
+    best-fit: the rows of the loader's epoch under way, else of its next one), all ranks together, and `ds[i]` row
+    i as a batch holds it (`{"input_ids", "labels"}` int64 [seq_len], padded and best-fit: also `attention_mask`,
+    a padded row its own length, without the padding to a batch's longest row; with boundaries its
+    `position_ids`, and `cu_seqlens` and `max_seqlen` of the row alone); the indices `loader.sampler` gives index
+    it. `tokenizer`, `root` and `manifest` are the dataset's (a mixture's: its first dataset's, which all share
+    one tokenizer), `documents` the documents themselves (`fastdata.dataset`'s)."""
 
-    def __init__(self, batcher: PackedBlocks | PaddedDocuments, documents: Any, first: TextDataset) -> None:
-        self.batcher, self.documents, self._first = batcher, documents, first
+    def __init__(self, batcher: Batcher, documents: Any, first: TextDataset,
+                 epoch: Callable[[], int] | None = None) -> None:
+        self.batcher, self.documents, self._first, self._epoch = batcher, documents, first, epoch
+
+    def _rows_epoch(self) -> int:
+        return self._epoch() if self._epoch is not None else 0
 
     def __len__(self) -> int:
+        if isinstance(self.batcher, BestFitRows):
+            assert self.batcher.planner is not None, "a best-fit loader's rows are planned in its process"
+            return self.batcher.planner.rows(self._rows_epoch())
         return len(self.batcher)
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} out of range for {len(self)} rows")
-        return {name: values[0] for name, values in self.batcher.batch([index]).items()}
+        if isinstance(self.batcher, BestFitRows):
+            batch = self.batcher.batch(self._rows_epoch(), np.array([index]))
+        else:
+            batch = self.batcher.batch([index])
+        whole = ("cu_seqlens", "max_seqlen")  # of the row alone already
+        return {name: values if name in whole else values[0] for name, values in batch.items()}
 
     @property
     def tokenizer(self) -> Any:
@@ -147,40 +173,56 @@ class TextRows(Dataset):
 
 
 class TextBatches(Dataset):
-    """DataLoader adapter: item `(epoch, [indices, ...])` -> those whole batches, built inside the worker and
-    handed over in a compact form (int32; packed blocks as rows of L + 1 tokens) in one flat shared-memory
-    tensor plus each batch's shape: one small transfer per group is what makes moving batches between
-    processes cheap. `unpack_batches` turns an item back into batch dicts."""
+    """DataLoader adapter: item `(epoch, [batch, ...])` -> those whole batches (each given as the batcher takes it:
+    indices, or a best-fit batch's description), built inside the worker and handed over in a compact form
+    (int32 arrays: packed blocks as rows of L + 1 tokens, written in place) in one flat shared-memory tensor, plus
+    each batch's arrays' shapes and the little that travels beside them (a batch's segments): one small transfer
+    per group is what makes moving batches between processes cheap. `unpack_batches` turns an item back into
+    batch dicts."""
 
-    def __init__(self, batcher: PackedBlocks | PaddedDocuments) -> None:
+    def __init__(self, batcher: Batcher) -> None:
         self.batcher = batcher
 
-    def __len__(self) -> int:
-        return len(self.batcher)
-
-    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+    def __getitem__(self, item: tuple[int, list[np.ndarray]]) -> tuple[torch.Tensor, list[tuple[list, Any]]]:
         _epoch, group = item
-        if isinstance(self.batcher, PackedBlocks):
-            shapes = [self.batcher.transfer_shape(len(indices)) for indices in group]
-            flat = torch.empty(sum(int(np.prod(shape)) for shape in shapes), dtype=torch.int32)
-            if get_worker_info() is not None:  # filled in shared memory: nothing to copy when it is sent
-                flat.share_memory_()
-            view, pos = flat.numpy(), 0
-            for indices, shape in zip(group, shapes, strict=True):
-                size = int(np.prod(shape))
-                self.batcher.transfer_array(indices, view[pos:pos + size].reshape(shape))
-                pos += size
-            return flat, shapes
-        arrays = [self.batcher.batch_array(indices) for indices in group]
-        ids = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.int32)
-        return torch.from_numpy(ids), [a.shape for a in arrays]
+        if hasattr(self.batcher, "transfer_shapes"):  # written in place: packed blocks, best-fit rows
+            layouts = [self.batcher.transfer_shapes(batch) for batch in group]
+            flat = self._flat(sum(int(np.prod(shape)) for shapes in layouts for shape in shapes))
+            view, pos, extras = flat.numpy(), 0, []
+            for batch, shapes in zip(group, layouts, strict=True):
+                parts = []
+                for shape in shapes:
+                    size = int(np.prod(shape))
+                    parts.append(view[pos:pos + size].reshape(shape))
+                    pos += size
+                extras.append(self.batcher.transfer(batch, parts))
+            return flat, list(zip(layouts, extras, strict=True))
+        arrays = [self.batcher.parts(batch) for batch in group]  # padded documents: sized by what they hold
+        flat = self._flat(sum(part.size for parts in arrays for part in parts))
+        view, pos = flat.numpy(), 0
+        for parts in arrays:
+            for part in parts:
+                view[pos:pos + part.size] = part.reshape(-1)
+                pos += part.size
+        return flat, [([part.shape for part in parts], None) for parts in arrays]
+
+    @staticmethod
+    def _flat(size: int) -> torch.Tensor:
+        flat = torch.empty(size, dtype=torch.int32)
+        if get_worker_info() is not None:  # filled in shared memory: nothing to copy when it is sent
+            flat.share_memory_()
+        return flat
 
 
-def unpack_batches(flat: torch.Tensor, shapes: list[tuple[int, ...]], batcher: PackedBlocks | PaddedDocuments
+def unpack_batches(flat: torch.Tensor, layouts: list[tuple[list, Any]], batcher: Batcher
                    ) -> Iterator[dict[str, torch.Tensor]]:
-    """The batch dicts (contiguous int64 tensors) of one TextBatches item."""
+    """The batch dicts (contiguous int64 tensors) of one TextBatches item: each batch's arrays' shapes, and what
+    travelled beside them."""
     pos = 0
-    for shape in shapes:
-        size = int(np.prod(shape))
-        yield batcher.to_batch(flat[pos:pos + size].view(shape))
-        pos += size
+    for shapes, extra in layouts:
+        parts = []
+        for shape in shapes:
+            size = int(np.prod(shape))
+            parts.append(flat[pos:pos + size].view(shape))
+            pos += size
+        yield batcher.to_batch(parts, extra)

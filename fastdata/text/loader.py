@@ -4,7 +4,7 @@ on (seed, epoch) only, never on the number of workers)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,14 +14,17 @@ from torch.utils.data import DataLoader
 
 from fastdata.config import LoaderOptions, check_optional_bool, check_optional_int
 from fastdata.errors import ConfigError
+from fastdata.order.packing import PlannedBatchSampler
 from fastdata.order.samplers import BucketBatchSampler, EpochBatchSampler
 from fastdata.order.state import ResumableLoader, dataset_fingerprint
+from fastdata.text.bestfit import BestFitRows
 from fastdata.text.blocks import PackedBlocks
 from fastdata.text.dataset import TextBatches, TextDataset, TextRows, unpack_batches
 from fastdata.workers import ClosesWorkers, WorkerPass, prepare_worker
 
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_MAX_LENGTH = 1024
+BEST_FIT = "best-fit"
 GROUP_BYTES = 2 << 20  # batches a worker hands over at once: about this many bytes (one shared-memory transfer)
 MAX_GROUP = 16
 
@@ -31,16 +34,18 @@ def _worker_init(_worker_id: int) -> None:
 
 
 class GroupedBatches:
-    """Yields `(epoch, [indices of up to `group` consecutive batches])` from an epoch batch sampler."""
+    """Yields `(epoch, [up to `group` consecutive batches])` from an epoch batch sampler: each batch its indices,
+    or what `describe(epoch, indices)` makes of them (best-fit rows: the token ranges they hold)."""
 
-    def __init__(self, sampler: EpochBatchSampler, group: int) -> None:
-        self.sampler, self.group = sampler, group
+    def __init__(self, sampler: EpochBatchSampler, group: int,
+                 describe: Callable[[int, np.ndarray], Any] | None = None) -> None:
+        self.sampler, self.group, self.describe = sampler, group, describe
 
-    def __iter__(self) -> Iterator[tuple[int, list[np.ndarray]]]:
-        pending: list[np.ndarray] = []
+    def __iter__(self) -> Iterator[tuple[int, list[Any]]]:
+        pending: list[Any] = []
         epoch = self.sampler.epoch
         for epoch, indices in self.sampler:
-            pending.append(indices)
+            pending.append(indices if self.describe is None else self.describe(epoch, indices))
             if len(pending) == self.group:
                 yield epoch, pending
                 pending = []
@@ -57,19 +62,22 @@ def group_size(batch_bytes: int) -> int:
 
 
 class TextLoader(ClosesWorkers, ResumableLoader):
-    """Iterable of batch dicts. Packed: `{"input_ids", "labels"}` [B, seq_len]; padded: `{"input_ids",
-    "attention_mask", "labels"}` [B, longest row]. Each new pass is the next epoch (reshuffled from
-    (seed, epoch)); `set_epoch(e)` sets it; `len()` is the exact number of batches per epoch (per rank: each
-    rank of the sampler's world gets its own part); `state_dict()` / `load_state_dict()` resume exactly
-    (`state_dict(pending=n)` for a loop that holds n batches not yet trained on); `close()` (or `with`) ends the
-    worker processes. As a DataLoader has them: `loader.dataset` the rows batches are made of (`TextRows`: `len`
-    rows in the whole dataset, `.tokenizer`, `.documents`), `loader.sampler` this rank's rows per epoch."""
+    """Iterable of batch dicts. Packed: `{"input_ids", "labels"}` [B, seq_len]; best-fit: `{"input_ids",
+    "attention_mask", "labels"}` [B, seq_len]; padded: `{"input_ids", "attention_mask", "labels"}` [B, longest
+    row]; with `boundaries`, packed and best-fit batches also hold `position_ids`, `cu_seqlens` and `max_seqlen`.
+    Each new pass is the next epoch (reshuffled from (seed, epoch)); `set_epoch(e)` sets it; `len()` is the exact
+    number of batches of the epoch (per rank: each rank of the sampler's world gets its own part; best-fit: the
+    epoch under way, else the next one, has its own number of rows); `state_dict()` / `load_state_dict()` resume
+    exactly (`state_dict(pending=n)` for a loop that holds n batches not yet trained on); `close()` (or `with`)
+    ends the worker processes. As a DataLoader has them: `loader.dataset` the rows batches are made of
+    (`TextRows`: `len` rows in the whole dataset, `.tokenizer`, `.documents`; best-fit: the rows of the epoch under
+    way, else the next one), `loader.sampler` this rank's rows per epoch."""
 
     def __init__(self, data: TextDataset, batcher: Any, sampler: EpochBatchSampler, options: LoaderOptions,
                  documents: Any = None) -> None:
         """`documents`: what `loader.dataset.documents` is (default `data`; a mixture's: all its documents)."""
         self._data = data
-        self.dataset = TextRows(batcher, data if documents is None else documents, data)
+        self.dataset = TextRows(batcher, data if documents is None else documents, data, self._pass_epoch)
         self.options = options
         self.batcher = batcher
         self.batch_size = sampler.batch_size
@@ -79,33 +87,57 @@ class TextLoader(ClosesWorkers, ResumableLoader):
         self.rank, self.world_size = sampler.rank, sampler.world_size
         self._repartitions = sampler.repartitions
         self._init_progress()
-        batch_bytes = 4 * self.batch_size * (batcher.seq_len + 1 if self.packed else 3 * batcher.max_length)
+        form = getattr(batcher, "form", None)
+        batch_bytes = 4 * self.batch_size * (form.row_ints() if form is not None else 3 * batcher.max_length)
         self.group = group_size(batch_bytes) if num_workers else 1
-        self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group),
+        describe = batcher.describe if isinstance(batcher, BestFitRows) else None
+        self._loader = DataLoader(TextBatches(batcher), sampler=GroupedBatches(sampler, self.group, describe),
                                   **options.dataloader_kwargs(worker_init_fn=_worker_init))
         self._workers = WorkerPass(self._loader)
 
     @property
     def packed(self) -> bool:
+        """Packed blocks of the document stream (not best-fit rows, not padded documents)."""
         return isinstance(self.batcher, PackedBlocks)
+
+    @property
+    def packing(self) -> bool | str:
+        """How the documents are cut into rows: True (packed blocks), "best-fit", or False (padded documents)."""
+        return BEST_FIT if isinstance(self.batcher, BestFitRows) else self.packed
+
+    @property
+    def padding(self) -> float | None:
+        """The fraction of padded positions in the rows of the epoch under way (else the next one): best-fit rows'
+        (planned), 0.0 for packed blocks, None for padded documents (it depends on each batch's longest row)."""
+        if isinstance(self.batcher, BestFitRows):
+            return self.batcher.planner.plan(self._pass_epoch()).padding
+        return 0.0 if self.packed else None
 
     def _resume_config(self) -> dict[str, Any]:
         s = self._sampler
-        return {"format": f"text-{self._data.manifest.format}", "dataset": dataset_fingerprint(self._data.manifest),
-                "samples": s.num_samples, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
-                "drop_last": s.drop_last, "uneven": s.uneven, "packing": self.packed,
-                "bucketing": isinstance(s, BucketBatchSampler),
-                "length": self.batcher.seq_len if self.packed else self.batcher.max_length}
+        config = {"format": f"text-{self._data.manifest.format}",
+                  "dataset": dataset_fingerprint(self._data.manifest), "samples": s.num_samples,
+                  "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed, "drop_last": s.drop_last,
+                  "uneven": s.uneven, "packing": self.packing, "bucketing": isinstance(s, BucketBatchSampler),
+                  "length": self.batcher.max_length if self.packing is False else self.batcher.seq_len}
+        if isinstance(self.batcher, BestFitRows):  # each epoch's rows are planned anew: count the documents
+            config.update(samples=len(self._data), window=self.batcher.window)
+        return config
+
+    def _pass_epoch(self) -> int:
+        """The epoch of the pass under way, else of the next one."""
+        return self._current[0] if self._current is not None else self._next.epoch
 
     def _pass_length(self, start: int) -> int:
-        return self._sampler.pass_length(start)
+        return self._sampler.pass_length(start, self._pass_epoch())
 
     def __len__(self) -> int:
-        return len(self._sampler)
+        return self._sampler.pass_length(0, self._pass_epoch())
 
     def _sampling(self) -> tuple[int, bool, int, str]:
         s = self._sampler
-        return s.num_samples, s.shuffle, s.seed, s.uneven
+        rows = s.planner.rows(self.epoch) if isinstance(s, PlannedBatchSampler) else s.num_samples
+        return rows, s.shuffle, s.seed, s.uneven
 
     def _rank_order(self, epoch: int) -> np.ndarray:
         return self._sampler.rank_indices_for(epoch, 0)
@@ -131,28 +163,41 @@ class TextLoader(ClosesWorkers, ResumableLoader):
 
 @dataclass(frozen=True)
 class TextOptions:
-    """How a text dataset is cut into batches: packed blocks of `seq_len` tokens (default), or with
+    """How a text dataset is cut into batches: packed blocks of `seq_len` tokens (default); with
+    `packing="best-fit"` rows of `seq_len` tokens holding whole documents, best-fit packed, padded; or with
     `packing=False` one document per row of at most `max_length` tokens, optionally length-`bucketing`;
-    `eos_token` overrides the end-of-text token. None leaves an option at its default."""
+    `eos_token` overrides the end-of-text token. `boundaries=True` adds where each packed row's documents start
+    (`position_ids`, `cu_seqlens`, `max_seqlen`); `mask_cross_document=True` sets the labels that would predict
+    the next document's first token (at each end-of-text token) to -100. None leaves an option at its default."""
 
     seq_len: int | None = None
-    packing: bool | None = None
+    packing: bool | str | None = None
     max_length: int | None = None
     bucketing: bool | None = None
     eos_token: str | None = None
+    boundaries: bool | None = None
+    mask_cross_document: bool | None = None
 
     def __post_init__(self) -> None:
         check_optional_int("seq_len", self.seq_len, minimum=1)
         check_optional_int("max_length", self.max_length, minimum=1)
-        check_optional_bool("packing", self.packing)
+        if self.packing is not None and not (isinstance(self.packing, bool) or self.packing == BEST_FIT):
+            raise ConfigError(f"packing must be True, False or {BEST_FIT!r}, got {self.packing!r} "
+                              f"({type(self.packing).__name__})")
         check_optional_bool("bucketing", self.bucketing)
+        check_optional_bool("boundaries", self.boundaries)
+        check_optional_bool("mask_cross_document", self.mask_cross_document)
         if self.eos_token is not None and not isinstance(self.eos_token, str):
             raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {self.eos_token!r} "
                               f"({type(self.eos_token).__name__})")
         padded_only = [name for name in ("max_length", "bucketing") if getattr(self, name)]
-        if self.packing is True and padded_only:
+        if (self.packing is True or self.packing == BEST_FIT) and padded_only:
             raise ConfigError(f"{' and '.join(padded_only)}: for padded batches (packing=False); packed blocks are "
                               "seq_len tokens long")
+        packed_only = [name for name in ("boundaries", "mask_cross_document") if getattr(self, name)]
+        if self.packing is False and packed_only:
+            raise ConfigError(f"{', '.join(packed_only)} apply to packed rows (packing=True or {BEST_FIT!r}); "
+                              "padded batches (packing=False) hold one document per row")
         if self.seq_len is not None and (self.packing is False or padded_only):
             raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
 
@@ -168,21 +213,41 @@ def text_loader(data: TextDataset, options: LoaderOptions, text: TextOptions | N
     sharded: dict[str, Any] = {"rank": options.rank, "world_size": options.world_size, "uneven": options.uneven}
     seq_len, max_length, bucketing, eos_token = text.seq_len, text.max_length, text.bucketing, text.eos_token
     packing = True if text.packing is None else text.packing
-    if packing:
-        if max_length is not None or bucketing:
-            raise ConfigError("max_length and bucketing apply to padded batches (packing=False); packed blocks "
-                              "are seq_len tokens long")
-        batcher: Any = data.packed(DEFAULT_SEQ_LEN if seq_len is None else seq_len, eos_token)
+    check_packing_options(text)
+    seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
+    if packing == BEST_FIT:
+        if not len(data):
+            raise ConfigError(f"{data.root}: holds no documents to pack")
+        batcher: Any = data.best_fit(seq_len, seed, shuffle, eos_token)
+        sampler: EpochBatchSampler = PlannedBatchSampler(batcher.planner, batch_size, shuffle, seed, drop_last,
+                                                         **sharded)
+    elif packing:
+        batcher = data.packed(seq_len, eos_token)
         if len(batcher) == 0:
             raise ConfigError(f"{data.root}: {batcher.stream_tokens} tokens make no whole block of "
                               f"seq_len={batcher.seq_len} (+1) tokens; use a smaller seq_len")
         sampler = EpochBatchSampler(len(batcher), batch_size, shuffle, seed, drop_last, **sharded)
     else:
-        if seq_len is not None:
-            raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
         batcher = data.padded(DEFAULT_MAX_LENGTH if max_length is None else max_length, eos_token)
         if bucketing:
             sampler = BucketBatchSampler(batcher.lengths(), batch_size, shuffle, seed, drop_last, **sharded)
         else:
             sampler = EpochBatchSampler(len(batcher), batch_size, shuffle, seed, drop_last, **sharded)
+    if packing is not False:
+        batcher.shaped(bool(text.boundaries), bool(text.mask_cross_document))
     return TextLoader(data, batcher, sampler, options)
+
+
+def check_packing_options(text: TextOptions) -> None:
+    """ConfigError for options that do not apply to the chosen packing."""
+    packing = True if text.packing is None else text.packing
+    if packing is False:
+        if text.seq_len is not None:
+            raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
+        given = [name for name in ("boundaries", "mask_cross_document") if getattr(text, name)]
+        if given:
+            raise ConfigError(f"{', '.join(given)} apply to packed rows (packing=True or {BEST_FIT!r}); padded "
+                              "batches (packing=False) hold one document per row")
+    elif text.max_length is not None or text.bucketing:
+        raise ConfigError("max_length and bucketing apply to padded batches (packing=False); packed blocks "
+                          "are seq_len tokens long")

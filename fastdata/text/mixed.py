@@ -16,7 +16,15 @@ from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
 from fastdata.text.blocks import PackedBlocks, PaddedDocuments
 from fastdata.text.dataset import TextDataset
-from fastdata.text.loader import DEFAULT_MAX_LENGTH, DEFAULT_SEQ_LEN, TextLoader, TextOptions
+from fastdata.text.forms import RowsForm
+from fastdata.text.loader import (
+    BEST_FIT,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_SEQ_LEN,
+    TextLoader,
+    TextOptions,
+    check_packing_options,
+)
 
 
 def tokenizer_sha256(data: TextDataset) -> str:
@@ -53,6 +61,7 @@ class MixedPackedBlocks(PackedBlocks):
                               f"({sorted(eos)}); pass eos_token=... so that they share one")
         self.sources = sources
         self.seq_len, self.eos_id = sources[0].seq_len, sources[0].eos_id
+        self.form = RowsForm(self.seq_len, self.eos_id)
         self.offsets = _offsets([len(s) for s in sources])
 
     def __len__(self) -> int:
@@ -127,17 +136,17 @@ def mixed_text_loader(paths: list[str], names: list[str], sources: list[TextData
         raise ConfigError("bucketing reorders a dataset's documents by length, which a mixture's schedule fixes "
                           "already; leave bucketing out when mixing")
     packing = True if text.packing is None else text.packing
+    if packing == BEST_FIT:
+        raise ConfigError(f"packing={BEST_FIT!r} plans each dataset's rows from its own documents, which a "
+                          "mixture's schedule does not follow; mix packed blocks (packing=True) or padded documents")
+    check_packing_options(text)
     batcher: PackedBlocks | PaddedDocuments
     if packing:
-        if text.max_length is not None:
-            raise ConfigError("max_length applies to padded batches (packing=False); packed blocks are seq_len "
-                              "tokens long")
         seq_len = DEFAULT_SEQ_LEN if text.seq_len is None else text.seq_len
         batcher = MixedPackedBlocks([d.packed(seq_len, text.eos_token) for d in sources], paths)
+        batcher.shaped(bool(text.boundaries), bool(text.mask_cross_document))
         sizes = [len(s) for s in batcher.sources]
     else:
-        if text.seq_len is not None:
-            raise ConfigError("seq_len applies to packed blocks; padded batches (packing=False) take max_length")
         max_length = DEFAULT_MAX_LENGTH if text.max_length is None else text.max_length
         batcher = MixedPaddedDocuments([d.padded(max_length, text.eos_token) for d in sources], paths)
         sizes = [len(s) for s in batcher.sources]

@@ -21,6 +21,7 @@ from typing import Any
 
 from fastdata.errors import ConfigError
 from fastdata.formats.manifest import read_manifest
+from fastdata.meter.report import BUSY_SHARE, others_share
 from fastdata.tools.bench_baseline import (
     Baseline,
     choose_baseline,
@@ -40,8 +41,8 @@ from fastdata.tools.bench_fair import (
 )
 
 __all__ = ["UPPER_BOUND", "BenchConfig", "Contender", "LoaderResult", "RunResult", "baseline_contender",
-           "fastdata_contender", "format_summary", "format_table", "imagefolder_baseline", "run_bench",
-           "run_contenders", "time_loader"]
+           "busy_machine_note", "fastdata_contender", "format_summary", "format_table", "imagefolder_baseline",
+           "run_bench", "run_contenders", "time_loader"]
 
 UPPER_BOUND = "synthetic upper bound"
 
@@ -399,6 +400,21 @@ def format_table(results: list[LoaderResult], data_wait: bool = False) -> str:
         lines.append(f"{r.name:<{width}} {r.images_per_s:>10,.0f} {r.mb_per_s:>8,.1f} {r.first_batch_s:>12.2f} "
                      f"{len(r.runs):>5}{wait} {r.ratio_to(base):>17.2f}x")
     return "\n".join(lines)
+
+
+def busy_machine_note(results: list[LoaderResult]) -> str:
+    """The line printed beside the table when other processes took a noticeable share of the machine's CPU
+    (`BUSY_SHARE` or more, fastdata.meter's figures) while a run was timed: its figures and ratios then say as much
+    about the other work as about the loaders. "" when every timed run had the machine to itself (or was not
+    metered)."""
+    measured = [(share, run.system["others_cpu_cores"], run.name) for r in results for run in r.runs
+                if run.system is not None and (share := others_share(run.system)) is not None]
+    share, others, name = max(measured, default=(0.0, 0.0, ""))
+    if share < BUSY_SHARE:
+        return ""
+    return (f"note: the machine was busy: other processes took up to {share:.0%} of its CPU ({others:.1f} cores, "
+            f"while {name} was timed), so these figures are lower and less steady than the loaders alone would "
+            "give: rerun on a quiet machine for figures to keep")
 
 
 def format_summary(results: list[LoaderResult]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.config import available_cores
+from fastdata.image.jpeg.extension import HOW_TO_BUILD, NOT_BUILT
 from fastdata.tools.doctor_gpu import (
     check_capability,
     check_driver,
@@ -82,8 +83,11 @@ def check_jpeg_decoder(library: str | None, reason: str, proof: str = "") -> Che
         checked = f"; self-check: {proof}" if proof else ""
         return Check("JPEG decoder", PASS, f"crop-region decoding with DCT scaling (libjpeg-turbo: {library}"
                                            f"{checked})")
-    return Check("JPEG decoder", WARN, "whole-image decoding with OpenCV (same pixels, but every pixel of every "
-                                       f"JPEG is decoded, not only the crop's): {reason}",
+    whole = ("whole-image decoding with OpenCV (same pixels, but every pixel of every JPEG is decoded, not only the "
+             "crop's)")
+    if reason.startswith(NOT_BUILT):  # the build had no compiler or no Python headers: say what to install
+        return Check("JPEG decoder", WARN, f"{whole}: {NOT_BUILT}", HOW_TO_BUILD)
+    return Check("JPEG decoder", WARN, f"{whole}: {reason}",
                  "reinstall fastdata where a C compiler and the Python headers are present (pip install .), "
                  "with Pillow from its wheel (it ships libjpeg-turbo)")
 

@@ -17,12 +17,11 @@ import fastdata.tools.info
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.image.jpeg.header import progressive
-from fastdata.image.jpeg.region import region_decoder
 from fastdata.image.jpeg.restart import same_pixels
 from fastdata.tools.verify import verify
 from tests.builders import SAMPLING_LAYOUT, build_sampling_tree, cli, damaged_entropy_jpeg, photo_like, sampling_jpeg
 
-pytestmark = pytest.mark.skipif(region_decoder() is None, reason="needs the region decoder (C extension)")
+pytestmark = pytest.mark.region_extension
 
 PROGRESSIVE = [relative for relative, _, _, how in SAMPLING_LAYOUT if how == "progressive"]
 

@@ -55,6 +55,7 @@ def stored(path) -> dict[str, tuple[bytes, int]]:
     return {reader.key(i): (reader.read(i), int(reader.codecs[i])) for i in range(manifest.num_samples)}
 
 
+@pytest.mark.region_extension
 def test_restart_layout_stores_rewritten_jpegs_with_the_sources_pixels(tree, converted):
     root, _ = converted
     records = stored(root / "restart.lmdb")
@@ -70,6 +71,7 @@ def test_restart_layout_stores_rewritten_jpegs_with_the_sources_pixels(tree, con
         assert records[key][0] == (tree.root / key).read_bytes(), key
 
 
+@pytest.mark.region_extension
 def test_original_layout_keeps_every_sources_bytes(tree, converted):
     root, summaries = converted
     records = stored(root / "original.lmdb")
@@ -80,6 +82,7 @@ def test_original_layout_keeps_every_sources_bytes(tree, converted):
     assert "  layout " not in str(summaries["original"])
 
 
+@pytest.mark.region_extension
 def test_the_manifest_and_summary_count_what_was_rewritten_and_what_was_kept(tree, converted):
     root, summaries = converted
     manifest = read_manifest(root / "restart.lmdb")
@@ -105,6 +108,7 @@ def test_the_manifest_and_summary_count_what_was_rewritten_and_what_was_kept(tre
     assert not any(line.strip().startswith("layout ") for line in lines)  # no layout line for "original"
 
 
+@pytest.mark.region_extension
 def test_the_restart_layout_reads_like_the_original_one_without_augmentation(converted):
     root, _ = converted
     original, restart = fastdata.dataset(root / "original.lmdb"), fastdata.dataset(root / "restart.lmdb")
@@ -112,6 +116,7 @@ def test_the_restart_layout_reads_like_the_original_one_without_augmentation(con
         assert np.array_equal(original[index][0].numpy(), restart[index][0].numpy())
 
 
+@pytest.mark.region_extension
 @pytest.mark.parametrize("layout", ["restart", "baseline"])
 def test_wds_and_the_command_line_take_the_layout(tree, tmp_path, capsys, layout):
     """restart: every JPEG record rewritten with restart markers; baseline: the progressive one only."""
@@ -140,6 +145,7 @@ def test_an_unknown_layout_is_refused_before_any_work(tree, tmp_path):
     assert not (tmp_path / "x.lmdb").exists()
 
 
+@pytest.mark.region_extension
 def test_max_size_images_are_rewritten_after_their_reencode(tree, tmp_path):
     summary = fastdata.convert_imagefolder(tree.root, tmp_path / "small.lmdb", workers=1, progress=False,
                                            max_size=128, jpeg_layout="restart")
@@ -161,6 +167,7 @@ KILLED_RESTART = KILL_WHEN + textwrap.dedent("""
 """)
 
 
+@pytest.mark.region_extension
 def test_a_resumed_restart_conversion_counts_what_an_uninterrupted_one_does(tree, converted, tmp_path):
     root, _ = converted
     out = tmp_path / "resumed.lmdb"

@@ -1,13 +1,17 @@
 """`fastdata convert text --workers N` (`fastdata.convert.text_work`): documents tokenized on worker processes
 give the dataset tokenizing in one process gives, byte for byte, whatever the number of workers, with a huge
-document and an untokenizable record among the others; tasks are cut by size, a huge document alone."""
+document and an untokenizable record among the others; tasks are cut by size, a huge document alone; one big .txt
+file is cut into pieces tokenized on every worker into exactly the ids of one whole encode (kept whole, and said
+so, for a tokenizer where the cut cannot be shown safe)."""
 
 from __future__ import annotations
 
 import json
+import warnings
 
+import numpy as np
 import pytest
-from builders import cli, make_corpus, reference_ids, train_bytelevel
+from builders import cli, make_corpus, reference_ids, train_bytelevel, train_tokenizer, tricky_text
 
 import fastdata
 from fastdata.convert import text_work
@@ -72,3 +76,43 @@ def test_workers_option(corpus, tmp_path, capsys):
     code, out, err = cli(capsys, "convert", "text", root / "corpus.jsonl", tmp_path / "z.lmdb", "--tokenizer",
                          tokenizer, "--workers", "0", "-q")
     assert code == 0 and "the writer waited for the workers" not in out, err
+
+
+@pytest.mark.parametrize(("kind", "workers"), [("bytelevel", 2), ("llama3-split", 2), ("wordpiece", 0),
+                                               ("llama2-prepend", 2)])
+def test_one_big_text_file_is_tokenized_on_every_worker_into_the_ids_of_the_whole(tmp_path, monkeypatch, kind,
+                                                                                  workers):
+    monkeypatch.setattr(text_work, "TASK_CHARS", 3000)
+    text = tricky_text(40_000, seed=11)
+    source = tmp_path / "input.txt"
+    source.write_text(text, encoding="utf-8")
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", [tricky_text(400, s) for s in range(20)], kind)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = fastdata.convert_text(source, tmp_path / "out.lmdb", tokenizer=tokenizer, workers=workers,
+                                        progress=False)
+    stored = fastdata.dataset(tmp_path / "out.lmdb")[0]["input_ids"].numpy()
+    np.testing.assert_array_equal(stored, reference_ids(tokenizer, text))
+    said = [note for note in summary.notes if "long document" in note or "tokenized whole" in note]
+    if kind == "llama2-prepend":
+        assert said == ["1 document over 3,000 characters tokenized whole, on one core: cutting them cannot be "
+                        "shown to keep this tokenizer's ids (its normalizer has a Prepend step, which is not "
+                        "character by character)"]
+        assert sum("tokenized whole, on one core" in str(w.message) for w in caught) == 1
+    else:
+        pieces = int(said[0].split("cut into ")[1].split(" pieces")[0])
+        assert said == [f"1 long document cut into {pieces} pieces tokenized in parallel (the ids of the whole "
+                        "document)"] and pieces > len(text) // 3000 // 2
+        assert f"note      {said[0]}" in str(summary)
+
+
+def test_split_documents_false_keeps_documents_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(text_work, "TASK_CHARS", 3000)
+    text = tricky_text(20_000, seed=12)
+    (tmp_path / "input.txt").write_text(text, encoding="utf-8")
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", [tricky_text(400, s) for s in range(20)], "bytelevel")
+    summary = fastdata.convert_text(tmp_path / "input.txt", tmp_path / "out.lmdb", tokenizer=tokenizer, workers=2,
+                                    progress=False, split_documents=False)
+    assert not [note for note in summary.notes if "long document" in note]
+    np.testing.assert_array_equal(fastdata.dataset(tmp_path / "out.lmdb")[0]["input_ids"].numpy(),
+                                  reference_ids(tokenizer, text))

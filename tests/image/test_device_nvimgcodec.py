@@ -179,6 +179,7 @@ def test_a_progressive_jpeg_refused_by_the_engines_alone_is_decoded_on_the_cpu_a
     assert (made.images.int() - expected.images.int()).abs().max() <= 1
 
 
+@pytest.mark.region_extension
 def test_the_decoder_gets_baseline_jpegs_only_when_the_conversion_recorded_no_progressive_one(
         tricky_tree, tricky_lmdb, tmp_path):
     """What `backends="auto"` goes by: the conversion's count of progressive JPEGs (the tricky tree has one; the

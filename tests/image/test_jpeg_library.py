@@ -65,6 +65,7 @@ def test_candidates_are_pillows_linked_library_then_the_wheels_then_the_systems_
     assert library_candidates(None, None, None) == []
 
 
+@pytest.mark.region_extension
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps, Linux only")
 def test_pillows_linked_library_is_the_libjpeg_mapped_for_pil_imaging():
     """The dynamic linker's answer (dlsym + dladdr) against an independent one: the libjpeg files mapped into this
@@ -82,6 +83,7 @@ def test_the_discovered_library_is_pillows_own(decoder):
     assert os.path.realpath(decoder.library) == os.path.realpath(pillow_linked_library())
 
 
+@pytest.mark.region_extension
 def test_files_that_are_not_libjpeg_turbo_are_refused_each_with_its_reason(tmp_path):
     not_a_library = tmp_path / "libjpeg-fake.so.62"
     not_a_library.write_bytes(b"\x7fELF but not really")
@@ -195,6 +197,7 @@ def _samples(count: int) -> list[EncodedSample]:
     return samples
 
 
+@pytest.mark.region_extension
 def test_falling_back_to_opencv_warns_once_with_the_reason_and_still_yields_the_pixels(tmp_path):
     libraries = (str(tmp_path / "libjpeg-not-a-library.so.62"),)
     Path(libraries[0]).write_bytes(b"not a library")

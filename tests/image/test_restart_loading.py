@@ -13,10 +13,9 @@ import pytest
 import fastdata
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image import pipeline as pipeline_module
-from fastdata.image.jpeg.region import region_decoder
 from tests.builders import build_sampling_tree, seeded_loader
 
-pytestmark = pytest.mark.skipif(region_decoder() is None, reason="needs the region decoder (C extension)")
+pytestmark = pytest.mark.region_extension
 
 
 @pytest.fixture(scope="module")

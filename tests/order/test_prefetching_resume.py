@@ -26,10 +26,11 @@ def makers(solid_lmdb, solid_wds, pets_lmdb, text_mix):
         "text wds": lambda: fastdata.loader(text_mix[1], **TEXT),
         "image mixture": lambda: fastdata.loader([solid_lmdb, pets_lmdb], **IMAGE),
         "text mixture": lambda: fastdata.loader(list(text_mix[:2]), **TEXT),
+        "text best-fit": lambda: fastdata.loader(text_mix[0], packing="best-fit", boundaries=True, **TEXT),
     }
 
 
-KINDS = ["image lmdb", "image wds", "text lmdb", "text wds", "image mixture", "text mixture"]
+KINDS = ["image lmdb", "image wds", "text lmdb", "text wds", "image mixture", "text mixture", "text best-fit"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -14,7 +14,6 @@ import torch
 from builders import (
     REPLACE_AFTER_ERROR,
     damaged_text_copy,
-    make_corpus,
     reference_ids,
     run_python,
     train_bytelevel,
@@ -28,28 +27,19 @@ from fastdata.text.blocks import IGNORE_INDEX
 EOS, PAD = 0, 1
 
 
-@pytest.fixture(scope="module")
-def corpus() -> list[str]:
-    return make_corpus(150, seed=3)
+@pytest.fixture
+def data(loader_text) -> Path:
+    return loader_text
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory, corpus) -> Path:
-    return train_bytelevel(tmp_path_factory.mktemp("tok") / "bpe.json", corpus)
+@pytest.fixture
+def documents(loader_documents) -> list[list[int]]:
+    return loader_documents
 
 
-@pytest.fixture(scope="module", params=["lmdb", "wds"])
-def data(request, tmp_path_factory, corpus, tokenizer) -> Path:
-    root = tmp_path_factory.mktemp(f"loader_{request.param}")
-    out = root / ("d.lmdb" if request.param == "lmdb" else "d")
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
-                          shard_size="2KB", progress=False)
-    return out
-
-
-@pytest.fixture(scope="module")
-def documents(corpus, tokenizer) -> list[list[int]]:
-    return [reference_ids(tokenizer, text) for text in corpus]
+@pytest.fixture
+def corpus(loader_corpus) -> list[str]:
+    return loader_corpus
 
 
 def stream_of(documents: list[list[int]]) -> np.ndarray:
@@ -183,7 +173,8 @@ def test_text_loader_option_errors(data):
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("seq_len", "16", "seq_len must be an int, got '16' (str)"),
     ("max_length", 8.0, "max_length must be an int, got 8.0 (float)"),
-    ("packing", "no", "packing must be True or False, got 'no' (str)"),
+    ("packing", "no", "packing must be True, False or 'best-fit', got 'no' (str)"),
+    ("boundaries", 1, "boundaries must be True or False, got 1 (int)"),
     ("bucketing", 1, "bucketing must be True or False, got 1 (int)"),
     ("eos_token", 0, "eos_token must be a str (a token of the tokenizer), got 0 (int)"),
 ])

@@ -1,5 +1,6 @@
-"""The text loaders keep the resume contract (contracts.py) over LMDB and WebDataset, packed or padded and
-bucketed, with 0 or 2 workers, from a training loop's checkpoints; and the ranks split every epoch evenly."""
+"""The text loaders keep the resume contract (contracts.py) over LMDB and WebDataset, packed, best-fit (with
+document boundaries) or padded and bucketed, with 0 or 2 workers, from a training loop's checkpoints; and the ranks
+split every epoch evenly."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 from builders import make_corpus, seeded_loader, train_bytelevel, write_jsonl
 from contracts import check_checkpoint_loop, check_resumes, clone, same
 from fastdata.converters.text import convert_text
+
+from fastdata.errors import ResumeError
 
 
 @pytest.fixture(scope="module", params=["lmdb", "wds"])
@@ -21,29 +24,63 @@ def text_data(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("mode", ["packed", "packed-unshuffled", "bucketed"])
+@pytest.mark.parametrize("mode", ["packed", "packed-unshuffled", "bucketed", "best-fit"])
 def test_text_resume_grid(text_data, mode, workers):
     options = {"seq_len": 16, "shuffle": mode != "packed-unshuffled"} if mode.startswith("packed") else \
-        {"packing": False, "max_length": 24, "bucketing": True}
+        {"packing": False, "max_length": 24, "bucketing": True} if mode == "bucketed" else \
+        {"packing": "best-fit", "seq_len": 16, "boundaries": True}
     check_resumes(lambda w: seeded_loader(text_data, num_workers=w, batch_size=4, augment=None, **options),
                   lambda n: [0, 1, n // 2, n], workers)
 
 
 @pytest.mark.filterwarnings("error::UserWarning")
 @pytest.mark.parametrize("workers", [0, 2])
-def test_text_checkpoint_loop_sees_exactly_the_uninterrupted_run(text_data, workers):
-    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, num_workers=w),
-                          workers)
+@pytest.mark.parametrize("packing", [True, "best-fit"])
+def test_text_checkpoint_loop_sees_exactly_the_uninterrupted_run(text_data, workers, packing):
+    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, num_workers=w,
+                                                  packing=packing), workers)
 
 
-@pytest.mark.parametrize("bucketing", [False, True])
-def test_text_ranks_split_every_epoch_evenly(text_data, bucketing):
+def test_best_fit_epochs_have_their_own_length_and_resume_into_it(text_data):
+    """Each epoch's rows are planned anew, so an epoch's number of batches is its own: `len()` is that of the epoch
+    under way (else the next one), and a state restored mid-epoch continues that epoch's plan to its end."""
+    def make():
+        return seeded_loader(text_data, batch_size=2, augment=None, seq_len=16, packing="best-fit")
+
+    loader = make()
+    lengths = []
+    for _ in range(4):
+        expected = len(loader)
+        lengths.append(sum(1 for _ in loader))
+        assert lengths[-1] == expected
+    loader = make()
+    loader.set_epoch(2)
+    taken = [clone(b) for _, b in zip(range(3), loader, strict=False)]
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert len(resumed) == lengths[2]
+    rest = [clone(b) for b in resumed]
+    reference = make()
+    reference.set_epoch(2)
+    assert same(taken + rest, [clone(b) for b in reference])
+
+
+def test_best_fit_state_is_refused_by_a_packed_loader(text_data):
+    state = seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, packing="best-fit").state_dict()
+    with pytest.raises(ResumeError, match="packing='best-fit' in the state, True here"):
+        seeded_loader(text_data, batch_size=4, augment=None, seq_len=16).load_state_dict(state)
+
+
+@pytest.mark.parametrize("mode", ["packed", "bucketing", "best-fit"])
+def test_text_ranks_split_every_epoch_evenly(text_data, mode):
     """Text: each of 3 ranks gets its own part of the epoch, the same number of batches, together every block
-    (or document) once plus the documented padding; order the same for any number of workers."""
-    options = {"packing": False, "max_length": 24, "bucketing": True} if bucketing else {"seq_len": 16}
+    (or document, or best-fit row) once plus the documented padding; order the same for any number of workers."""
+    options = {"packing": False, "max_length": 24, "bucketing": True} if mode == "bucketing" else \
+        {"seq_len": 16, "packing": "best-fit"} if mode == "best-fit" else {"seq_len": 16}
 
     def rows_of(batches):  # padded rows trimmed to their real tokens (padding width depends on the batch)
-        return [tuple(row[:int(mask.sum())].tolist()) if "attention_mask" in b else tuple(row.tolist())
+        return [tuple(row[:int(mask.sum())].tolist()) if mode == "bucketing" else tuple(row.tolist())
                 for b in batches for row, mask in zip(b["input_ids"], b.get("attention_mask", b["input_ids"]),
                                                       strict=True)]
 

@@ -15,10 +15,12 @@ import fastdata
 from fastdata.cli import main
 from fastdata.errors import ConfigError
 from fastdata.formats.manifest import read_manifest
+from fastdata.meter.report import BUSY_SHARE
 from fastdata.tools.bench import (
     BenchConfig,
     LoaderResult,
     RunResult,
+    busy_machine_note,
     format_summary,
     format_table,
     run_bench,
@@ -323,6 +325,39 @@ def test_export_paths():
     for key in ("/etc/passwd", "cat/../../x.jpg", ""):
         with pytest.raises(ConfigError, match="not a relative path"):
             export_path(key, "cat", "jpg")
+
+
+# ------------------------------------------------------------------------------------------- a busy machine
+
+
+def metered(name: str, others: float | None, cpus: int = 2) -> LoaderResult:
+    """A loader's result whose one timed run the meter saw other processes take `others` cores beside (of the
+    machine's `cpus`); None: not metered. The figure is given, never made by loading the machine."""
+    system = None if others is None else {"others_cpu_cores": others, "cores": cpus,
+                                          "cpu_per_core_percent": [50.0] * cpus}
+    return LoaderResult(name, [RunResult(name, 100, 1.0, 0.1, 1000.0, system=system)])
+
+
+def test_the_busy_machine_note_says_what_other_processes_took_and_to_rerun_on_a_quiet_machine():
+    note = busy_machine_note([metered("baseline", 0.1), metered("fast", 0.9)])
+    assert note.startswith("note: the machine was busy: other processes took up to 45% of its CPU (0.9 cores, "
+                           "while fast was timed)")
+    assert note.endswith("rerun on a quiet machine for figures to keep")
+    at_the_threshold = BUSY_SHARE * 2
+    assert busy_machine_note([metered("fast", at_the_threshold)]) != ""
+    assert busy_machine_note([metered("baseline", 0.0), metered("fast", at_the_threshold * 0.99)]) == ""
+    assert busy_machine_note([metered("fast", 0.9, cpus=16)]) == ""  # a share of the whole machine: 6% here
+    assert busy_machine_note([metered("baseline", None), metered("fast", None)]) == ""  # not metered: nothing to say
+
+
+def test_the_bench_command_prints_the_note_beside_its_table(capsys, tiny, monkeypatch):
+    _, lmdb_out, _ = tiny
+    results = [metered("torchvision ImageFolder", 0.05), metered("fastdata (lmdb)", 1.2)]
+    monkeypatch.setattr("fastdata.tools.bench.run_bench", lambda *args, **kwargs: results)
+    assert main(["bench", str(lmdb_out), "--repeats", "1", "--no-upper-bound"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    last_row = max(i for i, line in enumerate(lines) if RATIO.search(line))
+    assert lines[last_row + 1] == busy_machine_note(results) and "60% of its CPU" in lines[last_row + 1]
 
 
 # ------------------------------------------------------------------------------------------------------ CLI

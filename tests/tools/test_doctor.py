@@ -14,6 +14,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.errors import IncompleteDatasetError, NotADatasetError
 from fastdata.formats.manifest import MANIFEST_NAME, partial_path
+from fastdata.image.jpeg.extension import HOW_TO_BUILD, NOT_BUILT
 from fastdata.tools.disks import Mount, block_device, mount_of, scan_folder
 from fastdata.tools.doctor import (
     check_cores,
@@ -26,6 +27,7 @@ from fastdata.tools.doctor import (
     check_shm,
     check_storage,
     recommended_workers,
+    run_checks,
 )
 from fastdata.tools.doctor_gpu import (
     check_capability,
@@ -275,6 +277,17 @@ def test_jpeg_decoder_verdicts():
     assert not re.search(r"\d\s*(x|times|%)", missing.detail + missing.fix)  # no figure the doctor did not measure
 
 
+def test_without_the_extension_the_doctor_says_it_was_not_built_and_what_to_install(without_extension, capsys):
+    """Installed where no C compiler or no Python headers were (the install went on without the extension): the
+    JPEG decoder row WARNs that it was not built, and its fix is what to install."""
+    row = next(c for c in run_checks() if c.name == "JPEG decoder")
+    assert row.status == WARN and row.detail.endswith(NOT_BUILT) and row.fix == HOW_TO_BUILD
+    assert "build-essential python3-dev" in row.fix
+    assert main(["doctor"]) in (0, 1)  # a FAIL elsewhere on this machine is not this test's business
+    assert NOT_BUILT in capsys.readouterr().out
+
+
+@pytest.mark.region_extension
 def test_doctor_reports_the_decoder_in_use_here():
     from fastdata.image.jpeg.region import region_decoder
     from fastdata.tools.doctor import run_checks

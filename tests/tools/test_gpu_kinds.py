@@ -61,6 +61,7 @@ def stored_shards(path) -> list[bytes]:
             for sample in samples]
 
 
+@pytest.mark.region_extension
 def test_a_conversion_counts_its_stored_images_by_what_the_gpu_decoders_take(tree, converted):
     original = read_manifest(converted / "original.lmdb").stats["gpu_kinds"]
     expected = counts([pillow_kind(data) for data in stored_lmdb(converted / "original.lmdb")])
@@ -72,6 +73,7 @@ def test_a_conversion_counts_its_stored_images_by_what_the_gpu_decoders_take(tre
     assert restart["progressive"] == 0 and restart["baseline"] == expected["baseline"] + 1
 
 
+@pytest.mark.region_extension
 def test_info_says_how_many_stored_images_the_hardware_engines_take(converted, capsys):
     code, out, _ = cli(capsys, "info", converted / "original.lmdb")
     assert code == 0
@@ -84,6 +86,7 @@ def test_info_says_how_many_stored_images_the_hardware_engines_take(converted, c
     assert "0 progressive" in line and "--jpeg-layout baseline" not in line
 
 
+@pytest.mark.region_extension
 @pytest.mark.parametrize("name", ["original.lmdb", "restart.tar"])
 def test_an_older_dataset_is_counted_from_its_headers_on_request(converted, tmp_path, capsys, name):
     import shutil
@@ -156,6 +159,7 @@ def test_non_jpeg_jpeg_in_webdataset_shards_stores_jpg_members(mixed_tree, tmp_p
     assert sum(1 for _ in fastdata.dataset(shards)) == 5  # the loader reads them
 
 
+@pytest.mark.region_extension
 def test_non_jpeg_jpeg_with_the_restart_layout_rewrites_the_new_jpegs_too(mixed_tree, tmp_path):
     """The images stored as JPEGs are JPEG records like the others: the restart layout rewrites them too, so that
     every crop of the dataset can go to the device as a sub-JPEG."""

@@ -9,13 +9,12 @@ import shutil
 import pytest
 
 import fastdata
-from fastdata.image.jpeg.region import region_decoder
 from fastdata.tools.verify import verify
 from tests.builders import SAMPLING_LAYOUT, build_sampling_tree, cli, damaged_entropy_jpeg, photo_like, sampling_jpeg
 
 REWRITTEN = sum(how not in ("png", "cmyk") for _, _, _, how in SAMPLING_LAYOUT)
 
-pytestmark = pytest.mark.skipif(region_decoder() is None, reason="needs the region decoder (C extension)")
+pytestmark = pytest.mark.region_extension
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import numpy as np
 from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
 from fastdata.image.decode import decode_rgb
 from fastdata.image.geometry import CropParams, ImageSize, pixel_box, reduce_factor
+from fastdata.image.jpeg.extension import extension_built, not_built_message
 from fastdata.image.jpeg.library import default_candidates
 
 
@@ -188,8 +189,10 @@ def load_region_decoder(libraries: Iterable[str]) -> tuple[RegionDecoder | None,
     each one was refused."""
     try:
         from fastdata.image import _jpeg_region
-    except ImportError as exc:
-        return None, f"the C extension fastdata.image._jpeg_region is not built ({exc}); reinstall with a C compiler"
+    except ImportError as exc:  # not there (not built: what to install), or there but not loadable (why)
+        if not extension_built():
+            return None, not_built_message()
+        return None, f"the C extension fastdata.image._jpeg_region does not load ({exc}); reinstall fastdata"
     reasons = []
     probes()  # built once (a few ms), outside the self-check's timing
     for path in libraries:
@@ -226,9 +229,13 @@ def unavailable_reason(libraries: tuple[str, ...] | None = None) -> str:
     return _load(libraries)[1]
 
 
+#: what `warn_fallback` says (after "fastdata: ")
+FALLBACK = "JPEGs are decoded whole with OpenCV, not by crop region"
+
+
 @functools.cache
 def warn_fallback(reason: str) -> None:
     """Say once per process (and reason) that JPEGs are decoded whole with OpenCV because no region decoder is
     available: the same pixels, but every pixel of every image is decoded."""
-    warnings.warn("fastdata: JPEGs are decoded whole with OpenCV, not by crop region (same pixels, more decoding "
-                  f"work per image; `fastdata doctor` checks this): {reason}", RuntimeWarning, stacklevel=4)
+    warnings.warn(f"fastdata: {FALLBACK} (same pixels, more decoding work per image; `fastdata doctor` checks this): "
+                  f"{reason}", RuntimeWarning, stacklevel=4)

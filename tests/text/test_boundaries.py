@@ -1,0 +1,131 @@
+"""Packed batches that know their documents (`boundaries=True`): position_ids, cu_seqlens and max_seqlen equal a
+reference built from each batch's input_ids by a plain loop, for packed blocks and best-fit rows, both formats, with
+and without workers; the rest of the batch is unchanged; `mask_cross_document` drops exactly the labels at
+end-of-text tokens; and FlexAttention's document mask built from the batch gives each document's own attention."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from contracts import clone
+
+import fastdata
+from fastdata.text.blocks import IGNORE_INDEX
+
+EOS = 0
+
+
+@pytest.fixture
+def data(loader_text) -> Path:
+    return loader_text
+
+
+def reference(input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[list, list, int]:
+    """(position_ids, cu_seqlens, max_seqlen), one position at a time: a segment starts at each row's start and
+    after each end-of-text token that is a token (not padding)."""
+    rows, width = input_ids.shape
+    positions, starts = [], []
+    for r in range(rows):
+        row, position = [], 0
+        for j in range(width):
+            if j == 0 or (int(input_ids[r, j - 1]) == EOS and (mask is None or int(mask[r, j - 1]) == 1)):
+                position = 0
+                starts.append(r * width + j)
+            row.append(position)
+            position += 1
+        positions.append(row)
+    bounds = [*starts, rows * width]
+    return positions, bounds, max(b - a for a, b in itertools.pairwise(bounds))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("packing", [True, "best-fit"])
+def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, workers):
+    options = dict(seq_len=24, batch_size=5, seed=1, packing=packing)
+    plain = [clone(b) for b in fastdata.loader(data, num_workers=0, **options)]
+    loader = fastdata.loader(data, num_workers=workers, boundaries=True, **options)
+    batches = [clone(b) for b in loader]
+    assert len(batches) == len(plain) == len(loader)
+    segments = 0
+    for batch, same in zip(batches, plain, strict=True):
+        assert set(batch) == {*same, "position_ids", "cu_seqlens", "max_seqlen"}
+        assert all(torch.equal(batch[key], same[key]) for key in same)  # the rest of the batch is unchanged
+        positions, bounds, longest = reference(batch["input_ids"], batch.get("attention_mask"))
+        assert batch["position_ids"].dtype == torch.int64 and batch["position_ids"].tolist() == positions
+        cu = batch["cu_seqlens"]
+        assert cu.dtype == torch.int32 and cu.dim() == 1 and cu.tolist() == bounds
+        assert type(batch["max_seqlen"]) is int and batch["max_seqlen"] == longest
+        segments += len(bounds) - 1
+    assert segments > 1.3 * sum(len(b["input_ids"]) for b in batches)  # rows do hold several documents
+
+
+def test_mask_cross_document_drops_exactly_the_labels_at_end_of_text_tokens(data):
+    options = dict(seq_len=24, batch_size=5, num_workers=2, seed=1)
+    plain = [clone(b) for b in fastdata.loader(data, **options)]
+    masked = [clone(b) for b in fastdata.loader(data, mask_cross_document=True, **options)]
+    for a, b in zip(plain, masked, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        at_eos = a["input_ids"] == EOS
+        assert b["labels"][at_eos].eq(IGNORE_INDEX).all() and not a["labels"][at_eos].eq(IGNORE_INDEX).any()
+        assert torch.equal(b["labels"][~at_eos], a["labels"][~at_eos])
+    assert sum(int((b["input_ids"] == EOS).sum()) for b in plain) > len(plain)
+
+
+def test_boundaries_apply_to_packed_rows_only(data):
+    with pytest.raises(fastdata.errors.ConfigError, match="packed rows"):
+        fastdata.loader(data, packing=False, boundaries=True, num_workers=0)
+
+
+def test_a_mixture_of_packed_datasets_carries_boundaries(data):
+    loader = fastdata.loader([data, data], weights=[1, 1], seq_len=16, batch_size=4, num_workers=0, boundaries=True,
+                             mask_cross_document=True)
+    for batch in loader:
+        positions, bounds, longest = reference(batch["input_ids"])
+        assert batch["position_ids"].tolist() == positions and batch["cu_seqlens"].tolist() == bounds
+        assert batch["max_seqlen"] == longest
+        assert batch["labels"][batch["input_ids"] == EOS].eq(IGNORE_INDEX).all()
+
+
+def test_flex_attention_document_mask_from_a_batch_keeps_each_document_to_itself(data):
+    """The consumer in docs/text.md: document ids from position_ids, a FlexAttention block mask of (same document
+    and causal), equal to causal attention computed separately over each segment cu_seqlens names."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    batch = next(iter(fastdata.loader(data, seq_len=64, batch_size=2, num_workers=0, boundaries=True)))
+    rows, width = batch["input_ids"].shape
+    document = (batch["position_ids"] == 0).cumsum(-1)
+
+    def same_document_causal(b, h, q, kv):
+        return (document[b, q] == document[b, kv]) & (q >= kv)
+
+    block_mask = create_block_mask(same_document_causal, rows, None, width, width, device="cpu")
+    q, k, v = torch.randn(3, rows, 2, width, 8, generator=torch.Generator().manual_seed(0)).unbind(0)
+    with warnings.catch_warnings():  # without torch.compile FlexAttention says it runs unfused: on the CPU, fine
+        warnings.simplefilter("ignore")
+        out = flex_attention(q, k, v, block_mask=block_mask)
+    flat = lambda t: t.transpose(1, 2).reshape(rows * width, 2, 8)  # noqa: E731 ([B, H, L, D] -> [B * L, H, D])
+    expected = torch.empty(rows * width, 2, 8)
+    bounds = batch["cu_seqlens"].tolist()
+    for a, b in itertools.pairwise(bounds):
+        seg = [flat(t)[a:b].transpose(0, 1) for t in (q, k, v)]  # [H, n, D]
+        expected[a:b] = torch.nn.functional.scaled_dot_product_attention(*seg, is_causal=True).transpose(0, 1)
+    assert len(bounds) > rows + 1
+    torch.testing.assert_close(flat(out), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_hand_over_is_compact(data):
+    """Workers hand over int32 in shared memory: the rows of L + 1 tokens and their positions; the segments'
+    bounds (a few int32) travel beside them."""
+    from fastdata.text.dataset import TextBatches
+
+    batcher = fastdata.dataset(data).packed(24).shaped(boundaries=True)
+    flat, layouts = TextBatches(batcher)[(0, [np.arange(5), np.arange(5, 10)])]
+    assert flat.dtype == torch.int32 and flat.numel() == 2 * (5 * 25 + 5 * 24)
+    for shapes, bounds in layouts:
+        assert shapes == [(5, 25), (5, 24)]
+        assert bounds.dtype == np.int32 and 5 + 2 <= len(bounds) < 5 * 24 and bounds[-2] == 5 * 24
