@@ -35,7 +35,7 @@ class RowsForm:
     def padded(self) -> bool:
         return self.pad_id is not None
 
-    def shapes(self, rows: int) -> list[tuple[int, int]]:
+    def shapes(self, rows: int) -> list[tuple[int, ...]]:
         """The shapes of the int32 arrays a batch of `rows` rows hands over: the rows, then their positions."""
         rows_shape = (rows, self.seq_len + 1)
         return [rows_shape, (rows, self.seq_len)] if self.boundaries else [rows_shape]
@@ -67,7 +67,7 @@ class RowsForm:
         np.copyto(input_ids, inputs)
         np.copyto(labels, rows[:, 1:])
         out: dict[str, torch.Tensor | int] = {"input_ids": torch.from_numpy(input_ids)}
-        if self.padded:
+        if self.pad_id is not None:  # padded
             padding = inputs == IGNORE_INDEX
             np.copyto(input_ids, self.pad_id, where=padding)
             out["attention_mask"] = torch.from_numpy(np.logical_not(padding, out=np.empty(shape, np.int64),
