@@ -153,7 +153,7 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
     return ImageSource("list", root, classes, list(zip(keys, parsed, strict=True)),
                        empty_classes=[name for name, n in zip(classes, counts, strict=True) if n == 0],
                        label_kind=kind, metadata=ColumnMetadata(columns, list(range(len(paths)))) if columns else None,
-                       origin=rows.origin, details=details, targets=targets, walks_root=True)
+                       origin=rows.origin, details=details, targets=targets)
 
 
 # ------------------------------------------------------------------------------------------------ labels

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import click
 
 from fastdata.convert.encode import NON_JPEG
+from fastdata.convert.kept import DEFAULT_MAX_REJECTED
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, JPEG_LAYOUTS
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, FORMATS
 
@@ -25,6 +26,10 @@ def _run_options() -> list[Callable]:
     return [
         click.option("--overwrite", is_flag=True, help="Replace an existing dataset at OUT."),
         click.option("--strict", is_flag=True, help="Stop at the first unusable source file or record (exit 1)."),
+        click.option("--max-rejected", default=DEFAULT_MAX_REJECTED, show_default=True, metavar="N|P%",
+                     help="Fail (exit 1, nothing committed) when more source files or records than this are "
+                          "rejected: a count, or a share of the input such as 5%. OUT.partial keeps the work: rerun "
+                          "with a higher limit (100%: any) to commit it without converting again."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
     ]
 

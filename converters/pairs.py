@@ -105,10 +105,10 @@ def _caption_problem(value: Any) -> str | None:
     return f"{file_lists.type_name(value)} ({value!r}), not a caption (text)"
 
 
-def _warn_empty(captions: Sequence[str], place: Callable[[int], str]) -> int:
-    """Count the empty captions (kept), warning once with the first's place."""
+def _warn_empty(captions: Sequence[str], place: Callable[[int], str], note: bool = True) -> int:
+    """Count the empty captions (kept), warning once with the first's place (with `note`)."""
     empty = [i for i, caption in enumerate(captions) if not caption]
-    if empty:
+    if empty and note:
         warnings.warn(f"{len(empty)} empty caption(s) kept (the first: {place(empty[0])}); each is stored as empty "
                       "text (token ids: the tokenizer's special tokens alone)", stacklevel=3)
     return len(empty)
@@ -288,9 +288,10 @@ def _scan_shards(src: str | os.PathLike[str], options: PairOptions, workers: int
 
 
 def scan(src: str | os.PathLike[str], options: PairOptions | None = None, tokenizer: str | os.PathLike[str] |
-         None = None, workers: int | None = None) -> ImageSource:
+         None = None, workers: int | None = None, notes: bool = True) -> ImageSource:
     """List the image-text pairs of SRC (see the module docstring), tokenizing the captions with `tokenizer` if
-    given; SourceError/ConfigError naming the list file and row, or the shard and sample, of the first problem."""
+    given; SourceError/ConfigError naming the list file and row, or the shard and sample, of the first problem.
+    `notes=False` leaves out what the conversion already said of the source (its empty captions)."""
     options = options or PairOptions()
     if is_shard_source(src):
         if options.root is not None or options.image_column != "path" or options.allow_outside_root:
@@ -307,7 +308,7 @@ def scan(src: str | os.PathLike[str], options: PairOptions | None = None, tokeni
         tokens, facts, data = tokenize(found.captions, tokenizer)
         pairs.update(facts)
         files = {TOKENIZER_FILE: data}
-    pairs["empty_captions"] = _warn_empty(found.captions, found.place)
+    pairs["empty_captions"] = _warn_empty(found.captions, found.place, notes)
     details = {**found.details, "pair_options": asdict(options),
                "tokenizer": None if tokenizer is None else str(Path(tokenizer).resolve())}
     return ImageSource("pairs", found.root, [NO_LABEL_CLASS], [(key, 0) for key in found.keys], found.ignored,
@@ -321,7 +322,8 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
     for name in ("metadata_columns", "image_ext"):
         if recorded.get(name) is not None:
             recorded[name] = tuple(recorded[name])
-    return scan(src, PairOptions(**recorded), manifest.source.get("tokenizer"))
+    # the conversion said (and its manifest counts) the source's empty captions: not said again
+    return scan(src, PairOptions(**recorded), manifest.source.get("tokenizer"), notes=False)
 
 
 def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], *, caption_column: str = "caption",

@@ -1,8 +1,9 @@
 """`fastdata` command line: convert | info | verify | bench | tune | doctor | demo.
 
 Every error a user can cause prints as one line, `error: <what is wrong and what to do>`, exit code 2 (1 for
---strict rejections), never a traceback; Ctrl-C prints one line, exit code 130. Heavy modules (torch, the
-converters) are imported by the command that needs them, so `--version` and `--help` answer at once.
+rejections: --strict, or more than --max-rejected), never a traceback; Ctrl-C prints one line, exit code 130. Heavy
+modules (torch, the converters) are imported by the command that needs them, so `--version` and `--help` answer at
+once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import click
 
 from fastdata._version import __version__
 from fastdata.converters import REGISTRY, SUMMARIES
-from fastdata.errors import FastdataError, RejectedFileError
+from fastdata.errors import FastdataError, MostlyRejectedWarning, RejectedFileError, TooManyRejectedError
 from fastdata.interrupts import CtrlC
 
 #: exit codes
@@ -78,9 +79,15 @@ class _ConvertGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt("rerun the same command to resume the conversion") from None
+            with warnings.catch_warnings():  # the summary's first line says it: not a second time as a note
+                warnings.simplefilter("ignore", MostlyRejectedWarning)
+                return super().invoke(ctx)
+        except KeyboardInterrupt as exc:  # a conversion says how far it had come (`Staging.owned`); before it
+            if exc.args:                  # took its output, nothing was written
+                raise
+            from fastdata.convert.staging import NOT_STARTED_HINT
+
+            raise KeyboardInterrupt(NOT_STARTED_HINT) from None
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -354,7 +361,7 @@ def _run(argv: list[str] | None) -> int:
         return exc.exit_code
     except FastdataError as exc:
         click.echo(f"error: {_one_line(exc)}", err=True)
-        return 1 if isinstance(exc, RejectedFileError) else USAGE_ERROR
+        return 1 if isinstance(exc, (RejectedFileError, TooManyRejectedError)) else USAGE_ERROR
     return code if isinstance(code, int) else 0
 
 

@@ -20,6 +20,22 @@ class OutputExistsError(OutputError):
     """The conversion output already exists (or holds leftovers of an interrupted conversion)."""
 
 
+class OutputBusyError(OutputError):
+    """Another conversion is writing the same output now (it holds the output's lock,
+    `fastdata.output_lock`): refused before anything is changed; the message names that process."""
+
+
+class TooManyRejectedError(SourceError):
+    """A conversion rejected more of its input than `--max-rejected` allows: nothing is committed, and the
+    staging `OUT.partial` keeps the work, so that a rerun with a higher limit completes it without converting
+    again (the CLI exits with 1, as for --strict)."""
+
+
+class MostlyRejectedWarning(UserWarning):
+    """A conversion rejected most of its input and was allowed to (`--max-rejected`): said once, first. The command
+    line shows it as the summary's first line (and not a second time as a note)."""
+
+
 #: The remedy every StagingDamagedError message ends with.
 START_AGAIN = "the interrupted conversion cannot be resumed: pass --overwrite to start it again"
 

@@ -56,6 +56,48 @@ KILL_WHEN = textwrap.dedent("""
         setattr(cls, method, wrapped)
 """)
 
+# Source of `pause_when(cls, method, condition, here)` for the scripts of conversions run in a child process: on the
+# first call of `cls.method` where `condition(self)` holds, creates the file `here + ".paused"` and waits until the
+# file `here + ".go"` exists (the test says when), then goes on. Nothing but files sequences it: no timing.
+PAUSE_WHEN = textwrap.dedent("""
+    import os, time
+
+    def pause_when(cls, method, condition, here):
+        original = getattr(cls, method)
+        done = []
+        def wrapped(self, *args, **kwargs):
+            if not done and condition(self):
+                done.append(1)
+                open(here + ".paused", "w").close()
+                while not os.path.exists(here + ".go"):
+                    time.sleep(0.01)
+            return original(self, *args, **kwargs)
+        setattr(cls, method, wrapped)
+""")
+
+
+def wait_for_file(path: Path, process: subprocess.Popen, bound_s: float = 600) -> None:
+    """Wait until `path` exists (a child's `pause_when` says it has paused); AssertionError with the child's output
+    when the child ends first. `bound_s` only bounds a hung child on a loaded machine: it measures nothing."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while not path.exists():
+        if process.poll() is not None:
+            out, err = process.communicate()
+            raise AssertionError(f"the child ended (exit code {process.returncode}) before {path.name}: {out} {err}")
+        assert time.monotonic() < deadline, f"the child never made {path}"
+        time.sleep(0.01)
+
+
+def no_process_left(group: int) -> bool:
+    """Whether every process of the process group `group` has exited."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
 
 # ----------------------------------------------------------------------------------------------------
 # pixel patterns

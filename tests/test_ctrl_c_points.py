@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from builders import build_solid_tree, less_the_fallback_note
+from builders import build_solid_tree, less_the_fallback_note, no_process_left
 
 import fastdata
 
@@ -104,14 +104,6 @@ def interrupt_at(point: str, *program: str) -> tuple[int, str, str, int]:
             os.killpg(process.pid, signal.SIGKILL)
         raise
     return process.returncode, stdout, stderr, process.pid
-
-
-def no_process_left(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture(scope="module")

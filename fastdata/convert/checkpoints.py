@@ -114,7 +114,8 @@ def open_or_resume(staging: Staging, overwrite: bool, wanted: dict, make_writer:
     fingerprint `wanted` are resumed; leftovers without a progress record (killed before its first checkpoint:
     nothing was kept) are discarded; leftovers of a conversion with other settings are refused with
     OutputExistsError naming what differs; leftovers that cannot be reopened (damaged storage or progress
-    record) raise StagingDamagedError naming the cause. `overwrite` always starts afresh."""
+    record) raise StagingDamagedError naming the cause. `overwrite` always starts afresh. Call it inside
+    `staging.owned(...)`: only the conversion that holds the output's lock may resume or discard its leftovers."""
     partial = staging.partial
     if partial.exists() and not overwrite:
         try:
@@ -138,6 +139,7 @@ def open_or_resume(staging: Staging, overwrite: bool, wanted: dict, make_writer:
             raise OutputExistsError(
                 f"{partial}: an interrupted conversion with other settings ({'; '.join(diffs)}); rerun it "
                 "with its original source and options to resume, or pass --overwrite to start again")
+        staging.started = True
         return writer, progress
     return make_writer(staging.fresh()), None
 

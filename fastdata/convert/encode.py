@@ -10,7 +10,15 @@ import io
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fastdata.formats.records import DEFAULT_MAX_PIXELS, EXT_OF_FORMAT, ImageRecord, Label, codec_for, exception_text
+from fastdata.formats.records import (
+    DEFAULT_MAX_PIXELS,
+    EXT_OF_FORMAT,
+    ImageRecord,
+    Label,
+    codec_for,
+    exception_text,
+    pillow_pixels_checked,
+)
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -47,7 +55,7 @@ def verify_record(data: bytes, relative_path: str, label: Label, options: Encode
     if not data:
         raise ValueError("empty file")
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with pillow_pixels_checked(), Image.open(io.BytesIO(data)) as im:  # the limit is checked here
             fmt, mode, (width, height) = im.format, im.mode, im.size
             if width * height > options.max_pixels:
                 raise _Refused(f"refused: {width}x{height} = {width * height:,} pixels exceeds the limit of "

@@ -30,12 +30,12 @@ from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import NON_JPEG, EncodeOptions
 from fastdata.convert.image_work import ChunkResult, SampleJob
-from fastdata.convert.kept import check_kept
+from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork, require_ray
 from fastdata.convert.sources import CountingTargets, ImageSource
-from fastdata.convert.staging import Staging
+from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.errors import ConfigError, RejectedFileError
 from fastdata.formats.lmdb import LmdbWriter
@@ -216,12 +216,14 @@ def convert_images(
     ray_address: str | None = None,
     jpeg_layout: str = "original",
     non_jpeg: str = "keep",
+    max_rejected: str | int = DEFAULT_MAX_REJECTED,
 ) -> ConversionSummary:
     """Pack the images `list_source()` lists into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards); the
     source is listed once the options have been checked.
 
     Unreadable or undecodable files are rejected, listed in the summary and the manifest, and the rest is
-    written; with `strict=True` the first one raises instead and nothing is written. An interrupted
+    written; with `strict=True` the first one raises instead and nothing is written; more rejections than
+    `max_rejected` fail the conversion before it commits (`fastdata.convert.kept`). An interrupted
     conversion (killed, crashed, Ctrl-C) resumes when the same call is made again: LMDB from its last
     checkpoint (every `commit_every` images), WebDataset from its first unfinished shard.
     `engine="ray"` verifies and encodes the images on a Ray cluster (`ray_address`, or a local Ray instance)
@@ -253,8 +255,12 @@ def convert_images(
         non_jpeg: images that are not JPEGs (PNG, WebP, BMP, ...): "keep" their bytes, or store them as "jpeg"
             (the pixels the loader decodes from them, at `quality`; lossy), so that `decode="device"` decodes
             every image on the GPU: `fastdata.convert.encode.NON_JPEG`.
+        max_rejected: the rejected images a conversion may commit with: a count (0: none) or a share of the
+            input ("5%"; "100%": any); more raise TooManyRejectedError, nothing committed, the work kept in
+            `OUT.partial` for a rerun with a higher limit (`fastdata.convert.kept`).
     """
     out = Path(out)
+    limit = rejection_limit(max_rejected)
     fmt = resolve_format(out, format)
     shard_bytes = staged_shard_bytes(fmt, shard_size)
     seed, quality, commit_every = check_int("seed", seed), check_int("quality", quality), check_int(
@@ -284,78 +290,83 @@ def convert_images(
     workers = available_cores() if workers is None else workers
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
+    staging = Staging(out)
+    staging.check_free()  # a conversion writing OUT now: said at once, before the source is listed
     listing = list_source()
     if listing.targets is not None and max_size is not None:
         raise ConfigError(f"--max-size: a {listing.kind} source has {listing.targets.kind} targets in source pixels, "
                           "which a re-encoded smaller image would no longer match; convert without --max-size")
-    staging = Staging(out)
-    staging.check(overwrite, source=listing.root if listing.walks_root else None)
-
-    order = np.arange(len(listing.samples))
-    if fmt == "wds":  # shards are read sequentially: spread classes over all of them
-        order = np.random.default_rng(seed).permutation(len(listing.samples))
-    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
-               "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict,
-               "jpeg_layout": jpeg_layout, **({} if non_jpeg == "keep" else {"non_jpeg": non_jpeg})}
-    encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout,
-                           non_jpeg=non_jpeg)
-    wanted = _fingerprint(fmt, options, listing)
-    # WebDataset shards written and hashed by processes of their own (local engine): this process then only says
-    # where each sample's bytes go
-    assembly = (ShardAssembly(assembly_processes(workers)) if fmt == "wds" and engine == "local" and workers > 1
-                else None)
-    writer, resumed = open_or_resume(staging, overwrite, wanted,
-                                     lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every, listing,
-                                                                    assembly),
-                                     _Progress.parse)
-    state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
-    if resumed is not None and isinstance(listing.targets, CountingTargets):
-        listing.targets.restore(resumed.target_state)
-    resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
-    if isinstance(writer, WdsWriter) and resumed is not None:
-        rejected_paths = {r["path"] for r in resumed.rejected}
-        keys = (listing.samples[i][0] for i in order[: resumed.next_task].tolist())
-        written = [key for key in keys if key not in rejected_paths]
-        writer.resume([FileEntry(**f) for f in resumed.files], written)
-    partial = staging.partial
-    ray_seen = RayWork() if engine == "ray" else None
-    started = time.perf_counter()
-    with keep_checkpoint_on_failure(writer, partial), (assembly.start() if assembly else contextlib.nullcontext()):
-        if resumed is None:
-            writer.checkpoint(_progress_json(state, listing))  # records the fingerprint at once
-        job = SampleJob(listing.sample_reader, listing.samples, order, encode, writer.lay_out, listing.targets,
-                        listing.metadata, listing.captions, listing.caption_tokens)
-        stats = _write_all(writer, job, listing, state, workers, strict, progress,
-                           engine={"engine": engine, "ray_address": ray_address,
-                                   "requested_workers": requested_workers, "ray_seen": ray_seen,
-                                   "keep_shared": assembly is not None})
-        if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
-            files = writer.close()
-            state.files = [asdict(entry) for entry in files]
-            writer.checkpoint(_progress_json(state, listing))
-        else:
-            writer.checkpoint(_progress_json(state, listing))
-            files = writer.close()
-    seconds = time.perf_counter() - started
-    layout = LayoutCounts.from_json(state.layout) if jpeg_layout != "original" else None
-    manifest = Manifest(
-        format=fmt, kind="image", num_samples=sum(f.samples for f in files), classes=listing.classes,
-        class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
-        source=listing.info(), rejected=state.rejected,
-        stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files), "seconds": round(seconds, 3),
-               "resumed_at": resumed_at, "gpu_kinds": {kind: state.gpu_kinds.get(kind, 0) for kind in GPU_KINDS},
-               **({} if layout is None else {"jpeg_layout": layout.to_json()})},
-        jpeg_layout=jpeg_layout, label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
-        target_kind=listing.target_kind, pairs=listing.pairs,
-        targets=None if listing.targets is None else listing.targets.info(),
-        record_digests=getattr(writer, "record_digests", None),
-    )
-    manifest.format_version = manifest.needed_format_version
-    warning = check_kept(out, partial, manifest.num_samples, len(state.rejected),
-                         [r["reason"] for r in state.rejected], "images", listing.looked())
-    for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
-        write_atomic(partial / name, data)
-    staging.commit(manifest, scratch=(PROGRESS_FILE,))
+    # one writer per output: a second conversion into OUT is refused (naming this one) until this one ends
+    with staging.owned(overwrite, source=listing.root if listing.walks_root else None):
+        order = np.arange(len(listing.samples))
+        if fmt == "wds":  # shards are read sequentially: spread classes over all of them
+            order = np.random.default_rng(seed).permutation(len(listing.samples))
+        options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, "seed": seed,
+                   "max_size": max_size, "quality": quality, "max_pixels": max_pixels, "strict": strict,
+                   "jpeg_layout": jpeg_layout, **({} if non_jpeg == "keep" else {"non_jpeg": non_jpeg})}
+        encode = EncodeOptions(max_size=max_size, quality=quality, max_pixels=max_pixels, jpeg_layout=jpeg_layout,
+                               non_jpeg=non_jpeg)
+        wanted = _fingerprint(fmt, options, listing)
+        # WebDataset shards written and hashed by processes of their own (local engine): this process then only
+        # says where each sample's bytes go
+        assembly = (ShardAssembly(assembly_processes(workers)) if fmt == "wds" and engine == "local"
+                    and workers > 1 else None)
+        writer, resumed = open_or_resume(staging, overwrite, wanted,
+                                         lambda directory: _make_writer(fmt, directory, shard_bytes, commit_every,
+                                                                        listing, assembly),
+                                         _Progress.parse)
+        state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
+        if resumed is not None and isinstance(listing.targets, CountingTargets):
+            listing.targets.restore(resumed.target_state)
+        resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
+        if isinstance(writer, WdsWriter) and resumed is not None:
+            rejected_paths = {r["path"] for r in resumed.rejected}
+            keys = (listing.samples[i][0] for i in order[: resumed.next_task].tolist())
+            written = [key for key in keys if key not in rejected_paths]
+            writer.resume([FileEntry(**f) for f in resumed.files], written)
+        partial = staging.partial
+        ray_seen = RayWork() if engine == "ray" else None
+        started = time.perf_counter()
+        with (keep_checkpoint_on_failure(writer, partial),
+              assembly.start() if assembly else contextlib.nullcontext()):
+            if resumed is None:
+                writer.checkpoint(_progress_json(state, listing))  # records the fingerprint at once
+            job = SampleJob(listing.sample_reader, listing.samples, order, encode, writer.lay_out, listing.targets,
+                            listing.metadata, listing.captions, listing.caption_tokens)
+            stats = _write_all(writer, job, listing, state, workers, strict, progress,
+                               engine={"engine": engine, "ray_address": ray_address,
+                                       "requested_workers": requested_workers, "ray_seen": ray_seen,
+                                       "keep_shared": assembly is not None})
+            if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
+                files = writer.close()
+                state.files = [asdict(entry) for entry in files]
+                writer.checkpoint(_progress_json(state, listing))
+            else:
+                writer.checkpoint(_progress_json(state, listing))
+                files = writer.close()
+        seconds = time.perf_counter() - started
+        layout = LayoutCounts.from_json(state.layout) if jpeg_layout != "original" else None
+        manifest = Manifest(
+            format=fmt, kind="image", num_samples=sum(f.samples for f in files), classes=listing.classes,
+            class_counts=state.counts, files=files, fastdata_version=__version__, options=options,
+            source=listing.info(), rejected=state.rejected,
+            stats={"bytes_in": state.bytes_in, "bytes_out": sum(f.bytes for f in files),
+                   "seconds": round(seconds, 3), "resumed_at": resumed_at,
+                   "gpu_kinds": {kind: state.gpu_kinds.get(kind, 0) for kind in GPU_KINDS},
+                   **({} if layout is None else {"jpeg_layout": layout.to_json()})},
+            jpeg_layout=jpeg_layout, label_kind=listing.label_kind, metadata_fields=listing.metadata_fields(),
+            target_kind=listing.target_kind, pairs=listing.pairs,
+            targets=None if listing.targets is None else listing.targets.info(),
+            record_digests=getattr(writer, "record_digests", None),
+        )
+        manifest.format_version = manifest.needed_format_version
+        if fmt == "wds":
+            check_shard_count(shard_size, len(files), manifest.num_samples)
+        warning = check_kept(out, partial, manifest.num_samples, len(state.rejected),
+                             [r["reason"] for r in state.rejected], "images", listing.looked(), limit)
+        for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume
+            write_atomic(partial / name, data)
+        staging.commit(manifest, scratch=(PROGRESS_FILE,))
     return ConversionSummary(out, fmt, manifest.num_samples, len(listing.classes), files, state.rejected,
                              len(listing.ignored), state.bytes_in, manifest.stats["bytes_out"], seconds,
                              listing.empty_classes, resumed_at=resumed_at, engine=engine, ray=ray_seen,

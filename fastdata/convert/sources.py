@@ -165,8 +165,10 @@ class ImageSource:
     pairs: dict[str, Any] | None = None  # image-text pairs: the manifest's `pairs` section
     files: dict[str, bytes] = field(default_factory=dict)  # written beside the data (a pair source's tokenizer)
     targets: TargetSource | None = None  # per-sample targets (detection), in `samples`' order
-    # the source's files are read from under `root` (ImageFolder: every image file there; a file list: the paths
-    # it lists): an output inside it would be taken in as data by a later conversion or listing, so it is refused
+    # the converter finds its samples by walking `root` (ImageFolder: every image file under it is a sample): an
+    # output inside it would be taken in as data by the next conversion of it, so it is refused. A source that names
+    # its files (a list, pairs, COCO annotations, Hugging Face tables, shards) reads nothing else from their folders:
+    # an output may sit beside the list or inside the folder the images are read from
     walks_root: bool = False
 
     def __post_init__(self) -> None:

@@ -29,15 +29,15 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
-from fastdata.convert.kept import check_kept
+from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
 from fastdata.convert.pool import PoolStats
-from fastdata.convert.staging import Staging
+from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.convert.text_work import encode, encoded_batches, splitter_for, splitting_notes
-from fastdata.errors import ConfigError, RejectedFileError
+from fastdata.errors import ConfigError, RejectedFileError, SourceError
 from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
-from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, write_atomic
+from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, sha256_files, write_atomic
 from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -218,13 +218,15 @@ def convert_documents(
     checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
     workers: int | None = None,
     split_documents: bool = True,
+    max_rejected: str | int = DEFAULT_MAX_REJECTED,
 ) -> TextConversionSummary:
     """Tokenize the documents of `list_source()` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"`
     shards), with the `tokenizers` file `tokenizer`; the source is listed once the options have been checked.
 
     Each document is stored whole as `tokenizer.encode(text, add_special_tokens=False).ids` (truncation and
     padding off), as uint16 when the vocabulary fits, else uint32, in source order. Unusable records are
-    reported with file and line and skipped (`strict=True` raises at the first and writes nothing). An
+    reported with file and line and skipped (`strict=True` raises at the first and writes nothing; more than
+    `max_rejected` fail the conversion before it commits, as for images: `fastdata.convert.kept`). An
     interrupted conversion (killed, crashed, Ctrl-C) resumes when the same call is made again, from its last
     checkpoint: one after every `checkpoint_every` of source read (default 4MB; LMDB also every
     `commit_every_chunks` chunks of `chunk_tokens` tokens, WebDataset after each shard, and a WebDataset
@@ -255,8 +257,12 @@ def convert_documents(
             parallel, where the tokenizer provably gives the ids of the whole (`fastdata.text.splitting`; a
             tokenizer where that cannot be shown tokenizes them whole, and the summary says why). False: always
             whole. The ids are the same either way.
+        max_rejected: the rejected records a conversion may commit with: a count (0: none) or a share of the
+            input ("5%"; "100%": any); more raise TooManyRejectedError, nothing committed, the work kept in
+            `OUT.partial` for a rerun with a higher limit.
     """
     out, tokenizer_path = Path(out), Path(tokenizer)
+    limit = rejection_limit(max_rejected)
     fmt = resolve_format(out, format)
     shard_bytes, batch_chars = staged_shard_bytes(fmt, shard_size), parse_size(batch_size)
     checkpoint_bytes = parse_size(checkpoint_every)
@@ -280,74 +286,91 @@ def convert_documents(
     eos, pad = resolve_eos(tok, eos_token, str(tokenizer_path)), resolve_pad(tok)
     vocab = vocab_size(tok)
     dtype = token_dtype(vocab)
+    staging = Staging(out)
+    staging.check_free()  # a conversion writing OUT now: said at once, before the source is listed
     source = list_source()
     files = source.files
-    staging = Staging(out)
-    staging.check(overwrite)
-    sizes = [f.stat().st_size for f in files]
+    with staging.owned(overwrite):  # one writer per output: see `Staging.owned`
+        sizes = [f.stat().st_size for f in files]
+        options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
+                   "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
+                   "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
+        wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in source.given], "files": len(files),
+                                            "digest": files_digest((os.path.abspath(f), f) for f in files)},
+                             tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
 
-    options = {"format": fmt, "shard_size": shard_bytes if fmt == "wds" else None, **source.options,
-               "eos_token": eos_token, "batch_size": batch_chars, "strict": strict,
-               "chunk_tokens": chunk_tokens if fmt == "lmdb" else None}
-    wanted = fingerprint(fmt, options, {"path": [os.path.abspath(s) for s in source.given], "files": len(files),
-                                        "digest": files_digest((os.path.abspath(f), f) for f in files)},
-                         tokenizer=f"sha256 {hashlib.sha256(tokenizer_bytes).hexdigest()}")
+        def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
+            return storage("text", fmt).open_writer(directory, WriterOptions(
+                shard_bytes=shard_bytes, dtype=dtype, chunk_tokens=chunk_tokens,
+                commit_every_chunks=commit_every_chunks))
 
-    def make_writer(directory: Path) -> TextLmdbWriter | TextWdsWriter:
-        return storage("text", fmt).open_writer(directory, WriterOptions(
-            shard_bytes=shard_bytes, dtype=dtype, chunk_tokens=chunk_tokens, commit_every_chunks=commit_every_chunks))
-
-    writer, resumed = open_or_resume(staging, overwrite, wanted, make_writer, _TextProgress.parse)
-    state = resumed or _TextProgress(wanted)
-    resumed_at = resumed.records if resumed else None  # `state` moves on from here
-    resumed_documents = resumed.documents if resumed else None
-    if isinstance(writer, TextWdsWriter) and resumed is not None:
-        try:
-            writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens,
-                          resumed.open_shard)
-        except BaseException:
-            writer.abort()
-            raise
-    partial = staging.partial
-    started = time.perf_counter()
-    with keep_checkpoint_on_failure(writer, partial):
-        if resumed is None:
-            writer.checkpoint(state.to_json())  # records the fingerprint at once
-        write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
-        batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
-        splitter = splitter_for(tok) if split_documents else None
-        stats = _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
-                              progress, checkpoint_bytes, workers, splitter)
-        if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
-            data_files, layout = writer.close()
-            _checkpoint(writer, state)
-        else:
-            writer.checkpoint(state.to_json())
-            data_files, layout = writer.close()
-    seconds = time.perf_counter() - started
-    bytes_out = sum(f.bytes for f in data_files)
-    text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
-            "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
-            "tokenizer_sha256": sha256_file(partial / TOKENIZER_FILE),
-            "eos_token": eos[0] if eos else None, "eos_token_id": eos[1] if eos else None,
-            "pad_token": pad[0] if pad else None, "pad_token_id": pad[1] if pad else None, **layout}
-    manifest = Manifest(
-        format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
-        fastdata_version=__version__, text=text, options=options,
-        source={"kind": "text", "path": [str(s) for s in source.given], "tokenizer": str(tokenizer_path.resolve()),
-                "files": [{"name": str(f), "bytes": n} for f, n in zip(files, sizes, strict=True)]},
-        rejected=state.rejected,
-        stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
-               "rejected_records": state.rejected_count, "resumed_at": resumed_at},
-    )
-    looked = (f"in field {source.options['field']!r} of {', '.join(source.given)}" if source.options.get("field")
-              else f"in {', '.join(source.given)}")
-    warning = check_kept(out, partial, state.documents, state.rejected_count,
-                         [r["reason"] for r in state.rejected], "documents", looked)
-    staging.commit(manifest, scratch=(PROGRESS_FILE,))
+        writer, resumed = open_or_resume(staging, overwrite, wanted, make_writer, _TextProgress.parse)
+        state = resumed or _TextProgress(wanted)
+        resumed_at = resumed.records if resumed else None  # `state` moves on from here
+        resumed_documents = resumed.documents if resumed else None
+        if isinstance(writer, TextWdsWriter) and resumed is not None:
+            try:
+                writer.resume([FileEntry(**f) for f in resumed.files], resumed.index_files, resumed.tokens,
+                              resumed.open_shard)
+            except BaseException:
+                writer.abort()
+                raise
+        partial = staging.partial
+        started = time.perf_counter()
+        with keep_checkpoint_on_failure(writer, partial):
+            if resumed is None:
+                writer.checkpoint(state.to_json())  # records the fingerprint at once
+            write_atomic(partial / TOKENIZER_FILE, tokenizer_bytes)
+            batches = read_batches(source, batch_chars, sizes, (state.next_file, state.file_records))
+            splitter = splitter_for(tok) if split_documents else None
+            stats = _tokenize_all(batches, tok, writer, dtype, strict, state, sum(sizes), sum(sizes[:state.next_file]),
+                                  progress, checkpoint_bytes, workers, splitter)
+            if isinstance(writer, TextWdsWriter):  # the final state is kept until the manifest is on disk
+                data_files, layout = writer.close()
+                _checkpoint(writer, state)
+            else:
+                writer.checkpoint(state.to_json())
+                data_files, layout = writer.close()
+        seconds = time.perf_counter() - started
+        contents = _source_contents(files, workers, wanted["source"]["digest"])
+        bytes_out = sum(f.bytes for f in data_files)
+        text = {"dtype": dtype.name, "documents": state.documents, "total_tokens": state.tokens,
+                "max_document_tokens": state.longest, "vocab_size": vocab, "tokenizer": TOKENIZER_FILE,
+                "tokenizer_sha256": sha256_file(partial / TOKENIZER_FILE),
+                "eos_token": eos[0] if eos else None, "eos_token_id": eos[1] if eos else None,
+                "pad_token": pad[0] if pad else None, "pad_token_id": pad[1] if pad else None, **layout}
+        manifest = Manifest(
+            format=fmt, kind="text", num_samples=state.documents, classes=[], class_counts=[], files=data_files,
+            fastdata_version=__version__, text=text, options=options,
+            source={"kind": "text", "path": [str(s) for s in source.given], "tokenizer": str(tokenizer_path.resolve()),
+                    "files": [{"name": str(f), "bytes": n, "sha256": digest}
+                              for f, n, digest in zip(files, sizes, contents, strict=True)]},
+            rejected=state.rejected,
+            stats={"bytes_in": sum(sizes), "bytes_out": bytes_out, "seconds": round(seconds, 3),
+                   "rejected_records": state.rejected_count, "resumed_at": resumed_at},
+        )
+        if fmt == "wds":
+            check_shard_count(shard_size, len(data_files), state.documents, "documents")
+        looked = (f"in field {source.options['field']!r} of {', '.join(source.given)}" if source.options.get("field")
+                  else f"in {', '.join(source.given)}")
+        warning = check_kept(out, partial, state.documents, state.rejected_count,
+                             [r["reason"] for r in state.rejected], "documents", looked, limit)
+        staging.commit(manifest, scratch=(PROGRESS_FILE,))
     notes = ([] if warning is None else [warning]) + ([] if splitter is None else splitting_notes(splitter))
     rejected = [Rejected(r["path"], r["line"], r["reason"]) for r in state.rejected]
     return TextConversionSummary(out, fmt, state.documents, state.tokens, dtype.name, state.longest, len(files),
                                  data_files, rejected, state.rejected_count, eos, sum(sizes), bytes_out,
                                  seconds, notes, resumed_at=resumed_at, resumed_documents=resumed_documents,
                                  writer_waited=stats.waited if workers is not None else None)
+
+
+def _source_contents(files: list[Path], workers: int | None, digest: str) -> list[str]:
+    """The sha256 of each source file, which the manifest records so that `fastdata verify --source` compares
+    content, not only names and sizes (a second read of the source, on `workers` threads, mostly from the page
+    cache); SourceError when a file changed while it was converted (its size or time differs from the start's)."""
+    contents = sha256_files(files, workers or 1)
+    if files_digest((os.path.abspath(f), f) for f in files) != digest:
+        raise SourceError(f"{', '.join(str(f) for f in files[:3])}{' ...' if len(files) > 3 else ''}: a source "
+                          "file changed while it was converted (its size or modification time differs from the "
+                          "start's); rerun with --overwrite once the source stays as it is")
+    return contents

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.errors import CorruptSampleError, NotADatasetError
+from fastdata.errors import START_AGAIN, CorruptSampleError, NotADatasetError, StagingDamagedError
 from fastdata.formats.manifest import FileEntry
 from fastdata.formats.mapped_pages import MappedFile
 from fastdata.formats.records import CODEC_PIL, ImageRecord, Label, key_bytes, key_from_bytes
@@ -299,6 +299,11 @@ class LmdbWriter:
         """Write the per-sample arrays, flush to disk and describe the data file (its records' digests: see
         `record_digests`; no sha256 of the whole file, which would be a serial pass over it)."""
         self._commit()  # so that the records of the open transaction are read back below
+        with self._env.begin() as txn:
+            held = txn.stat(self._dbs["records"])["entries"]
+        if held != self.count:  # another process wrote into the same staging (never with the output's lock)
+            raise StagingDamagedError(f"{self.directory}: holds {held:,} records where this conversion wrote "
+                                      f"{self.count:,}: another process wrote into it; {START_AGAIN}")
         columns = np.zeros((self.count, 4), dtype=np.int64)
         label_sets: list[np.ndarray] = []
         with self._env.begin() as txn, txn.cursor(db=self._dbs["records"]) as cursor:

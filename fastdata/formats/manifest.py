@@ -79,10 +79,13 @@ class Manifest:
     # original's pixels, so a reader that does not know the field (or a layout named here) decodes it as any JPEG;
     # the layout only tells a reader that knows it that a crop can be decoded from the MCUs it covers.
     jpeg_layout: str = "original"
-    # LMDB image datasets: a digest per record (`fastdata.formats.lmdb.record_digest`) stands for the whole file's
-    # sha256 (its FileEntry's is then ""): {"algorithm": "sha256", "records": N, "root": sha256 of the digests in
-    # index order}. Left out of the JSON when None (datasets with the whole file's sha256, as before). Needs no
-    # newer format version: every reader loads such a dataset; only `fastdata verify` reads the digests.
+    # Image datasets: a digest per record, {"algorithm": "sha256", "records": N, "root": sha256 of the digests in
+    # stored order}. LMDB (`fastdata.formats.lmdb.record_digest`): they stand for the whole file's sha256 (its
+    # FileEntry's is then ""), with "arrays" (the per-sample arrays' digests). WebDataset
+    # (`fastdata.formats.wds.sample_digest`): beside each shard's own sha256, in a file beside it ("files": the
+    # suffix of its name, ".digests"), so that verify names a damaged sample, not only its shard. Left out of the
+    # JSON when None (datasets from before, verified by their files' sha256). Needs no newer format version: every
+    # reader loads such a dataset; only `fastdata verify` reads the digests.
     record_digests: dict[str, Any] | None = None
 
     @property
@@ -188,22 +191,46 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def sha256_files(paths: list[Path], threads: int = 1) -> list[str]:
+    """The sha256 of each file of `paths`, in order, hashed on up to `threads` threads (hashlib lets go of the GIL
+    while it hashes, so they run on as many cores)."""
+    if threads <= 1 or len(paths) <= 1:
+        return [sha256_file(path) for path in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(threads, len(paths)), thread_name_prefix="fastdata-sha256") as pool:
+        return list(pool.map(sha256_file, paths))
+
+
 def partial_path(out: Path) -> Path:
     """Where a conversion into `out` writes until it is complete."""
     out = Path(out)
     return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
+def incomplete_or_missing(root: Path) -> NotADatasetError:
+    """Why there is no dataset at `root` (which does not exist): a conversion is writing it now (named: pid, command,
+    since when; its lock, `fastdata.output_lock`), one was interrupted (only `OUT.partial` exists, no conversion
+    holds it: rerunning the same command resumes it), or there is nothing at all."""
+    from fastdata.output_lock import running_conversion
+
+    partial = partial_path(root)
+    holder = running_conversion(root)
+    if holder is not None:
+        what = f"its work so far is in {partial}" if partial.exists() else "it has written nothing yet"
+        return IncompleteDatasetError(f"{root}: a conversion is writing it now: {holder.describe()} ({what}); wait "
+                                      "for it to finish: the dataset appears there when it is complete")
+    if partial.exists():
+        return IncompleteDatasetError(f"{root}: incomplete conversion (only {partial} exists), interrupted: no "
+                                      "conversion is running; rerun the same convert command to resume it")
+    return NotADatasetError(f"{root}: no such file or directory")
+
+
 def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read the manifest of the dataset at `path`, or say clearly why `path` is not a dataset."""
     root = Path(path)
     if not root.exists():
-        if partial_path(root).exists():
-            raise IncompleteDatasetError(
-                f"{root}: incomplete conversion (only {partial_path(root)} exists); "
-                "rerun the same convert command to resume it"
-            )
-        raise NotADatasetError(f"{root}: no such file or directory")
+        raise incomplete_or_missing(root)
     if not root.is_dir():
         raise NotADatasetError(
             f"{root}: not a fastdata dataset (expected a directory holding {MANIFEST_NAME}; "

@@ -6,6 +6,9 @@ same on every run)."""
 from __future__ import annotations
 
 import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +112,15 @@ def exception_text(exc: BaseException) -> str:
     a reason recorded in a manifest or a report is the same, byte for byte, every time the same input meets it."""
     text = _ADDRESS.sub("<address>", _OBJECT_REPR.sub("", str(exc))).strip()
     return text or type(exc).__name__
+
+
+@contextmanager
+def pillow_pixels_checked() -> Iterator[None]:
+    """Around a Pillow open by code that checks the pixel count itself (`max_pixels`) and says so in its own words:
+    Pillow's own "could be decompression bomb DOS attack" warning is not printed besides (its hard limit, an error,
+    still applies)."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        yield

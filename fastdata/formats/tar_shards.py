@@ -281,6 +281,11 @@ class ShardWriter:
     def finished_shards(self) -> list[FileEntry]:
         return list(self._entries)
 
+    @property
+    def finished_count(self) -> int:
+        """How many shards are finished (what `finished_shards` lists, without the copy)."""
+        return len(self._entries)
+
     def checkpoint(self, progress: bytes) -> None:
         """Record `progress` (which must list `finished_shards`) as the point to resume from; one that lists a shard
         still being hashed elsewhere is held and written, digests filled in, once they are all in."""

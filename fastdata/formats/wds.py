@@ -12,10 +12,18 @@ holding it, the same bytes LMDB stores, and its `.json` names that member ("targ
 `fastdata.formats.masks`. Keys
 are the source-relative path without its extension, with dots replaced and no leading '/', so that webdataset's
 "key = name up to the first dot" grouping holds and every member name is a relative path.
+
+Record digests (as LMDB's, `fastdata.formats.lmdb.record_digest`): beside `shard-NNNNNN.tar`, the file
+`shard-NNNNNN.digests` holds a 32-byte sha256 per sample, in stored order, of the sample's bytes in the shard (its
+members' headers, payloads and padding: what the conversion worker laid out, hashed there); the manifest's
+`record_digests` holds the sha256 of all of them, shard after shard (the root). The shards stay plain tar files the
+`webdataset` library reads as they are; `fastdata verify` names a damaged sample by shard and key. A dataset
+converted before has no digests and is verified by its shards' sha256 alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -24,17 +32,32 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fastdata.errors import CorruptSampleError
-from fastdata.formats.manifest import FileEntry
+from fastdata.errors import START_AGAIN, CorruptSampleError, StagingDamagedError
+from fastdata.formats.manifest import FileEntry, write_atomic
 from fastdata.formats.masks import MASK_EXT
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord, label_to_json
-from fastdata.formats.tar_shards import ShardWriter, tar_members
+from fastdata.formats.tar_shards import SHARD_PATTERN, ShardWriter, check_kept_files, tar_members
 
 IMAGE_EXTS = frozenset(ext[1:] for ext in IMAGE_EXTENSIONS)  # image members: without the dot
 TARGET_EXT = "det"  # the member holding a sample's detection target record
 #: The member that holds a sample's target, per target kind (segmentation: a PNG label map, which webdataset's own
 #: decoders read as an image).
 TARGET_MEMBERS = {"detection": TARGET_EXT, "segmentation": MASK_EXT}
+
+
+#: The file beside each shard that holds its samples' digests (`digests_name`).
+DIGESTS_SUFFIX = ".digests"
+DIGEST_BYTES = 32
+
+
+def digests_name(shard_name: str) -> str:
+    """The name of the record digests file of the shard `shard_name` (`shard-000001.digests`)."""
+    return shard_name.rsplit(".", 1)[0] + DIGESTS_SUFFIX
+
+
+def sample_digest(blob: Any) -> bytes:
+    """A sample's record digest: sha256 of its bytes in the shard, members as `tar_members` lays them out."""
+    return hashlib.sha256(blob).digest()
 
 
 def target_member(target_kind: str) -> str:
@@ -66,6 +89,8 @@ class WdsWriter:
         self.target_ext = target_ext  # the member holding a sample's target (TARGET_MEMBERS)
         self.directory = self.shards.directory
         self._used_keys: set[str] = set()
+        self._digests: list[bytes] = []  # the open shard's record digests, in order
+        self.record_digests: dict[str, Any] | None = None  # set by `close`: the manifest's `record_digests`
 
     @property
     def count(self) -> int:
@@ -79,7 +104,9 @@ class WdsWriter:
         `written_paths` in order (their keys are taken again, so new keys stay unique): drop anything else
         (but the files named in `keep_files`). Raises StagingDamagedError when a finished shard is not there as
         the progress recorded it."""
-        self.shards.resume(entries, keep_files)
+        digests = [(digests_name(entry.name), DIGEST_BYTES * entry.samples) for entry in entries]
+        check_kept_files(self.directory, digests, "shard's record digests file")
+        self.shards.resume(entries, [*keep_files, *(name for name, _ in digests)])
         for relative_path in written_paths:
             self._unique_key(relative_path)
 
@@ -93,21 +120,33 @@ class WdsWriter:
         return key
 
     @property
-    def lay_out(self) -> Callable[[ImageRecord], tuple[str, str, bytes]]:
+    def lay_out(self) -> Callable[[ImageRecord], tuple[str, str, bytes, bytes]]:
         """A picklable function: record -> (source path, key, the sample's tar members as they are written into
-        the shard): what a conversion worker prepares so that the writer only appends them (`add`). The key is the
-        sanitized path; the writer renames the members in the rare case that another sample took it first."""
+        the shard, their record digest): what a conversion worker prepares so that the writer only appends them
+        (`add`). The key is the sanitized path; the writer renames the members in the rare case that another sample
+        took it first."""
         return partial(lay_out, target_ext=self.target_ext)
 
-    def add(self, record: ImageRecord | tuple[str, str, bytes], shared: Any = None) -> None:
+    def add(self, record: ImageRecord | tuple[str, str, bytes, bytes], shared: Any = None) -> None:
         """Append the next sample: an `ImageRecord`, or its members as `lay_out` laid them out (in a worker);
         `shared`: the shared memory those came in (`ShardWriter.append_blob`)."""
-        path, key, blob = self.lay_out(record) if isinstance(record, ImageRecord) else record
+        path, key, blob, digest = self.lay_out(record) if isinstance(record, ImageRecord) else record
         unique = self._unique_key(path)
         if unique != key:  # two paths that sanitize alike: the later one's members get the unique key
             blob = _renamed(bytes(blob), key, unique)
+            digest = sample_digest(blob)
+        finished = self.shards.finished_count
         self.shards.append_blob(blob, shared)
+        self._digests.append(digest)
         self.shards.sample_done()
+        if self.shards.finished_count > finished:  # the sample closed its shard
+            self._write_digests(finished)
+
+    def _write_digests(self, shard: int) -> None:
+        """Put the record digests of shard number `shard` (just finished) beside it, before any checkpoint lists
+        the shard."""
+        write_atomic(self.directory / digests_name(SHARD_PATTERN.format(shard)), b"".join(self._digests))
+        self._digests = []
 
     def checkpoint_due(self) -> bool:
         return self.shards.checkpoint_due()
@@ -121,19 +160,37 @@ class WdsWriter:
         self.shards.checkpoint(progress)
 
     def close(self) -> list[FileEntry]:
-        """Finish the last shard; returns every shard. `progress.json` stays until the dataset is committed."""
-        return self.shards.close()
+        """Finish the last shard; returns every shard, and sets `record_digests` (every shard's record digests,
+        read back: a few bytes per sample). `progress.json` stays until the dataset is committed."""
+        finished = self.shards.finished_count
+        entries = self.shards.close()
+        if len(entries) > finished:
+            self._write_digests(finished)
+        table = bytearray()
+        for entry in entries:
+            digests = (self.directory / digests_name(entry.name)).read_bytes()
+            if len(digests) != DIGEST_BYTES * entry.samples:
+                raise StagingDamagedError(f"{self.directory / digests_name(entry.name)}: holds "
+                                          f"{len(digests) // DIGEST_BYTES:,} record digests for the "
+                                          f"{entry.samples:,} samples of {entry.name}; {START_AGAIN}")
+            table += digests
+        self.record_digests = {"algorithm": "sha256", "records": len(table) // DIGEST_BYTES,
+                               "root": hashlib.sha256(table).hexdigest(), "files": DIGESTS_SUFFIX}
+        return entries
 
     def abort(self) -> None:
         """Close the open shard (left as .tmp, dropped on resume); finished shards and progress stay."""
+        self._digests = []
         self.shards.abort()
 
 
-def lay_out(record: ImageRecord, target_ext: str = TARGET_EXT) -> tuple[str, str, bytes]:
-    """(source path, key, tar members) of `record`, laid out as `WdsWriter.add` appends them; `target_ext`: the
-    member holding its target (`TARGET_MEMBERS`)."""
+def lay_out(record: ImageRecord, target_ext: str = TARGET_EXT) -> tuple[str, str, bytes, bytes]:
+    """(source path, key, tar members, their record digest) of `record`, laid out as `WdsWriter.add` appends them;
+    `target_ext`: the member holding its target (`TARGET_MEMBERS`). Hashed here, in the worker that holds the
+    bytes."""
     key = sanitize_key(record.key)
-    return record.key, key, tar_members(_members(record, key, target_ext))
+    blob = tar_members(_members(record, key, target_ext))
+    return record.key, key, blob, sample_digest(blob)
 
 
 def _members(record: ImageRecord, key: str, target_ext: str = TARGET_EXT) -> list[tuple[str, bytes]]:

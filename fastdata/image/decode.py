@@ -15,13 +15,14 @@ whatever the stored codec says), is left to Pillow's header parsing.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import struct
 from types import ModuleType
 
 import numpy as np
 
-from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, exception_text
+from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, exception_text, pillow_pixels_checked
 from fastdata.image.jpeg.header import read_frame
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -53,8 +54,8 @@ def image_size(data: bytes | memoryview, pillow: bool = True) -> tuple[str, tupl
         return None
     from PIL import Image
 
-    try:
-        with Image.open(io.BytesIO(data)) as im:  # reads the header only
+    try:  # a size read for the caller to judge: not Pillow's bomb warning
+        with pillow_pixels_checked(), Image.open(io.BytesIO(data)) as im:  # reads the header only
             return im.format or "image", im.size
     except Exception:  # Pillow raises many types for bytes it cannot identify
         return None
@@ -118,7 +119,8 @@ def _decode_pil(data: bytes | memoryview, max_pixels: int | None = None) -> np.n
     from PIL import Image
 
     try:
-        im = Image.open(io.BytesIO(data))  # reads the header only
+        with pillow_pixels_checked() if max_pixels is not None else contextlib.nullcontext():
+            im = Image.open(io.BytesIO(data))  # reads the header only; the limit is checked below, in our words
     except Exception as exc:  # Pillow raises many types for bad data
         raise ValueError(f"Pillow could not decode the image bytes: {exception_text(exc)}") from exc
     with im:

@@ -91,6 +91,8 @@ def describe(path: str | os.PathLike[str], max_classes: int = 20, max_files: int
     for f in m.files[:max_files]:
         digest = (f"sha256 {f.sha256[:16]}…" if f.sha256 else
                   f"a sha256 per record (root {str((m.record_digests or {}).get('root'))[:16]}…)")
+        if f.sha256 and m.record_digests is not None:
+            digest += ", a sha256 per sample"
         lines.append(f"    {f.name:<20} {f.bytes:>14,} B {f.samples:>9,} samples  {digest}")
     if len(m.files) > max_files:
         lines.append(f"    ... {len(m.files) - max_files} more")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastdata.config import available_cores
 from fastdata.errors import FastdataError
 from fastdata.formats.manifest import (
     CHECKSUM_FIELD,
@@ -22,6 +23,7 @@ from fastdata.formats.manifest import (
     content_checksum,
     read_manifest,
     sha256_file,
+    sha256_files,
 )
 from fastdata.formats.records import Label
 from fastdata.loader.tuning import TUNE_FILE
@@ -78,16 +80,19 @@ def verify(path: str | os.PathLike[str], source: str | os.PathLike[str] | None =
 
 def _check_text_source(source: Path, manifest: Manifest, report: VerifyReport) -> None:
     """A text dataset against `source`: the files it lists (as `fastdata convert text` lists them) must be the
-    conversion's source files, by name and size (what the manifest records of them; it keeps no digest of their
-    content)."""
+    conversion's source files, by name, size and content (the sha256 of each that the conversion recorded; a
+    dataset converted before those were recorded is compared by names and sizes, and the report says so)."""
     from fastdata.converters.text import list_sources
 
-    recorded = [(Path(f["name"]).name, int(f["bytes"])) for f in manifest.source.get("files", [])]
+    entries = manifest.source.get("files", [])
+    recorded = [(Path(f["name"]).name, int(f["bytes"])) for f in entries]
     try:
-        listed = [(path.name, path.stat().st_size) for path in list_sources([source])]
+        paths = list_sources([source])
+        listed = [(path.name, path.stat().st_size) for path in paths]
     except (FastdataError, OSError) as exc:
         report.problems.append(f"cannot check against the source {source}: {exc}")
         return
+    with_content = bool(entries) and all(f.get("sha256") for f in entries)
     if listed != recorded:
         def show(files: list[tuple[str, int]]) -> str:
             shown = ", ".join(f"{name} ({size:,} bytes)" for name, size in files[:4])
@@ -95,7 +100,16 @@ def _check_text_source(source: Path, manifest: Manifest, report: VerifyReport) -
 
         report.problems.append(f"the source {source} is not the one converted: it lists {show(listed) or 'nothing'};"
                                f" the conversion read {show(recorded) or 'nothing'}")
-    report.checked.append(f"against the source {source} (its files' names and sizes)")
+    elif with_content:
+        changed = [str(path) for path, entry, digest in zip(paths, entries, sha256_files(paths, available_cores()),
+                                                            strict=True) if digest != entry["sha256"]]
+        if changed:
+            report.problems.append(f"the source {source} is not the one converted: the content of "
+                                   f"{len(changed)} file(s) differs from what the conversion read (sha256): "
+                                   f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}")
+    report.checked.append(f"against the source {source} (its files' names, sizes and content)" if with_content else
+                          f"against the source {source} (its files' names and sizes only: this dataset records no "
+                          "digest of their content, converted by an older fastdata)")
 
 
 def _check_manifest_checksum(root: Path, report: VerifyReport) -> None:
@@ -120,6 +134,19 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
               for section in (manifest.text, manifest.pairs) if section and section.get("tokenizer")}
     # a text WebDataset's shard indexes (one `.idx` per shard), with their recorded sha256
     beside.update({entry["name"]: entry.get("sha256") for entry in (manifest.text or {}).get("index_files", [])})
+    # a WebDataset image dataset's record digests, a file beside each shard (none: converted before they were kept)
+    tables: dict[str, bytes] | None = None
+    if manifest.format == "wds" and manifest.kind == "image":
+        if manifest.record_digests is not None:
+            from fastdata.formats.wds import digests_name
+            from fastdata.tools.verify_records import shard_digest_tables
+
+            tables = shard_digest_tables(root, manifest, report.problems)
+            listed |= {digests_name(entry.name) for entry in manifest.files}
+            report.checked.append(f"{manifest.record_digests.get('records', 0):,} samples' record digests")
+        else:
+            report.checked.append("no record digests (converted by an older fastdata: a damaged shard is named, not "
+                                  "its samples)")
     for name, digest in beside.items():
         what = "shard index" if name.endswith(".idx") else "tokenizer"
         if not (root / name).is_file():
@@ -134,9 +161,13 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
             continue
         size = path.stat().st_size
         by_record = not entry.sha256 and manifest.record_digests is not None  # a digest per record
+        if tables is not None and entry.name in tables:
+            hint = ""  # the damaged samples are named below
         if size != entry.bytes:
             report.problems.append(f"{entry.name}: {size:,} bytes, the manifest says {entry.bytes:,}"
                                    f"{'' if by_record else hint}")
+            if tables is not None and entry.name in tables:
+                _name_damaged_samples(path, tables[entry.name], report)
             if not by_record:
                 continue
         if by_record:  # checked on every core, each damaged record named
@@ -149,6 +180,8 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
             progress(f"hashing {entry.name}")
         if sha256_file(path) != entry.sha256:
             report.problems.append(f"{entry.name}: sha256 differs from the manifest (the file was altered{hint})")
+            if tables is not None and entry.name in tables:
+                _name_damaged_samples(path, tables[entry.name], report)
     for name in sorted(os.listdir(root)):
         if name not in listed and name not in _ALLOWED_EXTRA and name not in beside and not (root / name).is_dir():
             report.problems.append(f"{name}: not part of the dataset (not in the manifest)")
@@ -157,6 +190,15 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
                                f"num_samples says {manifest.num_samples:,}")
     report.checked.append(f"{len(manifest.files)} file(s): presence, size, sha256")
     return missing
+
+
+def _name_damaged_samples(path: Path, table: bytes, report: VerifyReport) -> None:
+    """A damaged shard's samples against their record digests: each damaged one named (shard and key)."""
+    from fastdata.tools.verify_records import damaged_samples
+
+    found = damaged_samples(path, table)
+    report.problems += found or [f"{path.name}: every sample matches its record digest: the damage is in the tar "
+                                 "file's own blocks (its end)"]
 
 
 def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, source: str | os.PathLike | None,
@@ -169,7 +211,8 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
             manifest.classes):
         report.problems.append(f"{MANIFEST_NAME}: class_counts do not add up to num_samples / the class list")
     ds = dataset(root)
-    restart = _restart_check(manifest, source) if decode else None
+    relisted = _Relisting(Path(source), manifest) if source is not None else None  # listed once, if at all
+    restart = _restart_check(manifest, relisted) if decode else None
     keys: list[str] = []
     labels: list[Label] = []
     with_metadata = source is not None and bool(manifest.metadata_fields)
@@ -224,7 +267,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
         report.problems += problems
         report.checked.append(checked)
     if source is not None:
-        _check_against_source(Path(source), manifest, dict(zip(keys, labels, strict=True)), report,
+        _check_against_source(relisted, manifest, dict(zip(keys, labels, strict=True)), report,
                               metadata if with_metadata else None, captions, targets if with_targets else None)
 
 
@@ -256,9 +299,38 @@ def _file_samples(ds: Any, file_id: int, name: str, with_metadata: bool = False,
             yield f"{name}: sample #{index} unreadable ({type(exc).__name__}: {exc})"
 
 
-def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
+class _Relisting:
+    """The source a dataset was converted from, listed again as its conversion listed it (by the converter the
+    manifest names: its `relist`), once for the whole verify: what listing it says (a note about the source) is
+    said once."""
+
+    def __init__(self, source: Path, manifest: Manifest) -> None:
+        self.source, self.manifest = source, manifest
+        self._listing: Any = None
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.source.get("kind", "imagefolder")
+
+    @property
+    def possible(self) -> bool:
+        """Whether this fastdata can list a source of this kind again."""
+        from fastdata.converters import REGISTRY, load
+
+        return self.kind in REGISTRY and getattr(load(self.kind), "relist", None) is not None
+
+    def get(self) -> Any:
+        """The listing (an ImageSource); the converter's errors (FastdataError) as it raises them."""
+        if self._listing is None:
+            from fastdata.converters import load
+
+            self._listing = load(self.kind).relist(self.source, self.manifest)
+        return self._listing
+
+
+def _restart_check(manifest: Manifest, relisted: _Relisting | None) -> Any:
     """The JPEG-layout checks of `--decode` (`fastdata.tools.verify_layout`: restart or baseline), comparing pixels
-    with the source files when `source` is given and the conversion stored them unchanged but for the rewrite (no
+    with the source files when the source is given and the conversion stored them unchanged but for the rewrite (no
     --max-size); None for the original layout."""
     from fastdata.tools.verify_layout import layout_check
 
@@ -266,16 +338,11 @@ def _restart_check(manifest: Manifest, source: str | os.PathLike | None) -> Any:
     if check is None:
         return None
     reader = None
-    if source is not None and manifest.options.get("max_size") is None:
-        from fastdata.converters import REGISTRY, load
-
-        kind = manifest.source.get("kind", "imagefolder")
-        relist = getattr(load(kind), "relist", None) if kind in REGISTRY else None
-        if relist is not None:
-            try:
-                reader = relist(Path(source), manifest).sample_reader
-            except FastdataError:
-                reader = None  # the source check reports why the source cannot be listed
+    if relisted is not None and manifest.options.get("max_size") is None and relisted.possible:
+        try:
+            reader = relisted.get().sample_reader
+        except FastdataError:
+            reader = None  # the source check reports why the source cannot be listed
     return check(manifest, reader)
 
 
@@ -306,19 +373,17 @@ def _check_labels(manifest: Manifest, labels: list[Label], report: VerifyReport)
         report.problems.append("per-class sample counts in the data differ from the manifest's class_counts")
 
 
-def _check_against_source(src: Path, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
+def _check_against_source(relisted: _Relisting, manifest: Manifest, stored: dict[str, Label], report: VerifyReport,
                           metadata: dict[str, dict] | None = None, captions: dict[str, tuple] | None = None,
                           targets: dict[str, bytes | None] | None = None) -> None:
     """The dataset's samples, labels (and `metadata`, `captions` and `targets`, when given) against its source,
-    listed again as the conversion listed it (by the converter the manifest names: its `relist`)."""
-    from fastdata.converters import REGISTRY, load
-
-    kind = manifest.source.get("kind", "imagefolder")
-    relist = getattr(load(kind), "relist", None) if kind in REGISTRY else None
-    if relist is None:
-        report.problems.append(f"cannot check against the source: this fastdata cannot list a {kind!r} source again")
+    listed again as the conversion listed it (`relisted`)."""
+    if not relisted.possible:
+        report.problems.append(f"cannot check against the source: this fastdata cannot list a {relisted.kind!r} "
+                               "source again")
         return
-    listing = relist(src, manifest)
+    src = relisted.source
+    listing = relisted.get()
     if listing.classes != manifest.classes:
         report.problems.append(f"class list differs from the source's ({len(listing.classes)} classes there, "
                                f"{len(manifest.classes)} in the manifest)")

@@ -1,11 +1,18 @@
-"""`fastdata verify` of an LMDB image dataset with per-record digests (`fastdata.formats.lmdb.record_digest`): the
-digest table against the manifest's root, then every record's stored values against its digest, on every core,
-each damaged record named by its index, key and source file."""
+"""`fastdata verify` of an image dataset with per-record digests: the digest table against the manifest's root, then
+the records against their digests, each damaged one named.
+
+- LMDB (`fastdata.formats.lmdb.record_digest`): every record's stored values, on every core, each damaged record
+  named by its index, key and source file (they stand for the data file's sha256);
+- WebDataset (`fastdata.formats.wds.sample_digest`, a `.digests` file beside each shard): each shard is hashed whole
+  as before; a shard whose sha256 (or size) differs has its samples' bytes checked against their digests, so that
+  the damaged sample is named by shard and key, also when it still decodes."""
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
+import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +30,7 @@ from fastdata.formats.lmdb import (
 )
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import key_from_bytes
+from fastdata.formats.wds import DIGEST_BYTES, digests_name, split_member_name
 
 CHUNK = 4096  # records a pool task checks
 
@@ -113,3 +121,59 @@ def check_records(root: Path, manifest: Manifest, problems: list[str], progress:
         name = f"record {index}" if key is None else f"record {index} ({key!r}{where})"
         problems.append(f"{DATA_FILE}: {name}: {what} (damaged)")
     return count
+
+
+def shard_digest_tables(root: Path, manifest: Manifest, problems: list[str]) -> dict[str, bytes]:
+    """A WebDataset image dataset's record digests, shard name -> its table (32 bytes per sample), those that are
+    there whole; a problem for each missing or cut one, and for tables that are not the manifest's (their root)."""
+    tables: dict[str, bytes] = {}
+    whole = bytearray()
+    for entry in manifest.files:
+        name = digests_name(entry.name)
+        try:
+            table = (root / name).read_bytes()
+        except OSError as exc:
+            problems.append(f"{name}: the record digests of {entry.name} cannot be read ({exc.strerror or exc})")
+            continue
+        if len(table) != DIGEST_BYTES * entry.samples:
+            problems.append(f"{name}: {len(table) // DIGEST_BYTES:,} record digests for the {entry.samples:,} samples "
+                            f"of {entry.name} (the file was altered)")
+            continue
+        tables[entry.name] = table
+        whole += table
+    if len(tables) == len(manifest.files) and digest_root(bytes(whole)) != (manifest.record_digests or {}).get("root"):
+        problems.append("the shards' record digests are not the manifest's (their root differs): a .digests file "
+                        "was altered")
+    return tables
+
+
+def damaged_samples(path: Path, table: bytes) -> list[str]:
+    """What differs between the shard at `path` and its samples' digests `table`: each sample whose bytes differ,
+    named by its key and members, a sample count that is not the table's, and where the shard stops being a tar
+    file."""
+    name = path.name
+    found: list[str] = []
+    samples: list[tuple[str, list[str], int, int]] = []  # key, member names, first byte, end
+    try:
+        with open(path, "rb") as file, tarfile.open(fileobj=file, mode="r:") as tar:
+            for member in tar:
+                key, _ = split_member_name(member.name)
+                end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                if samples and samples[-1][0] == key:
+                    samples[-1] = (key, [*samples[-1][1], member.name], samples[-1][2], end)
+                else:
+                    samples.append((key, [member.name], member.offset, end))
+    except (OSError, tarfile.TarError) as exc:
+        found.append(f"{name}: unreadable as a tar file after its first {len(samples):,} samples ({exc})")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for index, (key, members, start, end) in enumerate(samples):
+            expected = table[DIGEST_BYTES * index:DIGEST_BYTES * (index + 1)]
+            if hashlib.sha256(os.pread(fd, end - start, start)).digest() != expected:
+                what = "has no record digest" if not expected else "its bytes differ from its record digest"
+                found.append(f"{name}: sample {index} ({key!r}: {', '.join(members)}): {what} (damaged)")
+    finally:
+        os.close(fd)
+    if not found and len(samples) != len(table) // DIGEST_BYTES:
+        found.append(f"{name}: holds {len(samples):,} samples, its record digests {len(table) // DIGEST_BYTES:,}")
+    return found

@@ -60,3 +60,33 @@ def test_max_pixels_is_configurable(small_solid_tree, tmp_path):
         fastdata.convert_imagefolder(small_solid_tree.root, tmp_path / "o.lmdb", max_pixels=100, workers=1,
                                      progress=False)
     assert not (tmp_path / "o.lmdb").exists()
+
+
+def test_pillows_own_bomb_warning_is_not_printed_beside_fastdatas_line(tmp_path, capsys):
+    """An image over Pillow's warning level (89.5 M pixels) but under its hard limit: Pillow warns "could be
+    decompression bomb DOS attack" as it opens it; fastdata checks the same limit and says so in its own line (the
+    rejection), so Pillow's is not printed besides, neither on the command line nor to a Python caller."""
+    import warnings
+
+    from builders import cli
+
+    from fastdata.convert.encode import EncodeOptions, verify_record
+
+    bomb = png_header_only(10_000, 10_000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            verify_record(bomb, "a/bomb.png", 0, EncodeOptions())
+        except ValueError as exc:
+            reason = str(exc)
+    assert reason.startswith("refused: 10000x10000 = 100,000,000 pixels exceeds the limit of 89,478,485")
+    assert [str(w.message) for w in caught] == []
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    for i in range(3):
+        (src / "a" / f"fine{i}.jpg").write_bytes(encode(solid_pattern(i, 40, 30), "JPEG"))
+    (src / "a" / "bomb.png").write_bytes(bomb)
+    code, stdout, stderr = cli(capsys, "convert", "imagefolder", src, tmp_path / "out.lmdb", "-q", "--workers", "1")
+    assert code == 0, stderr
+    assert "DOS attack" not in stderr + stdout and stderr == ""
+    assert "a/bomb.png: refused: 10000x10000 = 100,000,000 pixels exceeds the limit" in stdout

@@ -29,7 +29,8 @@ def test_two_conversions_of_a_bad_tree_reject_with_identical_reasons(tmp_path, f
     (tree.root / "more/noise.tif").write_bytes(b"II*\x00" + bytes(range(40)))
     outs = [tmp_path / f"a.{fmt}", tmp_path / f"b.{fmt}"]
     for out, workers in zip(outs, (1, 2), strict=True):  # in this process, then in pool workers
-        fastdata.convert_imagefolder(tree.root, out, format=fmt, workers=workers, progress=False)
+        fastdata.convert_imagefolder(tree.root, out, format=fmt, workers=workers, progress=False,
+                                     max_rejected="100%")  # most of the tree is bad, on purpose
     first, second = (rejected_json(out) for out in outs)
     assert first == second
     reasons = {r["path"]: r["reason"] for r in json.loads(first)}

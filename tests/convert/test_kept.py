@@ -11,8 +11,8 @@ import pytest
 
 import fastdata
 from fastdata.cli import main
-from fastdata.errors import SourceError
-from tests.builders import make_corpus, photo_like, train_bytelevel, write_image
+from fastdata.errors import ConfigError, SourceError, TooManyRejectedError
+from tests.builders import assert_one_line_error, make_corpus, photo_like, train_bytelevel, write_image
 
 
 @pytest.fixture
@@ -39,15 +39,47 @@ def test_a_list_converted_with_a_wrong_root_fails_naming_the_absolute_folder(lis
     assert not out.exists() and not (tmp_path / "out.lmdb.partial").exists()
 
 
-def test_a_conversion_that_rejects_most_of_its_input_says_so_first(listed, tmp_path):
+def test_a_conversion_that_rejects_most_of_its_input_fails_and_keeps_its_work(listed, tmp_path):
+    """More rejections than --max-rejected (default: half the input) fail the conversion, naming the absolute folder
+    it looked in; nothing is committed, OUT.partial keeps the work; a rerun that allows them commits it without
+    converting again, the warning first, once."""
     for i in range(4):  # 4 of 6 files missing
         (listed / "images" / f"img{i}.jpg").unlink()
+    out = tmp_path / "out.lmdb"
+    with pytest.raises(TooManyRejectedError, match=r"4 of 6 images \(67%\) were rejected, more than --max-rejected "
+                                                   r"50% allows, looking for files under") as caught:
+        fastdata.convert_list(listed / "list.csv", out, root=listed / "images", workers=1, progress=False)
+    assert str((listed / "images").resolve()) in str(caught.value) and "--max-rejected 100%" in str(caught.value)
+    assert not out.exists() and (tmp_path / "out.lmdb.partial").is_dir()
     with pytest.warns(UserWarning, match=r"4 of 6 images \(67%\) were rejected, looking for files under"):
-        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "out.lmdb", root=listed / "images",
-                                        workers=1, progress=False)
+        summary = fastdata.convert_list(listed / "list.csv", out, root=listed / "images", workers=1,
+                                        progress=False, max_rejected="100%")
     first = str(summary).splitlines()[0]
     assert first.startswith("WARNING: 4 of 6 images") and str((listed / "images").resolve()) in first
-    assert summary.images == 2 and (tmp_path / "out.lmdb" / "manifest.json").exists()
+    assert summary.images == 2 and (out / "manifest.json").exists()
+    assert summary.resumed_at == 6  # every image was read by the first run: none again
+
+
+@pytest.mark.parametrize(("limit", "fails"), [("0", True), ("1", False), ("10%", True), ("20%", False),
+                                              ("50%", False)])
+def test_max_rejected_is_a_count_or_a_share_of_the_input(listed, tmp_path, limit, fails):
+    (listed / "images" / "img0.jpg").unlink()  # 1 of 6 rejected (17%)
+    convert = lambda: fastdata.convert_list(listed / "list.csv", tmp_path / "out.lmdb",  # noqa: E731
+                                            root=listed / "images", workers=1, progress=False, max_rejected=limit)
+    if fails:
+        with pytest.raises(TooManyRejectedError, match=f"1 of 6 images \\(17%\\) were rejected, more than "
+                                                       f"--max-rejected {limit} allows"):
+            convert()
+    else:
+        assert convert().images == 5
+
+
+@pytest.mark.parametrize("value", ["half", "-1", "101%", "5 %%", True])
+def test_a_max_rejected_that_is_neither_count_nor_share_is_refused_before_any_work(listed, tmp_path, value):
+    with pytest.raises(ConfigError, match="--max-rejected"):
+        fastdata.convert_list(listed / "list.csv", tmp_path / "out.lmdb", root=listed / "images", workers=1,
+                              progress=False, max_rejected=value)
+    assert not any(p.name.startswith("out.lmdb") for p in tmp_path.iterdir())
 
 
 def test_a_few_rejections_are_no_warning(listed, tmp_path):
@@ -78,32 +110,60 @@ def test_coco_with_a_wrong_images_folder_fails(tmp_path):
     assert str(empty.resolve()) in str(caught.value) and not (tmp_path / "coco.lmdb").exists()
 
 
-def test_text_with_a_wrong_field_warns_naming_the_field(tmp_path):
+def test_text_with_a_wrong_field_fails_naming_the_field(tmp_path):
     tokenizer_json = train_bytelevel(tmp_path / "bpe.json", make_corpus(40))
     corpus = tmp_path / "corpus.jsonl"
     lines = [json.dumps({"text": f"document {i} " * 5}) for i in range(10)]
     lines.append(json.dumps({"body": "the one document that has a body"}))
     corpus.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TooManyRejectedError, match=r"10 of 11 documents \(91%\) were rejected, more than "
+                                                   r"--max-rejected 50% allows, looking in field 'body'"):
+        fastdata.convert_text(corpus, tmp_path / "c.lmdb", tokenizer=tokenizer_json, field="body", progress=False)
     with pytest.warns(UserWarning, match=r"10 of 11 documents \(91%\) were rejected, looking in field 'body'"):
         summary = fastdata.convert_text(corpus, tmp_path / "c.lmdb", tokenizer=tokenizer_json, field="body",
-                                        progress=False)
+                                        progress=False, max_rejected="100%")
     assert str(summary).startswith("WARNING: 10 of 11 documents")
     with pytest.raises(SourceError, match="no documents kept"):
-        fastdata.convert_text(corpus, tmp_path / "d.lmdb", tokenizer=tokenizer_json, field="title", progress=False)
+        fastdata.convert_text(corpus, tmp_path / "d.lmdb", tokenizer=tokenizer_json, field="title", progress=False,
+                              max_rejected="100%")
     assert not (tmp_path / "d.lmdb").exists()
 
 
+def test_a_text_conversion_that_loses_nearly_everything_exits_1_and_says_it_once(tmp_path, capsys):
+    """The trial: 401 of 402 documents rejected. The command fails (exit 1, one line; ">99%", never "100%" for less
+    than all); allowed with --max-rejected 100%, it commits and its warning is printed once."""
+    tokenizer_json = train_bytelevel(tmp_path / "bpe.json", make_corpus(40))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"text": "hello world"}) + "\n" + "not json\n" * 401)
+    out = tmp_path / "c.lmdb"
+    argv = ["convert", "text", str(corpus), str(out), "--tokenizer", str(tokenizer_json), "-q"]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (1, "")
+    assert_one_line_error(captured.err, "401 of 402 documents (>99%) were rejected", "--max-rejected 100%")
+    assert not out.exists()
+    code = main([*argv, "--max-rejected", "100%"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert (captured.out + captured.err).count("401 of 402 documents (>99%) were rejected") == 1
+    assert captured.out.startswith("WARNING: 401 of 402 documents") and captured.err == ""
+
+
 def test_the_command_line_prints_warnings_as_its_own_one_line_notes(listed, tmp_path, capsys):
-    """No "file.py:123: UserWarning" and no source line: the warning's text, as a note."""
+    """No "file.py:123: UserWarning" and no source line: the warning's text, as a note; and the mostly-rejected
+    warning once, as the summary's first line (not a second time as a note)."""
     for i in range(4):
         (listed / "images" / f"img{i}.jpg").unlink()
     code = main(["convert", "list", str(listed / "list.csv"), str(tmp_path / "out.lmdb"), "--root",
-                 str(listed / "images"), "--workers", "1"])
-    err = capsys.readouterr().err
+                 str(listed / "images"), "--workers", "1", "--max-rejected", "100%", "--shard-size", "64MB"])
+    captured = capsys.readouterr()
     assert code == 0
-    notes = [line for line in err.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 1 and "4 of 6 images (67%) were rejected" in notes[0]
-    assert "UserWarning" not in err and ".py:" not in err and "warnings.warn" not in err
+    notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: --shard-size 64MB applies to WebDataset shards (--format wds); an lmdb dataset is one "
+                     "file: ignored"]
+    assert (captured.out + captured.err).count("4 of 6 images (67%) were rejected") == 1
+    assert captured.out.startswith("WARNING: 4 of 6 images (67%) were rejected")
+    assert "UserWarning" not in captured.err and ".py:" not in captured.err and "warnings.warn" not in captured.err
 
 
 def test_options_that_do_not_apply_are_not_offered_or_are_refused(listed, tmp_path, capsys):
@@ -121,7 +181,30 @@ def test_options_that_do_not_apply_are_not_offered_or_are_refused(listed, tmp_pa
     code = main(["convert", "list", str(listed / "list.csv"), str(tmp_path / "o.lmdb"), "--shard-size", "64MB",
                  "--root", str(listed / "images"), "--workers", "1"])
     assert code == 0 and "note: --shard-size 64MB applies to WebDataset shards" in capsys.readouterr().err
-    with pytest.warns(UserWarning, match="256 bytes: nearly every sample will close a shard"):
+    with pytest.warns(UserWarning) as caught:
         summary = fastdata.convert_list(listed / "list.csv", tmp_path / "shards", root=listed / "images",
                                         format="wds", shard_size=256, workers=1, progress=False)
+    assert len(summary.files) == 6
+    assert [str(w.message) for w in caught] == [
+        "--shard-size 256 has no unit: it is read as 256 bytes; sizes take a unit, e.g. 256MB",
+        "--shard-size 256 made 6 shards for 6 samples (1.0 per shard): nearly every sample closed a shard of its "
+        "own; a larger size (e.g. 256MB) makes fewer, fuller shards"]
+
+
+def test_a_small_shard_size_warns_only_when_the_shards_hold_a_sample_or_so(listed, tmp_path):
+    """The trial's `--shard-size 1MB` wrote 9 shards for 219 images and said "nearly every sample will close a shard
+    of its own": the warning comes from the shards written, and only when it is true."""
+    sizes = [(tmp_path / "images" / f"img{i}.jpg").stat().st_size for i in range(6)]
+    # a sample takes its image and at most 3 KB of tar headers, padding and small members: a shard of this size
+    # closes after 2 samples at the earliest, so 6 samples make 3 shards at most, of 2 samples each on average
+    two = f"{2 * (max(sizes) + 3 * 1024)}B"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "few", root=listed / "images",
+                                        format="wds", shard_size=two, workers=1, progress=False)
+    assert 2 <= len(summary.files) <= 3  # a few shards of a few samples each: nothing said
+    one = f"{min(sizes) // 2}B"  # smaller than any sample: each sample closes its shard
+    with pytest.warns(UserWarning, match=r"--shard-size \d+B made 6 shards for 6 samples \(1.0 per shard\)"):
+        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "one", root=listed / "images",
+                                        format="wds", shard_size=one, workers=1, progress=False)
     assert len(summary.files) == 6

@@ -238,7 +238,8 @@ def test_invalid_records_are_reported_with_file_and_line(tmp_path, bpe):
     (src / "b.txt").write_bytes(b"fine line\nbad \xff byte\n")
     pq.write_table(pa.table({"text": ["p1", None, "p3"]}), src / "c.parquet")
     pq.write_table(pa.table({"other": ["x"]}), src / "d.parquet")
-    summary = fastdata.convert_text(src, tmp_path / "out.lmdb", tokenizer=bpe, progress=False)
+    summary = fastdata.convert_text(src, tmp_path / "out.lmdb", tokenizer=bpe, progress=False,
+                                    max_rejected="100%")  # most records are bad, on purpose
     where = {(Path(r.source).name, r.line): r.reason for r in summary.rejected}
     assert "not valid JSON" in where[("a.jsonl", 2)]
     assert "no field 'text'" in where[("a.jsonl", 3)]

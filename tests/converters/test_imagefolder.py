@@ -470,14 +470,23 @@ def test_a_class_folder_without_images_is_refused_as_torchvision_refuses_it(tmp_
     assert summary.empty_classes == ["old.lmdb"] and "classes with no images: old.lmdb" in str(summary)
 
 
-def test_a_list_conversion_refuses_an_output_inside_its_root(tmp_path):
-    from builders import build_solid_tree
+def test_an_output_beside_a_list_or_inside_its_image_root_is_accepted(tmp_path, capsys):
+    """Only a converter that walks its source folder (ImageFolder) refuses an OUT inside it: a file list, pairs and
+    the other sources read the files they name, nothing else. The README's `fastdata convert list seg.csv seg.lmdb
+    --mask-column mask`, list and OUT in one folder that is also the images' root, converts; so does `convert
+    pairs` in the same layout, and a list whose OUT lies inside the folder its images are read from."""
+    from builders import build_segmentation_list, cli
 
-    from fastdata.errors import OutputError
-
-    tree = build_solid_tree(tmp_path / "src", count=4)
-    rows = ["path,label"] + [f"{path},{path.split('/')[0]}" for path in sorted(tree.images)]
-    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
-    with pytest.raises(OutputError, match="inside the source folder"):
-        fastdata.convert_list(tmp_path / "list.csv", tree.root / "inside.lmdb", root=tree.root, workers=1,
-                              progress=False)
+    listed, _ = build_segmentation_list(tmp_path)
+    seg_csv = listed.rename(tmp_path / "seg.csv")
+    code, _, err = cli(capsys, "convert", "list", seg_csv, tmp_path / "seg.lmdb", "--mask-column", "mask", "-q",
+                       "--workers", "1")
+    assert code == 0, err
+    assert fastdata.info(tmp_path / "seg.lmdb").target_kind == "segmentation"
+    code, _, err = cli(capsys, "convert", "list", seg_csv, tmp_path / "img" / "inside.lmdb", "--mask-column",
+                       "mask", "-q", "--workers", "1")
+    assert code == 0, err
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("path,caption\n" + "".join(f"img/s{i:02d}.png,picture {i}\n" for i in range(3)))
+    code, _, err = cli(capsys, "convert", "pairs", pairs, tmp_path / "pairs.lmdb", "-q", "--workers", "1")
+    assert code == 0, err

@@ -197,6 +197,25 @@ def test_empty_caption_is_kept_and_counted(solid_tree, tmp_path):
     assert captions.count("") == 1
 
 
+def test_the_empty_caption_note_is_said_once_by_the_conversion_not_again_by_verify(solid_tree, tmp_path):
+    """The conversion says that it kept an empty caption (and the manifest counts it); `fastdata verify --source
+    --decode`, which lists the source again (here for two checks: the JPEG layout's and the source's), does not
+    say it again."""
+    import subprocess
+    import sys
+
+    frame = pairs_frame(solid_tree)
+    frame.loc[3, "caption"] = ""
+    listed = write_list(frame, tmp_path / "pairs.csv")
+    with pytest.warns(UserWarning, match="1 empty caption"):
+        fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False,
+                               jpeg_layout="baseline")
+    run = subprocess.run([sys.executable, "-m", "fastdata", "verify", str(tmp_path / "out.lmdb"), "--source",
+                          str(listed), "--decode"], capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0 and run.stdout.startswith("OK:"), run.stdout + run.stderr
+    assert "empty caption" not in run.stderr, run.stderr
+
+
 def test_csv_cells_are_captions_as_written(solid_tree, tmp_path):
     """In a CSV every cell is text: "NA" and "null" are captions, not missing values."""
     frame = pairs_frame(solid_tree).iloc[:4].copy()

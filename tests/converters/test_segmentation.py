@@ -176,7 +176,7 @@ def test_a_label_map_of_another_size_is_rejected_named(tmp_path):
 
 def test_class_ids_beyond_num_classes_are_rejected_or_raise_with_strict(tmp_path):
     listed, frame = build_segmentation_list(tmp_path / "src")
-    summary = convert(listed, tmp_path / "out.lmdb", num_classes=20)
+    summary = convert(listed, tmp_path / "out.lmdb", num_classes=20, max_rejected="100%")  # most, on purpose
     holding_20 = sorted(key for key in frame["path"]
                         if (seg_ids(sample_id(key), *seg_size(sample_id(key))) == 20).any())
     assert 0 < len(holding_20) < SEG_COUNT

@@ -180,7 +180,8 @@ def test_wds_shard_names_and_count(tricky_wds):
     names = [f.name for f in manifest.files]
     assert len(names) >= 3
     assert names == [f"shard-{i:06d}.tar" for i in range(len(names))]
-    assert sorted(p.name for p in tricky_wds.iterdir()) == sorted([*names, "manifest.json"])
+    digests = [name.replace(".tar", ".digests") for name in names]  # each shard's record digests beside it
+    assert sorted(p.name for p in tricky_wds.iterdir()) == sorted([*names, *digests, "manifest.json"])
     assert all(f.samples > 0 for f in manifest.files)
     assert manifest.options["shard_size"] == 4000
     assert manifest.options["seed"] == 3

@@ -380,3 +380,19 @@ def test_bench_cli_baseline_options_need_a_baseline(capsys, tiny):
     _, lmdb_out, _ = tiny
     assert main(["bench", str(lmdb_out), "--baseline-source"]) == 2
     assert "apply to --baseline-imagefolder" in capsys.readouterr().err
+
+
+def test_the_benchmarks_readme_sample_has_the_layout_fastdata_bench_prints():
+    """benchmarks/README.md shows a sample of `fastdata bench`'s output: its first lines (baseline, header,
+    rule) and its rows' columns are what `format_table` prints for the same loaders today."""
+    text = (Path(__file__).resolve().parents[2] / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### `fastdata bench` on the demo sample"):]
+    assert "sample" in section[:300].lower()
+    sample = section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)].splitlines()
+    names = ["torchvision ImageFolder", "fastdata (lmdb)", "synthetic upper bound"]
+    results = [LoaderResult(name, [RunResult(name, 100, 1.0, 0.5, 1000.0, 0.5)]) for name in names]
+    printed = format_table(results, data_wait=True).splitlines()
+    assert sample[:3] == printed[:3]
+    for line, name in zip(sample[3:6], names, strict=True):
+        assert re.fullmatch(re.escape(name) + r" +[\d,]+ +[\d.]+ +[\d.]+ +\d+ +\d+% +[\d.]+x", line), line
+        assert len(line) == len(printed[3])

@@ -9,7 +9,7 @@ import struct
 
 import lmdb
 import pytest
-from builders import build_solid_tree
+from builders import build_solid_tree, cli
 
 import fastdata
 from fastdata.cli import main
@@ -163,16 +163,20 @@ def test_damaged_shards_name_their_undecodable_samples_and_the_check_goes_on(wds
         spoil_image(wds_copy / files[shard_id].name, sample.data)
         damaged[files[shard_id].name] = sample.key
     report = verify(wds_copy, decode=True)
-    assert len(report.problems) == 4, report.problems
+    assert len(report.problems) == 6, report.problems
     for name, key in damaged.items():
         assert any(p.startswith(f"{name}: sha256 differs") for p in report.problems)
+        assert any(p.startswith(f"{name}: sample 1 (") and key in p and "differ from its record digest" in p
+                   for p in report.problems)  # named by the shard's record digests
         assert any(p.startswith("undecodable:") and f"{name}: sample {key!r}" in p for p in report.problems)
     assert not any(f.name in p for f in files if f.name not in damaged for p in report.problems)
     assert main(["verify", str(wds_copy), "--decode"]) == 1
     out = capsys.readouterr().out
     assert all(key in out for key in damaged.values())
-    without_decode = verify(wds_copy).problems  # names the damaged files and how to find the samples
-    assert len(without_decode) == 2 and all("--decode names the samples" in p for p in without_decode)
+    without_decode = verify(wds_copy).problems  # the damaged files, and their samples by their record digests
+    assert len(without_decode) == 4
+    assert all(any(name in p and key in p and "record digest" in p for p in without_decode)
+               for name, key in damaged.items())
 
 
 def test_damaged_lmdb_names_its_undecodable_sample(lmdb_copy):
@@ -202,6 +206,40 @@ def test_text_verify_checks_the_source_it_is_given(tmp_path):
         assert not report.ok and any(str(wrong) in problem for problem in report.problems), report.problems
     write_jsonl(source, [*corpus[:-1], corpus[-1] + " and more"])  # the same name, changed
     assert not verify(tmp_path / "c.lmdb", source=source).ok
+
+
+def test_text_verify_compares_the_content_of_the_source(tmp_path, capsys):
+    """An edited corpus of the same size (one letter changed) is not the one converted: the conversion recorded each
+    source file's sha256, and verify --source names the file whose content differs. A dataset converted before the
+    digests were recorded is still compared, by names and sizes, and the report says that is all it compared."""
+    from fastdata.formats.manifest import MANIFEST_NAME, Manifest, sha256_file
+    from tests.builders import make_corpus, train_bytelevel, write_jsonl
+
+    corpus = make_corpus(30)
+    source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
+    tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
+    out = tmp_path / "c.lmdb"
+    fastdata.convert_text(source, out, tokenizer=tokenizer, progress=False)
+    manifest = fastdata.info(out)
+    assert manifest.source["files"] == [{"name": str(source), "bytes": source.stat().st_size,
+                                         "sha256": sha256_file(source)}]
+    report = verify(out, source=source)
+    assert report.ok and "against the source" in report.checked[-1] and "content" in report.checked[-1]
+    edited = source.read_bytes().replace(b"doc 7:", b"doc 8:", 1)
+    assert edited != source.read_bytes() and len(edited) == source.stat().st_size
+    source.write_bytes(edited)
+    report = verify(out, source=source)
+    assert report.problems == [f"the source {source} is not the one converted: the content of 1 file(s) differs from "
+                               f"what the conversion read (sha256): {source}"]
+    code, stdout, _ = cli(capsys, "verify", out, "--source", source)
+    assert code == 1 and "content of 1 file(s) differs" in stdout
+    # a dataset from before content digests: its manifest without them (rewritten with a valid checksum)
+    data = json.loads((out / MANIFEST_NAME).read_text())
+    for entry in data["source"]["files"]:
+        del entry["sha256"]
+    Manifest.from_dict(data).write(out)
+    report = verify(out, source=source)
+    assert report.ok and "names and sizes only" in report.checked[-1] and "older fastdata" in report.checked[-1]
 
 
 def test_verify_names_each_damaged_record_by_its_digest(tmp_path, capsys):
@@ -264,3 +302,86 @@ def test_info_says_an_lmdb_dataset_has_a_digest_per_record(tmp_path):
     line = next(line for line in describe(tmp_path / "o.lmdb").splitlines() if "data.mdb" in line)
     root = fastdata.info(tmp_path / "o.lmdb").record_digests["root"]
     assert f"a sha256 per record (root {root[:16]}" in line
+
+
+@pytest.fixture(scope="module")
+def photo_shards(tmp_path_factory):
+    """Nine JPEG photos in three classes, converted to WebDataset shards of a few samples each."""
+    from builders import photo_like, write_image
+
+    root = tmp_path_factory.mktemp("photo_shards")
+    for i in range(9):
+        write_image(root / "src" / f"c{i % 3}" / f"p{i}.jpg", photo_like(i, 64, 48), "jpeg")
+    out = root / "shards"
+    fastdata.convert_imagefolder(root / "src", out, format="wds", shard_size="16KB", workers=1, progress=False)
+    return out
+
+
+def test_a_webdataset_conversion_keeps_a_digest_per_sample_beside_each_shard(photo_shards):
+    """The shards stay what the `webdataset` library reads (the same samples and members as before, nothing
+    added to them); each has a `.digests` file of 32 bytes per sample, whose root the manifest records."""
+    import hashlib
+
+    from builders import webdataset_reading
+
+    from fastdata.formats.wds import digests_name
+
+    manifest = fastdata.info(photo_shards)
+    assert len(manifest.files) >= 2 and manifest.record_digests["records"] == 9
+    table = b""
+    for entry in manifest.files:
+        digests = (photo_shards / digests_name(entry.name)).read_bytes()
+        assert len(digests) == 32 * entry.samples
+        table += digests
+    assert hashlib.sha256(table).hexdigest() == manifest.record_digests["root"]
+    read = webdataset_reading([photo_shards / entry.name for entry in manifest.files])
+    assert len(read) == 9
+    assert all({name for name in sample if not name.startswith("__")} == {"jpg", "cls", "json"} for sample in read)
+    assert verify(photo_shards, decode=True).ok
+
+
+def test_verify_names_the_damaged_sample_of_a_shard_even_when_it_still_decodes(photo_shards, tmp_path, capsys):
+    """One byte flipped inside a JPEG member's entropy data: the image still decodes (other pixels), so only the
+    digests can tell; plain verify and --decode both name the shard and the sample's key."""
+    import tarfile
+
+    copy = tmp_path / "shards"
+    shutil.copytree(photo_shards, copy)
+    shard = copy / fastdata.info(copy).files[1].name
+    with tarfile.open(shard) as tar:
+        members = tar.getmembers()
+    victim = next(m for m in members if m.name.endswith(".jpg"))
+    data = bytearray(shard.read_bytes())
+    at = victim.offset_data + victim.size // 2
+    while data[at] == 0xFF or data[at] ^ 0x10 == 0xFF:  # not a marker, before or after
+        at += 1
+    data[at] ^= 0x10
+    shard.write_bytes(bytes(data))
+    key = victim.name.rsplit(".", 1)[0]
+    named = (f"{shard.name}: sample 0 ({key!r}: {key}.jpg, {key}.cls, {key}.json): its bytes differ from its record "
+             "digest (damaged)")
+    for decode in (False, True):
+        report = verify(copy, decode=decode)
+        assert named in report.problems, report.problems
+        assert not any(p.startswith("undecodable") for p in report.problems)  # it still decodes
+    code, stdout, _ = cli(capsys, "verify", copy, "--decode")
+    assert code == 1 and named in stdout
+
+
+def test_a_webdataset_dataset_from_before_record_digests_still_loads_and_verifies(photo_shards, tmp_path):
+    """Its manifest has no record digests and no .digests files are there: it loads, verifies by its shards'
+    sha256, and the report says it has no record digests."""
+    from fastdata.formats.manifest import MANIFEST_NAME, Manifest
+    from fastdata.formats.wds import DIGESTS_SUFFIX
+
+    copy = tmp_path / "old"
+    shutil.copytree(photo_shards, copy)
+    for path in copy.glob(f"*{DIGESTS_SUFFIX}"):
+        path.unlink()
+    data = json.loads((copy / MANIFEST_NAME).read_text())
+    del data["record_digests"]
+    Manifest.from_dict(data).write(copy)
+    assert len(fastdata.dataset(copy)) == 9
+    report = verify(copy, decode=True)
+    assert report.ok, report.problems
+    assert any(item.startswith("no record digests (converted by an older fastdata") for item in report.checked)
