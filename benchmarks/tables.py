@@ -1,6 +1,6 @@
 """The READMEs' benchmark tables, written from the results the harness keeps (`benchmarks/results/*.json`).
 
-In README.md and benchmarks/README.md each generated table sits between two comments:
+In README.md, benchmarks/README.md and docs/images.md each generated table sits between two comments:
 
     <!-- results: convert.json convert_speed 0 -->
     | contender | images/s | x (a) |
@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-DOCUMENTS = (HERE.parent / "README.md", HERE / "README.md")
+DOCUMENTS = (HERE.parent / "README.md", HERE / "README.md", HERE.parent / "docs" / "images.md")
 _BLOCK = re.compile(r"(<!-- results: (\S+) (\S+) (\d+) -->\n)(.*?)(<!-- /results -->)", re.DOTALL)
 _REGISTRY = re.compile(r"(<!-- registry -->\n)(.*?)(<!-- /registry -->)", re.DOTALL)
 

@@ -91,10 +91,11 @@ def check_resumes(make_loader: MakeLoader, interrupts: Callable[[int], list[int]
 
 
 def training_loop(make_loader: Callable[[], Any], epochs: int, every: int,
-                  restore: tuple[int, dict] | None = None):
-    """A training loop that keeps its own epoch counter, calls `set_epoch(epoch)` and checkpoints (its epoch, the
-    loader's state) every `every` steps; resumed from `restore`, it starts at the saved epoch. Returns the batches
-    it saw and its checkpoints as (epoch, state, batches seen so far)."""
+                  restore: tuple[int, dict] | None = None, each_epoch: Callable[[Any, int], None] | None = None):
+    """A training loop that keeps its own epoch counter, calls `set_epoch(epoch)` (then `each_epoch(loader,
+    epoch)` if given: e.g. a size schedule) and checkpoints (its epoch, the loader's state) every `every` steps;
+    resumed from `restore`, it starts at the saved epoch. Returns the batches it saw and its checkpoints as (epoch,
+    state, batches seen so far)."""
     loader = make_loader()
     start = 0
     if restore is not None:
@@ -103,6 +104,8 @@ def training_loop(make_loader: Callable[[], Any], epochs: int, every: int,
     seen, checkpoints = [], []
     for epoch in range(start, epochs):
         loader.set_epoch(epoch)
+        if each_epoch is not None:
+            each_epoch(loader, epoch)
         for batch in loader:
             seen.append(clone(batch))
             if len(seen) % every == 0:
@@ -128,17 +131,20 @@ def check_checkpoint_loop(make_loader: MakeLoader, workers: int) -> None:
 
 
 def prefetching_loop(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1,
-                     restore: dict | None = None):
+                     restore: dict | None = None, each_pass: Callable[[Any], None] | None = None):
     """nanoGPT's loop: batches are taken `ahead` steps before they are trained on (`X, Y = get_batch()` before
-    the step; `ahead` > 1: a prefetcher that keeps more in flight), passes follow one another across epochs, and
-    every `every` steps it checkpoints `state_dict(pending=ahead)`, the batches in hand not trained on yet.
-    Returns the batches it trained on and its checkpoints as (state, batches trained so far)."""
+    the step; `ahead` > 1: a prefetcher that keeps more in flight), passes follow one another across epochs
+    (`each_pass(loader)` before each, if given: e.g. a size schedule), and every `every` steps it checkpoints
+    `state_dict(pending=ahead)`, the batches in hand not trained on yet. Returns the batches it trained on and its
+    checkpoints as (state, batches trained so far)."""
     loader = make_loader()
     if restore is not None:
         loader.load_state_dict(restore)
 
     def passes():
         while True:
+            if each_pass is not None:
+                each_pass(loader)
             yield from loader  # each pass the next epoch
 
     stream = passes()
@@ -152,11 +158,12 @@ def prefetching_loop(make_loader: Callable[[], Any], steps: int, every: int, ahe
     return trained, checkpoints
 
 
-def check_prefetching_resume(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1) -> None:
+def check_prefetching_resume(make_loader: Callable[[], Any], steps: int, every: int, ahead: int = 1,
+                             each_pass: Callable[[Any], None] | None = None) -> None:
     """A prefetching loop resumed from each of its checkpoints trains on exactly the batches the uninterrupted
     loop trained on after it: none lost, none repeated, across epoch ends too."""
-    reference, checkpoints = prefetching_loop(make_loader, steps, every, ahead)
+    reference, checkpoints = prefetching_loop(make_loader, steps, every, ahead, each_pass=each_pass)
     assert len(reference) == steps and checkpoints
     for state, count in checkpoints:
-        resumed, _ = prefetching_loop(make_loader, steps - count, every, ahead, restore=state)
+        resumed, _ = prefetching_loop(make_loader, steps - count, every, ahead, restore=state, each_pass=each_pass)
         assert same(resumed, reference[count:]), f"resumed from the checkpoint after {count} batches: the run differs"

@@ -32,6 +32,7 @@ from fastdata.image.device.ship import pack_encoded
 from fastdata.image.epoch_clock import EpochClock
 from fastdata.image.output import OutputFormat
 from fastdata.image.pipeline import ON_ERROR, SamplePipeline
+from fastdata.image.recipes.recipe import Recipe
 from fastdata.image.stored_lists import StoredSamples, StoredTargets
 from fastdata.image.targets.codec import target_codec
 from fastdata.image.targets.detection import check_targets
@@ -60,7 +61,7 @@ class _ImageMetaMixin:
 
     def _setup(self, root: Path | str, manifest: Manifest, augment: Any, image_size: Any, seed: int,
                on_error: str, metadata: bool, scale: Any = None, ratio: Any = None,
-               max_length: int | None = None, masks: bool = False) -> None:
+               max_length: int | None = None, masks: bool = False, recipe: Recipe | None = None) -> None:
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         self.root: Path | str = root if isinstance(root, str) and "://" in root else Path(root)  # URL: remote
@@ -69,7 +70,12 @@ class _ImageMetaMixin:
         self.manifest = manifest
         self.pipeline = SamplePipeline(augment, image_size, seed, str(self.root), scale=scale, ratio=ratio,
                                        labels=target_codec(manifest, str(self.root), max_length, masks),
-                                       jpeg_layout=manifest.jpeg_layout)
+                                       jpeg_layout=manifest.jpeg_layout, recipe=recipe)
+        if recipe is not None and recipe.batch is not None:
+            if manifest.target_kind != "class":
+                raise ConfigError(f"{self.root}: {recipe.batch!r} mixes class labels; this dataset holds "
+                                  f"{manifest.target_kind}")
+            self.pipeline.mix_classes = recipe.num_classes(len(manifest.classes), manifest.label_kind == "multi")
         self.on_error = on_error
         self.with_metadata = metadata  # samples come as (image, label, metadata dict)
         self.epoch = 0
@@ -131,8 +137,10 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
 
     def __init__(self, root: Path, manifest: Manifest, augment: Any = None, image_size: Any = None,
                  seed: int = 0, on_error: str = "raise", metadata: bool = False, *, scale: Any = None,
-                 ratio: Any = None, max_length: int | None = None, masks: bool = False) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks)
+                 ratio: Any = None, max_length: int | None = None, masks: bool = False,
+                 recipe: Recipe | None = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks,
+                    recipe)
         self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(Path(self.root), manifest)
 
     @property
@@ -214,8 +222,10 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
 
     def __init__(self, root: Path | str, manifest: Manifest, augment: Any = None, image_size: Any = None,
                  seed: int = 0, on_error: str = "raise", store: Any = None, metadata: bool = False, *,
-                 scale: Any = None, ratio: Any = None, max_length: int | None = None, masks: bool = False) -> None:
-        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks)
+                 scale: Any = None, ratio: Any = None, max_length: int | None = None, masks: bool = False,
+                 recipe: Recipe | None = None) -> None:
+        self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks,
+                    recipe)
         if store is None:
             store = storage("image", manifest.format, root).open_reader(Path(root), manifest)
         self.store = store

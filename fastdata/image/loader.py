@@ -29,6 +29,7 @@ from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.ship import DECODE_MODES, SubJpegSwitch
 from fastdata.image.device.stage import DeviceStage, finish
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
+from fastdata.image.recipes.sizes import ImageSizes, ResizableLoader
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
 from fastdata.order.borrow import borrow
@@ -117,21 +118,33 @@ class Receipts:
 class Rolled:
     """The workers' rolling iterator (EpochBatchSampler.rollover) between passes: `share` gives one pass's batches
     off it and, once all are read, keeps it for the next pass, whose key it then holds; `take` hands it over (or
-    None) and forgets it. It holds no reference to the loader, so that a feeder thread reading a pass's batches does
-    not keep a loader its user dropped alive."""
+    None) and forgets it; `drop` forgets it and what any pass under way would keep (the workers' next epoch would
+    be made otherwise: a new image size). It holds no reference to the loader, so that a feeder thread reading a
+    pass's batches does not keep a loader its user dropped alive."""
 
     def __init__(self) -> None:
         self._kept: tuple[PassKey, Iterator[Any]] | None = None
+        self._generation = 0  # counts `drop`s: a pass shared before the last one keeps nothing
 
     def take(self) -> tuple[PassKey, Iterator[Any]] | None:
         kept, self._kept = self._kept, None
         return kept
 
+    def drop(self) -> None:
+        self._kept = None
+        self._generation += 1
+
     def share(self, key: PassKey, count: int, batches: Iterator[Any]) -> Iterator[Any]:
         """Pass `key`'s `count` batches off `batches`; then `batches` (at the next epoch's start) is kept for pass
-        `key.epoch + 1`. A pass left early keeps nothing."""
-        yield from itertools.islice(batches, count)
-        self._kept = (PassKey(key.epoch + 1), batches)
+        `key.epoch + 1`, unless `drop` was called meanwhile. A pass left early keeps nothing."""
+        generation = self._generation
+
+        def passing() -> Iterator[Any]:
+            yield from itertools.islice(batches, count)
+            if generation == self._generation:
+                self._kept = (PassKey(key.epoch + 1), batches)
+
+        return passing()
 
 
 def _worker_init(_worker_id: int) -> None:
@@ -139,7 +152,7 @@ def _worker_init(_worker_id: int) -> None:
     opencv_single_threaded()  # one decode per worker process; the workers are the parallelism
 
 
-class ImageLoader(ClosesWorkers, ResumableLoader):
+class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
     """Iterable of batches over an image dataset of any target kind, shaped by its target codec
     (`fastdata.image.targets.codec`, `deliver`):
     - class labels: `(images, labels)`, like a DataLoader over torchvision's ImageFolder: images [B, 3, H, W]
@@ -193,6 +206,12 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         if self.device is None:
             data.pipeline.output = output  # the workers make the floats, image by image
         data.output = output  # loader.dataset[i] gives its image as the batches hold it (on the CPU)
+        data.pipeline.delivered = output  # (RandomErasing's value is in the delivered batches' units)
+        data.pipeline.recipe.check_output(output)
+        # progressive resizing (`set_image_size`): each epoch's size, shared with the workers
+        self._sizes: ImageSizes | None = None
+        if data.pipeline.preset is not None and data.pipeline.spatial is None:
+            self._sizes = data.pipeline.sizes = ImageSizes(data.pipeline.preset.out_size)
         self._device_options = image.device_decode or DeviceDecode()
         self._stage: DeviceStage | None = None
         self._ring: SlotRing | None = None
@@ -279,6 +298,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             size = pipeline.image_size  # an int for a square, as states before rectangles had it
             config["image_size"] = size if isinstance(size, int) else list(size)
         config["output"] = self._output.describe()
+        if pipeline.recipe:
+            config["recipe"] = pipeline.recipe.describe()
         if isinstance(self._batches, WdsBatches):
             config["window"] = self._batches.planner.window
         targets = pipeline.labels.describe()
@@ -299,6 +320,9 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
             return len(self._sampler)
         assert isinstance(self._batches, WdsBatches)
         return self._batches.num_batches()
+
+    def _sizes_changed(self) -> None:
+        self._rolled.drop()  # what the workers made ahead is at the size before
 
     def _sampling(self) -> tuple[int, bool, int, str]:
         total = self._sampler.num_samples if self._sampler is not None else self.dataset.manifest.num_samples
@@ -398,15 +422,24 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
         """decode="device": the feeder's batches (fastdata.image.device.feeder), made beside the training step;
         the feeder already preparing this pass (the epoch after the last) is adopted, any other is closed."""
         assert self._stage is not None
+        stage, sizes = self._stage, self._sizes  # (the ring and the feeder must not hold this loader)
+        if sizes is not None and sizes.size_for(key.epoch) != stage.image_size:  # progressive resizing
+            self.close_feeder()
+            stage.image_size, self._ring = sizes.size_for(key.epoch), None  # slots of the new size
+
+        def follow(done: PassKey) -> PassKey | None:  # the next epoch ahead, unless it is made at another size
+            same = sizes is None or sizes.size_for(done.epoch + 1) == stage.image_size
+            return PassKey(done.epoch + 1) if same else None
+
         feeder = self._feeder
         if feeder is None or not feeder.offers(key):
             self.close_feeder()
             if self._ring is None:
-                stage, rows = self._stage, self.batch_size  # (the ring must not hold this loader)
+                rows = self.batch_size
                 self._ring = SlotRing(self._device_options.slots, lambda: stage.new_output(rows), stage.device)
             self._ring.restart()
             feeder = self._feeder = DeviceFeeder(self._stage, self._ring, weakref.WeakMethod(self._open_pass), key,
-                                                 follow=lambda done: PassKey(done.epoch + 1),
+                                                 follow=follow,
                                                  setup=weakref.WeakMethod(self._setup_device),
                                                  decode_ahead=self._device_options.decode_ahead)
             self._feeder_closer = weakref.finalize(self, feeder.close)  # a loader dropped mid-pass stops it
@@ -418,6 +451,8 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                 images, labels, metadata = self._borrow(key, number)  # type: ignore[assignment]  # a preset's: stacked
                 images = finish(images.to(self.device), self._output, self._channels_last, str(self.dataset.root))
                 labels = labels.to(self.device)
+            elif self.dataset.pipeline.recipe.batch is not None:  # mixed here, on the device
+                labels = self.dataset.pipeline.mix(images, labels, key.epoch, (number,))
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
     def _setup_device(self) -> None:
@@ -494,7 +529,10 @@ class ImageLoader(ClosesWorkers, ResumableLoader):
                           stacklevel=3)
         metadata = [sample_metadata(sample)] if self.dataset.with_metadata else None
         images = [image] if pipeline.unstacked else image[None]
-        return images, pipeline.labels.batch([pipeline.target_of(sample)]), metadata
+        labels = pipeline.labels.batch([pipeline.target_of(sample)])
+        if pipeline.recipe.batch is not None:  # labels as the batch preset makes them (one row: not mixed)
+            labels = pipeline.mix(images, labels, epoch, sample.position)  # type: ignore[arg-type]  # a preset's
+        return images, labels, metadata
 
     @property
     def device_fallbacks(self) -> int:
@@ -556,4 +594,7 @@ def _resolve_decode(decode: str, device: torch.device | None, data: Any) -> str:
     if decode == "device" and data.pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val'; custom transforms run on the CPU "
                           "(decode='worker')")
+    if decode == "device" and data.pipeline.recipe.per_sample:
+        raise ConfigError(f"decode='device': {list(data.pipeline.recipe.per_sample)} run on each crop in the "
+                          "workers (decode='worker'); on the device path a recipe takes MixUp / CutMix only")
     return "worker" if decode == "auto" else decode

@@ -5,6 +5,7 @@ normalised floats made from each image's uint8 planes (fastdata.image.output); a
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from time import perf_counter
@@ -32,6 +33,9 @@ from fastdata.image.jpeg.region import (
 )
 from fastdata.image.jpeg.restart import RestartIndex, build_index, decode_region, restart_failure, warn_restart_fallback
 from fastdata.image.output import OutputFormat
+from fastdata.image.recipes.ops import OpContext
+from fastdata.image.recipes.recipe import Recipe
+from fastdata.image.recipes.sizes import ImageSizes
 from fastdata.image.targets.codec import SpatialCodec, TargetCodec, wrap_spatial_custom
 from fastdata.image.targets.labels import LabelCodec
 from fastdata.meter.stages import StageTimes
@@ -49,7 +53,7 @@ class SamplePipeline:
                  max_pixels: int = DEFAULT_MAX_PIXELS, jpeg_libraries: tuple[str, ...] | None = None, *,
                  scale: Any = None, ratio: Any = None,
                  labels: TargetCodec | None = None,
-                 jpeg_layout: str = "original") -> None:
+                 jpeg_layout: str = "original", recipe: Recipe | None = None) -> None:
         self.max_pixels = max_pixels
         # "restart" (the manifest's jpeg_layout): a rewritten JPEG's crop region is decoded from the sub-JPEG of the
         # MCUs it covers (fastdata.image.jpeg.restart); any other layout, or a JPEG the conversion kept as it was, by
@@ -69,6 +73,15 @@ class SamplePipeline:
         # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
         self.unstacked = False
         self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)
+        # the format of the batches the loader delivers, made here or on its device: the units of RandomErasing's
+        # value (the loader sets it)
+        self.delivered = OutputFormat()
+        # what follows the crop (fastdata.image.recipes): per-sample presets on each crop, a batch preset on each
+        # batch over `mix_classes` classes (the dataset sets them)
+        self.recipe = recipe or Recipe()
+        self.mix_classes = 0
+        self.sizes: ImageSizes | None = None  # progressive resizing: each epoch's output size (the loader's)
+        self._sized: dict[tuple[int, int], Any] = {}  # the preset at another epoch's size, made once
         self.augment = augment
         self.seed = seed
         self.source = source
@@ -90,11 +103,15 @@ class SamplePipeline:
             if self.spatial is not None and augment is not None:
                 self._wrap_spatial_custom()  # ConfigError now for a transform the targets cannot follow
             self.preset, self.image_size = None, None
+        if self.recipe and (self.preset is None or self.spatial is not None):
+            raise ConfigError(f"{source}: {self.recipe.describe()} follow the classification presets "
+                              "(augment=[RandomResizedCrop(...), ...]); detection and segmentation datasets and "
+                              "custom transforms take none")
         self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_custom": None, "_local": None}
+        return {**self.__dict__, "_custom": None, "_local": None, "_sized": {}}
 
     def _scratch(self, size: tuple[int, int], name: str = "image") -> np.ndarray:
         """The H x W x 3 image each sample of a batch is resized into before its planes go to the batch tensor
@@ -111,8 +128,35 @@ class SamplePipeline:
 
     @property
     def output_size(self) -> tuple[int, int] | None:
-        """(height, width) of the output, when every sample has the same known size (a preset)."""
+        """(height, width) of the output, when every sample has the same known size (a preset), as built."""
         return self.preset.out_size if self.preset is not None else None
+
+    def preset_for(self, epoch: int) -> Any:
+        """The preset epoch `epoch` is made with: the one built, at the epoch's size (`sizes`, progressive
+        resizing)."""
+        if self.sizes is None or self.preset is None:
+            return self.preset
+        size = self.sizes.size_for(epoch)
+        if size == self.preset.out_size:
+            return self.preset
+        if size not in self._sized:
+            self._sized[size] = dataclasses.replace(self.preset, size=size)
+        return self._sized[size]
+
+    def output_size_for(self, epoch: int) -> tuple[int, int] | None:
+        """(height, width) of epoch `epoch`'s output, when known (a preset)."""
+        preset = self.preset_for(epoch)
+        return preset.out_size if preset is not None else None
+
+    def _op_context(self) -> OpContext:
+        """This thread's context for the recipe's operations (its scratch image kept between samples)."""
+        if self._local is None:
+            self._local = threading.local()
+        context = getattr(self._local, "ops", None)
+        if context is None:
+            context = self._local.ops = OpContext()
+        context.bgr = self.bgr
+        return context
 
     @property
     def bgr(self) -> bool:
@@ -193,19 +237,20 @@ class SamplePipeline:
         started = perf_counter()
         result: np.ndarray | torch.Tensor
         record = self.spatial.record(sample, self._name(sample)) if self.spatial is not None else None
-        if self.preset is not None:
+        preset = self.preset_for(epoch)
+        if preset is not None:
             rng = sample_rng(self.seed, epoch, *sample.position)
-            canvas = self.preset.out_size
+            canvas = preset.out_size
             if out is None:
                 out = np.empty((*canvas, 3), np.uint8)
             # boxes, masks: the crop goes to the canvas' top-left, the rest padded with 0
             if self.spatial is not None and record is not None:
-                placement = self.preset.place(sample.width, sample.height, rng, self.spatial.boxes_of(record))
+                placement = preset.place(sample.width, sample.height, rng, self.spatial.boxes_of(record))
                 params, size = placement.crop, placement.size
                 result = out
                 out = pad_around(out, size)
             else:
-                params, size = self.preset.params(sample.width, sample.height, rng), canvas
+                params, size = preset.params(sample.width, sample.height, rng), canvas
                 result = out
             decoder = self.region_decoder_for_presets() if sample.codec == CODEC_CV_JPEG else None
             decode_started = perf_counter()
@@ -219,6 +264,8 @@ class SamplePipeline:
                 image = self._decode(sample, reduce)
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
+            if self.recipe.per_sample:  # policies, erasing: on the crop, drawn after it from the sample's RNG
+                self.recipe.apply(out, rng, self._op_context(), self.delivered)
             if self.spatial is not None and record is not None:
                 sample.made = self.spatial.placed(record, placement, canvas)
         else:
@@ -260,7 +307,7 @@ class SamplePipeline:
         results are stacked (one shape and dtype throughout)."""
         skipped: list[tuple[str, str]] = []
         labels: list[Label] = []
-        size = self.output_size
+        size = self.output_size_for(epoch)
         times = StageTimes()
         tensor: torch.Tensor | list[torch.Tensor]
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
@@ -315,7 +362,17 @@ class SamplePipeline:
             tensor, slot = _stack(images, kept, self.source, buffers)
         label_tensor = self.labels.batch(labels)
         times.collate += perf_counter() - collate_started
+        if self.recipe.batch is not None and samples:
+            started = perf_counter()
+            label_tensor = self.mix(tensor, label_tensor, epoch,  # type: ignore[arg-type]  # a preset's: stacked
+                                    samples[0].position)
+            times.augment += perf_counter() - started
         return Batch(tensor, label_tensor, skipped, times, slot)
+
+    def mix(self, images: torch.Tensor, labels: torch.Tensor, epoch: int, key: tuple[int, ...]) -> torch.Tensor:
+        """The recipe's batch preset on one batch: `images` mixed in place, the labels returned as float rows
+        over `mix_classes` classes, drawn from (seed, epoch, `key`: the batch's first sample's position)."""
+        return self.recipe.mix(images, labels, self.seed, epoch, key, self.mix_classes)
 
     def to_chw_view(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
         """What `process` returned as CHW, without copying (an HWC array: a transposed view)."""

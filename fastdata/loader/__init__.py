@@ -20,6 +20,7 @@ from fastdata.image.detection_presets import is_detection_preset
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.geometry import output_size
 from fastdata.image.loader import ImageLoader, ImageOptions
+from fastdata.image.recipes.recipe import Recipe
 from fastdata.loader.mixing import mixed_loader
 from fastdata.loader.options import MixOptions, Output, resolve_spelling
 from fastdata.loader.tuning import Tuned, dataset_root, loader_key, measured_decode, resolve_auto, tune_files
@@ -103,12 +104,15 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     spelled = resolve_spelling("dataset", keywords, ("remote", "augment", "output"), remote=remote, augment=augment,
                                image_size=image_size, output=output)
     augment, image_size, scale, ratio = spelled.augment, spelled.image_size, spelled.scale, spelled.ratio
+    if spelled.recipe is not None and spelled.recipe.batch is not None:
+        raise ConfigError(f"{spelled.recipe.batch!r} mixes whole batches: use fastdata.loader, or apply torchvision's "
+                          "MixUp / CutMix to your DataLoader's batches")
     explicit_world = rank is not None or world_size is not None
     rank, world_size = resolve_world(rank, world_size)
     check_uneven(uneven)
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                          remote=spelled.remote, scale=scale, ratio=ratio, metadata=metadata, max_length=max_length,
-                         masks=masks)
+                         masks=masks, recipe=spelled.recipe)
     spelled.check_preset(path, getattr(data, "target_kind", None))
     if isinstance(data, TextDataset):
         _refuse_image_options(path, _augment_given(augment, None, image_size, scale, ratio))
@@ -148,7 +152,7 @@ def _sample_output(path: str | os.PathLike[str], data: Any, output: Output) -> N
 def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_size: Any = None, seed: int = 0,
                   on_error: str = "raise", remote: RemoteOptions | None = None, scale: Any = None,
                   ratio: Any = None, metadata: bool = False, max_length: int | None = None, masks: bool = False,
-                  ) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+                  recipe: Recipe | None = None) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """The dataset at `path`, whole (the loader splits epochs between ranks itself)."""
     if image_size is not None:
         output_size(image_size)  # ConfigError naming what was given
@@ -158,7 +162,7 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
         raise ConfigError(f"augment must be None, 'train', 'val', an albumentations or torchvision transform or a "
                           f"callable on an HWC uint8 array, got {augment!r} ({type(augment).__name__})")
     remote = remote or RemoteOptions()
-    extra = {"scale": scale, "ratio": ratio, "max_length": max_length}
+    extra = {"scale": scale, "ratio": ratio, "max_length": max_length, "recipe": recipe or None}
     if is_url(path):
         store = remote.shards(str(path))
         return WdsImageDataset(store.url, store.manifest, augment=augment, image_size=image_size, seed=seed,
@@ -168,6 +172,8 @@ def _open_dataset(path: str | os.PathLike[str], augment: Any = None, *, image_si
     root = Path(path)
     manifest = read_manifest(root)
     if manifest.kind == "text":
+        if recipe:
+            raise ConfigError(f"{path}: {recipe.describe()} augment images; this dataset holds text")
         if metadata or masks:
             raise ConfigError(f"{path}: {'metadata' if metadata else 'masks'}=True applies to image datasets; this one "
                               "holds text")
@@ -408,6 +414,9 @@ def loader(
                           f"{options.prefetch_factor}); pass numbers to choose", stacklevel=2)
         if metadata:
             raise ConfigError("metadata=True applies to one dataset's loader; a mixture's batches do not carry it")
+        if spelled.recipe:
+            raise ConfigError("a recipe (presets after the crop in an augment list) applies to one dataset's "
+                              "loader; a mixture takes the crop alone")
         mixed = mixed_loader(path, weights, options, text, image_options, augment=augment, image_size=image_size,
                              on_error=on_error, scale=scale, ratio=ratio, masks=masks, mixing=mix)
         mixed.tuned = None
@@ -416,14 +425,18 @@ def loader(
         raise ConfigError("weights, samples_per_epoch, epoch_end, exhausted and classes apply to a mixture: pass a "
                           "list of dataset paths")
     data = _open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error, remote=remote,
-                         scale=scale, ratio=ratio, max_length=text.max_length, masks=masks, metadata=metadata)
+                         scale=scale, ratio=ratio, max_length=text.max_length, masks=masks, metadata=metadata,
+                         recipe=spelled.recipe)
     spelled.check_preset(path, getattr(data, "target_kind", None))
     tuned = None
     if AUTO in auto:
         tuned = _tuned(data, path, options, auto, image_options, augment, tune_dir)
         options = dataclasses.replace(options, num_workers=tuned.num_workers, prefetch_factor=tuned.prefetch_factor)
         image_options["decode"] = tuned.decode or decode
-    elif decode == "auto" and image_options["device"] is not None and getattr(data, "pipeline", None) is not None:
+        if image_options["decode"] == "device" and decode == "auto" and _recipe_per_sample(data):
+            image_options["decode"] = "worker"
+    elif decode == "auto" and image_options["device"] is not None and getattr(data, "pipeline", None) is not None \
+            and not _recipe_per_sample(data):
         image_options["decode"] = _measured_decode(data, options, image_options, augment, tune_dir) or "auto"
     if not isinstance(data, (LmdbImageDataset, WdsImageDataset)):
         _refuse_image_options(path, _augment_given(augment, "train", image_size, scale, ratio)
@@ -436,6 +449,13 @@ def loader(
         built = ImageLoader(data, options, ImageOptions(**image_options))
     built.tuned = tuned  # what "auto" chose and where it came from (None: nothing was asked to be tuned)
     return built
+
+
+def _recipe_per_sample(data: Any) -> bool:
+    """Whether `data`'s images get a recipe's per-sample presets, which run in the workers (so "auto" decodes
+    there)."""
+    pipeline = getattr(data, "pipeline", None)
+    return pipeline is not None and bool(pipeline.recipe.per_sample)
 
 
 def _measured_decode(data: Any, options: LoaderOptions, image_options: dict[str, Any], augment: Any,

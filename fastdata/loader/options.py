@@ -10,7 +10,9 @@ docs entry:
   (`fastdata.formats.remote`);
 - `MixOptions(samples_per_epoch, epoch_end, exhausted)`: a mixture's epoch;
 - `RandomResizedCrop(size, scale, ratio)` and `ResizeCenterCrop(size)`: the classification presets
-  (`augment="train"` / `"val"`) as objects, beside the detection ones (`fastdata.presets`).
+  (`augment="train"` / `"val"`) as objects, beside the detection ones (`fastdata.presets`); a list that starts
+  with one and goes on with the recipe presets (`[RandomResizedCrop(224), TrivialAugmentWide(), ...]`) is that
+  crop followed by a `fastdata.image.recipes.recipe.Recipe`.
 
 The keywords these replace still work (`dtype=`, `seq_len=`, `cache_dir=`, ...): `resolve_spelling` turns either
 spelling into the same objects, and refuses both at once or a keyword the function does not take.
@@ -27,6 +29,7 @@ from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
 from fastdata.image.mixed import CLASS_RULES
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
+from fastdata.image.recipes.recipe import Recipe, is_recipe_preset
 from fastdata.order.mixing import check_epoch_rule
 from fastdata.text.loader import TextOptions
 
@@ -120,6 +123,7 @@ class Spelled:
     scale: Any
     ratio: Any
     preset: RandomResizedCrop | ResizeCenterCrop | None = None  # the classification preset given, if one was
+    recipe: Recipe | None = None  # the presets after the crop in an augment list, if one was given
 
     def check_preset(self, path: Any, target_kind: str | None) -> None:
         """Refuse a classification preset over a detection or segmentation dataset (whose "train" and "val" are
@@ -152,6 +156,7 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
             raise ConfigError(f"pass either {group}={kind.__name__}(...) or {', '.join(given)}, not both")
         made[group] = objects[group] if objects[group] is not None else kind(**given)
     scale, ratio = keywords.get("scale"), keywords.get("ratio")
+    augment, recipe = split_recipe(augment)
     preset = augment if isinstance(augment, (RandomResizedCrop, ResizeCenterCrop)) else None
     if preset is not None:
         extra = [name for name, value in {"image_size": image_size, "scale": scale, "ratio": ratio}.items()
@@ -164,4 +169,22 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
         else:
             augment = "val"
     return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
-                   ratio, preset)
+                   ratio, preset, recipe)
+
+
+def split_recipe(augment: Any) -> tuple[Any, Recipe | None]:
+    """An augment list (`[crop, *recipe presets]`, torchvision's order) as its crop (a classification preset,
+    or "train" / "val") and the recipe that follows it; anything else as it is, with no recipe."""
+    if not isinstance(augment, list | tuple):
+        if is_recipe_preset(augment):
+            raise ConfigError(f"augment={augment!r} follows a crop: pass a list that starts with one, e.g. "
+                              f"augment=[fastdata.presets.RandomResizedCrop(224), {type(augment).__name__}(...)]")
+        return augment, None
+    if not augment:
+        raise ConfigError("augment=[]: a list starts with the crop (fastdata.presets.RandomResizedCrop(...) or "
+                          "ResizeCenterCrop(...)); pass augment=None for whole images")
+    crop, *rest = augment
+    if not (isinstance(crop, (RandomResizedCrop, ResizeCenterCrop)) or crop in ("train", "val")):
+        raise ConfigError(f"an augment list starts with the crop, fastdata.presets.RandomResizedCrop(...) or "
+                          f"ResizeCenterCrop(...) (or 'train' / 'val'), got {crop!r}")
+    return crop, Recipe.of(rest)

@@ -137,14 +137,16 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     if pipeline.preset is None:
         raise ConfigError("decode='device' needs augment='train' or 'val' (custom transforms run on the CPU "
                           "path: decode='worker')")
+    preset = pipeline.preset_for(epoch)  # at the epoch's size (progressive resizing)
     takes = [device_takes(s, pipeline.max_pixels, pipeline.ship_progressive) for s in samples]
     elsewhere = [s for s, t in zip(samples, takes, strict=True) if not t]
     if elsewhere:
         decoded = pipeline.batch(elsewhere, epoch, on_error)
         pixels, skipped, times = decoded.images, decoded.skipped, decoded.times
     else:
-        pixels, skipped, times = torch.empty((0, 3, *pipeline.output_size),  # type: ignore[misc]  # a preset's
-                                             dtype=torch.uint8), [], StageTimes()
+        size = pipeline.output_size_for(epoch)
+        assert size is not None  # a preset's (checked above)
+        pixels, skipped, times = torch.empty((0, 3, *size), dtype=torch.uint8), [], StageTimes()
     lost = {key for key, _ in skipped}
     kept = [(s, t) for s, t in zip(samples, takes, strict=True) if t or s.key not in lost]
     started = perf_counter()
@@ -155,8 +157,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     sub_jpegs = pipeline.jpeg_layout == "restart" and bool(pipeline.ship_sub_jpegs)
     for i, (sample, take) in enumerate(kept):
         if take:
-            params = pipeline.preset.params(sample.width, sample.height,
-                                            sample_rng(pipeline.seed, epoch, *sample.position))
+            params = preset.params(sample.width, sample.height, sample_rng(pipeline.seed, epoch, *sample.position))
             boxes[i] = (params.left, params.top, params.width, params.height)
             flips[i] = params.flip
             shipped = ship_sub_jpeg(sample, params) if sub_jpegs else None
