@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 #: name -> module; each module exposes `cli_command()` returning its click command, and an image converter
 #: `relist(src, manifest) -> ImageSource` (its source listed again as the conversion that wrote `manifest` listed it,
@@ -30,6 +31,6 @@ SUMMARIES: dict[str, str] = {
 }
 
 
-def load(name: str):
+def load(name: str) -> ModuleType:
     """Import the converter module registered as `name`."""
     return importlib.import_module(REGISTRY[name])

@@ -45,7 +45,7 @@ from fastdata.formats.targets import DetectionRecord, encode_detection
 BOX_TOLERANCE = 1.0  # pixels a box may reach past its image's edge (rounding in annotation tools)
 
 
-def _mask_api():
+def _mask_api() -> Any:  # pycocotools.mask (untyped)
     try:
         from pycocotools import mask
     except ImportError as exc:
@@ -258,7 +258,7 @@ def scan(annotations_path: str | os.PathLike[str], images_dir: str | os.PathLike
     index_of = {image["id"]: i for i, image in enumerate(images)}
     per_image: list[list[dict[str, Any]]] = [[] for _ in images]
     with_masks = without_masks = None
-    degenerate, degenerate_example = 0, []  # polygons left out of masks, and the first annotation holding one
+    degenerate, degenerate_example = 0, list[int]()  # polygons left out of masks, and the first annotation holding one
     for ann in annotations:
         if ann["image_id"] not in index_of:
             raise SourceError(f"{path}: annotation {ann['id']} is for image id {ann['image_id']}, which is not in "
@@ -345,7 +345,7 @@ def cli_command() -> click.Command:
     @click.argument("out", type=click.Path(path_type=Path))
     @click.option("--skip-empty", is_flag=True, help="Leave out images without annotations (kept by default).")
     @convert_options(max_size=False)
-    def command(annotations: Path, images_dir: Path, out: Path, skip_empty: bool, **options) -> None:
+    def command(annotations: Path, images_dir: Path, out: Path, skip_empty: bool, **options: Any) -> None:
         """Pack the images of the COCO instances file ANNOTATIONS (file names relative to IMAGES_DIR), with their
         boxes, labels and masks, into OUT.
 

@@ -133,6 +133,7 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
         mask_paths = [Path(key) if os.path.isabs(key) else root / key for key in mask_keys]
         targets = LabelMapTargets(mask_paths, scan_label_maps(mask_paths, rows.name), options.ignore_index,
                                   options.num_classes)
+    parsed: list[Label]
     if not with_labels:
         classes, parsed, kind = [NO_LABEL_CLASS], [0] * len(paths), "single"
     else:
@@ -142,7 +143,7 @@ def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> Im
     for label in parsed:
         for class_id in label if isinstance(label, tuple) else (label,):
             counts[class_id] += 1
-    details = {"lists": [str(p) for p in files], "root": str(root.absolute()),
+    details: dict[str, Any] = {"lists": [str(p) for p in files], "root": str(root.absolute()),
                "list_options": {"image_column": options.image_column, "label_column": options.label_column,
                                 "num_classes": options.num_classes, "allow_outside_root": options.allow_outside_root,
                                 "metadata_columns": None if options.metadata_columns is None
@@ -367,7 +368,7 @@ def cli_command() -> click.Command:
     @convert_options
     def command(list_path: str, out: Path, root: Path | None, image_column: str, label_column: str,
                 num_classes: int | None, allow_outside_root: bool, metadata_columns: str | None,
-                mask_column: str | None, ignore_index: int, **options) -> None:
+                mask_column: str | None, ignore_index: int, **options: Any) -> None:
         """Pack the images that the file list LIST names into OUT.
 
         LIST is a .csv, .tsv, .jsonl or .parquet file, or a folder or glob of them (concatenated in sorted

@@ -249,7 +249,7 @@ def _image_column(found: _Split, src: str, wanted: str | None) -> str:
                       "that holds the images with --image-column")
 
 
-def _list_types() -> tuple[type, ...]:
+def _list_types() -> tuple[type[Any], ...]:
     datasets = _datasets()
     return tuple(t for t in (getattr(datasets, n, None) for n in ("List", "LargeList", "Sequence"))
                  if isinstance(t, type))
@@ -431,7 +431,7 @@ def cli_command() -> click.Command:
     @click.option("--metadata/--no-metadata", default=True, show_default=True,
                   help="Store the other scalar columns with each sample (fastdata.dataset(OUT, metadata=True)).")
     @convert_options
-    def command(src: str, out: Path, **options) -> None:
+    def command(src: str, out: Path, **options: Any) -> None:
         """Pack a Hugging Face dataset SRC into OUT: a save_to_disk folder (Dataset or DatasetDict), Parquet or
         Arrow files (a file or a folder), or the name of a Hub dataset in the local cache (read offline).
 

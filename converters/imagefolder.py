@@ -113,7 +113,7 @@ def cli_command() -> click.Command:
     @click.argument("src", type=click.Path(path_type=Path))
     @click.argument("out", type=click.Path(path_type=Path))
     @convert_options
-    def command(src: Path, out: Path, **options) -> None:
+    def command(src: Path, out: Path, **options: Any) -> None:
         """Pack an ImageFolder tree SRC (SRC/<class>/**/<image>) into OUT.
 
         OUT ending in .lmdb writes one LMDB dataset (sample i = torchvision ImageFolder's sample i);

@@ -387,7 +387,7 @@ def cli_command() -> click.Command:
     @convert_options
     def command(src: str, out: Path, caption_column: str, image_column: str, root: Path | None,
                 tokenizer: Path | None, allow_outside_root: bool, metadata_columns: str | None,
-                image_ext: str | None, **options) -> None:
+                image_ext: str | None, **options: Any) -> None:
         """Pack image-text pairs SRC into OUT: each image with its caption (and token ids with --tokenizer).
 
         SRC: a .csv, .tsv, .jsonl or .parquet list (a path and a caption per row), or WebDataset shards as

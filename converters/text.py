@@ -46,7 +46,7 @@ def _files_under(directory: Path) -> list[Path]:
     saved = saved_dataset_files(directory)
     if saved is not None:  # its data files, not the cache files `datasets` may have written beside them
         return saved
-    found = []
+    found: list[Path] = []
     for dirpath, _dirnames, filenames in os.walk(directory, followlinks=True):
         found.extend(Path(dirpath, name) for name in filenames if source_suffix(Path(name)))
     return sorted(found, key=lambda p: p.relative_to(directory).as_posix())
@@ -305,7 +305,7 @@ def cli_command() -> click.Command:
                        "conversions; 0: in this process, on the tokenizer's own threads. The same dataset "
                        "either way.")
     @output_options
-    def command(src: tuple[str, ...], out: Path, quiet: bool, **options) -> None:
+    def command(src: tuple[str, ...], out: Path, quiet: bool, **options: Any) -> None:
         """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, .arrow, folders or quoted
         glob patterns of them, a Hugging Face save_to_disk folder) into OUT.
 

@@ -247,7 +247,7 @@ def cli_command() -> click.Command:
                   help="Number of classes of integer labels. Default: the largest class id + 1.")
     @click.option("--no-labels", is_flag=True, help="No labels: every sample in one class, 'unlabelled'.")
     @convert_options
-    def command(src: str, out: Path, **options) -> None:
+    def command(src: str, out: Path, **options: Any) -> None:
         """Convert existing WebDataset shards SRC into OUT, keeping their image bytes.
 
         SRC: a folder of .tar shards, one .tar, or a brace pattern ('shards-{000000..000009}.tar', quoted).

@@ -51,7 +51,7 @@ class _Cli(click.Group):
             formatter.write_dl([(name, what if isinstance(what, str) else what.get_short_help_str(limit))
                                 for name, what in entries])
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as exc:
@@ -77,7 +77,7 @@ class _ConvertGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl([(kind, SUMMARIES[kind]) for kind in sorted(REGISTRY)])
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             with warnings.catch_warnings():  # the summary's first line says it: not a second time as a note
                 warnings.simplefilter("ignore", MostlyRejectedWarning)
@@ -226,8 +226,8 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
     if trace_dir is not None:
         click.echo(f"traces: {trace_dir} (open each in ui.perfetto.dev or chrome://tracing)", err=True)
     if plot is not None:
-        workers = f"{config.num_workers} worker{'s' * (config.num_workers != 1)}"
-        title = f"fastdata bench {path.name}: batch {batch_size}, {workers}, step {step}"
+        shown = f"{config.num_workers} worker{'s' * (config.num_workers != 1)}"
+        title = f"fastdata bench {path.name}: batch {batch_size}, {shown}, step {step}"
         click.echo(f"plot: {plot_runs(plot, results, title)}", err=True)
 
 
@@ -299,7 +299,7 @@ def demo(directory: Path, images: int, epochs: int) -> None:
     run_demo(directory, images=images, epochs=epochs, echo=click.echo)
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 

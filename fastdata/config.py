@@ -72,15 +72,16 @@ def check_number(name: str, value: Any, minimum: float | None = None) -> float:
         raise ConfigError(f"{name} must be a number, got {_given(value)}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
-    return value
+    return value  # type: ignore[return-value]  # a numbers.Real: int, float or a numpy scalar
 
 
 def parse_size(text: str | int) -> int:
     """Parse a byte count such as `256MB`, `64KB`, `1.5GiB` or `1000000` (KB/MB/GB are powers of 1000,
     KiB/MiB/GiB powers of 1024)."""
-    if isinstance(text, bool) or not isinstance(text, (str, numbers.Real)):
+    # int named beside the numbers ABCs for mypy, which does not see int registered as one
+    if isinstance(text, bool) or not isinstance(text, (str, int, numbers.Real)):
         raise ConfigError(f"cannot read {_given(text)} as a size: use e.g. 256MB, 64KB, 1GiB or a byte count")
-    if isinstance(text, numbers.Integral):
+    if isinstance(text, (int, numbers.Integral)):
         value = int(text)
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))

@@ -83,7 +83,7 @@ class CtrlC:
         """(in the timer's thread) Interrupt the main thread again, by a real SIGINT (which also wakes a blocking
         call): its handler raises the interrupt, or holds it once more."""
         self._armed = False
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]  # it runs: ident set
 
 
 def importing(frame: FrameType | None) -> bool:

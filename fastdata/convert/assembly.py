@@ -75,8 +75,8 @@ class ShardAssembly:
             with ctrl_c_held():  # a Ctrl-C that comes meanwhile is raised once all are started
                 for _ in range(self.processes):
                     ours, theirs = context.Pipe(duplex=True)
-                    process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
-                                              name="fastdata-shard-assembler")
+                    process = context.Process(  # type: ignore[attr-defined]  # every start method's context has it
+                        target=_serve, args=(theirs, ours, os.getpid()), daemon=True, name="fastdata-shard-assembler")
                     process.start()
                     theirs.close()
                     self._connections.append(ours)
@@ -220,7 +220,8 @@ class _Digest:
     """The future of a shard's digest (`ready()`, `get()`), as the writer's checkpoints wait for it."""
 
     def __init__(self, assembly: ShardAssembly, path: str) -> None:
-        self._assembly, self._path, self._value = assembly, path, None
+        self._assembly, self._path = assembly, path
+        self._value: str | None = None
 
     def ready(self) -> bool:
         if self._value is None:
@@ -262,7 +263,7 @@ def _serve(connection: Connection, parent_end: Connection, parent: int) -> None:
             elif kind == "hash":
                 hashes.setdefault(path, _ShardHash()).extend(path + ".tmp", message[2])
             else:
-                answer = _finish(path, message[2], message[3], hashes.pop(path, None) or _ShardHash())
+                answer = _finish(path, message[2], message[3], hashes.pop(path) if path in hashes else _ShardHash())
         except OSError as exc:
             connection.send(("error", path, exc.strerror or str(exc)))
             continue

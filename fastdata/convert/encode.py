@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastdata.formats.records import (
     DEFAULT_MAX_PIXELS,
@@ -18,6 +19,9 @@ from fastdata.formats.records import (
     exception_text,
     pillow_pixels_checked,
 )
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @dataclass(frozen=True)
@@ -90,18 +94,19 @@ def _as_jpeg(data: bytes, codec: int, relative_path: str, label: Label, options:
     return _jpeg_record(Image.fromarray(pixels), relative_path, label, options.quality)
 
 
-def _jpeg_record(rgb, relative_path: str, label: Label, quality: int) -> ImageRecord:
+def _jpeg_record(rgb: Image.Image, relative_path: str, label: Label, quality: int) -> ImageRecord:
     """The RGB PIL image `rgb` encoded once as the JPEG record of sample `relative_path`."""
     out = io.BytesIO()
     rgb.save(out, "JPEG", quality=quality)
     return ImageRecord(relative_path, out.getvalue(), "jpg", label, rgb.width, rgb.height, codec_for("JPEG", "RGB"))
 
 
-def _downscaled(im, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:
+def _downscaled(im: Image.Image, relative_path: str, label: Label, options: EncodeOptions) -> ImageRecord:
     """Re-encode an oversized image to JPEG with its longer side = max_size (FFCV's max_resolution)."""
     from PIL import Image
 
     width, height = im.size
+    assert options.max_size is not None  # called for images larger than it
     scale = options.max_size / max(width, height)
     target = (max(1, round(width * scale)), max(1, round(height * scale)))
     if im.format == "JPEG":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -33,7 +34,7 @@ from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_li
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
 from fastdata.convert.pool import PoolStats, chunk_results
 from fastdata.convert.ray import ENGINES, RayWork, require_ray
-from fastdata.convert.sources import ImageSource
+from fastdata.convert.sources import CountingTargets, ImageSource
 from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.errors import ConfigError, RejectedFileError
@@ -198,7 +199,7 @@ def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int,
 
 def convert_images(
     list_source: Callable[[], ImageSource],
-    out: str | Path,
+    out: str | os.PathLike[str],
     *,
     format: str | None = None,
     shard_size: str | int | None = None,
@@ -315,7 +316,7 @@ def convert_images(
                                                                         listing, assembly),
                                          _Progress.parse)
         state = resumed or _Progress(wanted, counts=[0] * len(listing.classes))
-        if resumed is not None and hasattr(listing.targets, "restore"):
+        if resumed is not None and isinstance(listing.targets, CountingTargets):
             listing.targets.restore(resumed.target_state)
         resumed_at = resumed.next_task if resumed else None  # `state` moves on from here
         if isinstance(writer, WdsWriter) and resumed is not None:
@@ -376,7 +377,7 @@ def convert_images(
 
 def _progress_json(state: _Progress, listing: ImageSource) -> bytes:
     """`state` as a checkpoint stores it, with what the source's targets have counted (segmentation: class ids)."""
-    if hasattr(listing.targets, "state"):
+    if isinstance(listing.targets, CountingTargets):
         state.target_state = listing.targets.state()
     return state.to_json()
 
@@ -410,12 +411,12 @@ def _write_all(writer: LmdbWriter | WdsWriter, job: SampleJob, listing: ImageSou
                 state.bytes_in += size
                 state.next_task += 1
                 if note is not None:  # what the worker's target source counted (segmentation: class ids)
-                    listing.targets.observe(note)  # type: ignore[union-attr]
+                    cast(CountingTargets, listing.targets).observe(note)
                 if laid is None:
                     _reject(listing, index, reason, state, strict)
                 else:
                     if chunk.shared is not None:  # the bytes are handed on, not copied (`ShardAssembly`)
-                        writer.add(laid, chunk.shared)
+                        cast(WdsWriter, writer).add(laid, chunk.shared)
                     else:
                         writer.add(laid)
                     if outcome is not None:

@@ -36,6 +36,13 @@ class ChunkJob(Protocol):
         ...
 
 
+class TaskJob(Protocol):
+    """What `Workers` run: `run_chunk(*task)` for each task, a tuple of arguments of the job's own choosing."""
+
+    def run_chunk(self, *task: Any, **_: Any) -> Any:
+        ...
+
+
 @dataclass
 class PoolStats:
     """What a run of the pool measured: items done, the seconds the consumer waited for the next chunk in order,
@@ -125,7 +132,7 @@ class _Failure:
     text: str
 
 
-def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None, parent_end: Any = None) -> None:
+def _serve(job: TaskJob, conn: Any, worker_init: Callable[[], None] | None, parent_end: Any = None) -> None:
     """A worker's loop: run each chunk it is sent; a thread sends the results, so the next chunk starts while the
     parent has not read the last one yet."""
     # Ctrl-C reaches every process of the terminal's process group: the parent handles it (it stops the workers and
@@ -154,11 +161,12 @@ def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None, par
                 outbox.put((sequence, job.run_chunk(*task)))
             except BaseException as exc:  # handed to the parent, which raises it
                 text = traceback.format_exc()
+                error: BaseException | None = exc
                 try:
                     pickle.dumps(exc)
                 except Exception:
-                    exc = None
-                outbox.put((sequence, _Failure(exc, text)))
+                    error = None
+                outbox.put((sequence, _Failure(error, text)))
     except (EOFError, OSError):  # the parent went away
         pass
     finally:
@@ -169,7 +177,7 @@ def _serve(job: ChunkJob, conn: Any, worker_init: Callable[[], None] | None, par
 class Workers:
     """`workers` processes serving one job, each sent tasks (tuples of arguments of `job.run_chunk`)."""
 
-    def __init__(self, job: ChunkJob, workers: int, worker_init: Callable[[], None] | None = None,
+    def __init__(self, job: TaskJob, workers: int, worker_init: Callable[[], None] | None = None,
                  describe: Callable[[tuple], str] = lambda task: f"write positions {task[0]}..{task[1] - 1}",
                  keep_shared: bool = False) -> None:
         self.describe = describe
@@ -185,8 +193,8 @@ class Workers:
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
                     inherited = parent_end if context.get_start_method() == "fork" else None
-                    process = context.Process(target=_serve, args=(job, child_end, worker_init, inherited),
-                                              daemon=True)
+                    process = context.Process(  # type: ignore[attr-defined]  # every start method's context has it
+                        target=_serve, args=(job, child_end, worker_init, inherited), daemon=True)
                     process.start()
                     child_end.close()
                     self.connections.append(parent_end)

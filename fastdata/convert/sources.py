@@ -46,7 +46,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fastdata.convert.checkpoints import files_digest
 from fastdata.errors import SourceError
@@ -122,6 +122,28 @@ class TargetSource(Protocol):
         ...
 
 
+@runtime_checkable
+class CountingTargets(TargetSource, Protocol):
+    """A TargetSource that counts what it stores, for `info()` (see the module docstring): each record made in a
+    worker comes with a note that the writer process counts, and the count is kept with each checkpoint."""
+
+    def noted_record(self, index: int) -> tuple[bytes, Any]:
+        """Sample `index`'s target record and its note for `observe`."""
+        ...
+
+    def observe(self, note: Any) -> None:
+        """Count the note of a stored record (in the writer process)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """The count so far, as JSON kept with each checkpoint."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue counting from a checkpoint's `state`."""
+        ...
+
+
 @dataclass
 class ImageSource:
     """What a converter hands the driver: the samples to store, in their order, with their labels, where their
@@ -130,7 +152,7 @@ class ImageSource:
     kind: str  # the converter's name, recorded in the manifest ("imagefolder", "list", ...)
     root: Path  # what keys are relative to (and where FileReader reads them)
     classes: list[str]
-    samples: list[tuple[str, Label]]  # (key, class id or tuple of class ids)
+    samples: Sequence[tuple[str, Label]]  # (key, class id or tuple of class ids)
     ignored: list[str] = field(default_factory=list)  # files the listing left out (not images)
     empty_classes: list[str] = field(default_factory=list)
     reader: SampleReader | None = None  # None: FileReader(root)
@@ -153,6 +175,10 @@ class ImageSource:
         if self.reader is None:
             self.reader = FileReader(self.root)
         self._check_labels()
+        for name, rows in (("metadata", self.metadata), ("caption", self.captions),
+                           ("caption token", self.caption_tokens)):
+            if rows is not None and len(rows) != len(self.samples):
+                raise SourceError(f"{self.kind} source: {len(rows)} {name} rows for {len(self.samples)} samples")
 
     def looked(self) -> str:
         """Where the samples' bytes were looked for, for messages: the absolute folder their paths are read
@@ -160,10 +186,6 @@ class ImageSource:
         if isinstance(self.reader, FileReader):
             return f"for files under {Path(self.root).resolve()}"
         return f"in the {self.kind} source {self.root}"
-        for name, rows in (("metadata", self.metadata), ("caption", self.captions),
-                           ("caption token", self.caption_tokens)):
-            if rows is not None and len(rows) != len(self.samples):
-                raise SourceError(f"{self.kind} source: {len(rows)} {name} rows for {len(self.samples)} samples")
 
     def _check_labels(self) -> None:
         """Every label is of the source's kind and names a class (a converter bug otherwise, named here rather
@@ -173,7 +195,7 @@ class ImageSource:
         count, multi = len(self.classes), self.label_kind == "multi"
         labels = [label for _, label in self.samples]
         if not multi and all(type(label) is int for label in labels) and (
-                not labels or (min(labels) >= 0 and max(labels) < count)):
+                not labels or (min(labels) >= 0 and max(labels) < count)):  # type: ignore[operator]  # all int
             return  # the common case, checked at a fraction of the cost of the loop below
         for key, label in self.samples:
             ids = label if multi and isinstance(label, tuple) else (label,)

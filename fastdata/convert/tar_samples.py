@@ -321,7 +321,8 @@ def choose_images(samples: list[IndexedSample], exts: tuple[str, ...], names: li
         image = next((ext for ext in exts if ext in sample.members), None)
         if image is None:
             missing.append(f"{where(sample, names)} (has {', '.join(sorted(sample.members)) or 'nothing'})")
-        chosen.append(image)
+        else:
+            chosen.append(image)
     if missing:
         raise SourceError(f"{len(missing)} sample(s) have no image member (.{', .'.join(exts)}): {listed(missing)}")
     return chosen

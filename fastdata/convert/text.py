@@ -203,9 +203,9 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
 
 def convert_documents(
     list_source: Callable[[], TextSource],
-    out: str | Path,
+    out: str | os.PathLike[str],
     *,
-    tokenizer: str | Path,
+    tokenizer: str | os.PathLike[str],
     format: str | None = None,
     eos_token: str | None = None,
     shard_size: str | int | None = None,

@@ -224,7 +224,7 @@ class LmdbWriter:
             self._txn = self._env.begin(write=True)
             try:
                 for key, value, db in self._pending:
-                    self._txn.put(key, value, db=self._dbs[db])
+                    self._txn.put(key, value, db=self._dbs[db])  # type: ignore[arg-type]  # kept: all bytes
                 return
             except lmdb.MapFullError:
                 self._txn.abort()
@@ -364,7 +364,7 @@ class LmdbReader:
             raise NotADatasetError(f"{self.directory}: unknown label kind {label_kind!r} in the manifest (known: "
                                    f"{', '.join(_LABEL_ARRAYS)}); upgrade fastdata")
         self.label_kind = label_kind
-        self._env = None
+        self._env: Any = None
         self._pid = -1
         self._real_path = ""
         self._mapped: MappedFile | None = None
@@ -377,7 +377,7 @@ class LmdbReader:
         state.update(_env=None, _dbs=None, _pid=-1, _mapped=None)
         return state
 
-    def _open(self):
+    def _open(self) -> Any:
         if self._env is None or self._pid != os.getpid() or not is_current(self._real_path, self._env):
             self._real_path = os.path.realpath(self.directory)
             self._env, self._dbs = shared_environment(self.directory)
@@ -414,7 +414,7 @@ class LmdbReader:
             problems.append("non-positive image sizes")
         if self.num_samples and arrays["codecs"].max() > CODEC_PIL:
             problems.append("unknown codec ids")
-        labels = arrays.get("labels", arrays.get("label_values"))
+        labels = arrays["labels"] if "labels" in arrays else arrays["label_values"]
         if len(labels) and (labels.min() < 0 or (self.num_classes is not None and labels.max() >= self.num_classes)):
             problems.append(f"labels outside 0..{(self.num_classes or 1) - 1}")
         offsets = arrays.get("label_offsets")

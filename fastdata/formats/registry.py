@@ -52,6 +52,13 @@ class Storage:
     open_reader: Callable[[Path, Manifest], Any]  # (dataset directory, its manifest) -> reader
 
 
+def _token_dtype(options: WriterOptions) -> np.dtype:
+    """The token dtype a text writer stores (without it, numpy would take float64)."""
+    if options.dtype is None:
+        raise ValueError("a text dataset's writer needs the token dtype: WriterOptions(dtype=...)")
+    return options.dtype
+
+
 def _text(manifest: Manifest, root: Path) -> dict[str, Any]:
     if not manifest.text:
         raise NotADatasetError(f"{root}: the manifest of this text dataset has no 'text' section; it is damaged")
@@ -70,12 +77,12 @@ STORAGE: dict[tuple[str, str], Storage] = {
         lambda root, manifest: LocalShards(root, manifest.files)),
     ("text", "lmdb"): Storage(
         "text", "lmdb", True,
-        lambda directory, o: TextLmdbWriter(directory, o.dtype, o.chunk_tokens,
+        lambda directory, o: TextLmdbWriter(directory, _token_dtype(o), o.chunk_tokens,
                                             commit_every_chunks=o.commit_every_chunks),
         lambda root, manifest: TextLmdbReader(root, _text(manifest, root))),
     ("text", "wds"): Storage(
         "text", "wds", True,
-        lambda directory, o: TextWdsWriter(directory, o.shard_bytes, o.dtype),
+        lambda directory, o: TextWdsWriter(directory, o.shard_bytes, _token_dtype(o)),
         lambda root, manifest: TextWdsReader(root, manifest.files, _text(manifest, root))),
 }
 

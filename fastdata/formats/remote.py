@@ -76,7 +76,8 @@ class RemoteOptions:
 
     def shards(self, url: str) -> RemoteShards:
         """The remote shards of the dataset at `url`, read with these options."""
-        return RemoteShards(url, self.storage_options, self.cache_dir, self.cache_max_bytes)
+        return RemoteShards(url, self.storage_options, self.cache_dir,
+                            self.cache_max_bytes)  # type: ignore[arg-type]  # an int since __post_init__
 
 
 class RemoteShards:

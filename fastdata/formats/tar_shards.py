@@ -51,7 +51,7 @@ def member_info(name: str, size: int) -> tarfile.TarInfo:
 def tar_members(members: list[tuple[str, bytes]]) -> bytes:
     """Members (name, payload) as `ShardWriter.append` writes them into a shard, header, data and padding, byte for
     byte: what a conversion worker lays out so that the writer only appends the bytes (`append_blob`)."""
-    parts = []
+    parts: list[bytes] = []
     for name, payload in members:
         parts += (member_header(name, len(payload)), payload, bytes(-len(payload) % _BLOCK))
     return b"".join(parts)
@@ -223,7 +223,7 @@ class ShardWriter:
                 self._close_shard()
             return
         assert self._tar is not None
-        if self._tar.fileobj is not None and self._tar.fileobj.tell() >= self.shard_size:
+        if self._tar.fileobj.tell() >= self.shard_size:
             self._close_shard()
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -90,7 +90,8 @@ class DocumentEnds:
             raise IndexError(f"document {doc} out of range for {len(self)} documents")
         return int(self.take(np.array([doc]))[0])
 
-    def searchsorted(self, positions: np.ndarray, side: str = "left", per_doc: int = 0) -> np.ndarray:
+    def searchsorted(self, positions: np.ndarray, side: Literal["left", "right"] = "left", per_doc: int = 0
+                     ) -> np.ndarray:
         """`np.searchsorted(ends + per_doc * arange(n), positions, side)`, chunk by chunk (`per_doc=1` searches the
         stream with an end-of-text token after each document)."""
         positions = np.asarray(positions, np.int64)

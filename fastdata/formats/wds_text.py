@@ -257,7 +257,8 @@ class TextWdsReader(TokenReader):
                 if hi > start:
                     target = out[pos:pos + hi - start].view(np.uint8)
                     handle = self._handle(shard)
-                    got = os.preadv(handle.fileno(), [target], int(offsets[local]) + (start - doc_start) * size)
+                    got = os.preadv(handle.fileno(), [target],  # type: ignore[list-item]  # numpy: a buffer
+                                    int(offsets[local]) + (start - doc_start) * size)
                     if got != len(target):
                         raise CorruptSampleError(f"{handle.name}: document {int(index.first_docs[shard]) + local} "
                                                  "is truncated; the dataset is damaged")

@@ -245,7 +245,8 @@ def wrap_custom(transform: Any) -> Callable[[np.ndarray, int], CustomResult]:
     convention = torchvision_convention(transform)
     if convention is None and _takes_rng(transform):
         return lambda image, seed: transform(image, rng=np.random.default_rng(seed))
-    convert = {"v2": _chw_tensor, "v1": _pil_image}.get(convention or "", lambda image: image)
+    convert: Callable[[np.ndarray], Any] = {"v2": _chw_tensor, "v1": _pil_image}.get(convention or "",
+                                                                                      lambda image: image)
 
     def run_seeded(image: np.ndarray, seed: int) -> CustomResult:
         converted = convert(image)

@@ -11,7 +11,7 @@ both can build whole batches inside a DataLoader worker (`batch_dataset()`), whi
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from time import monotonic_ns, perf_counter
 from typing import Any
@@ -141,17 +141,17 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
                  recipe: Recipe | None = None) -> None:
         self._setup(root, manifest, augment, image_size, seed, on_error, metadata, scale, ratio, max_length, masks,
                     recipe)
-        self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(self.root, manifest)
+        self.reader: LmdbReader = storage("image", manifest.format, root).open_reader(Path(self.root), manifest)
 
     @property
-    def samples(self) -> StoredSamples:
+    def samples(self) -> Sequence[tuple[str, Any]]:
         """(path, label) per index: torchvision's ImageFolder.samples with each path relative to the source folder
         (ImageFolder's is `os.path.join(root, path)`); a multi-label sample's label is the list of its class ids. A
         sequence read from storage as it is asked for (equal to the list)."""
         return StoredSamples(self.reader)
 
     @property
-    def targets(self) -> StoredTargets:
+    def targets(self) -> Sequence[Any]:
         """Every sample's label: class ids, or (multi-label) lists of class ids. A sequence over the label arrays
         (equal to the list; `np.asarray(ds.targets)` gives a single-label dataset's labels without a Python int
         per sample)."""
@@ -182,7 +182,8 @@ class LmdbImageDataset(_ImageMetaMixin, Dataset):
             return image, label, self.metadata(index)
         return image, label
 
-    def get_batch(self, indices: np.ndarray, epoch: int, buffers: BatchBuffers | None = None) -> Batch:
+    def get_batch(self, indices: np.ndarray, epoch: int, buffers: BatchBuffers | None = None
+                  ) -> Batch | EncodedBatch:
         started_ns = monotonic_ns()
         started = perf_counter()
         samples = [self.encoded(int(i)) for i in indices]
@@ -204,7 +205,7 @@ class LmdbBatches(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[int, np.ndarray]) -> Batch:
+    def __getitem__(self, item: tuple[int, np.ndarray]) -> Batch | EncodedBatch:
         epoch, indices = item
         return self.dataset.get_batch(indices, epoch, self.buffers)
 
@@ -256,7 +257,7 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
         return np.array_split(mine, max(1, num_workers))[worker]
 
     def shard_samples(self, shard_id: int, want: Callable[[int], bool] | None = None, *,
-                      start: tuple[int, int] = (0, 0)) -> Iterator[tuple[int, EncodedSample | None]]:
+                      start: tuple[int, int] = (0, 0)) -> Generator[tuple[int, EncodedSample | None], None, None]:
         """`(offset, sample)` for every stored sample of one shard, in order; None (bytes not read) for the
         offsets `want` rejects. `start`: (byte position of a sample's first member header, that sample's offset)
         to begin there (`fastdata.formats.wds.sample_positions`) instead of at the shard's first sample."""
@@ -314,7 +315,7 @@ class WdsImageDataset(_ImageMetaMixin, IterableDataset):
             shard_id = int(shard_of[run_start])
             offsets = (positions[run_start:i] - starts[shard_id]).tolist()
             wanted, last = set(offsets), offsets[-1]
-            stream = self.shard_samples(shard_id, want=lambda o, wanted=wanted: o in wanted)
+            stream = self.shard_samples(shard_id, want=wanted.__contains__)
             try:
                 for offset, sample in stream:
                     if sample is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import struct
+from types import ModuleType
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def image_size(data: bytes | memoryview, pillow: bool = True) -> tuple[str, tupl
         return None
 
 
-def _cv2():
+def _cv2() -> ModuleType:
     import cv2
 
     return cv2

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -57,7 +57,7 @@ class ImageOptions:
             raise ConfigError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
         check_bool("channels_last", self.channels_last)
         if self.device is not None and not isinstance(self.device, torch.device):
-            try:
+            try:  # type: ignore[unreachable]  # a device's name, made a torch.device here
                 object.__setattr__(self, "device", torch.device(self.device))
             except (RuntimeError, TypeError) as exc:
                 raise ConfigError(f"device must be a torch.device or a name such as 'cuda' or 'cuda:1', got "
@@ -339,7 +339,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
             yield shape(batch)
         self._end_pass()
 
-    def _pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _pass(self, key: PassKey) -> Iterator[tuple[Any, ...]]:
         """The batches of one pass, delivered as this loader does (`_deliver`), with worker failures named."""
         self._iterating_epoch = key.epoch
         try:
@@ -394,7 +394,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
             return self._rolled.share(key, count, batches)
         return batches
 
-    def _deliver(self, batches: Iterator[Any], key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _deliver(self, batches: Iterator[Any], key: PassKey) -> Iterator[tuple[Any, ...]]:
         """The workers' finished batches as they made them, or with a device moved there and converted.
         A batch whose samples were all skipped borrows one (fastdata.order.borrow), so every rank yields len(self)."""
         for number, batch in enumerate(batches, start=self._pass_skip):
@@ -432,7 +432,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
             self.stage_times.parts = dict(timings)  # the feeder's threads and streams, so far (the meter's)
             images, labels, metadata = made.images, made.labels, made.metadata
             if not len(labels):
-                images, labels, metadata = self._borrow(key, number)
+                images, labels, metadata = self._borrow(key, number)  # type: ignore[assignment]  # a preset's: stacked
                 images = finish(images.to(self.device), self._output, self._channels_last, str(self.dataset.root))
                 labels = labels.to(self.device)
             elif self.dataset.pipeline.recipe.batch is not None:  # mixed here, on the device
@@ -457,25 +457,28 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         the first pass has made it; None otherwise."""
         return self._device.decoder_name if self._device is not None else None
 
-    def _borrow(self, key: PassKey, number: int) -> tuple[torch.Tensor, Any, list[dict] | None]:
+    def _borrow(self, key: PassKey, number: int) -> tuple[torch.Tensor | list[torch.Tensor], Any, list[dict] | None]:
         """A batch of one for batch `number` of pass `key`, whose samples were all skipped: the first later sample
         of this rank's epoch that decodes (fastdata.order.borrow), made here, in the main process (a rare event).
         The pass's batches come from `key`, not from the sampler's attributes, which the device path's feeder may
         already have set for the next pass."""
         pipeline = self.dataset.pipeline
         epoch = key.epoch
+        read: Callable[[int], EncodedSample]
         if self._sampler is not None:
             assert isinstance(self.dataset, LmdbImageDataset)
             batches = self._sampler.batches_for(key.epoch, key.start)
             read = self.dataset.encoded
         else:
             assert isinstance(self._batches, WdsBatches) and isinstance(self.dataset, WdsImageDataset)
-            plan = self._batches.plan(epoch)
+            plan, shards = self._batches.plan(epoch), self.dataset
             batches = plan.batches
 
-            def read(position: int) -> EncodedSample:
+            def read_shards(position: int) -> EncodedSample:
                 slot, offset = (int(v[0]) for v in plan.locate(np.array([position])))
-                return self.dataset.sample_at(int(plan.shard_order[slot]), offset)
+                return shards.sample_at(int(plan.shard_order[slot]), offset)
+
+            read = read_shards
 
         def make(position: int) -> tuple[EncodedSample, torch.Tensor]:
             sample = read(position)
@@ -495,7 +498,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         images = [image] if pipeline.unstacked else image[None]
         labels = pipeline.labels.batch([pipeline.target_of(sample)])
         if pipeline.recipe.batch is not None:  # labels as the batch preset makes them (one row: not mixed)
-            labels = pipeline.mix(images, labels, epoch, sample.position)
+            labels = pipeline.mix(images, labels, epoch, sample.position)  # type: ignore[arg-type]  # a preset's
         return images, labels, metadata
 
     @property
@@ -532,7 +535,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         if self._sampler is not None:
             assert isinstance(self.dataset, LmdbImageDataset)
             batches = self._sampler.batches_for(key.epoch, key.start)
-            indices = batches[batch_number][:4] if batch_number < len(batches) else []
+            indices = batches[batch_number][:4] if batch_number < len(batches) else np.empty(0, np.int64)
             keys = [self.dataset.reader.key(int(i)) for i in indices]
             return f"{where} (keys {', '.join(map(repr, keys))}, ...)"
         assert isinstance(self._batches, WdsBatches)

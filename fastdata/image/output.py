@@ -31,7 +31,7 @@ def _three(name: str, values: Any, positive: bool = False) -> tuple[float, float
         raise ConfigError(f"{name} must be three finite numbers (one per RGB channel, 0..1 units), got {values!r}")
     if positive and min(floats) <= 0:
         raise ConfigError(f"{name} must be positive, got {values!r}")
-    return floats  # type: ignore[return-value]
+    return floats
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from fastdata.image.output import OutputFormat
 from fastdata.image.recipes.ops import OpContext
 from fastdata.image.recipes.recipe import Recipe
 from fastdata.image.recipes.sizes import ImageSizes
-from fastdata.image.targets.codec import TargetCodec, wrap_spatial_custom
+from fastdata.image.targets.codec import SpatialCodec, TargetCodec, wrap_spatial_custom
 from fastdata.image.targets.labels import LabelCodec
 from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
@@ -58,7 +59,8 @@ class SamplePipeline:
         # MCUs it covers (fastdata.image.jpeg.restart); any other layout, or a JPEG the conversion kept as it was, by
         # region from the whole file (same pixels)
         self.jpeg_layout = jpeg_layout
-        self.labels = labels or LabelCodec()  # how a batch's labels become a tensor (class ids or multi-hot)
+        # how a batch's labels become a tensor (class ids or multi-hot)
+        self.labels: TargetCodec = labels or LabelCodec()
         # JPEGs with a preset: decode only the crop's region (fastdata.image.jpeg.region) where the extension is usable;
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
@@ -85,7 +87,7 @@ class SamplePipeline:
         self.source = source
         # detection and segmentation: targets follow the pixels' geometry (fastdata.image.targets.detection,
         # fastdata.image.targets.segmentation); None for other targets
-        self.spatial = self.labels if self.labels.spatial else None
+        self.spatial = cast(SpatialCodec, self.labels) if self.labels.spatial else None
         self.preset: Any
         if self.spatial is not None and (isinstance(augment, str) or is_detection_preset(augment)):
             self.preset = make_detection_preset(augment, image_size, scale, ratio)
@@ -105,7 +107,7 @@ class SamplePipeline:
             raise ConfigError(f"{source}: {self.recipe.describe()} follow the classification presets "
                               "(augment=[RandomResizedCrop(...), ...]); detection and segmentation datasets and "
                               "custom transforms take none")
-        self._custom = None
+        self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
 
     def __getstate__(self) -> dict:
@@ -241,7 +243,8 @@ class SamplePipeline:
             canvas = preset.out_size
             if out is None:
                 out = np.empty((*canvas, 3), np.uint8)
-            if record is not None:  # boxes, masks: the crop goes to the canvas' top-left, the rest padded with 0
+            # boxes, masks: the crop goes to the canvas' top-left, the rest padded with 0
+            if self.spatial is not None and record is not None:
                 placement = preset.place(sample.width, sample.height, rng, self.spatial.boxes_of(record))
                 params, size = placement.crop, placement.size
                 result = out
@@ -306,6 +309,7 @@ class SamplePipeline:
         labels: list[Label] = []
         size = self.output_size_for(epoch)
         times = StageTimes()
+        tensor: torch.Tensor | list[torch.Tensor]
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
             import cv2
 
@@ -360,7 +364,8 @@ class SamplePipeline:
         times.collate += perf_counter() - collate_started
         if self.recipe.batch is not None and samples:
             started = perf_counter()
-            label_tensor = self.mix(tensor, label_tensor, epoch, samples[0].position)
+            label_tensor = self.mix(tensor, label_tensor, epoch,  # type: ignore[arg-type]  # a preset's: stacked
+                                    samples[0].position)
             times.augment += perf_counter() - started
         return Batch(tensor, label_tensor, skipped, times, slot)
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.errors import CorruptSampleError
-from fastdata.image.batch import Batch, EncodedSample, worker_span
+from fastdata.image.batch import Batch, EncodedBatch, EncodedSample, worker_span
 from fastdata.image.buffers import BatchBuffers
 from fastdata.image.datasets import build_batch
 from fastdata.order.stream import DEFAULT_WINDOW, EpochPlan, StreamPlanner
@@ -57,7 +57,7 @@ class WdsBatches(IterableDataset):
         files = self.dataset.manifest.files
         return [files[int(plan.shard_order[s])].name for s in dict.fromkeys(slots.tolist())]
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch | EncodedBatch]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info else (0, 1)
         epoch, skip = (int(v) for v in self.cell.tolist())
@@ -81,7 +81,7 @@ class _WorkerReader:
         self._samples: Iterator[tuple[int, EncodedSample | None]] | None = None
         self._next_offset = 0
 
-    def batches(self, batches: Iterable[tuple[int, np.ndarray]]) -> Iterator[Batch]:
+    def batches(self, batches: Iterable[tuple[int, np.ndarray]]) -> Iterator[Batch | EncodedBatch]:
         batches = list(batches)  # one (number, view) pair per batch of this worker
         if batches:
             counts = np.bincount(np.concatenate([positions for _, positions in batches]), minlength=len(self.wanted))

@@ -392,9 +392,9 @@ def loader(
         raise ConfigError("tune_dir applies to num_workers='auto' or prefetch_factor='auto'")
     options = LoaderOptions(
         batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-        num_workers=min(available_cores(), 16) if auto[0] in (None, AUTO) else auto[0],
+        num_workers=auto[0] if isinstance(auto[0], int) else min(available_cores(), 16),  # None or "auto"
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        prefetch_factor=2 if auto[1] == AUTO else auto[1],
+        prefetch_factor=auto[1] if isinstance(auto[1], int) else 2,  # "auto"
         persistent_workers=default_persistent_workers(augment) if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context, timeout=timeout,
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))

@@ -73,22 +73,22 @@ def open_sources(paths: Sequence[str | os.PathLike[str]], augment: Any = None, *
     return opened
 
 
-def mixed_loader(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None, options: LoaderOptions,
+def mixed_loader(locations: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None, options: LoaderOptions,
                  text: TextOptions, image_options: dict[str, Any], *, augment: Any, image_size: Any,
                  on_error: str, scale: Any, ratio: Any, masks: bool, mixing: MixOptions
                  ) -> MixedImageLoader | MixedTextLoader:
     """`fastdata.loader` over several datasets (its options already validated into `options`)."""
     samples_per_epoch, epoch_end, exhausted = mixing.samples_per_epoch, mixing.epoch_end, mixing.exhausted
-    sources = open_sources(paths, augment, image_size=image_size, seed=options.seed, on_error=on_error,
+    sources = open_sources(locations, augment, image_size=image_size, seed=options.seed, on_error=on_error,
                            scale=scale, ratio=ratio, masks=masks)
-    names, paths = source_names(paths), [str(p) for p in paths]
+    names, paths = source_names(locations), [str(p) for p in locations]
     if isinstance(sources[0], TextDataset):
         given = ["augment"] if augment is not None and not (isinstance(augment, str) and augment == "train") else []
         given += [k for k, v in {"image_size": image_size, "scale": scale, "ratio": ratio}.items() if v is not None]
         given += ImageOptions.given_in(image_options) + (["classes"] if mixing.classes != "auto" else [])
         if given:
             raise ConfigError(f"{', '.join(given)}: for image datasets only; the mixture holds text")
-        return mixed_text_loader(paths, names, sources, weights, options, text, samples_per_epoch,  # type: ignore
+        return mixed_text_loader(paths, names, sources, weights, options, text, samples_per_epoch,  # type: ignore[arg-type]
                                  epoch_end, exhausted)
     if text.given():
         raise ConfigError(f"{', '.join(text.given())}: for text datasets only; the mixture holds images")
@@ -209,7 +209,7 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
     else:
         sources = by_index(sources)  # type: ignore[assignment]
         check_image_sources([str(p) for p in paths], sources)
-        dataset = MixedImageDataset(sources, source_names(paths), augment, image_size, seed, on_error,  # type: ignore
+        dataset = MixedImageDataset(sources, source_names(paths), augment, image_size, seed, on_error,  # type: ignore[arg-type]
                                     scale=scale, ratio=ratio, classes_rule=spelled.mixing.classes)
         _say_merged(dataset, [str(p) for p in paths], stacklevel=2)
     plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,

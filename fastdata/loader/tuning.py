@@ -62,8 +62,9 @@ class TuneKey:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuneKey:
         size = data.get("image_size")
-        return cls(**{**{f.name: data.get(f.name) for f in fields(cls)},
-                      "image_size": list(size) if size is not None else None})
+        values: dict[str, Any] = {**{f.name: data.get(f.name) for f in fields(cls)},
+                                  "image_size": list(size) if size is not None else None}
+        return cls(**values)
 
 
 @dataclass(frozen=True)

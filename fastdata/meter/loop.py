@@ -133,6 +133,7 @@ class _Timeline:
         self.end = max(self.end, t1)
 
     def _index(self, t: float) -> int:
+        assert self.origin is not None  # set by the first step
         index = int((t - self.origin) / self.width)
         while index >= self.max_bins:
             self._coarsen()
@@ -222,7 +223,8 @@ class Meter(Generic[T]):
                  log: Callable[[str], None] | None, on_log: Callable[[dict[str, Any]], None] | None = None,
                  trace: str | Path | None = None, trace_max_events: int = MAX_EVENTS,
                  ranks: bool | None = None) -> None:
-        if not (isinstance(iterable, Iterable) or hasattr(iterable, "__getitem__")):
+        if not (isinstance(iterable, Iterable)
+                or hasattr(iterable, "__getitem__")):  # type: ignore[unreachable]  # old-style sequences too
             raise TypeError(f"fastdata.meter() needs an iterable (a DataLoader, fastdata.loader(...), a list, a "
                             f"generator...), got {type(iterable).__name__} {_short_repr(iterable)}")
         if log_every is not None and log_every < 1:
@@ -241,7 +243,7 @@ class Meter(Generic[T]):
         self._sync_wanted = sync
         self._sizer: Callable[[Any], int | None] = (
             infer_batch_size if batch_size is None else batch_size if callable(batch_size)
-            else (lambda _item, n=int(batch_size): n))
+            else (lambda _item, n=int(batch_size): n))  # type: ignore[misc]  # mypy: a lambda with a default
         self._log = log or (None if on_log is not None else _stderr_line)
         self._on_log = on_log
         self._trace_to, self._trace_max = trace, trace_max_events

@@ -129,10 +129,11 @@ class SystemSampler:
     def _open(self) -> None:
         try:
             import psutil
+
+            self._psutil = psutil
         except ImportError:
-            psutil = None
-        self._psutil = psutil
-        if psutil is None:
+            self._psutil = None
+        if self._psutil is None:
             for name in FIGURES:
                 if not name.startswith("gpu"):
                     self._unavailable[name] = "psutil is not installed (pip install psutil)"

@@ -206,6 +206,7 @@ class Tracer:
         ts = _us(start_ns - origin)
         if tid is None:
             return {"name": name, "ph": "C", "ts": ts, "pid": self.pid, "args": args}
+        assert end_ns is not None  # a complete event has an end
         event: dict[str, Any] = {"name": name, "ph": "X", "ts": ts, "dur": _us(max(0, end_ns - start_ns)),
                                  "pid": self.pid, "tid": tid}
         if args:

@@ -76,6 +76,7 @@ class ResumableLoader:
     #: As a DataLoader's with `batch_size=None`: the loader makes whole batches itself, so there is no batch
     #: sampler (code that looks for one, e.g. Lightning's checks, then reads `sampler`).
     batch_sampler: None = None
+    tuned: Any = None  # set by fastdata.loader(): what "auto" chose (fastdata.loader.tuning.Tuned), or None
 
     def _init_progress(self) -> None:
         self._next = Position(0)

@@ -49,6 +49,11 @@ class TextDataset(Dataset):
     def __len__(self) -> int:
         return self.store.num_documents
 
+    @property
+    def _text(self) -> dict[str, Any]:
+        assert self.manifest.text is not None  # open_store refuses a manifest without its text section
+        return self.manifest.text
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index < 0:
             index += len(self)
@@ -78,16 +83,16 @@ class TextDataset(Dataset):
     def tokenizer(self) -> Any:
         """The tokenizer the dataset was made with (its copy beside the data), truncation and padding off."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.root / self.manifest.text.get("tokenizer", TOKENIZER_FILE))
+            self._tokenizer = load_tokenizer(self.root / self._text.get("tokenizer", TOKENIZER_FILE))
         return self._tokenizer
 
     @property
     def eos_token(self) -> str | None:
-        return self.manifest.text.get("eos_token")
+        return self._text.get("eos_token")
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.manifest.text.get("eos_token_id")
+        return self._text.get("eos_token_id")
 
     def _eos(self, eos_token: str | None) -> int | None:
         if eos_token is None:
@@ -106,7 +111,7 @@ class TextDataset(Dataset):
 
     def _pad_id(self, eos_id: int | None) -> int:
         """The padding id: the tokenizer's padding token, else the end-of-text token, else 0."""
-        pad_id = self.manifest.text.get("pad_token_id")
+        pad_id = self._text.get("pad_token_id")
         return pad_id if pad_id is not None else (eos_id if eos_id is not None else 0)
 
     def packed(self, seq_len: int, eos_token: str | None = None) -> PackedBlocks:
@@ -155,12 +160,14 @@ class TextRows(Dataset):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} out of range for {len(self)} rows")
+        batch: Mapping[str, torch.Tensor | int]
         if isinstance(self.batcher, BestFitRows):
             batch = self.batcher.batch(self._rows_epoch(), np.array([index]))
         else:
             batch = self.batcher.batch([index])
         whole = ("cu_seqlens", "max_seqlen")  # of the row alone already
-        return {name: values if name in whole else values[0] for name, values in batch.items()}
+        return {name: values if name in whole else values[0]  # type: ignore[index]  # max_seqlen (int): whole
+                for name, values in batch.items()}
 
     @property
     def tokenizer(self) -> Any:
@@ -226,7 +233,7 @@ class TextBatches(Dataset):
 
 
 def unpack_batches(flat: torch.Tensor, layouts: list[tuple[list, Any]], batcher: Batcher
-                   ) -> Iterator[dict[str, torch.Tensor]]:
+                   ) -> Iterator[dict[str, Any]]:
     """The batch dicts (contiguous int64 tensors) of one TextBatches item: each batch's arrays' shapes, and what
     travelled beside them."""
     view, pos = flat.numpy(), 0

@@ -40,7 +40,7 @@ class RowsForm:
     def padded(self) -> bool:
         return self.pad_id is not None
 
-    def shapes(self, rows: int) -> list[tuple[int, int]]:
+    def shapes(self, rows: int) -> list[tuple[int, ...]]:
         """The shapes of the int32 arrays a batch of `rows` rows hands over: the rows, then their positions."""
         rows_shape = (rows, self.seq_len + 1)
         return [rows_shape, (rows, self.seq_len)] if self.boundaries else [rows_shape]

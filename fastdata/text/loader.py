@@ -138,6 +138,7 @@ class TextLoader(ClosesWorkers, ResumableLoader):
         """The fraction of padded positions in the rows of the epoch under way (else the next one): best-fit rows'
         (planned), 0.0 for packed blocks, None for padded documents (it depends on each batch's longest row)."""
         if isinstance(self.batcher, BestFitRows):
+            assert self.batcher.planner is not None, "a best-fit loader's rows are planned in its process"
             return self.batcher.planner.plan(self._pass_epoch()).padding
         return 0.0 if self.packed else None
 

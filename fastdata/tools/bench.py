@@ -13,7 +13,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,7 +159,7 @@ def time_loader(name: str, make: Callable[[], Iterable], epochs: int, bytes_per_
     if finish is not None:
         finish()
     seconds = time.perf_counter() - measure_from
-    report = timed.report() if metered else None
+    report = timed.report() if metered else None  # type: ignore[attr-defined]  # metered: a Meter
     del loader, timed
     if report is None:
         return RunResult(name, counted, seconds, first_batch_s or 0.0, bytes_per_image)
@@ -206,7 +206,7 @@ class MemoryBatches:
     def __len__(self) -> int:
         return self.per_pass
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
         for i in range(self.per_pass):
             yield self.batches[i % len(self.batches)]
 

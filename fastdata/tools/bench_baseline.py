@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import MANIFEST_NAME, Manifest, content_checksum, read_manifest
@@ -104,7 +104,7 @@ def _list_baseline(dataset: Path, src: Path, manifest: Manifest, changed: dict[s
                    export_dir: Path | None, progress: Callable[[str], None] | None) -> Baseline:
     """The baseline of a dataset converted from the file list `src`: the images the list names (less the rejected
     ones), or the dataset's stored bytes exported as numbered files when it was re-encoded."""
-    facts = {"num_classes": len(manifest.classes), "label_kind": manifest.label_kind}
+    facts: dict[str, Any] = {"num_classes": len(manifest.classes), "label_kind": manifest.label_kind}
     if changed and not baseline_source:
         if export_dir is None:
             raise ConfigError(f"{dataset} was re-encoded at conversion ({_options_text(changed)}): the baseline reads "
@@ -139,6 +139,7 @@ def export_baseline(dataset: Path, export_dir: Path, progress: Callable[[str], N
     if manifest.kind != "image":
         raise NotADatasetError(f"{dataset}: holds a {manifest.kind!r} dataset; only images have a torchvision "
                                "baseline")
+    _refuse_pairs(dataset, manifest)
     if progress:
         progress(f"bench: exporting the stored bytes of {dataset} into {export_dir} for the baseline")
     samples = export_samples(dataset, export_dir)
@@ -146,6 +147,13 @@ def export_baseline(dataset: Path, export_dir: Path, progress: Callable[[str], N
                                       f"reads{f' ({why})' if why else ''}",
                     files=[path for path, _ in samples], samples=samples, num_classes=len(manifest.classes),
                     label_kind=manifest.label_kind)
+
+
+def _refuse_pairs(dataset: str | os.PathLike[str], manifest: Manifest) -> None:
+    """A baseline reads (image, label) samples; image-text pairs carry captions instead."""
+    if manifest.target_kind == "pairs":
+        raise ConfigError(f"{dataset}: image-text pairs carry captions, not labels, and a torchvision baseline reads "
+                          "(image, label) samples; bench it without a baseline")
 
 
 def export_samples(dataset: str | os.PathLike[str], out: str | os.PathLike[str]) -> list[tuple[Path, Label]]:
@@ -156,6 +164,7 @@ def export_samples(dataset: str | os.PathLike[str], out: str | os.PathLike[str])
 
     root, out = Path(dataset), Path(out)
     manifest = read_manifest(root)
+    _refuse_pairs(root, manifest)
     stamp = {"dataset": str(root.resolve()), "manifest": content_checksum(manifest.to_dict()),
              "samples": manifest.num_samples}
     try:
@@ -175,7 +184,7 @@ def export_samples(dataset: str | os.PathLike[str], out: str | os.PathLike[str])
     for number, sample in enumerate(_stored_samples(open_dataset(root))):
         name = f"{number:08d}.{_stored_ext(sample.data, sample.key)}"
         (partial / name).write_bytes(sample.data)
-        files.append((name, sample.label))
+        files.append((name, cast(Label, sample.label)))  # not a caption: pairs are refused above
     marker = {**stamp, "files": [[name, list(label) if isinstance(label, tuple) else label] for name, label in files]}
     (partial / EXPORT_MARKER).write_text(json.dumps(marker) + "\n")  # last: its presence means complete
     if out.exists():
@@ -226,6 +235,7 @@ def export_imagefolder(dataset: str | os.PathLike[str], out: str | os.PathLike[s
     if manifest.label_kind != "single":
         raise ConfigError(f"{root}: a multi-label dataset has no one class folder per sample; it does not export as "
                           "an ImageFolder")
+    _refuse_pairs(root, manifest)
     stamp = {"dataset": str(root.resolve()), "manifest": content_checksum(manifest.to_dict()),
              "samples": manifest.num_samples}
     if _is_export_of(out, stamp):
@@ -239,7 +249,9 @@ def export_imagefolder(dataset: str | os.PathLike[str], out: str | os.PathLike[s
         (partial / name).mkdir(parents=True, exist_ok=True)
     written: dict[Path, str] = {}
     for sample in _stored_samples(open_dataset(root)):
-        target = partial / export_path(sample.key, manifest.classes[sample.label], _stored_ext(sample.data, sample.key))
+        label = cast(int, sample.label)  # single-label, not pairs (checked above)
+        target = partial.joinpath(export_path(sample.key, manifest.classes[label],
+                                              _stored_ext(sample.data, sample.key)))
         if target in written:
             raise ConfigError(f"{root}: samples {written[target]!r} and {sample.key!r} would both be exported as "
                               f"{target.relative_to(partial)}")
@@ -318,6 +330,7 @@ class ListImages:
         from torchvision.datasets.folder import default_loader
 
         path, label = self.samples[index]
+        target: Any
         if self.multi:
             target = torch.zeros(self.num_classes, dtype=torch.float32)
             target[list(label)] = 1.0  # type: ignore[arg-type]
@@ -336,8 +349,8 @@ def list_baseline(samples: list[tuple[Path, Label]], config: BenchConfig, num_cl
     data = ListImages(samples, _transform(config), num_classes, label_kind == "multi")
 
     def make() -> torch.utils.data.DataLoader:
-        return torch.utils.data.DataLoader(data, batch_size=config.batch_size, shuffle=True,
-                                           **settings.dataloader_kwargs())
+        return torch.utils.data.DataLoader(data, batch_size=config.batch_size,  # type: ignore[arg-type]  # map-style
+                                           shuffle=True, **settings.dataloader_kwargs())
 
     return make
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,7 @@ def check_storage(where: str, mount: Any, disk: str | None, rotational: bool | N
         "pack the data into LMDB / WebDataset shards (`fastdata convert`), so reads are few and sequential, or "
     cached = ""
     if fits_in_page_cache(dataset_bytes, available):
+        assert dataset_bytes is not None and available is not None  # what fitting takes
         cached = (f", but the dataset ({dataset_bytes / GiB:.2f} GiB) fits in the page cache ({available / GiB:.1f} "
                   "GiB available): only the first pass reads the disk")
     if mount.network:
@@ -267,7 +269,7 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
     if cuda:
         arch_list = list(torch.cuda.get_arch_list())
         for i in range(count):
-            checks.append(check_capability(i, names[i], tuple(torch.cuda.get_device_capability(i)), arch_list))
+            checks.append(check_capability(i, names[i], torch.cuda.get_device_capability(i), arch_list))
         peer = torch.cuda.can_device_access_peer(0, 1) if count > 1 else None
         nvlinks = [g["nvlinks"] for g in facts.gpus] if facts else []
         checks.append(check_interconnect(count, nvlinks, peer))
@@ -347,7 +349,7 @@ def _dataset_size(path: Path | None) -> tuple[int | None, bool, Any]:
     return (None if scan.truncated else scan.bytes), False, scan
 
 
-def _pin_attempt(torch: Any):
+def _pin_attempt(torch: Any) -> Callable[[], float]:
     def attempt() -> float:
         import time
 

@@ -9,8 +9,12 @@ import io
 import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 _PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "ihc.png",
            "motorcycle_left.png", "motorcycle_right.png", "retina.jpg", "rocket.jpg")
@@ -36,7 +40,7 @@ class _Job:
     seed: int
 
 
-def _synthetic(rng: np.random.Generator, width: int, height: int):
+def _synthetic(rng: np.random.Generator, width: int, height: int) -> Image.Image:
     from PIL import Image, ImageFilter
 
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)

@@ -160,7 +160,7 @@ def search(measure: Callable[[Point], Measured], *, max_workers: int, budget_s: 
         # where to decode is the first question: each placement once at the most workers, then the faster one's
         # worker count is searched first, so that a short budget still measured every placement
         first = {d: run(Point(max_workers, prefetch[0], d)) for d in decodes}
-        decodes.sort(key=lambda d: -(first[d].images_per_s if first[d] is not None else 0.0))
+        decodes.sort(key=lambda d: -(m.images_per_s if (m := first[d]) is not None else 0.0))
     for decode in decodes:
         climbed = _climb(run, result, ladder(max_workers), prefetch[0], decode, wait_floor)
         if climbed:
@@ -304,7 +304,7 @@ def _measure_point(path: str | os.PathLike[str], point: Point, config: TuneConfi
                     time.perf_counter() - started)
 
 
-def _wait_for_workers(before: set[int], timeout: float = 30.0) -> None:
+def _wait_for_workers(before: set[int | None], timeout: float = 30.0) -> None:
     """Collect the loader just dropped and wait until its worker processes have exited, so that the next point
     does not share the CPU with them."""
     gc.collect()

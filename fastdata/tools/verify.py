@@ -266,7 +266,7 @@ def _check_image_samples(root: Path, manifest: Manifest, report: VerifyReport, s
         problems, checked = restart.finish(complete)
         report.problems += problems
         report.checked.append(checked)
-    if source is not None:
+    if relisted is not None:  # a source was given
         _check_against_source(relisted, manifest, dict(zip(keys, labels, strict=True)), report,
                               metadata if with_metadata else None, captions, targets if with_targets else None)
 

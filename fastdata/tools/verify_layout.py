@@ -29,7 +29,8 @@ from fastdata.image.jpeg.restart import build_index, decode_region, same_pixels
 
 def layout_check(manifest: Manifest) -> type[RestartCheck] | type[BaselineCheck] | None:
     """The check for `manifest`'s JPEG layout (None: "original", nothing to check)."""
-    return {"restart": RestartCheck, "baseline": BaselineCheck}.get(manifest.jpeg_layout)
+    checks: dict[str, type[RestartCheck] | type[BaselineCheck]] = {"restart": RestartCheck, "baseline": BaselineCheck}
+    return checks.get(manifest.jpeg_layout)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import hashlib
 import multiprocessing
 import os
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ def _check_range(task: tuple[str, int, int]) -> list[tuple[int, str | None, str]
     """(index, key or None, what is wrong) of every damaged record of `start`..`stop` - 1."""
     root, start, stop = task
     env, dbs = _environment(root)
-    damaged = []
+    damaged: list[tuple[int, str | None, str]] = []
     with env.begin(buffers=False) as txn:
         for index in range(start, stop):
             key = index_key(index)
@@ -100,6 +100,7 @@ def check_records(root: Path, manifest: Manifest, problems: list[str], progress:
     tasks = [(str(root), start, min(start + CHUNK, count)) for start in range(0, count, CHUNK)]
     workers = max(1, min(workers or available_cores(), len(tasks)))
     damaged: list[tuple[int, str | None, str]] = []
+    results: Iterator[list[tuple[int, str | None, str]]]
     if workers == 1:
         results = map(_check_range, tasks)
     else:

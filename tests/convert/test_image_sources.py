@@ -180,6 +180,13 @@ def test_labels_that_do_not_fit_the_listing_are_refused(tree, tmp_path):
         ImageSource("zip", tmp_path, ["a", "b"], [(images[0], (0, 5))], label_kind="multi")
 
 
+@pytest.mark.parametrize("rows", ["metadata", "captions", "caption_tokens"])
+def test_per_sample_rows_that_do_not_match_the_samples_are_refused(tree, tmp_path, rows):
+    samples = [(key, 0) for key in tree.images[:3]]
+    with pytest.raises(SourceError, match=r"zip source: 2 .*rows for 3 samples"):
+        ImageSource("zip", tmp_path, ["a"], samples, **{rows: [{}, {}] if rows == "metadata" else ["x", "y"]})
+
+
 # --------------------------------------------------------------------------------------------------- resuming
 
 # A zip-source conversion in a child process that SIGKILLs itself before record `at` is added.

@@ -315,3 +315,11 @@ def test_wds_dataset_splits_between_ranks_and_workers(solid_wds, uneven):
 def test_rank_arguments_are_refused_for_map_style_datasets(solid_lmdb):
     with pytest.raises(ConfigError, match="DistributedSampler"):
         fastdata.dataset(solid_lmdb, rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_a_text_writer_without_a_token_dtype_is_refused(tmp_path, fmt):
+    from fastdata.formats.registry import WriterOptions, storage
+
+    with pytest.raises(ValueError, match="needs the token dtype"):  # not float64 tokens
+        storage("text", fmt).open_writer(tmp_path / "out", WriterOptions())

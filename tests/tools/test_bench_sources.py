@@ -71,3 +71,14 @@ def test_bench_cli_with_the_export_baseline(converted, tmp_path, capsys):
     assert rows == ["torchvision Dataset", "fastdata (wds)"]
     assert f"baseline inputs: the stored bytes of {out} exported as files" in stdout
     assert (tmp_path / "export").is_dir()  # --export-dir applies to --baseline-export, and is kept
+
+
+def test_image_text_pairs_have_no_export_baseline(pairs_lmdb, tmp_path, capsys):
+    """Their samples carry captions, which the baseline's (image, label) Dataset cannot read: one line saying so,
+    not a TypeError from writing the export's marker."""
+    code, _, err = cli(capsys, "bench", pairs_lmdb, "--baseline-export", "--export-dir", tmp_path / "export",
+                       "--epochs", "1", "--repeats", "1", "--workers", "0")
+    assert code == 2
+    assert_one_line_error(err, "captions")
+    with pytest.raises(fastdata.errors.ConfigError, match="captions"):
+        export_samples(pairs_lmdb, tmp_path / "export")

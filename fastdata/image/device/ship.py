@@ -144,8 +144,9 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
         decoded = pipeline.batch(elsewhere, epoch, on_error)
         pixels, skipped, times = decoded.images, decoded.skipped, decoded.times
     else:
-        pixels, skipped, times = (torch.empty((0, 3, *pipeline.output_size_for(epoch)), dtype=torch.uint8), [],
-                                  StageTimes())
+        size = pipeline.output_size_for(epoch)
+        assert size is not None  # a preset's (checked above)
+        pixels, skipped, times = torch.empty((0, 3, *size), dtype=torch.uint8), [], StageTimes()
     lost = {key for key, _ in skipped}
     kept = [(s, t) for s, t in zip(samples, takes, strict=True) if t or s.key not in lost]
     started = perf_counter()
@@ -169,7 +170,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     lengths[[i for i, (_, take) in enumerate(kept) if take]] = [len(payload) for payload in payloads]
     offsets = np.zeros(len(kept) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    data, pixels, slot = encoded_buffer(payloads, pixels, buffers)
+    data, pixels, slot = encoded_buffer(payloads, pixels, buffers)  # type: ignore[arg-type]  # a preset's: stacked
     batch = EncodedBatch(
         data, torch.from_numpy(offsets), torch.from_numpy(boxes), torch.from_numpy(flips),
         torch.from_numpy(sizes),

@@ -106,7 +106,7 @@ class RandomChoice:
 
     @property
     def num_classes(self) -> int | None:
-        given = {t.num_classes for t in self.transforms} - {None}
+        given = {n for t in self.transforms if (n := t.num_classes) is not None}
         if len(given) > 1:
             raise ConfigError(f"RandomChoice's presets name different num_classes: {sorted(given)}")
         return next(iter(given), None)

@@ -270,9 +270,9 @@ def rotate(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     if angle == 0:
         return
     if angle == 180 or (angle in (90, 270) and image.shape[0] == image.shape[1]):  # torchvision's exact rot90
-        turned = np.rot90(image, k=int(angle // 90))
-        np.copyto(context.spare(image), turned)
-        np.copyto(image, context.scratch)
+        turned, spare = np.rot90(image, k=int(angle // 90)), context.spare(image)
+        np.copyto(spare, turned)
+        np.copyto(image, spare)
         return
     _warp(image, inverse_affine((0.0, 0.0), -angle, (0.0, 0.0), (0.0, 0.0)), context)
 

@@ -100,7 +100,7 @@ class ImageSizes:
                 raise ValueError("steps must be in rising epochs from 0 on")
         except (ConfigError, TypeError, ValueError) as exc:
             raise ResumeError(f"damaged loader state: image sizes {state!r} ({exc})") from exc
-        return steps  # type: ignore[return-value]
+        return steps
 
     def apply(self, steps: list[tuple[int, int, int]]) -> None:
         """Take the schedule `parse` read."""

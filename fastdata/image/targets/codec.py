@@ -8,7 +8,7 @@ and one entry in CODECS; the sample pipeline and the datasets ask here and never
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from fastdata.errors import ConfigError, NotADatasetError
 from fastdata.formats.manifest import TARGET_KINDS, Manifest
@@ -38,15 +38,34 @@ class TargetCodec(Protocol):
     def one(self, target: Any) -> Any:
         """One sample's target as `fastdata.dataset` gives it."""
 
-    #: whether the targets follow the pixels' geometry: then the codec also has `record(sample, where)` (the
-    #: stored target, checked), `whole(record)` and `custom_input(record)` (what a custom transform gets beside
-    #: the image), and an entry in CUSTOM_WRAPPERS
-    spatial: bool
+    #: whether the targets follow the pixels' geometry: then the codec is a `SpatialCodec`, and has an entry in
+    #: CUSTOM_WRAPPERS
+    spatial: ClassVar[bool]
     #: whether augment=None gives each batch's images as a list (whole images of different sizes)
-    whole_images_as_lists: bool
+    whole_images_as_lists: ClassVar[bool]
 
     def deliver(self, batch: tuple) -> Any:
         """A batch `(images, targets[, metadata])` in the shape the loader gives it (a tuple, or a dict)."""
+
+
+class SpatialCodec(TargetCodec, Protocol):
+    """A TargetCodec whose targets follow the pixels' geometry (`spatial`): the sample pipeline gives each
+    sample's stored target (its record) the crop, resize and flip of its image."""
+
+    def record(self, sample: Any, where: str) -> Any:
+        """The sample's stored target, checked against its image (CorruptSampleError naming `where`)."""
+
+    def boxes_of(self, record: Any) -> Any:
+        """The record's boxes (source pixels) that a detection preset's IoU-safe crop draws around, or None."""
+
+    def whole(self, record: Any) -> Any:
+        """The record's target as stored (augment=None)."""
+
+    def placed(self, record: Any, placement: Any, canvas: tuple[int, int]) -> Any:
+        """The record's target after `placement` (a preset's crop, resized to the top-left of `canvas`)."""
+
+    def custom_input(self, record: Any) -> Any:
+        """What a custom transform gets beside the image."""
 
 
 def _no_caption_length(where: str, max_length: int | None) -> None:

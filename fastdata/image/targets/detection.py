@@ -130,8 +130,9 @@ class DetectionBatch:
         def apply(value: Any) -> Any:
             return [fn(part) for part in value] if isinstance(value, list) else fn(value)
 
-        return DetectionBatch(**{name: None if getattr(self, name) is None else apply(getattr(self, name))
-                                 for name in _TENSORS})
+        values: dict[str, Any] = {name: None if getattr(self, name) is None else apply(getattr(self, name))
+                                  for name in _TENSORS}
+        return DetectionBatch(**values)
 
     def pin_memory(self) -> DetectionBatch:
         return self._apply(lambda tensor: tensor.pin_memory())
@@ -238,7 +239,7 @@ class DetectionCodec:
         masks: torch.Tensor | list[torch.Tensor] | None = None
         if self.masks and len({t.masks.shape[1:] for t in targets if t.masks is not None}) > 1:
             # whole images (augment=None) of different sizes: each image's masks in its own geometry
-            masks = [torch.from_numpy(t.masks) for t in targets]  # type: ignore[arg-type]
+            masks = [torch.from_numpy(t.masks) for t in targets]
         elif self.masks:
             shapes = {t.masks.shape[1:] for t in targets if t.masks is not None and len(t.masks)}
             size = shapes.pop() if shapes else (0, 0)

@@ -86,10 +86,11 @@ def _torchvision(transform: Any) -> DetectionTransform:
             sample["masks"] = tv_tensors.Mask(torch.from_numpy(target.masks))
         with SeededGlobalRngs(seed):
             result, out = transform(tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1).contiguous()), sample)
-        masks = out["masks"].as_subclass(torch.Tensor).numpy() if "masks" in out else []
+        masks = out["masks"].as_subclass(torch.Tensor).numpy() if "masks" in out else np.zeros(0, np.uint8)
         rows = out["labels"].numpy()
-        all_masks = np.zeros((len(target), *masks.shape[1:]), np.uint8) if len(masks) else []
+        all_masks: np.ndarray | list[np.ndarray] = []
         if len(masks):
+            all_masks = np.zeros((len(target), *masks.shape[1:]), np.uint8)
             all_masks[rows] = masks  # torchvision filters masks with their boxes; put them back by row
         return result, _follow(target, rows, out["boxes"].as_subclass(torch.Tensor).numpy(), all_masks)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -69,9 +69,10 @@ class LabelCodec:
         if not self.multi:
             return torch.tensor(labels, dtype=torch.int64)
         hot = torch.zeros((len(labels), self.num_classes), dtype=torch.float32)
-        rows = [row for row, ids in enumerate(labels) for _ in ids]
+        sets = cast(Sequence[tuple[int, ...]], labels)  # multi-label: tuples of class ids
+        rows = [row for row, ids in enumerate(sets) for _ in ids]
         if rows:
-            hot[rows, [i for ids in labels for i in ids]] = 1.0  # type: ignore[union-attr]
+            hot[rows, [i for ids in sets for i in ids]] = 1.0
         return hot
 
     def one(self, label: Label) -> int | torch.Tensor:
