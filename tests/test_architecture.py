@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base", "fastdata.workers": "base",
-    "fastdata.output_lock": "base",
+    "fastdata.output_lock": "base", "fastdata.processes": "base",
     "fastdata.formats": "formats",
     "fastdata.order": "order", "fastdata.meter": "meter",
     "fastdata.image": "image", "fastdata.text": "text",

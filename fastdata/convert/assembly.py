@@ -35,6 +35,7 @@ from fastdata.convert.messages import SharedMemory
 from fastdata.convert.pool import start_method
 from fastdata.errors import WorkerError
 from fastdata.formats.libc import start_writeback
+from fastdata.processes import exit_description, stop_processes
 from fastdata.workers import ctrl_c_held
 
 #: a run of a shard's bytes: (offset in the shared-memory file, length), or the bytes themselves (a sample that
@@ -54,7 +55,8 @@ def assembly_processes(workers: int) -> int:
 
 class ShardAssembly:
     """`processes` assemblers, started by `start()` (before any thread of the conversion: forked where the
-    platform allows) and stopped when the `with` block ends (killed on an error: their work is not wanted)."""
+    platform allows) and stopped when the `with` block ends (`fastdata.processes.stop_processes`; at once on an
+    error: their work is not wanted)."""
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
@@ -183,11 +185,8 @@ class ShardAssembly:
 
     def _died(self, worker: int) -> None:
         process = self._workers[worker]
-        process.join(1)
-        code = process.exitcode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        raise WorkerError(f"a process writing WebDataset shards (pid {process.pid}) died ({how}); out of memory? "
-                          "Run the same command again to resume")
+        raise WorkerError(f"a process writing WebDataset shards (pid {process.pid}) died "
+                          f"({exit_description(process)}); out of memory? Run the same command again to resume")
 
     def _stop(self, graceful: bool) -> None:
         if graceful:
@@ -196,12 +195,7 @@ class ShardAssembly:
             for connection in self._connections:
                 with contextlib.suppress(OSError):
                     connection.send(None)
-        deadline = time.monotonic() + (5.0 if graceful else 0.0)
-        for process in self._workers:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
+        stop_processes(self._workers, grace=5.0 if graceful else 0.0)
         for connection in self._connections:
             connection.close()
         self._connections, self._workers, self._sent = [], [], []
