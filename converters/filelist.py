@@ -48,7 +48,9 @@ from typing import Any
 
 import click
 
-from fastdata.convert.file_lists import (
+from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.masks import LabelMapTargets, scan_label_maps
+from fastdata.convert.source_files.file_lists import (
     ColumnMetadata,
     ListOptions,
     Rows,
@@ -61,8 +63,6 @@ from fastdata.convert.file_lists import (
     relative_key,
     type_name,
 )
-from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.masks import LabelMapTargets, scan_label_maps
 from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest

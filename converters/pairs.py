@@ -41,10 +41,9 @@ import click
 import numpy as np
 
 from fastdata.config import available_cores
-from fastdata.convert import file_lists
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource
-from fastdata.convert.tar_samples import (
+from fastdata.convert.source_files import file_lists
+from fastdata.convert.source_files.tar_samples import (
     TarMemberReader,
     choose_images,
     image_exts,
@@ -55,6 +54,7 @@ from fastdata.convert.tar_samples import (
     shard_files,
     where,
 )
+from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype

@@ -254,7 +254,7 @@ def test_the_rule_catches_a_wrong_import(edges: dict[str, set[str]], expected: s
      ["fastdata.converters.pairs imports fastdata.converters.filelist: a converter imports no other converter; move "
       "what they share into fastdata/convert/"]),
     ({"fastdata.converters.pairs": {"fastdata.converters.options", "fastdata.converters",
-                                    "fastdata.convert.file_lists"}}, []),
+                                    "fastdata.convert.source_files.file_lists"}}, []),
     ({"fastdata.converters": {"fastdata.converters.pairs"}, "fastdata.converters.options": set()}, []),
 ])
 def test_the_converter_rule_catches_a_converter_import(edges: dict[str, set[str]], expected: list[str]) -> None:

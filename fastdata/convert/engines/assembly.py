@@ -5,14 +5,15 @@ Per image, whatever the parent does caps a conversion however many cores verify 
 into the page cache alone costs ~5% of a worker's time per image, and hashing them as much again. So the parent only
 decides where each sample goes (the shard and the byte offset: shard boundaries exactly as a writer that copies the
 bytes itself would draw them) and hands the places on: the shared-memory file a worker's chunk came in
-(`fastdata.convert.messages.SharedMemory`, passed by descriptor) and, per run of samples, where it lies there and
-where it goes in the shard. Any assembler may write any run (`os.pwrite` at the given offset: runs of one shard are
-written in parallel). Each shard has one assembler that hashes it: as the shard's written bytes grow without a gap
-by `_HASH_STEP`, the parent asks it to hash them (read back from the page cache) and to start their write-back to
-disk, so that a finished shard costs only its last few megabytes and the wait for the disk, not a pass over the
-whole shard after the last image. Once every run of a finished shard is written, its hashing assembler writes the tar
-trailer, hashes what is left, flushes the shard to disk, renames it into place and sends its digest back. The writer
-(`fastdata.formats.tar_shards.ShardWriter`) holds back a checkpoint that lists a shard until its digest is in.
+(`fastdata.convert.engines.messages.SharedMemory`, passed by descriptor) and, per run of samples, where it lies
+there and where it goes in the shard. Any assembler may write any run (`os.pwrite` at the given offset: runs of one
+shard are written in parallel). Each shard has one assembler that hashes it: as the shard's written bytes grow
+without a gap by `_HASH_STEP`, the parent asks it to hash them (read back from the page cache) and to start their
+write-back to disk, so that a finished shard costs only its last few megabytes and the wait for the disk, not a pass
+over the whole shard after the last image. Once every run of a finished shard is written, its hashing assembler
+writes the tar trailer, hashes what is left, flushes the shard to disk, renames it into place and sends its digest
+back. The writer (`fastdata.formats.tar_shards.ShardWriter`) holds back a checkpoint that lists a shard until its
+digest is in.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
-from fastdata.convert.messages import SharedMemory
-from fastdata.convert.pool import start_method
+from fastdata.convert.engines.messages import SharedMemory
+from fastdata.convert.engines.pool import start_method
 from fastdata.errors import WorkerError
 from fastdata.formats.libc import start_writeback
 from fastdata.processes import exit_description, stop_processes

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from fastdata.convert.messages import out_of_band, receive, send
+from fastdata.convert.engines.messages import out_of_band, receive, send
 from fastdata.errors import WorkerError
 from fastdata.processes import exit_description, stop_processes
 from fastdata.workers import ctrl_c_held
@@ -88,7 +88,7 @@ def chunk_results(job: ChunkJob, start: int, stop: int, workers: int, stats: Poo
                   keep_shared: bool = False) -> Iterator[Any]:
     """`job.run_chunk` over positions start..stop-1 in chunks, on `workers` processes (1: in this process), the
     results in position order. With `keep_shared`, a result that came through shared memory gets it as its
-    `shared` attribute (`fastdata.convert.messages.SharedMemory`), for a writer that hands its bytes on."""
+    `shared` attribute (`fastdata.convert.engines.messages.SharedMemory`), for a writer that hands its bytes on."""
     sizer = sizer or ChunkSizer(workers)
 
     def ranges() -> Iterator[tuple[int, int]]:
