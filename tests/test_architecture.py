@@ -1,4 +1,5 @@
-"""The layout holds: imports point one way, down the layers, and close no loop.
+"""The layout holds: imports point one way, down the layers, and close no loop; no module grows over 600 lines and
+no room over 15 modules.
 
 Every module of the package (and of `converters/`, installed as `fastdata.converters`) is parsed; every import it
 makes, at module level or inside a function, counts. Layers, lowest first (docs/contributing.md, "The layer rule"):
@@ -14,6 +15,12 @@ module of its parent room only where that module does not import the sub-room, d
 the parent (image/jpeg/region.py importing image/decode.py, which imports image/jpeg/header.py, was such a loop).
 A converter imports no other converter: what several share lives in fastdata/convert/ (the package's registry
 and the shared CLI options are not converters).
+
+Sizes (docs/contributing.md, "Conventions"): no module of fastdata/, converters/ or benchmarks/ has more than
+MAX_LINES lines (tests/ is not held to it yet: tests/builders.py and tests/meter/test_meter.py are over it), and no
+package directory of fastdata/ or converters/ holds more than MAX_MODULES modules, its `__init__.py` not counted
+(benchmarks/ and tests/ are flat folders of scripts and test files, not rooms). A room that outgrows it moves a group
+of its modules into a room of its own, named for what they are.
 """
 
 from __future__ import annotations
@@ -25,6 +32,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: the most lines a module may have: split it by responsibility before that
+MAX_LINES = 600
+#: the most modules a room (a package directory) may hold, its __init__.py not counted
+MAX_MODULES = 15
+#: the folders whose modules MAX_LINES holds for, and those whose package directories MAX_MODULES holds for
+LINE_LIMITED = ("fastdata", "converters", "benchmarks")
+ROOM_LIMITED = ("fastdata", "converters")
 
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base", "fastdata.workers": "base",
@@ -282,6 +297,57 @@ def test_the_room_rule_catches_an_import_back_up_into_the_parent_room() -> None:
     del edges["fastdata.image.jpeg.region"]  # the sub-room importing a parent module that does not import it: fine
     edges["fastdata.image.jpeg.region"] = {"fastdata.image.geometry", "fastdata.image.opencv"}
     assert room_loops(edges, rooms) == []
+
+
+def long_modules(root: Path = ROOT, folders: tuple[str, ...] = LINE_LIMITED, limit: int = MAX_LINES) -> list[str]:
+    """One line per module of `folders` (under `root`) with more than `limit` lines."""
+    out = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > limit:
+                out.append(f"{path.relative_to(root)}: {lines} lines, over {limit}: split it by responsibility")
+    return out
+
+
+def crowded_rooms(root: Path = ROOT, folders: tuple[str, ...] = ROOM_LIMITED, limit: int = MAX_MODULES) -> list[str]:
+    """One line per package directory of `folders` (under `root`) holding more than `limit` modules besides its
+    `__init__.py`."""
+    out = []
+    for folder in folders:
+        for directory in sorted({path.parent for path in (root / folder).rglob("__init__.py")}):
+            count = sum(1 for path in directory.glob("*.py") if path.name != "__init__.py")
+            if count > limit:
+                out.append(f"{directory.relative_to(root)}/: {count} modules, over {limit}: move a group of them into "
+                           "a room of its own, named for what they are")
+    return out
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    found = long_modules()
+    assert not found, "modules over the size limit:\n  " + "\n  ".join(found)
+
+
+def test_no_room_holds_more_than_the_module_limit() -> None:
+    found = crowded_rooms()
+    assert not found, "rooms over the size limit:\n  " + "\n  ".join(found)
+
+
+def test_the_size_guards_name_what_is_over(tmp_path: Path) -> None:
+    package = tmp_path / "fastdata"
+    (package / "big").mkdir(parents=True)
+    for name in ("__init__.py", *(f"m{i}.py" for i in range(MAX_MODULES))):
+        (package / name).write_text("x = 1\n" * MAX_LINES)  # at the limits: fine
+        (package / "big" / name).write_text("")
+    (package / "big" / "one_more.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules(tmp_path, ("fastdata", "benchmarks")) == [
+        f"fastdata/big/one_more.py: {MAX_LINES + 1} lines, over {MAX_LINES}: split it by responsibility",
+        f"benchmarks/long.py: {MAX_LINES + 1} lines, over {MAX_LINES}: split it by responsibility"]
+    assert crowded_rooms(tmp_path, ("fastdata",)) == [
+        f"fastdata/big/: {MAX_MODULES + 1} modules, over {MAX_MODULES}: move a group of them into a room of its own, "
+        "named for what they are"]
 
 
 def loader_subclasses(sources: dict[str, str], base: str = "ImageLoader") -> list[str]:
