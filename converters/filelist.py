@@ -335,15 +335,9 @@ def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str],
     return convert_images(lambda: scan(list_path, settings), out, **options)
 
 
-def _split_names(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
 def cli_command() -> click.Command:
     """`fastdata convert list LIST OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, split_names
 
     @click.command("list")
     @click.argument("list_path", metavar="LIST")
@@ -379,7 +373,7 @@ def cli_command() -> click.Command:
         quiet = options.pop("quiet")
         click.echo(str(convert_list(list_path, out, root=root, image_column=image_column, label_column=label_column,
                                     num_classes=num_classes, allow_outside_root=allow_outside_root,
-                                    metadata_columns=_split_names(metadata_columns), mask_column=mask_column,
+                                    metadata_columns=split_names(metadata_columns), mask_column=mask_column,
                                     ignore_index=ignore_index, progress=not quiet, **options)))
 
     return command

@@ -359,15 +359,9 @@ def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], *, c
     return convert_images(lambda: scan(src, settings, tokenizer, workers), out, **options)
 
 
-def _split_names(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
 def cli_command() -> click.Command:
     """`fastdata convert pairs SRC OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, split_names
 
     @click.command("pairs")
     @click.argument("src")
@@ -397,7 +391,7 @@ def cli_command() -> click.Command:
         quiet = options.pop("quiet")
         click.echo(str(convert_pairs(src, out, caption_column=caption_column, image_column=image_column,
                                      root=root, tokenizer=tokenizer, allow_outside_root=allow_outside_root,
-                                     metadata_columns=_split_names(metadata_columns), image_ext=image_ext,
+                                     metadata_columns=split_names(metadata_columns), image_ext=image_ext,
                                      progress=not quiet, **options)))
 
     return command
