@@ -22,7 +22,7 @@ Images (the benchmarks' sample photos, `benchmarks/common.py cached_sample_image
       is not in the model. The column "hashing the output" is the CPU that sha256 of the written files costs
       per image (measured after the run): part of `w` for LMDB (each record's digest, made in the worker that lays
       it out: `fastdata.formats.lmdb.record_digest`); WebDataset shards
-      are written, flushed and hashed by processes of their own (`fastdata.convert.assembly`), the writer only
+      are written, flushed and hashed by processes of their own (`fastdata.convert.engines.assembly`), the writer only
       says where each sample's bytes go: their CPU per image `a` is reported on its own (each assembler writes
       its CPU time to a file as it ends), kept out of `w`, and added to the model as parallel work:
       `predicted(c) = min(c / (w + a + p), 1 / p)`.
@@ -108,7 +108,7 @@ assembler_cpu = []
 if kind != "baseline" and kind != "raw-lmdb" and kind != "ffcv":
     import os, tempfile
     from fastdata.converters.imagefolder import convert_imagefolder
-    import fastdata.convert.assembly as assembly
+    import fastdata.convert.engines.assembly as assembly
     serve, report = assembly._serve, tempfile.mkdtemp()
     def counted_serve(*args):  # an assembler's own CPU, written where this process reads it after the run
         try:

@@ -31,6 +31,7 @@ from hardening import dataset_for
 import fastdata
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.ship import encoded_buffer, pack_encoded
+from fastdata.processes import stop_processes
 from fastdata.tools.bench_fair import alternate, median_ratio
 from fastdata.workers import WORKER_SWITCH_INTERVAL, worker_hands_over_quickly
 
@@ -76,7 +77,7 @@ def take(batches: list[EncodedBatch], form: str, state: str) -> tuple[float, flo
     process = context.Process(target=worker, args=(batches, form, state, queue, ready, done))
     process.start()
     if not ready.wait(300):
-        process.kill()
+        stop_processes([process])
         raise SystemExit("the worker process made no batches in 300 s")
     time.sleep(0.2)  # the queue's writer thread starts sending
     wall = cpu = 0.0
@@ -94,7 +95,7 @@ def take(batches: list[EncodedBatch], form: str, state: str) -> tuple[float, flo
         count += 1
         del item
     done.set()
-    process.join()
+    stop_processes([process], grace=300)
     return 1000 * wall / count, 1000 * cpu / count
 
 

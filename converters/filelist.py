@@ -48,7 +48,9 @@ from typing import Any
 
 import click
 
-from fastdata.convert.file_lists import (
+from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.masks import LabelMapTargets, scan_label_maps
+from fastdata.convert.source_files.file_lists import (
     ColumnMetadata,
     ListOptions,
     Rows,
@@ -61,8 +63,6 @@ from fastdata.convert.file_lists import (
     relative_key,
     type_name,
 )
-from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.masks import LabelMapTargets, scan_label_maps
 from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
@@ -336,15 +336,9 @@ def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str],
     return convert_images(lambda: scan(list_path, settings), out, **options)
 
 
-def _split_names(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
 def cli_command() -> click.Command:
     """`fastdata convert list LIST OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, split_names
 
     @click.command("list")
     @click.argument("list_path", metavar="LIST")
@@ -380,7 +374,7 @@ def cli_command() -> click.Command:
         quiet = options.pop("quiet")
         click.echo(str(convert_list(list_path, out, root=root, image_column=image_column, label_column=label_column,
                                     num_classes=num_classes, allow_outside_root=allow_outside_root,
-                                    metadata_columns=_split_names(metadata_columns), mask_column=mask_column,
+                                    metadata_columns=split_names(metadata_columns), mask_column=mask_column,
                                     ignore_index=ignore_index, progress=not quiet, **options)))
 
     return command

@@ -12,7 +12,7 @@ SRC is one of:
   yet there is downloaded once with `datasets.load_dataset(name)`.
 
 Every sample is a row, keyed `{split}/{row}` (zero-padded). The image bytes are stored as they are (a JPEG stays
-that JPEG, unless `max_size` re-encodes it), read by `fastdata.convert.tables.RowReader` from the `Image`
+that JPEG, unless `max_size` re-encodes it), read by `fastdata.convert.source_files.tables.RowReader` from the `Image`
 feature's `{bytes, path}` cells without decoding them during the listing; the driver verifies each by decoding it,
 and rejects (naming split and row) those that do not decode. Labels: a `ClassLabel` gives the class names (ids
 kept); a list of `ClassLabel` (`Sequence(ClassLabel)`) makes a multi-label dataset; an integer column keeps its
@@ -36,9 +36,8 @@ from typing import Any
 import click
 
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.metadata import NOT_JSON, json_value
-from fastdata.convert.sources import ImageSource
-from fastdata.convert.tables import (
+from fastdata.convert.source_files.metadata import NOT_JSON, json_value
+from fastdata.convert.source_files.tables import (
     ROW_GROUP_CACHE_BYTES,
     TABLE_SUFFIXES,
     RowReader,
@@ -48,6 +47,7 @@ from fastdata.convert.tables import (
     read_schema,
     row_key,
 )
+from fastdata.convert.sources import ImageSource
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 
@@ -303,7 +303,7 @@ def _labels(column: str, feature: Any, values: list[Any], where: str) -> tuple[l
 
 def _is_scalar(feature: Any) -> bool:
     """Whether metadata keeps the column: JSON scalars (a Value of a scalar dtype, a ClassLabel) and lists of
-    them (`Sequence`/`List`, nested too), as every source kind keeps them (fastdata.convert.metadata)."""
+    them (`Sequence`/`List`, nested too), as every source kind keeps them (fastdata.convert.source_files.metadata)."""
     datasets = _datasets()
     if isinstance(feature, _list_types()):
         return _is_scalar(feature.feature)

@@ -12,6 +12,14 @@ from fastdata.formats.records import DEFAULT_MAX_PIXELS, JPEG_LAYOUTS
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, FORMATS
 
 
+def split_names(text: str | None) -> tuple[str, ...] | None:
+    """The names of a comma-separated flag such as `--metadata-columns A,B`, blanks dropped (None: the flag was not
+    given; "": no names)."""
+    if text is None:
+        return None
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _storage_options() -> list[Callable]:
     return [
         click.option("--format", "format", type=click.Choice(FORMATS), default=None,

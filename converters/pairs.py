@@ -41,10 +41,9 @@ import click
 import numpy as np
 
 from fastdata.config import available_cores
-from fastdata.convert import file_lists
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource
-from fastdata.convert.tar_samples import (
+from fastdata.convert.source_files import file_lists
+from fastdata.convert.source_files.tar_samples import (
     TarMemberReader,
     choose_images,
     image_exts,
@@ -55,6 +54,7 @@ from fastdata.convert.tar_samples import (
     shard_files,
     where,
 )
+from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.tokens import TOKENIZER_FILE, token_dtype
@@ -359,15 +359,9 @@ def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], *, c
     return convert_images(lambda: scan(src, settings, tokenizer, workers), out, **options)
 
 
-def _split_names(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
 def cli_command() -> click.Command:
     """`fastdata convert pairs SRC OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, split_names
 
     @click.command("pairs")
     @click.argument("src")
@@ -397,7 +391,7 @@ def cli_command() -> click.Command:
         quiet = options.pop("quiet")
         click.echo(str(convert_pairs(src, out, caption_column=caption_column, image_column=image_column,
                                      root=root, tokenizer=tokenizer, allow_outside_root=allow_outside_root,
-                                     metadata_columns=_split_names(metadata_columns), image_ext=image_ext,
+                                     metadata_columns=split_names(metadata_columns), image_ext=image_ext,
                                      progress=not quiet, **options)))
 
     return command

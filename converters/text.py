@@ -41,7 +41,7 @@ def source_suffix(path: Path) -> str | None:
 
 
 def _files_under(directory: Path) -> list[Path]:
-    from fastdata.convert.tables import saved_dataset_files
+    from fastdata.convert.source_files.tables import saved_dataset_files
 
     saved = saved_dataset_files(directory)
     if saved is not None:  # its data files, not the cache files `datasets` may have written beside them

@@ -42,8 +42,7 @@ import click
 
 from fastdata.config import available_cores
 from fastdata.convert.images import ConversionSummary, convert_images
-from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource, labels_of
-from fastdata.convert.tar_samples import (
+from fastdata.convert.source_files.tar_samples import (
     DEFAULT_IMAGE_EXTS,
     IndexedSample,
     TarMemberReader,
@@ -57,6 +56,7 @@ from fastdata.convert.tar_samples import (
     shard_files,
     where,
 )
+from fastdata.convert.sources import NO_LABEL_CLASS, ImageSource, labels_of
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
 

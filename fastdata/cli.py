@@ -278,7 +278,7 @@ def doctor(path: Path | None) -> None:
     """Check this machine before a long job (and the storage and dataset at PATH): torch / CUDA / driver /
     GPU capability, cores and num_workers, RAM, /dev/shm, open files, pinned memory. Exit 1 if a check FAILs."""
     from fastdata.tools.doctor import run_checks
-    from fastdata.tools.doctor_table import exit_code, format_checks
+    from fastdata.tools.doctor.table import exit_code, format_checks
 
     checks = run_checks(path)
     click.echo(format_checks(checks))

@@ -1,29 +1,49 @@
-"""The layout holds: imports point one way, down the layers, and close no loop.
+"""The layout holds: imports point one way, down the layers, and close no loop; no module grows over 600 lines and
+no room over 15 modules.
 
 Every module of the package (and of `converters/`, installed as `fastdata.converters`) is parsed; every import it
 makes, at module level or inside a function, counts. Layers, lowest first (docs/contributing.md, "The layer rule"):
 
-    _version, errors, config  <  formats  <  order, meter  <  image, text  <  loader, convert  <  converters
-    <  tools  <  cli and the package face
+    _version, errors, config, workers, processes, output_lock  <  formats  <  order, meter  <  image, text
+    <  loader, convert  <  converters  <  tools  <  cli and the package face
 
 A module may import from its own room or from a lower layer, never from a higher one nor from the other room of
 its own layer (order and meter, image and text, loader and convert never import each other). No two modules may
-import each other, directly or round a loop. A converter imports no other converter: what several share lives in
-fastdata/convert/ (the package's registry and the shared CLI options are not converters).
+import each other, directly or round a loop. Nor may rooms inside a room: within each package, its sub-packages
+(image/jpeg, image/device, ...), each seen as one, and its own modules close no loop. So a sub-room may import a
+module of its parent room only where that module does not import the sub-room, directly or through other modules of
+the parent (image/jpeg/region.py importing image/decode.py, which imports image/jpeg/header.py, was such a loop).
+A converter imports no other converter: what several share lives in fastdata/convert/ (the package's registry
+and the shared CLI options are not converters).
+
+Sizes (docs/contributing.md, "Conventions"): no module of fastdata/, converters/ or benchmarks/ has more than
+MAX_LINES lines (tests/ is not held to it yet: tests/builders.py and tests/meter/test_meter.py are over it), and no
+package directory of fastdata/ or converters/ holds more than MAX_MODULES modules, its `__init__.py` not counted
+(benchmarks/ and tests/ are flat folders of scripts and test files, not rooms). A room that outgrows it moves a group
+of its modules into a room of its own, named for what they are.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: the most lines a module may have: split it by responsibility before that
+MAX_LINES = 600
+#: the most modules a room (a package directory) may hold, its __init__.py not counted
+MAX_MODULES = 15
+#: the folders whose modules MAX_LINES holds for, and those whose package directories MAX_MODULES holds for
+LINE_LIMITED = ("fastdata", "converters", "benchmarks")
+ROOM_LIMITED = ("fastdata", "converters")
+
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base", "fastdata.workers": "base",
-    "fastdata.output_lock": "base",
+    "fastdata.output_lock": "base", "fastdata.processes": "base",
     "fastdata.formats": "formats",
     "fastdata.order": "order", "fastdata.meter": "meter",
     "fastdata.image": "image", "fastdata.text": "text",
@@ -76,6 +96,11 @@ def imports(path: Path, module: str, known: set[str]) -> set[str]:
                 candidate = f"{base}.{alias.name}"
                 found.add(candidate if candidate in known or candidate.endswith("._jpeg_region") else base)
     return {name for name in found if name == "fastdata" or name.startswith("fastdata.")} - {module}
+
+
+def packages(root: Path = ROOT) -> set[str]:
+    """The package names (directories with an `__init__.py`) of fastdata/ and converters/."""
+    return {name for name, path in modules(root).items() if path.name == "__init__.py"}
 
 
 def graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -153,6 +178,39 @@ def loops(edges: dict[str, set[str]]) -> list[list[str]]:
     return [cycle_through(group, edges) for group in groups]
 
 
+def part_of(package: str, module: str) -> str | None:
+    """The part of `package` that `module` lies in: one of its own modules, the sub-package holding it (a room
+    inside the room), `package + ".__init__"` for the package itself, or None when it lies outside."""
+    if module == package:
+        return f"{package}.__init__"
+    if not module.startswith(package + "."):
+        return None
+    return f"{package}.{module[len(package) + 1:].split('.')[0]}"
+
+
+def room_loops(edges: dict[str, set[str]], packages: set[str]) -> list[str]:
+    """One line per loop between the parts of a package (its own modules and its sub-packages, each seen as one),
+    naming an import that makes each step of it."""
+    out = []
+    for package in sorted(packages):
+        parts: dict[str, set[str]] = {}
+        example: dict[tuple[str, str], str] = {}  # (part, part) -> an import between them
+        for source, targets in sorted(edges.items()):
+            here = part_of(package, source)
+            if here is None:
+                continue
+            parts.setdefault(here, set())
+            for target in sorted(targets):
+                there = part_of(package, target)
+                if there is not None and there != here:
+                    parts[here].add(there)
+                    example.setdefault((here, there), f"{source} imports {target}")
+        for cycle in loops(parts):
+            steps = "; ".join(example[step] for step in itertools.pairwise(cycle))
+            out.append(f"inside {package}: {' -> '.join(cycle)} ({steps})")
+    return out
+
+
 def cycle_through(group: list[str], edges: dict[str, set[str]]) -> list[str]:
     """One concrete loop inside a strongly connected group, from its first module back to it."""
     start, members = group[0], set(group)
@@ -181,6 +239,12 @@ def test_no_import_loops() -> None:
     assert not found, "import loops:\n  " + "\n  ".join(" -> ".join(cycle) for cycle in found)
 
 
+def test_rooms_inside_a_room_close_no_loop() -> None:
+    found = room_loops(graph(), packages())
+    assert not found, ("loops between the rooms inside a room (move what the sub-room needs down, below both, or "
+                       "turn the import round):\n  " + "\n  ".join(found))
+
+
 def test_a_converter_imports_no_other_converter() -> None:
     problems = converter_imports(graph())
     assert not problems, "converters that import another converter:\n  " + "\n  ".join(problems)
@@ -205,7 +269,7 @@ def test_the_rule_catches_a_wrong_import(edges: dict[str, set[str]], expected: s
      ["fastdata.converters.pairs imports fastdata.converters.filelist: a converter imports no other converter; move "
       "what they share into fastdata/convert/"]),
     ({"fastdata.converters.pairs": {"fastdata.converters.options", "fastdata.converters",
-                                    "fastdata.convert.file_lists"}}, []),
+                                    "fastdata.convert.source_files.file_lists"}}, []),
     ({"fastdata.converters": {"fastdata.converters.pairs"}, "fastdata.converters.options": set()}, []),
 ])
 def test_the_converter_rule_catches_a_converter_import(edges: dict[str, set[str]], expected: list[str]) -> None:
@@ -216,6 +280,74 @@ def test_the_loop_finder_names_the_loop() -> None:
     edges = {"fastdata.image.a": {"fastdata.image.b"}, "fastdata.image.b": {"fastdata.image.c"},
              "fastdata.image.c": {"fastdata.image.a"}, "fastdata.image.d": {"fastdata.image.a"}}
     assert loops(edges) == [["fastdata.image.a", "fastdata.image.b", "fastdata.image.c", "fastdata.image.a"]]
+
+
+def test_the_room_rule_catches_an_import_back_up_into_the_parent_room() -> None:
+    """The import this rule was written for (image/jpeg/region.py -> image/decode.py -> image/jpeg/header.py): no
+    two modules import each other, yet the jpeg room and decode.py do."""
+    edges = {"fastdata.image.decode": {"fastdata.image.jpeg.header"}, "fastdata.image.jpeg.header": set(),
+             "fastdata.image.jpeg.region": {"fastdata.image.decode", "fastdata.image.geometry"},
+             "fastdata.image.geometry": set(), "fastdata.image.pipeline": {"fastdata.image.jpeg.region"}}
+    rooms = {"fastdata", "fastdata.image", "fastdata.image.jpeg"}
+    assert loops(edges) == []
+    assert room_loops(edges, rooms) == [
+        "inside fastdata.image: fastdata.image.decode -> fastdata.image.jpeg -> fastdata.image.decode "
+        "(fastdata.image.decode imports fastdata.image.jpeg.header; fastdata.image.jpeg.region imports "
+        "fastdata.image.decode)"]
+    del edges["fastdata.image.jpeg.region"]  # the sub-room importing a parent module that does not import it: fine
+    edges["fastdata.image.jpeg.region"] = {"fastdata.image.geometry", "fastdata.image.opencv"}
+    assert room_loops(edges, rooms) == []
+
+
+def long_modules(root: Path = ROOT, folders: tuple[str, ...] = LINE_LIMITED, limit: int = MAX_LINES) -> list[str]:
+    """One line per module of `folders` (under `root`) with more than `limit` lines."""
+    out = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > limit:
+                out.append(f"{path.relative_to(root)}: {lines} lines, over {limit}: split it by responsibility")
+    return out
+
+
+def crowded_rooms(root: Path = ROOT, folders: tuple[str, ...] = ROOM_LIMITED, limit: int = MAX_MODULES) -> list[str]:
+    """One line per package directory of `folders` (under `root`) holding more than `limit` modules besides its
+    `__init__.py`."""
+    out = []
+    for folder in folders:
+        for directory in sorted({path.parent for path in (root / folder).rglob("__init__.py")}):
+            count = sum(1 for path in directory.glob("*.py") if path.name != "__init__.py")
+            if count > limit:
+                out.append(f"{directory.relative_to(root)}/: {count} modules, over {limit}: move a group of them into "
+                           "a room of its own, named for what they are")
+    return out
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    found = long_modules()
+    assert not found, "modules over the size limit:\n  " + "\n  ".join(found)
+
+
+def test_no_room_holds_more_than_the_module_limit() -> None:
+    found = crowded_rooms()
+    assert not found, "rooms over the size limit:\n  " + "\n  ".join(found)
+
+
+def test_the_size_guards_name_what_is_over(tmp_path: Path) -> None:
+    package = tmp_path / "fastdata"
+    (package / "big").mkdir(parents=True)
+    for name in ("__init__.py", *(f"m{i}.py" for i in range(MAX_MODULES))):
+        (package / name).write_text("x = 1\n" * MAX_LINES)  # at the limits: fine
+        (package / "big" / name).write_text("")
+    (package / "big" / "one_more.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules(tmp_path, ("fastdata", "benchmarks")) == [
+        f"fastdata/big/one_more.py: {MAX_LINES + 1} lines, over {MAX_LINES}: split it by responsibility",
+        f"benchmarks/long.py: {MAX_LINES + 1} lines, over {MAX_LINES}: split it by responsibility"]
+    assert crowded_rooms(tmp_path, ("fastdata",)) == [
+        f"fastdata/big/: {MAX_MODULES + 1} modules, over {MAX_MODULES}: move a group of them into a room of its own, "
+        "named for what they are"]
 
 
 def loader_subclasses(sources: dict[str, str], base: str = "ImageLoader") -> list[str]:

@@ -45,8 +45,8 @@ class ChunkResult:
     layouts: list[Outcome] = field(default_factory=list)
     # per result, how the GPU's decoders meet the stored image (one of GPU_KINDS; "" for a rejected sample)
     gpu_kinds: list[str] = field(default_factory=list)
-    # in the parent: the shared memory the results' large byte strings came in (`fastdata.convert.messages`), kept
-    # when the writer hands those bytes on rather than writing them itself (None: none, or not kept)
+    # in the parent: the shared memory the results' large byte strings came in (`fastdata.convert.engines.messages`),
+    # kept when the writer hands those bytes on rather than writing them itself (None: none, or not kept)
     shared: Any = None
 
 

@@ -1,7 +1,7 @@
 """The image conversion driver, generic over the source: a source's listing (`fastdata.convert.sources.ImageSource`,
 made by a converter in `fastdata.converters`) -> per-sample work in the workers (`fastdata.convert.image_work`:
 read with the source's `SampleReader`, verify / encode with `fastdata.convert.encode`, lay the record out as the
-writer stores it; local forked processes, `fastdata.convert.pool`, or Ray) -> this process writes the laid-out
+writer stores it; local forked processes, `fastdata.convert.engines.pool`, or Ray) -> this process writes the laid-out
 records in order (format writer) -> manifest.
 
 The output is built under `OUT.partial` and renamed into place only after the manifest (written last) is
@@ -26,14 +26,14 @@ import numpy as np
 
 from fastdata._version import __version__
 from fastdata.config import available_cores, check_bool, check_int, check_optional_int
-from fastdata.convert.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
 from fastdata.convert.encode import NON_JPEG, EncodeOptions
+from fastdata.convert.engines.assembly import ShardAssembly, assembly_processes
+from fastdata.convert.engines.pool import PoolStats, chunk_results
+from fastdata.convert.engines.ray import ENGINES, RayWork, require_ray
 from fastdata.convert.image_work import ChunkResult, SampleJob
 from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
 from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
-from fastdata.convert.pool import PoolStats, chunk_results
-from fastdata.convert.ray import ENGINES, RayWork, require_ray
 from fastdata.convert.sources import CountingTargets, ImageSource
 from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
@@ -147,7 +147,7 @@ def _results(job: SampleJob, start: int, stop: int, workers: int, stats: PoolSta
     """The job's chunk results over write positions start..stop-1, in order, from the local pool or Ray (local,
     `keep_shared`: with the shared memory their bytes came in, for a writer that hands them on)."""
     if engine == "ray":
-        from fastdata.convert.ray import ray_results
+        from fastdata.convert.engines.ray import ray_results
 
         ray_workers = requested_workers if ray_address else workers  # None: every CPU of the cluster
         size = ray_chunk(stop - start, ray_workers or workers)

@@ -29,8 +29,8 @@ from fastdata.convert.checkpoints import (
     keep_checkpoint_on_failure,
     open_or_resume,
 )
+from fastdata.convert.engines.pool import PoolStats
 from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
-from fastdata.convert.pool import PoolStats
 from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches

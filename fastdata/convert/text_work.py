@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.convert.pool import PoolStats, Workers
+from fastdata.convert.engines.pool import PoolStats, Workers
 from fastdata.convert.text_source import Batch, Document
 from fastdata.formats.records import exception_text
 from fastdata.text.splitting import DocumentSplitter

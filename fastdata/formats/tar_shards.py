@@ -98,7 +98,7 @@ class ShardWriter:
     def __init__(self, directory: Path, shard_size: int, on_shard_closed: Callable[[str], None] | None = None,
                  assembly: Any = None) -> None:
         """`assembly`, when given, has the shards written, flushed to disk and hashed by other processes
-        (`fastdata.convert.assembly.ShardAssembly`: `begin(path)`, `write(path, at, pieces, shared)`,
+        (`fastdata.convert.engines.assembly.ShardAssembly`: `begin(path)`, `write(path, at, pieces, shared)`,
         `finish(path, trailer, size)` -> the future of the digest, `ready()` and `get()`): this writer then only
         decides where each sample's bytes go, the same places as when it writes them itself, and a checkpoint that
         lists a shard still being finished elsewhere is written once its digest is in (`checkpoint`). Samples come

@@ -1,9 +1,9 @@
 """CPU image decode: bytes -> RGB uint8 HWC arrays, pixel-identical to Pillow's `convert("RGB")`.
 
 The codec of every sample is decided once, at conversion time, from what Pillow saw in the file:
-JPEGs and PNGs whose modes OpenCV decodes exactly like Pillow go through OpenCV (faster, releases the GIL,
-and can decode JPEGs at 1/2, 1/4 or 1/8 scale); everything else (CMYK JPEG, 16-bit PNG, TIFF, WebP, ...)
-goes through Pillow. Neither path applies EXIF rotation, matching torchvision's ImageFolder loader.
+JPEGs and PNGs whose modes OpenCV decodes exactly like Pillow go through OpenCV (`fastdata.image.opencv`: faster,
+releases the GIL, and can decode JPEGs at 1/2, 1/4 or 1/8 scale); everything else (CMYK JPEG, 16-bit PNG, TIFF,
+WebP, ...) goes through Pillow. Neither path applies EXIF rotation, matching torchvision's ImageFolder loader.
 
 Before a decode, the image's width and height come from its own header bytes (`image_size`): what a decode would
 allocate, to check against the pixel limit first (a dataset's stored width/height may lie: tampered, or remote and
@@ -24,6 +24,7 @@ import numpy as np
 
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, exception_text, pillow_pixels_checked
 from fastdata.image.jpeg.header import read_frame
+from fastdata.image.opencv import opencv_decode
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -61,17 +62,12 @@ def image_size(data: bytes | memoryview, pillow: bool = True) -> tuple[str, tupl
         return None
 
 
-def _cv2() -> ModuleType:
-    import cv2
-
-    return cv2
-
-
 def opencv_single_threaded() -> None:
     """Run OpenCV on one thread in this process. The parallelism is the worker processes; and a live OpenCV
     thread pool in a process that later forks workers can deadlock them (seen: a worker stuck in
     cv2.setNumThreads). Called by every DataLoader and conversion worker, and before any crop."""
-    cv2 = _cv2()
+    import cv2
+
     if cv2.getNumThreads() != 1:
         cv2.setNumThreads(1)
 
@@ -99,18 +95,7 @@ def decode_rgb(data: bytes | memoryview, codec: int = CODEC_PIL, reduce: int = 1
     if header is not None:
         check_header_pixels(*header, max_pixels)
     if codec in (CODEC_CV_JPEG, CODEC_CV_OTHER):
-        cv2 = _cv2()
-        flags = (cv2.IMREAD_COLOR_BGR if bgr else cv2.IMREAD_COLOR_RGB) | cv2.IMREAD_IGNORE_ORIENTATION
-        if codec == CODEC_CV_JPEG and reduce > 1:
-            flags |= {2: cv2.IMREAD_REDUCED_GRAYSCALE_2, 4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
-                      8: cv2.IMREAD_REDUCED_GRAYSCALE_8}[reduce]
-        try:
-            image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
-        except cv2.error as exc:
-            raise ValueError(f"OpenCV could not decode the image bytes: {exc}") from exc
-        if image is None:
-            raise ValueError("OpenCV could not decode the image bytes")
-        return image
+        return opencv_decode(data, reduce if codec == CODEC_CV_JPEG else 1, bgr)
     image = _decode_pil(data, max_pixels)
     return np.ascontiguousarray(image[:, :, ::-1]) if bgr else image
 

@@ -18,7 +18,7 @@ from fastdata.formats.registry import storage
 from fastdata.formats.remote import is_url
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.loader import ImageOptions
-from fastdata.image.mixed import (
+from fastdata.image.mixture.mixed import (
     MixedImageDataset,
     MixedImageLoader,
     by_index,

@@ -27,7 +27,7 @@ from typing import Any
 from fastdata.config import check_bool
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
-from fastdata.image.mixed import CLASS_RULES
+from fastdata.image.mixture.mixed import CLASS_RULES
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
 from fastdata.image.recipes.recipe import Recipe, is_recipe_preset
 from fastdata.order.mixing import check_epoch_rule

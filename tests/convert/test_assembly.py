@@ -15,9 +15,9 @@ import pytest
 from builders import build_photo_tree
 
 import fastdata
-from fastdata.convert import assembly as assembly_module
-from fastdata.convert.assembly import ShardAssembly
-from fastdata.convert.messages import OUT_OF_BAND_MIN, SharedMemory, out_of_band, receive, send
+from fastdata.convert.engines import assembly as assembly_module
+from fastdata.convert.engines.assembly import ShardAssembly
+from fastdata.convert.engines.messages import OUT_OF_BAND_MIN, SharedMemory, out_of_band, receive, send
 from fastdata.errors import WorkerError
 from fastdata.formats.tar_shards import PENDING, ShardWriter, tar_members, tar_trailer
 

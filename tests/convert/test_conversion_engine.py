@@ -1,7 +1,7 @@
-"""The image conversion engine (`fastdata.convert.pool`, `fastdata.convert.image_work`): every per-sample step in
-the workers, which start without torch; the writer's laid-out records byte for byte what it writes from a record;
-chunks sized from the measured cost; a worker that dies or raises ends the conversion with the reason; ImageFolder
-listed exactly as torchvision lists it, without importing it."""
+"""The image conversion engine (`fastdata.convert.engines.pool`, `fastdata.convert.image_work`): every per-sample
+step in the workers, which start without torch; the writer's laid-out records byte for byte what it writes from a
+record; chunks sized from the measured cost; a worker that dies or raises ends the conversion with the reason;
+ImageFolder listed exactly as torchvision lists it, without importing it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from builders import build_solid_tree, run_python
 from fastdata.converters.imagefolder import scan
 from torchvision.datasets.folder import find_classes, make_dataset
 
+from fastdata.convert.engines.pool import ChunkSizer
 from fastdata.convert.images import convert_images
-from fastdata.convert.pool import ChunkSizer
 from fastdata.convert.sources import FileReader
 from fastdata.errors import WorkerError
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord

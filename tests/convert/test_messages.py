@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from fastdata.convert.messages import OUT_OF_BAND_MIN, out_of_band, receive, send
+from fastdata.convert.engines.messages import OUT_OF_BAND_MIN, out_of_band, receive, send
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the raw socket framing is for POSIX")
 

@@ -31,6 +31,7 @@ from builders import (
     listed_label,
     multi_hot,
     multi_labels,
+    pairs_frame,
     rgb_of_file,
     sample_id_of,
     solid_id_of_path,
@@ -291,6 +292,20 @@ def test_nested_metadata_can_be_left_out(tmp_path):
     convert(list_path, tmp_path / "none.lmdb", metadata_columns=[])
     manifest = fastdata.info(tmp_path / "none.lmdb")
     assert manifest.metadata_fields == [] and manifest.format_version == 1
+
+
+@pytest.mark.parametrize("command", ["list", "pairs"])
+def test_metadata_columns_are_names_separated_by_commas(capsys, tree, tmp_path, command):
+    """`--metadata-columns` of both list commands: names separated by commas, blanks dropped; '' keeps none."""
+    frame = list_frame(tree) if command == "list" else pairs_frame(tree)
+    frame["note"], frame["other"] = "x", 1
+    listed = write_list(frame, tmp_path / "src.csv")
+    for flag, kept in ((" note , ,other ", ["note", "other"]), ("", [])):
+        out = tmp_path / f"kept{len(kept)}.lmdb"
+        code, _, err = cli(capsys, "convert", command, listed, out, "--root", tree.root, "--metadata-columns", flag,
+                           "-q")
+        assert code == 0, err
+        assert fastdata.info(out).metadata_fields == kept
 
 
 def test_metadata_values_become_json_scalars(tree, tmp_path):

@@ -38,7 +38,7 @@ from builders import (
 from fastdata.converters.webdataset import scan
 
 import fastdata
-from fastdata.convert.tar_samples import TarMemberReader
+from fastdata.convert.source_files.tar_samples import TarMemberReader
 from fastdata.errors import OutputExistsError
 from fastdata.tools.verify import verify
 

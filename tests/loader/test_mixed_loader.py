@@ -332,6 +332,20 @@ def test_indexed_shards_follow_the_stored_stream(solid_wds, pets_lmdb, solid_lmd
                                                         fastdata.dataset(solid_lmdb).samples)
 
 
+def test_a_mixture_names_each_sample_by_its_source_and_its_own_key(solid_wds, pets_lmdb):
+    """What the loader's messages name a sample by (`dataset.reader.key(i)`): the source's name, then the shard's
+    file and the sample's number in it (shards read by index) or the LMDB dataset's own key."""
+    mixture = fastdata.mix([solid_wds, pets_lmdb], weights=[1, 1], batch_size=8, augment="val", image_size=16)
+    files = fastdata.dataset(solid_wds).manifest.files
+    pets = fastdata.dataset(pets_lmdb)
+    expected = [f"shards/{file.name}#{number}" for file in files for number in range(file.samples)]
+    expected += [f"pets/{pets.reader.key(i)}" for i in range(len(pets))]
+    reader = mixture.dataset.reader
+    assert [reader.key(i) for i in range(len(mixture.dataset))] == expected
+    assert len(set(expected)) == len(expected)
+    reader.release_mapped()  # after a batch: each source's reader gives its mapped pages back
+
+
 def test_a_shard_changed_after_conversion_is_named(solid_wds, pets_lmdb, tmp_path):
     """A shard that lost a sample since its manifest was written: reading by index names it and says so."""
     changed = tmp_path / "shards"

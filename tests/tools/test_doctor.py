@@ -15,7 +15,6 @@ from fastdata.cli import main
 from fastdata.errors import IncompleteDatasetError, NotADatasetError
 from fastdata.formats.manifest import MANIFEST_NAME, partial_path
 from fastdata.image.jpeg.extension import HOW_TO_BUILD, NOT_BUILT
-from fastdata.tools.disks import Mount, block_device, mount_of, scan_folder
 from fastdata.tools.doctor import (
     check_cores,
     check_dataset,
@@ -29,14 +28,15 @@ from fastdata.tools.doctor import (
     recommended_workers,
     run_checks,
 )
-from fastdata.tools.doctor_gpu import (
+from fastdata.tools.doctor.disks import Mount, block_device, mount_of, scan_folder
+from fastdata.tools.doctor.gpu import (
     check_capability,
     check_driver,
     check_gpus,
     check_interconnect,
     check_torch,
 )
-from fastdata.tools.doctor_table import (
+from fastdata.tools.doctor.table import (
     FAIL,
     INFO,
     PASS,
@@ -298,7 +298,7 @@ def test_doctor_reports_the_decoder_in_use_here():
 
 
 def test_the_gpu_decoder_is_reported_with_its_version_and_the_engines_use():
-    from fastdata.tools.doctor_gpu import check_gpu_decoder
+    from fastdata.tools.doctor.gpu import check_gpu_decoder
 
     here = check_gpu_decoder(False, None, "", "0.29.1")
     assert here.status == "INFO" and "no CUDA" in here.detail

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.formats.records import CODEC_CV_JPEG, DEFAULT_MAX_PIXELS
-from fastdata.image.decode import decode_rgb
+from fastdata.formats.records import DEFAULT_MAX_PIXELS
 from fastdata.image.geometry import CropParams, ImageSize, pixel_box, reduce_factor
 from fastdata.image.jpeg.extension import extension_built, not_built_message
 from fastdata.image.jpeg.library import default_candidates
+from fastdata.image.opencv import opencv_decode
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def probes() -> tuple[Probe, ...]:
         if not ok:  # pragma: no cover - OpenCV encodes JPEG wherever it is installed
             raise RuntimeError(f"OpenCV could not encode the {kind} probe JPEG")
         data = encoded.tobytes()
-        found.append(Probe(kind, data, {s: decode_rgb(data, CODEC_CV_JPEG, 8 // s) for s in PROBE_SCALES}))
+        found.append(Probe(kind, data, {s: opencv_decode(data, 8 // s) for s in PROBE_SCALES}))
     return tuple(found)
 
 

@@ -21,8 +21,8 @@ from fastdata.config import LoaderOptions
 from fastdata.errors import ConfigError
 from fastdata.image.batch import EncodedSample
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
-from fastdata.image.indexed_shards import IndexedShards
 from fastdata.image.loader import ImageLoader, ImageOptions
+from fastdata.image.mixture.indexed_shards import IndexedShards, PartKeys
 from fastdata.order.mixing import MixedBatchSampler, MixedResumable, MixPlan
 from fastdata.order.state import dataset_fingerprint
 
@@ -184,7 +184,7 @@ class MixedImageDataset(LmdbImageDataset):
             jpeg_layout="restart" if any(d.manifest.jpeg_layout == "restart" for d in sources) else "original")
         root = Path("+".join(str(d.root) for d in sources))
         self._setup(root, manifest, augment, image_size, seed, on_error, False, scale, ratio, masks=masks)
-        self.reader = _MixedKeys(self)  # type: ignore[assignment]  # what the loader's messages read: key(i)
+        self.reader = PartKeys(self)  # type: ignore[assignment]  # what the loader's messages read: key(i)
 
     @property
     def class_maps(self) -> dict[str, list[int]]:
@@ -195,6 +195,14 @@ class MixedImageDataset(LmdbImageDataset):
         """(source, index in that source) of global index `index`."""
         source = int(np.searchsorted(self.offsets, index, side="right")) - 1
         return source, index - int(self.offsets[source])
+
+    def part_key(self, source: int, local: int) -> str:
+        """Sample `local` of source `source` as its messages name it: the source's name, then its own key."""
+        return f"{self.names[source]}/{self.sources[source].reader.key(local)}"
+
+    def mapped_readers(self) -> list[Any]:
+        """Every source's reader: a batch leaves mapped pages of their data files behind."""
+        return [data.reader for data in self.sources]
 
     def encoded(self, index: int) -> EncodedSample:
         source, local = self.locate(index)
@@ -227,22 +235,6 @@ class MixedImageDataset(LmdbImageDataset):
 
     def fingerprints(self) -> list[str]:
         return [dataset_fingerprint(data.manifest) for data in self.sources]
-
-
-class _MixedKeys:
-    """The reader methods the loader uses: a sample's key (for its error messages), and giving back the mapped
-    pages of every source's data file once a batch is read."""
-
-    def __init__(self, data: MixedImageDataset) -> None:
-        self.data = data
-
-    def key(self, index: int) -> str:
-        source, local = self.data.locate(index)
-        return f"{self.data.names[source]}/{self.data.sources[source].reader.key(local)}"
-
-    def release_mapped(self) -> None:
-        for source in self.data.sources:
-            source.reader.release_mapped()
 
 
 class MixedImageLoader(MixedResumable, ImageLoader):

@@ -6,8 +6,9 @@ indices, as `fastdata.dataset` iterates them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,10 +29,18 @@ class IndexedShards:
         self.root: Path | str = data.root
         self.starts = np.concatenate([[0], np.cumsum([f.samples for f in self.manifest.files])]).astype(np.int64)
         self._positions: dict[int, list[int]] = {}  # shard -> its samples' header positions, read when first asked
-        self.reader = _ShardKeys(self)
+        self.reader = PartKeys(self)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    def part_key(self, shard: int, local: int) -> str:
+        """Sample `local` of shard `shard` as its messages name it: the shard's file name and the number."""
+        return f"{self.manifest.files[shard].name}#{local}"
+
+    def mapped_readers(self) -> tuple[()]:
+        """None: each sample is read from its file, nothing is mapped."""
+        return ()
 
     @property
     def classes(self) -> list[str]:
@@ -90,16 +99,29 @@ def _listed(label: Any) -> Any:
     return list(label) if isinstance(label, tuple) else label
 
 
-class _ShardKeys:
-    """The reader methods a mixture's loader uses: a sample's name for its messages (shard and number, known
-    without reading it), and nothing to give back after a batch."""
+class Parts(Protocol):
+    """A dataset made of parts (shards, sources), as `PartKeys` reads it."""
 
-    def __init__(self, data: IndexedShards) -> None:
+    def locate(self, index: int) -> tuple[int, int]:
+        """(part, number in that part) of sample `index`."""
+
+    def part_key(self, part: int, local: int) -> str:
+        """The key of sample `local` of part `part`, known without reading the sample."""
+
+    def mapped_readers(self) -> Iterable[Any]:
+        """The readers (`release_mapped()`) whose mapped pages a batch leaves behind."""
+
+
+class PartKeys:
+    """The reader methods a loader uses of a dataset made of parts: a sample's key for its messages (`key(i)`),
+    and the mapped pages of the parts' readers given back once a batch is read (`release_mapped()`)."""
+
+    def __init__(self, data: Parts) -> None:
         self.data = data
 
     def key(self, index: int) -> str:
-        shard, local = self.data.locate(index)
-        return f"{self.data.manifest.files[shard].name}#{local}"
+        return self.data.part_key(*self.data.locate(index))
 
     def release_mapped(self) -> None:
-        """Nothing mapped: each sample is read from its file."""
+        for reader in self.data.mapped_readers():
+            reader.release_mapped()

@@ -4,7 +4,7 @@ are linked."""
 
 from __future__ import annotations
 
-from fastdata.tools.doctor_table import FAIL, INFO, PASS, WARN, Check
+from fastdata.tools.doctor.table import FAIL, INFO, PASS, WARN, Check
 
 
 def check_torch(version: str, cuda_build: str | None, nvml_gpus: int) -> Check:

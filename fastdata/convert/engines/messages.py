@@ -7,7 +7,7 @@ descriptor rides along with the header (SCM_RIGHTS), and the parent maps it and 
 memoryviews of that map. So the parent copies an image's bytes once, into the output, instead of three times
 (out of the socket, out of the pickle, into the output): per image, what the parent does is what caps a
 conversion on many cores. A receiver that only hands the bytes on (the WebDataset writer, whose shards are
-assembled by processes of their own: `fastdata.convert.assembly`) asks for the shared-memory file itself
+assembled by processes of their own: `fastdata.convert.engines.assembly`) asks for the shared-memory file itself
 (`SharedMemory`): it passes the descriptor and the buffers' places in it along, and never touches the bytes.
 Where the platform has no memfd (macOS), buffers stay in the pickle; Windows pipes have no file descriptor, so
 Connection's own framing is used there.

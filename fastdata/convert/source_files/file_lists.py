@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastdata.convert.metadata import NOT_JSON, json_value
+from fastdata.convert.source_files.metadata import NOT_JSON, json_value
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.masks import DEFAULT_IGNORE_INDEX
 
@@ -215,8 +215,8 @@ def metadata_names(path: Path, names: list[str], options: ListOptions) -> list[s
 
 
 def metadata_values(path: Path, name: str, values: list[Any]) -> list[Any]:
-    """A metadata column's values as metadata keeps them (fastdata.convert.metadata: JSON scalars and lists of
-    them); objects and binary values refused, naming the row."""
+    """A metadata column's values as metadata keeps them (fastdata.convert.source_files.metadata: JSON scalars and
+    lists of them); objects and binary values refused, naming the row."""
     out = []
     for row, value in enumerate(values, start=1):
         kept = json_value(value)

@@ -16,14 +16,14 @@ from typing import Any
 
 from fastdata.config import available_cores
 from fastdata.image.jpeg.extension import HOW_TO_BUILD, NOT_BUILT
-from fastdata.tools.doctor_gpu import (
+from fastdata.tools.doctor.gpu import (
     check_capability,
     check_driver,
     check_gpus,
     check_interconnect,
     check_torch,
 )
-from fastdata.tools.doctor_table import FAIL, INFO, PASS, WARN, Check, GiB, MiB
+from fastdata.tools.doctor.table import FAIL, INFO, PASS, WARN, Check, GiB, MiB
 
 # -------------------------------------------------------------------------------------------------
 # the checks, as functions of facts
@@ -49,11 +49,11 @@ def check_cores(cores: int, gpus: int) -> Check:
 
 
 def check_gpu_decoder_here(cuda: bool, facts: Any) -> Check:
-    """The GPU decoder check (fastdata.tools.doctor_gpu.check_gpu_decoder) with this process's facts."""
+    """The GPU decoder check (fastdata.tools.doctor.gpu.check_gpu_decoder) with this process's facts."""
     import torchvision
 
     from fastdata.image.device.decoders import nvimgcodec_missing
-    from fastdata.tools.doctor_gpu import check_gpu_decoder
+    from fastdata.tools.doctor.gpu import check_gpu_decoder
 
     missing = nvimgcodec_missing() if cuda else ""
     version = None
@@ -195,7 +195,7 @@ def check_dataset(path: Path, scan: Any = None) -> Check:
     interrupted conversion, a damaged manifest) FAILs with the loader's own message."""
     from fastdata.errors import IncompleteDatasetError, NotADatasetError
     from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
-    from fastdata.tools.disks import scan_folder
+    from fastdata.tools.doctor.disks import scan_folder
 
     try:
         m = read_manifest(path)  # what fastdata.loader reads first: its message is the loader's
@@ -296,7 +296,7 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
     where = target if target is not None and target.exists() else (target.parent if target else Path.cwd())
     while not where.exists() and where != where.parent:
         where = where.parent
-    from fastdata.tools.disks import block_device, mount_of
+    from fastdata.tools.doctor.disks import block_device, mount_of
 
     disk, rotational = block_device(where)
     checks.append(check_storage(str(where), mount_of(where), disk, rotational, packed=packed,
@@ -335,7 +335,7 @@ def _dataset_size(path: Path | None) -> tuple[int | None, bool, Any]:
         return None, False, None
     from fastdata.errors import NotADatasetError
     from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
-    from fastdata.tools.disks import scan_folder
+    from fastdata.tools.doctor.disks import scan_folder
 
     try:
         return read_manifest(path).data_bytes, True, None

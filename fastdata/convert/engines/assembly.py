@@ -5,14 +5,15 @@ Per image, whatever the parent does caps a conversion however many cores verify 
 into the page cache alone costs ~5% of a worker's time per image, and hashing them as much again. So the parent only
 decides where each sample goes (the shard and the byte offset: shard boundaries exactly as a writer that copies the
 bytes itself would draw them) and hands the places on: the shared-memory file a worker's chunk came in
-(`fastdata.convert.messages.SharedMemory`, passed by descriptor) and, per run of samples, where it lies there and
-where it goes in the shard. Any assembler may write any run (`os.pwrite` at the given offset: runs of one shard are
-written in parallel). Each shard has one assembler that hashes it: as the shard's written bytes grow without a gap
-by `_HASH_STEP`, the parent asks it to hash them (read back from the page cache) and to start their write-back to
-disk, so that a finished shard costs only its last few megabytes and the wait for the disk, not a pass over the
-whole shard after the last image. Once every run of a finished shard is written, its hashing assembler writes the tar
-trailer, hashes what is left, flushes the shard to disk, renames it into place and sends its digest back. The writer
-(`fastdata.formats.tar_shards.ShardWriter`) holds back a checkpoint that lists a shard until its digest is in.
+(`fastdata.convert.engines.messages.SharedMemory`, passed by descriptor) and, per run of samples, where it lies
+there and where it goes in the shard. Any assembler may write any run (`os.pwrite` at the given offset: runs of one
+shard are written in parallel). Each shard has one assembler that hashes it: as the shard's written bytes grow
+without a gap by `_HASH_STEP`, the parent asks it to hash them (read back from the page cache) and to start their
+write-back to disk, so that a finished shard costs only its last few megabytes and the wait for the disk, not a pass
+over the whole shard after the last image. Once every run of a finished shard is written, its hashing assembler
+writes the tar trailer, hashes what is left, flushes the shard to disk, renames it into place and sends its digest
+back. The writer (`fastdata.formats.tar_shards.ShardWriter`) holds back a checkpoint that lists a shard until its
+digest is in.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
-from fastdata.convert.messages import SharedMemory
-from fastdata.convert.pool import start_method
+from fastdata.convert.engines.messages import SharedMemory
+from fastdata.convert.engines.pool import start_method
 from fastdata.errors import WorkerError
 from fastdata.formats.libc import start_writeback
+from fastdata.processes import exit_description, stop_processes
 from fastdata.workers import ctrl_c_held
 
 #: a run of a shard's bytes: (offset in the shared-memory file, length), or the bytes themselves (a sample that
@@ -54,7 +56,8 @@ def assembly_processes(workers: int) -> int:
 
 class ShardAssembly:
     """`processes` assemblers, started by `start()` (before any thread of the conversion: forked where the
-    platform allows) and stopped when the `with` block ends (killed on an error: their work is not wanted)."""
+    platform allows) and stopped when the `with` block ends (`fastdata.processes.stop_processes`; at once on an
+    error: their work is not wanted)."""
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
@@ -183,11 +186,8 @@ class ShardAssembly:
 
     def _died(self, worker: int) -> None:
         process = self._workers[worker]
-        process.join(1)
-        code = process.exitcode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        raise WorkerError(f"a process writing WebDataset shards (pid {process.pid}) died ({how}); out of memory? "
-                          "Run the same command again to resume")
+        raise WorkerError(f"a process writing WebDataset shards (pid {process.pid}) died "
+                          f"({exit_description(process)}); out of memory? Run the same command again to resume")
 
     def _stop(self, graceful: bool) -> None:
         if graceful:
@@ -196,12 +196,7 @@ class ShardAssembly:
             for connection in self._connections:
                 with contextlib.suppress(OSError):
                     connection.send(None)
-        deadline = time.monotonic() + (5.0 if graceful else 0.0)
-        for process in self._workers:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
+        stop_processes(self._workers, grace=5.0 if graceful else 0.0)
         for connection in self._connections:
             connection.close()
         self._connections, self._workers, self._sent = [], [], []

@@ -139,7 +139,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
     if manifest.format == "wds" and manifest.kind == "image":
         if manifest.record_digests is not None:
             from fastdata.formats.wds import digests_name
-            from fastdata.tools.verify_records import shard_digest_tables
+            from fastdata.tools.verify.records import shard_digest_tables
 
             tables = shard_digest_tables(root, manifest, report.problems)
             listed |= {digests_name(entry.name) for entry in manifest.files}
@@ -171,7 +171,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
             if not by_record:
                 continue
         if by_record:  # checked on every core, each damaged record named
-            from fastdata.tools.verify_records import check_records
+            from fastdata.tools.verify.records import check_records
 
             records = check_records(root, manifest, report.problems, progress)
             report.checked.append(f"{entry.name}: {records:,} records against their digests")
@@ -194,7 +194,7 @@ def _check_files(root: Path, manifest: Manifest, report: VerifyReport, progress:
 
 def _name_damaged_samples(path: Path, table: bytes, report: VerifyReport) -> None:
     """A damaged shard's samples against their record digests: each damaged one named (shard and key)."""
-    from fastdata.tools.verify_records import damaged_samples
+    from fastdata.tools.verify.records import damaged_samples
 
     found = damaged_samples(path, table)
     report.problems += found or [f"{path.name}: every sample matches its record digest: the damage is in the tar "
@@ -329,10 +329,10 @@ class _Relisting:
 
 
 def _restart_check(manifest: Manifest, relisted: _Relisting | None) -> Any:
-    """The JPEG-layout checks of `--decode` (`fastdata.tools.verify_layout`: restart or baseline), comparing pixels
+    """The JPEG-layout checks of `--decode` (`fastdata.tools.verify.layout`: restart or baseline), comparing pixels
     with the source files when the source is given and the conversion stored them unchanged but for the rewrite (no
     --max-size); None for the original layout."""
-    from fastdata.tools.verify_layout import layout_check
+    from fastdata.tools.verify.layout import layout_check
 
     check = layout_check(manifest)
     if check is None:

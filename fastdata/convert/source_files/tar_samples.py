@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fastdata.convert.checkpoints import files_digest
-from fastdata.convert.metadata import NOT_JSON, json_value
+from fastdata.convert.source_files.metadata import NOT_JSON, json_value
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.records import IMAGE_EXTENSIONS
 from fastdata.formats.wds import unsafe_member_reason
@@ -260,7 +260,7 @@ def listed(problems: list[str]) -> str:
 def sample_metadata(sample: IndexedSample, meta: dict | None, label_field: str | None, caption: bool,
                     names: list[str]) -> dict[str, Any]:
     """A sample's metadata: its .json fields but the label (lists kept as lists, as every source keeps them:
-    fastdata.convert.metadata; objects as JSON text), and its caption."""
+    fastdata.convert.source_files.metadata; objects as JSON text), and its caption."""
     row = {}
     for name, value in (meta or {}).items():
         if name != label_field:

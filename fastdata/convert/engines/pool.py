@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
-from fastdata.convert.messages import out_of_band, receive, send
+from fastdata.convert.engines.messages import out_of_band, receive, send
 from fastdata.errors import WorkerError
+from fastdata.processes import exit_description, stop_processes
 from fastdata.workers import ctrl_c_held
 
 
@@ -94,7 +95,7 @@ def chunk_results(job: ChunkJob, start: int, stop: int, workers: int, stats: Poo
                   keep_shared: bool = False) -> Iterator[Any]:
     """`job.run_chunk` over positions start..stop-1 in chunks, on `workers` processes (1: in this process), the
     results in position order. With `keep_shared`, a result that came through shared memory gets it as its
-    `shared` attribute (`fastdata.convert.messages.SharedMemory`), for a writer that hands its bytes on."""
+    `shared` attribute (`fastdata.convert.engines.messages.SharedMemory`), for a writer that hands its bytes on."""
     sizer = sizer or ChunkSizer(workers)
 
     def ranges() -> Iterator[tuple[int, int]]:
@@ -275,25 +276,19 @@ class Workers:
 
     def _died(self, worker: int, in_hand: list[tuple]) -> None:
         process = self.processes[worker]
-        process.join(1)
-        code = process.exitcode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        how = exit_description(process)
         where = f" while working on {self.describe(in_hand[0])}" if in_hand else ""
         raise WorkerError(f"a conversion worker (pid {process.pid}) died ({how}){where}; out of memory, or a "
                           "crash in an image library. Run the same command again to resume")
 
     def close(self, graceful: bool = False) -> None:
-        """Stop the workers: asked to end when all went well (terminated if they do not), terminated at once
-        otherwise (an error, Ctrl-C: results they may still be sending are not wanted)."""
+        """Stop the workers (`fastdata.processes.stop_processes`): asked to end when all went well (stopped if they
+        have not within 2 s), stopped at once otherwise (an error, Ctrl-C: results they may still be sending are
+        not wanted)."""
         if graceful:
             for conn in self.connections:
                 with contextlib.suppress(OSError):
                     send(conn, None)
-        deadline = time.monotonic() + (2.0 if graceful else 0.0)
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.terminate()
-                process.join()
+        stop_processes(self.processes, grace=2.0 if graceful else 0.0)
         for conn in self.connections:
             conn.close()
