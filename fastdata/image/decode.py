@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import struct
-from types import ModuleType
 
 import numpy as np
 

@@ -4,7 +4,7 @@ DataLoader adapter that builds whole batches inside the workers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 

@@ -15,7 +15,7 @@ where it could not decode those bytes; the caller decides what a None means (fas
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
 import torch

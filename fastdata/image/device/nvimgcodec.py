@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.dlpack import from_dlpack
 
 from fastdata.image.device.options import AUTO, ENGINES_ALONE, MIXED, DeviceDecode
 

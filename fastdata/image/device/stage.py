@@ -28,7 +28,7 @@ import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
