@@ -15,21 +15,17 @@ Targets (issue 20): the tuner's time <= 60 s on a 2-core machine, its choice >= 
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.config import available_cores
 from fastdata.tools.bench_fair import alternate, median_ratio
 from fastdata.tools.tune import PREFETCH, Point, Search, TuneConfig, measure_point, run_tune
 from fastdata.tools.tune_steps import parse_step
-
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from common import arguments
-from hardening import dataset_for  # the same sample conversion as the other benchmarks
 
 
 def grid(out: Path, config: TuneConfig, points: list[Point], repeats: int) -> dict[Point, list[float]]:

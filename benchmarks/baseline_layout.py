@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 import cv2
-import report
 import torch
-from common import arguments, cached_sample_imagefolder
-from hardening import dataset_for
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, dataset_for
 from fastdata.formats.manifest import read_manifest
 from fastdata.image.jpeg.header import progressive
 from fastdata.image.jpeg.restart import baseline_rewrite, same_pixels

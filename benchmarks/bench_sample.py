@@ -16,8 +16,8 @@ import shutil
 import subprocess
 import sys
 
-import report
-from common import arguments
+from benchmarks import report
+from benchmarks.common import arguments
 
 
 def bench_command(epochs: int, batch_size: int, repeats: int) -> list[str]:

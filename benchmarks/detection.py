@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import arguments, cached_sample_imagefolder, convert_once, loading_race
 
 import fastdata
+from benchmarks.common import arguments, cached_sample_imagefolder, convert_once, loading_race
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
 from fastdata.tools.bench_fair import dataset_files

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import report
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 

@@ -22,13 +22,12 @@ import statistics
 import time
 from dataclasses import replace
 
-import report
 import torch
 import torch.multiprocessing as mp
-from common import arguments
-from hardening import dataset_for
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.ship import encoded_buffer, pack_encoded
 from fastdata.processes import stop_processes

@@ -15,11 +15,9 @@ from __future__ import annotations
 import statistics
 import time
 
-import report
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.tools.bench_fair import alternate, per_run_ratios
 
 CONTENDERS = ("rollover (default)", "cold epoch starts")

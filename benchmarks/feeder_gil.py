@@ -26,10 +26,10 @@ import statistics
 import sys
 import time
 
-import report
 import torch
-from common import arguments
 
+from benchmarks import report
+from benchmarks.common import arguments
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.feeder import DeviceFeeder, PassKey, strong
 from fastdata.image.device.ring import SlotRing

@@ -20,12 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
-import report
 import torch
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 DTYPES = {"uint8": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

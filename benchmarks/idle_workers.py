@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import gc
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 import fastdata
-
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from common import arguments
-from hardening import dataset_for, status_kb  # the same sample conversion and /proc reading
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for, status_kb
 
 MB = 2**20
 

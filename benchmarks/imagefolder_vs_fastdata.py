@@ -24,10 +24,10 @@ from __future__ import annotations
 import shutil
 import time
 
-import report
-from common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 from fastdata.converters.imagefolder import convert_imagefolder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 from fastdata.tools.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
 from fastdata.tools.bench_baseline import choose_baseline
 

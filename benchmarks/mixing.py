@@ -19,10 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import report
-from common import arguments
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments
 from fastdata.order.epoch import epoch_order
 from fastdata.order.mixing import MixPlan, mixed_epoch
 from fastdata.tools.bench_fair import alternate

@@ -23,10 +23,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
-from common import arguments, cached_sample_imagefolder
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys, time

@@ -26,10 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import report
-from common import arguments, cached_sample_imagefolder
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
-
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, dataset_for
 from fastdata.formats.manifest import read_manifest
 from fastdata.presets import CutMix, MixUp, RandAugment, RandomChoice, RandomErasing, RandomResizedCrop
 from fastdata.presets import TrivialAugmentWide as TrivialAugment

@@ -26,10 +26,9 @@ import tempfile
 import time
 import urllib.request
 
-import report
-from common import arguments, cached_sample_imagefolder
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 from fastdata.tools.bench_fair import alternate, dataset_files, loader_settings, median_ratio, warm_page_cache
 
 

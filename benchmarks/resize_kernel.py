@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import report
 import torch
-from common import arguments, cached_sample_imagefolder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 from fastdata.image.augment import make_preset
 from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip, device_params, flat_windows
 from fastdata.order.epoch import sample_rng

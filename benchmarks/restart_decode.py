@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import report
-from common import arguments, cached_sample_imagefolder
-from region_decode import alternating_passes, decode_table, one_core_decoder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
+from benchmarks.region_decode import alternating_passes, decode_table, one_core_decoder
 from fastdata.errors import UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import RandomResizedCropFlip
