@@ -64,14 +64,16 @@ def running_module() -> str:
 
 
 def arguments(description: str | None, images: int | None = 3000, repeats: int = DEFAULT_REPEATS, *,
-              data: bool | Path = True, json: bool = False, **options: Any) -> BenchmarkParser:
+              data: bool | Path = True, json: bool = False, module: str | None = None,
+              **options: Any) -> BenchmarkParser:
     """A benchmark's parser with the options every benchmark shares, each spelt one way: `--smoke` (the registry's
     smoke run), `--repeats` (alternating runs of each contender), `--images` (the sample's size; None: the
     benchmark has no such size), `--data` (where samples and conversions are cached; a Path: that default instead
     of benchmarks/data), `--json FILE` (`json`: the benchmark writes its own results there as it goes), and those
     of `options` given a default: `epochs`, `batch_size`, `workers` (None: the usable cores), `augment` ("train"
-    / "val"), `mb`, ...; any other by the type of its default (False: a switch)."""
-    parser = BenchmarkParser(description, running_module())
+    / "val"), `mb`, ...; any other by the type of its default (False: a switch). `module`: the benchmark's
+    (`benchmarks.NAME`, whose registry entry `--smoke` reads); by default the one `python -m` runs."""
+    parser = BenchmarkParser(description, running_module() if module is None else module)
     if data:
         parser.add_argument("--data", type=Path, default=DATA if data is True else data)
     if images is not None:
