@@ -1,6 +1,6 @@
 """`fastdata tune` against the full grid it searches, on the benchmarks' sample converted to LMDB.
 
-    python benchmarks/autotune.py --images 3000 --batch-size 256 --step none --budget 60
+    python -m benchmarks.autotune --images 3000 --batch-size 256 --step none --budget 60
 
 The grid measures every point (workers 1..--max-workers, default one more than the usable cores, at most 16;
 prefetch 2, 4, 8; decode "worker") the way the tuner measures one (fastdata.tools.tune.measure_point: a loader

@@ -1,7 +1,7 @@
 """What `--jpeg-layout baseline` costs at conversion: the same sample photos converted with the original layout and
 with the baseline layout (progressive JPEGs rewritten losslessly as baseline ones), alternating rounds, every core.
 
-    python benchmarks/baseline_layout.py [--images 3000] [--repeats 3]
+    python -m benchmarks.baseline_layout [--images 3000] [--repeats 3]
 
 Prints the conversion seconds of each (medians, with the per-round ratio's range), how many JPEGs were rewritten,
 the rewritten files' bytes against their sources', the rewrite alone per progressive file (the libjpeg-turbo

@@ -40,7 +40,7 @@ Text (benchmarks/text_corpus.py's corpus of English text on this machine and its
 Targets (issue 19): images >= 0.8x (a), parent CPU per image <= 5% of a worker's; text >= 0.9x
 encode_batch_fast and >= datasets map.
 
-    python benchmarks/convert_speed.py --images 4000 --repeats 3 --text-mb 20
+    python -m benchmarks.convert_speed --images 4000 --repeats 3 --text-mb 20
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """

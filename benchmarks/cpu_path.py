@@ -25,7 +25,7 @@ one untimed pass, the page cache warmed with its files, and `--repeats` alternat
 of the decode ceiling, time to first batch and peak RSS (loader + workers). A peer that cannot be imported is left
 out, with the reason printed (install: benchmarks/README.md).
 
-    flock -x /tmp/cpu.lock python benchmarks/cpu_path.py --images 4000 --repeats 3
+    flock -x /tmp/cpu.lock python -m benchmarks.cpu_path --images 4000 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """

@@ -1,6 +1,6 @@
 """CPU side of decode="device" vs decode="worker": what one worker core does per image.
 
-    python benchmarks/device_cpu_side.py [--images 3000] [--repeats 3]
+    python -m benchmarks.device_cpu_side [--images 3000] [--repeats 3]
 
 The "worker" path reads, decodes, crops and resizes in the workers; the "device" path's workers only read the
 JPEGs' bytes and draw the crop parameters (the GPU does the rest; the few non-JPEGs are decoded in the worker).

@@ -2,7 +2,7 @@
 bytes and the worker's pixels in one storage, the small arrays by value: `EncodedBatch.__reduce__`) against a
 shared-memory tensor per field (how a batch crossed before: eight file-descriptor handshakes with the worker).
 
-    python benchmarks/device_handover.py [--images 3000] [--batch-size 256] [--batches 8] [--repeats 5]
+    python -m benchmarks.device_handover [--images 3000] [--batch-size 256] [--batches 8] [--repeats 5]
 
 The main process's thread that takes the workers' batches is the one that feeds the GPU, and it shares the GIL
 with the training step, so each millisecond it spends there is one the GPU may wait. A forked worker process puts

@@ -2,7 +2,7 @@
 (fastdata's default with persistent workers: the sampler's rollover) against the same loader made to stop at each
 epoch's end and start the next one cold (rollover turned off on its sampler; the code is otherwise the same).
 
-    python benchmarks/epoch_start.py [--images 1200] [--batch-size 64] [--epochs 4] [--repeats 3] [--step-ms 0]
+    python -m benchmarks.epoch_start [--images 1200] [--batch-size 64] [--epochs 4] [--repeats 3] [--step-ms 0]
 
 Each run: one loader, one untimed epoch (workers start), then --epochs timed epochs through a step that touches the
 batch and then sleeps --step-ms (a stand-in for a model's step on a GPU, which leaves the host free); the table

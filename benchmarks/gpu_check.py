@@ -1,6 +1,6 @@
 """GPU decode check for decode="device": each decoder and nvImageCodec backend mix, decode only, one table.
 
-    python benchmarks/gpu_check.py [--images 6144] [--repeats 2] [--json F] [--device cuda|cpu]
+    python -m benchmarks.gpu_check [--images 6144] [--repeats 2] [--json F] [--device cuda|cpu]
 
 For every configuration, on the sample photos' JPEGs (the same files as benchmarks/gpu_train_feed.py):
 1. pixels: each image decoded whole against Pillow's decode (libjpeg-turbo): max and mean absolute difference;

@@ -1,6 +1,6 @@
 """Does the loader keep a GPU training loop fed? The measurement the device path is judged by, in steady state.
 
-    python benchmarks/gpu_train_feed.py [--images 6144] [--copies 4] [--models resnet18,resnet50] [--repeats 1]
+    python -m benchmarks.gpu_train_feed [--images 6144] [--copies 4] [--models resnet18,resnet50] [--repeats 1]
                                         [--budget-s 250] [--tune-budget 0] [--json F] [--device cuda|cpu]
 
 The protocol (docs/gpu.md, "Measuring it"; ../shared/notes/gpu-feeder-round4.md sec. 5):

@@ -1,6 +1,6 @@
 """Hardening figures: per-worker memory over epochs, and the cost of corrupt samples with on_error="skip".
 
-    python benchmarks/hardening.py --images 3000 --repeats 3
+    python -m benchmarks.hardening --images 3000 --repeats 3
 
 1. Memory stays flat: 3 epochs with 2 workers; each worker's RSS after every epoch (psutil), and its growth
    after the first epoch (target: under 5%).

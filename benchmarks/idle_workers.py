@@ -1,6 +1,6 @@
 """What an evaluation loader's workers hold between its passes, with persistent workers and without.
 
-    python benchmarks/idle_workers.py --images 3000 --workers 4 --repeats 3
+    python -m benchmarks.idle_workers --images 3000 --workers 4 --repeats 3
 
 A val loader (augment="val") over an LMDB conversion of the benchmarks' sample, as a training script has one
 beside its training loader: after its passes, the worker processes still alive are counted and measured (psutil:

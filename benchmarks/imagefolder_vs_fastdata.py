@@ -14,7 +14,7 @@ Every contender gets fastdata.loader's DataLoader settings, the same transform a
 its files read once before timing, and --repeats alternating runs (`fastdata.tools.bench.run_contenders`); the tables
 give medians, and ratios that are medians of the per-run ratios.
 
-    python benchmarks/imagefolder_vs_fastdata.py --images 3000 --repeats 3
+    python -m benchmarks.imagefolder_vs_fastdata --images 3000 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """

@@ -4,7 +4,7 @@ differences), so the difference is the meter's own work per step. Then a loop wh
 wait, which is steadier than sleep), plain and metered, as a share of the step. Last, what `trace=` adds: the
 empty loop metered with a trace, the file written at the end of each pass included.
 
-    python benchmarks/meter_overhead.py --steps 200000 --repeats 5
+    python -m benchmarks.meter_overhead --steps 200000 --repeats 5
 
 Targets (issue 6): under 50 us per step, and under 1% of a 10 ms step.
 """

@@ -17,7 +17,7 @@ Then loading, every loader giving `(images uint8 [B, 3, 224, 224], input_ids int
 Target (issue 18): fastdata at least 2x the webdataset pipeline, as the median of the per-run ratios; every
 loader is treated alike (benchmarks/README.md, "Fair by construction"). A quiet machine, and:
 
-    python benchmarks/pairs.py --images 3000 --repeats 3      # smoke: python -m benchmarks run pairs --smoke
+    python -m benchmarks.pairs --images 3000 --repeats 3      # smoke: python -m benchmarks run pairs --smoke
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the last column is the largest share of pixels that differ at all, over every bi
 TrivialAugmentWide space and the RandAugment / AutoAugment space at nearest (torchvision's default), and the
 geometric operations at bilinear (torchvision's reference recipes).
 
-    python benchmarks/recipe_agreement.py [--images 16]
+    python -m benchmarks.recipe_agreement [--images 16]
 """
 
 from __future__ import annotations

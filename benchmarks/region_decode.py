@@ -8,7 +8,7 @@ does, seeded), then timed, each over all images, alternating, median of `--repea
 - whole, same scale: OpenCV decodes the whole image at that DCT scale (fastdata's fallback path);
 - whole, full size: OpenCV decodes the whole image at full size (what PIL-style loaders do before cropping).
 
-    python benchmarks/region_decode.py [--data benchmarks/data/cpu-path-4000.lmdb] [--repeats 5]
+    python -m benchmarks.region_decode [--data benchmarks/data/cpu-path-4000.lmdb] [--repeats 5]
 
 The default dataset is the one `benchmarks/cpu_path.py` converts (run it first). Run nothing else heavy meanwhile.
 """

@@ -16,7 +16,7 @@ covers); then timed, each over all images, alternating, median of `--repeats` pa
 - assemble only: RestartIndex.from_bytes + assemble, no decode;
 - whole image, full size (OpenCV): what PIL-style loaders decode before cropping.
 
-    python benchmarks/restart_decode.py [--images 2000] [--repeats 5]
+    python -m benchmarks.restart_decode [--images 2000] [--repeats 5]
 
 Run nothing else heavy meanwhile: the ratios are only as good as the machine is quiet.
 """

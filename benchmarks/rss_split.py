@@ -8,7 +8,7 @@ LMDB of the same JPEGs; both batch 128, 2 workers, persistent workers, no pinnin
 it reads /proc/PID/status of the loader's process and of every worker (RssAnon: heaps; RssFile: mapped files,
 libraries included; RssShmem: shared memory, the batches in flight) and keeps the largest total. Linux only.
 
-    python benchmarks/rss_split.py --images 4000 --repeats 2
+    python -m benchmarks.rss_split --images 4000 --repeats 2
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ untimed pass over a freshly built loader, its files read once before any timing,
 (`fastdata.tools.bench.run_contenders`, as every benchmark and `fastdata bench`); the table gives medians and, against
 each baseline, the median of the per-run ratios. The target of issue 17: fastdata at least 2x each baseline.
 
-    python benchmarks/source_kinds.py --images 3000 --repeats 3
+    python -m benchmarks.source_kinds --images 3000 --repeats 3
 
 Needs `datasets` (`pip install 'fastdata[hf]'`). Run nothing else heavy while it runs: the ratios are only as good
 as the machine is quiet.

@@ -5,7 +5,7 @@ run every command once, in turn; the table gives the median and the fastest wall
 the per-round differences from the baseline (what fastdata itself adds). `import torch` is timed alongside, as
 the cost that these commands do not pay (they import torch only when a command needs it).
 
-    python benchmarks/startup.py --repeats 20
+    python -m benchmarks.startup --repeats 20
 
 Each command runs as a child process with its output thrown away; `fastdata` is the console script next to this
 Python (or `python -m fastdata` where there is none).

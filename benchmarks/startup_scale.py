@@ -12,8 +12,8 @@ are real fastdata datasets with a valid manifest. Disk: about 0.5 KB per image a
 about 3.5 KB per image and 2 KB per document in WebDataset shards (tar headers): 1M images ~ 4 GB, 10M documents
 ~ 20 GB in WebDataset.
 
-    python benchmarks/startup_scale.py --sizes 10k,100k,1M --text-sizes 10k,100k,1M,10M
-    python benchmarks/startup_scale.py --sizes 10k,100k --text-sizes 10k,100k   # quick check
+    python -m benchmarks.startup_scale --sizes 10k,100k,1M --text-sizes 10k,100k,1M,10M
+    python -m benchmarks.startup_scale --sizes 10k,100k --text-sizes 10k,100k   # quick check
 
 Every dataset's files are read once before it is measured (page cache warm for every size). Each child prints its
 phases as JSON: import (`import fastdata`), open (`fastdata.loader(...)`), first batch

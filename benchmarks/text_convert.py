@@ -13,7 +13,7 @@ the same 32k byte-level BPE tokenizer:
 Alternating rounds; the table gives each contender's median tokens/s over the rounds and the ratio of fastdata's
 median to each peer's, with the range of the per-round ratios.
 
-    python benchmarks/text_convert.py --mb 80 --repeats 3
+    python -m benchmarks.text_convert --mb 80 --repeats 3
 """
 
 from __future__ import annotations

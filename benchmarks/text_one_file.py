@@ -6,7 +6,7 @@ The file is the texts of benchmarks/text_corpus.py's corpus joined by blank line
 corpus's 32k byte-level BPE. Each conversion runs in a fresh process, the two alternating over --repeats rounds;
 the table gives each one's median tokens/s and the median of the per-round ratios. Target: >= 1.8x.
 
-    python benchmarks/text_one_file.py --mb 80 --repeats 3
+    python -m benchmarks.text_one_file --mb 80 --repeats 3
 """
 
 from __future__ import annotations

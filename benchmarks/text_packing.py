@@ -16,7 +16,7 @@ converted to LMDB once, in a child process):
 - planning: seconds to plan one epoch of --plan-documents synthetic documents (`fastdata.order.packing.plan_rows`,
   one core, the median of --repeats). Target: 10M documents in <= 10 s.
 
-    python benchmarks/text_packing.py --mb 80 --repeats 3
+    python -m benchmarks.text_packing --mb 80 --repeats 3
 
 Run nothing else heavy while it runs: the ratios and seconds are only as good as the machine is quiet.
 """

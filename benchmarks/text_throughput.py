@@ -19,7 +19,7 @@ over --repeats runs and printing medians and medians of per-run ratios measured 
   DataLoader gets fastdata.loader's settings with --workers workers, every loader one untimed epoch first,
   and every file is read once before timing (`fastdata.tools.bench.run_contenders`).
 
-    python benchmarks/text_throughput.py --mb 80 --repeats 3
+    python -m benchmarks.text_throughput --mb 80 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """

@@ -119,8 +119,8 @@ def test_the_harness_runs_each_benchmark_as_a_module_from_the_root():
     assert masks.runner == "benchmarks.detection" and registry.of_module("benchmarks.detection").name == "detection"
 
 
-@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_the_documents_quote_benchmark_commands_as_modules(path):
+@pytest.mark.parametrize("path", DOCUMENTS + MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_documents_and_docstrings_quote_benchmark_commands_as_modules(path):
     """`python -m benchmarks.NAME ...`, never a benchmark's file run as a script (it no longer runs so). What the
     markers hold is written from the results, whose runs keep the command as it was run, and is left out."""
     text = tables.MARKER.sub("", path.read_text(encoding="utf-8"))
