@@ -74,11 +74,11 @@ def test_the_guards_catch_what_they_guard():
     assert not SCRIPT_COMMAND.search("python -m benchmarks.convert_speed --images 3000; see benchmarks/peers.py")
 
 
-@pytest.mark.parametrize("benchmark", RUNNERS, ids=lambda b: b.name)
-def test_every_registered_benchmark_imports_as_a_module_with_a_main(benchmark):
-    module = importlib.import_module(benchmark.runner)
+@pytest.mark.parametrize("entry", RUNNERS, ids=lambda b: b.name)
+def test_every_registered_benchmark_imports_as_a_module_with_a_main(entry):
+    module = importlib.import_module(entry.runner)
     assert callable(module.main)
-    assert benchmark.target == ("-m", benchmark.runner)
+    assert entry.target == ("-m", entry.runner)
 
 
 @pytest.mark.parametrize("runner", sorted({b.runner for b in RUNNERS}))
