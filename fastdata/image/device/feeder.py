@@ -11,7 +11,7 @@
     training thread `next()`: take a ready slot (its stream waits for "ready"): O(1) Python, no host
                     synchronisation
 
-Both threads are `Ahead`s (fastdata.image.device.ahead), whose invariant (order, bound, errors in order, ending)
+Both threads are `Ahead`s (fastdata.background), whose invariant (order, bound, errors in order, ending)
 is what the feeder relies on. Nothing touches the device before the workers have forked: the decode thread opens
 the first pass (forking the workers), then makes its stream and the decoder (`setup`); the resize thread makes its
 stream and the slots when its first decoded batch comes.
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastdata.image.device.ahead import Ahead
+from fastdata.background import Ahead
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DecodedBatch, DeviceBatch, DeviceStage
 from fastdata.image.device.streams import CudaStreams
@@ -123,7 +123,7 @@ class DeviceFeeder:
             yield result
 
     def threads(self) -> dict[str, Ahead]:
-        """The feeder's two threads (their busy and waiting seconds: fastdata.image.device.ahead)."""
+        """The feeder's two threads (their busy and waiting seconds: fastdata.background)."""
         return {"decode": self._decoded, "resize": self._made}
 
     def _passes(self, first: PassKey) -> Iterator[tuple[str, PassKey, Any]]:
