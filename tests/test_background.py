@@ -5,9 +5,11 @@ thread reaches by itself is reached; its deadline fails a broken primitive inste
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -272,3 +274,20 @@ def test_an_error_the_thread_hits_after_stop_is_raised_by_close():
     with pytest.raises(Boom, match="after the stop"):
         ahead.close()
     assert not ahead.alive
+
+
+# ---------------------------------------------------------------------------------------------- used everywhere
+
+#: modules that make a thread of their own, and why it is not a fastdata.background one (said in their docstrings)
+OWN_THREADS = {
+    "fastdata/background.py": "the primitive itself",
+    "fastdata/interrupts.py": "the standard library's one-shot delayed call (threading.Timer): no loop, no results",
+}
+
+
+def test_every_background_thread_of_the_package_is_made_here():
+    root = Path(__file__).resolve().parents[1]
+    making = re.compile(r"\bthreading\.(Thread|Timer)\(|\bfrom threading import\b[^\n]*\b(Thread|Timer)\b")
+    found = sorted(str(path.relative_to(root)) for folder in ("fastdata", "converters")
+                   for path in (root / folder).rglob("*.py") if making.search(path.read_text()))
+    assert found == sorted(OWN_THREADS), "make background threads with fastdata.background (Background or Ahead)"
