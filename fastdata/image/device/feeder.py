@@ -219,10 +219,12 @@ class DeviceFeeder:
         self.ring.stop()
         if self._made.on_its_thread() or self._decoded.on_its_thread():
             return
-        self._made.close()  # the resize thread closes the decode thread (its source) as it ends
-        self._decoded.close()
-        self._upcoming.clear()
-        atexit.unregister(self._closer)
+        try:  # an error either thread hit after the stop is raised here (fastdata.background, 3)
+            self._made.close()  # the resize thread closes the decode thread (its source) as it ends
+            self._decoded.close()
+        finally:
+            self._upcoming.clear()
+            atexit.unregister(self._closer)
 
 
 def strong(target: Any) -> Callable[[], Any]:
