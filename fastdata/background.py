@@ -219,7 +219,7 @@ class Ahead(Generic[T]):
         finally:
             self.waited_room_s += time.perf_counter() - started
 
-    def _run(self, source: Iterable[S], stopping: threading.Event) -> None:
+    def _run(self, source: Iterable[Any], stopping: threading.Event) -> None:
         iterator = iter(source)
         try:
             while not stopping.is_set():
