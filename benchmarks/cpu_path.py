@@ -48,6 +48,7 @@ from benchmarks.peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_c
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.image.jpeg.region import Region, region_decoder
+from fastdata.processes import stop_processes
 from fastdata.tools.bench import (
     BenchConfig,
     Contender,
@@ -160,9 +161,12 @@ def decode_ceiling(name: str, datas: list[bytes], processes: int, passes: int = 
                for i in range(processes)]
     for worker in workers:
         worker.start()
-    elapsed = max(results.get() for _ in workers)
-    for worker in workers:
-        worker.join()
+    try:
+        elapsed = max(results.get() for _ in workers)
+    except BaseException:  # Ctrl-C, a worker's error: the others are not left decoding
+        stop_processes(workers)
+        raise
+    stop_processes(workers, grace=60.0)  # each ends once it has put its result
     return len(datas) * passes / elapsed
 
 

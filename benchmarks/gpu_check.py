@@ -45,6 +45,7 @@ import torch
 import fastdata
 from benchmarks import report
 from benchmarks.common import arguments
+from fastdata.background import Background
 from fastdata.image.device.decoders import decode_now  # each call's buffers handed back, as the feeder does
 
 BATCH = 256
@@ -129,28 +130,23 @@ class JpegEngines:
         if self.nvml is None:
             return run(), None
         seen: list[float] = []
-        stop = threading.Event()
 
-        def sample() -> None:
-            while not stop.wait(0.1):
+        def sample(stopping: threading.Event) -> None:
+            while not stopping.wait(0.1):
                 use = self.nvml.utilization()[0]
                 if use is not None and use.jpeg_util_percent is not None:
                     seen.append(use.jpeg_util_percent)
 
-        thread = threading.Thread(target=sample, daemon=True)
-        thread.start()
-        try:
+        with Background(sample, "gpu-check-jpeg-sampler"):
             result = run()
-        finally:
-            stop.set()
-            thread.join()
         return result, ((statistics.mean(seen), max(seen)) if seen else None)
 
 
 def rate_in_parallel(decoders: list, payloads: list[np.ndarray]) -> tuple[float, int]:
     """`rate` with one thread per decoder, each on a CUDA stream of its own, taking every len(decoders)-th batch:
     whether a second call in flight keeps the hardware engines busier than one decoder's calls in turn (each call
-    waits for the decoder's batch before it)."""
+    waits for the decoder's batch before it). The threads are a fan-out joined at once, not background threads
+    (fastdata.background): each runs to its end, and the first error is raised once all have ended."""
     chunks = [payloads[i:i + BATCH] for i in range(0, len(payloads), BATCH)]
     failed = [0] * len(decoders)
     errors: list[BaseException] = []

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import struct
+import threading
 
 import lmdb
 import pytest
@@ -16,6 +19,8 @@ from fastdata.cli import main
 from fastdata.formats.lmdb import release_environments
 from fastdata.formats.manifest import CHECKSUM_FIELD, content_checksum, sha256_file
 from fastdata.tools.verify import verify
+
+HUNG_S = 120  # only a hang waits this long
 
 
 @pytest.fixture(scope="module")
@@ -385,3 +390,37 @@ def test_a_webdataset_dataset_from_before_record_digests_still_loads_and_verifie
     report = verify(copy, decode=True)
     assert report.ok, report.problems
     assert any(item.startswith("no record digests (converted by an older fastdata") for item in report.checked)
+
+
+def _dies_on_a_later_range(task):
+    """A record check whose worker dies (as one killed for memory would) on every range but the first."""
+    if task[1] > 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return []
+
+
+def test_an_error_while_records_are_checked_stops_the_workers_at_once(lmdb_copy, monkeypatch):
+    """The checks that are left are not waited for: a pool closed and joined instead would wait for good for the
+    range its dead worker took with it."""
+    from fastdata.formats.manifest import read_manifest
+    from fastdata.tools.verify import records
+
+    monkeypatch.setattr(records, "CHUNK", 2)
+    monkeypatch.setattr(records, "_check_range", _dies_on_a_later_range)
+
+    def stop_at_the_first_progress(_line):
+        raise KeyboardInterrupt  # as Ctrl-C would, once the first range is in
+
+    raised = []
+
+    def check():
+        try:
+            records.check_records(lmdb_copy, read_manifest(lmdb_copy), [], stop_at_the_first_progress, workers=2)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=check, daemon=True)
+    thread.start()
+    thread.join(HUNG_S)  # only a pool that waits for the lost range waits this long: the test then fails
+    assert not thread.is_alive(), "check_records waited for the workers after the error"
+    assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)

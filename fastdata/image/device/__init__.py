@@ -25,8 +25,8 @@ The room, one job per module:
     kernels.py     the one batched crop-resize-flip
     failures.py    what is counted, said once, skipped or raised when bytes (or the decoder) fail
     ring.py        SlotRing: preallocated output slots (images and labels) handed over with events
-    feeder.py      DeviceFeeder: the decode and resize threads on their two streams
-    ahead.py       Ahead: the one background-thread primitive both threads are (order, bound, errors, ending)
+    feeder.py      DeviceFeeder: the decode and resize threads on their two streams (each a
+                   fastdata.background.Ahead: order, bound, errors, ending)
     streams.py     streams and events behind one interface (CUDA, the CPU, the tests' emulation); Retired
 
 No CUDA call before the workers fork. A decoder that fails every call is a device error, never a silent CPU path.
