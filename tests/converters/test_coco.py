@@ -1,7 +1,7 @@
 """`fastdata convert coco` (converters/coco.py): a COCO instances file, written as users have it and read back with
 pycocotools' own COCO class, converts to exactly its annotations (ids, categories, boxes, labels, iscrowd, areas,
 masks), in LMDB and WebDataset; resumes; refuses bad annotations in one line before writing anything; and the
-read side gives `(image, target dict)` (loading with augmentation: tests/image/test_detection_loading.py)."""
+read side gives `(image, target dict)` (loading with augmentation: tests/image/targets/test_detection_loading.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 maps (8-bit greyscale, VOC's palette PNGs, 16-bit), listed by CSV/parquet lists written with pandas, convert to
 exactly their label maps in LMDB and WebDataset; bad label maps are refused in one line naming their row, or
 rejected named; `verify --source` sees a changed map; an interrupted conversion resumes. Loading through the
-presets: tests/image/test_segmentation_loading.py."""
+presets: tests/image/targets/test_segmentation_loading.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastdata
-from tests.image.test_device_feeder import feeder_threads
+from tests.image.device.test_device_feeder import feeder_threads
 
 
 def workers_now() -> set[int]:

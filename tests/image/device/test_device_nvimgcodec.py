@@ -1,5 +1,5 @@
 """fastdata's nvImageCodec integration (fastdata.image.device.nvimgcodec) on the CPU, against a stand-in that
-honours the library's documented API (tests/image/nvimgcodec_standin.py): options reach the library, crops are
+honours the library's documented API (tests/image/device/nvimgcodec_standin.py): options reach the library, crops are
 decoded by region and give the whole-image decode's batches, and an image the library returns None for follows
 the device path's rules. The real library is tested by the cuda-marked tests."""
 
@@ -16,7 +16,7 @@ from fastdata.image.device.decoders import TorchvisionDecoder, decode_now
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
-from tests.image import nvimgcodec_standin
+from tests.image.device import nvimgcodec_standin
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from fastdata.image.device.feeder import DECODED_AHEAD, DeviceFeeder, PassKey, s
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DeviceStage
-from tests.image import nvimgcodec_standin
-from tests.image.test_device_feeder import WAIT_S, feeder_threads, packed_batches
+from tests.image.device import nvimgcodec_standin
+from tests.image.device.test_device_feeder import WAIT_S, feeder_threads, packed_batches
 
 
 class ReleaseWaitsForTheNextDecode(TorchvisionDecoder):

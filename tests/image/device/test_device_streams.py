@@ -1,10 +1,10 @@
-"""The order the device path asks of the GPU, checked on the CPU with emulated streams (tests/image/fake_streams.py):
-the decoder never waits for the training step (two streams; the one-stream feeder did), every crop waits for its
-decode and every training step for its crop, a slot is rewritten only after the step that read it, decoded buffers
-are decoded into again only after the crop that read them has run (the training stream held back, as
-`torch.cuda._sleep` would), a replacement feeder writes no slot before the old one's last write, and nothing
-touches the device before the workers have forked. Nothing here depends on the machine's speed: the checks are on
-the order of the work, not on its time."""
+"""The order the device path asks of the GPU, checked on the CPU with emulated streams
+(tests/image/device/fake_streams.py): the decoder never waits for the training step (two streams; the one-stream
+feeder did), every crop waits for its decode and every training step for its crop, a slot is rewritten only after
+the step that read it, decoded buffers are decoded into again only after the crop that read them has run (the
+training stream held back, as `torch.cuda._sleep` would), a replacement feeder writes no slot before the old one's
+last write, and nothing touches the device before the workers have forked. Nothing here depends on the machine's
+speed: the checks are on the order of the work, not on its time."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from fastdata.image.device.feeder import DeviceFeeder, PassKey, strong
 from fastdata.image.device.options import DeviceDecode
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DeviceStage
-from tests.image import nvimgcodec_standin
-from tests.image.fake_streams import FakeStream, FakeStreams, Node
-from tests.image.test_device_feeder import WAIT_S, feeder_threads, packed_batches
+from tests.image.device import nvimgcodec_standin
+from tests.image.device.fake_streams import FakeStream, FakeStreams, Node
+from tests.image.device.test_device_feeder import WAIT_S, feeder_threads, packed_batches
 
 BATCHES = 16
 
