@@ -1,6 +1,6 @@
-"""Fixtures (and pytest hooks) shared by the test files; the data they build comes from builders.py.
+"""Fixtures (and pytest hooks) shared by the test files; the data they build comes from the builders package.
 
-Session fixtures convert the tricky and the solid ImageFolder trees (see builders.py) once, to LMDB and to
+Session fixtures convert the tricky and the solid ImageFolder trees (see builders/images.py) once, to LMDB and to
 WebDataset shards, for every test that only reads them.
 """
 
@@ -15,31 +15,22 @@ import sys
 from pathlib import Path
 
 import pytest
-from builders import (
+from builders.coco import write_coco, write_coco_rectangles
+from builders.hf import HfSources, write_hf_sources
+from builders.images import (
     SMALL_SOLID_COUNT,
-    HfSources,
     Tree,
     build_bad_tree,
     build_photo_tree,
-    build_segmentation_rects,
     build_solid_tree,
     build_tricky_tree,
-    clip_like_tokenizer,
-    make_corpus,
-    pair_caption,
-    pair_shard_sample,
-    pairs_frame,
-    reference_ids,
-    train_bytelevel,
-    write_coco,
-    write_coco_rectangles,
-    write_hf_sources,
-    write_jsonl,
-    write_list,
-    write_wds_shards,
-    write_zip,
-    zip_source,
 )
+from builders.lists import write_list
+from builders.pairs import clip_like_tokenizer, pair_caption, pair_shard_sample, pairs_frame
+from builders.segmentation import build_segmentation_rects
+from builders.sources import write_zip, zip_source
+from builders.text import make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders.webdataset import write_wds_shards
 
 import fastdata
 from fastdata.image.jpeg.extension import EXTENSION, HOW_TO_BUILD, NOT_BUILT, extension_built
@@ -168,7 +159,7 @@ def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def loader_corpus() -> list[str]:
-    """The text loader tests' corpus: 150 documents of varied length (builders.make_corpus)."""
+    """The text loader tests' corpus: 150 documents of varied length (builders.text.make_corpus)."""
     return make_corpus(150, seed=3)
 
 
@@ -223,8 +214,8 @@ def solid(request, solid_lmdb, solid_wds) -> Path:
 
 
 def _multi_label(solid_tree: Tree, out: Path, **options) -> Path:
-    """The solid tree as a multi-label dataset with metadata (`builders.multi_labels`, `builders.solid_metadata`),
-    its bytes read from a zip archive: a source whose samples are not files."""
+    """The solid tree as a multi-label dataset with metadata (`builders.sources.multi_labels`,
+    `builders.sources.solid_metadata`), its bytes read from a zip archive: a source whose samples are not files."""
     from fastdata.convert.images import convert_images
 
     listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
@@ -372,7 +363,8 @@ def pairs(request, pairs_lmdb, pairs_wds) -> Path:
 
 @pytest.fixture(scope="session")
 def seg_rect_list(tmp_path_factory) -> Path:
-    """The segmentation rectangles source (builders.build_segmentation_rects): 23 pictures with label maps."""
+    """The segmentation rectangles source (builders.segmentation.build_segmentation_rects): 23 pictures with label
+    maps."""
     return build_segmentation_rects(tmp_path_factory.mktemp("seg_rects") / "src")
 
 
@@ -404,7 +396,7 @@ def _convert_coco(source, out: Path, **options) -> Path:
 
 @pytest.fixture(scope="session")
 def rect_source(tmp_path_factory):
-    """The rectangles COCO source (builders.write_coco_rectangles): 23 images, each a red rectangle in its box."""
+    """The rectangles COCO source (builders.coco.write_coco_rectangles): 23 images, each a red rectangle in its box."""
     return write_coco_rectangles(tmp_path_factory.mktemp("rects"))
 
 
@@ -427,7 +419,7 @@ def rects(request, rect_lmdb, rect_wds) -> Path:
 
 @pytest.fixture(scope="session")
 def coco_lmdb(tmp_path_factory) -> Path:
-    """The converter tests' COCO source (builders.write_coco: polygons of several parts, compressed and
+    """The converter tests' COCO source (builders.coco.write_coco: polygons of several parts, compressed and
     uncompressed RLE crowds) converted to LMDB."""
     root = tmp_path_factory.mktemp("coco_lmdb")
     return _convert_coco(write_coco(root), root / "coco.lmdb")

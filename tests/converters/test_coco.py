@@ -16,17 +16,9 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from builders import (
-    COCO_CLASSES,
-    COCO_IMAGES,
-    KILL_WHEN,
-    assert_one_line_error,
-    chw,
-    cli,
-    coco_dict,
-    rgb_of_file,
-    write_coco,
-)
+from builders.coco import COCO_CLASSES, COCO_IMAGES, coco_dict, write_coco
+from builders.images import chw, rgb_of_file
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
 
 import fastdata
 from fastdata.errors import ConfigError, OutputExistsError

@@ -630,7 +630,7 @@ def test_memory_is_the_main_rss_plus_the_workers_own_pages(tmp_path):
 def sized(tmp_path_factory, solid_lmdb, solid_wds):
     """fastdata datasets whose largest stored side is known: the solid ones (small images), large PNGs (700 px
     and up) as stored and converted with --max-size 512, and shards whose sizes are not known."""
-    from builders import build_large_tree
+    from builders.images import build_large_tree
 
     root = tmp_path_factory.mktemp("sized")
     tree = build_large_tree(root / "src", count=3)

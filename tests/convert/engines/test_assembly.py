@@ -12,7 +12,7 @@ import signal
 import tarfile
 
 import pytest
-from builders import build_photo_tree
+from builders.images import build_photo_tree
 
 import fastdata
 from fastdata.convert.engines import assembly as assembly_module

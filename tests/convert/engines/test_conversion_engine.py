@@ -12,7 +12,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from builders import build_solid_tree, run_python
+from builders.images import build_solid_tree
+from builders.runs import run_python
 from fastdata.converters.imagefolder import scan
 from torchvision.datasets.folder import find_classes, make_dataset
 

@@ -7,21 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from builders import (
-    BAD_FILES,
-    COCO_IMAGES,
-    SEG_COUNT,
-    build_bad_tree,
-    build_segmentation_list,
-    build_solid_tree,
-    build_tricky_tree,
-    cli,
-    list_frame,
-    wds_sample,
-    write_coco,
-    write_list,
-    write_wds_shards,
-)
+from builders.coco import COCO_IMAGES, write_coco
+from builders.images import BAD_FILES, build_bad_tree, build_solid_tree, build_tricky_tree
+from builders.lists import list_frame, write_list
+from builders.runs import cli
+from builders.segmentation import SEG_COUNT, build_segmentation_list
+from builders.webdataset import wds_sample, write_wds_shards
 
 import fastdata
 from fastdata.convert.images import ray_chunk
@@ -172,7 +163,7 @@ def test_without_ray_the_engine_is_refused_before_anything_is_written(tmp_path, 
     """A missing extra is said before OUT.partial exists, so `fastdata info` has no half-made output to explain."""
     import sys
 
-    from builders import build_solid_tree
+    from builders.images import build_solid_tree
 
     from fastdata.errors import ConfigError
 

@@ -144,7 +144,7 @@ def test_auto_backends_on_this_gpu_decode_baseline_jpegs_with_the_engines_or_say
 def id_jpegs(tmp_path_factory):
     """48 JPEGs (4:4:4, quality 100) whose green channel is the sample id x GREEN_STEP, in the solid tree's classes
     (label = id % 3): every crop of one is flat green, so a batch says which samples it holds."""
-    from builders import SOLID_CLASSES, encode, solid_label, solid_pattern
+    from builders.images import SOLID_CLASSES, encode, solid_label, solid_pattern
 
     root = tmp_path_factory.mktemp("id_jpegs")
     rng = np.random.default_rng(7)
@@ -163,7 +163,7 @@ def test_with_the_training_stream_delayed_no_label_is_wrong_and_no_batch_corrupt
     the GPU's reading of each batch: the labels must still be the samples' own (their label is id % 3, the id read
     from the pixels), every image one sample's flat green, and every batch equal to a run that synchronised after
     each step (decoded buffers and slots reused only once read). Checked on the GPU, read back at the end."""
-    from builders import GREEN_STEP, SOLID_CLASSES
+    from builders.images import GREEN_STEP, SOLID_CLASSES
 
     options = dict(batch_size=8, image_size=32, augment="val", num_workers=2, device="cuda", seed=1,
                    drop_last=True, decode=DeviceDecode(decoder=decoder))

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from builders import less_the_fallback_note
+from builders.runs import less_the_fallback_note
 
 import fastdata
 from fastdata.errors import CorruptSampleError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from builders import encode, photo_like
+from builders.images import encode, photo_like
 from PIL import Image
 
 from fastdata.image.device.ship import TAIL_BYTES, complete

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from builders import encode, pattern
+from builders.images import encode, pattern
 
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_PIL
 from fastdata.image.batch import EncodedSample

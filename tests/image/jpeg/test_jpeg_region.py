@@ -14,7 +14,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from builders import SOLID_COUNT, with_size
+from builders.images import SOLID_COUNT, with_size
 from PIL import Image
 
 import fastdata

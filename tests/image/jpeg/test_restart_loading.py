@@ -13,7 +13,8 @@ import pytest
 import fastdata
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image import pipeline as pipeline_module
-from tests.builders import build_sampling_tree, seeded_loader
+from tests.builders.images import build_sampling_tree
+from tests.builders.runs import seeded_loader
 
 pytestmark = pytest.mark.region_extension
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from builders import SMALL_SOLID_COUNT, SOLID_CLASSES, build_solid_tree, sample_id_of, solid_id_of_path, solid_label
+from builders.images import (
+    SMALL_SOLID_COUNT,
+    SOLID_CLASSES,
+    build_solid_tree,
+    sample_id_of,
+    solid_id_of_path,
+    solid_label,
+)
 
 import fastdata
 from fastdata.errors import ConfigError, ResumeError

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from builders import seeded_loader
+from builders.runs import seeded_loader
 from contracts import check_prefetching_resume, clone, same, training_loop
 
 from fastdata.errors import ConfigError, ResumeError

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from builders import photo_like
+from builders.images import photo_like
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional._color import _blend
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from builders import SOLID_CLASSES, SOLID_COUNT, corrupt_copy, seeded_loader
+from builders.damaged import corrupt_copy
+from builders.images import SOLID_CLASSES, SOLID_COUNT
+from builders.runs import seeded_loader
 from contracts import check_resumes, clone, same
 from torchvision.transforms import v2
 

@@ -9,14 +9,9 @@ import sys
 import numpy as np
 import pytest
 import torch
-from builders import (
-    RECT_BACKGROUND_RED,
-    assert_one_line_error,
-    corrupt_copy,
-    rect_image_id,
-    rect_number_of,
-    write_coco,
-)
+from builders.coco import RECT_BACKGROUND_RED, rect_image_id, rect_number_of, write_coco
+from builders.damaged import corrupt_copy
+from builders.runs import assert_one_line_error
 from contracts import check_resumes, clone, same
 
 import fastdata
@@ -234,7 +229,7 @@ def test_masks_are_refused_where_none_are_stored(tmp_path):
 
 
 def _without_segmentation():
-    from builders import coco_dict
+    from builders.coco import coco_dict
 
     return coco_dict(masks=False)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import SOLID_CLASSES, SOLID_COUNT, corrupt_ids_copy, multi_hot, multi_labels, sample_id_of
+from builders.damaged import corrupt_ids_copy
+from builders.images import SOLID_CLASSES, SOLID_COUNT, sample_id_of
+from builders.sources import multi_hot, multi_labels
 from contracts import check_resumes
 
 import fastdata

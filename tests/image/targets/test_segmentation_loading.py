@@ -9,15 +9,10 @@ import shutil
 
 import pytest
 import torch
-from builders import (
-    RECT_BACKGROUND_RED,
-    SEG_BACKGROUND0,
-    SEG_RECT_CLASS,
-    assert_one_line_error,
-    build_segmentation_list,
-    corrupt_copy,
-    rect_number_of,
-)
+from builders.coco import RECT_BACKGROUND_RED, rect_number_of
+from builders.damaged import corrupt_copy
+from builders.runs import assert_one_line_error
+from builders.segmentation import SEG_BACKGROUND0, SEG_RECT_CLASS, build_segmentation_list
 from contracts import check_resumes, clone, same
 
 import fastdata

@@ -19,7 +19,7 @@ KINDS = ["solid_lmdb", "solid_wds", "multi_label_lmdb", "coco_lmdb", "seg_rect_l
 def hf_lmdb(solid_tree, tmp_path_factory):
     """A saved Hugging Face dataset (made with `datasets`), converted with default options."""
     pytest.importorskip("datasets")
-    from builders import hf_dataset
+    from builders.hf import hf_dataset
 
     root = tmp_path_factory.mktemp("hf_verify")
     hf_dataset(solid_tree).save_to_disk(str(root / "saved"))

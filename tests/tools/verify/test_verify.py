@@ -9,7 +9,8 @@ import struct
 
 import lmdb
 import pytest
-from builders import build_solid_tree, cli
+from builders.images import build_solid_tree
+from builders.runs import cli
 
 import fastdata
 from fastdata.cli import main
@@ -193,7 +194,7 @@ def test_damaged_lmdb_names_its_undecodable_sample(lmdb_copy):
 def test_text_verify_checks_the_source_it_is_given(tmp_path):
     """`fastdata verify corpus.lmdb --source OTHER.jsonl` for a text dataset: the same corpus passes; a changed
     corpus, another file and a path that does not exist are each named as a problem."""
-    from tests.builders import make_corpus, train_bytelevel, write_jsonl
+    from tests.builders.text import make_corpus, train_bytelevel, write_jsonl
 
     corpus = make_corpus(30)
     source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
@@ -213,7 +214,7 @@ def test_text_verify_compares_the_content_of_the_source(tmp_path, capsys):
     source file's sha256, and verify --source names the file whose content differs. A dataset converted before the
     digests were recorded is still compared, by names and sizes, and the report says that is all it compared."""
     from fastdata.formats.manifest import MANIFEST_NAME, Manifest, sha256_file
-    from tests.builders import make_corpus, train_bytelevel, write_jsonl
+    from tests.builders.text import make_corpus, train_bytelevel, write_jsonl
 
     corpus = make_corpus(30)
     source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
@@ -307,7 +308,7 @@ def test_info_says_an_lmdb_dataset_has_a_digest_per_record(tmp_path):
 @pytest.fixture(scope="module")
 def photo_shards(tmp_path_factory):
     """Nine JPEG photos in three classes, converted to WebDataset shards of a few samples each."""
-    from builders import photo_like, write_image
+    from builders.images import photo_like, write_image
 
     root = tmp_path_factory.mktemp("photo_shards")
     for i in range(9):
@@ -322,7 +323,7 @@ def test_a_webdataset_conversion_keeps_a_digest_per_sample_beside_each_shard(pho
     added to them); each has a `.digests` file of 32 bytes per sample, whose root the manifest records."""
     import hashlib
 
-    from builders import webdataset_reading
+    from builders.webdataset import webdataset_reading
 
     from fastdata.formats.wds import digests_name
 

@@ -10,7 +10,8 @@ import pytest
 
 import fastdata
 from fastdata.tools.verify import verify
-from tests.builders import SAMPLING_LAYOUT, build_sampling_tree, cli, damaged_entropy_jpeg, photo_like, sampling_jpeg
+from tests.builders.images import SAMPLING_LAYOUT, build_sampling_tree, damaged_entropy_jpeg, photo_like, sampling_jpeg
+from tests.builders.runs import cli
 
 REWRITTEN = sum(how not in ("png", "cmyk") for _, _, _, how in SAMPLING_LAYOUT)
 
