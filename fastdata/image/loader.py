@@ -23,7 +23,7 @@ from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDatas
 from fastdata.image.decode import opencv_single_threaded
 from fastdata.image.device import DevicePath, PassKey
 from fastdata.image.device.auto import device_for, placement
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ship import DECODE_MODES
 from fastdata.image.device.stage import finish
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
@@ -50,7 +50,7 @@ class ImageOptions:
     channels_last: bool = False
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
-    device_decode: DeviceDecode | None = None
+    device_decode: DeviceDecodeOptions | None = None
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
@@ -70,8 +70,8 @@ class ImageOptions:
                               "torch.bfloat16, torch.float16) as well")
         object.__setattr__(self, "mean", None if self.mean is None else output.mean)
         object.__setattr__(self, "std", None if self.std is None else output.std)
-        if self.device_decode is not None and not isinstance(self.device_decode, DeviceDecode):
-            raise ConfigError(f"device_decode must be a fastdata.DeviceDecode, got {self.device_decode!r}")
+        if self.device_decode is not None and not isinstance(self.device_decode, DeviceDecodeOptions):
+            raise ConfigError(f"device_decode must be a fastdata.DeviceDecodeOptions, got {self.device_decode!r}")
 
     def output_format(self) -> OutputFormat:
         """The batches' dtype and normalisation."""

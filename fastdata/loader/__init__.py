@@ -17,12 +17,12 @@ from fastdata.formats.registry import storage
 from fastdata.formats.remote import RemoteOptions, is_url
 from fastdata.image.datasets import LmdbImageDataset, WdsImageDataset
 from fastdata.image.detection_presets import is_detection_preset
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.geometry import output_size
 from fastdata.image.loader import ImageLoader, ImageOptions
 from fastdata.image.recipes.recipe import Recipe
 from fastdata.loader.mixing import mixed_loader
-from fastdata.loader.options import MixOptions, Output, resolve_spelling
+from fastdata.loader.options import MixOptions, OutputOptions, resolve_spelling
 from fastdata.loader.tuning import Tuned, dataset_root, loader_key, measured_decode, resolve_auto, tune_files
 from fastdata.order.mixing import check_weights as plan_weights
 from fastdata.order.ranks import check_uneven, resolve_world
@@ -34,7 +34,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             image_size: int | tuple[int, int] | None = None, seed: int = 0, on_error: str = "raise",
             remote: RemoteOptions | None = None, rank: int | None = None, world_size: int | None = None,
             uneven: str = "pad", metadata: bool = False, max_length: int | None = None, masks: bool = False,
-            output: Output | None = None, **keywords: Any) -> LmdbImageDataset | WdsImageDataset | TextDataset:
+            output: OutputOptions | None = None, **keywords: Any) -> LmdbImageDataset | WdsImageDataset | TextDataset:
     """Open a converted dataset for your own DataLoader.
 
     LMDB gives a map-style dataset (`len`, `ds[i] -> (uint8 CHW tensor, label)`, `.classes`,
@@ -89,7 +89,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
             captions truncated keeping the tokenizer's closing special tokens, shorter ones padded.
         masks: detection datasets: add each target's instance masks, uint8 `[N, H, W]` decoded from their COCO RLE
             (needs pycocotools).
-        output: images: a `fastdata.options.Output(dtype, mean, std)` with a floating dtype gives each image as
+        output: images: a `fastdata.options.OutputOptions(dtype, mean, std)` with a floating dtype gives each image as
             the loader's batches hold it, normalised `(x / 255 - mean) / std`, instead of uint8 (with
             augment="train"/"val", whose images are uint8; a transform of your own normalises its own output).
         **keywords: the older spellings, still taken: `cache_dir`, `cache_max_bytes`, `storage_options` (the
@@ -130,7 +130,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     return data
 
 
-def _sample_output(path: str | os.PathLike[str], data: Any, output: Output) -> None:
+def _sample_output(path: str | os.PathLike[str], data: Any, output: OutputOptions) -> None:
     """`fastdata.dataset(output=...)`: the dataset's images in that dtype and normalisation, or a ConfigError
     saying why the output does not apply."""
     given = [f.name for f in dataclasses.fields(output) if getattr(output, f.name) not in (None, False)]
@@ -227,8 +227,8 @@ def loader(
     uneven: str = "pad",
     remote: RemoteOptions | None = None,
     device: torch.device | str | None = None,
-    decode: str | DeviceDecode = "auto",
-    output: Output | None = None,
+    decode: str | DeviceDecodeOptions = "auto",
+    output: OutputOptions | None = None,
     text: TextOptions | None = None,
     masks: bool = False,
     metadata: bool = False,
@@ -264,7 +264,7 @@ def loader(
     JPEGs' compressed bytes and crop parameters (other images are decoded in the workers); a feeder thread beside
     the training step decodes each batch on the device (nvImageCodec where installed, else torchvision's nvjpeg)
     and crops, resizes and flips it in one batched operation into preallocated slots (docs/gpu.md);
-    `decode=fastdata.DeviceDecode(...)` is the device path with the decoder's options. `loader.device_fallbacks`,
+    `decode=fastdata.DeviceDecodeOptions(...)` is the device path with the decoder's options. `loader.device_fallbacks`,
     `loader.device_rejected` and `loader.device_errors` count what the device did not decode. `"worker"` decodes
     in the workers; `"auto"` takes the placement `fastdata tune` measured fastest for this dataset, machine, GPU
     and options, and the workers when nothing was measured.
@@ -342,9 +342,9 @@ def loader(
             "20GB"; options for the fsspec file system (credentials, endpoint, ...). None: no cache.
         device: the device batches arrive on (e.g. "cuda"); None leaves them on the CPU, as the workers made them.
         decode: "auto" (what `fastdata tune` measured; else "worker"), "worker" (decode in the workers),
-            "device" (decode whole JPEG batches on `device`), or a `fastdata.DeviceDecode` (the device path with
+            "device" (decode whole JPEG batches on `device`), or a `fastdata.DeviceDecodeOptions` (the device path with
             its decoder's options).
-        output: images: a `fastdata.options.Output(dtype, mean, std, channels_last)`: a floating dtype
+        output: images: a `fastdata.options.OutputOptions(dtype, mean, std, channels_last)`: a floating dtype
             (torch.float32, bfloat16, float16) gives batches normalised as `(x / 255 - mean) / std` (`mean`,
             `std` in 0..1 units, ImageNet's by default), made in the workers (or on `device`); `channels_last`
             with `device`. None: uint8 batches.
@@ -400,7 +400,7 @@ def loader(
         rank=rank, world_size=world_size, uneven=check_uneven(uneven))
     image_options = dict(device=device, decode=decode, dtype=out.dtype, channels_last=out.channels_last,
                          mean=out.mean, std=out.std)
-    if isinstance(decode, DeviceDecode):  # the device path, with its decoder's options
+    if isinstance(decode, DeviceDecodeOptions):  # the device path, with its decoder's options
         image_options.update(decode="device", device_decode=decode)
         decode = "device"
     if isinstance(path, (list, tuple)) and len(path) == 1 and mix.samples_per_epoch is None:

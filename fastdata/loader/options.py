@@ -2,7 +2,7 @@
 only travel as one object each instead of a row of keywords, so the three functions share them and each has one
 docs entry:
 
-- `Output(dtype, mean, std, channels_last)`: what image batches are made of;
+- `OutputOptions(dtype, mean, std, channels_last)`: what image batches are made of;
 - `TextOptions(seq_len, packing, max_length, bucketing, eos_token, boundaries, mask_cross_document)`: how text is
   cut into rows
   (`fastdata.text.loader`);
@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fastdata.config import check_bool
+from fastdata.deprecations import deprecated_alias
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
 from fastdata.image.mixture.mixed import CLASS_RULES
@@ -35,7 +36,7 @@ from fastdata.text.loader import TextOptions
 
 
 @dataclass(frozen=True)
-class Output:
+class OutputOptions:
     """What image batches are made of. `dtype` None keeps uint8; a floating dtype (torch.float32, bfloat16,
     float16) gives batches normalised as `(x / 255 - mean) / std` (`mean`, `std`: three numbers in 0..1 units,
     ImageNet's when not given), made in the workers or on the loader's `device`; `channels_last` (with a
@@ -100,13 +101,13 @@ class ResizeCenterCrop:
 
 #: the keywords each object replaces
 REPLACED: dict[str, tuple[str, ...]] = {
-    "output": tuple(f.name for f in fields(Output)),
+    "output": tuple(f.name for f in fields(OutputOptions)),
     "text": tuple(f.name for f in fields(TextOptions)),
     "remote": tuple(f.name for f in fields(RemoteOptions)),
     "mixing": ("samples_per_epoch", "epoch_end", "exhausted"),  # (`classes` came with the object: no keyword)
     "augment": ("scale", "ratio"),
 }
-_OBJECT_TYPES = {"output": Output, "text": TextOptions, "remote": RemoteOptions, "mixing": MixOptions}
+_OBJECT_TYPES = {"output": OutputOptions, "text": TextOptions, "remote": RemoteOptions, "mixing": MixOptions}
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Spelled:
     """The options of one call, whichever spelling was used: the objects, and the augmentation as the loaders
     take it (`augment`, `image_size`, `scale`, `ratio`)."""
 
-    output: Output
+    output: OutputOptions
     text: TextOptions
     remote: RemoteOptions
     mixing: MixOptions
@@ -133,9 +134,10 @@ class Spelled:
                               "dataset takes fastdata.presets.ScaleJitterCrop or ResizeLongerPad")
 
 
-def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[str], *, output: Output | None = None,
-                     text: TextOptions | None = None, remote: RemoteOptions | None = None,
-                     mixing: MixOptions | None = None, augment: Any = None, image_size: Any = None) -> Spelled:
+def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[str], *,
+                     output: OutputOptions | None = None, text: TextOptions | None = None,
+                     remote: RemoteOptions | None = None, mixing: MixOptions | None = None, augment: Any = None,
+                     image_size: Any = None) -> Spelled:
     """The options of a call to `function` (`fastdata.loader`, ...) given as objects or as the keywords they
     replace (`keywords`, the call's other keyword arguments). `takes` names the objects this function has:
     a replaced keyword of another (or any unknown keyword) is a TypeError, as Python raises for an unexpected
@@ -188,3 +190,8 @@ def split_recipe(augment: Any) -> tuple[Any, Recipe | None]:
         raise ConfigError(f"an augment list starts with the crop, fastdata.presets.RandomResizedCrop(...) or "
                           f"ResizeCenterCrop(...) (or 'train' / 'val'), got {crop!r}")
     return crop, Recipe.of(rest)
+
+
+def __getattr__(name: str) -> Any:
+    """The old name of `OutputOptions`, said deprecated (PEP 562)."""
+    return deprecated_alias(__name__, name, {"Output": ("fastdata.options.Output", OutputOptions)})

@@ -98,8 +98,8 @@ def test_worker_path_with_a_device_normalises_there_too(photos):
 
 
 def test_images_the_device_decoder_cannot_take_are_decoded_in_the_workers(tricky_lmdb):
-    """PNG (RGB, L, P, RGBA, LA), BMP and CMYK JPEGs are decoded in the worker processes, pixel for pixel as on
-    the worker path, and counted as fallbacks; the main process decodes nothing on the CPU (no device errors)."""
+    """PNG (RGB, L, P, RGBA, LA), BMP and CMYK JPEGs are decoded in the worker processes, pixel for pixel as
+    on the worker path, and counted as fallbacks; the main process decodes nothing on the CPU (no device errors)."""
     options = dict(batch_size=9, augment="val", image_size=16, shuffle=False, num_workers=2)
     worker = list(fastdata.loader(tricky_lmdb, **options))
     device = fastdata.loader(tricky_lmdb, decode="device", device="cpu", **options)
@@ -118,8 +118,8 @@ def test_images_the_device_decoder_cannot_take_are_decoded_in_the_workers(tricky
 
 
 def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
-    """DeviceDecode(progressive="workers"): the progressive JPEGs are decoded in the workers, pixel for pixel as on
-    the worker path, so that the device decoder gets baseline files only; the rest of the batch is as before."""
+    """DeviceDecodeOptions(progressive="workers"): the progressive JPEGs are decoded in the workers, pixel for pixel as
+    on the worker path, so that the device decoder gets baseline files only; the rest of the batch is as before."""
     from fastdata.image.jpeg.header import progressive
 
     ds = fastdata.dataset(tricky_lmdb)
@@ -128,7 +128,8 @@ def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
     options = dict(batch_size=len(ds), augment="val", image_size=16, shuffle=False, num_workers=0)
     [(worker, _)] = list(fastdata.loader(tricky_lmdb, **options))
     [(device, _)] = list(fastdata.loader(tricky_lmdb, decode="device", device="cpu", **options))
-    routed = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(progressive="workers"), device="cpu", **options)
+    routed = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecodeOptions(progressive="workers"), device="cpu",
+                             **options)
     [(workers, _)] = list(routed)
     routed.close()
     _, others = jpeg_and_other_rows(tricky_lmdb)
@@ -142,7 +143,7 @@ def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
         else:
             assert torch.equal(workers[row], device[row]), row
     with pytest.raises(ConfigError, match=r"progressive=.*must be one of"):
-        fastdata.DeviceDecode(progressive="cpu")
+        fastdata.DeviceDecodeOptions(progressive="cpu")
 
 
 def corrupt_record(path, index: int) -> str:
@@ -156,11 +157,12 @@ def corrupt_record(path, index: int) -> str:
 
 
 def test_the_workers_keep_progressive_jpegs_from_a_decoder_of_the_jpeg_engines_alone(tricky_lmdb):
-    """DeviceDecode(backends=("hardware",)): the engines refuse progressive files, so the workers keep them (decoded
-    there, as with progressive="workers") rather than ship them to be refused and decoded in the main process."""
+    """DeviceDecodeOptions(backends=("hardware",)): the engines refuse progressive files, so the workers keep them
+    (decoded there, as with progressive="workers") rather than ship them to be refused and decoded in the main
+    process."""
     from fastdata.image.jpeg.header import progressive
 
-    loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(backends=("hardware",)), device="cpu",
+    loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecodeOptions(backends=("hardware",)), device="cpu",
                              batch_size=9, augment="val", image_size=16, num_workers=0)
     assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.ship_progressive is True
     ds = loader.dataset

@@ -157,9 +157,9 @@ def test_device_sub_jpegs_give_the_rewritten_whole_files_batches(datasets, decod
     batches the rewritten whole files give on the same decoder (if the decoder fails the probe check, whole files
     go, with a warning: the same batches again)."""
     options = dict(augment="train", image_size=48, device="cuda")
-    whole = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecode(decoder=decoder, sub_jpegs=False),
+    whole = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecodeOptions(decoder=decoder, sub_jpegs=False),
                     **options)
-    subs = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecode(decoder=decoder), **options)
+    subs = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecodeOptions(decoder=decoder), **options)
     assert len(subs) == len(whole) == 6
     for (images, labels), (want_images, want_labels) in zip(subs, whole, strict=True):
         assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)

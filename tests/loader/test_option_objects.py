@@ -11,7 +11,7 @@ import torch
 
 import fastdata
 from fastdata.errors import ConfigError
-from fastdata.options import MixOptions, Output, RemoteOptions, TextOptions
+from fastdata.options import MixOptions, OutputOptions, RemoteOptions, TextOptions
 from fastdata.presets import RandomResizedCrop, ResizeCenterCrop, ScaleJitterCrop
 
 
@@ -49,7 +49,7 @@ def test_output_and_the_crop_preset_give_what_their_keywords_give(solid_lmdb):
     old = fastdata.loader(solid_lmdb, augment="train", image_size=16, scale=(0.5, 1.0), ratio=(0.9, 1.1),
                           dtype=torch.float32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), **common)
     new = fastdata.loader(solid_lmdb, augment=RandomResizedCrop(16, scale=(0.5, 1.0), ratio=(0.9, 1.1)),
-                          output=Output(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
+                          output=OutputOptions(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
     got = batches(new)
     assert got[0][0].dtype == torch.float32 and got[0][0].shape[-2:] == (16, 16)
     assert same(batches(old), got)
@@ -58,7 +58,7 @@ def test_output_and_the_crop_preset_give_what_their_keywords_give(solid_lmdb):
     assert same(batches(val_old), batches(val_new))
     # a different crop range draws different crops: the preset's fields are used, not dropped
     other = fastdata.loader(solid_lmdb, augment=RandomResizedCrop(16, scale=(0.08, 0.2)),
-                            output=Output(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
+                            output=OutputOptions(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
     assert not same(batches(other), got)
 
 
@@ -92,8 +92,8 @@ def test_mix_options_give_what_their_keywords_give(text_mix):
 
 
 def test_both_spellings_at_once_or_a_keyword_not_taken_are_refused(solid_lmdb, small_text_lmdb):
-    with pytest.raises(ConfigError, match=r"either output=Output\(\.\.\.\) or dtype"):
-        fastdata.loader(solid_lmdb, output=Output(torch.float32), dtype=torch.float16)
+    with pytest.raises(ConfigError, match=r"either output=OutputOptions\(\.\.\.\) or dtype"):
+        fastdata.loader(solid_lmdb, output=OutputOptions(torch.float32), dtype=torch.float16)
     with pytest.raises(ConfigError, match=r"either text=TextOptions\(\.\.\.\) or seq_len"):
         fastdata.loader(small_text_lmdb, text=TextOptions(seq_len=8), seq_len=16)
     with pytest.raises(ConfigError, match="image_size: already set by augment"):
@@ -102,7 +102,7 @@ def test_both_spellings_at_once_or_a_keyword_not_taken_are_refused(solid_lmdb, s
         fastdata.dataset(solid_lmdb, seq_len=8)  # a text loader's option: dataset() has none
     with pytest.raises(TypeError, match="unexpected keyword argument 'sequence_length'"):
         fastdata.loader(solid_lmdb, sequence_length=8)
-    with pytest.raises(ConfigError, match=r"must be a fastdata\.options\.Output"):
+    with pytest.raises(ConfigError, match=r"must be a fastdata\.options\.OutputOptions"):
         fastdata.loader(solid_lmdb, output={"dtype": torch.float32})
     with pytest.raises(ConfigError, match="apply to remote URLs"):
         fastdata.loader(solid_lmdb, remote=RemoteOptions(cache_dir="/tmp/cache"))

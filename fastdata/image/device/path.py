@@ -26,7 +26,7 @@ from fastdata.image.device.auto import (
     warn_whole_files,
 )
 from fastdata.image.device.feeder import DeviceFeeder, PassKey, Reference, strong
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.ship import SubJpegSwitch
 from fastdata.image.device.stage import DeviceBatch, DeviceStage
@@ -41,11 +41,11 @@ class DevicePath:
     have forked; `streams`: the device's (tests give an emulation)."""
 
     def __init__(self, device: torch.device, pipeline: Any, source: str, batch_size: int, *,
-                 output: OutputFormat, channels_last: bool, on_error: str, options: DeviceDecode | None = None,
+                 output: OutputFormat, channels_last: bool, on_error: str, options: DeviceDecodeOptions | None = None,
                  gpu_kinds: Mapping[str, int] | None = None,
                  sizes: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None,
                  streams: CudaStreams | None = None) -> None:
-        self.options = options or DeviceDecode()
+        self.options = options or DeviceDecodeOptions()
         self.streams = streams or streams_for(device)
         self.stage = DeviceStage(device, pipeline.output_size, source, output=output, channels_last=channels_last,
                                  on_error=on_error, max_pixels=pipeline.max_pixels, regions=self.options.regions,
