@@ -96,7 +96,7 @@ def mixed_loader(locations: Sequence[str | os.PathLike[str]], weights: Sequence[
     check_image_sources(paths, sources)
     data = MixedImageDataset(sources, names, augment, image_size, options.seed, on_error,  # type: ignore[arg-type]
                              scale=scale, ratio=ratio, masks=masks, classes_rule=mixing.classes)
-    _say_merged(data, paths, stacklevel=3)  # (the caller of fastdata.loader)
+    _say_merged(data, paths, stacklevel=4)  # (the caller of fastdata.loader, via its build step)
     plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
                         [str(p) for p in paths])
     return mixed_image_loader(data, plan, options, ImageOptions(**image_options))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fastdata.config import check_bool
-from fastdata.deprecations import deprecated_alias
+from fastdata.deprecations import DEPRECATIONS, deprecated_alias, warn_deprecated
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
 from fastdata.image.mixture.mixed import CLASS_RULES
@@ -129,9 +129,15 @@ class Spelled:
     def check_preset(self, path: Any, target_kind: str | None) -> None:
         """Refuse a classification preset over a detection or segmentation dataset (whose "train" and "val" are
         other geometries)."""
-        if self.preset is not None and target_kind in ("detection", "segmentation"):
-            raise ConfigError(f"{path}: augment={self.preset!r} is a classification preset; a {target_kind} "
-                              "dataset takes fastdata.presets.ScaleJitterCrop or ResizeLongerPad")
+        refuse_preset(self.preset, path, target_kind)
+
+
+def refuse_preset(preset: RandomResizedCrop | ResizeCenterCrop | None, path: Any, target_kind: str | None) -> None:
+    """Refuse a classification `preset` over a detection or segmentation dataset (whose "train" and "val" are
+    other geometries)."""
+    if preset is not None and target_kind in ("detection", "segmentation"):
+        raise ConfigError(f"{path}: augment={preset!r} is a classification preset; a {target_kind} "
+                          "dataset takes fastdata.presets.ScaleJitterCrop or ResizeLongerPad")
 
 
 def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[str], *,
@@ -141,12 +147,16 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
     """The options of a call to `function` (`fastdata.loader`, ...) given as objects or as the keywords they
     replace (`keywords`, the call's other keyword arguments). `takes` names the objects this function has:
     a replaced keyword of another (or any unknown keyword) is a TypeError, as Python raises for an unexpected
-    keyword; an object given together with a keyword it replaces is a ConfigError."""
+    keyword; an object given together with a keyword it replaces is a ConfigError. The replaced keywords are the
+    old spelling (fastdata.deprecations): each one given warns, naming its replacement."""
     objects = {"output": output, "text": text, "remote": remote, "mixing": mixing}
-    known = {name: group for group in takes for name in REPLACED[group]}
+    known = {name: group for group in takes for name in REPLACED[group]
+             if _old_keyword(function, name) in DEPRECATIONS}
     unexpected = [name for name in keywords if name not in known]
     if unexpected:
         raise TypeError(f"{function}() got an unexpected keyword argument {unexpected[0]!r}")
+    for name in keywords:
+        warn_deprecated(_old_keyword(function, name))
     for name, value in objects.items():
         if value is not None and not isinstance(value, _OBJECT_TYPES[name]):
             raise ConfigError(f"{name} must be a fastdata.options.{_OBJECT_TYPES[name].__name__}, got {value!r} "
@@ -172,6 +182,11 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
             augment = "val"
     return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
                    ratio, preset, recipe)
+
+
+def _old_keyword(function: str, name: str) -> str:
+    """The `DEPRECATIONS` key of keyword `name` of `fastdata.<function>`."""
+    return f"fastdata.{function}({name}=...)"
 
 
 def split_recipe(augment: Any) -> tuple[Any, Recipe | None]:
