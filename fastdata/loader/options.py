@@ -155,8 +155,6 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
     unexpected = [name for name in keywords if name not in known]
     if unexpected:
         raise TypeError(f"{function}() got an unexpected keyword argument {unexpected[0]!r}")
-    for name in keywords:
-        warn_deprecated(_old_keyword(function, name))
     for name, value in objects.items():
         if value is not None and not isinstance(value, _OBJECT_TYPES[name]):
             raise ConfigError(f"{name} must be a fastdata.options.{_OBJECT_TYPES[name].__name__}, got {value!r} "
@@ -167,6 +165,8 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
         if given and objects[group] is not None:
             raise ConfigError(f"pass either {group}={kind.__name__}(...) or {', '.join(given)}, not both")
         made[group] = objects[group] if objects[group] is not None else kind(**given)
+    for name in keywords:  # the old spelling works, and says what replaces it
+        warn_deprecated(_old_keyword(function, name))
     scale, ratio = keywords.get("scale"), keywords.get("ratio")
     augment, recipe = split_recipe(augment)
     preset = augment if isinstance(augment, (RandomResizedCrop, ResizeCenterCrop)) else None
