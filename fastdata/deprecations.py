@@ -10,10 +10,12 @@ it once per call site and spelling: a loop that makes a loader each epoch is tol
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 #: The release that removes the spellings deprecated in this one.
@@ -73,12 +75,15 @@ _PACKAGE = str(Path(__file__).resolve().parent)
 def _caller_level() -> int:
     """The stacklevel of the first frame outside the fastdata package (the user's code), counted as
     `warnings.warn` counts from its caller, `warn_deprecated`."""
-    frame = sys._getframe(2)  # warn_deprecated's caller
+    frame: FrameType | None = sys._getframe(2)  # warn_deprecated's caller
     level = 2
-    while frame is not None and frame.f_back is not None and str(Path(frame.f_code.co_filename).resolve()) \
-            .startswith(_PACKAGE):
+    while frame is not None and frame.f_back is not None and _inside_fastdata(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _inside_fastdata(filename: str) -> bool:
+    return str(Path(filename).resolve()).startswith(_PACKAGE + os.sep)
 
 
 def warn_deprecated(old: str) -> None:

@@ -14,8 +14,10 @@ docs entry:
   with one and goes on with the recipe presets (`[RandomResizedCrop(224), TrivialAugmentWide(), ...]`) is that
   crop followed by a `fastdata.image.recipes.recipe.Recipe`.
 
-The keywords these replace still work (`dtype=`, `seq_len=`, `cache_dir=`, ...): `resolve_spelling` turns either
-spelling into the same objects, and refuses both at once or a keyword the function does not take.
+The objects are the API. The flat keywords they replace (`dtype=`, `seq_len=`, `cache_dir=`, ...) are deprecated
+but still work: `resolve_spelling` turns either spelling into the same objects, warns once per call site for each old
+keyword with its replacement (fastdata.deprecations), and refuses both at once or a keyword the function does not
+take.
 """
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ def resolve(spec: LoaderSpec) -> Resolved:
                           f"worker{'s' * (options.num_workers != 1)}, prefetch "
                           f"{options.prefetch_factor}); pass numbers to choose", stacklevel=3)
         return Resolved(spec, None, options)
+    assert not isinstance(spec.path, tuple)
     data = open_dataset(spec.path, spec.augment, image_size=spec.image_size, seed=spec.seed, on_error=spec.on_error,
                         remote=spec.remote, scale=spec.scale, ratio=spec.ratio, max_length=spec.text.max_length,
                         masks=spec.masks, metadata=spec.metadata, recipe=spec.recipe)

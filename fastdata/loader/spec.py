@@ -29,7 +29,7 @@ from fastdata.loader.options import (
 from fastdata.order.mixing import check_weights
 from fastdata.text.loader import TextOptions
 
-Path = str | os.PathLike[str]
+Where = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class LoaderSpec:
     `image_size`, `scale`, `ratio` and `recipe` are the augmentation as the image loaders take it (a preset
     object unpacked, fastdata.loader.options.Spelled)."""
 
-    path: Path | tuple[Path, ...]
+    path: Where | tuple[Where, ...]
     batch_size: int = 256
     augment: Any = "train"
     image_size: int | tuple[int, int] | None = None
@@ -65,7 +65,7 @@ class LoaderSpec:
     text: TextOptions = field(default_factory=TextOptions)
     masks: bool = False
     metadata: bool = False
-    tune_dir: Path | None = None
+    tune_dir: Where | None = None
     weights: tuple[float, ...] | None = None
     mixing: MixOptions = field(default_factory=MixOptions)
     scale: Any = None
@@ -95,7 +95,7 @@ class LoaderSpec:
                               "a list of dataset paths")
 
     @classmethod
-    def asked(cls, path: Path | list[Path] | tuple[Path, ...], keywords: dict[str, Any], *, augment: Any,
+    def asked(cls, path: Where | list[Where] | tuple[Where, ...], keywords: dict[str, Any], *, augment: Any,
               image_size: Any, output: OutputOptions | None, text: TextOptions | None, remote: RemoteOptions | None,
               mixing: MixOptions | None, weights: Any, **given: Any) -> LoaderSpec:
         """The spec of a call of `fastdata.loader`: its arguments, with `keywords` (the older flat spellings, each
