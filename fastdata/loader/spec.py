@@ -113,7 +113,7 @@ class LoaderSpec:
                 path = tuple(path)
         return cls(path=path, augment=spelled.augment, image_size=spelled.image_size, output=spelled.output,
                    text=spelled.text, remote=spelled.remote, mixing=mix,
-                   weights=None if weights is None else tuple(weights), scale=spelled.scale, ratio=spelled.ratio,
+                   weights=_frozen(weights), scale=spelled.scale, ratio=spelled.ratio,
                    recipe=spelled.recipe, preset=spelled.preset, **given)
 
     @property
@@ -134,3 +134,11 @@ class LoaderSpec:
     def check_preset(self, target_kind: str | None) -> None:
         """Refuse a classification preset over a detection or segmentation dataset."""
         refuse_preset(self.preset, self.path, target_kind)
+
+
+def _frozen(weights: Any) -> Any:
+    """A mixture's weights as a tuple (a list, an array, ...), anything else as given (checked by the mixture)."""
+    try:
+        return None if weights is None or isinstance(weights, str) else tuple(weights)
+    except TypeError:
+        return weights

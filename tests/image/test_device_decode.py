@@ -468,7 +468,7 @@ def test_device_path_options_are_checked(photos):
     with pytest.raises(ConfigError, match="decode must be"):
         fastdata.loader(photos[0], decode="gpu")
     with pytest.raises(ConfigError, match="pass device="):
-        fastdata.loader(photos[0], channels_last=True)
+        fastdata.loader(photos[0], output=fastdata.OutputOptions(channels_last=True))
     assert fastdata.loader(photos[0], device="cpu").decode == "worker"  # "auto" without a measurement: workers
 
 

@@ -71,9 +71,9 @@ def test_the_image_loader_takes_what_loader_validated(solid_lmdb):
     inner = loader._loader  # the DataLoader it wraps gets exactly those settings
     assert (inner.num_workers, inner.prefetch_factor, inner.timeout, inner.persistent_workers) == (2, 3, 30, True)
     with pytest.raises(ConfigError, match="seq_len: for text datasets only"):
-        fastdata.loader(solid_lmdb, seq_len=16)
+        fastdata.loader(solid_lmdb, text=fastdata.TextOptions(seq_len=16))
     with pytest.raises(ConfigError, match="apply to remote URLs"):
-        fastdata.loader(solid_lmdb, cache_dir="/tmp/x")
+        fastdata.loader(solid_lmdb, remote=fastdata.RemoteOptions(cache_dir="/tmp/x"))
 
 
 def test_the_text_loader_takes_the_same_common_options(tmp_path):
@@ -81,7 +81,8 @@ def test_the_text_loader_takes_the_same_common_options(tmp_path):
     out = tmp_path / "t.lmdb"
     fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus), out,
                           tokenizer=train_bytelevel(tmp_path / "bpe.json", corpus), progress=False)
-    loader = fastdata.loader(out, batch_size=4, seq_len=16, num_workers=1, timeout=20, pin_memory=False)
+    loader = fastdata.loader(out, batch_size=4, num_workers=1, timeout=20, pin_memory=False,
+                             text=fastdata.TextOptions(seq_len=16))
     assert loader.options.timeout == 20 and loader._loader.timeout == 20  # text loaders honour timeout= too
     assert loader.options.batch_size == 4 and len(next(iter(loader))["input_ids"]) == 4
 
@@ -109,7 +110,8 @@ def test_image_options_on_text_are_refused_by_name(small_text_lmdb, option):
 def test_no_augmentation_fits_text(small_text_lmdb):
     """augment=None asks for nothing, so text takes it (as it takes the loader's default, "train")."""
     for augment in (None, "train"):
-        assert next(iter(fastdata.loader(small_text_lmdb, augment=augment, seq_len=8, num_workers=0)))
+        assert next(iter(fastdata.loader(small_text_lmdb, augment=augment, num_workers=0,
+                                         text=fastdata.TextOptions(seq_len=8))))
     assert len(fastdata.dataset(small_text_lmdb, augment=None)) == 30
 
 

@@ -180,7 +180,8 @@ def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
 
 def test_text_mixture_documents_keep_their_ids(text_mix):
     a, b, _ = text_mix
-    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, epoch_end="last", exhausted="stop", seed=1)
+    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, seed=1, mixing=fastdata.MixOptions(epoch_end="last",
+                                                                                                    exhausted="stop"))
     docs = {len(fastdata.dataset(a)) + i: fastdata.dataset(b)[i]["input_ids"] for i in range(3)}
     for index, ids in docs.items():
         assert torch.equal(mixture.dataset[index]["input_ids"], ids)

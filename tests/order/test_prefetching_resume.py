@@ -26,7 +26,8 @@ def makers(solid_lmdb, solid_wds, pets_lmdb, text_mix):
         "text wds": lambda: fastdata.loader(text_mix[1], **TEXT),
         "image mixture": lambda: fastdata.loader([solid_lmdb, pets_lmdb], **IMAGE),
         "text mixture": lambda: fastdata.loader(list(text_mix[:2]), **TEXT),
-        "text best-fit": lambda: fastdata.loader(text_mix[0], packing="best-fit", boundaries=True, **TEXT),
+        "text best-fit": lambda: fastdata.loader(text_mix[0], text=fastdata.TextOptions(packing="best-fit",
+                                                                                        boundaries=True), **TEXT),
     }
 
 

@@ -49,7 +49,8 @@ def test_kept_batches_are_never_overwritten_by_later_items(data, kind):
 def test_no_tensor_travels_per_item(data):
     """What a worker hands over for an item is its slot's number and the batches' shapes: no shared-memory tensor
     (each of which would cost a segment and a file-descriptor handshake)."""
-    loader = fastdata.loader(data, seq_len=16, batch_size=3, seed=2, num_workers=2, boundaries=True)
+    loader = fastdata.loader(data, batch_size=3, seed=2, num_workers=2, text=fastdata.TextOptions(seq_len=16,
+                                                                                                  boundaries=True))
     loader._prepare_hand_over()
     handover, items = loader._batches.handover, []
     for handed, layouts in loader._loader:  # the DataLoader's own items, each copied out as the loader does
