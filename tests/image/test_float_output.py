@@ -43,7 +43,7 @@ def test_float_batches_are_the_uint8_batches_normalised(photo_lmdb, augment, dty
 def test_workers_and_the_device_path_give_the_same_floats(photo_lmdb):
     """One normalisation for all: workers (floats in reused shared-memory slots, two passes) and the main process
     give the same bits, and so does the device path (device="cpu": uint8 from the workers, normalised there)."""
-    options = dict(dtype=torch.bfloat16, mean=MEAN, std=STD, augment="train")
+    options = dict(output=fastdata.OutputOptions(dtype=torch.bfloat16, mean=MEAN, std=STD), augment="train")
     serial = batches(photo_lmdb, **options)
     loader = fastdata.loader(photo_lmdb, batch_size=5, image_size=(24, 40), shuffle=False, num_workers=2, seed=3,
                              **options)

@@ -4,12 +4,14 @@ TextOptions, RemoteOptions) that the image and text loaders take, instead of two
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import pytest
 import torch
 from builders import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.config import LoaderOptions
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
@@ -93,6 +95,7 @@ IMAGE_OPTIONS = {"augment": "val", "image_size": 32, "scale": (0.5, 1.0), "ratio
                  "std": (0.2, 0.2, 0.2)}
 #: those that fastdata.dataset takes
 DATASET_IMAGE_OPTIONS = ("augment", "image_size", "scale", "ratio")
+OUTPUT_FIELDS = ("dtype", "channels_last", "mean", "std")  # given as output=OutputOptions(...)
 TEXT_OPTIONS = {"seq_len": 16, "packing": False, "max_length": 32, "bucketing": True, "eos_token": "</s>"}
 
 
@@ -102,9 +105,11 @@ def test_image_options_on_text_are_refused_by_name(small_text_lmdb, option):
     option would need (mean without dtype is refused for being on text, not for the missing dtype)."""
     value = IMAGE_OPTIONS[option]
     opens = [fastdata.loader] + ([fastdata.dataset] if option in DATASET_IMAGE_OPTIONS else [])
+    given = {"output": fastdata.OutputOptions(**{option: value})} if option in OUTPUT_FIELDS else {option: value}
     for open_it in opens:
-        with pytest.raises(ConfigError, match=rf"^{option}: for image datasets only; .*text.lmdb holds text$"):
-            open_it(small_text_lmdb, **{option: value})
+        old = pytest.warns(FastdataDeprecationWarning) if option in ("scale", "ratio") else nullcontext()
+        with pytest.raises(ConfigError, match=rf"^{option}: for image datasets only; .*text.lmdb holds text$"), old:
+            open_it(small_text_lmdb, **given)
 
 
 def test_no_augmentation_fits_text(small_text_lmdb):
@@ -119,4 +124,4 @@ def test_no_augmentation_fits_text(small_text_lmdb):
 def test_text_options_on_images_are_refused_by_name(solid_lmdb, option):
     pairs = " and image-text pairs" if option == "max_length" else ""  # pairs take max_length (their token rows)
     with pytest.raises(ConfigError, match=rf"^{option}: for text datasets{pairs} only; .* holds images$"):
-        fastdata.loader(solid_lmdb, **{option: TEXT_OPTIONS[option]})
+        fastdata.loader(solid_lmdb, text=TextOptions(**{option: TEXT_OPTIONS[option]}))

@@ -165,11 +165,11 @@ def test_mix_for_your_own_dataloader(solid_lmdb, pets_lmdb):
 @pytest.mark.parametrize("packing", [True, False])
 def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
     a, b, _ = text_mix
-    options = {"seq_len": 16} if packing else {"packing": False, "max_length": 24}
+    text = fastdata.TextOptions(seq_len=16) if packing else fastdata.TextOptions(packing=False, max_length=24)
 
     def make(workers, **more):
         return seeded_loader([a, b], weights=[0.5, 0.5], batch_size=4, augment=None, num_workers=workers,
-                             epoch_end="last", **options, **more)
+                             mixing=fastdata.MixOptions(epoch_end="last"), text=text, **more)
 
     check_resumes(make, mixture_interrupts, 0)
     ranks = [make(0, rank=r, world_size=2) for r in range(2)]

@@ -212,12 +212,17 @@ def test_a_text_loader_replaced_after_it_raised_leaves_no_noise(data, tmp_path):
     nothing on stderr (no "Exception ignored in ... can only test a child process" from the failed loader's
     workers)."""
     damaged, _ = damaged_text_copy(data, tmp_path)
-    options = {"seq_len": 16, "batch_size": 4, "shuffle": False, "num_workers": 2}
+    options = {"batch_size": 4, "shuffle": False, "num_workers": 2}
+    text = fastdata.TextOptions(seq_len=16)
     with pytest.raises(CorruptSampleError) as info:
-        for _ in fastdata.loader(damaged, **{**options, "num_workers": 0}):
+        for _ in fastdata.loader(damaged, text=text, **{**options, "num_workers": 0}):
             pass
-    batches = len(fastdata.loader(data, **options))
-    result = run_python(REPLACE_AFTER_ERROR, damaged, data, json.dumps(options))
+    batches = len(fastdata.loader(data, text=text, **options))
+    # the user's script, its options from JSON with the text options as their object
+    script = REPLACE_AFTER_ERROR.replace(
+        "json.loads(sys.argv[3])\n", "json.loads(sys.argv[3])\noptions['text'] = fastdata.TextOptions(**options['text'])\n")
+    assert script != REPLACE_AFTER_ERROR
+    result = run_python(script, damaged, data, json.dumps({**options, "text": {"seq_len": 16}}))
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.splitlines() == [f"raised: {info.value}", f"pass 0 {batches}", f"pass 1 {batches}"]
 
