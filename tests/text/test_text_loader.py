@@ -219,8 +219,8 @@ def test_a_text_loader_replaced_after_it_raised_leaves_no_noise(data, tmp_path):
             pass
     batches = len(fastdata.loader(data, text=text, **options))
     # the user's script, its options from JSON with the text options as their object
-    script = REPLACE_AFTER_ERROR.replace(
-        "json.loads(sys.argv[3])\n", "json.loads(sys.argv[3])\noptions['text'] = fastdata.TextOptions(**options['text'])\n")
+    made = "json.loads(sys.argv[3])\noptions['text'] = fastdata.TextOptions(**options['text'])\n"
+    script = REPLACE_AFTER_ERROR.replace("json.loads(sys.argv[3])\n", made)
     assert script != REPLACE_AFTER_ERROR
     result = run_python(script, damaged, data, json.dumps({**options, "text": {"seq_len": 16}}))
     assert (result.returncode, result.stderr) == (0, "")
