@@ -436,7 +436,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
                 labels = labels.to(self.device, non_blocking=True)
             yield (images, labels) if metadata is None else (images, labels, metadata)
 
-    def _device_pass(self, key: PassKey) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _device_pass(self, key: PassKey) -> Iterator[tuple[Any, ...]]:
         """decode="device": the batches its feeder makes beside the training step (fastdata.image.device), at the
         epoch's image size (progressive resizing: a new size gets slots of its own, and the feeder prepares the next
         epoch ahead only when it is made at the same size)."""

@@ -76,7 +76,7 @@ class DevicePath:
         and gets slots of its own."""
         if tuple(size) != tuple(self.stage.image_size):
             self.close()
-            self.stage.image_size, self._ring = tuple(size), None
+            self.stage.image_size, self._ring = (int(size[0]), int(size[1])), None
 
     def batches(self, key: PassKey, open_pass: Reference[Callable[[PassKey], Iterator[Any]]], owner: Any,
                 follow: Callable[[PassKey], PassKey | None] | None = None) -> Iterator[DeviceBatch]:
