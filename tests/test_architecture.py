@@ -48,6 +48,7 @@ ROOM_LIMITED = ("fastdata", "converters")
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base", "fastdata.workers": "base",
     "fastdata.output_lock": "base", "fastdata.processes": "base", "fastdata.background": "base",
+    "fastdata.deprecations": "base",
     "fastdata.formats": "formats",
     "fastdata.order": "order", "fastdata.meter": "meter",
     "fastdata.image": "image", "fastdata.text": "text",
