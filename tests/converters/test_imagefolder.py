@@ -344,7 +344,7 @@ def test_an_output_inside_the_source_is_refused_before_anything_is_written(tmp_p
     ("workers", 2.0, "workers must be an int, got 2.0 (float)"),
     ("seed", True, "seed must be an int, got True (bool)"),
     ("overwrite", 1, "overwrite must be True or False, got 1 (int)"),
-    ("shard_size", [1], "cannot read [1] (list) as a size: use e.g. 256MB, 64KB, 1GiB or a byte count"),
+    ("shard_size", [1], "shard_size: cannot read [1] (list) as a size: use e.g. 256MB, 64KB, 1GiB or a byte count"),
 ])
 def test_conversion_options_of_the_wrong_type_are_config_errors(tricky_tree, tmp_path, option, value, message):
     with pytest.raises(ConfigError) as info:
