@@ -317,10 +317,11 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
 @dataclass(frozen=True, kw_only=True)
 class CocoOptions(ImageConversionOptions):
     """How `fastdata.convert_coco` converts a COCO instances file: the options of every image conversion
-    (`fastdata.convert.options.ImageConversionOptions`) but `max_size` (refused: COCO boxes and masks are in
-    source pixels, which a re-encoded smaller image would no longer match), and the one below. Checked when made.
+    (`fastdata.convert.options.ImageConversionOptions`) but `max_size`, and the one below. Checked when made.
 
     Attributes:
+        max_size: refused (None only): COCO boxes and masks are in source pixels, which a re-encoded smaller image
+            would no longer match.
         skip_empty: leave out the images without annotations (kept by default, with an empty target).
     """
 
@@ -356,7 +357,8 @@ def convert_coco(annotations: str | os.PathLike[str], images_dir: str | os.PathL
     return convert_images(lambda: scan(annotations, images_dir, settings.skip_empty), out, settings)
 
 
-#: the parameters of `fastdata convert coco` that are not options
+#: the option object of `fastdata convert coco`, and its parameters that are not options (its arguments)
+OPTIONS = CocoOptions
 ARGUMENTS = ("annotations", "images_dir", "out")
 
 
@@ -377,6 +379,6 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = the i-th image of the file); --format wds writes
         WebDataset tar shards into the directory OUT. fastdata.dataset(OUT)[i] gives (image, target dict).
         """
-        click.echo(str(convert_coco(annotations, images_dir, out, options_from_flags(CocoOptions, flags, ARGUMENTS))))
+        click.echo(str(convert_coco(annotations, images_dir, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

@@ -382,7 +382,8 @@ def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str],
     return convert_images(lambda: scan(list_path, settings.list_options()), out, settings)
 
 
-#: the parameters of `fastdata convert list` that are not options
+#: the option object of `fastdata convert list`, and its parameters that are not options (its arguments)
+OPTIONS = FileListOptions
 ARGUMENTS = ("list_path", "out")
 
 
@@ -419,6 +420,6 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = row i); --format wds writes WebDataset tar
         shards into the directory OUT.
         """
-        click.echo(str(convert_list(list_path, out, options_from_flags(FileListOptions, flags, ARGUMENTS))))
+        click.echo(str(convert_list(list_path, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

@@ -441,7 +441,8 @@ def convert_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], options
                           out, settings)
 
 
-#: the parameters of `fastdata convert hf` that are not options
+#: the option object of `fastdata convert hf`, and its parameters that are not options (its arguments)
+OPTIONS = HfOptions
 ARGUMENTS = ("src", "out")
 
 
@@ -470,7 +471,7 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = row i of the split); --format wds writes WebDataset
         tar shards into the directory OUT. Image bytes are stored as they are (no re-encoding unless --max-size).
         """
-        summary = convert_hf(src, out, options_from_flags(HfOptions, flags, ARGUMENTS))
+        summary = convert_hf(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))
         click.echo(str(summary))
         left_out = _columns_note(out)
         if left_out:

@@ -113,7 +113,8 @@ def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str]
     return convert_images(lambda: scan(src), out, settings)
 
 
-#: the parameters of `fastdata convert imagefolder` that are not options
+#: the option object of `fastdata convert imagefolder`, and its parameters that are not options (its arguments)
+OPTIONS = ImageFolderOptions
 ARGUMENTS = ("src", "out")
 
 
@@ -131,6 +132,6 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = torchvision ImageFolder's sample i);
         --format wds writes WebDataset tar shards into the directory OUT.
         """
-        click.echo(str(convert_imagefolder(src, out, options_from_flags(ImageFolderOptions, flags, ARGUMENTS))))
+        click.echo(str(convert_imagefolder(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

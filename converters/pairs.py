@@ -390,7 +390,8 @@ def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], opti
                           settings)
 
 
-#: the parameters of `fastdata convert pairs` that are not options
+#: the option object of `fastdata convert pairs`, and its parameters that are not options (its arguments)
+OPTIONS = PairsOptions
 ARGUMENTS = ("src", "out")
 
 
@@ -421,6 +422,6 @@ def cli_command() -> click.Command:
         img2dataset writes them (.jpg + .txt caption or a .json caption field): a folder of .tar files, one
         .tar, or a brace pattern. OUT ending in .lmdb writes one LMDB dataset; --format wds writes shards.
         """
-        click.echo(str(convert_pairs(src, out, options_from_flags(PairsOptions, flags, ARGUMENTS))))
+        click.echo(str(convert_pairs(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

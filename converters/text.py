@@ -305,7 +305,8 @@ def convert_text(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                              tokenizer=tokenizer, options=settings)
 
 
-#: the parameters of `fastdata convert text` that are not options
+#: the option object of `fastdata convert text`, and its parameters that are not options (its arguments)
+OPTIONS = TextConversionOptions
 ARGUMENTS = ("src", "out", "tokenizer")
 
 
@@ -342,7 +343,7 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
         directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).
         """
-        click.echo(str(convert_text(list(src), out, options_from_flags(TextConversionOptions, flags, ARGUMENTS),
+        click.echo(str(convert_text(list(src), out, options_from_flags(OPTIONS, flags, ARGUMENTS),
                                     tokenizer=tokenizer)))
 
     return command

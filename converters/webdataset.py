@@ -263,7 +263,8 @@ def convert_webdataset(src: str | os.PathLike[str], out: str | os.PathLike[str],
                                        settings.no_labels, settings.workers), out, settings)
 
 
-#: the parameters of `fastdata convert webdataset` that are not options
+#: the option object of `fastdata convert webdataset`, and its parameters that are not options (its arguments)
+OPTIONS = WebDatasetOptions
 ARGUMENTS = ("src", "out")
 
 
@@ -289,6 +290,6 @@ def cli_command() -> click.Command:
         Labels from {key}.cls (or --label-key); other .json fields and .txt captions kept as metadata.
         OUT ending in .lmdb writes one LMDB dataset (in shard order); --format wds writes new shards.
         """
-        click.echo(str(convert_webdataset(src, out, options_from_flags(WebDatasetOptions, flags, ARGUMENTS))))
+        click.echo(str(convert_webdataset(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command
