@@ -52,7 +52,9 @@ def reference(source):
 
 
 def convert(source, out, **options):
-    return fastdata.convert_coco(source.annotations, source.images, out, workers=1, progress=False, **options)
+    return fastdata.convert_coco(
+        source.annotations, source.images, out, fastdata.CocoOptions(workers=1, progress=False, **options)
+    )
 
 
 def samples_by_image(path, masks=False) -> dict[int, tuple[torch.Tensor, dict]]:
@@ -313,7 +315,9 @@ def test_max_size_is_refused(source, tmp_path, capsys):
                        "--max-size", "32")
     assert code == 2 and "No such option '--max-size'" in err
     with pytest.raises(ConfigError, match=r"--max-size.*source pixels"):
-        fastdata.convert_coco(source.annotations, source.images, tmp_path / "o.lmdb", max_size=32, progress=False)
+        fastdata.convert_coco(
+            source.annotations, source.images, tmp_path / "o.lmdb", fastdata.CocoOptions(max_size=32, progress=False)
+        )
 
 
 # ------------------------------------------------------------------------------------------- resuming

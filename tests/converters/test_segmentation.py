@@ -43,7 +43,7 @@ FORMATS = {"lmdb": ("out.lmdb", {}), "wds": ("out", {"format": "wds", "shard_siz
 
 def convert(listed, out, **options):
     options.setdefault("workers", 1)
-    return fastdata.convert_list(listed, out, mask_column="mask", progress=False, **options)
+    return fastdata.convert_list(listed, out, fastdata.FileListOptions(mask_column="mask", progress=False, **options))
 
 
 def sample_id(key: str) -> int:

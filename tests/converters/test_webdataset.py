@@ -62,7 +62,9 @@ def shards_of(tree, directory: Path, labels: str | None, **options) -> list[Path
 
 
 def convert(src, out: Path, **options):
-    return fastdata.convert_webdataset(src, out, progress=False, **{"workers": 1, **options})
+    return fastdata.convert_webdataset(
+        src, out, fastdata.WebDatasetOptions(progress=False, **{"workers": 1, **options})
+    )
 
 
 def image_ext(sample: dict) -> str:
