@@ -18,7 +18,7 @@ import difflib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from fastdata.config import check_bool, check_int, check_optional_int, parse_size
 from fastdata.convert.encode import NON_JPEG
@@ -242,8 +242,8 @@ Options = TypeVar("Options")
 
 
 def option_names(cls: type) -> tuple[str, ...]:
-    """The options an option class takes, in order."""
-    return tuple(f.name for f in fields(cls))
+    """The options an option class (a dataclass) takes, in order."""
+    return tuple(f.name for f in fields(cast(Any, cls)))
 
 
 def spelled(cls: type[Options], options: Options | None, keywords: Mapping[str, Any], function: str) -> Options:
