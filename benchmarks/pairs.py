@@ -13,7 +13,8 @@ Then loading, every loader giving `(images uint8 [B, 3, 224, 224], input_ids int
       .shuffle(1000).decode("pil").to_tuple("jpg", "txt").map_tuple(transform, tokenize).batched(B)` in a
       `WebLoader`, `transform` the torchvision transform equal to fastdata's preset (as `fastdata bench`'s
       baseline), `tokenize` the tokenizer with truncation and padding to 77 (the baseline);
-  (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion (`max_length=77`).
+  (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion
+  (`text=TextOptions(max_length=77)`).
 Target (issue 18): fastdata at least 2x the webdataset pipeline, as the median of the per-run ratios; every
 loader is treated alike (benchmarks/README.md, "Fair by construction"). A quiet machine, and:
 
@@ -152,7 +153,8 @@ def fastdata_contender(path: Path, config: BenchConfig, name: str) -> Contender:
 
     def make() -> Iterable:
         return Pairs(fastdata.loader(path, batch_size=config.batch_size, augment=config.augment,
-                                     image_size=config.image_size, max_length=MAX_LENGTH,
+                                     image_size=config.image_size,
+                                     text=fastdata.TextOptions(max_length=MAX_LENGTH),
                                      **settings.loader_kwargs()))
 
     return Contender(LoaderResult(name), make, manifest.data_bytes / max(1, manifest.num_samples),

@@ -97,8 +97,9 @@ def main() -> None:
                 results["HTTP, no cache"].append(measure(url, args))
             else:  # the same cache directory, first cold, then warm
                 with tempfile.TemporaryDirectory() as cache:
-                    results["HTTP, cold cache"].append(measure(url, args, cache_dir=cache))
-                    results["HTTP, warm cache"].append(measure(url, args, cache_dir=cache))
+                    cached = fastdata.RemoteOptions(cache_dir=cache)
+                    results["HTTP, cold cache"].append(measure(url, args, remote=cached))
+                    results["HTTP, warm cache"].append(measure(url, args, remote=cached))
 
         alternate(["local", "no cache", "cache"], args.repeats, run)  # so that drift hits them alike
     finally:

@@ -170,7 +170,8 @@ def fastdata_contender(path: Path, config: BenchConfig, seq_len: int, label: str
     settings = config.settings
 
     def make() -> Iterable:
-        return fastdata.loader(path, seq_len=seq_len, batch_size=config.batch_size, **settings.loader_kwargs())
+        return fastdata.loader(path, text=fastdata.TextOptions(seq_len=seq_len), batch_size=config.batch_size,
+                               **settings.loader_kwargs())
 
     return _contender(f"`fastdata.loader`, {label}, {settings.num_workers} workers", make, seq_len,
                       dataset_files(path))

@@ -341,7 +341,8 @@ def cli_command() -> click.Command:
         glob patterns of them, a Hugging Face save_to_disk folder) into OUT.
 
         OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
-        directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).
+        directory OUT. Documents keep source order; load them with
+        fastdata.loader(OUT, text=TextOptions(seq_len=...)).
         """
         click.echo(str(convert_text(list(src), out, options_from_flags(OPTIONS, flags, ARGUMENTS),
                                     tokenizer=tokenizer)))

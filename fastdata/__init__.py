@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.converters.pairs import convert_pairs
     from fastdata.converters.text import convert_text
     from fastdata.converters.webdataset import convert_webdataset
+    from fastdata.deprecations import FastdataDeprecationWarning
     from fastdata.loader import dataset, loader
     from fastdata.loader.mixing import mix
     from fastdata.meter.loop import meter
@@ -51,6 +52,7 @@ _PUBLIC: dict[str, str] = {
     "convert_text": "fastdata.converters.text",
     "convert_webdataset": "fastdata.converters.webdataset",
     "DeviceDecodeOptions": "fastdata.options",
+    "FastdataDeprecationWarning": "fastdata.deprecations",
     "MixOptions": "fastdata.options",
     "OutputOptions": "fastdata.options",
     "RemoteOptions": "fastdata.options",
@@ -64,9 +66,9 @@ _PUBLIC: dict[str, str] = {
     "info": "fastdata.tools.info",
 }
 
-__all__ = ["CocoOptions", "DeviceDecodeOptions", "FileListOptions", "HfOptions", "ImageFolderOptions", "MixOptions",
-           "OutputOptions", "PairsOptions", "RemoteOptions", "TextConversionOptions", "TextOptions",
-           "WebDatasetOptions", "__version__",
+__all__ = ["CocoOptions", "DeviceDecodeOptions", "FastdataDeprecationWarning", "FileListOptions", "HfOptions",
+           "ImageFolderOptions", "MixOptions", "OutputOptions", "PairsOptions", "RemoteOptions",
+           "TextConversionOptions", "TextOptions", "WebDatasetOptions", "__version__",
            "convert_coco", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs", "convert_text",
            "convert_webdataset", "dataset", "info", "loader", "meter", "mix"]
 

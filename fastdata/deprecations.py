@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 #: The release that removes the spellings deprecated in this one.
@@ -70,10 +71,12 @@ DEPRECATIONS: dict[str, Deprecation] = {row.old: row for row in [
     Deprecation("fastdata.options.Output", "fastdata.options.OutputOptions"),
     Deprecation("fastdata.DeviceDecode", "fastdata.DeviceDecodeOptions"),
     Deprecation("fastdata.options.DeviceDecode", "fastdata.options.DeviceDecodeOptions"),
+    Deprecation("DeviceDecodeOptions(decode_ahead=...)",
+                "nothing: it is ignored (the device path always decodes ahead); remove the argument"),
     *_keyword_rows("fastdata.loader", _OUTPUT, "OutputOptions", "output"),
-    *_keyword_rows("fastdata.dataset", _OUTPUT[:3], "OutputOptions", "output"),
+    *_keyword_rows("fastdata.dataset", _OUTPUT, "OutputOptions", "output"),
     *_keyword_rows("fastdata.loader", _TEXT, "TextOptions", "text"),
-    Deprecation("fastdata.dataset(max_length=...)", "fastdata.dataset(text=TextOptions(max_length=...))"),
+    *_keyword_rows("fastdata.dataset", ("max_length",), "TextOptions", "text"),
     *_keyword_rows("fastdata.loader fastdata.dataset", _REMOTE, "RemoteOptions", "remote"),
     *_keyword_rows("fastdata.loader fastdata.mix", _MIXING, "MixOptions", "mixing"),
     *[Deprecation(f"{function}({name}=...)",
@@ -86,7 +89,8 @@ DEPRECATIONS: dict[str, Deprecation] = {row.old: row for row in [
       for function, obj in _CONVERTERS.items()],
 ]}
 
-def _inside(frame: Any) -> bool:
+
+def _inside(frame: FrameType) -> bool:
     """Whether `frame` runs fastdata's code: a module of the `fastdata` package, `fastdata.converters` included
     (a folder of its own in a source checkout, installed inside the package)."""
     name = frame.f_globals.get("__name__", "")
@@ -96,7 +100,7 @@ def _inside(frame: Any) -> bool:
 def _caller_level() -> int:
     """The stacklevel of the first frame outside the fastdata package (the user's code), counted as
     `warnings.warn` counts from its caller, `warn_deprecated`."""
-    frame = sys._getframe(2)  # warn_deprecated's caller
+    frame: FrameType | None = sys._getframe(2)  # warn_deprecated's caller
     level = 2
     while frame is not None and frame.f_back is not None and _inside(frame):
         frame, level = frame.f_back, level + 1

@@ -251,6 +251,7 @@ class TextLmdbReader(TokenReader):
         if at is None:
             scatter(out, self._copy_pieces(chunk, lo, hi), hi - lo, places)
             return
+        assert self._file is not None  # placed chunks: the file is mapped
         counts, first = hi - lo, at + lo  # each piece's length and first token in the file
         end = int(places[-1] + counts[-1])
         if end - int(places[0]) >= GATHER_BELOW * len(first):  # long pieces: a slice of the map each, one copy
@@ -266,6 +267,7 @@ class TextLmdbReader(TokenReader):
         gaps = np.diff(places, append=places[-1] + counts[-1]) - counts
         filler = np.zeros(int(gaps.max()), self.dtype)
         file, views = self._file, []
+        assert file is not None  # placed chunks: the file is mapped
         for a, n, gap in zip(first.tolist(), counts.tolist(), gaps.tolist(), strict=True):
             views.append(file[a:a + n])
             if gap:
@@ -317,6 +319,7 @@ class TextLmdbReader(TokenReader):
             self._mapped = mapped_ranges(path)  # the environment's map does not move while it is open
         ranges = self._mapped
         itemsize = self.dtype.itemsize
+        assert self._chunk_at is not None  # made with the map's ranges (`_chunk_places`)
         with self._open().begin(buffers=True) as txn:
             for number in numbers:
                 address = np.frombuffer(self._chunk_value(txn, number), np.uint8).ctypes.data

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, cast
 
@@ -44,6 +45,29 @@ from fastdata.order.epoch import sample_rng, sample_seed
 ON_ERROR = ("raise", "skip")
 
 
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What the loader tells the worker pipeline, in one value given once (`SamplePipeline.configure`) when it
+    builds, before the workers fork; the workers read it, never write it:
+    `output`: the format the workers make their batches in (uint8, or a preset's floats made image by image when
+    no device normalises them); `delivered`: the format of the batches the loader delivers, made here or on its
+    device (the units of RandomErasing's value); `unstacked`: whole images of different sizes (detection with
+    augment=None), a list of CHW tensors per batch; `sizes`: progressive resizing's shared schedule of each
+    epoch's output size (None: the preset's size throughout); `ship_encoded` (decode="device"): ship JPEG bytes and
+    crop parameters, the rest as pixels; `ship_progressive`: progressive JPEGs to the device too (False: decoded
+    in the workers); `sub_jpegs`: over the restart layout, the device path's shared switch that turns on shipping
+    each crop's sub-JPEG once its decoder proved it takes them (fastdata.image.device.ship.SubJpegSwitch; None:
+    whole files)."""
+
+    output: OutputFormat = field(default_factory=OutputFormat)
+    delivered: OutputFormat = field(default_factory=OutputFormat)
+    unstacked: bool = False
+    sizes: ImageSizes | None = None
+    ship_encoded: bool = False
+    ship_progressive: bool = True
+    sub_jpegs: Any = None
+
+
 class SamplePipeline:
     """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily.
     `image_size`, `scale` and `ratio` are the presets' (None: their defaults) and refused with a custom
@@ -65,22 +89,12 @@ class SamplePipeline:
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
-        self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
-        # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
-        # once the device's decoder passed fastdata.image.device.auto.sub_jpeg_failure)
-        self.ship_sub_jpegs = False
-        self.ship_progressive = True  # decode="device": progressive JPEGs to the device too (False: decoded here)
-        # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
-        self.unstacked = False
-        self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)
-        # the format of the batches the loader delivers, made here or on its device: the units of RandomErasing's
-        # value (the loader sets it)
-        self.delivered = OutputFormat()
+        # what the loader tells the workers, set once by `configure` when the loader is built
+        self.config = PipelineConfig()
         # what follows the crop (fastdata.image.recipes): per-sample presets on each crop, a batch preset on each
         # batch over `mix_classes` classes (the dataset sets them)
         self.recipe = recipe or Recipe()
         self.mix_classes = 0
-        self.sizes: ImageSizes | None = None  # progressive resizing: each epoch's output size (the loader's)
         self._sized: dict[tuple[int, int], Any] = {}  # the preset at another epoch's size, made once
         self.augment = augment
         self.seed = seed
@@ -109,6 +123,30 @@ class SamplePipeline:
                               "custom transforms take none")
         self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
+
+    def configure(self, config: PipelineConfig) -> None:
+        """Take the loader's configuration (before the workers fork: they get it with the pipeline)."""
+        self.config = config
+
+    @property
+    def output(self) -> OutputFormat:
+        """The format the workers make batches in (`PipelineConfig.output`)."""
+        return self.config.output
+
+    @property
+    def delivered(self) -> OutputFormat:
+        """The format of the loader's delivered batches (`PipelineConfig.delivered`)."""
+        return self.config.delivered
+
+    @property
+    def unstacked(self) -> bool:
+        """Whether a batch holds a list of images of their own sizes (`PipelineConfig.unstacked`)."""
+        return self.config.unstacked
+
+    @property
+    def sizes(self) -> ImageSizes | None:
+        """Progressive resizing's schedule (`PipelineConfig.sizes`)."""
+        return self.config.sizes
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_custom": None, "_local": None, "_sized": {}}

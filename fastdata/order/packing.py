@@ -84,10 +84,10 @@ def _place(group_sizes: list[int], group_counts: list[int], capacity: int) -> tu
                 new = -(-count // each)
                 ids = np.arange(opened, opened + new, dtype=np.int64)
                 bins[pos:pos + count] = (ids.repeat(each) if each > 1 else ids)[:count]
-                full, rest = divmod(count, each)
+                full, left = divmod(count, each)
                 put(ids[:full], capacity - each * size)
-                if rest:
-                    put(ids[full:], capacity - rest * size)
+                if left:
+                    put(ids[full:], capacity - left * size)
                 opened, pos, count = opened + new, pos + count, 0
                 continue
             room = size + (above & -above).bit_length() - 1  # the least room that holds one

@@ -198,7 +198,7 @@ class TextBatches(Dataset):
     def __getitem__(self, item: tuple) -> tuple[torch.Tensor | int, list[tuple[list, Any]]]:
         _epoch, group, *numbered = item
         number = numbered[0] if numbered else None
-        if hasattr(self.batcher, "transfer_shapes"):  # written in place: packed blocks, best-fit rows
+        if isinstance(self.batcher, (PackedBlocks, BestFitRows)):  # written in place
             layouts = [self.batcher.transfer_shapes(batch) for batch in group]
             flat, handed = self._flat(sum(math.prod(shape) for shapes in layouts for shape in shapes), number)
             view, pos, extras = flat.numpy(), 0, []
@@ -227,6 +227,7 @@ class TextBatches(Dataset):
             return flat, flat
         slot = self.handover.slot(number, size) if self.handover is not None else None
         if slot is not None:
+            assert number is not None  # a slot is numbered
             return slot, number
         flat = new_shared((size,), torch.int32)
         return flat, flat

@@ -198,7 +198,7 @@ class TextLoader(ClosesWorkers, ResumableLoader):
             return
         handover = self._batches.handover
         if handover is None or getattr(self._loader, "_iterator", None) is None:
-            slots = self._loader.prefetch_factor * self.num_workers + 1  # the items in flight, and one unpacked
+            slots = (self._loader.prefetch_factor or 2) * self.num_workers + 1  # the items in flight, and one unpacked
             self._batches.handover = HandOver(slots, self._item_ints, self._grouped.sent)
         else:
             handover.begin(self._grouped.sent)
@@ -208,6 +208,7 @@ class TextLoader(ClosesWorkers, ResumableLoader):
         generator is done with it (finished or closed)."""
         handover = self._batches.handover
         if handover is None:
+            assert isinstance(handed, torch.Tensor)  # no slots: the item is its tensor
             yield from unpack_batches(handed, layouts, self.batcher)
             return
         try:

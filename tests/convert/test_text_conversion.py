@@ -169,7 +169,8 @@ def test_uint32_when_the_vocabulary_exceeds_65536(tmp_path):
     assert ds[0]["input_ids"].tolist() == [1, 65535, 65536, 69999]
     assert ds[1]["input_ids"].tolist() == [0, 70_000, 70_000]
     assert ds[2]["input_ids"].tolist() == []
-    blocks = fastdata.loader(tmp_path / "big.lmdb", seq_len=3, batch_size=2, shuffle=False, num_workers=0)
+    blocks = fastdata.loader(tmp_path / "big.lmdb", batch_size=2, shuffle=False, num_workers=0,
+                             text=fastdata.TextOptions(seq_len=3))
     assert next(iter(blocks))["input_ids"][0].tolist() == [1, 65535, 65536]
 
 
@@ -384,7 +385,7 @@ def test_existing_output_needs_overwrite(tmp_path, bpe):
 def test_image_paths_unchanged_and_kinds_kept_apart(solid_lmdb):
     assert read_manifest(solid_lmdb).text is None
     with pytest.raises(ConfigError, match="seq_len: for text datasets only"):
-        fastdata.loader(solid_lmdb, seq_len=16, num_workers=0)
+        fastdata.loader(solid_lmdb, num_workers=0, text=fastdata.TextOptions(seq_len=16))
     images, labels = next(iter(fastdata.loader(solid_lmdb, batch_size=8, num_workers=0)))
     assert images.shape == (8, 3, 224, 224) and labels.shape == (8,)
 

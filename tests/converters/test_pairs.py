@@ -89,7 +89,7 @@ def test_captions_without_a_tokenizer_are_text(pairs_from_shards):
     assert set(batch) == {"images", "captions"}
     assert sorted(_epoch_ids(loader)) == list(range(COUNT))
     with pytest.raises(ConfigError, match="max_length applies to pairs stored with token ids"):
-        fastdata.loader(pairs_from_shards, max_length=16)
+        fastdata.loader(pairs_from_shards, text=fastdata.TextOptions(max_length=16))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -137,7 +137,7 @@ def test_dataset_gives_image_and_caption(pairs_lmdb, pairs_from_shards):
     for index in (0, 7, COUNT - 1):
         image, caption = ds[index]
         assert isinstance(caption, str) and sample_id_of(image) == caption_id(caption)
-    tokens = fastdata.dataset(pairs_lmdb, max_length=10)
+    tokens = fastdata.dataset(pairs_lmdb, text=fastdata.TextOptions(max_length=10))
     image, target = tokens[3]
     assert sample_id_of(image) == caption_id(target["caption"])
     assert target["input_ids"].shape == target["attention_mask"].shape == (10,)

@@ -127,7 +127,8 @@ def test_cache_stays_under_its_bound(server, solid_wds, tmp_path):
     assert_same(epochs(server.url("ds"), cache_dir=cache, cache_max_bytes=bound), epochs(solid_wds))
     assert 0 < sum((cache / name).stat().st_size for name in cache_files(cache)) <= bound
     with pytest.raises(ConfigError, match="largest shard"):
-        fastdata.loader(server.url("ds"), cache_dir=cache, cache_max_bytes=bound // 4, num_workers=0)
+        fastdata.loader(server.url("ds"), num_workers=0, remote=fastdata.RemoteOptions(cache_dir=cache,
+                                                                                       cache_max_bytes=bound // 4))
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -170,9 +171,9 @@ def test_remote_errors_are_clear(server, tricky_lmdb, tmp_path, solid_wds):
     with pytest.raises(ConfigError, match="unsupported URL scheme 'ftp'"):
         fastdata.dataset("ftp://127.0.0.1/ds")
     with pytest.raises(ConfigError, match="apply to remote URLs"):
-        fastdata.dataset(solid_wds, cache_dir=tmp_path)
+        fastdata.dataset(solid_wds, remote=fastdata.RemoteOptions(cache_dir=tmp_path))
     with pytest.raises(ConfigError, match="give cache_dir as well"):
-        fastdata.dataset(server.url("ds"), cache_max_bytes="1GB")
+        fastdata.dataset(server.url("ds"), remote=fastdata.RemoteOptions(cache_max_bytes="1GB"))
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +200,7 @@ def test_s3_batches_equal_local_ones(s3, solid_wds, tmp_path):
     assert_same(epochs("s3://data/solid", num_workers=2, storage_options=s3), local)
     assert_same(epochs("s3://data/solid", storage_options=s3, cache_dir=tmp_path / "c"), local)
     with pytest.raises(NotADatasetError, match="missing"):
-        fastdata.dataset("s3://data/elsewhere", storage_options=s3)
+        fastdata.dataset("s3://data/elsewhere", remote=fastdata.RemoteOptions(storage_options=s3))
 
 
 def _open_shared(directory: str, sha: str, out: str) -> None:
@@ -259,7 +260,8 @@ def test_detection_shards_load_remotely_as_locally(rect_wds, tmp_path):
     try:
         def run(path):
             loader = fastdata.loader(path, batch_size=5, image_size=24, num_workers=0, seed=2, masks=True,
-                                     cache_dir=tmp_path / "cache" if "://" in str(path) else None)
+                                     remote=fastdata.RemoteOptions(
+                                         cache_dir=tmp_path / "cache" if "://" in str(path) else None))
             return [clone(batch) for batch in loader]
 
         remote, local = run(served.url("rects")), run(rect_wds)

@@ -32,8 +32,8 @@ def decoders() -> list[str]:
 @pytest.mark.parametrize("decoder", decoders())
 def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
     loader = fastdata.loader(photos[0], batch_size=8, image_size=64, num_workers=2, device="cuda",
-                             decode=DeviceDecodeOptions(decoder=decoder), dtype=torch.bfloat16,
-                             channels_last=True, drop_last=True)
+                             decode=DeviceDecodeOptions(decoder=decoder), drop_last=True,
+                             output=fastdata.OutputOptions(dtype=torch.bfloat16, channels_last=True))
     for _ in loader:  # warm-up: the decoder, the slots, cuDNN-free allocations
         pass
     torch.cuda.synchronize()

@@ -18,6 +18,7 @@ from fastdata.image.device.failures import MAX_CONSECUTIVE_DEVICE_ERRORS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD
+from fastdata.image.pipeline import PipelineConfig
 
 
 def batches(path, decode, **kwargs):
@@ -134,7 +135,7 @@ def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
     routed.close()
     _, others = jpeg_and_other_rows(tricky_lmdb)
     pipeline = fastdata.dataset(tricky_lmdb, "val", image_size=16).pipeline
-    pipeline.ship_progressive = False  # as the loader sets it
+    pipeline.configure(PipelineConfig(ship_encoded=True, ship_progressive=False))  # as the loader sets it
     packed = pack_encoded(pipeline, [ds.encoded(i) for i in range(len(ds))], 0)
     assert np.flatnonzero(packed.worker_decoded.numpy()).tolist() == sorted([*others, *rows])
     for row in range(len(ds)):
@@ -164,7 +165,7 @@ def test_the_workers_keep_progressive_jpegs_from_a_decoder_of_the_jpeg_engines_a
 
     loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecodeOptions(backends=("hardware",)), device="cpu",
                              batch_size=9, augment="val", image_size=16, num_workers=0)
-    assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.ship_progressive is True
+    assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.config.ship_progressive is True
     ds = loader.dataset
     samples = [ds.encoded(i) for i in range(len(ds))]
     rows = [i for i, sample in enumerate(samples) if progressive(sample.data)]
@@ -467,7 +468,7 @@ def test_device_path_options_are_checked(photos):
     with pytest.raises(ConfigError, match="decode must be"):
         fastdata.loader(photos[0], decode="gpu")
     with pytest.raises(ConfigError, match="pass device="):
-        fastdata.loader(photos[0], channels_last=True)
+        fastdata.loader(photos[0], output=fastdata.OutputOptions(channels_last=True))
     assert fastdata.loader(photos[0], device="cpu").decode == "worker"  # "auto" without a measurement: workers
 
 

@@ -43,7 +43,7 @@ def test_float_batches_are_the_uint8_batches_normalised(photo_lmdb, augment, dty
 def test_workers_and_the_device_path_give_the_same_floats(photo_lmdb):
     """One normalisation for all: workers (floats in reused shared-memory slots, two passes) and the main process
     give the same bits, and so does the device path (device="cpu": uint8 from the workers, normalised there)."""
-    options = dict(dtype=torch.bfloat16, mean=MEAN, std=STD, augment="train")
+    options = dict(output=fastdata.OutputOptions(dtype=torch.bfloat16, mean=MEAN, std=STD), augment="train")
     serial = batches(photo_lmdb, **options)
     loader = fastdata.loader(photo_lmdb, batch_size=5, image_size=(24, 40), shuffle=False, num_workers=2, seed=3,
                              **options)
@@ -84,14 +84,15 @@ def test_output_options_are_checked(photo_lmdb, options, message):
 
 def test_a_resume_state_keeps_the_output_format(photo_lmdb):
     options = dict(batch_size=5, augment="val", image_size=16, num_workers=0)
-    loader = fastdata.loader(photo_lmdb, dtype=torch.float32, **options)
+    loader = fastdata.loader(photo_lmdb, output=fastdata.OutputOptions(dtype=torch.float32), **options)
     next(iter(loader))
     state = loader.state_dict()
-    fastdata.loader(photo_lmdb, dtype=torch.float32, **options).load_state_dict(state)
+    fastdata.loader(photo_lmdb, output=fastdata.OutputOptions(dtype=torch.float32), **options).load_state_dict(state)
     with pytest.raises(ResumeError, match=r"output='torch.float32, mean=.*' in the state, None here"):
         fastdata.loader(photo_lmdb, **options).load_state_dict(state)
     with pytest.raises(ResumeError, match=r"output=.* in the state, 'torch.float32, mean=\(0.5, 0.5, 0.5\)"):
-        fastdata.loader(photo_lmdb, dtype=torch.float32, mean=(0.5,) * 3, **options).load_state_dict(state)
+        fastdata.loader(photo_lmdb, output=fastdata.OutputOptions(dtype=torch.float32, mean=(0.5,) * 3),
+                        **options).load_state_dict(state)
 
 
 def test_mean_and_std_in_0_255_units_are_refused_in_one_line():

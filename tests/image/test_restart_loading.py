@@ -104,7 +104,7 @@ def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets,
         assert len(got) == len(expected) == 6
         proved = seeded_loader(datasets[fmt, "restart"], batch_size=4, **options)
         list(proved)
-        assert proved.dataset.pipeline.ship_sub_jpegs  # the feeder's probe passed: the workers ship sub-JPEGs
+        assert proved.dataset.pipeline.config.sub_jpegs  # the feeder's probe passed: the workers ship sub-JPEGs
         for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
             assert np.array_equal(labels, want_labels)
             assert np.array_equal(images, want_images), (fmt, augment, seed)
@@ -113,12 +113,13 @@ def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets,
 def test_the_device_gets_the_crops_sub_jpeg_not_the_whole_file(datasets):
     """The bytes a worker ships for the device: a train crop's sub-JPEG holds fewer bytes than the file."""
     from fastdata.image.device.ship import SubJpegSwitch, pack_encoded
+    from fastdata.image.pipeline import PipelineConfig
 
     shipped = {}
     for layout in ("original", "restart"):
         ds = fastdata.dataset(datasets["lmdb", layout], augment="train", image_size=48)
-        ds.pipeline.ship_encoded = True
-        ds.pipeline.ship_sub_jpegs = switch = SubJpegSwitch()
+        switch = SubJpegSwitch()
+        ds.pipeline.configure(PipelineConfig(ship_encoded=True, sub_jpegs=switch))
         switch.enable()
         samples = [ds.encoded(i) for i in range(len(ds))]
         batch = pack_encoded(ds.pipeline, samples, 0)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.errors import ConfigError
 from fastdata.options import MixOptions, OutputOptions, RemoteOptions, TextOptions
 
@@ -117,7 +118,8 @@ def test_dataset_takes_output_as_the_loader_makes_its_batches(solid_lmdb):
     for row in range(5):
         image, label = data[row]
         assert image.dtype == torch.float32 and torch.equal(image, images[row]) and label == labels[row]
-    same = fastdata.dataset(solid_lmdb, augment="val", image_size=16, dtype=torch.float32)  # the keyword, too
+    with pytest.warns(FastdataDeprecationWarning, match=r"use fastdata\.dataset\(output=OutputOptions\(dtype="):
+        same = fastdata.dataset(solid_lmdb, augment="val", image_size=16, dtype=torch.float32)  # the old keyword, too
     assert same[0][0].dtype == torch.float32
 
 

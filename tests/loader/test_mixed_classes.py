@@ -117,7 +117,8 @@ def test_a_state_of_another_label_space_is_refused(sources):
 
 def test_classes_is_for_image_mixtures(solid_lmdb, text_mix):
     with pytest.raises(ConfigError, match="classes: for image datasets only; the mixture holds text"):
-        fastdata.loader(list(text_mix[:2]), seq_len=8, num_workers=0, mixing=MixOptions(classes="by_name"))
+        fastdata.loader(list(text_mix[:2]), num_workers=0, mixing=MixOptions(classes="by_name"),
+                        text=fastdata.TextOptions(seq_len=8))
     with pytest.raises(ConfigError, match="apply to a mixture"):
         fastdata.loader(solid_lmdb, mixing=MixOptions(classes="by_name"))
     with pytest.raises(ConfigError, match=r"classes must be one of \('auto', 'by_name', 'per_dataset'\)"):

@@ -165,11 +165,11 @@ def test_mix_for_your_own_dataloader(solid_lmdb, pets_lmdb):
 @pytest.mark.parametrize("packing", [True, False])
 def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
     a, b, _ = text_mix
-    options = {"seq_len": 16} if packing else {"packing": False, "max_length": 24}
+    text = fastdata.TextOptions(seq_len=16) if packing else fastdata.TextOptions(packing=False, max_length=24)
 
     def make(workers, **more):
         return seeded_loader([a, b], weights=[0.5, 0.5], batch_size=4, augment=None, num_workers=workers,
-                             epoch_end="last", **options, **more)
+                             mixing=fastdata.MixOptions(epoch_end="last"), text=text, **more)
 
     check_resumes(make, mixture_interrupts, 0)
     ranks = [make(0, rank=r, world_size=2) for r in range(2)]
@@ -180,7 +180,8 @@ def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
 
 def test_text_mixture_documents_keep_their_ids(text_mix):
     a, b, _ = text_mix
-    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, epoch_end="last", exhausted="stop", seed=1)
+    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, seed=1, mixing=fastdata.MixOptions(epoch_end="last",
+                                                                                                    exhausted="stop"))
     docs = {len(fastdata.dataset(a)) + i: fastdata.dataset(b)[i]["input_ids"] for i in range(3)}
     for index, ids in docs.items():
         assert torch.equal(mixture.dataset[index]["input_ids"], ids)

@@ -16,7 +16,7 @@ import fastdata
 from fastdata.errors import ConfigError
 
 IMAGE = {"image_size": 16, "batch_size": 4, "num_workers": 0, "augment": "val"}
-TEXT = {"seq_len": 8, "batch_size": 4, "num_workers": 0}
+TEXT = {"text": fastdata.TextOptions(seq_len=8), "batch_size": 4, "num_workers": 0}
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,8 @@ def test_imagenet_examples_ddp_validation_sees_every_sample_once(solid_lmdb, une
     plain DataLoader. Every sample is evaluated once (pad: the padding repeats fewer than world_size), and the
     rest comes as the normalised floats the loader gives (the model would see uint8 otherwise)."""
     world = 4
-    options = dict(batch_size=5, augment="val", image_size=16, shuffle=False, num_workers=0, dtype=torch.float32,
-                   world_size=world, uneven=uneven)
+    options = dict(batch_size=5, augment="val", image_size=16, shuffle=False, num_workers=0,
+                   output=fastdata.OutputOptions(dtype=torch.float32), world_size=world, uneven=uneven)
 
     def sample_id(image):  # the solid id its green channel encodes, the normalisation undone
         green = (image[1] * 0.224 + 0.456) * 255

@@ -10,6 +10,7 @@ from contracts import check_checkpoint_loop, check_resumes, clone, same
 from fastdata.converters.text import convert_text
 
 from fastdata.errors import ResumeError
+from fastdata.options import TextOptions
 
 
 @pytest.fixture(scope="module", params=["lmdb", "wds"])
@@ -26,9 +27,9 @@ def text_data(request, tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("mode", ["packed", "packed-unshuffled", "bucketed", "best-fit"])
 def test_text_resume_grid(text_data, mode, workers):
-    options = {"seq_len": 16, "shuffle": mode != "packed-unshuffled"} if mode.startswith("packed") else \
-        {"packing": False, "max_length": 24, "bucketing": True} if mode == "bucketed" else \
-        {"packing": "best-fit", "seq_len": 16, "boundaries": True}
+    options = {"text": TextOptions(seq_len=16), "shuffle": mode != "packed-unshuffled"} if mode.startswith("packed") \
+        else {"text": TextOptions(packing=False, max_length=24, bucketing=True)} if mode == "bucketed" else \
+        {"text": TextOptions(packing="best-fit", seq_len=16, boundaries=True)}
     check_resumes(lambda w: seeded_loader(text_data, num_workers=w, batch_size=4, augment=None, **options),
                   lambda n: [0, 1, n // 2, n], workers)
 
@@ -76,8 +77,9 @@ def test_best_fit_state_is_refused_by_a_packed_loader(text_data):
 def test_text_ranks_split_every_epoch_evenly(text_data, mode):
     """Text: each of 3 ranks gets its own part of the epoch, the same number of batches, together every block
     (or document, or best-fit row) once plus the documented padding; order the same for any number of workers."""
-    options = {"packing": False, "max_length": 24, "bucketing": True} if mode == "bucketing" else \
-        {"seq_len": 16, "packing": "best-fit"} if mode == "best-fit" else {"seq_len": 16}
+    text = TextOptions(packing=False, max_length=24, bucketing=True) if mode == "bucketing" else \
+        TextOptions(seq_len=16, packing="best-fit") if mode == "best-fit" else TextOptions(seq_len=16)
+    options = {"text": text}
 
     def rows_of(batches):  # padded rows trimmed to their real tokens (padding width depends on the batch)
         return [tuple(row[:int(mask.sum())].tolist()) if mode == "bucketing" else tuple(row.tolist())

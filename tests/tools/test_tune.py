@@ -290,7 +290,8 @@ def test_cli_tune_over_text_is_refused_in_one_line(capsys, text_mix):
 
 def test_auto_over_text_warns_and_uses_the_default(small_text_lmdb):
     with pytest.warns(RuntimeWarning, match="fastdata tune measures image datasets; give a text loader its"):
-        loader = fastdata.loader(small_text_lmdb, num_workers="auto", batch_size=2, seq_len=16)
+        loader = fastdata.loader(small_text_lmdb, num_workers="auto", batch_size=2,
+                                 text=fastdata.TextOptions(seq_len=16))
     assert (loader.num_workers, loader.tuned.source) == (default_workers(), "default")
 
 

@@ -144,7 +144,7 @@ class Ahead(Generic[T]):
         finally:
             self.waited_room_s += time.perf_counter() - started
 
-    def _run(self, source: Iterable[S]) -> None:
+    def _run(self, source: Iterable[Any]) -> None:
         block_ctrl_c()
         iterator = iter(source)
         try:

@@ -238,9 +238,11 @@ def sub_jpeg_failure(decoder: BatchDecoder) -> str:
             # files are decoded on the CPU either way (the stage's rule for bytes the device returns nothing for)
         if whole is None or any(part is None for part in parts):
             return f"{decoder.name} could not decode the {kind} probe or one of its sub-JPEGs"
+        assert whole is not None  # checked above: the whole probe decoded
         whole = whole.cpu()
         for region, sub, part in zip(regions, subs, parts, strict=True):
             top, left = region.top - sub.top, region.left - sub.left
+            assert part is not None  # checked above: every sub-JPEG decoded
             got = part.cpu()[:, top:top + region.height, left:left + region.width]
             expected = whole[:, region.top:region.top + region.height, region.left:region.left + region.width]
             if not torch.equal(got, expected):

@@ -122,7 +122,7 @@ class NvImageCodecDecoder:
         else:
             images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
         self._decoding.append(list(images))  # every set is leased, those with a None too
-        return [None if image is None else torch.from_dlpack(image) for image in images]
+        return [None if image is None else torch.utils.dlpack.from_dlpack(image) for image in images]
 
     def _reusable(self, count: int) -> list[Any] | None:
         """A released set of at least `count` Images whose guard has completed (None: none; the library then

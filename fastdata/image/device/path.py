@@ -1,18 +1,20 @@
 """`DevicePath`: `decode="device"` for one image loader, the one object the loader talks to.
 
-It tells the workers what to ship (before they fork: JPEG bytes and crop parameters; progressive JPEGs or not;
-sub-JPEGs once proved), owns the device stage (fastdata.image.device.stage), the output slots
-(fastdata.image.device.ring) and the feeder of the pass being read (fastdata.image.device.feeder), makes the decoder
-on the feeder's decode thread once the workers have forked (`setup`), and counts what the device did not decode.
+It says what the workers ship (`shipping`, part of the pipeline's one configuration, given before they fork: JPEG
+bytes and crop parameters; progressive JPEGs or not; sub-JPEGs once proved), owns the device stage
+(fastdata.image.device.stage), the output slots (fastdata.image.device.ring) and the feeder of the pass being read
+(fastdata.image.device.feeder), makes the decoder on the feeder's decode thread once the workers have forked
+(`setup`), and counts what the device did not decode.
 It holds no reference to the loader, whose passes it is given as a weak reference, so that a loader its user drops
 is collected and its feeder stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +34,9 @@ from fastdata.image.device.ship import SubJpegSwitch
 from fastdata.image.device.stage import DeviceBatch, DeviceStage
 from fastdata.image.device.streams import CudaStreams, streams_for
 from fastdata.image.output import OutputFormat
+
+if TYPE_CHECKING:
+    from fastdata.image.pipeline import PipelineConfig
 
 
 class DevicePath:
@@ -54,19 +59,24 @@ class DevicePath:
         self._pipeline = pipeline
         self._gpu_kinds = gpu_kinds
         self._sizes = sizes
-        pipeline.ship_encoded = True  # the workers ship JPEG bytes (set before they fork)
-        pipeline.ship_sub_jpegs = SubJpegSwitch()  # on once `setup` proved the decoder takes them
-        pipeline.ship_progressive = ships_progressive(self.options)
+        self.sub_jpegs = SubJpegSwitch()  # on once `setup` proved the decoder takes them (shared with the workers)
         self._ring: SlotRing | None = None
         self._feeder: DeviceFeeder | None = None
         self._closer: weakref.finalize | None = None
+
+    def shipping(self, config: PipelineConfig) -> PipelineConfig:
+        """The workers' configuration `config` with what this path has them ship: JPEG bytes and crop parameters,
+        progressive JPEGs unless the decoder refuses them, sub-JPEGs once proved (the loader configures the
+        pipeline with it once, before the workers fork)."""
+        return dataclasses.replace(config, ship_encoded=True, ship_progressive=ships_progressive(self.options),
+                                   sub_jpegs=self.sub_jpegs)
 
     def set_image_size(self, size: tuple[int, int]) -> None:
         """The batches' (height, width) from the next pass on (progressive resizing): a new size stops the feeder
         and gets slots of its own."""
         if tuple(size) != tuple(self.stage.image_size):
             self.close()
-            self.stage.image_size, self._ring = tuple(size), None
+            self.stage.image_size, self._ring = (int(size[0]), int(size[1])), None
 
     def batches(self, key: PassKey, open_pass: Reference[Callable[[PassKey], Iterator[Any]]], owner: Any,
                 follow: Callable[[PassKey], PassKey | None] | None = None) -> Iterator[DeviceBatch]:
@@ -101,7 +111,7 @@ class DevicePath:
             failure = sub_jpeg_failure(self.stage.decoder)
             if failure:
                 warn_whole_files(str(self.stage.device), failure)
-            self._pipeline.ship_sub_jpegs.enable(not failure)
+            self.sub_jpegs.enable(not failure)
 
     def close(self) -> None:
         """Stop the feeder's threads, if a feeder runs (the next pass starts another)."""

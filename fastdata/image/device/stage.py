@@ -161,7 +161,8 @@ class DeviceStage:
         gpu = self._decode_gpu.start()
         decoded = self._decode(batch, device_rows, skipped, from_worker)
         self._decode_gpu.stop(gpu)
-        decoded.lease = self.decoder.batch_decoded() if hasattr(self.decoder, "batch_decoded") else None
+        lease_of = getattr(self.decoder, "batch_decoded", None)  # a leasing decoder's buffers
+        decoded.lease = lease_of() if lease_of is not None else None
         ended = perf_counter()
         self.timings["other"] += decode_started - started
         self.timings["decode"] += ended - decode_started
@@ -181,8 +182,8 @@ class DeviceStage:
             if image is not None:
                 images[n] = to_device(image, self.device)
         present = [n for n, image in enumerate(images) if image is not None]
-        images = [images[n] for n in present]
-        shapes = np.array([image.shape[-2:] for image in images], np.int64).reshape(-1, 2)
+        decoded_images = [image for image in images if image is not None]
+        shapes = np.array([image.shape[-2:] for image in decoded_images], np.int64).reshape(-1, 2)
         boxes, stored = boxes[present], stored[present]
         differs = (shapes != stored).any(axis=1)
         if differs.any():  # stored smaller than its header said: the box scaled to the decoded pixels
@@ -195,9 +196,9 @@ class DeviceStage:
             out = self.new_output(len(keep))
         out = out[:len(keep)]
         position = np.cumsum(kept) - 1  # each kept row's row in `out`
-        if images:
+        if decoded_images:
             crops = CropBatch(boxes.astype(np.float64), shapes, batch.flips.numpy()[decoded_rows])
-            resized = crop_resize_flip(images, crops, self.image_size)
+            resized = crop_resize_flip(decoded_images, crops, self.image_size)
             self._write(out, position[decoded_rows].tolist(), resized.round_().clamp_(0, 255), rounded=True)
         worker_rows = position[from_worker].tolist()
         if worker_rows:  # every worker-decoded sample is kept: its pixels are the next row of `pixels`
@@ -321,7 +322,8 @@ class DeviceStage:
                     "instead)", call_error), done
         return None, done  # none decodes anywhere: damaged samples
 
-    def _decode_call(self, keys: list[str], payloads: list[np.ndarray], regions: list[tuple[int, ...]] | None
+    def _decode_call(self, keys: list[str], payloads: list[np.ndarray],
+                     regions: list[tuple[int, int, int, int]] | None
                      ) -> tuple[list[torch.Tensor | None], BaseException | None]:
         """One batched decoder call; when it raises, each JPEG alone (None for those that fail alone too), and the
         batched call's exception. Out of memory raises DeviceDecodeError."""

@@ -21,10 +21,10 @@ from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.masks import DEFAULT_IGNORE_INDEX, decode_label_map
 from fastdata.formats.records import Label
-from fastdata.image.buffers import new_shared
 from fastdata.image.detection_presets import Placement
 from fastdata.image.targets.boxes import map_masks
 from fastdata.image.targets.labels import LabelCodec
+from fastdata.workers import new_shared
 
 
 def mask_dtype(manifest: Manifest) -> torch.dtype:
