@@ -63,15 +63,18 @@ def tricky_tree(tmp_path_factory) -> Tree:
 @pytest.fixture(scope="session")
 def tricky_lmdb(tricky_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tricky_out") / "data.lmdb"
-    fastdata.convert_imagefolder(tricky_tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(tricky_tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
 @pytest.fixture(scope="session")
 def tricky_wds(tricky_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tricky_wds") / "shards"
-    fastdata.convert_imagefolder(tricky_tree.root, out, format="wds", shard_size="4KB", seed=3, workers=2,
-                                 progress=False)
+    fastdata.convert_imagefolder(
+        tricky_tree.root,
+        out,
+        fastdata.ImageFolderOptions(format="wds", shard_size="4KB", seed=3, workers=2, progress=False),
+    )
     return out
 
 
@@ -83,15 +86,18 @@ def solid_tree(tmp_path_factory) -> Tree:
 @pytest.fixture(scope="session")
 def solid_lmdb(solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("solid_out") / "solid.lmdb"
-    fastdata.convert_imagefolder(solid_tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(solid_tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
 @pytest.fixture(scope="session")
 def solid_wds(solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("solid_wds") / "shards"
-    fastdata.convert_imagefolder(solid_tree.root, out, format="wds", shard_size="12KB", seed=0, workers=1,
-                                 progress=False)
+    fastdata.convert_imagefolder(
+        solid_tree.root,
+        out,
+        fastdata.ImageFolderOptions(format="wds", shard_size="12KB", seed=0, workers=1, progress=False),
+    )
     return out
 
 
@@ -103,7 +109,7 @@ def small_solid_tree(tmp_path_factory) -> Tree:
 @pytest.fixture(scope="session")
 def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("small_solid_out") / "d.lmdb"
-    fastdata.convert_imagefolder(small_solid_tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(small_solid_tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
@@ -113,7 +119,7 @@ def pets_lmdb(tmp_path_factory) -> Path:
     for mixtures, whose labels tell it apart."""
     root = tmp_path_factory.mktemp("pets")
     tree = build_solid_tree(root / "src", count=SMALL_SOLID_COUNT, classes=("cat", "dog", "eel"))
-    fastdata.convert_imagefolder(tree.root, root / "pets.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, root / "pets.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     return root / "pets.lmdb"
 
 
@@ -125,11 +131,24 @@ def text_mix(tmp_path_factory) -> tuple[Path, Path, Path]:
     first, second = make_corpus(40, seed=3), make_corpus(25, seed=4)
     tokenizer = train_bytelevel(root / "bpe.json", first + second)
     a, b, c = root / "a.lmdb", root / "b", root / "c.lmdb"
-    fastdata.convert_text(write_jsonl(root / "a.jsonl", first), a, tokenizer=tokenizer, progress=False)
-    fastdata.convert_text(write_jsonl(root / "b.jsonl", second), b, tokenizer=tokenizer, format="wds",
-                          shard_size="2KB", progress=False)
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", second), c,
-                          tokenizer=train_bytelevel(root / "other.json", second, vocab=300), progress=False)
+    fastdata.convert_text(
+        write_jsonl(root / "a.jsonl", first),
+        a,
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
+    fastdata.convert_text(
+        write_jsonl(root / "b.jsonl", second),
+        b,
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(format="wds", shard_size="2KB", progress=False),
+    )
+    fastdata.convert_text(
+        write_jsonl(root / "c.jsonl", second),
+        c,
+        tokenizer=train_bytelevel(root / "other.json", second, vocab=300),
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     return a, b, c
 
 
@@ -137,8 +156,10 @@ def _sample_photos(root: Path, png_fraction: float, classes: int) -> tuple[Path,
     """24 real photo crops (`fastdata.tools.sample`: JPEG baseline / progressive / grey, and PNGs at
     `png_fraction`) converted to LMDB and to WebDataset shards."""
     src = make_sample_imagefolder(root / "src", images=24, classes=classes, png_fraction=png_fraction, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    fastdata.convert_imagefolder(src, root / "p-wds", format="wds", shard_size="200KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(src, root / "p.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
+    fastdata.convert_imagefolder(
+        src, root / "p-wds", fastdata.ImageFolderOptions(format="wds", shard_size="200KB", workers=1, progress=False)
+    )
     return root / "p.lmdb", root / "p-wds"
 
 
@@ -162,7 +183,7 @@ def photo_tree(tmp_path_factory) -> Tree:
 @pytest.fixture(scope="session")
 def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("photo_like_out") / "photos.lmdb"
-    fastdata.convert_imagefolder(photo_tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(photo_tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
@@ -187,7 +208,7 @@ def loader_documents(loader_corpus, loader_tokenizer) -> list[list[int]]:
 def loader_text_lmdb(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
     root = tmp_path_factory.mktemp("loader_lmdb")
     fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d.lmdb", tokenizer=loader_tokenizer,
-                          progress=False)
+                          options=fastdata.TextConversionOptions(progress=False))
     return root / "d.lmdb"
 
 
@@ -195,7 +216,7 @@ def loader_text_lmdb(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
 def loader_text_wds(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
     root = tmp_path_factory.mktemp("loader_wds")
     fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d", tokenizer=loader_tokenizer,
-                          format="wds", shard_size="2KB", progress=False)
+                          options=fastdata.TextConversionOptions(format="wds", shard_size="2KB", progress=False))
     return root / "d"
 
 
@@ -211,8 +232,12 @@ def small_text_lmdb(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("small_text")
     corpus = make_corpus(30, seed=1)
     out = root / "text.lmdb"
-    fastdata.convert_text(write_jsonl(root / "corpus.jsonl", corpus), out,
-                          tokenizer=train_bytelevel(root / "bpe.json", corpus), progress=False)
+    fastdata.convert_text(
+        write_jsonl(root / "corpus.jsonl", corpus),
+        out,
+        tokenizer=train_bytelevel(root / "bpe.json", corpus),
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     return out
 
 
@@ -226,9 +251,10 @@ def _multi_label(solid_tree: Tree, out: Path, **options) -> Path:
     """The solid tree as a multi-label dataset with metadata (`builders.multi_labels`, `builders.solid_metadata`),
     its bytes read from a zip archive: a source whose samples are not files."""
     from fastdata.convert.images import convert_images
+    from fastdata.convert.options import ImageConversionOptions
 
     listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
-    convert_images(lambda: listing, out, workers=1, progress=False, **options)
+    convert_images(lambda: listing, out, ImageConversionOptions(workers=1, progress=False, **options))
     return out
 
 
@@ -273,7 +299,7 @@ def readme_lmdb(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("photos")
     src = make_sample_imagefolder(root / "train", images=24, classes=3, workers=1)
     out = root / "train.lmdb"
-    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
@@ -332,16 +358,22 @@ def pairs_csv(solid_tree, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pairs_lmdb(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pairs_out") / "pairs.lmdb"
-    fastdata.convert_pairs(pairs_csv, out, root=solid_tree.root, tokenizer=pair_tokenizer, workers=1,
-                           progress=False)
+    fastdata.convert_pairs(
+        pairs_csv, out, fastdata.PairsOptions(root=solid_tree.root, tokenizer=pair_tokenizer, workers=1, progress=False)
+    )
     return out
 
 
 @pytest.fixture(scope="session")
 def pairs_wds(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pairs_wds") / "shards"
-    fastdata.convert_pairs(pairs_csv, out, root=solid_tree.root, tokenizer=pair_tokenizer, format="wds",
-                           shard_size="12KB", workers=1, progress=False)
+    fastdata.convert_pairs(
+        pairs_csv,
+        out,
+        fastdata.PairsOptions(
+            root=solid_tree.root, tokenizer=pair_tokenizer, format="wds", shard_size="12KB", workers=1, progress=False
+        ),
+    )
     return out
 
 
@@ -360,7 +392,7 @@ def pair_shards(solid_tree, tmp_path_factory) -> Path:
 def pairs_from_shards(pair_shards, tmp_path_factory) -> Path:
     """The img2dataset-style shards converted without a tokenizer (captions as text)."""
     out = tmp_path_factory.mktemp("pairs_from_shards") / "pairs.lmdb"
-    fastdata.convert_pairs(pair_shards, out, workers=1, progress=False)
+    fastdata.convert_pairs(pair_shards, out, fastdata.PairsOptions(workers=1, progress=False))
     return out
 
 
@@ -379,15 +411,18 @@ def seg_rect_list(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def seg_rect_lmdb(seg_rect_list, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("seg_rects_lmdb") / "seg.lmdb"
-    fastdata.convert_list(seg_rect_list, out, mask_column="mask", workers=1, progress=False)
+    fastdata.convert_list(seg_rect_list, out, fastdata.FileListOptions(mask_column="mask", workers=1, progress=False))
     return out
 
 
 @pytest.fixture(scope="session")
 def seg_rect_wds(seg_rect_list, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("seg_rects_wds") / "seg-wds"
-    fastdata.convert_list(seg_rect_list, out, mask_column="mask", format="wds", shard_size="6KB", workers=1,
-                          progress=False)
+    fastdata.convert_list(
+        seg_rect_list,
+        out,
+        fastdata.FileListOptions(mask_column="mask", format="wds", shard_size="6KB", workers=1, progress=False),
+    )
     return out
 
 
@@ -398,7 +433,9 @@ def seg_rects(request, seg_rect_lmdb, seg_rect_wds) -> Path:
 
 
 def _convert_coco(source, out: Path, **options) -> Path:
-    fastdata.convert_coco(source.annotations, source.images, out, workers=1, progress=False, **options)
+    fastdata.convert_coco(
+        source.annotations, source.images, out, fastdata.CocoOptions(workers=1, progress=False, **options)
+    )
     return out
 
 

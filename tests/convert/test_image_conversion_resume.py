@@ -44,8 +44,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
     elif where == "manifest":    # data complete, manifest not yet written
         import fastdata.formats.manifest as M
         kill_when(M.Manifest, "write", lambda self: True)
-    fastdata.convert_imagefolder(src, out, format=None if fmt == "lmdb" else "wds", shard_size="3KB",
-                                 workers=workers, commit_every=4, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(
+        format=None if fmt == "lmdb" else "wds", shard_size="3KB", workers=workers, commit_every=4, progress=False))
 """)
 
 

@@ -173,7 +173,8 @@ KILLED_RESTART = KILL_WHEN + textwrap.dedent("""
 
     src, out = sys.argv[1:3]
     kill_when(L.LmdbWriter, "add", lambda self: self.count == 6)  # after the checkpoint of the first 4
-    fastdata.convert_imagefolder(src, out, workers=1, commit_every=4, progress=False, jpeg_layout="restart")
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False,
+                                                                         jpeg_layout="restart"))
 """)
 
 

@@ -135,18 +135,14 @@ def test_text_with_a_wrong_field_fails_naming_the_field(tmp_path):
             corpus,
             tmp_path / "c.lmdb",
             tokenizer=tokenizer_json,
-            options=fastdata.TextConversionOptions(
-                options=fastdata.TextConversionOptions(field="body", progress=False)
-            ),
+            options=fastdata.TextConversionOptions(field="body", progress=False),
         )
     with pytest.warns(UserWarning, match=r"10 of 11 documents \(91%\) were rejected, looking in field 'body'"):
         summary = fastdata.convert_text(
             corpus,
             tmp_path / "c.lmdb",
             tokenizer=tokenizer_json,
-            options=fastdata.TextConversionOptions(
-                options=fastdata.TextConversionOptions(field="body", progress=False, max_rejected="100%")
-            ),
+            options=fastdata.TextConversionOptions(field="body", progress=False, max_rejected="100%"),
         )
     assert str(summary).startswith("WARNING: 10 of 11 documents")
     with pytest.raises(SourceError, match="no documents kept"):
@@ -154,9 +150,7 @@ def test_text_with_a_wrong_field_fails_naming_the_field(tmp_path):
             corpus,
             tmp_path / "d.lmdb",
             tokenizer=tokenizer_json,
-            options=fastdata.TextConversionOptions(
-                options=fastdata.TextConversionOptions(field="title", progress=False, max_rejected="100%")
-            ),
+            options=fastdata.TextConversionOptions(field="title", progress=False, max_rejected="100%"),
         )
     assert not (tmp_path / "d.lmdb").exists()
 

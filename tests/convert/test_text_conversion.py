@@ -60,9 +60,7 @@ def converted(request, tmp_path_factory, corpus, bpe) -> Path:
         src,
         out,
         tokenizer=bpe,
-        options=fastdata.TextConversionOptions(
-            options=fastdata.TextConversionOptions(format=request.param, shard_size="3KB", progress=False)
-        ),
+        options=fastdata.TextConversionOptions(format=request.param, shard_size="3KB", progress=False),
     )
     return out
 
@@ -268,9 +266,7 @@ def test_invalid_records_are_reported_with_file_and_line(tmp_path, bpe):
         src,
         tmp_path / "out.lmdb",
         tokenizer=bpe,
-        options=fastdata.TextConversionOptions(
-            options=fastdata.TextConversionOptions(progress=False, max_rejected="100%")
-        ),
+        options=fastdata.TextConversionOptions(progress=False, max_rejected="100%"),
     )  # most records are bad, on purpose
     where = {(Path(r.source).name, r.line): r.reason for r in summary.rejected}
     assert "not valid JSON" in where[("a.jsonl", 2)]
@@ -352,7 +348,8 @@ def test_source_and_option_errors(tmp_path, bpe):
     for error, message, change in cases:
         args = {"src": good, "out": tmp_path / "o.lmdb", "tokenizer": bpe, **change}
         with pytest.raises(error, match=message):
-            fastdata.convert_text(args.pop("src"), args.pop("out"), progress=False, **args)
+            fastdata.convert_text(args.pop("src"), args.pop("out"), tokenizer=args.pop("tokenizer"),
+                                  options=fastdata.TextConversionOptions(progress=False, **args))
         assert not (tmp_path / "o.lmdb").exists()
 
 
@@ -398,9 +395,7 @@ def test_webdataset_library_reads_text_shards(tmp_path, corpus, bpe):
         write_jsonl(tmp_path / "c.jsonl", corpus),
         out,
         tokenizer=bpe,
-        options=fastdata.TextConversionOptions(
-            options=fastdata.TextConversionOptions(format="wds", shard_size="4KB", progress=False)
-        ),
+        options=fastdata.TextConversionOptions(format="wds", shard_size="4KB", progress=False),
     )
     m = read_manifest(out)
     urls = [str(out / f.name) for f in m.files]

@@ -104,9 +104,7 @@ def test_one_big_text_file_is_tokenized_on_every_worker_into_the_ids_of_the_whol
             source,
             tmp_path / "out.lmdb",
             tokenizer=tokenizer,
-            options=fastdata.TextConversionOptions(
-                options=fastdata.TextConversionOptions(workers=workers, progress=False)
-            ),
+            options=fastdata.TextConversionOptions(workers=workers, progress=False),
         )
     stored = fastdata.dataset(tmp_path / "out.lmdb")[0]["input_ids"].numpy()
     np.testing.assert_array_equal(stored, reference_ids(tokenizer, text))
@@ -132,9 +130,7 @@ def test_split_documents_false_keeps_documents_whole(tmp_path, monkeypatch):
         tmp_path / "input.txt",
         tmp_path / "out.lmdb",
         tokenizer=tokenizer,
-        options=fastdata.TextConversionOptions(
-            options=fastdata.TextConversionOptions(workers=2, progress=False, split_documents=False)
-        ),
+        options=fastdata.TextConversionOptions(workers=2, progress=False, split_documents=False),
     )
     assert not [note for note in summary.notes if "long document" in note]
     np.testing.assert_array_equal(fastdata.dataset(tmp_path / "out.lmdb")[0]["input_ids"].numpy(),

@@ -329,8 +329,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     annotations, images, out, fmt = sys.argv[1:5]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == 3)
-    fastdata.convert_coco(annotations, images, out, format=None if fmt == "lmdb" else "wds", shard_size="8KB",
-                          seed=1, workers=1, commit_every=2, progress=False)
+    fastdata.convert_coco(annotations, images, out, fastdata.CocoOptions(
+        format=None if fmt == "lmdb" else "wds", shard_size="8KB", seed=1, workers=1, commit_every=2, progress=False))
 """)
 
 

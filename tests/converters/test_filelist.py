@@ -387,8 +387,9 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     list_path, root, out, fmt, at = sys.argv[1:6]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == int(at))
-    fastdata.convert_list(list_path, out, root=root, format=None if fmt == "lmdb" else "wds", shard_size="8KB",
-                          workers=1, commit_every=4, progress=False)
+    fastdata.convert_list(list_path, out, fastdata.FileListOptions(
+        root=root, format=None if fmt == "lmdb" else "wds", shard_size="8KB", workers=1, commit_every=4,
+        progress=False))
 """)
 
 

@@ -494,7 +494,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     src, out, fmt, at = sys.argv[1:5]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == int(at))
-    fastdata.convert_webdataset(src, out, format=fmt, shard_size="6KB", workers=1, commit_every=4, progress=False)
+    fastdata.convert_webdataset(src, out, fastdata.WebDatasetOptions(format=fmt, shard_size="6KB", workers=1,
+                                                                     commit_every=4, progress=False))
 """)
 
 
