@@ -263,5 +263,6 @@ def spelled(cls: type[Options], options: Options | None, keywords: Mapping[str, 
     if options is not None:
         raise ConfigError(f"{function}: options given twice, as a {cls.__name__} and as keywords "
                           f"({', '.join(keywords)}); put them all in the {cls.__name__}")
+    settings = cls(**keywords)  # a value that cannot work is said first, whatever the warning filter
     warn_deprecated(converter_keyword(function))
-    return cls(**keywords)
+    return settings
