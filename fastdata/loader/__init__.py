@@ -114,7 +114,7 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
     check_uneven(uneven)
     data = open_dataset(path, augment, image_size=image_size, seed=seed, on_error=on_error,
                         remote=spelled.remote, scale=scale, ratio=ratio, metadata=metadata, max_length=max_length,
-                         masks=masks, recipe=spelled.recipe)
+                        masks=masks, recipe=spelled.recipe)
     spelled.check_preset(path, getattr(data, "target_kind", None))
     if isinstance(data, TextDataset):
         refuse_image_options(path, augment_given(augment, None, image_size, scale, ratio))
