@@ -62,7 +62,7 @@ SAME_OPTIONS = {
 BAD_VALUES = {
     "imagefolder": ("workers", 0, "--workers must be at least 1, got 0"),
     "list": ("num_classes", 0, "--num-classes must be at least 1, got 0"),
-    "pairs": ("image_ext", "jpg,tiff", "--image-ext: tiff: image extensions are"),
+    "pairs": ("image_ext", "jpg,docx", "--image-ext: docx: image extensions are"),
     "coco": ("max_size", 512, "--max-size: COCO boxes and masks are in source pixels"),
     "hf": ("label_column", "", "label_column must be a column name, got ''"),
     "webdataset": ("label_key", "json", "--label-key json: a label cannot be an image or the .json member"),
@@ -71,7 +71,7 @@ BAD_VALUES = {
 
 
 def options_class(kind: str) -> type:
-    return getattr(fastdata.options, CLASSES[kind])
+    return getattr(fastdata, CLASSES[kind])
 
 
 def from_command_line(kind: str, flags: list[str]) -> object:
@@ -102,12 +102,13 @@ def test_every_flag_is_an_option_with_the_same_default(kind: str) -> None:
     """A flag without a field (or named otherwise) would be dropped or refused; a default set twice could differ."""
     module = load(kind)
     command = module.cli_command()
+    given = command.make_context(kind, POSITIONAL.get(kind, ["src", "out.lmdb"])).params  # no flag: the defaults
     fields = {field.name: field for field in dataclasses.fields(module.OPTIONS)}
     for param in command.params:
         if param.name in module.ARGUMENTS or param.name in ("quiet", "help"):
             continue
         assert param.name in fields, f"fastdata convert {kind}: {param.opts[0]} sets no option of {CLASSES[kind]}"
-        assert param.default == fields[param.name].default, (kind, param.name)
+        assert given[param.name] == fields[param.name].default, (kind, param.name)
 
 
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
@@ -123,7 +124,7 @@ def test_an_unknown_option_is_refused_in_one_line_naming_it(kind: str, tmp_path:
     with pytest.raises(ConfigError) as info:
         function(*args, wrokers=2, **extra)
     assert str(info.value) == f"fastdata.{function.__name__}: unknown option 'wrokers' (did you mean 'workers'?)"
-    with pytest.raises(click.NoSuchOption, match="No such option: --wrokers"):
+    with pytest.raises(click.NoSuchOption, match="No such option.*--wrokers"):
         from_command_line(kind, ["--wrokers", "2"])
     assert not (tmp_path / "out.lmdb").exists()
 
