@@ -66,7 +66,7 @@ def test_each_caption_comes_with_its_image_shuffled_on_any_worker_count(pairs, w
 def test_token_rows_equal_the_tokenizers_own_truncation_and_padding(pairs, pair_tokenizer):
     """max_length 9 truncates the long captions (keeping <|endoftext|> last, as `tokenizers` does) and pads the
     short ones with <|endoftext|>: row for row what the tokenizer itself gives."""
-    loader = seeded_loader(pairs, max_length=9, shuffle=False)
+    loader = seeded_loader(pairs, shuffle=False, text=fastdata.TextOptions(max_length=9))
     truncated = 0
     for batch in loader:
         ids, mask = reference_rows(pair_tokenizer, batch["captions"], 9)
@@ -94,16 +94,17 @@ def test_captions_without_a_tokenizer_are_text(pairs_from_shards):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resumes_exactly_mid_epoch(pairs, workers):
-    check_resumes(lambda w: seeded_loader(pairs, num_workers=w, max_length=12), lambda n: [2, n - 1], workers)
+    check_resumes(lambda w: seeded_loader(pairs, num_workers=w, text=fastdata.TextOptions(max_length=12)),
+                  lambda n: [2, n - 1], workers)
 
 
 def test_resume_refuses_another_max_length(pairs_lmdb):
-    loader = seeded_loader(pairs_lmdb, max_length=12)
+    loader = seeded_loader(pairs_lmdb, text=fastdata.TextOptions(max_length=12))
     iterator = iter(loader)
     next(iterator)
     state = loader.state_dict()
     with pytest.raises(ResumeError, match="max_length"):
-        seeded_loader(pairs_lmdb, max_length=20).load_state_dict(state)
+        seeded_loader(pairs_lmdb, text=fastdata.TextOptions(max_length=20)).load_state_dict(state)
 
 
 def test_two_ranks_split_the_pairs(pairs):

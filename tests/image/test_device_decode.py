@@ -82,7 +82,8 @@ def test_workers_ship_jpeg_bytes_and_decode_the_rest(photos):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_normalised_output_dtypes_and_channels_last(photos, dtype):
     raw = batches(photos[0], "device", device="cpu", shuffle=False)[0][0]
-    out = batches(photos[0], "device", device="cpu", shuffle=False, dtype=dtype, channels_last=True)[0][0]
+    out = batches(photos[0], "device", device="cpu", shuffle=False,
+                  output=fastdata.OutputOptions(dtype=dtype, channels_last=True))[0][0]
     assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
@@ -92,7 +93,8 @@ def test_normalised_output_dtypes_and_channels_last(photos, dtype):
 
 def test_worker_path_with_a_device_normalises_there_too(photos):
     raw = batches(photos[0], "worker", shuffle=False)[0][0]
-    out = batches(photos[0], "worker", device="cpu", dtype=torch.float32, shuffle=False)[0][0]
+    out = batches(photos[0], "worker", device="cpu", shuffle=False,
+                  output=fastdata.OutputOptions(dtype=torch.float32))[0][0]
     expected = (raw.float() - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255) / (
         torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255)
     assert torch.allclose(out, expected, atol=1e-4)

@@ -19,7 +19,7 @@ from fastdata.options import MixOptions, OutputOptions, RemoteOptions, TextOptio
 def every_loader(solid_lmdb, solid_wds, pets_lmdb, text_mix):
     """A maker per loader kind: `make(**options)` gives that kind's loader."""
     image = {"image_size": 16, "num_workers": 0, "batch_size": 8}
-    text = {"seq_len": 8, "num_workers": 0, "batch_size": 4}
+    text = {"text": TextOptions(seq_len=8), "num_workers": 0, "batch_size": 4}
     return {
         "image lmdb": lambda **o: fastdata.loader(solid_lmdb, **image, **o),
         "image wds": lambda **o: fastdata.loader(solid_wds, **image, **o),

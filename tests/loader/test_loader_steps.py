@@ -139,7 +139,7 @@ class ConfigSeen(Dataset):
     def __getitem__(self, index: int) -> dict:
         config = self.pipeline.config
         return {"floating": config.output.floating, "mean": list(config.output.mean), "encoded": config.ship_encoded,
-                "sizes": self.pipeline.output_size_for(0)}
+                "sizes": list(self.pipeline.output_size_for(0))}
 
 
 def test_the_workers_see_the_configuration(solid_lmdb):
@@ -147,10 +147,12 @@ def test_the_workers_see_the_configuration(solid_lmdb):
     loader = fastdata.loader(solid_lmdb, image_size=(16, 12), num_workers=1, batch_size=8,
                              output=OutputOptions(dtype=torch.float32, mean=mean))
     pipeline = loader.dataset.pipeline
-    assert pickle.loads(pickle.dumps(pipeline)).config == pipeline.config  # spawn carries it too
+    carried = pickle.loads(pickle.dumps(pipeline)).config  # spawn carries it too (the sizes' shared memory)
+    assert dataclasses.replace(carried, sizes=None) == dataclasses.replace(pipeline.config, sizes=None)
+    assert carried.sizes is not None and carried.sizes.steps() == pipeline.config.sizes.steps()
     [seen] = DataLoader(ConfigSeen(pipeline), num_workers=1, batch_size=None)
     assert seen == {"floating": True, "mean": list(pipeline.config.output.mean), "encoded": False,
-                    "sizes": (16, 12)}
+                    "sizes": [16, 12]}
     assert seen["mean"] == pytest.approx(mean)
     images, _ = next(iter(loader))  # made in the worker, in the configured dtype
     assert images.dtype == torch.float32 and images.shape[-2:] == (16, 12)

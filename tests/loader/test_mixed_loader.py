@@ -23,9 +23,19 @@ from fastdata.errors import ConfigError, CorruptSampleError, ResumeError
 UNION = ["solid/alpha", "solid/beta", "solid/gamma", "pets/cat", "pets/dog", "pets/eel"]
 
 
+#: the fields of MixOptions these tests give the helpers below by name
+MIXING = ("samples_per_epoch", "epoch_end", "exhausted")
+
+
+def with_mixing(options: dict) -> dict:
+    """`options` with its MixOptions fields given as `mixing=MixOptions(...)`."""
+    rule = {name: options.pop(name) for name in MIXING if name in options}
+    return {**options, "mixing": fastdata.MixOptions(**rule)} if rule else options
+
+
 def mixed(solid_lmdb, pets_lmdb, **options):
     settings = dict(weights=[0.7, 0.3], batch_size=10, augment="val")
-    settings.update(options)
+    settings.update(with_mixing(options))
     return seeded_loader([solid_lmdb, pets_lmdb], **settings)
 
 
@@ -192,7 +202,7 @@ def test_text_mixture_documents_keep_their_ids(text_mix):
 def test_text_mixtures_share_one_tokenizer(text_mix):
     a, _, c = text_mix
     with pytest.raises(ConfigError, match=r"a\.lmdb and .*c\.lmdb were tokenized with different tokenizers"):
-        seeded_loader([a, c], augment=None, seq_len=16)
+        seeded_loader([a, c], augment=None, text=fastdata.TextOptions(seq_len=16))
 
 
 def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, multi_label_lmdb, text_mix, pets_lmdb):
@@ -306,7 +316,7 @@ def test_local_webdataset_shards_mix_with_lmdb(solid_wds, pets_lmdb):
     the first source to run out gives each sample once, and two workers give the batches one gives."""
     def make(workers: int = 0, **options):
         settings = dict(weights=[0.7, 0.3], batch_size=10, augment="val", num_workers=workers)
-        return seeded_loader([solid_wds, pets_lmdb], **{**settings, **options})
+        return seeded_loader([solid_wds, pets_lmdb], **{**settings, **with_mixing(options)})
 
     loader = make()
     assert loader.classes == WDS_UNION

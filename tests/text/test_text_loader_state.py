@@ -38,15 +38,16 @@ def test_text_resume_grid(text_data, mode, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("packing", [True, "best-fit"])
 def test_text_checkpoint_loop_sees_exactly_the_uninterrupted_run(text_data, workers, packing):
-    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, num_workers=w,
-                                                  packing=packing), workers)
+    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, num_workers=w,
+                                                  text=TextOptions(seq_len=16, packing=packing)), workers)
 
 
 def test_best_fit_epochs_have_their_own_length_and_resume_into_it(text_data):
     """Each epoch's rows are planned anew, so an epoch's number of batches is its own: `len()` is that of the epoch
     under way (else the next one), and a state restored mid-epoch continues that epoch's plan to its end."""
     def make():
-        return seeded_loader(text_data, batch_size=2, augment=None, seq_len=16, packing="best-fit")
+        return seeded_loader(text_data, batch_size=2, augment=None, text=TextOptions(seq_len=16,
+                                                                                              packing="best-fit"))
 
     loader = make()
     lengths = []
@@ -68,9 +69,11 @@ def test_best_fit_epochs_have_their_own_length_and_resume_into_it(text_data):
 
 
 def test_best_fit_state_is_refused_by_a_packed_loader(text_data):
-    state = seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, packing="best-fit").state_dict()
+    state = seeded_loader(text_data, batch_size=4, augment=None, text=TextOptions(seq_len=16,
+                                                                                           packing="best-fit")).state_dict()
     with pytest.raises(ResumeError, match="packing='best-fit' in the state, True here"):
-        seeded_loader(text_data, batch_size=4, augment=None, seq_len=16).load_state_dict(state)
+        seeded_loader(text_data, batch_size=4, augment=None,
+                      text=TextOptions(seq_len=16)).load_state_dict(state)
 
 
 @pytest.mark.parametrize("mode", ["packed", "bucketing", "best-fit"])
