@@ -342,7 +342,7 @@ def test_source_and_option_errors(tmp_path, bpe):
         (ConfigError, "tokenizer file not found", dict(tokenizer=tmp_path / "nope.json")),
         (ConfigError, "not a `tokenizers`", dict(tokenizer=good)),
         (ConfigError, "not in the tokenizer's vocabulary", dict(eos_token="<|nope|>")),
-        (ConfigError, "txt_mode", dict(txt_mode="para")),
+        (ConfigError, "--txt-mode must be one of file, line", dict(txt_mode="para")),
         (ConfigError, "cannot tell the output format", dict(out=tmp_path / "out")),
     ]
     for error, message, change in cases:
