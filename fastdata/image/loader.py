@@ -520,7 +520,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
                           f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
                           stacklevel=3)
         metadata = [sample_metadata(sample)] if self.dataset.with_metadata else None
-        images = [image] if pipeline.unstacked else image[None]
+        images = [image] if pipeline.config.unstacked else image[None]
         labels = pipeline.labels.batch([pipeline.target_of(sample)])
         if pipeline.recipe.batch is not None:  # labels as the batch preset makes them (one row: not mixed)
             labels = pipeline.mix(images, labels, epoch, sample.position)  # type: ignore[arg-type]  # a preset's

@@ -133,21 +133,6 @@ class SamplePipeline:
         """The format the workers make batches in (`PipelineConfig.output`)."""
         return self.config.output
 
-    @property
-    def delivered(self) -> OutputFormat:
-        """The format of the loader's delivered batches (`PipelineConfig.delivered`)."""
-        return self.config.delivered
-
-    @property
-    def unstacked(self) -> bool:
-        """Whether a batch holds a list of images of their own sizes (`PipelineConfig.unstacked`)."""
-        return self.config.unstacked
-
-    @property
-    def sizes(self) -> ImageSizes | None:
-        """Progressive resizing's schedule (`PipelineConfig.sizes`)."""
-        return self.config.sizes
-
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_custom": None, "_local": None, "_sized": {}}
 
@@ -172,9 +157,10 @@ class SamplePipeline:
     def preset_for(self, epoch: int) -> Any:
         """The preset epoch `epoch` is made with: the one built, at the epoch's size (`sizes`, progressive
         resizing)."""
-        if self.sizes is None or self.preset is None:
+        sizes = self.config.sizes
+        if sizes is None or self.preset is None:
             return self.preset
-        size = self.sizes.size_for(epoch)
+        size = sizes.size_for(epoch)
         if size == self.preset.out_size:
             return self.preset
         if size not in self._sized:
@@ -303,7 +289,7 @@ class SamplePipeline:
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
             if self.recipe.per_sample:  # policies, erasing: on the crop, drawn after it from the sample's RNG
-                self.recipe.apply(out, rng, self._op_context(), self.delivered)
+                self.recipe.apply(out, rng, self._op_context(), self.config.delivered)
             if self.spatial is not None and record is not None:
                 sample.made = self.spatial.placed(record, placement, canvas)
         else:
@@ -394,7 +380,7 @@ class SamplePipeline:
         collate_started = perf_counter()
         if size:
             tensor = tensor[: len(labels)]
-        elif self.unstacked:  # each image as stored, in its own (shared-memory, in a worker) tensor
+        elif self.config.unstacked:  # each image as stored, in its own (shared-memory, in a worker) tensor
             tensor = [image.contiguous() for image in images]
         else:
             tensor, slot = _stack(images, kept, self.source, buffers)

@@ -28,6 +28,7 @@ def build(plan: Resolved) -> ImageLoader | TextLoader | Any:
                              mixing=spec.mixing)
         mixed.tuned = None
         return mixed
+    assert not isinstance(spec.path, tuple)
     built: ImageLoader | TextLoader
     if isinstance(plan.data, TextDataset):
         given = augment_given(spec.augment, "train", spec.image_size, spec.scale, spec.ratio)

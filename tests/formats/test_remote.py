@@ -142,7 +142,7 @@ def test_a_shard_altered_on_the_server_is_an_error(server, solid_wds, tmp_path, 
     data[len(data) // 2] ^= 0xFF  # one byte inside a stored image: same size, other content
     (altered / name).write_bytes(bytes(data))
     cache = tmp_path / "cache"
-    options = {"cache_dir": cache} if cached else {}
+    options = {"remote": fastdata.RemoteOptions(cache_dir=cache)} if cached else {}
     with pytest.raises(CorruptSampleError, match=rf"{name}.*changed on the server"):
         epochs(server.url(altered.name), epochs_count=1, shuffle=False, **options)
     if cached:

@@ -146,4 +146,6 @@ def test_normalisation_options_with_a_custom_transform_are_refused(photo_lmdb, o
     """On the CPU path a transform makes its batches' dtype itself (A.Normalize, ToTensorV2, v2.ToDtype); mean
     and std belong to the presets' (or the device's) normalisation of uint8 batches."""
     with pytest.raises(ConfigError, match=message):
-        fastdata.loader(photo_lmdb, augment=A.CenterCrop(CROP, CROP), num_workers=0, **options)
+        device = {"device": options.pop("device")} if "device" in options else {}
+        fastdata.loader(photo_lmdb, augment=A.CenterCrop(CROP, CROP), num_workers=0,
+                        output=fastdata.OutputOptions(**options), **device)

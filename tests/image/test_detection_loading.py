@@ -5,6 +5,7 @@ and every image's target travels with it through workers, shuffling, resumption,
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from builders import (
 from contracts import check_resumes, clone, same
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.image.detection_presets import iou_crop
 from fastdata.order.epoch import sample_rng
@@ -245,7 +247,8 @@ def test_refusals_are_one_line(rect_lmdb, capsys):
     for options, needle in (({"decode": "device", "device": "cpu"}, "detection datasets decode in the workers"),
                             ({"augment": lambda image: image}, "augment for a detection dataset must be"),
                             ({"augment": "val", "scale": (0.5, 2.0)}, "scale is the train preset's")):
-        with pytest.raises(ConfigError, match=needle) as raised:
+        old = pytest.warns(FastdataDeprecationWarning) if "scale" in options else nullcontext()  # (the old keyword)
+        with pytest.raises(ConfigError, match=needle) as raised, old:
             fastdata.loader(rect_lmdb, num_workers=0, **options)
         assert_one_line_error(str(raised.value), needle)
 

@@ -33,7 +33,7 @@ def by_hand(uint8: torch.Tensor, dtype: torch.dtype, mean=IMAGENET_MEAN, std=IMA
 @pytest.mark.parametrize("normalisation", [{}, {"mean": MEAN, "std": STD}])
 def test_float_batches_are_the_uint8_batches_normalised(photo_lmdb, augment, dtype, normalisation):
     uint8 = batches(photo_lmdb, augment=augment)
-    floats = batches(photo_lmdb, augment=augment, dtype=dtype, **normalisation)
+    floats = batches(photo_lmdb, augment=augment, output=fastdata.OutputOptions(dtype=dtype, **normalisation))
     assert len(floats) == len(uint8) == 3
     for ours, pixels in zip(floats, uint8, strict=True):
         assert ours.dtype == dtype and ours.shape == pixels.shape == (pixels.shape[0], 3, 24, 40)
@@ -63,7 +63,7 @@ def test_a_borrowed_batch_is_normalised_as_the_others(solid_lmdb, tmp_path):
     with pytest.warns(UserWarning, match="borrowed"):
         uint8 = batches(path, **options)
     with pytest.warns(UserWarning, match="borrowed"):
-        floats = batches(path, dtype=torch.float16, **options)
+        floats = batches(path, output=fastdata.OutputOptions(dtype=torch.float16), **options)
     assert all(f.dtype == torch.float16 for f in floats)
     torch.testing.assert_close(floats[7], by_hand(uint8[7], torch.float16))
 
@@ -79,7 +79,7 @@ def test_a_borrowed_batch_is_normalised_as_the_others(solid_lmdb, tmp_path):
 ])
 def test_output_options_are_checked(photo_lmdb, options, message):
     with pytest.raises(ConfigError, match=message):
-        fastdata.loader(photo_lmdb, augment="val", num_workers=0, **options)
+        fastdata.loader(photo_lmdb, augment="val", num_workers=0, output=fastdata.OutputOptions(**options))
 
 
 def test_a_resume_state_keeps_the_output_format(photo_lmdb):

@@ -23,6 +23,7 @@ from torchvision.transforms.v2 import functional as F
 
 import fastdata
 from fastdata.order.epoch import sample_rng
+from fastdata.presets import RandomResizedCrop
 
 #: (median, mean, p99) bounds on the absolute difference in grey levels, per output size
 VAL_TOLERANCE = {32: (1, 2.6, 16), 64: (1, 2.0, 12), 100: (1, 1.9, 14), 224: (0, 0.6, 5)}
@@ -101,7 +102,7 @@ def test_train_is_torchvisions_resized_crop_of_its_box_then_flip(photo_lmdb, pho
     """RandomResizedCrop(size, scale, ratio) semantics, rectangles included: the box drawn for each sample (from
     its seeded RNG, whole pixels as torchvision draws them; its area share within `scale` and its aspect within
     `ratio`) resized to `size` as torchvision's resized_crop does, mirrored when the flip was drawn."""
-    ds = fastdata.dataset(photo_lmdb, "train", image_size=size, seed=4, **crop)
+    ds = fastdata.dataset(photo_lmdb, RandomResizedCrop(size, **crop), seed=4)
     keys = [key for key, _ in ds.samples]
     out_h, out_w = (size, size) if isinstance(size, int) else size
     scale, ratio = crop.get("scale", (0.08, 1.0)), crop.get("ratio", (3 / 4, 4 / 3))

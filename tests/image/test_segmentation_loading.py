@@ -23,7 +23,7 @@ from contracts import check_resumes, clone, same
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.order.epoch import sample_rng
-from fastdata.presets import ResizeLongerPad
+from fastdata.presets import ResizeLongerPad, ScaleJitterCrop
 
 v2 = pytest.importorskip("torchvision.transforms.v2")
 from torchvision import tv_tensors  # noqa: E402
@@ -170,7 +170,8 @@ def _check_masks_match_images(batches) -> list[int]:
 
 
 def _loader(path, workers: int, **options):
-    return fastdata.loader(path, batch_size=4, image_size=SIZE, scale=(0.5, 2.0), num_workers=workers, **options)
+    return fastdata.loader(path, batch_size=4, augment=ScaleJitterCrop(SIZE, scale_range=(0.5, 2.0)),
+                           num_workers=workers, **options)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

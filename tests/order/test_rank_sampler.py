@@ -78,7 +78,7 @@ def test_sampler_set_epoch_is_the_loaders(makers, kind):
 def test_the_samplers_indices_give_the_batches_samples(makers, kind, dtype):
     """`loader.dataset[i]` for the sampler's i, in order, is what the batches hold: the same augmentation, and
     the loader's dtype and normalisation (uint8, or normalised floats), not the stored uint8 image."""
-    loader = makers[kind](dtype=dtype, seed=5)
+    loader = makers[kind](output=fastdata.OutputOptions(dtype=dtype), seed=5)
     loader.set_epoch(2)
     order = list(loader.sampler)
     rows = [(image, label) for images, labels in loader for image, label in zip(images, labels, strict=True)]
