@@ -124,7 +124,7 @@ def test_an_unknown_option_is_refused_in_one_line_naming_it(kind: str, tmp_path:
     with pytest.raises(ConfigError) as info:
         function(*args, wrokers=2, **extra)
     assert str(info.value) == f"fastdata.{function.__name__}: unknown option 'wrokers' (did you mean 'workers'?)"
-    with pytest.raises(click.NoSuchOption, match="No such option.*--wrokers"):
+    with pytest.raises(click.NoSuchOption, match=r"No such option.*--wrokers"):
         from_command_line(kind, ["--wrokers", "2"])
     assert not (tmp_path / "out.lmdb").exists()
 
