@@ -26,7 +26,20 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.loader import dataset, loader
     from fastdata.loader.mixing import mix
     from fastdata.meter.loop import meter
-    from fastdata.options import DeviceDecodeOptions, MixOptions, OutputOptions, RemoteOptions, TextOptions
+    from fastdata.options import (
+        CocoOptions,
+        DeviceDecodeOptions,
+        FileListOptions,
+        HfOptions,
+        ImageFolderOptions,
+        MixOptions,
+        OutputOptions,
+        PairsOptions,
+        RemoteOptions,
+        TextConversionOptions,
+        TextOptions,
+        WebDatasetOptions,
+    )
     from fastdata.tools.info import info
 
 #: public name -> the module that defines it
@@ -44,6 +57,8 @@ _PUBLIC: dict[str, str] = {
     "OutputOptions": "fastdata.options",
     "RemoteOptions": "fastdata.options",
     "TextOptions": "fastdata.options",
+    **{name: "fastdata.options" for name in ("CocoOptions", "FileListOptions", "HfOptions", "ImageFolderOptions",
+                                             "PairsOptions", "TextConversionOptions", "WebDatasetOptions")},
     "dataset": "fastdata.loader",
     "loader": "fastdata.loader",
     "meter": "fastdata.meter.loop",
@@ -51,8 +66,9 @@ _PUBLIC: dict[str, str] = {
     "info": "fastdata.tools.info",
 }
 
-__all__ = ["DeviceDecodeOptions", "FastdataDeprecationWarning", "MixOptions", "OutputOptions", "RemoteOptions",
-           "TextOptions", "__version__",
+__all__ = ["CocoOptions", "DeviceDecodeOptions", "FastdataDeprecationWarning", "FileListOptions", "HfOptions",
+           "ImageFolderOptions", "MixOptions", "OutputOptions", "PairsOptions", "RemoteOptions",
+           "TextConversionOptions", "TextOptions", "WebDatasetOptions", "__version__",
            "convert_coco", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs", "convert_text",
            "convert_webdataset", "dataset", "info", "loader", "meter", "mix"]
 

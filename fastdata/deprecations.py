@@ -10,11 +10,9 @@ it once per call site and spelling: a loop that makes a loader each epoch is tol
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -48,6 +46,26 @@ _TEXT = ("seq_len", "packing", "max_length", "bucketing", "eos_token", "boundari
 _REMOTE = ("cache_dir", "cache_max_bytes", "storage_options")
 _MIXING = ("samples_per_epoch", "epoch_end", "exhausted")
 
+#: the conversion functions whose flat option keywords (`convert_imagefolder(src, out, workers=2)`) gave way to an
+#: option object (`convert_imagefolder(src, out, ImageFolderOptions(workers=2))`), with the object
+_CONVERTERS = {
+    "fastdata.convert_imagefolder": "fastdata.options.ImageFolderOptions",
+    "fastdata.convert_list": "fastdata.options.FileListOptions",
+    "fastdata.convert_pairs": "fastdata.options.PairsOptions",
+    "fastdata.convert_coco": "fastdata.options.CocoOptions",
+    "fastdata.convert_hf": "fastdata.options.HfOptions",
+    "fastdata.convert_webdataset": "fastdata.options.WebDatasetOptions",
+    "fastdata.convert_text": "fastdata.options.TextConversionOptions",
+    "fastdata.convert.images.convert_images": "fastdata.convert.options.ImageConversionOptions",
+    "fastdata.convert.text.convert_documents": "fastdata.convert.options.DocumentConversionOptions",
+}
+
+
+def converter_keyword(function: str) -> str:
+    """The `DEPRECATIONS` key of a conversion function's flat option keywords (any of them)."""
+    return f"{function}(..., OPTION=...)"
+
+
 #: Every deprecated spelling, by its old form (the key `warn_deprecated` takes).
 DEPRECATIONS: dict[str, Deprecation] = {row.old: row for row in [
     Deprecation("fastdata.options.Output", "fastdata.options.OutputOptions"),
@@ -67,9 +85,16 @@ DEPRECATIONS: dict[str, Deprecation] = {row.old: row for row in [
                   if name == "scale" else
                   f"{function}(augment=fastdata.presets.RandomResizedCrop(size, ratio=...))")
       for function in ("fastdata.loader", "fastdata.dataset", "fastdata.mix") for name in ("scale", "ratio")],
+    *[Deprecation(converter_keyword(function), f"{function}(..., {obj}(OPTION=...))")
+      for function, obj in _CONVERTERS.items()],
 ]}
 
-_PACKAGE = str(Path(__file__).resolve().parent)
+
+def _inside(frame: FrameType) -> bool:
+    """Whether `frame` runs fastdata's code: a module of the `fastdata` package, `fastdata.converters` included
+    (a folder of its own in a source checkout, installed inside the package)."""
+    name = frame.f_globals.get("__name__", "")
+    return name == "fastdata" or name.startswith("fastdata.")
 
 
 def _caller_level() -> int:
@@ -77,13 +102,9 @@ def _caller_level() -> int:
     `warnings.warn` counts from its caller, `warn_deprecated`."""
     frame: FrameType | None = sys._getframe(2)  # warn_deprecated's caller
     level = 2
-    while frame is not None and frame.f_back is not None and _inside_fastdata(frame.f_code.co_filename):
+    while frame is not None and frame.f_back is not None and _inside(frame):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _inside_fastdata(filename: str) -> bool:
-    return str(Path(filename).resolve()).startswith(_PACKAGE + os.sep)
 
 
 def warn_deprecated(old: str) -> None:

@@ -182,7 +182,9 @@ def test_empty_caption_is_kept_and_counted(solid_tree, tmp_path):
     frame.loc[3, "caption"] = ""
     listed = write_list(frame, tmp_path / "pairs.csv")
     with pytest.warns(UserWarning, match=r"1 empty caption\(s\) kept \(the first: .*pairs.csv row 4\)"):
-        fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False)
+        fastdata.convert_pairs(
+            listed, tmp_path / "out.lmdb", fastdata.PairsOptions(root=solid_tree.root, workers=1, progress=False)
+        )
     assert fastdata.info(tmp_path / "out.lmdb").pairs["empty_captions"] == 1
     captions = [fastdata.dataset(tmp_path / "out.lmdb")[i][1] for i in range(COUNT)]
     assert captions.count("") == 1
@@ -199,8 +201,11 @@ def test_the_empty_caption_note_is_said_once_by_the_conversion_not_again_by_veri
     frame.loc[3, "caption"] = ""
     listed = write_list(frame, tmp_path / "pairs.csv")
     with pytest.warns(UserWarning, match="1 empty caption"):
-        fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False,
-                               jpeg_layout="baseline")
+        fastdata.convert_pairs(
+            listed,
+            tmp_path / "out.lmdb",
+            fastdata.PairsOptions(root=solid_tree.root, workers=1, progress=False, jpeg_layout="baseline"),
+        )
     run = subprocess.run([sys.executable, "-m", "fastdata", "verify", str(tmp_path / "out.lmdb"), "--source",
                           str(listed), "--decode"], capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0 and run.stdout.startswith("OK:"), run.stdout + run.stderr
@@ -212,7 +217,9 @@ def test_csv_cells_are_captions_as_written(solid_tree, tmp_path):
     frame = pairs_frame(solid_tree).iloc[:4].copy()
     frame["caption"] = ["NA", "null", "nan", "a photo"]
     listed = write_list(frame, tmp_path / "pairs.csv")
-    fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False)
+    fastdata.convert_pairs(
+        listed, tmp_path / "out.lmdb", fastdata.PairsOptions(root=solid_tree.root, workers=1, progress=False)
+    )
     assert sorted(fastdata.dataset(tmp_path / "out.lmdb")[i][1] for i in range(4)) == ["NA", "a photo", "nan",
                                                                                       "null"]
 

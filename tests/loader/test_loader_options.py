@@ -81,8 +81,12 @@ def test_the_image_loader_takes_what_loader_validated(solid_lmdb):
 def test_the_text_loader_takes_the_same_common_options(tmp_path):
     corpus = make_corpus(30, seed=1)
     out = tmp_path / "t.lmdb"
-    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus), out,
-                          tokenizer=train_bytelevel(tmp_path / "bpe.json", corpus), progress=False)
+    fastdata.convert_text(
+        write_jsonl(tmp_path / "c.jsonl", corpus),
+        out,
+        tokenizer=train_bytelevel(tmp_path / "bpe.json", corpus),
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     loader = fastdata.loader(out, batch_size=4, num_workers=1, timeout=20, pin_memory=False,
                              text=fastdata.TextOptions(seq_len=16))
     assert loader.options.timeout == 20 and loader._loader.timeout == 20  # text loaders honour timeout= too

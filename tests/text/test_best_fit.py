@@ -137,7 +137,7 @@ def test_rows_are_planned_without_reading_a_token(tmp_path, loader_corpus, loade
     (their indexes kept), the loader plans its epoch (len, padding); only building a batch reads tokens."""
     out = tmp_path / "d"
     fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", loader_corpus), out, tokenizer=loader_tokenizer,
-                          format="wds", shard_size="2KB", progress=False)
+                          options=fastdata.TextConversionOptions(format="wds", shard_size="2KB", progress=False))
     for shard in out.glob("*.tar"):
         shard.write_bytes(b"")
     loader = fastdata.loader(out, batch_size=6, num_workers=0, text=fastdata.TextOptions(packing="best-fit",

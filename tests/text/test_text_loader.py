@@ -143,7 +143,7 @@ def test_no_end_of_text_token(tmp_path, corpus):
     tokenizer = train_bytelevel(tmp_path / "t.json", corpus, vocab=300, specials=("<unk>",))
     out = tmp_path / "n.lmdb"
     summary = fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus[:20]), out, tokenizer=tokenizer,
-                                    progress=False)
+                                    options=fastdata.TextConversionOptions(progress=False))
     assert summary.eos is None and "packed loading needs --eos-token" in str(summary)
     with pytest.raises(ConfigError, match="--eos-token"):
         fastdata.loader(out, num_workers=0, text=fastdata.TextOptions(seq_len=8))
@@ -157,7 +157,7 @@ def test_no_end_of_text_token(tmp_path, corpus):
 
     given = tmp_path / "g.lmdb"
     fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus[:20]), given, tokenizer=tokenizer,
-                          eos_token="<unk>", progress=False)
+                          options=fastdata.TextConversionOptions(eos_token="<unk>", progress=False))
     assert fastdata.dataset(given).eos_token_id == 0
 
 

@@ -11,7 +11,7 @@ from contracts import check_checkpoint_loop, check_resumes, clone, same
 from fastdata.converters.text import convert_text
 
 from fastdata.errors import ResumeError
-from fastdata.options import TextOptions
+from fastdata.options import TextConversionOptions, TextOptions
 
 
 @pytest.fixture(scope="module", params=["lmdb", "wds"])
@@ -20,8 +20,8 @@ def text_data(request, tmp_path_factory):
     corpus = make_corpus(60, seed=5)
     tokenizer = train_bytelevel(root / "bpe.json", corpus)
     out = root / ("d.lmdb" if request.param == "lmdb" else "d")
-    convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
-                 shard_size="2KB", progress=False)
+    convert_text(write_jsonl(root / "c.jsonl", corpus), out,
+                 TextConversionOptions(format=request.param, shard_size="2KB", progress=False), tokenizer=tokenizer)
     return out
 
 

@@ -154,7 +154,9 @@ def id_jpegs(tmp_path_factory):
         path = root / "src" / SOLID_CLASSES[solid_label(i)] / f"s{i:03d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encode(solid_pattern(i, width, height), "JPEG", quality=100, subsampling=0))
-    fastdata.convert_imagefolder(root / "src", root / "ids.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        root / "src", root / "ids.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+    )
     return root / "ids.lmdb"
 
 

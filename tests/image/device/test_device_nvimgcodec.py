@@ -196,7 +196,9 @@ def test_the_decoder_gets_baseline_jpegs_only_when_the_conversion_recorded_no_pr
     from fastdata.formats.manifest import read_manifest
 
     baseline = tmp_path / "baseline.lmdb"
-    fastdata.convert_imagefolder(tricky_tree.root, baseline, workers=1, progress=False, jpeg_layout="baseline")
+    fastdata.convert_imagefolder(
+        tricky_tree.root, baseline, fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout="baseline")
+    )
     original_kinds = read_manifest(tricky_lmdb).stats["gpu_kinds"]
     assert original_kinds["progressive"] == 1
     assert not baseline_only(DeviceDecodeOptions(), original_kinds)

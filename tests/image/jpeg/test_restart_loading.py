@@ -27,9 +27,16 @@ def datasets(tmp_path_factory):
     for layout in ("original", "restart"):
         made["lmdb", layout] = root / f"{layout}.lmdb"
         made["wds", layout] = root / f"{layout}-shards"
-        fastdata.convert_imagefolder(tree.root, made["lmdb", layout], workers=1, progress=False, jpeg_layout=layout)
-        fastdata.convert_imagefolder(tree.root, made["wds", layout], format="wds", shard_size="64KB", seed=2,
-                                     workers=1, progress=False, jpeg_layout=layout)
+        fastdata.convert_imagefolder(
+            tree.root, made["lmdb", layout], fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout=layout)
+        )
+        fastdata.convert_imagefolder(
+            tree.root,
+            made["wds", layout],
+            fastdata.ImageFolderOptions(
+                format="wds", shard_size="64KB", seed=2, workers=1, progress=False, jpeg_layout=layout
+            ),
+        )
     return made
 
 

@@ -225,7 +225,9 @@ def test_a_skipped_image_drops_its_target(rect_lmdb, tmp_path):
 def test_masks_are_refused_where_none_are_stored(tmp_path):
     root = tmp_path / "src"
     source = write_coco(root, _without_segmentation())
-    fastdata.convert_coco(source.annotations, source.images, tmp_path / "boxes.lmdb", workers=1, progress=False)
+    fastdata.convert_coco(
+        source.annotations, source.images, tmp_path / "boxes.lmdb", fastdata.CocoOptions(workers=1, progress=False)
+    )
     with pytest.raises(ConfigError, match="holds no masks"):
         fastdata.loader(tmp_path / "boxes.lmdb", image_size=SIZE, masks=True, num_workers=0)
 

@@ -76,7 +76,7 @@ def test_masks_equal_torchvision_nearest_exact_for_the_same_geometry(seg_rect_lm
 def test_sixteen_bit_label_maps_load_as_int64_through_the_same_geometry(tmp_path):
     listed, _ = build_segmentation_list(tmp_path / "src", wide=True)
     out = tmp_path / "wide.lmdb"
-    fastdata.convert_list(listed, out, mask_column="mask", workers=1, progress=False)
+    fastdata.convert_list(listed, out, fastdata.FileListOptions(mask_column="mask", workers=1, progress=False))
     _compare_with_torchvision(out, "train", torch.int64, seeds=2)
     _, masks = next(iter(fastdata.loader(out, batch_size=4, image_size=SIZE, num_workers=0)))
     assert masks.dtype == torch.int64 and masks.shape == (4, SIZE, SIZE) and int(masks[masks != IGNORE].max()) > 255

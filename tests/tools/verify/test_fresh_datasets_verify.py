@@ -23,7 +23,7 @@ def hf_lmdb(solid_tree, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hf_verify")
     hf_dataset(solid_tree).save_to_disk(str(root / "saved"))
-    fastdata.convert_hf(root / "saved", root / "hf.lmdb", workers=1, progress=False)
+    fastdata.convert_hf(root / "saved", root / "hf.lmdb", fastdata.HfOptions(workers=1, progress=False))
     return root / "hf.lmdb"
 
 

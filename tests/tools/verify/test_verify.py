@@ -32,14 +32,16 @@ def tree(tmp_path_factory):
 @pytest.fixture
 def lmdb_copy(tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("v") / "d.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
 @pytest.fixture
 def wds_copy(tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("v") / "shards"
-    fastdata.convert_imagefolder(tree.root, out, format="wds", shard_size="4KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(format="wds", shard_size="4KB", workers=1, progress=False)
+    )
     return out
 
 
@@ -204,7 +206,9 @@ def test_text_verify_checks_the_source_it_is_given(tmp_path):
     corpus = make_corpus(30)
     source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
     tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
-    fastdata.convert_text(source, tmp_path / "c.lmdb", tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(
+        source, tmp_path / "c.lmdb", tokenizer=tokenizer, options=fastdata.TextConversionOptions(progress=False)
+    )
     assert verify(tmp_path / "c.lmdb", source=source).ok
     other = write_jsonl(tmp_path / "other.jsonl", corpus[:-1])
     for wrong in (other, tmp_path / "missing.jsonl"):
@@ -225,7 +229,7 @@ def test_text_verify_compares_the_content_of_the_source(tmp_path, capsys):
     source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
     tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
     out = tmp_path / "c.lmdb"
-    fastdata.convert_text(source, out, tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(source, out, tokenizer=tokenizer, options=fastdata.TextConversionOptions(progress=False))
     manifest = fastdata.info(out)
     assert manifest.source["files"] == [{"name": str(source), "bytes": source.stat().st_size,
                                          "sha256": sha256_file(source)}]
@@ -256,7 +260,7 @@ def test_verify_names_each_damaged_record_by_its_digest(tmp_path, capsys):
 
     src = make_sample_imagefolder(tmp_path / "src", images=24, classes=3, workers=1)
     out = tmp_path / "o.lmdb"
-    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     manifest = fastdata.info(out)
     assert manifest.record_digests["records"] == 24 and manifest.files[0].sha256 == ""
     assert verify(out).ok
@@ -287,7 +291,7 @@ def test_a_dataset_with_the_whole_files_digest_verifies_as_before(tmp_path):
 
     src = make_sample_imagefolder(tmp_path / "src", images=6, classes=2, workers=1)
     out = tmp_path / "o.lmdb"
-    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     data = json.loads((out / "manifest.json").read_text())
     del data["record_digests"]
     data["files"][0]["sha256"] = sha256_file(out / DATA_FILE)
@@ -304,7 +308,7 @@ def test_info_says_an_lmdb_dataset_has_a_digest_per_record(tmp_path):
     from fastdata.tools.info import describe
 
     tree = build_solid_tree(tmp_path / "src", count=6)
-    fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     line = next(line for line in describe(tmp_path / "o.lmdb").splitlines() if "data.mdb" in line)
     root = fastdata.info(tmp_path / "o.lmdb").record_digests["root"]
     assert f"a sha256 per record (root {root[:16]}" in line
@@ -319,7 +323,9 @@ def photo_shards(tmp_path_factory):
     for i in range(9):
         write_image(root / "src" / f"c{i % 3}" / f"p{i}.jpg", photo_like(i, 64, 48), "jpeg")
     out = root / "shards"
-    fastdata.convert_imagefolder(root / "src", out, format="wds", shard_size="16KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        root / "src", out, fastdata.ImageFolderOptions(format="wds", shard_size="16KB", workers=1, progress=False)
+    )
     return out
 
 
