@@ -8,7 +8,6 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from builders.text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata import FastdataDeprecationWarning
@@ -78,16 +77,8 @@ def test_the_image_loader_takes_what_loader_validated(solid_lmdb):
         fastdata.loader(solid_lmdb, remote=fastdata.RemoteOptions(cache_dir="/tmp/x"))
 
 
-def test_the_text_loader_takes_the_same_common_options(tmp_path):
-    corpus = make_corpus(30, seed=1)
-    out = tmp_path / "t.lmdb"
-    fastdata.convert_text(
-        write_jsonl(tmp_path / "c.jsonl", corpus),
-        out,
-        tokenizer=train_bytelevel(tmp_path / "bpe.json", corpus),
-        options=fastdata.TextConversionOptions(progress=False),
-    )
-    loader = fastdata.loader(out, batch_size=4, num_workers=1, timeout=20, pin_memory=False,
+def test_the_text_loader_takes_the_same_common_options(small_text_lmdb):
+    loader = fastdata.loader(small_text_lmdb, batch_size=4, num_workers=1, timeout=20, pin_memory=False,
                              text=fastdata.TextOptions(seq_len=16))
     assert loader.options.timeout == 20 and loader._loader.timeout == 20  # text loaders honour timeout= too
     assert loader.options.batch_size == 4 and len(next(iter(loader))["input_ids"]) == 4
