@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 import pytest
-from builders import build_solid_tree
+from builders.images import build_solid_tree
 from fastdata.converters import REGISTRY, load
 from fastdata.converters.options import options_from_flags
 
