@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from benchmarks.registry import BENCHMARKS, SUITES, Benchmark, select
+from benchmarks.report import SINK, read_sink
 
-from registry import BENCHMARKS, SUITES, Benchmark, select  # noqa: E402
-from report import SINK, read_sink  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def machine() -> dict[str, Any]:
@@ -60,7 +59,7 @@ def has_cuda() -> bool:
 
 def on_cpu_instead(benchmark: Benchmark, smoke: bool) -> bool:
     """Whether a smoke run here runs `benchmark`'s CPU smoke (it needs a GPU, this machine has none)."""
-    return smoke and benchmark.cpu_smoke is not None and "cuda" in benchmark.needs and not has_cuda()
+    return smoke and benchmark.runs_on_cpu(has_cuda())
 
 
 def missing(benchmark: Benchmark, smoke: bool = False) -> str | None:
@@ -76,21 +75,21 @@ def missing(benchmark: Benchmark, smoke: bool = False) -> str | None:
 
 def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None, json_file: Path | None = None) -> list[str]:
     """The command line that runs `benchmark` (`json_file`: where a benchmark that writes its own results does)."""
-    target = list(benchmark.command) or [str(HERE / benchmark.file)]
-    if on_cpu_instead(benchmark, smoke):
-        args = list(benchmark.cpu_smoke or ())
+    if smoke:
+        args = list(benchmark.cpu_smoke or ()) if on_cpu_instead(benchmark, smoke) else list(benchmark.smoke)
     else:
-        args = list(benchmark.smoke if smoke else benchmark.args)
+        args = list(benchmark.args)
     if repeats is not None and benchmark.takes_repeats:
         args += ["--repeats", str(repeats)]
     if json_file is not None and benchmark.writes_json:
         args += ["--json", str(json_file)]
-    return [sys.executable, *target, *args]
+    return [sys.executable, *benchmark.target, *args]
 
 
 def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[str, str],
             json_file: Path | None = None) -> dict[str, Any]:
-    """Run `benchmark` in a fresh process, its output passed through; its record for the results."""
+    """Run `benchmark` in a fresh process (`python -m benchmarks.NAME`, from the repository's root), its output
+    passed through; its record for the results."""
     record: dict[str, Any] = {"benchmark": benchmark.name, "suite": benchmark.suite, "about": benchmark.about,
                               "date": time.strftime("%Y-%m-%d %H:%M %Z")}
     reason = missing(benchmark, smoke)
@@ -100,7 +99,7 @@ def run_one(benchmark: Benchmark, smoke: bool, repeats: int | None, env: dict[st
     if on_cpu_instead(benchmark, smoke):
         record["on_cpu"] = "no CUDA GPU here: the CPU smoke run (its figures mean nothing)"
     command = command_of(benchmark, smoke, repeats, json_file)
-    shown = " ".join(Path(part).name if part.endswith(".py") else part for part in command[1:])
+    shown = " ".join(command[1:])
     print(f"\n== {benchmark.name}: python {shown}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         sink = os.path.join(scratch, "tables.jsonl")
@@ -149,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     kept = earlier_runs(Path(args.json), args.smoke, chosen) if args.json else []
     results: dict[str, Any] = {"smoke": args.smoke, "runs": kept}
     if any(b.suite == "device" for b in chosen):
-        from device_setup import describe_gpu, prepare
+        from benchmarks.device_setup import describe_gpu, prepare
 
         log = Path(tempfile.gettempdir()) / "fastdata-device-setup.txt"
         env = prepare(log)
@@ -185,9 +184,9 @@ def list_all(_args: argparse.Namespace) -> int:
 def tables(args: argparse.Namespace) -> int:
     import shutil
 
-    from guard import HOW_TO_ADD, unguarded
-    from provenance import Broken, Results
-    from tables import DOCUMENTS, ROOT, check, update
+    from benchmarks.guard import HOW_TO_ADD, unguarded
+    from benchmarks.provenance import Broken, Results
+    from benchmarks.tables import DOCUMENTS, ROOT, check, update
 
     results = Results(Path(args.results)) if args.results else Results()
     documents = DOCUMENTS

@@ -1,6 +1,6 @@
 """`fastdata tune` against the full grid it searches, on the benchmarks' sample converted to LMDB.
 
-    python benchmarks/autotune.py --images 3000 --batch-size 256 --step none --budget 60
+    python -m benchmarks.autotune --images 3000 --batch-size 256 --step none --budget 60
 
 The grid measures every point (workers 1..--max-workers, default one more than the usable cores, at most 16;
 prefetch 2, 4, 8; decode "worker") the way the tuner measures one (fastdata.tools.tune.measure_point: a loader
@@ -15,21 +15,17 @@ Targets (issue 20): the tuner's time <= 60 s on a 2-core machine, its choice >= 
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.config import available_cores
 from fastdata.tools.bench_fair import alternate, median_ratio
 from fastdata.tools.tune import PREFETCH, Point, Search, TuneConfig, measure_point, run_tune
 from fastdata.tools.tune_steps import parse_step
-
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from common import arguments
-from hardening import dataset_for  # the same sample conversion as the other benchmarks
 
 
 def grid(out: Path, config: TuneConfig, points: list[Point], repeats: int) -> dict[Point, list[float]]:

@@ -1,7 +1,7 @@
 """What `--jpeg-layout baseline` costs at conversion: the same sample photos converted with the original layout and
 with the baseline layout (progressive JPEGs rewritten losslessly as baseline ones), alternating rounds, every core.
 
-    python benchmarks/baseline_layout.py [--images 3000] [--repeats 3]
+    python -m benchmarks.baseline_layout [--images 3000] [--repeats 3]
 
 Prints the conversion seconds of each (medians, with the per-round ratio's range), how many JPEGs were rewritten,
 the rewritten files' bytes against their sources', the rewrite alone per progressive file (the libjpeg-turbo
@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 import cv2
-import report
 import torch
-from common import arguments, cached_sample_imagefolder
-from hardening import dataset_for
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, dataset_for
 from fastdata.formats.manifest import read_manifest
 from fastdata.image.jpeg.header import progressive
 from fastdata.image.jpeg.restart import baseline_rewrite, same_pixels

@@ -7,7 +7,7 @@ The sample photos of `fastdata.tools.sample` (1,200 by default, as the demo make
 
     fastdata bench train.lmdb --baseline-imagefolder train/ --epochs 2 --batch-size 128 --repeats 3
 
-    python benchmarks/bench_sample.py
+    python -m benchmarks.bench_sample
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import shutil
 import subprocess
 import sys
 
-import report
-from common import arguments
+from benchmarks import report
+from benchmarks.common import arguments
 
 
 def bench_command(epochs: int, batch_size: int, repeats: int) -> list[str]:

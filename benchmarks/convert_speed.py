@@ -40,14 +40,13 @@ Text (benchmarks/text_corpus.py's corpus of English text on this machine and its
 Targets (issue 19): images >= 0.8x (a), parent CPU per image <= 5% of a worker's; text >= 0.9x
 encode_batch_fast and >= datasets map.
 
-    python benchmarks/convert_speed.py --images 4000 --repeats 3 --text-mb 20
+    python -m benchmarks.convert_speed --images 4000 --repeats 3 --text-mb 20
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import multiprocessing
@@ -60,9 +59,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
+from benchmarks import report
 
 # ---------------------------------------------------------------------------------------------- (a) the baseline
 
@@ -100,7 +97,6 @@ def verify_in_pool(files: list[str], workers: int) -> float:
 _CHILD = r"""
 import json, resource, sys, time
 kind, src, out, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sys.path.insert(0, sys.argv[5])
 def cpu(who):
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
@@ -119,16 +115,16 @@ if kind != "baseline" and kind != "raw-lmdb" and kind != "ffcv":
     assembly._serve = counted_serve
 started, parent_started = time.perf_counter(), cpu(resource.RUSAGE_SELF)
 if kind == "baseline":
-    import convert_speed
+    from benchmarks import convert_speed
     from pathlib import Path
     files = sorted(str(p) for p in Path(src).rglob("*") if p.is_file())
     convert_speed.verify_in_pool(files, workers)
     images = len(files)
 elif kind == "raw-lmdb":
-    import convert_speed
+    from benchmarks import convert_speed
     images = convert_speed.raw_lmdb_copy(src, out)
 elif kind == "ffcv":
-    import convert_speed
+    from benchmarks import convert_speed
     images = convert_speed.ffcv_write(src, out, workers)
 else:
     fmt, engine = kind.split("-")
@@ -151,8 +147,11 @@ def in_child(kind: str, src: Path, out: Path, workers: int) -> dict:
     # every contender with one OpenBLAS thread, as the `fastdata` command line sets it: numpy's import otherwise
     # starts a thread per core that spins ~0.1 s (in the baseline's workers too: cv2 imports numpy)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, kind, str(src), str(out), str(workers),
-                           str(Path(__file__).parent)], capture_output=True, text=True, check=False, env=env)
+    from benchmarks.common import ROOT  # here: the child imports this module inside its timing
+
+    # run from the repository's root, which `python -c` puts first on the path: `benchmarks` imports from there
+    done = subprocess.run([sys.executable, "-c", _CHILD, kind, str(src.resolve()), str(out.resolve()), str(workers)],
+                          capture_output=True, text=True, check=False, env=env, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{kind} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -196,9 +195,8 @@ def unavailable(module: str) -> str | None:
 
 def text_contenders(corpus: Path, tokenizer: Path, workers: int, out: Path) -> dict[str, Callable[[], float]]:
     """Name -> a function that runs the contender once and returns its seconds."""
-    from text_corpus import iter_texts
-
     import fastdata
+    from benchmarks.text_corpus import iter_texts
 
     texts = list(iter_texts(corpus))
 
@@ -268,19 +266,12 @@ def median_ratio(times: dict[str, list[float]], name: str, baseline: str) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=4000)
+    from benchmarks.common import arguments, cached_sample_imagefolder  # here: the children import this module
+
+    parser = arguments(__doc__, images=4000, repeats=3, workers=os.cpu_count() or 2, text_mb=20.0, skip_text=False)
     parser.add_argument("--small", type=int, default=48, help="images of the run that measures the fixed costs")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--text-mb", type=float, default=20.0)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
-    parser.add_argument("--skip-text", action="store_true")
     parser.add_argument("--skip-peers", action="store_true", help="leave out FFCV and Ray (a quick check)")
     args = parser.parse_args()
-
-    from common import cached_sample_imagefolder
-
     src = cached_sample_imagefolder(args.data, args.images, jpeg_only=True)
     small_src = cached_sample_imagefolder(args.data, args.small, jpeg_only=True)
     work = args.data / "convert_speed"
@@ -335,7 +326,7 @@ def main() -> None:
 
     if args.skip_text:
         return
-    from text_corpus import build_corpus, train_tokenizer
+    from benchmarks.text_corpus import build_corpus, train_tokenizer
 
     corpus = build_corpus(args.data / f"convert_speed_text_{args.text_mb:g}mb.jsonl", args.text_mb)
     tokenizer = train_tokenizer(corpus, args.data / f"convert_speed_tokenizer_{args.text_mb:g}mb.json",

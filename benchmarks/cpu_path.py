@@ -25,7 +25,7 @@ one untimed pass, the page cache warmed with its files, and `--repeats` alternat
 of the decode ceiling, time to first batch and peak RSS (loader + workers). A peer that cannot be imported is left
 out, with the reason printed (install: benchmarks/README.md).
 
-    flock -x /tmp/cpu.lock python benchmarks/cpu_path.py --images 4000 --repeats 3
+    flock -x /tmp/cpu.lock python -m benchmarks.cpu_path --images 4000 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """
@@ -35,16 +35,16 @@ from __future__ import annotations
 import io
 import multiprocessing
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-import report
-from common import arguments, cached_sample_imagefolder
 from fastdata.converters.imagefolder import convert_imagefolder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
+from benchmarks.peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_contender
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.image.jpeg.region import Region, region_decoder
@@ -58,9 +58,6 @@ from fastdata.tools.bench import (
     run_contenders,
 )
 from fastdata.tools.bench_baseline import Baseline, choose_baseline, source_baseline
-
-sys.path.insert(0, str(Path(__file__).parent))
-from peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_contender
 
 # ---------------------------------------------------------------------------------------------- peers
 

@@ -17,7 +17,7 @@ The loaders are treated alike as in every loading benchmark (benchmarks/README.m
 table gives medians and ratios against the baseline (median of the per-run ratios). The target of issue 18:
 fastdata at least 2x the torchvision pipeline.
 
-    python benchmarks/detection.py --images 3000 --repeats 3
+    python -m benchmarks.detection --images 3000 --repeats 3
     python -m benchmarks run detection --smoke                 # smoke test
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import arguments, cached_sample_imagefolder, convert_once, loading_race
 
 import fastdata
+from benchmarks.common import arguments, cached_sample_imagefolder, convert_once, loading_race
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
 from fastdata.tools.bench_fair import dataset_files

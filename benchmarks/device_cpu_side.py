@@ -1,6 +1,6 @@
 """CPU side of decode="device" vs decode="worker": what one worker core does per image.
 
-    python benchmarks/device_cpu_side.py [--images 3000] [--repeats 3]
+    python -m benchmarks.device_cpu_side [--images 3000] [--repeats 3]
 
 The "worker" path reads, decodes, crops and resizes in the workers; the "device" path's workers only read the
 JPEGs' bytes and draw the crop parameters (the GPU does the rest; the few non-JPEGs are decoded in the worker).
@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import report
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 

@@ -2,7 +2,7 @@
 bytes and the worker's pixels in one storage, the small arrays by value: `EncodedBatch.__reduce__`) against a
 shared-memory tensor per field (how a batch crossed before: eight file-descriptor handshakes with the worker).
 
-    python benchmarks/device_handover.py [--images 3000] [--batch-size 256] [--batches 8] [--repeats 5]
+    python -m benchmarks.device_handover [--images 3000] [--batch-size 256] [--batches 8] [--repeats 5]
 
 The main process's thread that takes the workers' batches is the one that feeds the GPU, and it shares the GIL
 with the training step, so each millisecond it spends there is one the GPU may wait. A forked worker process puts
@@ -22,13 +22,12 @@ import statistics
 import time
 from dataclasses import replace
 
-import report
 import torch
 import torch.multiprocessing as mp
-from common import arguments
-from hardening import dataset_for
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.ship import encoded_buffer, pack_encoded
 from fastdata.processes import stop_processes

@@ -2,7 +2,7 @@
 (fastdata's default with persistent workers: the sampler's rollover) against the same loader made to stop at each
 epoch's end and start the next one cold (rollover turned off on its sampler; the code is otherwise the same).
 
-    python benchmarks/epoch_start.py [--images 1200] [--batch-size 64] [--epochs 4] [--repeats 3] [--step-ms 0]
+    python -m benchmarks.epoch_start [--images 1200] [--batch-size 64] [--epochs 4] [--repeats 3] [--step-ms 0]
 
 Each run: one loader, one untimed epoch (workers start), then --epochs timed epochs through a step that touches the
 batch and then sleeps --step-ms (a stand-in for a model's step on a GPU, which leaves the host free); the table
@@ -15,11 +15,9 @@ from __future__ import annotations
 import statistics
 import time
 
-import report
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.tools.bench_fair import alternate, per_run_ratios
 
 CONTENDERS = ("rollover (default)", "cold epoch starts")

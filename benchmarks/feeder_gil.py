@@ -1,6 +1,6 @@
 """What the device path's feeder thread costs the training thread beside it: the two share the main process's GIL.
 
-    python benchmarks/feeder_gil.py [--batch-size 256] [--steps 150] [--decode-ms 2] [--repeats 3]
+    python -m benchmarks.feeder_gil [--batch-size 256] [--steps 150] [--decode-ms 2] [--repeats 3]
 
 The feeder (fastdata.image.device.feeder) runs in the training process, so its Python (taking a batch, the device
 stage's bookkeeping, the host side of the batched resize) competes with the training thread's Python for the GIL.
@@ -26,10 +26,10 @@ import statistics
 import sys
 import time
 
-import report
 import torch
-from common import arguments
 
+from benchmarks import report
+from benchmarks.common import arguments
 from fastdata.image.batch import EncodedBatch
 from fastdata.image.device.feeder import DeviceFeeder, PassKey, strong
 from fastdata.image.device.ring import SlotRing

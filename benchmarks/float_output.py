@@ -1,7 +1,7 @@
 """What float output costs on the CPU path: the presets' batches as uint8 vs normalised float32, bfloat16 and
 float16 (`fastdata.loader(..., dtype=...)`, made image by image where the batch is built), in the same run.
 
-    python benchmarks/float_output.py [--images 3000] [--repeats 3] [--workers 0] [--augment train]
+    python -m benchmarks.float_output [--images 3000] [--repeats 3] [--workers 0] [--augment train]
 
 The sample ImageFolder and its LMDB conversion are the ones `imagefolder_vs_fastdata.py` uses
 (benchmarks/data/imagefolder-<images>[.lmdb]), made here if missing. `--workers 0` (the default) builds every batch
@@ -20,12 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
-import report
 import torch
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 DTYPES = {"uint8": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,6 +1,6 @@
 """GPU decode check for decode="device": each decoder and nvImageCodec backend mix, decode only, one table.
 
-    python benchmarks/gpu_check.py [--images 6144] [--repeats 2] [--json F] [--device cuda|cpu]
+    python -m benchmarks.gpu_check [--images 6144] [--repeats 2] [--json F] [--device cuda|cpu]
 
 For every configuration, on the sample photos' JPEGs (the same files as benchmarks/gpu_train_feed.py):
 1. pixels: each image decoded whole against Pillow's decode (libjpeg-turbo): max and mean absolute difference;
@@ -34,7 +34,6 @@ import io
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,12 +42,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
-from common import arguments
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments
 from fastdata.image.device.decoders import decode_now  # each call's buffers handed back, as the feeder does
 
 BATCH = 256
@@ -183,13 +179,11 @@ def rate_in_parallel(decoders: list, payloads: list[np.ndarray]) -> tuple[float,
 
 
 def main() -> None:
-    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=2, data=False)
+    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=2, data=False, json=True)
     parser.add_argument("--out", default="benchmarks/data")
-    parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    from gpu_train_feed import dataset, jpegs
-
+    from benchmarks.gpu_train_feed import dataset, jpegs
     from fastdata.image.device.auto import decoder_hints
 
     device = torch.device(args.device)
@@ -243,8 +237,7 @@ def main() -> None:
 def resize(data: Path, images: int, repeats: int, device: torch.device, gpu: str) -> dict:
     """The batched crop-resize-flip's time per batch (GPU time with CUDA events; wall time on the CPU), and its two
     weight matrices' alone, against RESIZE_TARGET_MS."""
-    from resize_kernel import SIZE, measure, photo_batches
-
+    from benchmarks.resize_kernel import SIZE, measure, photo_batches
     from fastdata.image.device.kernels import cover, device_params, taps
 
     batches = max(1, min(4, images // BATCH))
@@ -253,14 +246,14 @@ def resize(data: Path, images: int, repeats: int, device: torch.device, gpu: str
     dtype = torch.float16 if device.type == "cuda" else torch.float32
 
     def weights() -> None:
-        from fastdata.image.device.kernels import _axis_weights
+        from fastdata.image.device.kernels import axis_weights
 
         for _images, crops in photos:
             covered = cover(crops.boxes, crops.shapes)
             left, top, box_w, box_h, x0, y0, x1, y1, *_ = device_params(crops, covered, device).unbind(1)
             height, width = int((covered[:, 3] - covered[:, 1]).max()), int((covered[:, 2] - covered[:, 0]).max())
-            _axis_weights(top, box_h, y0, y1, SIZE[0], height, dtype, taps(crops.boxes[:, 3], SIZE[0]))
-            _axis_weights(left, box_w, x0, x1, SIZE[1], width, dtype, taps(crops.boxes[:, 2], SIZE[1]))
+            axis_weights(top, box_h, y0, y1, SIZE[0], height, dtype, taps(crops.boxes[:, 3], SIZE[0]))
+            axis_weights(left, box_w, x0, x1, SIZE[1], width, dtype, taps(crops.boxes[:, 2], SIZE[1]))
 
     weights()  # warm-up
     spans = []
@@ -297,8 +290,7 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
     there: only the MCUs the crop covers). (Over the original files the default gave 10,198 img/s and the engines
     alone 14,749 refusing the 19 progressive files: whether the hybrid decoder's share of each batch is what costs
     the difference.)"""
-    from gpu_train_feed import dataset, jpegs
-
+    from benchmarks.gpu_train_feed import dataset, jpegs
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
     from fastdata.image.device.options import DeviceDecode
 

@@ -1,6 +1,6 @@
 """Does the loader keep a GPU training loop fed? The measurement the device path is judged by, in steady state.
 
-    python benchmarks/gpu_train_feed.py [--images 6144] [--copies 4] [--models resnet18,resnet50] [--repeats 1]
+    python -m benchmarks.gpu_train_feed [--images 6144] [--copies 4] [--models resnet18,resnet50] [--repeats 1]
                                         [--budget-s 250] [--tune-budget 0] [--json F] [--device cuda|cpu]
 
 The protocol (docs/gpu.md, "Measuring it"; ../shared/notes/gpu-feeder-round4.md sec. 5):
@@ -39,7 +39,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,10 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
-from common import arguments, cached_sample_imagefolder
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 
 BATCH = 256
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
@@ -100,7 +97,7 @@ def replicate(src: Path, out: Path, copies: int) -> Path:
 def dataset(out: Path, images: int, layout: str = "original", non_jpeg: str = "keep") -> tuple[Path, Path]:
     """The sample photos (not replicated) as an ImageFolder tree and as an LMDB dataset (`hardening.dataset_for`;
     gpu_check's decode tables use them)."""
-    from hardening import dataset_for
+    from benchmarks.hardening import dataset_for
 
     return cached_sample_imagefolder(out, images), dataset_for(out, images, layout, non_jpeg)
 
@@ -393,7 +390,7 @@ def tune_for_defaults(lmdb: Path, budget_s: float, model: str, device: torch.dev
 
 
 def main() -> None:
-    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=1, data=False,
+    parser = arguments(__doc__.split("\n")[0], images=6144, repeats=1, data=False, json=True,
                        workers=min(os.cpu_count() or 1, 16), batch_size=BATCH)
     parser.add_argument("--copies", type=int, default=4, help="replicas of the sample photos (>= 96 batches)")
     parser.add_argument("--models", default="resnet18,resnet50")
@@ -401,7 +398,6 @@ def main() -> None:
     parser.add_argument("--tune-budget", type=float, default=0.0)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--out", default="benchmarks/data")
-    parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tables import MARKER, ROOT
+from benchmarks.tables import MARKER, ROOT
 
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
 _BOUND = r"(?<![<>≤≥=] )(?<![<>≤≥=])"  # "<= 12%", ">= 2x", "< 50 us": a bound or a target, not a measurement

@@ -1,6 +1,6 @@
 """Hardening figures: per-worker memory over epochs, and the cost of corrupt samples with on_error="skip".
 
-    python benchmarks/hardening.py --images 3000 --repeats 3
+    python -m benchmarks.hardening --images 3000 --repeats 3
 
 1. Memory stays flat: 3 epochs with 2 workers; each worker's RSS after every epoch (psutil), and its growth
    after the first epoch (target: under 5%).
@@ -20,34 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import report
-from common import arguments, cached_sample_imagefolder
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for, status_kb
 from fastdata.tools.bench_fair import alternate, dataset_files, loader_settings, median_ratio, warm_page_cache
-
-
-def dataset_for(data: Path, images: int, jpeg_layout: str = "original", non_jpeg: str = "keep") -> Path:
-    """The benchmarks' sample photos (`cached_sample_imagefolder`) as an LMDB dataset under `data`, converted once
-    (on every core) with the layout options given; each combination is a dataset of its own."""
-    src = cached_sample_imagefolder(data, images)
-    name = f"imagefolder-{images}" + ("" if jpeg_layout == "original" else f"-{jpeg_layout}") + (
-        "" if non_jpeg == "keep" else f"-non-jpeg-as-{non_jpeg}")
-    out = data / f"{name}.lmdb"
-    if not out.exists():
-        fastdata.convert_imagefolder(src, out, progress=False, jpeg_layout=jpeg_layout, non_jpeg=non_jpeg)
-    return out
-
-
-def status_kb(pid: int, field: str) -> int:
-    """A kB figure of /proc/PID/status (RssAnon, RssFile, RssShmem, ...); 0 when the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def worker_memory_mb() -> list[tuple[float, float, float]]:

@@ -1,6 +1,6 @@
 """What an evaluation loader's workers hold between its passes, with persistent workers and without.
 
-    python benchmarks/idle_workers.py --images 3000 --workers 4 --repeats 3
+    python -m benchmarks.idle_workers --images 3000 --workers 4 --repeats 3
 
 A val loader (augment="val") over an LMDB conversion of the benchmarks' sample, as a training script has one
 beside its training loader: after its passes, the worker processes still alive are counted and measured (psutil:
@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import gc
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 import fastdata
-
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from common import arguments
-from hardening import dataset_for, status_kb  # the same sample conversion and /proc reading
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for, status_kb
 
 MB = 2**20
 

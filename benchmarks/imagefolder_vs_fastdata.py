@@ -14,7 +14,7 @@ Every contender gets fastdata.loader's DataLoader settings, the same transform a
 its files read once before timing, and --repeats alternating runs (`fastdata.tools.bench.run_contenders`); the tables
 give medians, and ratios that are medians of the per-run ratios.
 
-    python benchmarks/imagefolder_vs_fastdata.py --images 3000 --repeats 3
+    python -m benchmarks.imagefolder_vs_fastdata --images 3000 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """
@@ -24,10 +24,10 @@ from __future__ import annotations
 import shutil
 import time
 
-import report
-from common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 from fastdata.converters.imagefolder import convert_imagefolder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 from fastdata.tools.bench import BenchConfig, LoaderResult, baseline_contender, fastdata_contender, run_contenders
 from fastdata.tools.bench_baseline import choose_baseline
 

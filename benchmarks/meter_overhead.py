@@ -4,23 +4,23 @@ differences), so the difference is the meter's own work per step. Then a loop wh
 wait, which is steadier than sleep), plain and metered, as a share of the step. Last, what `trace=` adds: the
 empty loop metered with a trace, the file written at the end of each pass included.
 
-    python benchmarks/meter_overhead.py --steps 200000 --repeats 5
+    python -m benchmarks.meter_overhead --steps 200000 --repeats 5
 
 Targets (issue 6): under 50 us per step, and under 1% of a 10 ms step.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 
-import report
 import torch
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments
 from fastdata.tools.bench_fair import alternate
 
 
@@ -67,10 +67,9 @@ def measure(batches: list, repeats: int, work: Callable[[], None] | None, **mete
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, images=None, repeats=5, data=False)
     parser.add_argument("--steps", type=int, default=200_000, help="steps of the empty loop")
     parser.add_argument("--slow-steps", type=int, default=300, help="steps of the 10 ms loop")
-    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
     images, labels = torch.zeros(256, 3, 8, 8, dtype=torch.uint8), torch.zeros(256, dtype=torch.int64)

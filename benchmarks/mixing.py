@@ -5,7 +5,7 @@
 2. loading: images/s of `fastdata.loader([a, b], weights=[0.7, 0.3])` against `fastdata.loader` over one LMDB
    dataset holding as many images (the same photos: a is the first 70%, b the rest), augment="train".
 
-    python benchmarks/mixing.py --samples 1300000 --images 3000 --repeats 3
+    python -m benchmarks.mixing --samples 1300000 --images 3000 --repeats 3
 
 Target: the mixed loader within a few percent of the plain one (the schedule is vectorised numpy; each batch is
 read by index exactly as from one dataset).
@@ -19,10 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import report
-from common import arguments
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments
 from fastdata.order.epoch import epoch_order
 from fastdata.order.mixing import MixPlan, mixed_epoch
 from fastdata.tools.bench_fair import alternate

@@ -17,7 +17,7 @@ Then loading, every loader giving `(images uint8 [B, 3, 224, 224], input_ids int
 Target (issue 18): fastdata at least 2x the webdataset pipeline, as the median of the per-run ratios; every
 loader is treated alike (benchmarks/README.md, "Fair by construction"). A quiet machine, and:
 
-    python benchmarks/pairs.py --images 3000 --repeats 3      # smoke: python -m benchmarks run pairs --smoke
+    python -m benchmarks.pairs --images 3000 --repeats 3      # smoke: python -m benchmarks run pairs --smoke
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import arguments, cached_sample_imagefolder, convert_once, loading_race
-
 import fastdata
+from benchmarks.common import arguments, cached_sample_imagefolder, convert_once, loading_race
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
-from fastdata.tools.bench_baseline import _transform
+from fastdata.tools.bench_baseline import torchvision_transform
 from fastdata.tools.bench_fair import dataset_files
 
 TARGET = 2.0  # issue 18: fastdata at least 2x the webdataset pipeline
@@ -113,7 +112,7 @@ def webdataset_contender(shards: list[Path], tokenizer_file: Path, config: Bench
     import webdataset as wds
     from tokenizers import Tokenizer
 
-    transform = _transform(config)
+    transform = torchvision_transform(config)
     settings = config.settings
     workers = max(1, settings.num_workers)
     per_worker = -(-count // (config.batch_size * workers))  # batches a worker yields per epoch

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry import BENCHMARKS, SUITES
-from report import Table
+from benchmarks.registry import BENCHMARKS, SUITES
+from benchmarks.report import Table
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

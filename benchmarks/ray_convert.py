@@ -9,7 +9,7 @@ connection and the Ray workers' start included), over the same photo-like JPEGs,
 model: what a conversion on `--nodes` x `--cores` would do, from what this run measured (the per-image work of a
 Ray worker, the driver's CPU per image, the fixed start-up).
 
-    python benchmarks/ray_convert.py --images 12000 --repeats 3
+    python -m benchmarks.ray_convert --images 12000 --repeats 3
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
-from common import arguments, cached_sample_imagefolder
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 
 _CHILD = textwrap.dedent("""
     import json, resource, sys, time

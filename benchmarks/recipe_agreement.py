@@ -9,21 +9,20 @@ the last column is the largest share of pixels that differ at all, over every bi
 TrivialAugmentWide space and the RandAugment / AutoAugment space at nearest (torchvision's default), and the
 geometric operations at bilinear (torchvision's reference recipes).
 
-    python benchmarks/recipe_agreement.py [--images 16]
+    python -m benchmarks.recipe_agreement [--images 16]
 """
 
 from __future__ import annotations
 
 import numpy as np
-import report
 import torch
-from common import arguments
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
 from torchvision.transforms import v2
 
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, dataset_for
 from fastdata.image.recipes.ops import OPERATIONS, OpContext
-from fastdata.image.recipes.policies import _STANDARD, _WIDE, magnitudes
+from fastdata.image.recipes.policies import magnitudes, space
 
 SIZE = 224
 COLUMNS = (0, 5, 10, 15, 20, 25, 30)  # the magnitude bins shown (of 31)
@@ -63,7 +62,7 @@ def space_table(title: str, wide: bool, names: list[str], interpolation: str, im
     rows = []
     for name in names:
         values = magnitudes(wide, name, 31, SIZE, SIZE)
-        signed = (_WIDE if wide else _STANDARD)[name][1]
+        signed = space(wide)[name][1]
         cells, share = [], 0.0
         for index in range(31):
             magnitude = 0.0 if values is None else values[index]
@@ -90,10 +89,10 @@ def main() -> None:
     images = crops(args.images, args.data)
     columns = tuple(args.bins)
     space_table("TrivialAugmentWide's operations and bins (nearest, torchvision's default) vs torchvision", True,
-                list(_WIDE), "nearest", images, columns)
+                list(space(True)), "nearest", images, columns)
     space_table("RandAugment's operations and bins, and AutoAugment's Invert (nearest) vs torchvision (AutoAugment's "
                 "10 bins are other points of the same ranges)", False,
-                list(_STANDARD), "nearest", images, columns)
+                list(space(False)), "nearest", images, columns)
     space_table("the geometric operations at bilinear (torchvision's reference recipes), TrivialAugmentWide's "
                 "bins", True, list(GEOMETRIC), "bilinear", images, columns)
 

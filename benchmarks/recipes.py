@@ -16,7 +16,7 @@ benchmarks); torchvision reads the ImageFolder's own files, less any the convers
 Every contender gets one untimed pass, the page cache warmed with its files and `--repeats` alternating runs
 (`fastdata.tools.bench.run_contenders`); the tables give medians and the medians of the per-run ratios.
 
-    python benchmarks/recipes.py --images 3000 --repeats 3
+    python -m benchmarks.recipes --images 3000 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """
@@ -26,10 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import report
-from common import arguments, cached_sample_imagefolder
-from hardening import dataset_for  # benchmarks/data/imagefolder-<images>.lmdb, converted if missing
-
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, dataset_for
 from fastdata.formats.manifest import read_manifest
 from fastdata.presets import CutMix, MixUp, RandAugment, RandomChoice, RandomErasing, RandomResizedCrop
 from fastdata.presets import TrivialAugmentWide as TrivialAugment

@@ -8,22 +8,22 @@ does, seeded), then timed, each over all images, alternating, median of `--repea
 - whole, same scale: OpenCV decodes the whole image at that DCT scale (fastdata's fallback path);
 - whole, full size: OpenCV decodes the whole image at full size (what PIL-style loaders do before cropping).
 
-    python benchmarks/region_decode.py [--data benchmarks/data/cpu-path-4000.lmdb] [--repeats 5]
+    python -m benchmarks.region_decode [--data benchmarks/data/cpu-path-4000.lmdb] [--repeats 5]
 
 The default dataset is the one `benchmarks/cpu_path.py` converts (run it first). Run nothing else heavy meanwhile.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import report
 
+from benchmarks import report
+from benchmarks.common import DATA, arguments
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
@@ -83,9 +83,7 @@ def decode_table(title: str, times: dict[str, list[float]], baseline: str, again
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "cpu-path-4000.lmdb")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = arguments(__doc__.split("\n")[0], images=None, repeats=5, data=DATA / "cpu-path-4000.lmdb")
     args = parser.parse_args()
     decoder = one_core_decoder()
     records = jpegs(args.data)

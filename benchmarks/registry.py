@@ -31,14 +31,14 @@ SUITES = {
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One benchmark: the script `file` in benchmarks/ (NAME.py unless `script` names another; or `command`: Python
-    arguments, for a run that is not a script of ours, such as the cuda-marked tests), run with `args` (full) or
-    `smoke`; `--repeats N` is passed on when it
-    `takes_repeats`. `needs`: modules it cannot run without ("cuda": a CUDA GPU); missing, the benchmark is left
-    out with the reason, except that a smoke run without a GPU runs `cpu_smoke` instead where it is given (the
-    parts of a GPU benchmark the CPU can run: proof that the script works). `timeout`: seconds the full run may
-    take before the harness stops it. `writes_json`: the script takes `--json FILE` and writes its own results
-    there as it goes; the harness passes one beside its own results file."""
+    """One benchmark: the module of benchmarks/ it runs (`python -m benchmarks.NAME`; `module` names another
+    than NAME; or `command`: Python arguments, for a run that is not a module of ours, such as the cuda-marked
+    tests), run with `args` (full) or `smoke`; `--repeats N` is passed on when it `takes_repeats`. `needs`: modules
+    it cannot run without ("cuda": a CUDA GPU); missing, the benchmark is left out with the reason, except that a
+    smoke run without a GPU runs `cpu_smoke` instead where it is given (the parts of a GPU benchmark the CPU can
+    run: proof that the module works). `timeout`: seconds the full run may take before the harness stops it.
+    `writes_json`: the module takes `--json FILE` and writes its own results there as it goes; the harness passes
+    one beside its own results file."""
 
     name: str
     suite: str
@@ -49,13 +49,28 @@ class Benchmark:
     needs: tuple[str, ...] = ()
     timeout: float = 3600.0
     command: tuple[str, ...] = ()
-    script: str = ""
+    module: str = ""
     cpu_smoke: tuple[str, ...] | None = None
     writes_json: bool = False
 
     @property
-    def file(self) -> str:
-        return self.script or f"{self.name}.py"
+    def runner(self) -> str:
+        """The module that runs it, `benchmarks.NAME` ("" for a `command`)."""
+        return "" if self.command else f"benchmarks.{self.module or self.name}"
+
+    @property
+    def target(self) -> tuple[str, ...]:
+        """The Python arguments that run it: `-m benchmarks.NAME`, or its `command`."""
+        return self.command or ("-m", self.runner)
+
+    def smoke_args(self, cuda: bool) -> tuple[str, ...]:
+        """The arguments of its smoke run on a machine with (`cuda`) or without a CUDA GPU: its CPU smoke where it
+        needs a GPU this machine lacks and has one."""
+        return self.cpu_smoke if self.runs_on_cpu(cuda) and self.cpu_smoke is not None else self.smoke
+
+    def runs_on_cpu(self, cuda: bool) -> bool:
+        """Whether its smoke run on a machine without (`cuda` False) a GPU is its CPU smoke."""
+        return self.cpu_smoke is not None and "cuda" in self.needs and not cuda
 
 
 _SMOKE_IMAGES = ("--images", "60", "--repeats", "1")
@@ -75,7 +90,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--images", "3000"), _SMOKE_IMAGES, needs=("pycocotools",)),
     Benchmark("detection_masks", "read", "COCO detection with instance masks: CocoDetection + v2 vs fastdata",
               ("--images", "3000", "--masks"), (*_SMOKE_IMAGES, "--masks"), needs=("pycocotools",),
-              script="detection.py"),
+              module="detection"),
     Benchmark("pairs", "read", "image-text pairs: a webdataset pipeline vs fastdata", ("--images", "3000"),
               _SMOKE_IMAGES),
     Benchmark("mixing", "read", "weighted mixing: the mixed schedule vs a plain permutation; mixed loading",
@@ -163,13 +178,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--images", "4000"), ("--images", "60", "--repeats", "1", "--epochs", "1")),
     # startup
     Benchmark("command_startup", "startup", "fastdata --version / --help / import / a small convert vs python -c "
-              "pass", (), ("--repeats", "2"), script="startup.py"),  # not named as its suite
+              "pass", (), ("--repeats", "2"), module="startup"),  # not named as its suite
     Benchmark("startup_scale", "startup", "import fastdata to the first batch, and the main process's peak RSS, "
               "at 10k to 10M samples", ("--repeats", "3"), ("--sizes", "10k", "--text-sizes", "10k", "--repeats",
                                                            "1")),
 )
 
 assert not {b.name for b in BENCHMARKS} & set(SUITES), "a benchmark named as a suite could never be run alone"
+
+
+def of_module(module: str) -> Benchmark:
+    """The benchmark that `python -m module` runs (`benchmarks.NAME`): the one named as its module where two run
+    it (detection: detection and detection_masks)."""
+    found = [b for b in BENCHMARKS if b.runner == module]
+    if not found:
+        raise SystemExit(f"{module} is not a registered benchmark (benchmarks/registry.py)")
+    return next((b for b in found if b.runner == f"benchmarks.{b.name}"), found[0])
 
 
 def select(name: str) -> list[Benchmark]:

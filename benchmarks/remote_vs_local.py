@@ -8,7 +8,7 @@ downloaded once) and with a warm one. Same transform, batch size and DataLoader 
 files); no warm-up pass for any contender, since the first epoch's downloads are what is measured; --repeats
 alternating runs, medians, and "vs local" as the median of the per-run ratios.
 
-    python benchmarks/remote_vs_local.py --images 1000 --repeats 3
+    python -m benchmarks.remote_vs_local --images 1000 --repeats 3
 
 The server is local, so this measures fastdata's own cost of remote reading (fetch, sha256 check, spooling or
 caching), not a network; over a real network add the transfer time of the shards.
@@ -26,10 +26,9 @@ import tempfile
 import time
 import urllib.request
 
-import report
-from common import arguments, cached_sample_imagefolder
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 from fastdata.tools.bench_fair import alternate, dataset_files, loader_settings, median_ratio, warm_page_cache
 
 

@@ -1,7 +1,7 @@
 """The device path's batched crop-resize-flip: matrix products (today's kernel) against per-tap gathers (the kernel
 before it, kept here as the baseline), on the same decoded photos and the same train crops.
 
-    python benchmarks/resize_kernel.py [--images 3000] [--batch-size 256] [--batches 4] [--repeats 3]
+    python -m benchmarks.resize_kernel [--images 3000] [--batch-size 256] [--batches 4] [--repeats 3]
                                        [--device cpu|cuda]
 
 The sample photos are decoded once with Pillow into CHW uint8 tensors on the device; each gets a
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import report
 import torch
-from common import arguments, cached_sample_imagefolder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
 from fastdata.image.augment import make_preset
 from fastdata.image.device.kernels import CropBatch, cover, crop_resize_flip, device_params, flat_windows
 from fastdata.order.epoch import sample_rng

@@ -16,7 +16,7 @@ covers); then timed, each over all images, alternating, median of `--repeats` pa
 - assemble only: RestartIndex.from_bytes + assemble, no decode;
 - whole image, full size (OpenCV): what PIL-style loaders decode before cropping.
 
-    python benchmarks/restart_decode.py [--images 2000] [--repeats 5]
+    python -m benchmarks.restart_decode [--images 2000] [--repeats 5]
 
 Run nothing else heavy meanwhile: the ratios are only as good as the machine is quiet.
 """
@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import report
-from common import arguments, cached_sample_imagefolder
-from region_decode import alternating_passes, decode_table, one_core_decoder
 
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder
+from benchmarks.region_decode import alternating_passes, decode_table, one_core_decoder
 from fastdata.errors import UnsupportedJpegError
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.augment import RandomResizedCropFlip

@@ -8,7 +8,7 @@ LMDB of the same JPEGs; both batch 128, 2 workers, persistent workers, no pinnin
 it reads /proc/PID/status of the loader's process and of every worker (RssAnon: heaps; RssFile: mapped files,
 libraries included; RssShmem: shared memory, the batches in flight) and keeps the largest total. Linux only.
 
-    python benchmarks/rss_split.py --images 4000 --repeats 2
+    python -m benchmarks.rss_split --images 4000 --repeats 2
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 KINDS = ("RssAnon", "RssFile", "RssShmem")
 
@@ -71,8 +69,8 @@ def measure(kind: str, source: str, epochs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    import report  # here, not above: a child (`--one`) imports only what its loader needs
-    from common import arguments, cached_sample_imagefolder
+    from benchmarks import report  # here, not above: a child (`--one`) imports only what its loader needs
+    from benchmarks.common import ROOT, arguments, cached_sample_imagefolder
 
     parser = arguments(__doc__.split("\n\n")[0], images=4000, repeats=2, epochs=2)
     args = parser.parse_args()
@@ -87,8 +85,8 @@ def main() -> None:
     for _ in range(args.repeats):  # alternating
         for label, kind, path in (("torchvision ImageFolder + PIL", "torchvision", source),
                                   ("fastdata", "fastdata", lmdb)):
-            done = subprocess.run([sys.executable, __file__, "--one", kind, str(path), str(args.epochs)],
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run([sys.executable, "-m", "benchmarks.rss_split", "--one", kind, str(path.resolve()),
+                                   str(args.epochs)], capture_output=True, text=True, check=True, cwd=ROOT)
             runs[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
     columns = [f"{who} {kind}" for who in ("main", "workers") for kind in KINDS]
     report.table(f"{args.images} JPEGs, batch 128, 2 workers, {args.epochs} epochs, medians of {args.repeats} runs "

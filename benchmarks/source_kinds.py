@@ -22,7 +22,7 @@ untimed pass over a freshly built loader, its files read once before any timing,
 (`fastdata.tools.bench.run_contenders`, as every benchmark and `fastdata bench`); the table gives medians and, against
 each baseline, the median of the per-run ratios. The target of issue 17: fastdata at least 2x each baseline.
 
-    python benchmarks/source_kinds.py --images 3000 --repeats 3
+    python -m benchmarks.source_kinds --images 3000 --repeats 3
 
 Needs `datasets` (`pip install 'fastdata[hf]'`). Run nothing else heavy while it runs: the ratios are only as good
 as the machine is quiet.
@@ -39,10 +39,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import report
-from common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
-
 import fastdata
+from benchmarks import report
+from benchmarks.common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
 from fastdata.formats.manifest import read_manifest
 from fastdata.tools.bench import (
     BenchConfig,
@@ -52,7 +51,7 @@ from fastdata.tools.bench import (
     fastdata_contender,
     run_contenders,
 )
-from fastdata.tools.bench_baseline import _transform, choose_baseline
+from fastdata.tools.bench_baseline import choose_baseline, torchvision_transform
 from fastdata.tools.bench_fair import alternate, warm_page_cache
 
 TARGET = 2.0  # issue 17: loading at least 2x each baseline
@@ -146,7 +145,7 @@ def hf_contender(saved: Path, config: BenchConfig, name: str) -> Contender:
     import datasets
     import torch
 
-    transform = _transform(config)
+    transform = torchvision_transform(config)
     settings = config.settings
 
     def transforms(examples: dict[str, list]) -> dict[str, list]:

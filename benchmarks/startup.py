@@ -5,7 +5,7 @@ run every command once, in turn; the table gives the median and the fastest wall
 the per-round differences from the baseline (what fastdata itself adds). `import torch` is timed alongside, as
 the cost that these commands do not pay (they import torch only when a command needs it).
 
-    python benchmarks/startup.py --repeats 20
+    python -m benchmarks.startup --repeats 20
 
 Each command runs as a child process with its output thrown away; `fastdata` is the console script next to this
 Python (or `python -m fastdata` where there is none).
@@ -13,7 +13,6 @@ Python (or `python -m fastdata` where there is none).
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import subprocess
@@ -22,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
+from benchmarks import report
+from benchmarks.common import arguments
 
 
 def fastdata_command() -> list[str]:
@@ -68,8 +66,7 @@ def measure(runs: dict[str, list[str]], repeats: int) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=20, help="rounds (each runs every command once)")
+    parser = arguments(__doc__, images=None, repeats=20, data=False)  # --repeats: rounds, each runs every command
     parser.add_argument("--no-torch", action="store_true", help="leave out the `import torch` row")
     args = parser.parse_args()
     if args.repeats < 1:

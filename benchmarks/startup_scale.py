@@ -4,7 +4,7 @@ WebDataset), each measured in a fresh child process, with `num_workers=0` and 2.
 growth against the smallest size of the same kind, format and workers: of the start-up after the import (open + 1st
 batch), of the whole time to the first batch, and of the peak RSS (the target: 1M / 10k under 2x for time and RSS).
 
-The datasets are made quickly and kept in `--cache` (built once; a dataset there is reused when its manifest is):
+The datasets are made quickly and kept in `--data` (built once; a dataset there is reused when its manifest is):
 images are a handful of distinct 16x16 JPEGs reused for every sample, each sample with its own key
 (`cNNN/imgNNNNNNNN.jpg`) and label; text documents are 8..64 token ids from a small word-level `tokenizers`
 tokenizer. Both are written through fastdata's own storage writers (`fastdata.formats.registry.storage`), so they
@@ -12,8 +12,8 @@ are real fastdata datasets with a valid manifest. Disk: about 0.5 KB per image a
 about 3.5 KB per image and 2 KB per document in WebDataset shards (tar headers): 1M images ~ 4 GB, 10M documents
 ~ 20 GB in WebDataset.
 
-    python benchmarks/startup_scale.py --sizes 10k,100k,1M --text-sizes 10k,100k,1M,10M
-    python benchmarks/startup_scale.py --sizes 10k,100k --text-sizes 10k,100k   # quick check
+    python -m benchmarks.startup_scale --sizes 10k,100k,1M --text-sizes 10k,100k,1M,10M
+    python -m benchmarks.startup_scale --sizes 10k,100k --text-sizes 10k,100k   # quick check
 
 Every dataset's files are read once before it is measured (page cache warm for every size). Each child prints its
 phases as JSON: import (`import fastdata`), open (`fastdata.loader(...)`), first batch
@@ -23,7 +23,6 @@ children and not counted), plus the RSS right after the import (the floor the da
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -33,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
+from benchmarks import report
+from benchmarks.common import arguments
 
 CLASSES = 100
 DISTINCT_IMAGES = 8
@@ -232,22 +230,19 @@ def median_run(path: Path, kind: str, workers: int, batch: int, repeats: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/fastdata-startup-scale"),
-                        help="where the datasets are built once and kept")
+    parser = arguments(__doc__, images=None, repeats=1, data=Path("/tmp/fastdata-startup-scale"))
     parser.add_argument("--sizes", default="10k,100k,1M", help="image dataset sizes ('' for none)")
     parser.add_argument("--text-sizes", default="10k,100k,1M,10M", help="text dataset sizes ('' for none)")
     parser.add_argument("--formats", default="lmdb,wds")
     parser.add_argument("--workers", default="0,2", help="num_workers values")
     parser.add_argument("--batch-size", type=int, default=256, help="images per batch (text: 8 rows of 128 tokens)")
-    parser.add_argument("--repeats", type=int, default=1, help="fresh children per cell (the median is shown)")
     parser.add_argument("--build-only", action="store_true", help="build the datasets, measure nothing")
     args = parser.parse_args()
     formats = [f for f in args.formats.split(",") if f]
     workers = [int(w) for w in args.workers.split(",") if w]
     plan = [("image", n) for n in parse_sizes(args.sizes)] + [("text", n) for n in parse_sizes(args.text_sizes)]
-    args.cache.mkdir(parents=True, exist_ok=True)
-    paths = {(kind, fmt, n): dataset(args.cache, kind, fmt, n) for kind, n in plan for fmt in formats}
+    args.data.mkdir(parents=True, exist_ok=True)
+    paths = {(kind, fmt, n): dataset(args.data, kind, fmt, n) for kind, n in plan for fmt in formats}
     if args.build_only:
         return
 

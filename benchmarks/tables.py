@@ -30,9 +30,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from provenance import Broken, Pending, Results, Run, cell, ratio
-from registry import BENCHMARKS
-from report import Table
+from benchmarks.provenance import Broken, Pending, Results, Run, cell, ratio
+from benchmarks.registry import BENCHMARKS
+from benchmarks.report import Table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -90,8 +90,7 @@ def registry_table() -> str:
     """Every benchmark: its suite, the command of its full run, what it compares."""
 
     def command(b) -> str:
-        target = " ".join(b.command) if b.command else b.file
-        return f"`{' '.join([target, *b.args])}`"
+        return f"`{' '.join(['python', *b.target, *b.args])}`"
 
     rows = [(b.suite, b.name, command(b), b.about + (f" (needs {', '.join(b.needs)})" if b.needs else ""))
             for b in BENCHMARKS]

@@ -13,12 +13,11 @@ the same 32k byte-level BPE tokenizer:
 Alternating rounds; the table gives each contender's median tokens/s over the rounds and the ratio of fastdata's
 median to each peer's, with the range of the per-round ratios.
 
-    python benchmarks/text_convert.py --mb 80 --repeats 3
+    python -m benchmarks.text_convert --mb 80 --repeats 3
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -28,9 +27,8 @@ import textwrap
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import report
+from benchmarks import report
+from benchmarks.common import arguments
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -86,13 +84,10 @@ def run(argv: list[str], cwd: Path, counts: list[int] | None = None) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=80.0, help="MB of text in the corpus")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data")
+    parser = arguments(__doc__, images=None, repeats=3, mb=80.0)
     args = parser.parse_args()
 
-    from text_corpus import build_corpus, train_tokenizer
+    from benchmarks.text_corpus import build_corpus, train_tokenizer
 
     corpus = build_corpus(args.data / f"text-{args.mb:g}mb.jsonl", args.mb)
     tokenizer = train_tokenizer(corpus, args.data / f"text-{args.mb:g}mb-bpe32k.json")

@@ -9,10 +9,13 @@ one epoch: `len(blocks) // batch` batches for the memmap and HF loaders, fastdat
 
 from __future__ import annotations
 
-import argparse
+import multiprocessing
 import os
+import resource
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +23,50 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
+from benchmarks.common import DATA, BenchmarkParser, arguments
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
-from fastdata.tools.bench_fair import DEFAULT_REPEATS, dataset_files
+from fastdata.tools.bench_fair import dataset_files
 
 
-def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
-    """The corpus and loading options the text loading benchmarks share."""
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "text")
-    parser.add_argument("--mb", type=float, default=80, help="Corpus size in MB of UTF-8 text.")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2, help="Timed epochs per loading run (after one untimed).")
+def loading_arguments(description: str | None) -> BenchmarkParser:
+    """The shared options (`common.arguments`) with the corpus and loading options of the text loading
+    benchmarks: `--data` (benchmarks/data/text), `--mb`, `--seq-len`, `--batch-size`, `--workers`, `--epochs`."""
+    return arguments(description, images=None, data=DATA / "text", mb=80.0, seq_len=1024, batch_size=32, workers=2,
+                     epochs=2)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """This process's RSS now, MB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
+    """`fastdata.convert_text` of `corpus` into `out` (format `fmt`): its tokens, seconds, bytes read, documents
+    and the RSS it added (MB); run it `in_fresh_process`."""
+    import fastdata
+
+    if Path(out).exists():
+        shutil.rmtree(out)
+    base = rss_mb()
+    started = time.perf_counter()
+    summary = fastdata.convert_text(corpus, out, tokenizer=tokenizer, format=fmt, progress=False)
+    seconds = time.perf_counter() - started
+    return {"tokens": summary.tokens, "seconds": seconds, "bytes": summary.bytes_in, "rss_mb": peak_rss_mb() - base,
+            "documents": summary.documents}
+
+
+def in_fresh_process(fn: Callable, *args) -> dict:
+    """`fn(*args)` in a new spawned process, not a daemon: `fastdata.convert_text` starts workers of its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+# --------------------------------------------------------------------------------------------- loading
 
 
 class Pairs:

@@ -6,22 +6,20 @@ The file is the texts of benchmarks/text_corpus.py's corpus joined by blank line
 corpus's 32k byte-level BPE. Each conversion runs in a fresh process, the two alternating over --repeats rounds;
 the table gives each one's median tokens/s and the median of the per-round ratios. Target: >= 1.8x.
 
-    python benchmarks/text_one_file.py --mb 80 --repeats 3
+    python -m benchmarks.text_one_file --mb 80 --repeats 3
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from text_corpus import corpus_and_tokenizer, iter_texts
-from text_throughput import _in_fresh_process
+from benchmarks import report
+from benchmarks.common import DATA, arguments
+from benchmarks.text_corpus import corpus_and_tokenizer, iter_texts
+from benchmarks.text_loaders import in_fresh_process
 
 WHOLE = "kept whole: one worker tokenizes the document (split_documents=False)"
 CUT = "cut where the tokenizer splits anyway, pieces on every worker (the default)"
@@ -64,11 +62,7 @@ def _same_ids(a: Path, b: Path) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "text")
-    parser.add_argument("--mb", type=float, default=80, help="Size of the one .txt file in MB of UTF-8.")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = arguments(__doc__, images=None, repeats=3, data=DATA / "text", mb=80.0, workers=2)
     args = parser.parse_args()
 
     corpus, tokenizer = corpus_and_tokenizer(args.data, args.mb)
@@ -79,7 +73,7 @@ def main() -> None:
     tokens = 0
     for round_number in range(args.repeats):
         for name, out in outputs.items():
-            result = _in_fresh_process(_convert, str(source), str(tokenizer), str(out), args.workers, name == CUT)
+            result = in_fresh_process(_convert, str(source), str(tokenizer), str(out), args.workers, name == CUT)
             seconds[name].append(result["seconds"])
             tokens = result["tokens"]
             print(f"round {round_number + 1}: {name}: {result['seconds']:.1f} s {result['notes']}", flush=True)

@@ -16,31 +16,26 @@ converted to LMDB once, in a child process):
 - planning: seconds to plan one epoch of --plan-documents synthetic documents (`fastdata.order.packing.plan_rows`,
   one core, the median of --repeats). Target: 10M documents in <= 10 s.
 
-    python benchmarks/text_packing.py --mb 80 --repeats 3
+    python -m benchmarks.text_packing --mb 80 --repeats 3
 
 Run nothing else heavy while it runs: the ratios and seconds are only as good as the machine is quiet.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import report
+from benchmarks.text_corpus import corpus_and_tokenizer
+from benchmarks.text_loaders import Pairs, fastdata_convert, in_fresh_process, loading_arguments
 from fastdata.order.packing import Pieces, plan_rows
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
 from fastdata.tools.bench_fair import dataset_files
-
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from text_corpus import corpus_and_tokenizer
-from text_loaders import Pairs, add_loading_arguments
-from text_throughput import _fastdata_convert, _in_fresh_process
 
 LOADERS = {  # name -> the loader's text options
     "packed blocks (the plain rate)": {},
@@ -123,8 +118,7 @@ def planning_table(documents: int, seq_len: int, repeats: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_loading_arguments(parser)
+    parser = loading_arguments(__doc__)
     parser.add_argument("--synthetic-documents", type=int, default=1_000_000)
     parser.add_argument("--plan-documents", type=int, default=10_000_000)
     args = parser.parse_args()
@@ -132,7 +126,7 @@ def main() -> None:
     corpus, tokenizer = corpus_and_tokenizer(args.data, args.mb)
     out = args.data / f"{corpus.stem}.lmdb"
     if not (out / "manifest.json").is_file():  # tokenized in a child: the loaders below fork this process
-        _in_fresh_process(_fastdata_convert, str(corpus), str(tokenizer), str(out), "lmdb")
+        in_fresh_process(fastdata_convert, str(corpus), str(tokenizer), str(out), "lmdb")
     config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, workers=args.workers, repeats=args.repeats,
                          metered=False)
     print(f"corpus {corpus}, dataset {out}; DataLoader settings: {config.settings}", flush=True)

@@ -19,47 +19,40 @@ over --repeats runs and printing medians and medians of per-run ratios measured 
   DataLoader gets fastdata.loader's settings with --workers workers, every loader one untimed epoch first,
   and every file is read once before timing (`fastdata.tools.bench.run_contenders`).
 
-    python benchmarks/text_throughput.py --mb 80 --repeats 3
+    python -m benchmarks.text_throughput --mb 80 --repeats 3
 
 Run nothing else heavy while it runs: the ratios are only as good as the machine is quiet.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import multiprocessing
 import os
-import resource
-import shutil
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks import report
+from benchmarks.text_corpus import corpus_and_tokenizer, iter_texts
+from benchmarks.text_loaders import (
+    fastdata_contender,
+    fastdata_convert,
+    hf_blocks,
+    hf_contender,
+    in_fresh_process,
+    loading_arguments,
+    memmap_contenders,
+    peak_rss_mb,
+    rss_mb,
+)
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult, run_contenders
 from fastdata.tools.bench_fair import alternate, median_ratio, warm_page_cache
 
-sys.path.insert(0, str(Path(__file__).parent))
-import report
-from text_corpus import corpus_and_tokenizer, iter_texts
-from text_loaders import add_loading_arguments, fastdata_contender, hf_blocks, hf_contender, memmap_contenders
-
 # ------------------------------------------------------------------------------------------ conversion
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def _ceiling(corpus: str, tokenizer: str, method: str, batch_chars: int, limit_mb: float | None) -> dict:
@@ -67,7 +60,7 @@ def _ceiling(corpus: str, tokenizer: str, method: str, batch_chars: int, limit_m
     from fastdata.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    base = _rss_mb()
+    base = rss_mb()
     texts = list(iter_texts(Path(corpus), limit_mb))
     batches, current, size = [], [], 0
     for text in texts:
@@ -88,29 +81,7 @@ def _ceiling(corpus: str, tokenizer: str, method: str, batch_chars: int, limit_m
             tokens += sum(len(e.ids) for e in encode(batch, add_special_tokens=False))
     seconds = time.perf_counter() - started
     return {"tokens": tokens, "seconds": seconds, "bytes": sum(len(t.encode()) for t in texts),
-            "rss_mb": _peak_rss_mb() - base}
-
-
-def _fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
-    import fastdata
-
-    if Path(out).exists():
-        shutil.rmtree(out)
-    base = _rss_mb()
-    started = time.perf_counter()
-    summary = fastdata.convert_text(corpus, out, tokenizer=tokenizer, format=fmt, progress=False)
-    seconds = time.perf_counter() - started
-    return {"tokens": summary.tokens, "seconds": seconds, "bytes": summary.bytes_in, "rss_mb": _peak_rss_mb() - base,
-            "documents": summary.documents}
-
-
-def _in_fresh_process(fn: Callable, *args) -> dict:
-    """`fn(*args)` in a new spawned process, not a daemon: `fastdata.convert_text` starts workers of its own."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
-
-
-# --------------------------------------------------------------------------------------------- loading
+            "rss_mb": peak_rss_mb() - base}
 
 
 def write_flat_stream(dataset_path: Path, out: Path) -> Path:
@@ -140,9 +111,9 @@ def conversion_table(corpus: Path, tokenizer: Path, outputs: dict[str, Path], re
         ceiling: (_ceiling, str(corpus), str(tokenizer), "encode_batch_fast", 4_000_000, None),
         "`tokenizers` `encode_batch` on the texts in memory (same ids, with offsets)":
             (_ceiling, str(corpus), str(tokenizer), "encode_batch", 4_000_000, None),
-        "`fastdata convert text` -> LMDB": (_fastdata_convert, str(corpus), str(tokenizer), str(outputs["lmdb"]),
+        "`fastdata convert text` -> LMDB": (fastdata_convert, str(corpus), str(tokenizer), str(outputs["lmdb"]),
                                             "lmdb"),
-        "`fastdata convert text` -> WebDataset": (_fastdata_convert, str(corpus), str(tokenizer),
+        "`fastdata convert text` -> WebDataset": (fastdata_convert, str(corpus), str(tokenizer),
                                                   str(outputs["wds"]), "wds"),
         f"`tokenizers` `encode`, one document at a time (first {one_mb:g} MB)":
             (_ceiling, str(corpus), str(tokenizer), "encode", 0, one_mb),
@@ -152,7 +123,7 @@ def conversion_table(corpus: Path, tokenizer: Path, outputs: dict[str, Path], re
 
     def run(name: str, repeat: int) -> None:
         fn, *fn_args = contenders[name]
-        result = _in_fresh_process(fn, *fn_args)
+        result = in_fresh_process(fn, *fn_args)
         results[name].append(result)
         print(f"  run {repeat + 1}: {name}: {result['tokens'] / result['seconds'] / 1e6:.3f} M tokens/s "
               f"({result['seconds']:.1f} s, peak RSS +{result['rss_mb']:.0f} MB)", flush=True)
@@ -188,8 +159,7 @@ def loading_table(results: list[LoaderResult], seq_len: int, config: BenchConfig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_loading_arguments(parser)
+    parser = loading_arguments(__doc__)
     parser.add_argument("--one-at-a-time-mb", type=float, default=8,
                         help="Corpus MB for the one-document-at-a-time encode row (it is slow).")
     parser.add_argument("--skip-conversion", action="store_true")
@@ -206,7 +176,7 @@ def main() -> None:
 
     for fmt, out in outputs.items():  # tokenize in a child only: the loaders below fork this process
         if not (out / "manifest.json").is_file():
-            _in_fresh_process(_fastdata_convert, str(corpus), str(tokenizer), str(out), fmt)
+            in_fresh_process(fastdata_convert, str(corpus), str(tokenizer), str(out), fmt)
     flat = write_flat_stream(outputs["lmdb"], args.data / f"{corpus.stem}-stream.u16")
     n = args.seq_len
     config = BenchConfig(epochs=args.epochs, batch_size=args.batch_size, workers=args.workers, repeats=args.repeats,

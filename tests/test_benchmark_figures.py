@@ -17,24 +17,17 @@ import numpy as np
 import pytest
 from builders import make_corpus, reference_ids, train_bytelevel, write_jsonl
 
+from benchmarks import guard, provenance, registry, tables
+from benchmarks.report import Table
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import guard  # noqa: E402
-import provenance  # noqa: E402
-import registry  # noqa: E402
-import tables  # noqa: E402
-from report import Table  # noqa: E402
 
 MACHINE = {"cpu": "Test CPU 9000", "cores": 2, "memory_gib": 7.5}
 
 
 def harness():
-    spec = importlib.util.spec_from_file_location("benchmark_harness", BENCHMARKS / "__main__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.__main__")
 
 
 def visible(text: str) -> str:
@@ -52,7 +45,7 @@ def a_run(benchmark: str = "meter_overhead", **fields) -> dict:
                   (("empty step", "1.25", "**1.50x**"), ("10 ms step", "500.0", "1.05x")), "lrr", ("a note",))
     return {"benchmark": benchmark, "suite": "read", "date": "2031-02-03 04:05 UTC", "machine": MACHINE,
             "harness": "python -m benchmarks run read --json benchmarks/results/read.json",
-            "command": "python meter_overhead.py", "exit": 0, "tables": [table.to_json()], **fields}
+            "command": "python -m benchmarks.meter_overhead", "exit": 0, "tables": [table.to_json()], **fields}
 
 
 # ---------------------------------------------------------------------------------------------- the guard
@@ -118,7 +111,7 @@ def test_a_table_and_a_figure_show_their_machine_date_and_command(tmp_path):
     assert "It costs 1.25 us, 1.50x the plain loop, 400.00x (measured on Test CPU 9000, 2 cores, 2031-02-03: " \
            "`python -m benchmarks run read`)" in text
     assert "- a note\n\n*Measured on Test CPU 9000, 2 cores, 7.5 GiB, 2031-02-03 04:05 UTC: `python -m benchmarks " \
-           "run read` (`python meter_overhead.py`).*" in text
+           "run read` (`python -m benchmarks.meter_overhead`).*" in text
     assert tables.check((page,), results) == []
 
 
@@ -236,10 +229,9 @@ def test_the_harness_keeps_each_runs_machine_date_and_command_and_replaces_only_
     out = tmp_path / "read.json"
     out.write_text(json.dumps({"smoke": False, "date": "2030-01-01", "machine": MACHINE,
                                "runs": [a_run("epoch_start"), a_run("tiny", command="old")]}), encoding="utf-8")
-    code = "import report; report.table('t', ['a', 'b'], [['x', '1']])"
+    code = "from benchmarks import report; report.table('t', ['a', 'b'], [['x', '1']])"
     tiny = registry.Benchmark("tiny", "read", "a tiny one", command=("-c", code))
     monkeypatch.setattr(main, "select", lambda name: [tiny])
-    monkeypatch.setenv("PYTHONPATH", str(BENCHMARKS))
     argv = ["run", "tiny", "--json", str(out)]
     args = argparse.Namespace(suite="tiny", smoke=False, repeats=None, json=str(out), argv=argv)
     assert main.run(args) == 0
@@ -281,7 +273,7 @@ def test_tables_can_render_copies_from_another_results_folder(tmp_path):
 def test_the_text_conversion_peers_write_the_ids_fastdata_writes(tmp_path):
     """text_convert.py's script (encode_batch_fast on chunks + np.concatenate) and HF datasets pipeline (batched
     map + numpy packing) do the same work as fastdata's conversion: each document's ids and an end-of-text."""
-    import text_convert
+    from benchmarks import text_convert
 
     docs = make_corpus(60)
     corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)

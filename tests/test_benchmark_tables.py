@@ -12,14 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import provenance, registry, tables
+from benchmarks.report import Table
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import provenance  # noqa: E402
-import registry  # noqa: E402
-import tables  # noqa: E402
-from report import Table  # noqa: E402
 
 # modules of benchmarks/ that are not benchmarks: the harness and what the runners share
 NOT_RUNNERS = {"__init__", "__main__", "registry", "report", "tables", "common", "device_setup", "peers",
@@ -107,13 +104,13 @@ def test_a_marker_naming_what_does_not_exist_is_refused(tmp_path):
 
 def test_every_runner_is_registered_in_a_known_suite():
     runners = {p.stem for p in BENCHMARKS.glob("*.py")} - NOT_RUNNERS
-    scripts = {Path(b.file).stem for b in registry.BENCHMARKS if not b.command}
-    assert runners == scripts
+    modules = {b.runner.removeprefix("benchmarks.") for b in registry.BENCHMARKS if not b.command}
+    assert runners == modules
     assert {b.suite for b in registry.BENCHMARKS} == set(registry.SUITES)
     names = [b.name for b in registry.BENCHMARKS]
     assert len(names) == len(set(names))
     for b in registry.BENCHMARKS:
-        assert b.command or (BENCHMARKS / b.file).exists()
+        assert b.command or (BENCHMARKS / f"{b.runner.removeprefix('benchmarks.')}.py").exists()
 
 
 def test_select_takes_a_suite_or_a_name_and_refuses_others():
@@ -134,14 +131,10 @@ def test_a_table_whose_rows_do_not_fit_its_columns_is_refused():
 def test_a_run_hands_the_runners_tables_over_as_json(tmp_path, capfd):
     """A benchmark runs in a fresh process; the tables it reports arrive in its record, its output passes
     through, and a benchmark that cannot run here is left out with the reason."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("benchmark_harness", BENCHMARKS / "__main__.py")
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
-    code = ("import report; report.table('two rows', ['loader', 'images/s'], [['a', '1,000'], ['b', '2,000']], "
-            "notes=['per-run ratios: 2.00'])")
-    env = {**__import__("os").environ, "PYTHONPATH": str(BENCHMARKS)}
+    import benchmarks.__main__ as harness
+    code = ("from benchmarks import report; report.table('two rows', ['loader', 'images/s'], "
+            "[['a', '1,000'], ['b', '2,000']], notes=['per-run ratios: 2.00'])")
+    env = dict(__import__("os").environ)
     ran = harness.run_one(registry.Benchmark("tiny", "read", "two rows", command=("-c", code)), False, None, env)
     assert ran["exit"] == 0
     assert [Table.from_json(t).rows for t in ran["tables"]] == [(("a", "1,000"), ("b", "2,000"))]
@@ -152,17 +145,17 @@ def test_a_run_hands_the_runners_tables_over_as_json(tmp_path, capfd):
 
 
 def test_a_real_runner_hands_its_tables_to_the_harness(tmp_path):
-    """convert_speed.py at a tiny size, its data in a temporary folder: both of its tables reach the harness's
-    sink, with a row per contender and figures that parse."""
+    """`python -m benchmarks.convert_speed` at a tiny size, its data in a temporary folder: both of its tables
+    reach the harness's sink, with a row per contender and figures that parse."""
     import os
     import subprocess
 
-    from report import SINK, read_sink
+    from benchmarks.report import SINK, read_sink
 
     sink = tmp_path / "tables.jsonl"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "convert_speed.py"), "--images", "16", "--small", "8",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.convert_speed", "--images", "16", "--small", "8",
                            "--repeats", "1", "--skip-text", "--skip-peers", "--data", str(tmp_path / "data")],
-                          env={**os.environ, SINK: str(sink)}, capture_output=True, text=True, check=False)
+                          env={**os.environ, SINK: str(sink)}, capture_output=True, text=True, check=False, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     speed, cpu = read_sink(str(sink))
     assert speed.columns == ("contender", "images/s", "x (a)")
@@ -175,7 +168,7 @@ def test_a_real_runner_hands_its_tables_to_the_harness(tmp_path):
 def test_the_device_suite_fits_one_device_call_with_room_to_rerun():
     """Its benchmarks' caps and the set-up's (installing the wheels, building the extension) add up to at most
     DEVICE_SUITE_S, 540 s: one device call may run 600 s (they added up to 635 s before the set-up)."""
-    import device_setup
+    from benchmarks import device_setup
 
     caps = sum(b.timeout for b in registry.select("device"))
     assert caps + device_setup.SETUP_TIMEOUT <= registry.DEVICE_SUITE_S <= 540
@@ -183,11 +176,7 @@ def test_the_device_suite_fits_one_device_call_with_room_to_rerun():
 
 def test_a_gpu_benchmark_without_a_gpu_runs_its_cpu_smoke_and_writes_its_results_beside_the_harnesss(tmp_path,
                                                                                                     monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("benchmark_harness", BENCHMARKS / "__main__.py")
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    import benchmarks.__main__ as harness
     monkeypatch.setattr(harness, "has_cuda", lambda: False)
     feed = next(b for b in registry.select("device") if b.name == "gpu_train_feed")
     assert harness.missing(feed, smoke=False) == "no CUDA GPU on this machine"

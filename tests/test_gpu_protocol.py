@@ -3,14 +3,9 @@ on the CPU: the settle window, the steady rate from per-step marks, the epoch-st
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-from gpu_train_feed import replicate, settle_steps, stall, steady
+from benchmarks.gpu_train_feed import replicate, settle_steps, stall, steady
 
 
 def test_the_steady_window_starts_once_every_batch_in_flight_has_come():

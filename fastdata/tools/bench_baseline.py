@@ -304,7 +304,7 @@ def _stored_ext(data: bytes, key: str) -> str:
     return ext or PurePosixPath(key).suffix.lower().lstrip(".") or "bin"
 
 
-def _transform(config: BenchConfig) -> Any:
+def torchvision_transform(config: BenchConfig) -> Any:
     """The torchvision transform that does what fastdata's `config.augment` preset does."""
     from torchvision import transforms as T
 
@@ -346,7 +346,7 @@ def list_baseline(samples: list[tuple[Path, Label]], config: BenchConfig, num_cl
     import torch
 
     settings = config.settings
-    data = ListImages(samples, _transform(config), num_classes, label_kind == "multi")
+    data = ListImages(samples, torchvision_transform(config), num_classes, label_kind == "multi")
 
     def make() -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(data, batch_size=config.batch_size,  # type: ignore[arg-type]  # map-style
@@ -362,7 +362,7 @@ def imagefolder_baseline(root: Path, config: BenchConfig, exclude: Iterable[str]
     from torchvision import datasets
     from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
-    transform = _transform(config)
+    transform = torchvision_transform(config)
     root, skip = Path(root), frozenset(exclude)
     settings = config.settings
 

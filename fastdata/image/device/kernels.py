@@ -12,7 +12,7 @@ separable, so each crop is resized by two matrix products, `rows @ crop @ column
    a padded [n, height, C * width] block (rows past a crop's height repeat its last row; columns past its width
    hold the next pixels of the buffer);
 3. two batched matrix products with dense weight matrices ([n, out_h, height] and [n, out_w, width], Pillow's
-   weights evaluated at every pixel, each written in one fused pass on CUDA: `_axis_weights`; a flip mirrors the
+   weights evaluated at every pixel, each written in one fused pass on CUDA: `axis_weights`; a flip mirrors the
    columns' matrix) resize every crop at once; the padding gets weight 0.
 
 Compared with gathering each output row's taps and summing them (the kernel before it, kept as the baseline of
@@ -71,7 +71,7 @@ def taps(lengths: np.ndarray, out: int) -> int:
     return 2 * math.ceil(radius) + 2
 
 
-def _axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: int,
+def axis_weights(start: torch.Tensor, length: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: int,
                   extent: int, dtype: torch.dtype, taps: int, flip: torch.Tensor | None = None) -> torch.Tensor:
     """The dense resampling matrix along one axis, `dtype` [n, out, extent]: output pixel i of image b samples the
     box [start, start + length) at centre start + (i + 0.5) * scale (mirrored when `flip`) with a triangle of radius
@@ -208,8 +208,8 @@ def _resize(images: list[torch.Tensor], crops: CropBatch, covered: np.ndarray, s
               + source_rows[:, :, None] * image_w[:, None, None] + x0[:, None, None]).long()  # [n, height, C]
     block = windows.index_select(0, starts.reshape(-1)).view(n, height, channels * width).to(dtype)
 
-    vertical = _axis_weights(top, box_h, y0, y1, out_h, height, dtype, taps(crops.boxes[:, 3], out_h))
-    horizontal = _axis_weights(left, box_w, x0, x1, out_w, width, dtype, taps(crops.boxes[:, 2], out_w), flips)
+    vertical = axis_weights(top, box_h, y0, y1, out_h, height, dtype, taps(crops.boxes[:, 3], out_h))
+    horizontal = axis_weights(left, box_w, x0, x1, out_w, width, dtype, taps(crops.boxes[:, 2], out_w), flips)
     resized_rows = torch.bmm(vertical, block).view(n, out_h * channels, width)  # [n, out_h, C * width]
     out = torch.bmm(resized_rows, horizontal.transpose(1, 2))  # [n, out_h * C, out_w]
     return out.view(n, out_h, channels, out_w).permute(0, 2, 1, 3).float()

@@ -38,6 +38,12 @@ _STANDARD: Space = {
 }
 _RAND_OPS = tuple(name for name in _STANDARD if name != "Invert")
 
+
+def space(wide: bool) -> Space:
+    """The operations and magnitude ranges of TrivialAugmentWide (`wide`) or of RandAugment and AutoAugment:
+    operation name -> (its magnitudes, whether they are signed)."""
+    return dict(_WIDE if wide else _STANDARD)
+
 #: AutoAugment's ImageNet policy: 25 sub-policies of two (operation, probability, magnitude bin of 10)
 IMAGENET_POLICY: tuple[tuple[tuple[str, float, int | None], ...], ...] = (
     (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)), (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
