@@ -1,6 +1,6 @@
-"""Fixtures (and pytest hooks) shared by the test files; the data they build comes from builders.py.
+"""Fixtures (and pytest hooks) shared by the test files; the data they build comes from the builders package.
 
-Session fixtures convert the tricky and the solid ImageFolder trees (see builders.py) once, to LMDB and to
+Session fixtures convert the tricky and the solid ImageFolder trees (see builders/images.py) once, to LMDB and to
 WebDataset shards, for every test that only reads them.
 """
 
@@ -12,34 +12,28 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from builders import (
+from builders.coco import write_coco, write_coco_rectangles
+from builders.hf import HfSources, write_hf_sources
+from builders.images import (
     SMALL_SOLID_COUNT,
-    HfSources,
     Tree,
     build_bad_tree,
     build_photo_tree,
-    build_segmentation_rects,
     build_solid_tree,
     build_tricky_tree,
-    clip_like_tokenizer,
-    make_corpus,
-    pair_caption,
-    pair_shard_sample,
-    pairs_frame,
-    reference_ids,
-    train_bytelevel,
-    write_coco,
-    write_coco_rectangles,
-    write_hf_sources,
-    write_jsonl,
-    write_list,
-    write_wds_shards,
-    write_zip,
-    zip_source,
 )
+from builders.lists import write_list
+from builders.pairs import clip_like_tokenizer, pair_caption, pair_shard_sample, pairs_frame
+from builders.segmentation import build_segmentation_rects
+from builders.sources import write_zip, zip_source
+from builders.text import make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders.webdataset import write_wds_shards
 
 import fastdata
 from fastdata.image.jpeg.extension import EXTENSION, HOW_TO_BUILD, NOT_BUILT, extension_built
@@ -61,50 +55,13 @@ def tricky_tree(tmp_path_factory) -> Tree:
 
 
 @pytest.fixture(scope="session")
-def tricky_lmdb(tricky_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tricky_out") / "data.lmdb"
-    fastdata.convert_imagefolder(tricky_tree.root, out, workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tricky_wds(tricky_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tricky_wds") / "shards"
-    fastdata.convert_imagefolder(tricky_tree.root, out, format="wds", shard_size="4KB", seed=3, workers=2,
-                                 progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
 def solid_tree(tmp_path_factory) -> Tree:
     return build_solid_tree(tmp_path_factory.mktemp("solid") / "src")
 
 
 @pytest.fixture(scope="session")
-def solid_lmdb(solid_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("solid_out") / "solid.lmdb"
-    fastdata.convert_imagefolder(solid_tree.root, out, workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
-def solid_wds(solid_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("solid_wds") / "shards"
-    fastdata.convert_imagefolder(solid_tree.root, out, format="wds", shard_size="12KB", seed=0, workers=1,
-                                 progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
 def small_solid_tree(tmp_path_factory) -> Tree:
     return build_solid_tree(tmp_path_factory.mktemp("small_solid") / "src", count=SMALL_SOLID_COUNT)
-
-
-@pytest.fixture(scope="session")
-def small_solid_lmdb(small_solid_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("small_solid_out") / "d.lmdb"
-    fastdata.convert_imagefolder(small_solid_tree.root, out, workers=1, progress=False)
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -160,15 +117,8 @@ def photo_tree(tmp_path_factory) -> Tree:
 
 
 @pytest.fixture(scope="session")
-def photo_lmdb(photo_tree, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("photo_like_out") / "photos.lmdb"
-    fastdata.convert_imagefolder(photo_tree.root, out, workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
 def loader_corpus() -> list[str]:
-    """The text loader tests' corpus: 150 documents of varied length (builders.make_corpus)."""
+    """The text loader tests' corpus: 150 documents of varied length (builders.text.make_corpus)."""
     return make_corpus(150, seed=3)
 
 
@@ -184,28 +134,6 @@ def loader_documents(loader_corpus, loader_tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def loader_text_lmdb(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
-    root = tmp_path_factory.mktemp("loader_lmdb")
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d.lmdb", tokenizer=loader_tokenizer,
-                          progress=False)
-    return root / "d.lmdb"
-
-
-@pytest.fixture(scope="session")
-def loader_text_wds(tmp_path_factory, loader_corpus, loader_tokenizer) -> Path:
-    root = tmp_path_factory.mktemp("loader_wds")
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", loader_corpus), root / "d", tokenizer=loader_tokenizer,
-                          format="wds", shard_size="2KB", progress=False)
-    return root / "d"
-
-
-@pytest.fixture(params=["lmdb", "wds"])
-def loader_text(request, loader_text_lmdb, loader_text_wds) -> Path:
-    """The loader corpus converted, in each format (WebDataset: shards of 2KB)."""
-    return loader_text_lmdb if request.param == "lmdb" else loader_text_wds
-
-
-@pytest.fixture(scope="session")
 def small_text_lmdb(tmp_path_factory) -> Path:
     """A small tokenized text conversion (30 documents, LMDB): for what a loader does with a text dataset."""
     root = tmp_path_factory.mktemp("small_text")
@@ -214,39 +142,6 @@ def small_text_lmdb(tmp_path_factory) -> Path:
     fastdata.convert_text(write_jsonl(root / "corpus.jsonl", corpus), out,
                           tokenizer=train_bytelevel(root / "bpe.json", corpus), progress=False)
     return out
-
-
-@pytest.fixture(params=["lmdb", "wds"])
-def solid(request, solid_lmdb, solid_wds) -> Path:
-    """Each test that takes it runs on the solid conversion in both formats."""
-    return solid_lmdb if request.param == "lmdb" else solid_wds
-
-
-def _multi_label(solid_tree: Tree, out: Path, **options) -> Path:
-    """The solid tree as a multi-label dataset with metadata (`builders.multi_labels`, `builders.solid_metadata`),
-    its bytes read from a zip archive: a source whose samples are not files."""
-    from fastdata.convert.images import convert_images
-
-    listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
-    convert_images(lambda: listing, out, workers=1, progress=False, **options)
-    return out
-
-
-@pytest.fixture(scope="session")
-def multi_label_lmdb(solid_tree, tmp_path_factory) -> Path:
-    return _multi_label(solid_tree, tmp_path_factory.mktemp("multi_lmdb") / "multi.lmdb")
-
-
-@pytest.fixture(scope="session")
-def multi_label_wds(solid_tree, tmp_path_factory) -> Path:
-    return _multi_label(solid_tree, tmp_path_factory.mktemp("multi_wds") / "multi-shards", format="wds",
-                        shard_size="12KB")
-
-
-@pytest.fixture(params=["lmdb", "wds"])
-def multi_label(request, multi_label_lmdb, multi_label_wds) -> Path:
-    """Each test that takes it runs on the multi-label solid conversion in both formats."""
-    return multi_label_lmdb if request.param == "lmdb" else multi_label_wds
 
 
 @pytest.fixture(scope="session")
@@ -330,22 +225,6 @@ def pairs_csv(solid_tree, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def pairs_lmdb(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pairs_out") / "pairs.lmdb"
-    fastdata.convert_pairs(pairs_csv, out, root=solid_tree.root, tokenizer=pair_tokenizer, workers=1,
-                           progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
-def pairs_wds(solid_tree, pairs_csv, pair_tokenizer, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("pairs_wds") / "shards"
-    fastdata.convert_pairs(pairs_csv, out, root=solid_tree.root, tokenizer=pair_tokenizer, format="wds",
-                           shard_size="12KB", workers=1, progress=False)
-    return out
-
-
-@pytest.fixture(scope="session")
 def pair_shards(solid_tree, tmp_path_factory) -> Path:
     """img2dataset-style shards of the solid images (webdataset's ShardWriter, 6 samples a shard): `.txt`
     captions in `.txt` and `.json`, in `.txt` only, or in `.json` only, in turn."""
@@ -364,37 +243,80 @@ def pairs_from_shards(pair_shards, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(params=["lmdb", "wds"])
-def pairs(request, pairs_lmdb, pairs_wds) -> Path:
-    """The solid pairs with token ids, as LMDB and as WebDataset shards."""
-    return pairs_lmdb if request.param == "lmdb" else pairs_wds
-
-
 @pytest.fixture(scope="session")
 def seg_rect_list(tmp_path_factory) -> Path:
-    """The segmentation rectangles source (builders.build_segmentation_rects): 23 pictures with label maps."""
+    """The segmentation rectangles source (builders.segmentation.build_segmentation_rects): 23 pictures with label
+    maps."""
     return build_segmentation_rects(tmp_path_factory.mktemp("seg_rects") / "src")
 
 
 @pytest.fixture(scope="session")
-def seg_rect_lmdb(seg_rect_list, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("seg_rects_lmdb") / "seg.lmdb"
-    fastdata.convert_list(seg_rect_list, out, mask_column="mask", workers=1, progress=False)
+def rect_source(tmp_path_factory):
+    """The rectangles COCO source (builders.coco.write_coco_rectangles): 23 images, each a red rectangle in its box."""
+    return write_coco_rectangles(tmp_path_factory.mktemp("rects"))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Datasets the session converts once, in each storage format. Each row of CONVERSIONS makes the session fixtures
+# `{name}_lmdb` and `{name}_wds` (the same source converted into a temporary folder of its own) and, where `each`
+# is given, the fixture of that name that runs every test taking it on both formats.
+
+#: how a row converts its source: (fixture lookup, output path, the format's options) -> the output path
+Convert = Callable[..., Path]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One source converted once per session, to LMDB (`lmdb`) and/or WebDataset shards (`wds`): each format a
+    (temporary folder, output name, options) triple, None where the session does not need it."""
+
+    name: str
+    convert: Convert
+    lmdb: tuple[str, str, dict[str, Any]] | None
+    wds: tuple[str, str, dict[str, Any]] | None = None
+    each: str | None = None
+    about: str = ""
+
+
+def _imagefolder(tree: str) -> Convert:
+    """Convert the ImageFolder tree of fixture `tree` (`fastdata.convert_imagefolder`)."""
+    def convert(fixture, out: Path, **options) -> Path:
+        fastdata.convert_imagefolder(fixture(tree).root, out, progress=False, **options)
+        return out
+
+    convert.__doc__ = f"the ImageFolder tree `{tree}`."
+    return convert
+
+
+def _multi_label(fixture, out: Path, **options) -> Path:
+    """the solid tree as a multi-label dataset with metadata (`builders.sources.multi_labels`,
+    `builders.sources.solid_metadata`), its bytes read from a zip archive: a source whose samples are not files."""
+    from fastdata.convert.images import convert_images
+
+    solid_tree = fixture("solid_tree")
+    listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
+    convert_images(lambda: listing, out, workers=1, progress=False, **options)
     return out
 
 
-@pytest.fixture(scope="session")
-def seg_rect_wds(seg_rect_list, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("seg_rects_wds") / "seg-wds"
-    fastdata.convert_list(seg_rect_list, out, mask_column="mask", format="wds", shard_size="6KB", workers=1,
-                          progress=False)
+def _loader_text(fixture, out: Path, **options) -> Path:
+    """the loader corpus, as JSONL beside `out`, tokenized with the loader tokenizer."""
+    source = write_jsonl(out.parent / "c.jsonl", fixture("loader_corpus"))
+    fastdata.convert_text(source, out, tokenizer=fixture("loader_tokenizer"), progress=False, **options)
     return out
 
 
-@pytest.fixture(params=["lmdb", "wds"])
-def seg_rects(request, seg_rect_lmdb, seg_rect_wds) -> Path:
-    """The segmentation rectangles converted, as LMDB and as WebDataset shards."""
-    return seg_rect_lmdb if request.param == "lmdb" else seg_rect_wds
+def _pairs(fixture, out: Path, **options) -> Path:
+    """the solid pairs list (`pairs_csv`) with token ids (`pair_tokenizer`)."""
+    fastdata.convert_pairs(fixture("pairs_csv"), out, root=fixture("solid_tree").root,
+                           tokenizer=fixture("pair_tokenizer"), workers=1, progress=False, **options)
+    return out
+
+
+def _seg_rects(fixture, out: Path, **options) -> Path:
+    """the segmentation rectangles source (`seg_rect_list`) with its label maps."""
+    fastdata.convert_list(fixture("seg_rect_list"), out, mask_column="mask", workers=1, progress=False, **options)
+    return out
 
 
 def _convert_coco(source, out: Path, **options) -> Path:
@@ -402,35 +324,76 @@ def _convert_coco(source, out: Path, **options) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def rect_source(tmp_path_factory):
-    """The rectangles COCO source (builders.write_coco_rectangles): 23 images, each a red rectangle in its box."""
-    return write_coco_rectangles(tmp_path_factory.mktemp("rects"))
+def _rects(fixture, out: Path, **options) -> Path:
+    """the rectangles COCO source (`rect_source`)."""
+    return _convert_coco(fixture("rect_source"), out, **options)
 
 
-@pytest.fixture(scope="session")
-def rect_lmdb(rect_source, tmp_path_factory) -> Path:
-    return _convert_coco(rect_source, tmp_path_factory.mktemp("rects_lmdb") / "rects.lmdb")
+def _coco(fixture, out: Path, **options) -> Path:
+    """the converter tests' COCO source (builders.coco.write_coco: polygons of several parts, compressed and
+    uncompressed RLE crowds), written beside `out`."""
+    return _convert_coco(write_coco(out.parent), out, **options)
 
 
-@pytest.fixture(scope="session")
-def rect_wds(rect_source, tmp_path_factory) -> Path:
-    return _convert_coco(rect_source, tmp_path_factory.mktemp("rects_wds") / "rects-wds", format="wds",
-                         shard_size="6KB")
+def _shards(shard_size: str, **options: Any) -> dict[str, Any]:
+    return {"format": "wds", "shard_size": shard_size, **options}
 
 
-@pytest.fixture(params=["lmdb", "wds"])
-def rects(request, rect_lmdb, rect_wds) -> Path:
-    """The rectangles COCO source converted, as LMDB and as WebDataset shards."""
-    return rect_lmdb if request.param == "lmdb" else rect_wds
+CONVERSIONS = [
+    Conversion("tricky", _imagefolder("tricky_tree"), ("tricky_out", "data.lmdb", {"workers": 1}),
+               ("tricky_wds", "shards", _shards("4KB", seed=3, workers=2))),
+    Conversion("solid", _imagefolder("solid_tree"), ("solid_out", "solid.lmdb", {"workers": 1}),
+               ("solid_wds", "shards", _shards("12KB", seed=0, workers=1)), each="solid",
+               about="Each test that takes it runs on the solid conversion in both formats."),
+    Conversion("small_solid", _imagefolder("small_solid_tree"), ("small_solid_out", "d.lmdb", {"workers": 1})),
+    Conversion("photo", _imagefolder("photo_tree"), ("photo_like_out", "photos.lmdb", {"workers": 1})),
+    Conversion("loader_text", _loader_text, ("loader_lmdb", "d.lmdb", {}), ("loader_wds", "d", _shards("2KB")),
+               each="loader_text", about="The loader corpus converted, in each format (WebDataset: shards of 2KB)."),
+    Conversion("multi_label", _multi_label, ("multi_lmdb", "multi.lmdb", {}),
+               ("multi_wds", "multi-shards", _shards("12KB")), each="multi_label",
+               about="Each test that takes it runs on the multi-label solid conversion in both formats."),
+    Conversion("pairs", _pairs, ("pairs_out", "pairs.lmdb", {}), ("pairs_wds", "shards", _shards("12KB")),
+               each="pairs", about="The solid pairs with token ids, as LMDB and as WebDataset shards."),
+    Conversion("seg_rect", _seg_rects, ("seg_rects_lmdb", "seg.lmdb", {}), ("seg_rects_wds", "seg-wds", _shards("6KB")),
+               each="seg_rects", about="The segmentation rectangles converted, as LMDB and as WebDataset shards."),
+    Conversion("rect", _rects, ("rects_lmdb", "rects.lmdb", {}), ("rects_wds", "rects-wds", _shards("6KB")),
+               each="rects", about="The rectangles COCO source converted, as LMDB and as WebDataset shards."),
+    Conversion("coco", _coco, ("coco_lmdb", "coco.lmdb", {})),
+]
 
 
-@pytest.fixture(scope="session")
-def coco_lmdb(tmp_path_factory) -> Path:
-    """The converter tests' COCO source (builders.write_coco: polygons of several parts, compressed and
-    uncompressed RLE crowds) converted to LMDB."""
-    root = tmp_path_factory.mktemp("coco_lmdb")
-    return _convert_coco(write_coco(root), root / "coco.lmdb")
+def _converted(row: Conversion, fmt: str, folder: str, name: str, options: dict[str, Any]):
+    """The session fixture `{row.name}_{fmt}`: `row`'s source converted into `folder`/`name` with `options`."""
+    def fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return row.convert(request.getfixturevalue, tmp_path_factory.mktemp(folder) / name, **options)
+
+    fixture.__doc__ = (f"The {row.name} source converted once per session, to "
+                       f"{'LMDB' if fmt == 'lmdb' else 'WebDataset shards'}: {row.convert.__doc__}")
+    return pytest.fixture(scope="session", name=f"{row.name}_{fmt}")(fixture)
+
+
+def _each_format(row: Conversion):
+    """The fixture `row.each`: every test that takes it runs once on `row`'s LMDB and once on its shards."""
+    def fixture(request: pytest.FixtureRequest) -> Path:
+        return request.getfixturevalue(f"{row.name}_{request.param}")
+
+    fixture.__doc__ = row.about
+    return pytest.fixture(params=["lmdb", "wds"], name=row.each)(fixture)
+
+
+def _fixtures(rows: list[Conversion]) -> dict[str, Any]:
+    """Every fixture of `rows`, by name (pytest finds a conftest's fixtures among its module's names)."""
+    made = {}
+    for row in rows:
+        for fmt, where in (("lmdb", row.lmdb), ("wds", row.wds)):
+            if where is not None:
+                made[f"{row.name}_{fmt}"] = _converted(row, fmt, *where)
+        if row.each is not None:
+            made[row.each] = _each_format(row)
+    return made
+
+
+globals().update(_fixtures(CONVERSIONS))
 
 
 @pytest.fixture(autouse=True)

@@ -16,11 +16,15 @@ the parent (image/jpeg/region.py importing image/decode.py, which imports image/
 A converter imports no other converter: what several share lives in fastdata/convert/ (the package's registry
 and the shared CLI options are not converters).
 
-Sizes (docs/contributing.md, "Conventions"): no module of fastdata/, converters/ or benchmarks/ has more than
-MAX_LINES lines (tests/ is not held to it yet: tests/builders.py and tests/meter/test_meter.py are over it), and no
-package directory of fastdata/ or converters/ holds more than MAX_MODULES modules, its `__init__.py` not counted
-(benchmarks/ and tests/ are flat folders of scripts and test files, not rooms). A room that outgrows it moves a group
-of its modules into a room of its own, named for what they are.
+Sizes (docs/contributing.md, "Conventions"): no module of fastdata/, converters/, benchmarks/ or tests/ has more
+than MAX_LINES lines, and no package directory of fastdata/ or converters/ holds more than MAX_MODULES modules, its
+`__init__.py` not counted (benchmarks/ and tests/ are folders of scripts and test files, not rooms). A room that
+outgrows it moves a group of its modules into a room of its own, named for what they are.
+
+tests/ mirrors the rooms (docs/contributing.md, "Tests"): each folder of tests/ is a room's (tests/image/device for
+fastdata/image/device, tests/converters for converters/; tests/builders holds the test data builders), and a test
+file in a room's folder whose every import of the package is of one of that room's sub-rooms sits in the
+sub-room's folder instead (a test of fastdata/image/device/ only is in tests/image/device/, not tests/image/).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ MAX_LINES = 600
 #: the most modules a room (a package directory) may hold, its __init__.py not counted
 MAX_MODULES = 15
 #: the folders whose modules MAX_LINES holds for, and those whose package directories MAX_MODULES holds for
-LINE_LIMITED = ("fastdata", "converters", "benchmarks")
+LINE_LIMITED = ("fastdata", "converters", "benchmarks", "tests")
 ROOM_LIMITED = ("fastdata", "converters")
 
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
@@ -369,3 +373,73 @@ def test_one_image_loader_serves_every_target_kind() -> None:
                for path in (ROOT / "fastdata").rglob("*.py")}
     assert loader_subclasses(sources) == []
     assert loader_subclasses({"m": "class DetectionLoader(ImageLoader):\n    pass\n"}) == ["m.DetectionLoader"]
+
+
+#: folders of tests/ that are no room's: the test data builders
+TEST_HELPERS = frozenset({"builders"})
+
+
+def folders_without_a_room(root: Path = ROOT) -> list[str]:
+    """One line per folder of tests/ that mirrors no room: tests/a/b is fastdata/a/b's (a package there),
+    tests/converters is converters/'s; TEST_HELPERS are not rooms."""
+    tests = root / "tests"
+    out = []
+    for directory in sorted(p for p in tests.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        parts = directory.relative_to(tests).parts
+        if parts[0] in TEST_HELPERS:
+            continue
+        package = (root / "converters" / Path(*parts[1:]) if parts[0] == "converters"
+                   else root / "fastdata" / Path(*parts))
+        if not (package / "__init__.py").is_file():
+            out.append(f"tests/{'/'.join(parts)}/: no room {package.relative_to(root)}/ to mirror: name the folder "
+                       "after the room its tests are of")
+    return out
+
+
+def misplaced_tests(root: Path = ROOT) -> list[str]:
+    """One line per test file in a room's folder of tests/ whose every import of the package (its base modules and
+    its face left aside) is of one sub-room of that room: it belongs in that sub-room's folder."""
+    files = modules(root)
+    known = set(files)
+    rooms = {name for name, path in files.items() if path.name == "__init__.py"}
+
+    def home(module: str) -> str:  # the innermost package holding `module`
+        parts = module.split(".")
+        return next(".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in rooms)
+
+    out = []
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        folder = path.parent.relative_to(root / "tests").parts
+        if not folder or folder[0] in TEST_HELPERS or folder[0] == "converters":
+            continue
+        here = ".".join(("fastdata", *folder))
+        homes = {home(module) for module in imports(path, "tests", known) if room(module) not in ("base", "face")}
+        if len(homes) == 1 and (sub := homes.pop()).startswith(here + "."):
+            target = "tests/" + "/".join(sub.split(".")[1:])
+            out.append(f"{path.relative_to(root)}: tests only {sub}: move it into {target}/")
+    return out
+
+
+def test_tests_mirror_the_rooms() -> None:
+    found = folders_without_a_room() + misplaced_tests()
+    assert not found, "tests outside their room's folder:\n  " + "\n  ".join(found)
+
+
+def test_the_mirror_rule_names_what_is_out_of_place(tmp_path: Path) -> None:
+    for name in ("fastdata/__init__.py", "fastdata/errors.py", "fastdata/image/__init__.py", "fastdata/image/decode.py",
+                 "fastdata/image/device/__init__.py", "fastdata/image/device/feeder.py", "converters/__init__.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    only_device = "import fastdata\nfrom fastdata.errors import ConfigError\nfrom fastdata.image.device import feeder\n"
+    written = {"tests/image/test_flat.py": only_device,  # a test of the sub-room, in its parent's folder
+               "tests/image/device/test_placed.py": only_device,
+               "tests/image/test_both.py": "import fastdata.image.decode\nimport fastdata.image.device.feeder\n",
+               "tests/test_top.py": only_device, "tests/converters/test_c.py": only_device,
+               "tests/builders/images.py": "", "tests/imaging/test_x.py": ""}
+    for name, source in written.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+    assert misplaced_tests(tmp_path) == [
+        "tests/image/test_flat.py: tests only fastdata.image.device: move it into tests/image/device/"]
+    assert folders_without_a_room(tmp_path) == [
+        "tests/imaging/: no room fastdata/imaging/ to mirror: name the folder after the room its tests are of"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders.text import make_corpus, reference_ids, train_bytelevel, write_jsonl
 
 from benchmarks import guard, provenance, registry, tables
 from benchmarks.report import Table

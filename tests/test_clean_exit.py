@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from builders import less_the_fallback_note
+from builders.runs import less_the_fallback_note
 
 SCRIPT = textwrap.dedent("""
     import sys

@@ -10,23 +10,18 @@ import sys
 import time
 
 import pytest
-from builders import (
+from builders.damaged import corrupt_copy
+from builders.images import (
     BAD_FILES,
-    assert_one_line_error,
     build_non_utf8_tree,
     build_solid_tree,
-    cli,
-    corrupt_copy,
     encode,
-    less_the_fallback_note,
-    make_corpus,
     pattern,
-    run_python,
     solid_pattern,
-    train_bytelevel,
     write_image,
-    write_jsonl,
 )
+from builders.runs import assert_one_line_error, cli, less_the_fallback_note, run_python
+from builders.text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.convert.staging import NOT_STARTED_HINT

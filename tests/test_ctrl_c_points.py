@@ -18,7 +18,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from builders import build_solid_tree, less_the_fallback_note, no_process_left
+from builders.images import build_solid_tree
+from builders.runs import less_the_fallback_note, no_process_left
 
 import fastdata
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import torch
-from builders import SOLID_COUNT, sample_id_of, solid_label
+from builders.images import SOLID_COUNT, sample_id_of, solid_label
 
 import fastdata
 from fastdata.cli import main

@@ -91,9 +91,9 @@ def test_the_tests_that_need_the_extension_are_skipped_saying_what_to_install(tm
     report = tmp_path / "report.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "without_the_extension", "-p",
-                           "no:cacheprovider", f"--junitxml={report}", "tests/image/test_jpeg_region.py",
-                           "tests/image/test_restart_loading.py"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+                           "no:cacheprovider", f"--junitxml={report}", "tests/image/jpeg/test_jpeg_region.py",
+                           "tests/image/jpeg/test_restart_loading.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     cases = ET.parse(report).getroot().iter("testcase")
     skipped = [case.find("skipped").get("message", "") for case in cases if case.find("skipped") is not None]

@@ -12,7 +12,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from builders import write_many_documents, write_many_images
+from builders.many import write_many_documents, write_many_images
 
 import fastdata
 from fastdata.formats import lmdb_text

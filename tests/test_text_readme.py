@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import make_corpus, train_bytelevel, write_jsonl
+from builders.text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
 

@@ -19,7 +19,8 @@ from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.image.jpeg.header import progressive
 from fastdata.image.jpeg.restart import same_pixels
 from fastdata.tools.verify import verify
-from tests.builders import SAMPLING_LAYOUT, build_sampling_tree, cli, damaged_entropy_jpeg, photo_like, sampling_jpeg
+from tests.builders.images import SAMPLING_LAYOUT, build_sampling_tree, damaged_entropy_jpeg, photo_like, sampling_jpeg
+from tests.builders.runs import cli
 
 pytestmark = pytest.mark.region_extension
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import zlib
 
-from builders import encode, solid_pattern
+from builders.images import encode, solid_pattern
 
 import fastdata
 
@@ -68,7 +68,7 @@ def test_pillows_own_bomb_warning_is_not_printed_beside_fastdatas_line(tmp_path,
     rejection), so Pillow's is not printed besides, neither on the command line nor to a Python caller."""
     import warnings
 
-    from builders import cli
+    from builders.runs import cli
 
     from fastdata.convert.encode import EncodeOptions, verify_record
 

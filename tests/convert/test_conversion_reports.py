@@ -8,7 +8,8 @@ import json
 import re
 
 import pytest
-from builders import BAD_FILES, build_bad_tree, make_corpus, train_bytelevel, write_jsonl
+from builders.images import BAD_FILES, build_bad_tree
+from builders.text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.formats.manifest import MANIFEST_NAME

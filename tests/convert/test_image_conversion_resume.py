@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import KILL_WHEN, Tree, assert_one_line_error, build_large_tree, build_solid_tree, cli
+from builders.images import Tree, build_large_tree, build_solid_tree
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
 
 import fastdata
 from fastdata.errors import IncompleteDatasetError, OutputExistsError, StagingDamagedError

@@ -17,18 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import (
-    KILL_WHEN,
-    SOLID_CLASSES,
-    ZipReader,
-    build_solid_tree,
-    multi_labels,
-    solid_id_of_path,
-    solid_label,
-    solid_metadata,
-    write_zip,
-    zip_source,
-)
+from builders.images import SOLID_CLASSES, build_solid_tree, solid_id_of_path, solid_label
+from builders.runs import KILL_WHEN
+from builders.sources import ZipReader, multi_labels, solid_metadata, write_zip, zip_source
 
 import fastdata
 from fastdata.convert.images import convert_images
@@ -154,7 +145,7 @@ def test_metadata_is_stored_and_returned_on_request(tree, tmp_path, fmt):
             assert metadata == solid_metadata(sample_id) == with_metadata.metadata(i)
             assert label == solid_label(sample_id)
     else:
-        from builders import sample_id_of
+        from builders.images import sample_id_of
 
         assert all(len(item) == 2 for item in plain)
         seen = []
@@ -194,7 +185,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
     import json, sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from builders import Tree, zip_source
+    from builders.images import Tree
+    from builders.sources import zip_source
     from fastdata.convert.images import convert_images
     from fastdata.formats import lmdb as L, wds as W
 

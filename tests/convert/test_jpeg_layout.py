@@ -20,15 +20,8 @@ from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.jpeg.header import progressive
 from fastdata.image.jpeg.restart import build_index, same_pixels
-from tests.builders import (
-    KILL_WHEN,
-    SAMPLING_LAYOUT,
-    build_sampling_tree,
-    cli,
-    damaged_entropy_jpeg,
-    photo_like,
-    run_python,
-)
+from tests.builders.images import SAMPLING_LAYOUT, build_sampling_tree, damaged_entropy_jpeg, photo_like
+from tests.builders.runs import KILL_WHEN, cli, run_python
 
 JPEG_RECORDS = [relative for relative, _, _, how in SAMPLING_LAYOUT if how not in ("png", "cmyk")]
 

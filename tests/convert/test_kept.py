@@ -12,7 +12,9 @@ import pytest
 import fastdata
 from fastdata.cli import main
 from fastdata.errors import ConfigError, SourceError, TooManyRejectedError
-from tests.builders import assert_one_line_error, make_corpus, photo_like, train_bytelevel, write_image
+from tests.builders.images import photo_like, write_image
+from tests.builders.runs import assert_one_line_error
+from tests.builders.text import make_corpus, train_bytelevel
 
 
 @pytest.fixture

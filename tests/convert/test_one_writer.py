@@ -19,21 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from builders import (
-    PAUSE_WHEN,
-    assert_one_line_error,
-    build_solid_tree,
-    cli,
-    make_corpus,
-    no_process_left,
-    solid_id_of_path,
-    train_bytelevel,
-    wait_for_file,
-    wds_sample,
-    write_coco,
-    write_jsonl,
-    write_wds_shards,
-)
+from builders.coco import write_coco
+from builders.images import build_solid_tree, solid_id_of_path
+from builders.runs import PAUSE_WHEN, assert_one_line_error, cli, no_process_left, wait_for_file
+from builders.text import make_corpus, train_bytelevel, write_jsonl
+from builders.webdataset import wds_sample, write_wds_shards
 
 import fastdata
 from fastdata.convert.staging import NOT_STARTED_HINT, RESUME_HINT, Staging

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import UNICODE, WORDS, make_corpus, reference_ids, train_bytelevel, write_jsonl
+from builders.text import UNICODE, WORDS, make_corpus, reference_ids, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.cli import main

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from builders import KILL_WHEN, make_corpus, train_bytelevel
+from builders.runs import KILL_WHEN
+from builders.text import make_corpus, train_bytelevel
 
 import fastdata
 from fastdata.cli import main

@@ -11,7 +11,8 @@ import warnings
 
 import numpy as np
 import pytest
-from builders import cli, make_corpus, reference_ids, train_bytelevel, train_tokenizer, tricky_text
+from builders.runs import cli
+from builders.text import make_corpus, reference_ids, train_bytelevel, train_tokenizer, tricky_text
 
 import fastdata
 from fastdata.convert import text_work

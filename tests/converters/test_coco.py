@@ -1,7 +1,7 @@
 """`fastdata convert coco` (converters/coco.py): a COCO instances file, written as users have it and read back with
 pycocotools' own COCO class, converts to exactly its annotations (ids, categories, boxes, labels, iscrowd, areas,
 masks), in LMDB and WebDataset; resumes; refuses bad annotations in one line before writing anything; and the
-read side gives `(image, target dict)` (loading with augmentation: tests/image/test_detection_loading.py)."""
+read side gives `(image, target dict)` (loading with augmentation: tests/image/targets/test_detection_loading.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,9 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from builders import (
-    COCO_CLASSES,
-    COCO_IMAGES,
-    KILL_WHEN,
-    assert_one_line_error,
-    chw,
-    cli,
-    coco_dict,
-    rgb_of_file,
-    write_coco,
-)
+from builders.coco import COCO_CLASSES, COCO_IMAGES, coco_dict, write_coco
+from builders.images import chw, rgb_of_file
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
 
 import fastdata
 from fastdata.errors import ConfigError, OutputExistsError

@@ -19,25 +19,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from builders import (
-    KILL_WHEN,
-    SOLID_CLASSES,
-    assert_one_line_error,
-    build_solid_tree,
-    chw,
-    cli,
-    corrupt_ids_copy,
-    list_frame,
-    listed_label,
-    multi_hot,
-    multi_labels,
-    pairs_frame,
-    rgb_of_file,
-    sample_id_of,
-    solid_id_of_path,
-    solid_metadata,
-    write_list,
-)
+from builders.damaged import corrupt_ids_copy
+from builders.images import SOLID_CLASSES, build_solid_tree, chw, rgb_of_file, sample_id_of, solid_id_of_path
+from builders.lists import list_frame, listed_label, write_list
+from builders.pairs import pairs_frame
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
+from builders.sources import multi_hot, multi_labels, solid_metadata
 
 import fastdata
 from fastdata.errors import OutputExistsError, SourceError
@@ -459,7 +446,7 @@ def test_labels_joined_by_a_separator_warn_and_a_json_list_is_multi_label(tmp_pa
     `["a", "b"]` is two labels."""
     import warnings
 
-    from tests.builders import photo_like, write_image
+    from tests.builders.images import photo_like, write_image
 
     src = tmp_path / "src"
     rows = ["path,label"]

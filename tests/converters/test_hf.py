@@ -17,25 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from builders import (
-    HF_CLASSES,
-    HF_METADATA,
-    HUB_NAME,
-    KILL_WHEN,
-    UNICODE,
-    assert_one_line_error,
-    cli,
-    hf_dataset,
-    hf_row_ids,
-    make_corpus,
-    multi_hot,
-    multi_labels,
-    reference_ids,
-    sample_id_of,
-    solid_label,
-    train_bytelevel,
-    truncated_jpeg,
-)
+from builders.hf import HF_CLASSES, HF_METADATA, HUB_NAME, hf_dataset, hf_row_ids
+from builders.images import sample_id_of, solid_label, truncated_jpeg
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
+from builders.sources import multi_hot, multi_labels
+from builders.text import UNICODE, make_corpus, reference_ids, train_bytelevel
 from fastdata.converters import hf as hf_converter
 from PIL import Image
 
@@ -206,7 +192,7 @@ def test_the_reader_pickles_without_its_open_tables(hf_sources):
 
 
 def broken_dataset(hf_tree, root: Path) -> Path:
-    from builders import pattern
+    from builders.images import pattern
 
     broken = {3: b"not an image at all", 7: truncated_jpeg(pattern(7, 41, 33)), 11: None}
     hf_dataset(hf_tree, broken=broken).save_to_disk(str(root / "broken"), num_shards=2)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from builders import (
+from builders.images import (
     BAD_FILES,
     NON_UTF8_LAYOUT,
     build_non_utf8_tree,
@@ -452,7 +452,7 @@ def test_strict_conversion_of_a_clean_tree_succeeds(tricky_tree, tmp_path):
 def test_a_class_folder_without_images_is_refused_as_torchvision_refuses_it(tmp_path):
     """A converted dataset (or any folder without images) inside the tree would become an empty class: refused,
     naming the folder, as torchvision's ImageFolder raises for it."""
-    from builders import build_solid_tree
+    from builders.images import build_solid_tree
     from torchvision.datasets import ImageFolder
 
     from fastdata.errors import SourceError
@@ -475,7 +475,8 @@ def test_an_output_beside_a_list_or_inside_its_image_root_is_accepted(tmp_path, 
     the other sources read the files they name, nothing else. The README's `fastdata convert list seg.csv seg.lmdb
     --mask-column mask`, list and OUT in one folder that is also the images' root, converts; so does `convert
     pairs` in the same layout, and a list whose OUT lies inside the folder its images are read from."""
-    from builders import build_segmentation_list, cli
+    from builders.runs import cli
+    from builders.segmentation import build_segmentation_list
 
     listed, _ = build_segmentation_list(tmp_path)
     seg_csv = listed.rename(tmp_path / "seg.csv")

@@ -8,22 +8,12 @@ import re
 
 import pytest
 import torch
-from builders import (
-    assert_one_line_error,
-    caption_id,
-    cli,
-    corrupt_ids_copy,
-    pair_caption,
-    pair_shard_sample,
-    pairs_frame,
-    reference_rows,
-    sample_id_of,
-    seeded_loader,
-    solid_id_of_path,
-    webdataset_reading,
-    write_list,
-    write_wds_shards,
-)
+from builders.damaged import corrupt_ids_copy
+from builders.images import sample_id_of, solid_id_of_path
+from builders.lists import write_list
+from builders.pairs import caption_id, pair_caption, pair_shard_sample, pairs_frame, reference_rows
+from builders.runs import assert_one_line_error, cli, seeded_loader
+from builders.webdataset import webdataset_reading, write_wds_shards
 from contracts import check_resumes
 
 import fastdata

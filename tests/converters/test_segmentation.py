@@ -2,7 +2,7 @@
 maps (8-bit greyscale, VOC's palette PNGs, 16-bit), listed by CSV/parquet lists written with pandas, convert to
 exactly their label maps in LMDB and WebDataset; bad label maps are refused in one line naming their row, or
 rejected named; `verify --source` sees a changed map; an interrupted conversion resumes. Loading through the
-presets: tests/image/test_segmentation_loading.py."""
+presets: tests/image/targets/test_segmentation_loading.py."""
 
 from __future__ import annotations
 
@@ -16,20 +16,17 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from builders import (
-    KILL_WHEN,
+from builders.images import chw, solid_pattern
+from builders.lists import write_list
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
+from builders.segmentation import (
     SEG_CLASSES,
     SEG_COUNT,
     SEG_IGNORE,
-    assert_one_line_error,
     build_segmentation_list,
-    chw,
-    cli,
     seg_ids,
     seg_size,
-    solid_pattern,
     write_label_map,
-    write_list,
 )
 from PIL import Image
 

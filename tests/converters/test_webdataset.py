@@ -18,23 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import (
-    KILL_WHEN,
-    SOLID_CLASSES,
-    WDS_NAMES,
-    assert_one_line_error,
-    build_solid_tree,
-    cli,
-    multi_hot,
-    multi_labels,
-    sample_id_of,
-    solid_id_of_path,
-    solid_label,
-    wds_key,
-    wds_sample,
-    webdataset_reading,
-    write_wds_shards,
-)
+from builders.images import SOLID_CLASSES, build_solid_tree, sample_id_of, solid_id_of_path, solid_label
+from builders.runs import KILL_WHEN, assert_one_line_error, cli
+from builders.sources import multi_hot, multi_labels
+from builders.webdataset import WDS_NAMES, wds_key, wds_sample, webdataset_reading, write_wds_shards
 from fastdata.converters.webdataset import scan
 
 import fastdata

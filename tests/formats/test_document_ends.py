@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from builders import many_document, write_many_documents
+from builders.many import many_document, write_many_documents
 
 import fastdata
 from fastdata.formats import lmdb_text, wds_text

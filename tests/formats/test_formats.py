@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import webdataset
-from builders import SOLID_COUNT, chw, rgb_of_file, sample_id_of
+from builders.images import SOLID_COUNT, chw, rgb_of_file, sample_id_of
 from PIL import Image
 from torchvision.datasets import ImageFolder
 

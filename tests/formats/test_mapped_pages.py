@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from builders import build_photo_tree
+from builders.images import build_photo_tree
 
 import fastdata
 from fastdata.formats import mapped_pages

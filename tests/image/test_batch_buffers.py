@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import SOLID_COUNT
+from builders.images import SOLID_COUNT
 
 import fastdata
 from fastdata.image.buffers import FREE, LENT, BatchBuffers

@@ -7,7 +7,7 @@ import io
 
 import numpy as np
 import pytest
-from builders import encode, pattern, with_size
+from builders.images import encode, pattern, with_size
 from PIL import Image
 
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, DEFAULT_MAX_PIXELS, codec_for

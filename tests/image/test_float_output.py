@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import corrupt_copy
+from builders.damaged import corrupt_copy
 from torchvision.transforms import v2
 
 import fastdata

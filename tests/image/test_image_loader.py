@@ -9,7 +9,8 @@ import albumentations as A
 import numpy as np
 import pytest
 import torch
-from builders import SOLID_COUNT, corrupt_copy, corrupt_ids_copy, sample_id_of, solid_id_of_path, solid_label
+from builders.damaged import corrupt_copy, corrupt_ids_copy
+from builders.images import SOLID_COUNT, sample_id_of, solid_id_of_path, solid_label
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError

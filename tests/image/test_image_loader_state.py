@@ -5,7 +5,9 @@ samples were all skipped."""
 from __future__ import annotations
 
 import pytest
-from builders import SOLID_COUNT, corrupt_copy, seeded_loader
+from builders.damaged import corrupt_copy
+from builders.images import SOLID_COUNT
+from builders.runs import seeded_loader
 from contracts import check_checkpoint_loop, check_resumes, clone, same
 
 

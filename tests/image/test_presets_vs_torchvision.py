@@ -4,7 +4,7 @@ torchvision's ImageFolder decodes them), on the worker path and on the device pa
 box it drew + flip, square and rectangular, within interpolation tolerance (the worker path decodes JPEGs at
 reduced DCT scales and resizes bilinearly after halving; torchvision filters the full image).
 
-Photo-like pictures (builders.photo_like: textures, gradients, hard edges) of every shape in PHOTO_SHAPES,
+Photo-like pictures (builders.images.photo_like: textures, gradients, hard edges) of every shape in PHOTO_SHAPES,
 stored as JPEG and as PNG. Measured when written, val preset, worst of JPEG/PNG and of the two paths
 (median / mean / p99 / max grey levels): 32 px 1 / 2.1 / 13 / 43, 64 px 1 / 1.7 / 10 / 34, 100 px
 1 / 1.6 / 13 / 59, 224 px 0 / 0.4 / 3 / 12, (48, 80) 1 / 1.6 / 12 / 43, (100, 64) 1 / 1.5 / 12 / 56 (the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from builders import rgb_of_file
+from builders.images import rgb_of_file
 from torchvision.transforms.v2 import functional as F
 
 import fastdata

@@ -15,16 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from builders import (
-    REPLACE_AFTER_ERROR,
-    SMALL_SOLID_COUNT,
-    TRAIN_UNTIL_CTRL_C,
-    build_solid_tree,
-    corrupt_copy,
-    corrupt_shard_copy,
-    less_the_fallback_note,
-    run_python,
-)
+from builders.damaged import corrupt_copy, corrupt_shard_copy
+from builders.images import SMALL_SOLID_COUNT, build_solid_tree
+from builders.runs import REPLACE_AFTER_ERROR, TRAIN_UNTIL_CTRL_C, less_the_fallback_note, run_python
 
 import fastdata
 import fastdata.order.epoch

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from builders import make_corpus, train_bytelevel, write_jsonl
+from builders.text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.config import LoaderOptions

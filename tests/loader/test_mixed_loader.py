@@ -14,7 +14,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from builders import SMALL_SOLID_COUNT, SOLID_COUNT, corrupt_copy, sample_id_of, seeded_loader, solid_label
+from builders.damaged import corrupt_copy
+from builders.images import SMALL_SOLID_COUNT, SOLID_COUNT, sample_id_of, solid_label
+from builders.runs import seeded_loader
 from contracts import check_checkpoint_loop, check_resumes, clone, same
 
 import fastdata

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import check_trace, perfetto_ns
+from builders.trace import check_trace, perfetto_ns
 
 import fastdata
 from fastdata.meter.ranks import compare_ranks, ranks_line

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from builders import SOLID_COUNT, sample_id_of
+from builders.images import SOLID_COUNT, sample_id_of
 
 import fastdata
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from builders import SOLID_COUNT, sample_id_of, seeded_loader
+from builders.images import SOLID_COUNT, sample_id_of
+from builders.runs import seeded_loader
 from contracts import clone, same
 
 from fastdata.errors import ResumeError

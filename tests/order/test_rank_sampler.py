@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import SOLID_COUNT, sample_id_of
+from builders.images import SOLID_COUNT, sample_id_of
 from torch.utils.data import DataLoader, Subset
 
 import fastdata

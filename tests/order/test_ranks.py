@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from builders import SOLID_COUNT, sample_id_of
+from builders.images import SOLID_COUNT, sample_id_of
 
 import fastdata
 from fastdata.errors import ConfigError

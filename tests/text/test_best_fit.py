@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from builders import write_jsonl
+from builders.text import write_jsonl
 from contracts import clone
 
 import fastdata

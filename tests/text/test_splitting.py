@@ -9,7 +9,7 @@ import json
 import warnings
 
 import pytest
-from builders import TOKENIZER_KINDS, train_tokenizer, tricky_text
+from builders.text import TOKENIZER_KINDS, train_tokenizer, tricky_text
 
 from fastdata.text.splitting import DocumentSplitter, split_reason
 from fastdata.text.tokenizer import load_tokenizer

@@ -11,14 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from builders import (
-    REPLACE_AFTER_ERROR,
-    damaged_text_copy,
-    reference_ids,
-    run_python,
-    train_bytelevel,
-    write_jsonl,
-)
+from builders.damaged import damaged_text_copy
+from builders.runs import REPLACE_AFTER_ERROR, run_python
+from builders.text import reference_ids, train_bytelevel, write_jsonl
 
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError

@@ -5,7 +5,8 @@ split every epoch evenly."""
 from __future__ import annotations
 
 import pytest
-from builders import make_corpus, seeded_loader, train_bytelevel, write_jsonl
+from builders.runs import seeded_loader
+from builders.text import make_corpus, train_bytelevel, write_jsonl
 from contracts import check_checkpoint_loop, check_resumes, clone, same
 from fastdata.converters.text import convert_text
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from builders import BAD_FILES, build_bad_tree, build_solid_tree, build_tricky_tree
+from builders.images import BAD_FILES, build_bad_tree, build_solid_tree, build_tricky_tree
 
 import fastdata
 from fastdata.cli import main

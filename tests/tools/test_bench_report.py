@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from builders import build_solid_tree
+from builders.images import build_solid_tree
 
 import fastdata
 from fastdata.cli import main

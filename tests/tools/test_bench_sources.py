@@ -6,7 +6,9 @@ stop with one line naming the flag that fits, not a traceback or a comparison wi
 from __future__ import annotations
 
 import pytest
-from builders import assert_one_line_error, build_solid_tree, cli, wds_sample, write_wds_shards
+from builders.images import build_solid_tree
+from builders.runs import assert_one_line_error, cli
+from builders.webdataset import wds_sample, write_wds_shards
 
 import fastdata
 from fastdata.tools.bench import BenchConfig, run_bench

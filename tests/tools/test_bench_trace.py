@@ -4,7 +4,8 @@ workers' batch spans, the baseline and the synthetic upper bound at least their 
 from __future__ import annotations
 
 import pytest
-from builders import build_solid_tree, check_trace
+from builders.images import build_solid_tree
+from builders.trace import check_trace
 
 import fastdata
 from fastdata.cli import main

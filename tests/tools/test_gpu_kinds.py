@@ -16,7 +16,9 @@ import fastdata
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import MANIFEST_NAME, read_manifest
 from fastdata.tools.gpu_kinds import scan_gpu_kinds
-from tests.builders import build_sampling_tree, cli, webdataset_reading
+from tests.builders.images import build_sampling_tree
+from tests.builders.runs import cli
+from tests.builders.webdataset import webdataset_reading
 
 
 def pillow_kind(data: bytes) -> str:
@@ -106,7 +108,7 @@ def test_an_older_dataset_is_counted_from_its_headers_on_request(converted, tmp_
 @pytest.fixture(scope="module")
 def mixed_tree(tmp_path_factory):
     """One JPEG and the non-JPEG kinds a conversion meets: RGB and RGBA PNGs, a 16-bit grey PNG, a WebP."""
-    from tests.builders import photo_like
+    from tests.builders.images import photo_like
 
     root = tmp_path_factory.mktemp("non_jpeg") / "src"
     photo = photo_like(7, 120, 90)

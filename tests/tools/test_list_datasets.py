@@ -8,16 +8,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from builders import (
-    assert_one_line_error,
-    build_solid_tree,
-    cli,
-    list_frame,
-    multi_hot,
-    multi_labels,
-    sample_id_of,
-    write_list,
-)
+from builders.images import build_solid_tree, sample_id_of
+from builders.lists import list_frame, write_list
+from builders.runs import assert_one_line_error, cli
+from builders.sources import multi_hot, multi_labels
 
 import fastdata
 from fastdata.tools.bench import BenchConfig, run_bench

@@ -12,7 +12,8 @@ import warnings
 
 import pytest
 import torch
-from builders import assert_one_line_error, build_solid_tree, cli
+from builders.images import build_solid_tree
+from builders.runs import assert_one_line_error, cli
 
 import fastdata
 from fastdata.config import available_cores

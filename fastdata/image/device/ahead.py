@@ -3,7 +3,7 @@ thread of its own, at most `depth` results ahead of the one thread that iterates
 
 The feeder is two of them in a row (fastdata.image.device.feeder): the decode thread over the workers' batches,
 the resize thread over the decode thread's results. Every guarantee the feeder relies on is here, once, and is
-what tests/image/test_device_ahead.py checks:
+what tests/image/device/test_device_ahead.py checks:
 
 1. Order. Results come in the source's order, each exactly once. An exception raised by the source or by `work`
    comes after the results before it, with its own type and traceback, and ends the iteration.

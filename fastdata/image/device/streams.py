@@ -3,7 +3,7 @@ until the device is done with it (`Retired`).
 
 Every stream and event of the device path is asked of a `Streams`: on CUDA the real ones (`CudaStreams`); on the
 CPU none (`HostStreams`: the host's calls run in order, every event is done); in the tests an emulation that checks
-the order the feeder asks for (tests/image/fake_streams.py). Making a `Streams` touches nothing; its first CUDA
+the order the feeder asks for (tests/image/device/fake_streams.py). Making a `Streams` touches nothing; its first CUDA
 call comes when the feeder's threads first ask for a stream, after the workers have forked.
 
 The rules the device path keeps with it (docs/gpu.md, "Correct by construction"):

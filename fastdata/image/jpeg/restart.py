@@ -15,7 +15,7 @@ header that says the crop's size form a valid JPEG of the crop, which decodes in
   markers renumbered, as RST0..7 must cycle; EOI), and `decode_region` decodes the planned region from it. Where
   chroma is subsampled the span gets one more MCU on a side the region comes within EDGE_GUARD pixels of, and at
   least MIN_SPAN pixels: libjpeg's chroma upsampling treats a sub-image's edges as image edges. So the region
-  decodes bit for bit as from the whole image, at every DCT scale (tests/image/test_restart_jpeg.py sweeps every
+  decodes bit for bit as from the whole image, at every DCT scale (tests/image/jpeg/test_restart_jpeg.py sweeps every
   edge position), and `self_check` proves a library on probe JPEGs before use, as the region decoder does.
 """
 
