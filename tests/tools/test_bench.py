@@ -386,11 +386,9 @@ def test_the_benchmarks_readme_sample_has_the_layout_fastdata_bench_prints():
     """benchmarks/README.md shows what `fastdata bench` printed on the demo sample: an output block written from the
     harness's run of benchmarks/bench_sample.py (never typed by hand), which runs the very command the text names;
     once measured, its header and rows have the columns `format_table` prints for the same loaders today."""
-    import sys
+    from benchmarks.bench_sample import bench_command
 
     benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
-    sys.path.insert(0, str(benchmarks))
-    from bench_sample import bench_command
 
     text = (benchmarks / "README.md").read_text(encoding="utf-8")
     section = text[text.index("### `fastdata bench` on the demo sample"):]
