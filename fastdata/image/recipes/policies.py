@@ -37,6 +37,7 @@ _STANDARD: Space = {
     "Invert": (None, False),
 }
 _RAND_OPS = tuple(name for name in _STANDARD if name != "Invert")
+_WIDE_OPS = tuple(_WIDE)
 
 
 def space(wide: bool) -> Space:
@@ -155,7 +156,7 @@ class TrivialAugmentWide(_Policy):
             raise ConfigError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
-        name = tuple(_WIDE)[int(rng.integers(len(_WIDE)))]
+        name = _WIDE_OPS[int(rng.integers(len(_WIDE_OPS)))]
         index = int(rng.integers(self.num_magnitude_bins))
         return [(name, _magnitude(True, name, self.num_magnitude_bins, index, rng, height, width))]
 

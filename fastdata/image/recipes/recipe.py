@@ -6,6 +6,7 @@ or a RandomChoice of them) on each batch. The crop preset itself (the first item
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,7 @@ class Recipe:
         """The per-sample presets, in turn, on `image` (H x W x 3 uint8, BGR if `context.bgr`) in place."""
         for preset in self.per_sample:
             if isinstance(preset, RandomErasing):
-                preset.apply(image, rng, preset.levels(output), output, context.bgr)
+                preset.apply(image, rng, _erasing_levels(preset, output), output, context.bgr)
             else:
                 preset.apply(image, rng, _policy_context(context, preset))
 
@@ -102,6 +103,12 @@ class Recipe:
         mixed = self.batch.draw(batch_rng(seed, epoch, *key), images.shape[-2], images.shape[-1])
         mix_images(images, mixed)
         return mix_labels(labels, mixed, num_classes)
+
+
+@functools.lru_cache(maxsize=64)
+def _erasing_levels(preset: RandomErasing, output: OutputFormat) -> tuple[int, int, int] | None:
+    """`preset.levels(output)`, worked out once, not per sample."""
+    return preset.levels(output)
 
 
 def _policy_context(context: OpContext, policy: Policy) -> OpContext:
