@@ -123,6 +123,8 @@ class SamplePipeline:
                               "custom transforms take none")
         self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
+        if self.recipe.per_sample:  # the policies' tables now, before the workers fork
+            self.recipe.warm(*self.preset.out_size)
 
     def configure(self, config: PipelineConfig) -> None:
         """Take the loader's configuration (before the workers fork: they get it with the pipeline)."""

@@ -101,14 +101,14 @@ def posterize_lut(bits: int) -> np.ndarray:
     return _table(levels if bits >= 8 else levels & (((1 << bits) - 1) << (8 - bits)))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def solarize_lut(threshold: float) -> np.ndarray:
     """torchvision's solarize: levels at or above `threshold` inverted."""
     levels = _ramp()
     return _table(torch.where(levels >= threshold, levels.bitwise_not(), levels))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def solarize_first(threshold: float) -> int:
     """The lowest level solarize inverts at `threshold` (256: none), as torch compares the levels with it."""
     inverted = solarize_lut(threshold) != _ramp().numpy()
@@ -378,6 +378,15 @@ def rotate(image: np.ndarray, magnitude: float, context: OpContext) -> None:
 
 def identity(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     return None
+
+
+def warm(name: str, magnitude: float) -> None:
+    """Work out the tables operation `name` keeps for `magnitude` (torch computes them: ~50 us each) now, so that a
+    worker forked later has them instead of computing them in its first epoch."""
+    if name == "Brightness" and magnitude != 0:
+        brightness_lut(1.0 + magnitude)
+    elif name == "Solarize":
+        solarize_first(255.0 * magnitude)
 
 
 Operation = Callable[[np.ndarray, float, OpContext], None]

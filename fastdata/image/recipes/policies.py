@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ConfigError
-from fastdata.image.recipes.ops import INTERPOLATIONS, OPERATIONS, OpContext
+from fastdata.image.recipes.ops import INTERPOLATIONS, OPERATIONS, OpContext, warm
 
 #: an operation's magnitudes: (first, last) of a linspace over the bins, "posterize" (8 - bins / ((n - 1) / span)
 #: rounded), or None (no magnitude); and whether the magnitude is signed (negated with probability 1/2)
@@ -127,6 +127,19 @@ class _Policy:
         """The operations (name, signed magnitude) for one crop."""
         raise NotImplementedError
 
+    def warm(self, height: int, width: int) -> None:
+        """Work out the magnitudes and tables of every operation at every bin and sign for `height` x `width` crops
+        now (see `ops.warm`)."""
+        wide, bins = self._space()
+        for name, (_, signed) in (_WIDE if wide else _STANDARD).items():
+            for value in magnitudes(wide, name, bins, height, width) or ():
+                for sign in (1, -1) if signed else (1,):
+                    warm(name, sign * value)
+
+    def _space(self) -> tuple[bool, int]:
+        """Whether the policy draws from TrivialAugmentWide's space, and its number of magnitude bins."""
+        raise NotImplementedError
+
     def apply(self, image: np.ndarray, rng: np.random.Generator, context: OpContext) -> None:
         """Draw and apply the operations to `image` (H x W x 3 uint8) in place."""
         for name, magnitude in self.draw(rng, image.shape[0], image.shape[1]):
@@ -155,6 +168,9 @@ class TrivialAugmentWide(_Policy):
         if not isinstance(self.num_magnitude_bins, int) or self.num_magnitude_bins < 2:
             raise ConfigError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
 
+    def _space(self) -> tuple[bool, int]:
+        return True, self.num_magnitude_bins
+
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
         name = _WIDE_OPS[int(rng.integers(len(_WIDE_OPS)))]
         index = int(rng.integers(self.num_magnitude_bins))
@@ -180,6 +196,9 @@ class RandAugment(_Policy):
             raise ConfigError(f"magnitude must be a bin in 0..{self.num_magnitude_bins - 1}, got "
                               f"{self.magnitude!r}")
 
+    def _space(self) -> tuple[bool, int]:
+        return False, self.num_magnitude_bins
+
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
         drawn = []
         for _ in range(self.num_ops):
@@ -203,6 +222,9 @@ class AutoAugment(_Policy):
         if name != "imagenet":
             raise ConfigError(f"AutoAugment's preset has torchvision's ImageNet policy only, got {self.policy!r}")
         object.__setattr__(self, "policy", name)
+
+    def _space(self) -> tuple[bool, int]:
+        return False, 10
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
         drawn = []

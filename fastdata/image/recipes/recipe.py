@@ -87,6 +87,13 @@ class Recipe:
                               f"num_classes must be {what} that (or None: the dataset's)")
         return given
 
+    def warm(self, height: int, width: int) -> None:
+        """Work out the policies' magnitudes and tables for `height` x `width` crops now (before the workers fork,
+        which then have them from the start)."""
+        for preset in self.per_sample:
+            if not isinstance(preset, RandomErasing):
+                preset.warm(height, width)
+
     def apply(self, image: np.ndarray, rng: np.random.Generator, context: OpContext, output: OutputFormat) -> None:
         """The per-sample presets, in turn, on `image` (H x W x 3 uint8, BGR if `context.bgr`) in place."""
         for preset in self.per_sample:
