@@ -18,7 +18,7 @@ from fastdata.errors import ConfigError
 from fastdata.image.output import OutputFormat
 from fastdata.image.recipes.erasing import RandomErasing
 from fastdata.image.recipes.mixing import BatchPreset, CutMix, MixUp, RandomChoice, batch_rng, mix_images, mix_labels
-from fastdata.image.recipes.ops import OpContext
+from fastdata.image.recipes.ops import OPERATIONS, OpContext
 from fastdata.image.recipes.policies import AutoAugment, Policy, RandAugment, TrivialAugmentWide
 
 SamplePreset = Policy | RandomErasing
@@ -101,6 +101,31 @@ class Recipe:
                 preset.apply(image, rng, _erasing_levels(preset, output), output, context.bgr)
             else:
                 preset.apply(image, rng, _policy_context(context, preset))
+
+    def apply_batch(self, images: np.ndarray, rngs: Sequence[np.random.Generator], context: OpContext,
+                    output: OutputFormat) -> None:
+        """`apply` on each of `images` (N x H x W x 3) with its sample's RNG, the same pixels, with each operation
+        run on every image that drew it in turn (its code and tables stay in cache) instead of image by image.
+        The draws do not depend on pixels, so each sample's RNG is drawn in the same order as by `apply`."""
+        height, width = images.shape[1:3]
+        for preset in self.per_sample:
+            if isinstance(preset, RandomErasing):
+                levels = _erasing_levels(preset, output)
+                for image, rng in zip(images, rngs, strict=False):
+                    preset.apply(image, rng, levels, output, context.bgr)
+                continue
+            context = _policy_context(context, preset)
+            drawn = [preset.draw(rng, height, width) for rng in rngs]
+            for step in range(max(map(len, drawn), default=0)):  # each image's operations in their order
+                by_name: dict[str, list[tuple[int, float]]] = {}
+                for index, operations in enumerate(drawn):
+                    if step < len(operations):
+                        name, magnitude = operations[step]
+                        by_name.setdefault(name, []).append((index, magnitude))
+                for name, uses in by_name.items():
+                    operation = OPERATIONS[name]
+                    for index, magnitude in uses:
+                        operation(images[index], magnitude, context)
 
     def mix(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int, key: tuple[int, ...],
             num_classes: int) -> torch.Tensor:
