@@ -43,9 +43,9 @@ from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
 
 ON_ERROR = ("raise", "skip")
-#: how many crops wait for a recipe's per-sample presets at most (the batch's rows are filled in such chunks):
-#: 64 x 224 x 224 x 3 bytes, ~10 MB per worker thread
-RECIPE_CHUNK = 64
+#: how many bytes of crops wait for a recipe's per-sample presets at most (the batch's rows are filled in such
+#: chunks; ~10 MB per worker thread: 66 crops of 224 x 224, at least one crop)
+RECIPE_CHUNK_BYTES = 10 << 20
 
 
 @dataclass(frozen=True)
@@ -362,10 +362,11 @@ class SamplePipeline:
             floating = self.output.floating
             tensor, slot = batch_tensor((len(samples), 3, *size), buffers, self.output.batch_dtype)
             image = self._scratch(size)
-            # a recipe's per-sample presets run on up to RECIPE_CHUNK crops at a time, each operation on every crop
-            # that drew it in turn (`Recipe.apply_batch`), not between one sample's decode and the next: their code
-            # and tables stay in cache; the crops wait in `crops` with their samples' RNGs in `rngs`
-            crops = self._crops(min(len(samples), RECIPE_CHUNK), size) if self.recipe.per_sample else None
+            # a recipe's per-sample presets run on a chunk of crops at a time (RECIPE_CHUNK_BYTES), each operation on
+            # every crop that drew it in turn (`Recipe.apply_batch`), not between one sample's decode and the next:
+            # their code and tables stay in cache; the crops wait in `crops` with their samples' RNGs in `rngs`
+            chunk = max(1, min(len(samples), RECIPE_CHUNK_BYTES // (size[0] * size[1] * 3)))
+            crops = self._crops(chunk, size) if self.recipe.per_sample else None
             order = (2, 1, 0) if self.bgr else (0, 1, 2)
             if floating:  # uint8 planes of one image, then normalised into its row of the batch
                 planes = self._scratch(size, "planes")

@@ -276,7 +276,7 @@ def test_a_borrowed_batch_gets_the_batch_presets_labels(solid_lmdb, tmp_path):
 
 
 def test_crops_wait_for_the_recipe_in_chunks_and_keep_their_rows(solid_lmdb, tmp_path, monkeypatch):
-    """The workers apply the per-sample presets to chunks of crops (`RECIPE_CHUNK`), not sample by sample: every
+    """The workers apply the per-sample presets to chunks of crops (`RECIPE_CHUNK_BYTES`), not one by one: every
     row is still its own sample's crop with its own operations (`ds[i]`, which applies them sample by sample), with
     chunks ending mid-batch and a skipped sample shifting the rows after it; floating batches are the same in
     chunks of any size."""
@@ -287,7 +287,7 @@ def test_crops_wait_for_the_recipe_in_chunks_and_keep_their_rows(solid_lmdb, tmp
     common = dict(batch_size=8, augment=recipe, shuffle=False, num_workers=0, on_error="skip")
     floating = OutputOptions(dtype=torch.float32)
     whole, _ = next(iter(fastdata.loader(path, output=floating, **common)))
-    monkeypatch.setattr(pipeline, "RECIPE_CHUNK", 3)
+    monkeypatch.setattr(pipeline, "RECIPE_CHUNK_BYTES", 3 * SIZE * SIZE * 3 + 5)  # 3 crops
     images, _ = next(iter(fastdata.loader(path, **common)))
     ds = fastdata.dataset(path, augment=recipe)
     ds.set_epoch(0)
