@@ -225,8 +225,8 @@ def posterize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
 
     bits = int(magnitude)
     if bits < 8:
-        flat = _flat(image)
-        cv2.bitwise_and(flat, (((1 << bits) - 1) << (8 - bits)) & 0xFF, dst=flat)
+        flat = _flat(image)  # (a number is OpenCV's scalar operand; its stubs only know arrays)
+        cv2.bitwise_and(flat, (((1 << bits) - 1) << (8 - bits)) & 0xFF, dst=flat)  # type: ignore[call-overload]
 
 
 def solarize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -241,7 +241,8 @@ def solarize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     if first <= 0:
         cv2.bitwise_not(flat, dst=flat)
         return
-    mask = cv2.compare(flat, first, cv2.CMP_GE, dst=context.buffer("mask", flat.shape, np.uint8))
+    mask = context.buffer("mask", flat.shape, np.uint8)
+    cv2.compare(flat, first, cv2.CMP_GE, dst=mask)  # type: ignore[call-overload]  # (as in posterize)
     cv2.bitwise_xor(flat, mask, dst=flat)
 
 
