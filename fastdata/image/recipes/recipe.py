@@ -111,7 +111,7 @@ class Recipe:
         for preset in self.per_sample:
             if isinstance(preset, RandomErasing):
                 levels = _erasing_levels(preset, output)
-                for image, rng in zip(images, rngs, strict=False):
+                for image, rng in zip(images, rngs, strict=True):
                     preset.apply(image, rng, levels, output, context.bgr)
                 continue
             context = _policy_context(context, preset)
