@@ -145,9 +145,12 @@ def _weights(bgr: bool) -> np.ndarray:
     return np.array([GREY_WEIGHTS[::-1] if bgr else GREY_WEIGHTS], np.float32)
 
 
-def _to_levels(pixels: np.ndarray, image: np.ndarray) -> None:
-    """float32 `pixels` clamped to 0..255 and truncated into the uint8 `image` (torchvision's `.to(uint8)`)."""
-    np.clip(pixels, 0, 255, out=pixels)
+def _to_levels(pixels: np.ndarray, image: np.ndarray, clamp: bool = True) -> None:
+    """float32 `pixels` clamped to 0..255 and truncated into the uint8 `image` (torchvision's `.to(uint8)`).
+    `clamp=False`: the pixels are known to lie in 0..255 already (a blend with a weight in 0..1 of two images in
+    0..255 stays between them, and rounds no further than to 0 or 255)."""
+    if clamp:
+        np.clip(pixels, 0, 255, out=pixels)
     np.copyto(image, pixels, casting="unsafe")
 
 
@@ -168,7 +171,7 @@ def color(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     grey = _grey(image, context, pixels)
     np.multiply(pixels, np.float32(factor), out=pixels)
     greys = cv2.merge([grey, grey, grey], dst=context.buffer("greys", image.shape))
-    _to_levels(cv2.scaleAdd(greys, 1.0 - factor, pixels, dst=pixels), image)
+    _to_levels(cv2.scaleAdd(greys, 1.0 - factor, pixels, dst=pixels), image, clamp=factor > 1)
 
 
 def contrast(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -197,7 +200,7 @@ def sharpness(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     inner = image[1:-1, 1:-1]
     pixels = context.floats(inner, "inner")  # (not "pixels": a buffer of another shape is not reallocated)
     change = cv2.subtract(blurred, inner, dst=context.buffer("change", inner.shape), dtype=cv2.CV_32F)
-    _to_levels(cv2.scaleAdd(change, 1.0 - factor, pixels, dst=pixels), inner)
+    _to_levels(cv2.scaleAdd(change, 1.0 - factor, pixels, dst=pixels), inner, clamp=factor > 1)
 
 
 def _blur(image: np.ndarray, context: OpContext) -> np.ndarray:

@@ -176,3 +176,16 @@ def test_the_policies_tables_are_made_before_the_workers_fork(photos):
     fastdata.loader(photos[0], batch_size=4, augment=[RandomResizedCrop(24), TrivialAugmentWide()], num_workers=0)
     assert ops.brightness_lut.cache_info().currsize == 60  # 31 bins, both signs, less the magnitude 0
     assert ops.solarize_first.cache_info().currsize == 31
+
+
+@pytest.mark.parametrize("name", ["Brightness", "Color", "Contrast", "Sharpness"])
+def test_blends_at_the_extreme_levels_are_torchvisions(name):
+    """The blends skip their clamp where the weight keeps them between two images' levels: on a crop of mostly
+    0 and 255 (where a rounding past the range would show) every magnitude still gives torchvision's pixels."""
+    rng = np.random.default_rng(7)
+    image = rng.choice(np.array([0, 1, 254, 255, 128], np.uint8), size=(40, 48, 3), p=[0.3, 0.1, 0.1, 0.4, 0.1])
+    policy = v2.TrivialAugmentWide()
+    for magnitude in bins(True, name, (40, 48)):
+        want = reference(policy, image, name, magnitude, "nearest")
+        check(ours(image, name, magnitude), want, name, "nearest", f"{name} {magnitude:g}")
+        check(ours(image, name, magnitude, bgr=True), want, name, "nearest", f"{name} {magnitude:g}, BGR")
