@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-from fastdata.converters.imagefolder import convert_imagefolder
+from fastdata.converters.imagefolder import ImageFolderOptions, convert_imagefolder
 
 from benchmarks import report
 from benchmarks.common import arguments, cached_sample_imagefolder
@@ -48,6 +48,7 @@ from benchmarks.peers import PeerUnavailable, dali_contender, ffcv_beton, ffcv_c
 from fastdata.formats.lmdb import LmdbReader
 from fastdata.formats.manifest import read_manifest
 from fastdata.image.jpeg.region import Region, region_decoder
+from fastdata.processes import stop_processes
 from fastdata.tools.bench import (
     BenchConfig,
     Contender,
@@ -160,9 +161,12 @@ def decode_ceiling(name: str, datas: list[bytes], processes: int, passes: int = 
                for i in range(processes)]
     for worker in workers:
         worker.start()
-    elapsed = max(results.get() for _ in workers)
-    for worker in workers:
-        worker.join()
+    try:
+        elapsed = max(results.get() for _ in workers)
+    except BaseException:  # Ctrl-C, a worker's error: the others are not left decoding
+        stop_processes(workers)
+        raise
+    stop_processes(workers, grace=60.0)  # each ends once it has put its result
     return len(datas) * passes / elapsed
 
 
@@ -245,8 +249,8 @@ def main() -> None:
     for out, max_size, layout in ((full, None, "original"), (small, 256, "original"),
                                   (full_restart, None, "restart"), (small_restart, 256, "restart")):
         if not out.exists():
-            convert_imagefolder(src, out, progress=False, max_size=max_size, quality=90, jpeg_layout=layout,
-                                workers=args.workers)
+            convert_imagefolder(src, out, ImageFolderOptions(progress=False, max_size=max_size, quality=90,
+                                                             jpeg_layout=layout, workers=args.workers))
     report.table("the restart layout (`--jpeg-layout restart`) against the original: JPEGs rewritten, the JPEG bytes' "
                  "size ratio, and each conversion's time (timed when it was made: a cached dataset keeps its time)",
                  ["stored", "JPEGs rewritten", "kept original", "JPEG bytes", "restart conversion s",

@@ -12,7 +12,7 @@ Then loading, every loader giving `(images uint8 [B, 3, S, S], list of B target 
       `RandomHorizontalFlip()` + `SanitizeBoundingBoxes()` + `PILToTensor`, images stacked and targets listed by
       the collate function;
   (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion (`augment="train"`,
-      `image_size=S`, `scale=scale_range`; with --masks, `masks=True`).
+      `augment=ScaleJitterCrop(S, scale_range)`; with --masks, `masks=True`).
 The loaders are treated alike as in every loading benchmark (benchmarks/README.md, "Fair by construction"); the
 table gives medians and ratios against the baseline (median of the per-run ratios). The target of issue 18:
 fastdata at least 2x the torchvision pipeline.
@@ -35,6 +35,7 @@ import numpy as np
 import fastdata
 from benchmarks.common import arguments, cached_sample_imagefolder, convert_once, loading_race
 from fastdata.formats.manifest import read_manifest
+from fastdata.presets import ScaleJitterCrop
 from fastdata.tools.bench import BenchConfig, Contender, LoaderResult
 from fastdata.tools.bench_fair import dataset_files
 
@@ -135,7 +136,7 @@ def fastdata_contender(path: Path, config: BenchConfig, name: str, size: int, sc
     settings = config.settings
 
     def make() -> Iterable:
-        return fastdata.loader(path, batch_size=config.batch_size, augment="train", image_size=size, scale=scale,
+        return fastdata.loader(path, batch_size=config.batch_size, augment=ScaleJitterCrop(size, scale_range=scale),
                                masks=masks, **settings.loader_kwargs())
 
     return Contender(LoaderResult(name), make, manifest.data_bytes / max(1, manifest.num_samples),
@@ -160,8 +161,8 @@ def main() -> None:
     here.mkdir(parents=True, exist_ok=True)
     annotations = write_annotations(src, here / "instances.json")
     outputs = {"lmdb": here / "coco.lmdb", "wds": here / "coco-wds"}
-    convert_once(outputs, lambda fmt, out: fastdata.convert_coco(annotations, src, out, format=fmt,
-                                                                 workers=args.workers, progress=False))
+    convert_once(outputs, lambda fmt, out: fastdata.convert_coco(
+        annotations, src, out, fastdata.CocoOptions(format=fmt, workers=args.workers, progress=False)))
     count = read_manifest(outputs["lmdb"]).num_samples
 
     print(f"\nDataLoader settings for every loader (fastdata.loader given the same): {config.settings}")

@@ -22,6 +22,7 @@ import numpy as np
 import fastdata
 from benchmarks import report
 from benchmarks.common import arguments, dataset_for
+from fastdata.image.pipeline import PipelineConfig
 from fastdata.tools.bench_fair import alternate, dataset_files, median_ratio, warm_page_cache
 
 
@@ -30,7 +31,7 @@ def batches_per_s(path: Path, encoded: bool, batch: int = 256) -> tuple[float, f
     share of the timed pass the worker spent decoding and resizing samples itself (on the device path: those the
     device does not take, e.g. PNGs), and how many those were."""
     ds = fastdata.dataset(path, "train")
-    ds.pipeline.ship_encoded = encoded
+    ds.pipeline.configure(PipelineConfig(ship_encoded=encoded))
     order = np.random.default_rng(0).permutation(len(ds))
     for timed in (False, True):
         started = time.perf_counter()

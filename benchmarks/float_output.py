@@ -1,5 +1,6 @@
 """What float output costs on the CPU path: the presets' batches as uint8 vs normalised float32, bfloat16 and
-float16 (`fastdata.loader(..., dtype=...)`, made image by image where the batch is built), in the same run.
+float16 (`fastdata.loader(..., output=OutputOptions(dtype=...))`, made image by image where the batch is built), in
+the same run.
 
     python -m benchmarks.float_output [--images 3000] [--repeats 3] [--workers 0] [--augment train]
 
@@ -33,7 +34,8 @@ DTYPES = {"uint8": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "
 def images_per_s(path: Path, dtype: torch.dtype | None, args: argparse.Namespace) -> float:
     """Images/s of one timed pass of a fresh loader, after one untimed pass."""
     loader = fastdata.loader(path, batch_size=args.batch_size, augment=args.augment, image_size=args.image_size,
-                             num_workers=args.workers, dtype=dtype, pin_memory=False, seed=0)
+                             num_workers=args.workers, output=fastdata.OutputOptions(dtype=dtype),
+                             pin_memory=False, seed=0)
     for _pass in ("untimed", "timed"):  # the last one counts
         started, count = time.perf_counter(), 0
         for images, _ in loader:

@@ -15,10 +15,10 @@ threads) with and without reusing the decoded Images' buffers, and with the prea
 (DALI's) + hybrid; hybrid alone; hardware alone (baseline JPEGs only: progressive files come back None); with the
 JPEG engines' utilisation where NVML exposes it. Then, over the same
 photos converted with `--jpeg-layout baseline --non-jpeg jpeg` (every image a baseline JPEG, the PNGs re-encoded):
-hardware + hybrid and the hardware engines alone (what `DeviceDecode(backends="auto")` chooses for such a dataset),
-as one decoder and as two decoders called from two threads (a second batch in flight), and the engines alone on each
-train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`; the two-decoder row settles whether a second
-decode thread pays (only at >= 1.15x one decoder: said under the table). Last, the GPU time of the device path's
+hardware + hybrid and the hardware engines alone (what `DeviceDecodeOptions(backends="auto")` chooses for such a
+dataset), as one decoder and as two decoders called from two threads (a second batch in flight), and the engines
+alone on each train crop's sub-JPEG over `--jpeg-layout restart --non-jpeg jpeg`; the two-decoder row settles whether a
+second decode thread pays (only at >= 1.15x one decoder: said under the table). Last, the GPU time of the device path's
 batched crop-resize-flip per batch of 256 photos, with CUDA events (benchmarks/resize_kernel.py on CUDA: its matrix
 products in float16 and float32 against the per-tap gathers of the kernel before), and of its two weight matrices
 alone, against the target of 1 ms per batch.
@@ -45,6 +45,7 @@ import torch
 import fastdata
 from benchmarks import report
 from benchmarks.common import arguments
+from fastdata.background import Background
 from fastdata.image.device.decoders import decode_now  # each call's buffers handed back, as the feeder does
 
 BATCH = 256
@@ -61,7 +62,7 @@ def synchronize(device: torch.device) -> None:
 
 def configurations(device: torch.device, hints: object = None) -> dict[str, object]:
     from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missing
-    from fastdata.image.device.options import DeviceDecode
+    from fastdata.image.device.options import DeviceDecodeOptions
 
     engine = "nvjpeg" if device.type == "cuda" else "libjpeg"
     found: dict[str, object] = {f"torchvision decode_jpeg ({engine})": TorchvisionDecoder(device)}
@@ -73,19 +74,19 @@ def configurations(device: torch.device, hints: object = None) -> dict[str, obje
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
 
     cuda = torch.device("cuda")
-    library = NvImageCodecDecoder(cuda, DeviceDecode())
+    library = NvImageCodecDecoder(cuda, DeviceDecodeOptions())
     library._decoder = nvimgcodec.Decoder(device_id=torch.cuda.current_device())  # every backend, all cores - 1
     library.name = f"nvimgcodec {nvimgcodec.__version__} library defaults (all backends, {os.cpu_count() - 1} threads)"
     found[library.name] = library
-    default = NvImageCodecDecoder(cuda, DeviceDecode())
+    default = NvImageCodecDecoder(cuda, DeviceDecodeOptions())
     found[default.name + " [fastdata default where progressive JPEGs are stored]"] = default
-    no_reuse = NvImageCodecDecoder(cuda, DeviceDecode())
+    no_reuse = NvImageCodecDecoder(cuda, DeviceDecodeOptions())
     no_reuse.reuse = False
     found[no_reuse.name + ", Images not reused"] = no_reuse
-    hinted = NvImageCodecDecoder(cuda, DeviceDecode(), hints)
+    hinted = NvImageCodecDecoder(cuda, DeviceDecodeOptions(), hints)
     found[hinted.name + f", options {hinted.options!r} (as the loader makes it)"] = hinted
-    for options in (DeviceDecode(hardware_load=0.65), DeviceDecode(backends=("hybrid",)),
-                    DeviceDecode(backends=("hardware",)), DeviceDecode(cpu_threads=8)):
+    for options in (DeviceDecodeOptions(hardware_load=0.65), DeviceDecodeOptions(backends=("hybrid",)),
+                    DeviceDecodeOptions(backends=("hardware",)), DeviceDecodeOptions(cpu_threads=8)):
         decoder = NvImageCodecDecoder(cuda, options)
         found[decoder.name] = decoder
     return found
@@ -129,28 +130,23 @@ class JpegEngines:
         if self.nvml is None:
             return run(), None
         seen: list[float] = []
-        stop = threading.Event()
 
-        def sample() -> None:
-            while not stop.wait(0.1):
+        def sample(stopping: threading.Event) -> None:
+            while not stopping.wait(0.1):
                 use = self.nvml.utilization()[0]
                 if use is not None and use.jpeg_util_percent is not None:
                     seen.append(use.jpeg_util_percent)
 
-        thread = threading.Thread(target=sample, daemon=True)
-        thread.start()
-        try:
+        with Background(sample, "gpu-check-jpeg-sampler"):
             result = run()
-        finally:
-            stop.set()
-            thread.join()
         return result, ((statistics.mean(seen), max(seen)) if seen else None)
 
 
 def rate_in_parallel(decoders: list, payloads: list[np.ndarray]) -> tuple[float, int]:
     """`rate` with one thread per decoder, each on a CUDA stream of its own, taking every len(decoders)-th batch:
     whether a second call in flight keeps the hardware engines busier than one decoder's calls in turn (each call
-    waits for the decoder's batch before it)."""
+    waits for the decoder's batch before it). The threads are a fan-out joined at once, not background threads
+    (fastdata.background): each runs to its end, and the first error is raised once all have ended."""
     chunks = [payloads[i:i + BATCH] for i in range(0, len(payloads), BATCH)]
     failed = [0] * len(decoders)
     errors: list[BaseException] = []
@@ -292,16 +288,16 @@ def baseline_layout(out: Path, images: int, repeats: int) -> dict[str, list[tupl
     the difference.)"""
     from benchmarks.gpu_train_feed import dataset, jpegs
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
-    from fastdata.image.device.options import DeviceDecode
+    from fastdata.image.device.options import DeviceDecodeOptions
 
     _, lmdb = dataset(out, images, "baseline", non_jpeg="jpeg")  # gpu_train_feed's: every image a baseline JPEG
     payloads, _ = jpegs(lmdb)
     _, restart = dataset(out, images, "restart", non_jpeg="jpeg")
     subs, _ = jpegs(restart, sub_jpegs=True)
     cuda = torch.device("cuda")
-    hardware = DeviceDecode(backends=("hardware",))
+    hardware = DeviceDecodeOptions(backends=("hardware",))
     decoders = {}
-    for options in (DeviceDecode(backends=("hardware", "hybrid")), hardware):
+    for options in (DeviceDecodeOptions(backends=("hardware", "hybrid")), hardware):
         decoder = NvImageCodecDecoder(cuda, options)
         decode_now(decoder, payloads[:BATCH])  # warm-up
         chosen = " [fastdata default here: backends='auto']" if options is hardware else ""

@@ -135,7 +135,7 @@ def datasets(data: Path, images: int, copies: int) -> dict[str, Path]:
     for name, layout in (("original", {}), ("baseline", {"jpeg_layout": "baseline", "non_jpeg": "jpeg"})):
         out = data / f"imagefolder-{images}-x{copies}-{name}.lmdb"
         if not out.exists():
-            fastdata.convert_imagefolder(tree, out, progress=False, **layout)
+            fastdata.convert_imagefolder(tree, out, fastdata.ImageFolderOptions(progress=False, **layout))
         found[name] = out
     return found
 
@@ -348,10 +348,10 @@ def decode_only(lmdb: Path, device: torch.device, batch: int, repeats: int = 2) 
     from fastdata.formats.manifest import read_manifest
     from fastdata.image.device.auto import baseline_only, decoder_hints, device_decoder
     from fastdata.image.device.decoders import decode_now
-    from fastdata.image.device.options import DeviceDecode
+    from fastdata.image.device.options import DeviceDecodeOptions
 
     ds = fastdata.dataset(lmdb, "train", image_size=224)
-    decoder = device_decoder(device, DeviceDecode(), baseline_only(DeviceDecode(),
+    decoder = device_decoder(device, DeviceDecodeOptions(), baseline_only(DeviceDecodeOptions(),
                                                                    read_manifest(lmdb).stats.get("gpu_kinds")),
                              hints=decoder_hints(batch, ds.reader.widths, ds.reader.heights))
     payloads = []

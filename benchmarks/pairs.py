@@ -13,7 +13,8 @@ Then loading, every loader giving `(images uint8 [B, 3, 224, 224], input_ids int
       .shuffle(1000).decode("pil").to_tuple("jpg", "txt").map_tuple(transform, tokenize).batched(B)` in a
       `WebLoader`, `transform` the torchvision transform equal to fastdata's preset (as `fastdata bench`'s
       baseline), `tokenize` the tokenizer with truncation and padding to 77 (the baseline);
-  (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion (`max_length=77`).
+  (b) `fastdata.loader` over the LMDB conversion, (c) over the WebDataset conversion
+  (`text=TextOptions(max_length=77)`).
 Target (issue 18): fastdata at least 2x the webdataset pipeline, as the median of the per-run ratios; every
 loader is treated alike (benchmarks/README.md, "Fair by construction"). A quiet machine, and:
 
@@ -151,7 +152,8 @@ def fastdata_contender(path: Path, config: BenchConfig, name: str) -> Contender:
 
     def make() -> Iterable:
         return Pairs(fastdata.loader(path, batch_size=config.batch_size, augment=config.augment,
-                                     image_size=config.image_size, max_length=MAX_LENGTH,
+                                     image_size=config.image_size,
+                                     text=fastdata.TextOptions(max_length=MAX_LENGTH),
                                      **settings.loader_kwargs()))
 
     return Contender(LoaderResult(name), make, manifest.data_bytes / max(1, manifest.num_samples),
@@ -177,8 +179,8 @@ def main() -> None:
     captions = [caption_of(n, name) for n, (_, name) in enumerate(photos(src))]
     tokenizer = clip_like_tokenizer(here / "tokenizer.json", captions)
     outputs = {"lmdb": here / "pairs.lmdb", "wds": here / "pairs-wds"}
-    convert_once(outputs, lambda fmt, out: fastdata.convert_pairs(shards[0].parent, out, tokenizer=tokenizer,
-                                                                  format=fmt, workers=args.workers, progress=False))
+    convert_once(outputs, lambda fmt, out: fastdata.convert_pairs(shards[0].parent, out, fastdata.PairsOptions(
+        tokenizer=tokenizer, format=fmt, workers=args.workers, progress=False)))
     for out in outputs.values():
         pairs = json.loads((out / "manifest.json").read_text())["pairs"]
         print(f"  {out.name}: {pairs['captions']:,} pairs, token dtype {pairs['dtype']}, longest caption "

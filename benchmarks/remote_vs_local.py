@@ -67,7 +67,8 @@ def main() -> None:
     src = cached_sample_imagefolder(args.data, args.images)
     shards = args.data / f"remote-{args.images}-{args.shard_size}.wds"
     if not shards.exists():
-        fastdata.convert_imagefolder(src, shards, format="wds", shard_size=args.shard_size, progress=False)
+        fastdata.convert_imagefolder(src, shards, fastdata.ImageFolderOptions(format="wds", shard_size=args.shard_size,
+                                                                              progress=False))
     files = fastdata.info(shards).files
     setup = (f"{len(files)} shards, {sum(f.bytes for f in files) / 1e6:.1f} MB, {args.images} images; "
              f"{args.workers} workers, batch {args.batch_size}, {args.epochs} epoch(s) per run")
@@ -96,8 +97,9 @@ def main() -> None:
                 results["HTTP, no cache"].append(measure(url, args))
             else:  # the same cache directory, first cold, then warm
                 with tempfile.TemporaryDirectory() as cache:
-                    results["HTTP, cold cache"].append(measure(url, args, cache_dir=cache))
-                    results["HTTP, warm cache"].append(measure(url, args, cache_dir=cache))
+                    cached = fastdata.RemoteOptions(cache_dir=cache)
+                    results["HTTP, cold cache"].append(measure(url, args, remote=cached))
+                    results["HTTP, warm cache"].append(measure(url, args, remote=cached))
 
         alternate(["local", "no cache", "cache"], args.repeats, run)  # so that drift hits them alike
     finally:

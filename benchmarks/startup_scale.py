@@ -194,7 +194,7 @@ import fastdata.loader
 floor = rss_mb()
 t1 = time.perf_counter()
 path, kind, workers, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-options = dict(image_size=32, augment="train") if kind == "image" else dict(seq_len=128)
+options = dict(image_size=32, augment="train") if kind == "image" else dict(text=fastdata.TextOptions(seq_len=128))
 loader = fastdata.loader(path, batch_size=batch, num_workers=workers, **options)
 t2 = time.perf_counter()
 it = iter(loader)

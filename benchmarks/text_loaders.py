@@ -54,7 +54,8 @@ def fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
         shutil.rmtree(out)
     base = rss_mb()
     started = time.perf_counter()
-    summary = fastdata.convert_text(corpus, out, tokenizer=tokenizer, format=fmt, progress=False)
+    summary = fastdata.convert_text(corpus, out, fastdata.TextConversionOptions(format=fmt, progress=False),
+                                    tokenizer=tokenizer)
     seconds = time.perf_counter() - started
     return {"tokens": summary.tokens, "seconds": seconds, "bytes": summary.bytes_in, "rss_mb": peak_rss_mb() - base,
             "documents": summary.documents}
@@ -204,7 +205,8 @@ def fastdata_contender(path: Path, config: BenchConfig, seq_len: int, label: str
     settings = config.settings
 
     def make() -> Iterable:
-        return fastdata.loader(path, seq_len=seq_len, batch_size=config.batch_size, **settings.loader_kwargs())
+        return fastdata.loader(path, text=fastdata.TextOptions(seq_len=seq_len), batch_size=config.batch_size,
+                               **settings.loader_kwargs())
 
     return _contender(f"`fastdata.loader`, {label}, {settings.num_workers} workers", make, seq_len,
                       dataset_files(path))

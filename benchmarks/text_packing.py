@@ -52,8 +52,8 @@ def loading_table(path: Path, seq_len: int, config: BenchConfig) -> None:
 
     def contender(name: str, options: dict) -> Contender:
         def make() -> Iterable:
-            return Pairs(fastdata.loader(path, seq_len=seq_len, batch_size=config.batch_size,
-                                         **settings.loader_kwargs(), **options))
+            return Pairs(fastdata.loader(path, text=fastdata.TextOptions(seq_len=seq_len, **options),
+                                         batch_size=config.batch_size, **settings.loader_kwargs()))
         return Contender(LoaderResult(name), make, 2.0 * (seq_len + 1), dataset_files(path))
 
     results = run_contenders([contender(name, options) for name, options in LOADERS.items()], config,

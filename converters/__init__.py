@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-#: name -> module; each module exposes `cli_command()` returning its click command, and an image converter
-#: `relist(src, manifest) -> ImageSource` (its source listed again as the conversion that wrote `manifest` listed it,
-#: for `fastdata verify --source`).
+#: name -> module; each module exposes `cli_command()` returning its click command, `OPTIONS` (its option object's
+#: class, which the command builds from its flags) and `ARGUMENTS` (the command's parameters that are not options),
+#: and an image converter `relist(src, manifest) -> ImageSource` (its source listed again as the conversion that
+#: wrote `manifest` listed it, for `fastdata verify --source`).
 REGISTRY: dict[str, str] = {
     "coco": "fastdata.converters.coco",
     "hf": "fastdata.converters.hf",

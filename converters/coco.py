@@ -30,13 +30,16 @@ import math
 import os
 import posixpath
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
+from fastdata.config import check_bool
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.options import ImageConversionOptions, spelled
 from fastdata.convert.sources import ImageSource
 from fastdata.errors import ConfigError, SourceError
 from fastdata.formats.manifest import Manifest
@@ -311,33 +314,57 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
     return scan(src, manifest.source["root"], bool(manifest.source.get("skip_empty", False)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class CocoOptions(ImageConversionOptions):
+    """How `fastdata.convert_coco` converts a COCO instances file: the options of every image conversion
+    (`fastdata.convert.options.ImageConversionOptions`) but `max_size`, and the one below. Checked when made.
+
+    Attributes:
+        max_size: refused (None only): COCO boxes and masks are in source pixels, which a re-encoded smaller image
+            would no longer match.
+        skip_empty: leave out the images without annotations (kept by default, with an empty target).
+    """
+
+    skip_empty: bool = False
+
+    def __post_init__(self) -> None:
+        """Each value checked (one line naming the option and the value)."""
+        super().__post_init__()
+        check_bool("skip_empty", self.skip_empty)
+        if self.max_size is not None:
+            raise ConfigError("--max-size: COCO boxes and masks are in source pixels, which a re-encoded smaller "
+                              "image would no longer match; convert without --max-size")
+
+
 def convert_coco(annotations: str | os.PathLike[str], images_dir: str | os.PathLike[str],
-                 out: str | os.PathLike[str], *, skip_empty: bool = False, **options: Any) -> ConversionSummary:
+                 out: str | os.PathLike[str], options: CocoOptions | None = None, **keywords: Any
+                 ) -> ConversionSummary:
     """Pack the images of a COCO instances file, with their boxes, labels and masks, into `out` (LMDB if it ends in
     `.lmdb`, or `format="wds"` shards); see the module docstring. Every image is verified by decoding it; missing or
     unusable ones are rejected and named with their image id (`strict=True`: the first raises and nothing is
     written); bad annotations are refused before anything is written. `fastdata.dataset(out)[i]` gives `(image,
-    target dict)`. `options`: those of `fastdata.convert.images.convert_images` (format, shard_size, seed, quality,
-    max_pixels, workers, overwrite, strict, progress, commit_every, engine, ray_address; not max_size, which would
-    move the images away from their boxes).
+    target dict)`.
 
     Args:
         annotations: the COCO instances JSON file (`images`, `annotations`, `categories`).
         images_dir: the folder the images' `file_name`s are relative to.
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
-        skip_empty: leave out the images without annotations (kept by default, with an empty target).
-        **options: the options of `fastdata.convert.images.convert_images`.
+        options: how to convert (`fastdata.options.CocoOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    if options.get("max_size") is not None:
-        raise ConfigError("--max-size: COCO boxes and masks are in source pixels, which a re-encoded smaller image "
-                          "would no longer match; convert without --max-size")
+    settings = spelled(CocoOptions, options, keywords, "fastdata.convert_coco")
     _mask_api()
-    return convert_images(lambda: scan(annotations, images_dir, skip_empty), out, **options)
+    return convert_images(lambda: scan(annotations, images_dir, settings.skip_empty), out, settings)
+
+
+#: the option object of `fastdata convert coco`, and its parameters that are not options (its arguments)
+OPTIONS = CocoOptions
+ARGUMENTS = ("annotations", "images_dir", "out")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert coco ANNOTATIONS IMAGES_DIR OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, options_from_flags
 
     @click.command("coco")
     @click.argument("annotations", metavar="ANNOTATIONS", type=click.Path(path_type=Path))
@@ -345,15 +372,13 @@ def cli_command() -> click.Command:
     @click.argument("out", type=click.Path(path_type=Path))
     @click.option("--skip-empty", is_flag=True, help="Leave out images without annotations (kept by default).")
     @convert_options(max_size=False)
-    def command(annotations: Path, images_dir: Path, out: Path, skip_empty: bool, **options: Any) -> None:
+    def command(annotations: Path, images_dir: Path, out: Path, **flags: Any) -> None:
         """Pack the images of the COCO instances file ANNOTATIONS (file names relative to IMAGES_DIR), with their
         boxes, labels and masks, into OUT.
 
         OUT ending in .lmdb writes one LMDB dataset (sample i = the i-th image of the file); --format wds writes
         WebDataset tar shards into the directory OUT. fastdata.dataset(OUT)[i] gives (image, target dict).
         """
-        quiet = options.pop("quiet")
-        click.echo(str(convert_coco(annotations, images_dir, out, skip_empty=skip_empty, progress=not quiet,
-                                    **options)))
+        click.echo(str(convert_coco(annotations, images_dir, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

@@ -42,14 +42,23 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 
+from fastdata.config import check_bool, check_int, check_optional_int
 from fastdata.convert.images import ConversionSummary, convert_images
 from fastdata.convert.masks import LabelMapTargets, scan_label_maps
+from fastdata.convert.options import (
+    ImageConversionOptions,
+    check_column,
+    check_names,
+    check_path,
+    normalise,
+    spelled,
+)
 from fastdata.convert.source_files.file_lists import (
     ColumnMetadata,
     ListOptions,
@@ -73,15 +82,72 @@ _INTEGER = re.compile(r"-?\d+")
 _NUMBER = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?|-?(nan|inf|infinity)", re.IGNORECASE)
 
 
+def _check(options: ListOptions) -> None:
+    """How a list is read, checked (one line naming the option and the value)."""
+    check_column("image_column", options.image_column)
+    check_column("label_column", options.label_column)
+    check_column("mask_column", options.mask_column, optional=True)
+    check_bool("allow_outside_root", options.allow_outside_root)
+    num_classes = check_optional_int("num_classes", options.num_classes)
+    if num_classes is not None and num_classes < 1:
+        raise ConfigError(f"--num-classes must be at least 1, got {options.num_classes}")
+    if not 0 <= check_int("ignore_index", options.ignore_index) <= 65535 and options.mask_column is not None:
+        raise ConfigError(f"--ignore-index must be within 0..65535 (a label map's pixel value), got "
+                          f"{options.ignore_index}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileListOptions(ImageConversionOptions):
+    """How `fastdata.convert_list` converts a file list: how the list is read (below), and the options of every
+    image conversion (`fastdata.convert.options.ImageConversionOptions`). Checked when made.
+
+    Attributes:
+        root: the folder the image paths are relative to (None: the list's folder).
+        image_column: the column holding each image's path.
+        label_column: the column holding each label: a class name, an integer class id, or a list of either
+            (multi-label: loaded as multi-hot float32 `[B, C]`). Optional with `mask_column`: without it, every
+            sample is in one class, "unlabelled".
+        num_classes: the number of classes of integer labels (None: the largest id + 1); with `mask_column`, the
+            bound on the label maps' class ids instead (checked; the ignore index apart).
+        allow_outside_root: accept image paths outside `root` (`..`, absolute paths elsewhere).
+        metadata_columns: the columns kept as per-sample metadata, a list or "A,B" (None: every other column;
+            empty: none).
+        mask_column: semantic segmentation: the column holding each image's label map, a single-channel PNG of
+            class ids (8- or 16-bit, or palette indices), relative to `root`; stored losslessly, and
+            `fastdata.dataset(out)[i]` gives `(image, mask)`.
+        ignore_index: with `mask_column`: the label maps' "no class" value, left out of the class ids counted and
+            of the `num_classes` check.
+    """
+
+    root: str | os.PathLike[str] | None = None
+    image_column: str = "path"
+    label_column: str = "label"
+    num_classes: int | None = None
+    allow_outside_root: bool = False
+    metadata_columns: str | Sequence[str] | None = None
+    mask_column: str | None = None
+    ignore_index: int = DEFAULT_IGNORE_INDEX
+
+    def __post_init__(self) -> None:
+        """Each value checked (one line naming the option and the value), the root and the metadata columns
+        normalised (a str, a tuple)."""
+        super().__post_init__()
+        normalise(self, root=check_path("root", self.root),
+                  metadata_columns=check_names("metadata_columns", self.metadata_columns))
+        _check(self.list_options())
+
+    def list_options(self) -> ListOptions:
+        """How the list is read (what the manifest records)."""
+        return ListOptions(self.root, self.image_column, self.label_column, self.num_classes,  # type: ignore[arg-type]
+                           self.allow_outside_root, self.metadata_columns,  # type: ignore[arg-type]
+                           self.mask_column, self.ignore_index)
+
+
 def scan(spec: str | os.PathLike[str], options: ListOptions | None = None) -> ImageSource:
     """List the samples of the list(s) LIST names (see the module docstring); SourceError/ConfigError naming the
     file, row and column of the first problem."""
     options = options or ListOptions()
-    if options.num_classes is not None and options.num_classes < 1:
-        raise ConfigError(f"--num-classes must be at least 1, got {options.num_classes}")
-    if options.mask_column is not None and not 0 <= options.ignore_index <= 65535:
-        raise ConfigError(f"--ignore-index must be within 0..65535 (a label map's pixel value), got "
-                          f"{options.ignore_index}")
+    _check(options)
     files = list_files(spec)
     root = Path(options.root) if options.root is not None else default_root(spec)
     if not root.is_dir():
@@ -298,47 +364,32 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
                                  ignore_index=recorded.get("ignore_index", DEFAULT_IGNORE_INDEX)))
 
 
-def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str], *, root: str | os.PathLike[str] |
-                 None = None, image_column: str = "path", label_column: str = "label", num_classes: int | None = None,
-                 allow_outside_root: bool = False, metadata_columns: Sequence[str] | None = None,
-                 mask_column: str | None = None, ignore_index: int = DEFAULT_IGNORE_INDEX, **options: Any
-                 ) -> ConversionSummary:
+def convert_list(list_path: str | os.PathLike[str], out: str | os.PathLike[str],
+                 options: FileListOptions | None = None, **keywords: Any) -> ConversionSummary:
     """Pack the images a file list names into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards): the
     list's columns as the module docstring says, every image verified by decoding it, missing or unusable ones
     rejected and named with their list file and row (`strict=True`: the first raises and nothing is written),
-    interrupted conversions resumed by the same call. `options`: those of `fastdata.convert.images.convert_images`
-    (format, shard_size, seed, max_size, quality, max_pixels, workers, overwrite, strict, progress, commit_every,
-    engine, ray_address).
+    interrupted conversions resumed by the same call.
 
     Args:
         list_path: the list: a `.csv`, `.tsv`, `.jsonl` or `.parquet` file, or a folder or glob of them (read in
             sorted order, one after the other).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
-        root: the folder the image paths are relative to (default: the list's folder).
-        image_column: the column holding each image's path.
-        label_column: the column holding each label: a class name, an integer class id, or a list of either
-            (multi-label: loaded as multi-hot float32 `[B, C]`). Optional with `mask_column`: without it, every
-            sample is in one class, "unlabelled".
-        num_classes: the number of classes of integer labels (default: the largest id + 1); with `mask_column`,
-            the bound on the label maps' class ids instead (checked; the ignore index apart).
-        allow_outside_root: accept image paths outside `root` (`..`, absolute paths elsewhere).
-        metadata_columns: the columns kept as per-sample metadata (default: every other column; empty: none).
-        mask_column: semantic segmentation: the column holding each image's label map, a single-channel PNG of
-            class ids (8- or 16-bit, or palette indices), relative to `root`; stored losslessly, and
-            `fastdata.dataset(out)[i]` gives `(image, mask)`.
-        ignore_index: with `mask_column`: the label maps' "no class" value (default 255), left out of the class
-            ids counted and of the `num_classes` check.
-        **options: the options of `fastdata.convert.images.convert_images`.
+        options: how to read the list and convert (`fastdata.options.FileListOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    settings = ListOptions(None if root is None else str(root), image_column, label_column, num_classes,
-                           allow_outside_root, None if metadata_columns is None else tuple(metadata_columns),
-                           mask_column, ignore_index)
-    return convert_images(lambda: scan(list_path, settings), out, **options)
+    settings = spelled(FileListOptions, options, keywords, "fastdata.convert_list")
+    return convert_images(lambda: scan(list_path, settings.list_options()), out, settings)
+
+
+#: the option object of `fastdata convert list`, and its parameters that are not options (its arguments)
+OPTIONS = FileListOptions
+ARGUMENTS = ("list_path", "out")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert list LIST OUT ...`"""
-    from fastdata.converters.options import convert_options, split_names
+    from fastdata.converters.options import convert_options, options_from_flags
 
     @click.command("list")
     @click.argument("list_path", metavar="LIST")
@@ -360,9 +411,7 @@ def cli_command() -> click.Command:
     @click.option("--ignore-index", type=int, default=DEFAULT_IGNORE_INDEX, show_default=True,
                   help="With --mask-column: the label maps' 'no class' value.")
     @convert_options
-    def command(list_path: str, out: Path, root: Path | None, image_column: str, label_column: str,
-                num_classes: int | None, allow_outside_root: bool, metadata_columns: str | None,
-                mask_column: str | None, ignore_index: int, **options: Any) -> None:
+    def command(list_path: str, out: Path, **flags: Any) -> None:
         """Pack the images that the file list LIST names into OUT.
 
         LIST is a .csv, .tsv, .jsonl or .parquet file, or a folder or glob of them (concatenated in sorted
@@ -371,10 +420,6 @@ def cli_command() -> click.Command:
         OUT ending in .lmdb writes one LMDB dataset (sample i = row i); --format wds writes WebDataset tar
         shards into the directory OUT.
         """
-        quiet = options.pop("quiet")
-        click.echo(str(convert_list(list_path, out, root=root, image_column=image_column, label_column=label_column,
-                                    num_classes=num_classes, allow_outside_root=allow_outside_root,
-                                    metadata_columns=split_names(metadata_columns), mask_column=mask_column,
-                                    ignore_index=ignore_index, progress=not quiet, **options)))
+        click.echo(str(convert_list(list_path, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

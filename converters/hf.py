@@ -35,7 +35,9 @@ from typing import Any
 
 import click
 
+from fastdata.config import check_bool
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.options import ImageConversionOptions, check_column, check_path, normalise, spelled
 from fastdata.convert.source_files.metadata import NOT_JSON, json_value
 from fastdata.convert.source_files.tables import (
     ROW_GROUP_CACHE_BYTES,
@@ -387,35 +389,66 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
     return scan(src, **manifest.source.get("hf", {}))
 
 
-def convert_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], *, split: str | None = None,
-               image_column: str | None = None, label_column: str = DEFAULT_LABEL_COLUMN, config: str | None = None,
-               cache_dir: str | None = None, metadata: bool = True, **options: Any) -> ConversionSummary:
-    """Pack split `split` of the Hugging Face dataset `src` (a `save_to_disk` folder, Parquet / Arrow files, or a
-    Hub dataset name in the local cache: see `fastdata.converters.hf`) into `out` (LMDB if it ends in `.lmdb`, or
+@dataclass(frozen=True, kw_only=True)
+class HfOptions(ImageConversionOptions):
+    """How `fastdata.convert_hf` converts a Hugging Face image dataset: which split and columns (below), and the
+    options of every image conversion (`fastdata.convert.options.ImageConversionOptions`). Checked when made.
+
+    Attributes:
+        split: the split to convert (None: `train`, or the only one).
+        image_column: the column of the images (None: `image`, or the only Image column).
+        label_column: the column of the labels: ClassLabel, integers, strings, or lists of them (multi-label).
+        config: the configuration of a cached Hub dataset that has several.
+        cache_dir: the Hugging Face datasets cache to look in (None: datasets' own).
+        metadata: keep the other scalar columns as per-sample metadata.
+    """
+
+    split: str | None = None
+    image_column: str | None = None
+    label_column: str = DEFAULT_LABEL_COLUMN
+    config: str | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    metadata: bool = True
+
+    def __post_init__(self) -> None:
+        """Each value checked (one line naming the option and the value), `cache_dir` as a str."""
+        super().__post_init__()
+        check_column("split", self.split, optional=True)
+        check_column("image_column", self.image_column, optional=True)
+        check_column("label_column", self.label_column)
+        check_column("config", self.config, optional=True)
+        check_bool("metadata", self.metadata)
+        normalise(self, cache_dir=check_path("cache_dir", self.cache_dir))
+
+
+def convert_hf(src: str | os.PathLike[str], out: str | os.PathLike[str], options: HfOptions | None = None,
+               **keywords: Any) -> ConversionSummary:
+    """Pack a split of the Hugging Face dataset `src` (a `save_to_disk` folder, Parquet / Arrow files, or a Hub
+    dataset name in the local cache: see `fastdata.converters.hf`) into `out` (LMDB if it ends in `.lmdb`, or
     `format="wds"` shards): image bytes stored as they are, each verified by decoding it, rows that do not decode
-    rejected and named; `image_column` (default `image`, or the only Image column), `label_column`, `config` (the
-    cached Hub dataset's configuration), `cache_dir` (default: datasets' own), `metadata` (keep the other scalar
-    columns). Other options: those of `fastdata.convert.images.convert_images`.
+    rejected and named.
 
     Args:
         src: a `save_to_disk` folder (Dataset or DatasetDict), a Parquet / Arrow file or a folder of them, or the
             name of a Hub dataset already in the local cache (never downloaded).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
-        split: the split to convert (default `train`, or the only one).
-        image_column: the column of the images (default `image`, or the only Image column).
-        label_column: the column of the labels: ClassLabel, integers, strings, or lists of them (multi-label).
-        config: the configuration of a cached Hub dataset that has several.
-        cache_dir: the Hugging Face datasets cache to look in (default: datasets' own).
-        metadata: keep the other scalar columns as per-sample metadata.
-        **options: the options of `fastdata.convert.images.convert_images`.
+        options: which split and columns, and how to convert (`fastdata.options.HfOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    return convert_images(lambda: scan(src, split, image_column, label_column, config, cache_dir, metadata), out,
-                          **options)
+    settings = spelled(HfOptions, options, keywords, "fastdata.convert_hf")
+    return convert_images(lambda: scan(src, settings.split, settings.image_column, settings.label_column,
+                                       settings.config, settings.cache_dir, settings.metadata),  # type: ignore[arg-type]
+                          out, settings)
+
+
+#: the option object of `fastdata convert hf`, and its parameters that are not options (its arguments)
+OPTIONS = HfOptions
+ARGUMENTS = ("src", "out")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert hf SRC OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, options_from_flags
 
     @click.command("hf")
     @click.argument("src")
@@ -431,15 +464,14 @@ def cli_command() -> click.Command:
     @click.option("--metadata/--no-metadata", default=True, show_default=True,
                   help="Store the other scalar columns with each sample (fastdata.dataset(OUT, metadata=True)).")
     @convert_options
-    def command(src: str, out: Path, **options: Any) -> None:
+    def command(src: str, out: Path, **flags: Any) -> None:
         """Pack a Hugging Face dataset SRC into OUT: a save_to_disk folder (Dataset or DatasetDict), Parquet or
         Arrow files (a file or a folder), or the name of a Hub dataset in the local cache (read offline).
 
         OUT ending in .lmdb writes one LMDB dataset (sample i = row i of the split); --format wds writes WebDataset
         tar shards into the directory OUT. Image bytes are stored as they are (no re-encoding unless --max-size).
         """
-        quiet = options.pop("quiet")
-        summary = convert_hf(src, out, progress=not quiet, **options)
+        summary = convert_hf(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))
         click.echo(str(summary))
         left_out = _columns_note(out)
         if left_out:

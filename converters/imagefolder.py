@@ -10,12 +10,14 @@ a copy of torch; the tests hold the two listings equal on tricky trees. Every fi
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.options import ImageConversionOptions, spelled
 from fastdata.convert.sources import ImageSource
 from fastdata.errors import SourceError
 from fastdata.formats.manifest import Manifest
@@ -88,38 +90,48 @@ def _ignored_files(root: Path, classes: list[str]) -> list[str]:
     return sorted(ignored)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ImageFolderOptions(ImageConversionOptions):
+    """How `fastdata.convert_imagefolder` converts an ImageFolder tree: the options of every image conversion
+    (`fastdata.convert.options.ImageConversionOptions`); the tree itself takes none (classes, labels and order are
+    torchvision's). Checked when made."""
 
-def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str], **options: Any
-                        ) -> ConversionSummary:
+
+def convert_imagefolder(src: str | os.PathLike[str], out: str | os.PathLike[str],
+                        options: ImageFolderOptions | None = None, **keywords: Any) -> ConversionSummary:
     """Pack the ImageFolder tree `src` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards): every
     file verified by decoding it, unusable ones rejected and listed (`strict=True`: the first raises and nothing is
-    written), interrupted conversions resumed by the same call. Options: those of
-    `fastdata.convert.images.convert_images` (format, shard_size, seed, max_size, quality, max_pixels, workers,
-    overwrite, strict, progress, commit_every, engine, ray_address).
+    written), interrupted conversions resumed by the same call.
 
     Args:
         src: the ImageFolder tree (`src/<class>/**/<image>`); classes, labels and order are torchvision's.
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
-        **options: the options of `fastdata.convert.images.convert_images`.
+        options: how to convert (`fastdata.options.ImageFolderOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    return convert_images(lambda: scan(src), out, **options)
+    settings = spelled(ImageFolderOptions, options, keywords, "fastdata.convert_imagefolder")
+    return convert_images(lambda: scan(src), out, settings)
+
+
+#: the option object of `fastdata convert imagefolder`, and its parameters that are not options (its arguments)
+OPTIONS = ImageFolderOptions
+ARGUMENTS = ("src", "out")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert imagefolder SRC OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, options_from_flags
 
     @click.command("imagefolder")
     @click.argument("src", type=click.Path(path_type=Path))
     @click.argument("out", type=click.Path(path_type=Path))
     @convert_options
-    def command(src: Path, out: Path, **options: Any) -> None:
+    def command(src: Path, out: Path, **flags: Any) -> None:
         """Pack an ImageFolder tree SRC (SRC/<class>/**/<image>) into OUT.
 
         OUT ending in .lmdb writes one LMDB dataset (sample i = torchvision ImageFolder's sample i);
         --format wds writes WebDataset tar shards into the directory OUT.
         """
-        quiet = options.pop("quiet")
-        click.echo(str(convert_imagefolder(src, out, progress=not quiet, **options)))
+        click.echo(str(convert_imagefolder(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

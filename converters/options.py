@@ -1,8 +1,10 @@
-"""Flags shared by every `fastdata convert <kind>` command, mapped onto the conversion API."""
+"""Flags shared by every `fastdata convert <kind>` command, and the option object a command's flags make
+(`options_from_flags`): the object its Python function takes, so the command line and Python take the same options."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import click
 
@@ -11,13 +13,18 @@ from fastdata.convert.kept import DEFAULT_MAX_REJECTED
 from fastdata.formats.records import DEFAULT_MAX_PIXELS, JPEG_LAYOUTS
 from fastdata.formats.registry import DEFAULT_SHARD_SIZE, FORMATS
 
+Options = TypeVar("Options")
 
-def split_names(text: str | None) -> tuple[str, ...] | None:
-    """The names of a comma-separated flag such as `--metadata-columns A,B`, blanks dropped (None: the flag was not
-    given; "": no names)."""
-    if text is None:
-        return None
-    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+def options_from_flags(cls: type[Options], params: Mapping[str, Any], arguments: tuple[str, ...]) -> Options:
+    """The option object (`cls`, e.g. `ImageFolderOptions`) of a `fastdata convert` command's parameters: every
+    parameter but its `arguments` (SRC, OUT, ...) is the field of its name, and `--quiet` is `progress=False`. So
+    a flag is the Python option of the same name (a flag without a field is a TypeError here, which the tests of
+    every command catch)."""
+    values = {name: value for name, value in params.items() if name not in arguments}
+    if "quiet" in values:
+        values["progress"] = not values.pop("quiet")
+    return cls(**values)
 
 
 def _storage_options() -> list[Callable]:

@@ -40,8 +40,9 @@ from typing import Any
 import click
 import numpy as np
 
-from fastdata.config import available_cores
+from fastdata.config import available_cores, check_bool
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.options import ImageConversionOptions, check_column, check_names, check_path, normalise, spelled
 from fastdata.convert.source_files import file_lists
 from fastdata.convert.source_files.tar_samples import (
     TarMemberReader,
@@ -326,42 +327,77 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
     return scan(src, PairOptions(**recorded), manifest.source.get("tokenizer"), notes=False)
 
 
-def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], *, caption_column: str = "caption",
-                  image_column: str = "path", root: str | os.PathLike[str] | None = None,
-                  tokenizer: str | os.PathLike[str] | None = None, allow_outside_root: bool = False,
-                  metadata_columns: Sequence[str] | None = None, image_ext: str | Sequence[str] | None = None,
-                  **options: Any) -> ConversionSummary:
+@dataclass(frozen=True, kw_only=True)
+class PairsOptions(ImageConversionOptions):
+    """How `fastdata.convert_pairs` converts image-text pairs: how the pairs are read and their captions stored
+    (below), and the options of every image conversion (`fastdata.convert.options.ImageConversionOptions`).
+    Checked when made.
+
+    Attributes:
+        caption_column: lists: the column holding each caption; shards: the `.json` field holding it when a sample
+            has no `.txt` member.
+        image_column: lists: the column holding each image's path.
+        root: lists: the folder the image paths are relative to (None: the list's folder).
+        tokenizer: a `tokenizers` tokenizer.json: also store each caption's token ids (copied into OUT).
+        allow_outside_root: lists: accept image paths outside `root`.
+        metadata_columns: lists: the columns kept as per-sample metadata, a list or "A,B" (None: every other
+            column; empty: none).
+        image_ext: shards: the image member extensions, in order of preference, a list or "jpg,png" (None: every
+            image extension).
+    """
+
+    caption_column: str = "caption"
+    image_column: str = "path"
+    root: str | os.PathLike[str] | None = None
+    tokenizer: str | os.PathLike[str] | None = None
+    allow_outside_root: bool = False
+    metadata_columns: str | Sequence[str] | None = None
+    image_ext: str | Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        """Each value checked (one line naming the option and the value), paths and lists normalised (a str, a
+        tuple)."""
+        super().__post_init__()
+        check_column("caption_column", self.caption_column)
+        check_column("image_column", self.image_column)
+        check_bool("allow_outside_root", self.allow_outside_root)
+        normalise(self, root=check_path("root", self.root), tokenizer=check_path("tokenizer", self.tokenizer),
+                  metadata_columns=check_names("metadata_columns", self.metadata_columns),
+                  image_ext=None if self.image_ext is None else image_exts(self.image_ext))
+
+    def pair_options(self) -> PairOptions:
+        """How the pairs are read (what the manifest records)."""
+        return PairOptions(self.root, self.image_column, self.caption_column,  # type: ignore[arg-type]
+                           self.allow_outside_root, self.metadata_columns, self.image_ext)  # type: ignore[arg-type]
+
+
+def convert_pairs(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PairsOptions | None = None,
+                  **keywords: Any) -> ConversionSummary:
     """Pack image-text pairs into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards): each image with its
     caption (UTF-8 text) and, with `tokenizer`, the caption's token ids; every image verified by decoding it,
     unusable ones rejected and named. `fastdata.loader(out)` then yields `{"images", "captions"}` dicts (with
-    stored tokens `{"images", "input_ids", "attention_mask", "captions"}`). `options`: those of
-    `fastdata.convert.images.convert_images` (format, shard_size, seed, max_size, quality, max_pixels, workers,
-    overwrite, strict, progress, commit_every, engine, ray_address).
+    stored tokens `{"images", "input_ids", "attention_mask", "captions"}`).
 
     Args:
         src: a file list (`.csv`, `.tsv`, `.jsonl`, `.parquet`, or a folder or glob of them), or WebDataset shards
             as img2dataset writes them (a folder of `.tar` files, one `.tar`, or a brace pattern).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
-        caption_column: lists: the column holding each caption; shards: the `.json` field holding it when a
-            sample has no `.txt` member.
-        image_column: lists: the column holding each image's path.
-        root: lists: the folder the image paths are relative to (default: the list's folder).
-        tokenizer: a `tokenizers` tokenizer.json: also store each caption's token ids (copied into `out`).
-        allow_outside_root: lists: accept image paths outside `root`.
-        metadata_columns: lists: the columns kept as per-sample metadata (default: every other column).
-        image_ext: shards: the image member extensions, in order of preference (default: every image extension).
-        **options: the options of `fastdata.convert.images.convert_images`.
+        options: how to read the pairs and convert (`fastdata.options.PairsOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    settings = PairOptions(None if root is None else str(root), image_column, caption_column, allow_outside_root,
-                           None if metadata_columns is None else tuple(metadata_columns),
-                           None if image_ext is None else image_exts(image_ext))
-    workers = options.get("workers")
-    return convert_images(lambda: scan(src, settings, tokenizer, workers), out, **options)
+    settings = spelled(PairsOptions, options, keywords, "fastdata.convert_pairs")
+    return convert_images(lambda: scan(src, settings.pair_options(), settings.tokenizer, settings.workers), out,
+                          settings)
+
+
+#: the option object of `fastdata convert pairs`, and its parameters that are not options (its arguments)
+OPTIONS = PairsOptions
+ARGUMENTS = ("src", "out")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert pairs SRC OUT ...`"""
-    from fastdata.converters.options import convert_options, split_names
+    from fastdata.converters.options import convert_options, options_from_flags
 
     @click.command("pairs")
     @click.argument("src")
@@ -379,19 +415,13 @@ def cli_command() -> click.Command:
     @click.option("--image-ext", default=None, metavar="EXT,...",
                   help="Shards: image member extensions, in order of preference.")
     @convert_options
-    def command(src: str, out: Path, caption_column: str, image_column: str, root: Path | None,
-                tokenizer: Path | None, allow_outside_root: bool, metadata_columns: str | None,
-                image_ext: str | None, **options: Any) -> None:
+    def command(src: str, out: Path, **flags: Any) -> None:
         """Pack image-text pairs SRC into OUT: each image with its caption (and token ids with --tokenizer).
 
         SRC: a .csv, .tsv, .jsonl or .parquet list (a path and a caption per row), or WebDataset shards as
         img2dataset writes them (.jpg + .txt caption or a .json caption field): a folder of .tar files, one
         .tar, or a brace pattern. OUT ending in .lmdb writes one LMDB dataset; --format wds writes shards.
         """
-        quiet = options.pop("quiet")
-        click.echo(str(convert_pairs(src, out, caption_column=caption_column, image_column=image_column,
-                                     root=root, tokenizer=tokenizer, allow_outside_root=allow_outside_root,
-                                     metadata_columns=split_names(metadata_columns), image_ext=image_ext,
-                                     progress=not quiet, **options)))
+        click.echo(str(convert_pairs(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

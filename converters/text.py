@@ -18,11 +18,20 @@ import json
 import os
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
+from fastdata.convert.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CHECKPOINT_EVERY,
+    DocumentConversionOptions,
+    check_choice,
+    check_column,
+    spelled,
+)
 from fastdata.convert.text import TextConversionSummary, convert_documents
 from fastdata.convert.text_source import Document, Rejected, SourceFile, TextSource
 from fastdata.errors import ConfigError, SourceError
@@ -254,34 +263,56 @@ def text_source(sources: Sequence[str | os.PathLike[str]], field: str = "text", 
                       {"field": field, "txt_mode": txt_mode})
 
 
-def convert_text(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
-                 tokenizer: str | os.PathLike[str], field: str = "text", txt_mode: str = "file", **options: Any
-                 ) -> TextConversionSummary:
-    """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends
-    in `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`: `field` names the JSONL field /
-    parquet or arrow column of the text, `txt_mode` reads .txt files as one document ("file") or one per non-blank line
-    ("line"). The other options are those of `fastdata.convert.text.convert_documents` (format, eos_token,
-    shard_size, batch_size, overwrite, strict, progress, chunk_tokens, commit_every_chunks, checkpoint_every):
-    each document stored whole as its exact ids, in source order; unusable records reported and skipped; an
-    interrupted conversion resumed by the same call.
+@dataclass(frozen=True, kw_only=True)
+class TextConversionOptions(DocumentConversionOptions):
+    """How `fastdata.convert_text` reads text files (below) and tokenizes and stores their documents (the options
+    of `fastdata.convert.options.DocumentConversionOptions`). Checked when made.
+
+    Attributes:
+        field: the JSONL field / parquet or arrow column that holds the text.
+        txt_mode: .txt files: "file" (one document per file) or "line" (one per non-blank line).
+    """
+
+    field: str = "text"
+    txt_mode: str = "file"
+
+    def __post_init__(self) -> None:
+        """Each value checked (one line naming the option and the value)."""
+        super().__post_init__()
+        check_column("field", self.field)
+        check_choice("txt_mode", self.txt_mode, TXT_MODES)
+
+
+def convert_text(src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                 options: TextConversionOptions | None = None, *, tokenizer: str | os.PathLike[str],
+                 **keywords: Any) -> TextConversionSummary:
+    """Tokenize the text files `src` (a file, folder or glob, or a list of them) into `out` (LMDB if it ends in
+    `.lmdb`, or `format="wds"` shards), with the `tokenizers` file `tokenizer`: each document stored whole as its
+    exact ids, in source order; unusable records reported and skipped; an interrupted conversion resumed by the
+    same call.
 
     Args:
-        src: .jsonl, .jsonl.gz, .jsonl.zst, .txt or .parquet files, folders or glob patterns of them, or a list.
+        src: .jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet or .arrow files, folders or glob patterns of them, or a
+            list.
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
+        options: how to read, tokenize and store (`fastdata.options.TextConversionOptions`; None: its defaults).
         tokenizer: a `tokenizers` tokenizer.json file (copied into `out`).
-        field: the JSONL field / parquet column that holds the text.
-        txt_mode: .txt files: "file" (one document per file) or "line" (one per non-blank line).
-        **options: the options of `fastdata.convert.text.convert_documents`.
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    if txt_mode not in TXT_MODES:
-        raise ConfigError(f"txt_mode must be one of {', '.join(TXT_MODES)}, got {txt_mode!r}")
+    settings = spelled(TextConversionOptions, options, keywords, "fastdata.convert_text")
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
-    return convert_documents(lambda: text_source(sources, field, txt_mode), out, tokenizer=tokenizer, **options)
+    return convert_documents(lambda: text_source(sources, settings.field, settings.txt_mode), out,
+                             tokenizer=tokenizer, options=settings)
+
+
+#: the option object of `fastdata convert text`, and its parameters that are not options (its arguments)
+OPTIONS = TextConversionOptions
+ARGUMENTS = ("src", "out", "tokenizer")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert text SRC... OUT --tokenizer tokenizer.json ...`"""
-    from fastdata.converters.options import output_options
+    from fastdata.converters.options import options_from_flags, output_options
 
     @click.command("text")
     @click.argument("src", nargs=-1, required=True)
@@ -295,9 +326,9 @@ def cli_command() -> click.Command:
     @click.option("--eos-token", default=None, metavar="TOKEN",
                   help="End-of-text token appended to every document when packing. Default: found among the "
                        "tokenizer's special tokens (<|endoftext|>, </s>, [SEP], ...).")
-    @click.option("--batch-size", default="1MB", show_default=True,
+    @click.option("--batch-size", default=DEFAULT_BATCH_SIZE, show_default=True,
                   help="Text per tokenizer batch (bounds memory): 1MB, 512KB, ...")
-    @click.option("--checkpoint-every", default="4MB", show_default=True, metavar="SIZE",
+    @click.option("--checkpoint-every", default=DEFAULT_CHECKPOINT_EVERY, show_default=True, metavar="SIZE",
                   help="Source read between checkpoints: an interrupted conversion resumes from its last one "
                        "(rerun the same command). Does not change the dataset.")
     @click.option("--workers", type=int, default=None,
@@ -305,13 +336,15 @@ def cli_command() -> click.Command:
                        "conversions; 0: in this process, on the tokenizer's own threads. The same dataset "
                        "either way.")
     @output_options
-    def command(src: tuple[str, ...], out: Path, quiet: bool, **options: Any) -> None:
+    def command(src: tuple[str, ...], out: Path, tokenizer: Path, **flags: Any) -> None:
         """Tokenize the text files SRC... (.jsonl, .jsonl.gz, .jsonl.zst, .txt, .parquet, .arrow, folders or quoted
         glob patterns of them, a Hugging Face save_to_disk folder) into OUT.
 
         OUT ending in .lmdb writes one LMDB dataset; --format wds writes WebDataset tar shards into the
-        directory OUT. Documents keep source order; load them with fastdata.loader(OUT, seq_len=...).
+        directory OUT. Documents keep source order; load them with
+        fastdata.loader(OUT, text=TextOptions(seq_len=...)).
         """
-        click.echo(str(convert_text(list(src), out, progress=not quiet, **options)))
+        click.echo(str(convert_text(list(src), out, options_from_flags(OPTIONS, flags, ARGUMENTS),
+                                    tokenizer=tokenizer)))
 
     return command

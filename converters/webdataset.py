@@ -40,8 +40,9 @@ from typing import Any
 
 import click
 
-from fastdata.config import available_cores
+from fastdata.config import available_cores, check_bool, check_optional_int
 from fastdata.convert.images import ConversionSummary, convert_images
+from fastdata.convert.options import ImageConversionOptions, check_column, normalise, spelled
 from fastdata.convert.source_files.tar_samples import (
     DEFAULT_IMAGE_EXTS,
     IndexedSample,
@@ -152,19 +153,27 @@ def _class_count(samples: list[IndexedSample], values: list[Any], num_classes: i
 # ----------------------------------------------------------------------------------------------------- listing
 
 
-def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = None, label_key: str | None = None,
-         num_classes: int | None = None, no_labels: bool = False, workers: int | None = None) -> ImageSource:
-    """Index the shards of `src` (over `workers` processes; default: all cores) and list their samples, labels and
-    metadata (see the module docstring)."""
-    exts = image_exts(image_ext)
+def _label_options(label_key: Any, num_classes: Any, no_labels: Any) -> LabelOptions:
+    """Where the labels come from, checked (one line naming the option and the value)."""
+    check_column("label_key", label_key, optional=True)
+    num_classes = check_optional_int("num_classes", num_classes)
     if num_classes is not None and num_classes < 1:
         raise ConfigError(f"--num-classes must be at least 1, got {num_classes}")
-    if no_labels and (label_key is not None or num_classes is not None):
+    if check_bool("no_labels", no_labels) and (label_key is not None or num_classes is not None):
         raise ConfigError("--no-labels takes neither --label-key nor --num-classes")
     labels = LabelOptions(None if no_labels else (label_key or DEFAULT_LABEL_KEY), num_classes)
     if labels.key is not None and (labels.key in DEFAULT_IMAGE_EXTS or labels.key == "json"):
         raise ConfigError(f"--label-key {labels.key}: a label cannot be an image or the .json member itself (a "
                           ".json field is named by itself: --label-key label)")
+    return labels
+
+
+def scan(src: str | os.PathLike[str], image_ext: str | Sequence[str] | None = None, label_key: str | None = None,
+         num_classes: int | None = None, no_labels: bool = False, workers: int | None = None) -> ImageSource:
+    """Index the shards of `src` (over `workers` processes; default: all cores) and list their samples, labels and
+    metadata (see the module docstring)."""
+    exts = image_exts(image_ext)
+    labels = _label_options(label_key, num_classes, no_labels)
     root, paths, described = shard_files(src)
     names = [p.resolve().relative_to(root).as_posix() for p in paths]
     read_exts = frozenset({"json", "txt"} | ({labels.key} if labels.key else set()))
@@ -208,33 +217,60 @@ def relist(src: str | os.PathLike[str], manifest: Manifest) -> ImageSource:
                 None if no_labels else source.get("num_classes"), no_labels)
 
 
-def convert_webdataset(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                       image_ext: str | Sequence[str] | None = None, label_key: str | None = None,
-                       num_classes: int | None = None, no_labels: bool = False, **options: Any) -> ConversionSummary:
+@dataclass(frozen=True, kw_only=True)
+class WebDatasetOptions(ImageConversionOptions):
+    """How `fastdata.convert_webdataset` converts existing WebDataset shards: which members are the images and the
+    labels (below), and the options of every image conversion (`fastdata.convert.options.ImageConversionOptions`).
+    Checked when made.
+
+    Attributes:
+        image_ext: the image member extensions, in order of preference, a list or "jpg,png" (None: every image
+            extension fastdata reads, jpg first).
+        label_key: the label: a member extension (`{key}.NAME`) or a `.json` field (None: `cls`); an integer, a
+            class name, or a list of them (multi-label).
+        num_classes: the number of classes of integer labels (None: the largest id + 1).
+        no_labels: the shards hold no labels: every sample in one class, "unlabelled".
+    """
+
+    image_ext: str | Sequence[str] | None = None
+    label_key: str | None = None
+    num_classes: int | None = None
+    no_labels: bool = False
+
+    def __post_init__(self) -> None:
+        """Each value checked (one line naming the option and the value), `image_ext` as a tuple."""
+        super().__post_init__()
+        normalise(self, image_ext=None if self.image_ext is None else image_exts(self.image_ext))
+        _label_options(self.label_key, self.num_classes, self.no_labels)
+
+
+def convert_webdataset(src: str | os.PathLike[str], out: str | os.PathLike[str],
+                       options: WebDatasetOptions | None = None, **keywords: Any) -> ConversionSummary:
     """Convert existing WebDataset shards `src` (a folder of `.tar` files, one `.tar`, or a brace pattern) into
     `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards with fastdata's manifest and hashes): the stored
     image bytes kept, every image verified, labels from `label_key` (a member extension, default `cls`, or a
-    `.json` field), the other `.json` fields and `.txt` captions kept as metadata. Other options: those of
-    `fastdata.convert.images.convert_images`.
+    `.json` field), the other `.json` fields and `.txt` captions kept as metadata.
 
     Args:
         src: a folder of uncompressed `.tar` shards, one `.tar`, or a brace pattern (`shards-{000..009}.tar`).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards with `format="wds"`.
-        image_ext: the image member extensions, in order of preference (default: every image extension fastdata
-            reads, jpg first).
-        label_key: the label: a member extension (`{key}.NAME`) or a `.json` field (default `cls`); an integer,
-            a class name, or a list of them (multi-label).
-        num_classes: the number of classes of integer labels (default: the largest id + 1).
-        no_labels: the shards hold no labels: every sample in one class, "unlabelled".
-        **options: the options of `fastdata.convert.images.convert_images`.
+        options: which members are the images and labels, and how to convert (`fastdata.options.WebDatasetOptions`;
+            None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    workers = options.get("workers")
-    return convert_images(lambda: scan(src, image_ext, label_key, num_classes, no_labels, workers), out, **options)
+    settings = spelled(WebDatasetOptions, options, keywords, "fastdata.convert_webdataset")
+    return convert_images(lambda: scan(src, settings.image_ext, settings.label_key, settings.num_classes,
+                                       settings.no_labels, settings.workers), out, settings)
+
+
+#: the option object of `fastdata convert webdataset`, and its parameters that are not options (its arguments)
+OPTIONS = WebDatasetOptions
+ARGUMENTS = ("src", "out")
 
 
 def cli_command() -> click.Command:
     """`fastdata convert webdataset SRC OUT ...`"""
-    from fastdata.converters.options import convert_options
+    from fastdata.converters.options import convert_options, options_from_flags
 
     @click.command("webdataset")
     @click.argument("src")
@@ -247,14 +283,13 @@ def cli_command() -> click.Command:
                   help="Number of classes of integer labels. Default: the largest class id + 1.")
     @click.option("--no-labels", is_flag=True, help="No labels: every sample in one class, 'unlabelled'.")
     @convert_options
-    def command(src: str, out: Path, **options: Any) -> None:
+    def command(src: str, out: Path, **flags: Any) -> None:
         """Convert existing WebDataset shards SRC into OUT, keeping their image bytes.
 
         SRC: a folder of .tar shards, one .tar, or a brace pattern ('shards-{000000..000009}.tar', quoted).
         Labels from {key}.cls (or --label-key); other .json fields and .txt captions kept as metadata.
         OUT ending in .lmdb writes one LMDB dataset (in shard order); --format wds writes new shards.
         """
-        quiet = options.pop("quiet")
-        click.echo(str(convert_webdataset(src, out, progress=not quiet, **options)))
+        click.echo(str(convert_webdataset(src, out, options_from_flags(OPTIONS, flags, ARGUMENTS))))
 
     return command

@@ -58,7 +58,7 @@ class FastdataImageModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         for src, out in ((self.train_dir, self.train_lmdb), (self.val_dir, self.val_lmdb)):
             if not self._converted(out):
-                print(fastdata.convert_imagefolder(src, out, progress=False), flush=True)
+                print(fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(progress=False)), flush=True)
 
     def setup(self, stage: str) -> None:
         self.classes = fastdata.dataset(self.train_lmdb).classes

@@ -66,7 +66,7 @@ def fastdata_loader(args: argparse.Namespace) -> tuple[Iterable, list[str]]:
     lmdb = args.lmdb or args.data.parent / f"{args.data.name}.lmdb"
     if not (lmdb / "manifest.json").exists():
         print(f"converting {args.data} to {lmdb} (once; a rerun resumes an interrupted conversion)", flush=True)
-        summary = fastdata.convert_imagefolder(args.data, lmdb, progress=False)
+        summary = fastdata.convert_imagefolder(args.data, lmdb, fastdata.ImageFolderOptions(progress=False))
         print(summary, flush=True)
     loader = fastdata.loader(lmdb, batch_size=args.batch_size, augment="train", image_size=args.image_size,
                              num_workers=args.workers, seed=args.seed, drop_last=True)

@@ -22,10 +22,24 @@ if TYPE_CHECKING:  # what static tools see; at run time the names resolve on fir
     from fastdata.converters.pairs import convert_pairs
     from fastdata.converters.text import convert_text
     from fastdata.converters.webdataset import convert_webdataset
-    from fastdata.image.device.options import DeviceDecode
+    from fastdata.deprecations import FastdataDeprecationWarning
     from fastdata.loader import dataset, loader
     from fastdata.loader.mixing import mix
     from fastdata.meter.loop import meter
+    from fastdata.options import (
+        CocoOptions,
+        DeviceDecodeOptions,
+        FileListOptions,
+        HfOptions,
+        ImageFolderOptions,
+        MixOptions,
+        OutputOptions,
+        PairsOptions,
+        RemoteOptions,
+        TextConversionOptions,
+        TextOptions,
+        WebDatasetOptions,
+    )
     from fastdata.tools.info import info
 
 #: public name -> the module that defines it
@@ -37,7 +51,14 @@ _PUBLIC: dict[str, str] = {
     "convert_pairs": "fastdata.converters.pairs",
     "convert_text": "fastdata.converters.text",
     "convert_webdataset": "fastdata.converters.webdataset",
-    "DeviceDecode": "fastdata.image.device.options",
+    "DeviceDecodeOptions": "fastdata.options",
+    "FastdataDeprecationWarning": "fastdata.deprecations",
+    "MixOptions": "fastdata.options",
+    "OutputOptions": "fastdata.options",
+    "RemoteOptions": "fastdata.options",
+    "TextOptions": "fastdata.options",
+    **{name: "fastdata.options" for name in ("CocoOptions", "FileListOptions", "HfOptions", "ImageFolderOptions",
+                                             "PairsOptions", "TextConversionOptions", "WebDatasetOptions")},
     "dataset": "fastdata.loader",
     "loader": "fastdata.loader",
     "meter": "fastdata.meter.loop",
@@ -45,9 +66,10 @@ _PUBLIC: dict[str, str] = {
     "info": "fastdata.tools.info",
 }
 
-__all__ = ["DeviceDecode", "__version__", "convert_coco", "convert_hf", "convert_imagefolder", "convert_list",
-           "convert_pairs",
-           "convert_text",
+__all__ = ["CocoOptions", "DeviceDecodeOptions", "FastdataDeprecationWarning", "FileListOptions", "HfOptions",
+           "ImageFolderOptions", "MixOptions", "OutputOptions", "PairsOptions", "RemoteOptions",
+           "TextConversionOptions", "TextOptions", "WebDatasetOptions", "__version__",
+           "convert_coco", "convert_hf", "convert_imagefolder", "convert_list", "convert_pairs", "convert_text",
            "convert_webdataset", "dataset", "info", "loader", "meter", "mix"]
 
 
@@ -63,7 +85,13 @@ class _PackageFace(types.ModuleType):
 
 
 def __getattr__(name: str) -> Any:
-    """Import a public function the first time it is asked for (PEP 562)."""
+    """Import a public function or option object the first time it is asked for (PEP 562); an old name is said
+    deprecated (fastdata.deprecations)."""
+    if name == "DeviceDecode":  # the old name of DeviceDecodeOptions
+        from fastdata.deprecations import deprecated_alias
+        from fastdata.options import DeviceDecodeOptions
+
+        return deprecated_alias(__name__, name, {name: ("fastdata.DeviceDecode", DeviceDecodeOptions)})
     if name not in _PUBLIC:
         raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
     value = getattr(importlib.import_module(_PUBLIC[name]), name)

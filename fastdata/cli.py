@@ -242,7 +242,7 @@ def bench(path: Path, baseline_imagefolder: Path | None, baseline_list: Path | N
 @click.option("--augment", type=click.Choice(["train", "val"]), default="train", show_default=True)
 @click.option("--image-size", type=int, default=None, help="As the loader will have it (default: the loader's).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
-              help="Normalised float batches, as the loader's dtype= (default: uint8).")
+              help="Normalised float batches, as the loader's output=OutputOptions(dtype=...) (default: uint8).")
 @click.option("--device", default=None, metavar="DEVICE",
               help="Batches arrive on DEVICE (e.g. cuda), as the loader's device=; with CUDA and nvjpeg, decoding "
                    "on the GPU is measured too.")

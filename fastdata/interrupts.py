@@ -81,7 +81,9 @@ class CtrlC:
 
     def _look_again(self) -> None:
         """(in the timer's thread) Interrupt the main thread again, by a real SIGINT (which also wakes a blocking
-        call): its handler raises the interrupt, or holds it once more."""
+        call): its handler raises the interrupt, or holds it once more. The look-again is the standard library's
+        one-shot delayed call (`threading.Timer`), not a `fastdata.background` thread: it has no loop to stop and
+        nothing to hand over, and the block's end cancels and joins it."""
         self._armed = False
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]  # it runs: ident set
 

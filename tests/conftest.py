@@ -70,7 +70,7 @@ def pets_lmdb(tmp_path_factory) -> Path:
     for mixtures, whose labels tell it apart."""
     root = tmp_path_factory.mktemp("pets")
     tree = build_solid_tree(root / "src", count=SMALL_SOLID_COUNT, classes=("cat", "dog", "eel"))
-    fastdata.convert_imagefolder(tree.root, root / "pets.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, root / "pets.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     return root / "pets.lmdb"
 
 
@@ -82,11 +82,24 @@ def text_mix(tmp_path_factory) -> tuple[Path, Path, Path]:
     first, second = make_corpus(40, seed=3), make_corpus(25, seed=4)
     tokenizer = train_bytelevel(root / "bpe.json", first + second)
     a, b, c = root / "a.lmdb", root / "b", root / "c.lmdb"
-    fastdata.convert_text(write_jsonl(root / "a.jsonl", first), a, tokenizer=tokenizer, progress=False)
-    fastdata.convert_text(write_jsonl(root / "b.jsonl", second), b, tokenizer=tokenizer, format="wds",
-                          shard_size="2KB", progress=False)
-    fastdata.convert_text(write_jsonl(root / "c.jsonl", second), c,
-                          tokenizer=train_bytelevel(root / "other.json", second, vocab=300), progress=False)
+    fastdata.convert_text(
+        write_jsonl(root / "a.jsonl", first),
+        a,
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
+    fastdata.convert_text(
+        write_jsonl(root / "b.jsonl", second),
+        b,
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(format="wds", shard_size="2KB", progress=False),
+    )
+    fastdata.convert_text(
+        write_jsonl(root / "c.jsonl", second),
+        c,
+        tokenizer=train_bytelevel(root / "other.json", second, vocab=300),
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     return a, b, c
 
 
@@ -94,8 +107,10 @@ def _sample_photos(root: Path, png_fraction: float, classes: int) -> tuple[Path,
     """24 real photo crops (`fastdata.tools.sample`: JPEG baseline / progressive / grey, and PNGs at
     `png_fraction`) converted to LMDB and to WebDataset shards."""
     src = make_sample_imagefolder(root / "src", images=24, classes=classes, png_fraction=png_fraction, workers=1)
-    fastdata.convert_imagefolder(src, root / "p.lmdb", workers=1, progress=False)
-    fastdata.convert_imagefolder(src, root / "p-wds", format="wds", shard_size="200KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(src, root / "p.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
+    fastdata.convert_imagefolder(
+        src, root / "p-wds", fastdata.ImageFolderOptions(format="wds", shard_size="200KB", workers=1, progress=False)
+    )
     return root / "p.lmdb", root / "p-wds"
 
 
@@ -139,8 +154,12 @@ def small_text_lmdb(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("small_text")
     corpus = make_corpus(30, seed=1)
     out = root / "text.lmdb"
-    fastdata.convert_text(write_jsonl(root / "corpus.jsonl", corpus), out,
-                          tokenizer=train_bytelevel(root / "bpe.json", corpus), progress=False)
+    fastdata.convert_text(
+        write_jsonl(root / "corpus.jsonl", corpus),
+        out,
+        tokenizer=train_bytelevel(root / "bpe.json", corpus),
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     return out
 
 
@@ -168,7 +187,7 @@ def readme_lmdb(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("photos")
     src = make_sample_imagefolder(root / "train", images=24, classes=3, workers=1)
     out = root / "train.lmdb"
-    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
@@ -239,7 +258,7 @@ def pair_shards(solid_tree, tmp_path_factory) -> Path:
 def pairs_from_shards(pair_shards, tmp_path_factory) -> Path:
     """The img2dataset-style shards converted without a tokenizer (captions as text)."""
     out = tmp_path_factory.mktemp("pairs_from_shards") / "pairs.lmdb"
-    fastdata.convert_pairs(pair_shards, out, workers=1, progress=False)
+    fastdata.convert_pairs(pair_shards, out, fastdata.PairsOptions(workers=1, progress=False))
     return out
 
 
@@ -281,7 +300,7 @@ class Conversion:
 def _imagefolder(tree: str) -> Convert:
     """Convert the ImageFolder tree of fixture `tree` (`fastdata.convert_imagefolder`)."""
     def convert(fixture, out: Path, **options) -> Path:
-        fastdata.convert_imagefolder(fixture(tree).root, out, progress=False, **options)
+        fastdata.convert_imagefolder(fixture(tree).root, out, fastdata.ImageFolderOptions(progress=False, **options))
         return out
 
     convert.__doc__ = f"the ImageFolder tree `{tree}`."
@@ -292,35 +311,40 @@ def _multi_label(fixture, out: Path, **options) -> Path:
     """the solid tree as a multi-label dataset with metadata (`builders.sources.multi_labels`,
     `builders.sources.solid_metadata`), its bytes read from a zip archive: a source whose samples are not files."""
     from fastdata.convert.images import convert_images
+    from fastdata.convert.options import ImageConversionOptions
 
     solid_tree = fixture("solid_tree")
     listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
-    convert_images(lambda: listing, out, workers=1, progress=False, **options)
+    convert_images(lambda: listing, out, ImageConversionOptions(workers=1, progress=False, **options))
     return out
 
 
 def _loader_text(fixture, out: Path, **options) -> Path:
     """the loader corpus, as JSONL beside `out`, tokenized with the loader tokenizer."""
     source = write_jsonl(out.parent / "c.jsonl", fixture("loader_corpus"))
-    fastdata.convert_text(source, out, tokenizer=fixture("loader_tokenizer"), progress=False, **options)
+    fastdata.convert_text(source, out, fastdata.TextConversionOptions(progress=False, **options),
+                          tokenizer=fixture("loader_tokenizer"))
     return out
 
 
 def _pairs(fixture, out: Path, **options) -> Path:
     """the solid pairs list (`pairs_csv`) with token ids (`pair_tokenizer`)."""
-    fastdata.convert_pairs(fixture("pairs_csv"), out, root=fixture("solid_tree").root,
-                           tokenizer=fixture("pair_tokenizer"), workers=1, progress=False, **options)
+    fastdata.convert_pairs(fixture("pairs_csv"), out, fastdata.PairsOptions(
+        root=fixture("solid_tree").root, tokenizer=fixture("pair_tokenizer"), workers=1, progress=False, **options))
     return out
 
 
 def _seg_rects(fixture, out: Path, **options) -> Path:
     """the segmentation rectangles source (`seg_rect_list`) with its label maps."""
-    fastdata.convert_list(fixture("seg_rect_list"), out, mask_column="mask", workers=1, progress=False, **options)
+    fastdata.convert_list(fixture("seg_rect_list"), out,
+                          fastdata.FileListOptions(mask_column="mask", workers=1, progress=False, **options))
     return out
 
 
 def _convert_coco(source, out: Path, **options) -> Path:
-    fastdata.convert_coco(source.annotations, source.images, out, workers=1, progress=False, **options)
+    fastdata.convert_coco(
+        source.annotations, source.images, out, fastdata.CocoOptions(workers=1, progress=False, **options)
+    )
     return out
 
 

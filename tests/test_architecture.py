@@ -4,7 +4,7 @@ no room over 15 modules.
 Every module of the package (and of `converters/`, installed as `fastdata.converters`) is parsed; every import it
 makes, at module level or inside a function, counts. Layers, lowest first (docs/contributing.md, "The layer rule"):
 
-    _version, errors, config, workers, processes, output_lock  <  formats  <  order, meter  <  image, text
+    _version, errors, config, workers, processes, background, output_lock  <  formats  <  order, meter  <  image, text
     <  loader, convert  <  converters  <  tools  <  cli and the package face
 
 A module may import from its own room or from a lower layer, never from a higher one nor from the other room of
@@ -47,7 +47,8 @@ ROOM_LIMITED = ("fastdata", "converters")
 
 ROOMS: dict[str, str] = {  # module or package -> the room it belongs to
     "fastdata._version": "base", "fastdata.errors": "base", "fastdata.config": "base", "fastdata.workers": "base",
-    "fastdata.output_lock": "base", "fastdata.processes": "base",
+    "fastdata.output_lock": "base", "fastdata.processes": "base", "fastdata.background": "base",
+    "fastdata.deprecations": "base",
     "fastdata.formats": "formats",
     "fastdata.order": "order", "fastdata.meter": "meter",
     "fastdata.image": "image", "fastdata.text": "text",

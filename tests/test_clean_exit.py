@@ -12,9 +12,12 @@ import textwrap
 import pytest
 from builders.runs import less_the_fallback_note
 
+from fastdata.options import TextOptions
+
 SCRIPT = textwrap.dedent("""
     import sys
     import fastdata
+    from fastdata.options import TextOptions  # (named by the options' repr)
 
     path, options = sys.argv[1], eval(sys.argv[2])
     kept = []  # every loader stays alive until the interpreter exits
@@ -40,8 +43,8 @@ def kinds(solid_lmdb, solid_wds, coco_lmdb, seg_rect_lmdb, pairs_lmdb, text_mix)
     image = {"image_size": 16}
     return {"image lmdb": (solid_lmdb, image), "image wds": (solid_wds, image),
             "detection": (coco_lmdb, {"image_size": 32}), "segmentation": (seg_rect_lmdb, {"image_size": 16}),
-            "pairs": (pairs_lmdb, image), "text lmdb": (text_mix[0], {"seq_len": 8}),
-            "text wds": (text_mix[1], {"seq_len": 8})}
+            "pairs": (pairs_lmdb, image), "text lmdb": (text_mix[0], {"text": TextOptions(seq_len=8)}),
+            "text wds": (text_mix[1], {"text": TextOptions(seq_len=8)})}
 
 
 KINDS = ["image lmdb", "image wds", "detection", "segmentation", "pairs", "text lmdb", "text wds"]
@@ -70,6 +73,7 @@ def test_a_script_that_returns_prints_nothing_at_exit(kinds, kind, tmp_path):
 ALIVE_AT_EXIT = textwrap.dedent("""
     import sys
     import fastdata
+    from fastdata.options import TextOptions  # (named by the options' repr)
 
     path, options = sys.argv[1], eval(sys.argv[2])
     loaders, iterators = [], []

@@ -70,3 +70,67 @@ def test_a_changed_command_no_longer_matches_the_page(generator, monkeypatch):
     monkeypatch.setattr(info, "params", [*info.params, click.Option(["--new-flag"], is_flag=True, help="New.")])
     assert generator.render() != (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
     assert generator.main(["--check"]) == 1
+
+
+# ------------------------------------------------------------------------------------------------ conversion options
+
+
+def option_classes() -> list[type]:
+    """Every converter's option class, and the drivers' classes they extend."""
+    from fastdata.converters import REGISTRY, load
+
+    from fastdata.convert.options import DocumentConversionOptions, ImageConversionOptions
+
+    return [ImageConversionOptions, DocumentConversionOptions, *(load(kind).OPTIONS for kind in sorted(REGISTRY))]
+
+
+def test_the_committed_options_page_is_what_the_options_give(generator):
+    page = (ROOT / "docs" / "reference" / "conversion-options.md").read_text(encoding="utf-8")
+    assert page == generator.render_options(), "docs/reference/conversion-options.md differs from the option " \
+                                               "objects: run `python docs/hooks/cli_reference.py` and commit it"
+
+
+@pytest.mark.parametrize("cls", option_classes(), ids=lambda cls: cls.__name__)
+def test_every_option_is_documented_and_every_documented_option_is_one(generator, cls):
+    """The docstrings' `Attributes:` lists (what the API reference and the options page show) name exactly the
+    fields, each with a description."""
+    import dataclasses
+
+    documented = generator.option_docs(cls)
+    fields = [field.name for field in dataclasses.fields(cls)]
+    assert sorted(documented) == sorted(fields), f"{cls.__name__}: documented {sorted(set(documented) - set(fields))}" \
+                                                 f" are not options; options {sorted(set(fields) - set(documented))}" \
+                                                 " are not documented"
+    assert all(documented.values())
+
+
+def test_every_option_and_flag_is_on_the_options_page(generator):
+    import dataclasses
+
+    from fastdata.converters import REGISTRY, load
+
+    page = generator.render_options()
+    for kind in sorted(REGISTRY):
+        cls = load(kind).OPTIONS
+        section = page.split(f"## `{cls.__name__}`\n", 1)[1].split("\n## ", 1)[0]
+        assert f"`fastdata convert {kind}`" in section
+        for field in dataclasses.fields(cls):
+            assert f"| `{field.name}` |" in section, (kind, field.name)
+    imagefolder = page.split("## `ImageFolderOptions`\n", 1)[1].split("\n## ", 1)[0]
+    assert "| `workers` | `None` | `--workers` | processes verifying and encoding images (None: all cores). |" \
+           in imagefolder
+    assert "| `progress` | `True` | `--quiet` (False) |" in imagefolder
+    assert "| `commit_every` | `2048` | Python only |" in imagefolder
+    assert "| `metadata` | `True` | `--metadata/--no-metadata` |" in page
+
+
+def test_a_changed_option_no_longer_matches_the_options_page(generator, monkeypatch):
+    """What the drift check guards against: an option's documentation changed (or an option added) makes the
+    generated page differ from the committed one."""
+    from fastdata.convert.options import ImageConversionOptions
+
+    monkeypatch.setattr(ImageConversionOptions, "__doc__", ImageConversionOptions.__doc__.replace(
+        "processes verifying and encoding images", "threads verifying images"))
+    assert generator.render_options() != (ROOT / "docs" / "reference" / "conversion-options.md").read_text(
+        encoding="utf-8")
+    assert generator.main(["--check"]) == 1

@@ -115,7 +115,7 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dataset(tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ctrl_c_lmdb") / "d.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 

@@ -40,7 +40,7 @@ def datasets(tmp_path_factory) -> dict[tuple[str, str, int], object]:
 def start_up_bytes(path) -> int:
     """Peak bytes Python allocates to open a loader over `path` (no workers: all of it in this process) and take
     its first batch."""
-    options = dict(seq_len=8, batch_size=2) if fastdata.info(path).kind == "text" else \
+    options = dict(text=fastdata.TextOptions(seq_len=8), batch_size=2) if fastdata.info(path).kind == "text" else \
         dict(image_size=8, augment="val", batch_size=64)
     gc.collect()
     tracemalloc.start()

@@ -29,7 +29,12 @@ def corpus_lmdb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     docs = make_corpus(200, seed=9)
     tokenizer = train_bytelevel(root / "tokenizer.json", docs)
     out = root / "corpus.lmdb"
-    fastdata.convert_text(write_jsonl(root / "corpus.jsonl", docs), out, tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(
+        write_jsonl(root / "corpus.jsonl", docs),
+        out,
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     assert fastdata.dataset(out).total_tokens > 1025  # at least one whole block of the guide's seq_len
     return out
 

@@ -1,13 +1,16 @@
 """The command-line reference, docs/reference/cli.md, generated from the click commands themselves: every command
-and sub-command (the convert sub-commands included), its usage, arguments and options, their defaults and help.
+and sub-command (the convert sub-commands included), its usage, arguments and options, their defaults and help;
+and the conversion options, docs/reference/conversion-options.md, generated from the converters' option objects
+(`fastdata.options.ImageFolderOptions`, ...): every option, its default, the flag that sets it, and what it does,
+from the object's fields and docstring.
 
-The page is committed as it is generated, so that it reads on the repository too:
+The pages are committed as they are generated, so that they read on the repository too:
 
-    python docs/hooks/cli_reference.py           # write docs/reference/cli.md again
-    python docs/hooks/cli_reference.py --check   # exit 1 when the page and the commands differ
+    python docs/hooks/cli_reference.py           # write both pages again
+    python docs/hooks/cli_reference.py --check   # exit 1 when a page and the code differ
 
 `tests/test_cli_reference.py` fails when they differ (a new option, a changed default or help), and as an MkDocs
-hook (mkdocs.yml) this module warns when the page being built is not what the commands give, which
+hook (mkdocs.yml) this module warns when a page being built is not what the code gives, which
 `mkdocs build --strict` turns into an error.
 """
 
@@ -155,27 +158,124 @@ def _default(param: Any) -> str:
     return f"default `{default}`"
 
 
+# ------------------------------------------------------------------------------------------------ conversion options
+
+OPTIONS_PAGE = PAGE.parent / "conversion-options.md"
+OPTIONS_PAGE_NAME = "reference/conversion-options.md"
+
+OPTIONS_INTRO = f"""# Conversion options
+
+Each converter takes its options as one object, checked when it is made (an unknown option or a value that cannot
+work is a one-line `ConfigError` naming it), after SRC and OUT:
+`fastdata.convert_imagefolder("train/", "train.lmdb", ImageFolderOptions(workers=4))`. Its command builds the same
+object from its flags (`fastdata convert imagefolder train/ train.lmdb --workers 4`): a flag sets the option of the
+same name, `--quiet` is `progress=False`, and the options without a flag are Python's only. The objects come from
+`fastdata.options` (or `fastdata`). The options as flat keywords (`convert_imagefolder(src, out, workers=4)`) still
+work until fastdata 0.3.0, with a deprecation warning.
+
+This page is generated from the objects' fields and docstrings by `python {GENERATOR}`; a test fails when it and the
+objects differ.
+"""
+
+
+def option_docs(cls: type) -> dict[str, str]:
+    """Field name -> what the `Attributes:` sections of `cls` and its bases (Google style, as griffe parses them
+    for the site) say of it; a subclass's entry replaces its base's."""
+    import inspect
+
+    import griffe
+
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if "__doc__" not in vars(klass) or not klass.__doc__:
+            continue
+        for section in griffe.Docstring(inspect.cleandoc(klass.__doc__), lineno=1).parse("google"):
+            if section.kind is griffe.DocstringSectionKind.attributes:
+                found.update({item.name: " ".join(item.description.split()) for item in section.value})
+    return found
+
+
+def render_options() -> str:
+    """The conversion options page: one section per converter, in `fastdata convert` order."""
+    import click
+    from fastdata.converters import REGISTRY, load
+
+    sections = [OPTIONS_INTRO]
+    group = click.Group("convert")
+    for kind in sorted(REGISTRY):
+        module = load(kind)
+        command = module.cli_command()
+        ctx = click.Context(command, info_name=kind, parent=click.Context(group, info_name="fastdata convert"))
+        sections.append(_options_section(kind, module, command, ctx))
+    return "\n".join(sections)
+
+
+def _options_section(kind: str, module: Any, command: Any, ctx: Any) -> str:
+    import dataclasses
+    import inspect
+
+    cls = module.OPTIONS
+    function = next(name for name, value in vars(module).items() if name.startswith("convert_")
+                    and inspect.isfunction(value) and value.__module__ == module.__name__)
+    flags = {param.name: param for param in command.get_params(ctx) if param.name not in module.ARGUMENTS}
+    docs = option_docs(cls)
+    summary = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split())
+    lines = [f"## `{cls.__name__}`", "", f"`fastdata.{function}(..., {cls.__name__}(...))`, "
+             f"`fastdata convert {kind}`. {_escape(summary)}", "",
+             "| Option | Default | Flag | What it does |", "| --- | --- | --- | --- |"]
+    for field in dataclasses.fields(cls):
+        lines.append(f"| `{field.name}` | {_field_default(field)} | {_flag(field.name, flags)} | "
+                     f"{_escape(docs.get(field.name, '')).replace('|', '&#124;')} |")
+    return "\n".join([*lines, ""])
+
+
+def _field_default(field: Any) -> str:
+    import dataclasses
+
+    if field.default is dataclasses.MISSING:
+        return "required"
+    value = field.default
+    return f'`"{value}"`' if isinstance(value, str) else f"`{value}`"
+
+
+def _flag(name: str, flags: dict[str, Any]) -> str:
+    """The flag that sets option `name` (`--quiet` sets `progress`), or that it has none."""
+    if name == "progress" and "quiet" in flags:
+        return "`--quiet` (False)"
+    param = flags.get(name)
+    if param is None:
+        return "Python only"
+    return f"`{'/'.join([*param.opts[-1:], *param.secondary_opts])}`"
+
+
 # ------------------------------------------------------------------------------------------------ hook and script
+
+#: page (as MkDocs names it) -> (its file, what generates it, what it is generated from)
+PAGES = {PAGE_NAME: (PAGE, render, "the commands"), OPTIONS_PAGE_NAME: (OPTIONS_PAGE, render_options, "the options")}
 
 
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
-    """MkDocs hook: warn (an error under --strict) when the committed page is not what the commands give."""
-    if page.file.src_uri == PAGE_NAME and markdown != render():
-        logging.getLogger("mkdocs.hooks.cli_reference").warning(
-            f"{PAGE_NAME} differs from the commands: run `python {GENERATOR}` and commit it")
+    """MkDocs hook: warn (an error under --strict) when a committed page is not what the code gives."""
+    if page.file.src_uri in PAGES:
+        _, generate, source = PAGES[page.file.src_uri]
+        if markdown != generate():
+            logging.getLogger("mkdocs.hooks.cli_reference").warning(
+                f"{page.file.src_uri} differs from {source}: run `python {GENERATOR}` and commit it")
     return markdown
 
 
 def main(argv: list[str]) -> int:
-    generated = render()
-    if "--check" in argv:
-        if PAGE.read_text(encoding="utf-8") != generated:
-            print(f"{PAGE}: differs from the commands; run `python {GENERATOR}`", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(generated, encoding="utf-8")
-    print(f"wrote {PAGE}")
-    return 0
+    differ = 0
+    for path, generate, source in PAGES.values():
+        generated = generate()
+        if "--check" in argv:
+            if path.read_text(encoding="utf-8") != generated:
+                print(f"{path}: differs from {source}; run `python {GENERATOR}`", file=sys.stderr)
+                differ = 1
+            continue
+        path.write_text(generated, encoding="utf-8")
+        print(f"wrote {path}")
+    return differ
 
 
 if __name__ == "__main__":

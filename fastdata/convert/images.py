@@ -25,15 +25,16 @@ from typing import Any, cast
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import available_cores, check_bool, check_int, check_optional_int
+from fastdata.config import available_cores
 from fastdata.convert.checkpoints import ProgressRecord, fingerprint, keep_checkpoint_on_failure, open_or_resume
-from fastdata.convert.encode import NON_JPEG, EncodeOptions
+from fastdata.convert.encode import EncodeOptions
 from fastdata.convert.engines.assembly import ShardAssembly, assembly_processes
 from fastdata.convert.engines.pool import PoolStats, chunk_results
-from fastdata.convert.engines.ray import ENGINES, RayWork, require_ray
+from fastdata.convert.engines.ray import RayWork, require_ray
 from fastdata.convert.image_work import ChunkResult, SampleJob
-from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
-from fastdata.convert.layout import LayoutCounts, check_layout, check_rewriter
+from fastdata.convert.kept import check_kept, rejection_limit
+from fastdata.convert.layout import LayoutCounts, check_rewriter
+from fastdata.convert.options import ImageConversionOptions, spelled
 from fastdata.convert.sources import CountingTargets, ImageSource
 from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
@@ -46,7 +47,6 @@ from fastdata.formats.manifest import (
     rejected_place,
     write_atomic,
 )
-from fastdata.formats.records import DEFAULT_MAX_PIXELS
 from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
 from fastdata.formats.wds import WdsWriter, target_member
@@ -197,27 +197,8 @@ def _make_writer(fmt: str, directory: Path, shard_bytes: int, commit_every: int,
     return storage("image", fmt).open_writer(directory, options)
 
 
-def convert_images(
-    list_source: Callable[[], ImageSource],
-    out: str | os.PathLike[str],
-    *,
-    format: str | None = None,
-    shard_size: str | int | None = None,
-    seed: int = 0,
-    max_size: int | None = None,
-    quality: int = 90,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    workers: int | None = None,
-    overwrite: bool = False,
-    strict: bool = False,
-    progress: bool = True,
-    commit_every: int = 2048,
-    engine: str = "local",
-    ray_address: str | None = None,
-    jpeg_layout: str = "original",
-    non_jpeg: str = "keep",
-    max_rejected: str | int = DEFAULT_MAX_REJECTED,
-) -> ConversionSummary:
+def convert_images(list_source: Callable[[], ImageSource], out: str | os.PathLike[str],
+                   options: ImageConversionOptions | None = None, **keywords: Any) -> ConversionSummary:
     """Pack the images `list_source()` lists into `out` (LMDB if it ends in `.lmdb`, or `format="wds"` shards); the
     source is listed once the options have been checked.
 
@@ -232,64 +213,28 @@ def convert_images(
     Args:
         list_source: lists the source (a converter's scan, e.g. of an ImageFolder tree).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards.
-        format: "lmdb" or "wds" (None: "lmdb" when `out` ends in `.lmdb`).
-        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count (None: 256MB;
-            refused for LMDB).
-        seed: the seed of the sample order across WebDataset shards.
-        max_size: re-encode images whose longer side exceeds this many pixels to JPEG (None: keep every
-            image's original bytes).
-        quality: JPEG quality of the images the conversion encodes (`max_size`, `non_jpeg="jpeg"`).
-        max_pixels: refuse images with more pixels than this, read from the header before decoding.
-        workers: processes verifying and encoding images (None: all cores).
-        overwrite: replace an existing dataset at `out`.
-        strict: stop at the first unusable file, writing nothing.
-        progress: show a progress bar.
-        commit_every: LMDB: images between checkpoints at most (where an interrupted conversion resumes); a
-            checkpoint also comes after every 16 MiB of records.
-        engine: "local" (processes on this machine) or "ray" (a Ray cluster).
-        ray_address: the Ray cluster for `engine="ray"` (None: start a local Ray instance).
-        jpeg_layout: "original" (store each JPEG's bytes), "restart" (rewrite each JPEG losslessly with a
-            restart marker after every MCU, so that a loader decodes a crop in proportion to its area) or
-            "baseline" (rewrite the progressive JPEGs losslessly as baseline ones, which the GPU's hardware JPEG
-            engines take); a JPEG the rewrite refuses keeps its bytes and is counted: `fastdata.convert.layout`.
-        non_jpeg: images that are not JPEGs (PNG, WebP, BMP, ...): "keep" their bytes, or store them as "jpeg"
-            (the pixels the loader decodes from them, at `quality`; lossy), so that `decode="device"` decodes
-            every image on the GPU: `fastdata.convert.encode.NON_JPEG`.
-        max_rejected: the rejected images a conversion may commit with: a count (0: none) or a share of the
-            input ("5%"; "100%": any); more raise TooManyRejectedError, nothing committed, the work kept in
-            `OUT.partial` for a rerun with a higher limit (`fastdata.convert.kept`).
+        options: how to convert (`fastdata.convert.options.ImageConversionOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    out = Path(out)
-    limit = rejection_limit(max_rejected)
-    fmt = resolve_format(out, format)
-    shard_bytes = staged_shard_bytes(fmt, shard_size)
-    seed, quality, commit_every = check_int("seed", seed), check_int("quality", quality), check_int(
-        "commit_every", commit_every, minimum=1)
-    max_size, workers = check_optional_int("max_size", max_size), check_optional_int("workers", workers)
-    max_pixels = check_int("max_pixels", max_pixels)
-    overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
-    progress = check_bool("progress", progress)
-    if max_size is not None and max_size < 1:
-        raise ConfigError(f"--max-size must be a positive number of pixels, got {max_size}")
-    if max_pixels < 1:
-        raise ConfigError(f"--max-pixels must be positive, got {max_pixels}")
-    if not 1 <= quality <= 100:
-        raise ConfigError(f"--quality must be within 1..100, got {quality}")
-    if non_jpeg not in NON_JPEG:
-        raise ConfigError(f"--non-jpeg must be one of {', '.join(NON_JPEG)}, got {non_jpeg!r}")
-    jpeg_layout = check_layout(jpeg_layout)
+    settings = spelled(ImageConversionOptions, options, keywords, "fastdata.convert.images.convert_images")
+    return _convert(list_source, Path(out), settings)
+
+
+def _convert(list_source: Callable[[], ImageSource], out: Path, settings: ImageConversionOptions) -> ConversionSummary:
+    """`convert_images` with its options checked."""
+    limit = rejection_limit(settings.max_rejected)
+    fmt = resolve_format(out, settings.format)
+    shard_bytes = staged_shard_bytes(fmt, settings.shard_size)
+    seed, quality, commit_every = settings.seed, settings.quality, settings.commit_every
+    max_size, max_pixels, non_jpeg, jpeg_layout = settings.max_size, settings.max_pixels, settings.non_jpeg, \
+        settings.jpeg_layout
+    overwrite, strict, progress, engine = settings.overwrite, settings.strict, settings.progress, settings.engine
     if jpeg_layout != "original":
         check_rewriter()  # no libjpeg-turbo that passes the restart self-check: say so before any work
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if ray_address is not None and engine != "ray":
-        raise ConfigError("--ray-address applies to --engine ray")
     if engine == "ray":
         require_ray()  # a missing extra is said before OUT.partial exists
-    requested_workers = workers
-    workers = available_cores() if workers is None else workers
-    if workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    requested_workers = settings.workers
+    workers = available_cores() if settings.workers is None else settings.workers
     staging = Staging(out)
     staging.check_free()  # a conversion writing OUT now: said at once, before the source is listed
     listing = list_source()
@@ -334,7 +279,7 @@ def convert_images(
             job = SampleJob(listing.sample_reader, listing.samples, order, encode, writer.lay_out, listing.targets,
                             listing.metadata, listing.captions, listing.caption_tokens)
             stats = _write_all(writer, job, listing, state, workers, strict, progress,
-                               engine={"engine": engine, "ray_address": ray_address,
+                               engine={"engine": engine, "ray_address": settings.ray_address,
                                        "requested_workers": requested_workers, "ray_seen": ray_seen,
                                        "keep_shared": assembly is not None})
             if isinstance(writer, WdsWriter):  # the final state is kept until the manifest is on disk
@@ -361,7 +306,7 @@ def convert_images(
         )
         manifest.format_version = manifest.needed_format_version
         if fmt == "wds":
-            check_shard_count(shard_size, len(files), manifest.num_samples)
+            check_shard_count(settings.shard_size, len(files), manifest.num_samples)
         warning = check_kept(out, partial, manifest.num_samples, len(state.rejected),
                              [r["reason"] for r in state.rejected], "images", listing.looked(), limit)
         for name, data in listing.files.items():  # after the writer, which keeps only its own files on a resume

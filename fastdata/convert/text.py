@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fastdata._version import __version__
-from fastdata.config import available_cores, check_bool, check_int, check_optional_int, parse_size
+from fastdata.config import available_cores, parse_size
 from fastdata.convert.checkpoints import (
     ProgressRecord,
     files_digest,
@@ -30,13 +30,14 @@ from fastdata.convert.checkpoints import (
     open_or_resume,
 )
 from fastdata.convert.engines.pool import PoolStats
-from fastdata.convert.kept import DEFAULT_MAX_REJECTED, check_kept, rejection_limit
+from fastdata.convert.kept import check_kept, rejection_limit
+from fastdata.convert.options import DocumentConversionOptions, spelled
 from fastdata.convert.staging import Staging, check_shard_count
 from fastdata.convert.staging import shard_bytes as staged_shard_bytes
 from fastdata.convert.text_source import Batch, Document, Rejected, TextSource, in_background, read_batches
 from fastdata.convert.text_work import encode, encoded_batches, splitter_for, splitting_notes
-from fastdata.errors import ConfigError, RejectedFileError, SourceError
-from fastdata.formats.lmdb_text import CHUNK_TOKENS, COMMIT_EVERY_CHUNKS, TextLmdbWriter
+from fastdata.errors import RejectedFileError, SourceError
+from fastdata.formats.lmdb_text import TextLmdbWriter
 from fastdata.formats.manifest import MANIFEST_NAME, FileEntry, Manifest, sha256_file, sha256_files, write_atomic
 from fastdata.formats.registry import WriterOptions, resolve_format, storage
 from fastdata.formats.tar_shards import PROGRESS_FILE
@@ -45,10 +46,6 @@ from fastdata.formats.wds_text import TextWdsWriter
 from fastdata.text.splitting import DocumentSplitter
 from fastdata.text.tokenizer import load_tokenizer, resolve_eos, resolve_pad, vocab_size
 
-DEFAULT_BATCH_SIZE = "1MB"
-# A checkpoint at least this often (source bytes read), whatever the chunk and shard sizes: an interruption loses
-# at most this much tokenizing (plus one batch).
-DEFAULT_CHECKPOINT_EVERY = "4MB"
 MAX_LISTED_REJECTIONS = 10_000  # the manifest lists this many rejected records; all are counted
 _QUEUE_BATCHES = 3  # batches the reader thread may be ahead of the tokenizer
 
@@ -201,25 +198,9 @@ def _tokenize_all(batches: Iterator[Batch], tokenizer: Any, writer: TextLmdbWrit
     return stats
 
 
-def convert_documents(
-    list_source: Callable[[], TextSource],
-    out: str | os.PathLike[str],
-    *,
-    tokenizer: str | os.PathLike[str],
-    format: str | None = None,
-    eos_token: str | None = None,
-    shard_size: str | int | None = None,
-    batch_size: str | int = DEFAULT_BATCH_SIZE,
-    overwrite: bool = False,
-    strict: bool = False,
-    progress: bool = True,
-    chunk_tokens: int = CHUNK_TOKENS,
-    commit_every_chunks: int = COMMIT_EVERY_CHUNKS,
-    checkpoint_every: str | int = DEFAULT_CHECKPOINT_EVERY,
-    workers: int | None = None,
-    split_documents: bool = True,
-    max_rejected: str | int = DEFAULT_MAX_REJECTED,
-) -> TextConversionSummary:
+def convert_documents(list_source: Callable[[], TextSource], out: str | os.PathLike[str], *,
+                      tokenizer: str | os.PathLike[str], options: DocumentConversionOptions | None = None,
+                      **keywords: Any) -> TextConversionSummary:
     """Tokenize the documents of `list_source()` into `out` (LMDB if it ends in `.lmdb`, or `format="wds"`
     shards), with the `tokenizers` file `tokenizer`; the source is listed once the options have been checked.
 
@@ -238,49 +219,25 @@ def convert_documents(
         list_source: lists the source documents (a converter's scan, e.g. of JSONL files).
         out: the dataset to write: `OUT.lmdb`, or a directory of WebDataset shards.
         tokenizer: a `tokenizers` tokenizer.json file (copied into `out`).
-        format: "lmdb" or "wds" (None: "lmdb" when `out` ends in `.lmdb`).
-        eos_token: the end-of-text token appended to every document when packing (None: found among the
-            tokenizer's special tokens).
-        shard_size: target WebDataset shard size: "256MB", "64KB", "1GiB" or a byte count (None: 256MB;
-            refused for LMDB).
-        batch_size: text per tokenizer batch, bounding memory: "1MB", "512KB", ... or a byte count.
-        overwrite: replace an existing dataset at `out`.
-        strict: stop at the first unusable record, writing nothing.
-        progress: show a progress bar.
-        chunk_tokens: LMDB: token ids per stored chunk.
-        commit_every_chunks: LMDB: chunks between commits.
-        checkpoint_every: source read between checkpoints: "4MB", ... or a byte count.
-        workers: tokenize on this many worker processes, one thread each (None: one per usable core, as the
-            image converter; 0: in this process, on the tokenizer's own thread pool). The ids, and so the dataset,
-            are the same either way.
-        split_documents: cut documents longer than a worker task (64K characters) into pieces tokenized in
-            parallel, where the tokenizer provably gives the ids of the whole (`fastdata.text.splitting`; a
-            tokenizer where that cannot be shown tokenizes them whole, and the summary says why). False: always
-            whole. The ids are the same either way.
-        max_rejected: the rejected records a conversion may commit with: a count (0: none) or a share of the
-            input ("5%"; "100%": any); more raise TooManyRejectedError, nothing committed, the work kept in
-            `OUT.partial` for a rerun with a higher limit.
+        options: how to convert (`fastdata.convert.options.DocumentConversionOptions`; None: its defaults).
+        **keywords: the options as flat keywords (deprecated: put them in `options`).
     """
-    out, tokenizer_path = Path(out), Path(tokenizer)
-    limit = rejection_limit(max_rejected)
-    fmt = resolve_format(out, format)
-    shard_bytes, batch_chars = staged_shard_bytes(fmt, shard_size), parse_size(batch_size)
-    checkpoint_bytes = parse_size(checkpoint_every)
-    chunk_tokens, commit_every_chunks = check_int("chunk_tokens", chunk_tokens), check_int("commit_every_chunks",
-                                                                                          commit_every_chunks)
-    overwrite, strict = check_bool("overwrite", overwrite), check_bool("strict", strict)
-    progress, split_documents = check_bool("progress", progress), check_bool("split_documents", split_documents)
-    workers = check_optional_int("workers", workers)
-    if workers is not None and workers < 0:
-        raise ConfigError(f"--workers must be 0 (this process) or more, got {workers}")
-    workers = available_cores() if workers is None else (workers or None)  # None from here: in this process
-    if eos_token is not None and not isinstance(eos_token, str):
-        raise ConfigError(f"eos_token must be a str (a token of the tokenizer), got {eos_token!r}")
-    if checkpoint_bytes < 1:
-        raise ConfigError(f"--checkpoint-every must be a positive size, got {checkpoint_every!r}")
-    if chunk_tokens < 1 or commit_every_chunks < 1:
-        raise ConfigError(f"chunk_tokens and commit_every_chunks must be positive, got {chunk_tokens} and "
-                          f"{commit_every_chunks}")
+    settings = spelled(DocumentConversionOptions, options, keywords, "fastdata.convert.text.convert_documents")
+    return _convert(list_source, Path(out), Path(tokenizer), settings)
+
+
+def _convert(list_source: Callable[[], TextSource], out: Path, tokenizer_path: Path,
+             settings: DocumentConversionOptions) -> TextConversionSummary:
+    """`convert_documents` with its options checked."""
+    limit = rejection_limit(settings.max_rejected)
+    fmt = resolve_format(out, settings.format)
+    shard_size, eos_token, strict, overwrite = settings.shard_size, settings.eos_token, settings.strict, \
+        settings.overwrite
+    progress, split_documents, chunk_tokens = settings.progress, settings.split_documents, settings.chunk_tokens
+    commit_every_chunks = settings.commit_every_chunks
+    shard_bytes, batch_chars = staged_shard_bytes(fmt, shard_size), parse_size(settings.batch_size)
+    checkpoint_bytes = parse_size(settings.checkpoint_every)
+    workers = available_cores() if settings.workers is None else (settings.workers or None)  # None: in this process
     tok = load_tokenizer(tokenizer_path)
     tokenizer_bytes = tokenizer_path.read_bytes()
     eos, pad = resolve_eos(tok, eos_token, str(tokenizer_path)), resolve_pad(tok)

@@ -4,12 +4,12 @@ amount of text, from a resume point on, in a background thread a few batches ahe
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fastdata.background import Ahead
 
 _MAX_BATCH_DOCUMENTS = 4096
 
@@ -88,44 +88,21 @@ def read_batches(source: TextSource, batch_chars: int, sizes: Sequence[int],
 
 
 def in_background(items: Iterator[Any], depth: int) -> Iterator[Any]:
-    """Run the iterator `items` in a thread, `depth` items ahead; its exceptions re-raise here."""
-    channel: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def offer(entry: tuple[Any, BaseException | None]) -> bool:
-        while not stop.is_set():  # the consumer may have stopped: never block for good
-            try:
-                channel.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not offer((item, None)):
-                    return
-            offer((end, None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer((end, exc))
-
-    thread = threading.Thread(target=produce, name="fastdata-text-reader", daemon=True)
-    thread.start()
+    """Run the iterator `items` on a thread, `depth` items ahead (`fastdata.background.Ahead`); its exceptions
+    re-raise here, and the thread ends with this generator (closed, exhausted or failed)."""
+    ahead = Ahead(items, _as_is, depth, "fastdata-text-reader").start()
     interrupted = False
     try:
-        while True:
-            item, error = channel.get()
-            if item is end:
-                if error is not None:
-                    raise error
-                return
-            yield item
+        yield from ahead
     except KeyboardInterrupt:
         interrupted = True
         raise
     finally:
-        stop.set()
-        if not interrupted:  # after Ctrl-C the reader may be stuck in a read (a stalled disk, a pipe): not waited
-            thread.join()  # for, it is a daemon thread
+        if interrupted:  # after Ctrl-C the reader may be stuck in a read (a stalled disk, a pipe): not waited for,
+            ahead.stop()  # it is a daemon thread
+        else:
+            ahead.close()
+
+
+def _as_is(item: Any) -> Any:
+    return item

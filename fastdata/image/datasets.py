@@ -42,9 +42,9 @@ from fastdata.order.ranks import check_not_empty, check_uneven, contiguous_part,
 def build_batch(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: int, on_error: str,
                 buffers: BatchBuffers | None = None, metadata: bool = False) -> Batch | EncodedBatch:
     """One batch of `samples` as a worker hands it over: decoded by the pipeline or, when the loader decodes on
-    the device (`pipeline.ship_encoded`), an EncodedBatch (the device decodes its JPEGs; the worker the rest);
+    the device (`pipeline.config.ship_encoded`), an EncodedBatch (the device decodes its JPEGs; the worker the rest);
     with `metadata`, each kept sample's key and stored metadata (`sample_metadata`) in batch order."""
-    if pipeline.ship_encoded:
+    if pipeline.config.ship_encoded:
         batch: Batch | EncodedBatch = pack_encoded(pipeline, samples, epoch, on_error, buffers)
     else:
         batch = pipeline.batch(samples, epoch, on_error, buffers)

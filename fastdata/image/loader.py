@@ -23,10 +23,11 @@ from fastdata.image.datasets import LmdbBatches, LmdbImageDataset, WdsImageDatas
 from fastdata.image.decode import opencv_single_threaded
 from fastdata.image.device import DevicePath, PassKey
 from fastdata.image.device.auto import device_for, placement
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ship import DECODE_MODES
 from fastdata.image.device.stage import finish
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD, OutputFormat
+from fastdata.image.pipeline import PipelineConfig
 from fastdata.image.recipes.sizes import ImageSizes, ResizableLoader
 from fastdata.image.wds_batches import WdsBatches
 from fastdata.meter.stages import StageTimes
@@ -40,21 +41,21 @@ from fastdata.workers import ClosesWorkers, WorkerPass, prepare_worker
 @dataclass(frozen=True)
 class ImageOptions:
     """Where image batches are delivered and decoded, and in what dtype: `device` (None: as the workers made
-    them, on the CPU), `decode` ("auto", "worker" or "device"), `dtype` (None: uint8; floating: normalised with
-    `mean` and `std`, three numbers each in 0..1 units, ImageNet's when not given) and on a device the memory
-    format (`channels_last`)."""
+    them, on the CPU), `decode` ("auto", "worker" or "device", or a `DeviceDecodeOptions`: the device path with
+    its decoder's options), `dtype` (None: uint8; floating: normalised with `mean` and `std`, three numbers each
+    in 0..1 units, ImageNet's when not given) and on a device the memory format (`channels_last`)."""
 
     device: torch.device | None = None
-    decode: str = "auto"
+    decode: str | DeviceDecodeOptions = "auto"
     dtype: torch.dtype | None = None
     channels_last: bool = False
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
-    device_decode: DeviceDecode | None = None
 
     def __post_init__(self) -> None:
-        if self.decode not in DECODE_MODES:
-            raise ConfigError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        if not isinstance(self.decode, DeviceDecodeOptions) and self.decode not in DECODE_MODES:
+            raise ConfigError(f"decode must be one of {DECODE_MODES} or a fastdata.options.DeviceDecodeOptions, got "
+                              f"{self.decode!r}")
         check_bool("channels_last", self.channels_last)
         if self.device is not None and not isinstance(self.device, torch.device):
             try:  # type: ignore[unreachable]  # a device's name, made a torch.device here
@@ -70,8 +71,31 @@ class ImageOptions:
                               "torch.bfloat16, torch.float16) as well")
         object.__setattr__(self, "mean", None if self.mean is None else output.mean)
         object.__setattr__(self, "std", None if self.std is None else output.std)
-        if self.device_decode is not None and not isinstance(self.device_decode, DeviceDecode):
-            raise ConfigError(f"device_decode must be a fastdata.DeviceDecode, got {self.device_decode!r}")
+
+    def checked_output(self, custom: bool, on_device: bool) -> OutputFormat:
+        """The batches' dtype and normalisation, refused (ConfigError) where they do not apply: `custom` (a
+        transform of the user's, which makes its own output) and `on_device` (batches delivered on a device)."""
+        output = self.output_format()
+        if custom and (self.mean is not None or self.std is not None):
+            raise ConfigError("mean and std apply to augment='train'/'val'; a custom transform normalises its own "
+                              "output (A.Normalize, v2.Normalize): leave them out")
+        if not on_device and self.channels_last:
+            raise ConfigError("channels_last applies to batches on a device: pass device= as well")
+        if not on_device and output.floating and custom:
+            raise ConfigError(f"dtype={self.dtype}: a custom transform sets its batches' dtype itself (A.Normalize, "
+                              "ToTensorV2, v2.ToDtype); dtype applies to augment='train'/'val', or with device= "
+                              "to a transform's uint8 batches")
+        return output
+
+    @property
+    def placement(self) -> str:
+        """"auto", "worker" or "device" (a `DeviceDecodeOptions` is the device path)."""
+        return "device" if isinstance(self.decode, DeviceDecodeOptions) else self.decode
+
+    @property
+    def device_options(self) -> DeviceDecodeOptions:
+        """The device path's decoder options (the defaults unless `decode` is a `DeviceDecodeOptions`)."""
+        return self.decode if isinstance(self.decode, DeviceDecodeOptions) else DeviceDecodeOptions()
 
     def output_format(self) -> OutputFormat:
         """The batches' dtype and normalisation."""
@@ -178,52 +202,25 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
                  image: ImageOptions | None = None, sampler: EpochBatchSampler | None = None) -> None:
         """`sampler` (LMDB only) replaces the epoch's batch order drawn from `options` (a mixture's schedule)."""
         image = image or ImageOptions()
-        codec = data.pipeline.labels
-        if codec.whole_images_as_lists and data.pipeline.preset is None and data.pipeline.augment is None:
-            data.pipeline.unstacked = True  # whole images of different sizes: a list per batch
-        self._shape = codec.deliver  # (images, targets[, metadata]) -> the batch as this kind of dataset gives it
+        pipeline = data.pipeline
+        self._shape = pipeline.labels.deliver  # (images, targets[, metadata]) -> the batch as this kind gives it
         self.dataset = data
         self.options = options
-        dtype, channels_last = image.dtype, image.channels_last
-        self.decode = placement(image.decode, data.target_kind, data.pipeline.preset,
-                                data.pipeline.recipe.per_sample)
+        self.decode = placement(image.placement, data.target_kind, pipeline.preset, pipeline.recipe.per_sample)
         self.device = device_for(self.decode, image.device)  # decode="device" without one: the GPU, if any
-        self._output = output = image.output_format()
-        self._channels_last = channels_last
-        custom = data.pipeline.preset is None
-        if custom and (image.mean is not None or image.std is not None):
-            raise ConfigError("mean and std apply to augment='train'/'val'; a custom transform normalises its own "
-                              "output (A.Normalize, v2.Normalize): leave them out")
-        if self.device is None and channels_last:
-            raise ConfigError("channels_last applies to batches on a device: pass device= as well")
-        if self.device is None and output.floating and custom:
-            raise ConfigError(f"dtype={dtype}: a custom transform sets its batches' dtype itself (A.Normalize, "
-                              "ToTensorV2, v2.ToDtype); dtype applies to augment='train'/'val', or with device= "
-                              "to a transform's uint8 batches")
-        if self.device is None:
-            data.pipeline.output = output  # the workers make the floats, image by image
-        data.output = output  # loader.dataset[i] gives its image as the batches hold it (on the CPU)
-        data.pipeline.delivered = output  # (RandomErasing's value is in the delivered batches' units)
-        data.pipeline.recipe.check_output(output)
-        # progressive resizing (`set_image_size`): each epoch's size, shared with the workers
-        self._sizes: ImageSizes | None = None
-        if data.pipeline.preset is not None and data.pipeline.spatial is None:
-            self._sizes = data.pipeline.sizes = ImageSizes(data.pipeline.preset.out_size)
-        data.pipeline.ship_encoded = False
+        self._output = image.checked_output(custom=pipeline.preset is None, on_device=self.device is not None)
+        self._channels_last = image.channels_last
+        data.output = self._output  # loader.dataset[i] gives its image as the batches hold it (on the CPU)
         self._device: DevicePath | None = None  # decode="device": fastdata.image.device
         if self.decode == "device":
             assert self.device is not None
-            self._device = DevicePath(self.device, data.pipeline, str(data.root), options.batch_size, output=output,
-                                      channels_last=channels_last, on_error=data.on_error,
-                                      options=image.device_decode, gpu_kinds=data.manifest.stats.get("gpu_kinds"),
+            self._device = DevicePath(self.device, pipeline, str(data.root), options.batch_size, output=self._output,
+                                      channels_last=image.channels_last, on_error=data.on_error,
+                                      options=image.device_options, gpu_kinds=data.manifest.stats.get("gpu_kinds"),
                                       sizes=_stored_sizes(data))
-        if data.pipeline.preset is not None:
-            # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
-            # this process, before the workers fork (they inherit the warned state)
-            data.pipeline.region_decoder_for_presets()
+        self._sizes = self._configure_workers()  # progressive resizing (`set_image_size`): shared with the workers
         self.seed, self.shuffle = options.seed, options.shuffle
-        self.batch_size = batch_size = options.batch_size
-        self.num_workers = num_workers = options.num_workers
+        self.batch_size, self.num_workers = options.batch_size, options.num_workers
         self.pin_memory = options.pin_memory
         # what the workers' batches are booked into (the device path's feeder thread books them too): the skipped
         # samples (key -> reason, each once however many epochs meet it), stage times, the meter's trace sink
@@ -238,25 +235,53 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
         self._iterating_epoch: int | None = None
         # the workers' batches left running into the pass after the last one that ended (`_rolls_over`)
         self._rolled = Rolled()
+        self._open_workers(sampler)
+
+    def _open_workers(self, sampler: EpochBatchSampler | None) -> None:
+        """The DataLoader whose workers build the batches, over the epoch's batch order (`sampler`, or the one
+        drawn from the options) or the WebDataset shards' plan; the shared-memory slots they build them in."""
+        data, options = self.dataset, self.options
         common = options.dataloader_kwargs(worker_init_fn=_worker_init)
         # workers reuse their shared-memory batch tensors once this process has let go of them
         # (fastdata.image.buffers): slots for the batches in flight, those waiting here and the user's
-        self._buffers = (BatchBuffers(num_workers, options.prefetch_factor + 4)
-                         if num_workers and data.pipeline.output_size else None)
+        self._buffers = (BatchBuffers(options.num_workers, options.prefetch_factor + 4)
+                         if options.num_workers and data.pipeline.output_size else None)
         if isinstance(data, LmdbImageDataset):
             self._sampler: EpochBatchSampler | None = sampler or EpochBatchSampler(
-                len(data), batch_size, options.shuffle, options.seed, options.drop_last, options.rank,
+                len(data), options.batch_size, options.shuffle, options.seed, options.drop_last, options.rank,
                 options.world_size, options.uneven)
             self._batches: LmdbBatches | WdsBatches = LmdbBatches(data, self._buffers)
             self._loader = DataLoader(self._batches, sampler=self._sampler, **common)
         else:
             check_not_empty(len(data), options.world_size, options.uneven, str(data.root))
             self._sampler = None
-            self._batches = WdsBatches(data, batch_size, options.shuffle, options.seed, options.drop_last,
+            self._batches = WdsBatches(data, options.batch_size, options.shuffle, options.seed, options.drop_last,
                                        options.rank, options.world_size, options.uneven, buffers=self._buffers)
             self._loader = DataLoader(self._batches, **common)
         self._workers = WorkerPass(self._loader)
         self._repartitions = self._sampler is not None  # shard streams are split in contiguous parts per rank
+
+    def _configure_workers(self) -> ImageSizes | None:
+        """Give the worker pipeline its one configuration (`PipelineConfig`) before the workers fork; return the
+        schedule of each epoch's image size it shares (progressive resizing; None without a classification
+        preset)."""
+        pipeline, output = self.dataset.pipeline, self._output
+        pipeline.recipe.check_output(output)
+        sizes = None
+        if pipeline.preset is not None and pipeline.spatial is None:
+            sizes = ImageSizes(pipeline.preset.out_size)
+        config = PipelineConfig(
+            output=output if self.device is None else OutputFormat(),  # no device: the workers make the floats
+            delivered=output,  # (RandomErasing's value is in the delivered batches' units)
+            unstacked=(pipeline.labels.whole_images_as_lists and pipeline.preset is None
+                       and pipeline.augment is None),  # whole images of different sizes: a list per batch
+            sizes=sizes)
+        pipeline.configure(config if self._device is None else self._device.shipping(config))
+        if pipeline.preset is not None:
+            # load (and self-check) the region decoder here, so that a fallback to OpenCV is warned about once, in
+            # this process, before the workers fork (they inherit the warned state)
+            pipeline.region_decoder_for_presets()
+        return sizes
 
     @property
     def classes(self) -> list[str]:
@@ -495,7 +520,7 @@ class ImageLoader(ClosesWorkers, ResizableLoader, ResumableLoader):
                           f"every rank yields {len(self)} batches (loader.borrowed lists each; warned once)",
                           stacklevel=3)
         metadata = [sample_metadata(sample)] if self.dataset.with_metadata else None
-        images = [image] if pipeline.unstacked else image[None]
+        images = [image] if pipeline.config.unstacked else image[None]
         labels = pipeline.labels.batch([pipeline.target_of(sample)])
         if pipeline.recipe.batch is not None:  # labels as the batch preset makes them (one row: not mixed)
             labels = pipeline.mix(images, labels, epoch, sample.position)  # type: ignore[arg-type]  # a preset's

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, cast
 
@@ -44,6 +45,29 @@ from fastdata.order.epoch import sample_rng, sample_seed
 ON_ERROR = ("raise", "skip")
 
 
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What the loader tells the worker pipeline, in one value given once (`SamplePipeline.configure`) when it
+    builds, before the workers fork; the workers read it, never write it:
+    `output`: the format the workers make their batches in (uint8, or a preset's floats made image by image when
+    no device normalises them); `delivered`: the format of the batches the loader delivers, made here or on its
+    device (the units of RandomErasing's value); `unstacked`: whole images of different sizes (detection with
+    augment=None), a list of CHW tensors per batch; `sizes`: progressive resizing's shared schedule of each
+    epoch's output size (None: the preset's size throughout); `ship_encoded` (decode="device"): ship JPEG bytes and
+    crop parameters, the rest as pixels; `ship_progressive`: progressive JPEGs to the device too (False: decoded
+    in the workers); `sub_jpegs`: over the restart layout, the device path's shared switch that turns on shipping
+    each crop's sub-JPEG once its decoder proved it takes them (fastdata.image.device.ship.SubJpegSwitch; None:
+    whole files)."""
+
+    output: OutputFormat = field(default_factory=OutputFormat)
+    delivered: OutputFormat = field(default_factory=OutputFormat)
+    unstacked: bool = False
+    sizes: ImageSizes | None = None
+    ship_encoded: bool = False
+    ship_progressive: bool = True
+    sub_jpegs: Any = None
+
+
 class SamplePipeline:
     """Decode + augment for one sample. Picklable (spawn-safe); custom transforms are wrapped lazily.
     `image_size`, `scale` and `ratio` are the presets' (None: their defaults) and refused with a custom
@@ -65,22 +89,12 @@ class SamplePipeline:
         # False decodes whole images with OpenCV (same pixels; kept for comparison and as the fallback).
         self.region_decode = True
         self.jpeg_libraries = jpeg_libraries  # libjpeg-turbo builds to try (None: Pillow's, then the system's)
-        self.ship_encoded = False  # decode="device": JPEG bytes + crop parameters (the rest as pixels)
-        # decode="device" over the restart layout: ship a crop's sub-JPEG, not the whole file (the loader sets it
-        # once the device's decoder passed fastdata.image.device.auto.sub_jpeg_failure)
-        self.ship_sub_jpegs = False
-        self.ship_progressive = True  # decode="device": progressive JPEGs to the device too (False: decoded here)
-        # whole images of different sizes (detection with augment=None): a batch holds a list of CHW tensors
-        self.unstacked = False
-        self.output = OutputFormat()  # the batches' dtype (preset batches; the loader sets it)
-        # the format of the batches the loader delivers, made here or on its device: the units of RandomErasing's
-        # value (the loader sets it)
-        self.delivered = OutputFormat()
+        # what the loader tells the workers, set once by `configure` when the loader is built
+        self.config = PipelineConfig()
         # what follows the crop (fastdata.image.recipes): per-sample presets on each crop, a batch preset on each
         # batch over `mix_classes` classes (the dataset sets them)
         self.recipe = recipe or Recipe()
         self.mix_classes = 0
-        self.sizes: ImageSizes | None = None  # progressive resizing: each epoch's output size (the loader's)
         self._sized: dict[tuple[int, int], Any] = {}  # the preset at another epoch's size, made once
         self.augment = augment
         self.seed = seed
@@ -110,6 +124,15 @@ class SamplePipeline:
         self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
 
+    def configure(self, config: PipelineConfig) -> None:
+        """Take the loader's configuration (before the workers fork: they get it with the pipeline)."""
+        self.config = config
+
+    @property
+    def output(self) -> OutputFormat:
+        """The format the workers make batches in (`PipelineConfig.output`)."""
+        return self.config.output
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_custom": None, "_local": None, "_sized": {}}
 
@@ -134,9 +157,10 @@ class SamplePipeline:
     def preset_for(self, epoch: int) -> Any:
         """The preset epoch `epoch` is made with: the one built, at the epoch's size (`sizes`, progressive
         resizing)."""
-        if self.sizes is None or self.preset is None:
+        sizes = self.config.sizes
+        if sizes is None or self.preset is None:
             return self.preset
-        size = self.sizes.size_for(epoch)
+        size = sizes.size_for(epoch)
         if size == self.preset.out_size:
             return self.preset
         if size not in self._sized:
@@ -265,7 +289,7 @@ class SamplePipeline:
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
             if self.recipe.per_sample:  # policies, erasing: on the crop, drawn after it from the sample's RNG
-                self.recipe.apply(out, rng, self._op_context(), self.delivered)
+                self.recipe.apply(out, rng, self._op_context(), self.config.delivered)
             if self.spatial is not None and record is not None:
                 sample.made = self.spatial.placed(record, placement, canvas)
         else:
@@ -356,7 +380,7 @@ class SamplePipeline:
         collate_started = perf_counter()
         if size:
             tensor = tensor[: len(labels)]
-        elif self.unstacked:  # each image as stored, in its own (shared-memory, in a worker) tensor
+        elif self.config.unstacked:  # each image as stored, in its own (shared-memory, in a worker) tensor
             tensor = [image.contiguous() for image in images]
         else:
             tensor, slot = _stack(images, kept, self.source, buffers)

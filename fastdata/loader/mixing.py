@@ -96,7 +96,7 @@ def mixed_loader(locations: Sequence[str | os.PathLike[str]], weights: Sequence[
     check_image_sources(paths, sources)
     data = MixedImageDataset(sources, names, augment, image_size, options.seed, on_error,  # type: ignore[arg-type]
                              scale=scale, ratio=ratio, masks=masks, classes_rule=mixing.classes)
-    _say_merged(data, paths, stacklevel=3)  # (the caller of fastdata.loader)
+    _say_merged(data, paths, stacklevel=4)  # (the caller of fastdata.loader, via its build step)
     plan = MixPlan.make([len(d) for d in sources], weights, samples_per_epoch, epoch_end, exhausted,
                         [str(p) for p in paths])
     return mixed_image_loader(data, plan, options, ImageOptions(**image_options))
@@ -188,8 +188,8 @@ def mix(paths: Sequence[str | os.PathLike[str]], weights: Sequence[float] | None
             source that runs out does ("cycle" or "stop") and how class lists make one label space ("auto",
             "by_name", "per_dataset": docs/mixing.md); None: the defaults.
         on_error: as for `fastdata.dataset`.
-        **keywords: the older spellings, still taken: `samples_per_epoch`, `epoch_end`, `exhausted` (the fields
-            of `mixing`), `scale`, `ratio` (of `fastdata.presets.RandomResizedCrop`).
+        **keywords: deprecated flat spellings of `mixing`'s fields and of `fastdata.presets.RandomResizedCrop`'s
+            `scale` and `ratio`: each warns with its replacement (docs/reference/deprecations.md).
     """
     spelled = resolve_spelling("mix", keywords, ("mixing", "augment"), mixing=mixing, augment=augment,
                                image_size=image_size)

@@ -2,7 +2,7 @@
 only travel as one object each instead of a row of keywords, so the three functions share them and each has one
 docs entry:
 
-- `Output(dtype, mean, std, channels_last)`: what image batches are made of;
+- `OutputOptions(dtype, mean, std, channels_last)`: what image batches are made of;
 - `TextOptions(seq_len, packing, max_length, bucketing, eos_token, boundaries, mask_cross_document)`: how text is
   cut into rows
   (`fastdata.text.loader`);
@@ -14,8 +14,10 @@ docs entry:
   with one and goes on with the recipe presets (`[RandomResizedCrop(224), TrivialAugmentWide(), ...]`) is that
   crop followed by a `fastdata.image.recipes.recipe.Recipe`.
 
-The keywords these replace still work (`dtype=`, `seq_len=`, `cache_dir=`, ...): `resolve_spelling` turns either
-spelling into the same objects, and refuses both at once or a keyword the function does not take.
+The objects are the API. The flat keywords they replace (`dtype=`, `seq_len=`, `cache_dir=`, ...) are deprecated
+but still work: `resolve_spelling` turns either spelling into the same objects, warns once per call site for each old
+keyword with its replacement (fastdata.deprecations), and refuses both at once or a keyword the function does not
+take.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fastdata.config import check_bool
+from fastdata.deprecations import DEPRECATIONS, deprecated_alias, warn_deprecated
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
 from fastdata.image.mixture.mixed import CLASS_RULES
@@ -35,7 +38,7 @@ from fastdata.text.loader import TextOptions
 
 
 @dataclass(frozen=True)
-class Output:
+class OutputOptions:
     """What image batches are made of. `dtype` None keeps uint8; a floating dtype (torch.float32, bfloat16,
     float16) gives batches normalised as `(x / 255 - mean) / std` (`mean`, `std`: three numbers in 0..1 units,
     ImageNet's when not given), made in the workers or on the loader's `device`; `channels_last` (with a
@@ -100,13 +103,13 @@ class ResizeCenterCrop:
 
 #: the keywords each object replaces
 REPLACED: dict[str, tuple[str, ...]] = {
-    "output": tuple(f.name for f in fields(Output)),
+    "output": tuple(f.name for f in fields(OutputOptions)),
     "text": tuple(f.name for f in fields(TextOptions)),
     "remote": tuple(f.name for f in fields(RemoteOptions)),
     "mixing": ("samples_per_epoch", "epoch_end", "exhausted"),  # (`classes` came with the object: no keyword)
     "augment": ("scale", "ratio"),
 }
-_OBJECT_TYPES = {"output": Output, "text": TextOptions, "remote": RemoteOptions, "mixing": MixOptions}
+_OBJECT_TYPES = {"output": OutputOptions, "text": TextOptions, "remote": RemoteOptions, "mixing": MixOptions}
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class Spelled:
     """The options of one call, whichever spelling was used: the objects, and the augmentation as the loaders
     take it (`augment`, `image_size`, `scale`, `ratio`)."""
 
-    output: Output
+    output: OutputOptions
     text: TextOptions
     remote: RemoteOptions
     mixing: MixOptions
@@ -128,20 +131,29 @@ class Spelled:
     def check_preset(self, path: Any, target_kind: str | None) -> None:
         """Refuse a classification preset over a detection or segmentation dataset (whose "train" and "val" are
         other geometries)."""
-        if self.preset is not None and target_kind in ("detection", "segmentation"):
-            raise ConfigError(f"{path}: augment={self.preset!r} is a classification preset; a {target_kind} "
-                              "dataset takes fastdata.presets.ScaleJitterCrop or ResizeLongerPad")
+        refuse_preset(self.preset, path, target_kind)
 
 
-def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[str], *, output: Output | None = None,
-                     text: TextOptions | None = None, remote: RemoteOptions | None = None,
-                     mixing: MixOptions | None = None, augment: Any = None, image_size: Any = None) -> Spelled:
+def refuse_preset(preset: RandomResizedCrop | ResizeCenterCrop | None, path: Any, target_kind: str | None) -> None:
+    """Refuse a classification `preset` over a detection or segmentation dataset (whose "train" and "val" are
+    other geometries)."""
+    if preset is not None and target_kind in ("detection", "segmentation"):
+        raise ConfigError(f"{path}: augment={preset!r} is a classification preset; a {target_kind} "
+                          "dataset takes fastdata.presets.ScaleJitterCrop or ResizeLongerPad")
+
+
+def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[str], *,
+                     output: OutputOptions | None = None, text: TextOptions | None = None,
+                     remote: RemoteOptions | None = None, mixing: MixOptions | None = None, augment: Any = None,
+                     image_size: Any = None) -> Spelled:
     """The options of a call to `function` (`fastdata.loader`, ...) given as objects or as the keywords they
     replace (`keywords`, the call's other keyword arguments). `takes` names the objects this function has:
     a replaced keyword of another (or any unknown keyword) is a TypeError, as Python raises for an unexpected
-    keyword; an object given together with a keyword it replaces is a ConfigError."""
+    keyword; an object given together with a keyword it replaces is a ConfigError. The replaced keywords are the
+    old spelling (fastdata.deprecations): each one given warns, naming its replacement."""
     objects = {"output": output, "text": text, "remote": remote, "mixing": mixing}
-    known = {name: group for group in takes for name in REPLACED[group]}
+    known = {name: group for group in takes for name in REPLACED[group]
+             if _old_keyword(function, name) in DEPRECATIONS}
     unexpected = [name for name in keywords if name not in known]
     if unexpected:
         raise TypeError(f"{function}() got an unexpected keyword argument {unexpected[0]!r}")
@@ -155,6 +167,8 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
         if given and objects[group] is not None:
             raise ConfigError(f"pass either {group}={kind.__name__}(...) or {', '.join(given)}, not both")
         made[group] = objects[group] if objects[group] is not None else kind(**given)
+    for name in keywords:  # the old spelling works, and says what replaces it
+        warn_deprecated(_old_keyword(function, name))
     scale, ratio = keywords.get("scale"), keywords.get("ratio")
     augment, recipe = split_recipe(augment)
     preset = augment if isinstance(augment, (RandomResizedCrop, ResizeCenterCrop)) else None
@@ -170,6 +184,11 @@ def resolve_spelling(function: str, keywords: dict[str, Any], takes: Sequence[st
             augment = "val"
     return Spelled(made["output"], made["text"], made["remote"], made["mixing"], augment, image_size, scale,
                    ratio, preset, recipe)
+
+
+def _old_keyword(function: str, name: str) -> str:
+    """The `DEPRECATIONS` key of keyword `name` of `fastdata.<function>`."""
+    return f"fastdata.{function}({name}=...)"
 
 
 def split_recipe(augment: Any) -> tuple[Any, Recipe | None]:
@@ -188,3 +207,8 @@ def split_recipe(augment: Any) -> tuple[Any, Recipe | None]:
         raise ConfigError(f"an augment list starts with the crop, fastdata.presets.RandomResizedCrop(...) or "
                           f"ResizeCenterCrop(...) (or 'train' / 'val'), got {crop!r}")
     return crop, Recipe.of(rest)
+
+
+def __getattr__(name: str) -> Any:
+    """The old name of `OutputOptions`, said deprecated (PEP 562)."""
+    return deprecated_alias(__name__, name, {"Output": ("fastdata.options.Output", OutputOptions)})

@@ -305,4 +305,4 @@ def tune_command(dataset: str, key: TuneKey | None) -> str:
 @functools.cache
 def _warn_untuned(message: str) -> None:
     """Say once per process (and message) that "auto" fell back to the default heuristic."""
-    warnings.warn(message, RuntimeWarning, stacklevel=5)  # the caller of fastdata.loader
+    warnings.warn(message, RuntimeWarning, stacklevel=6)  # the caller of fastdata.loader (via its resolve step)

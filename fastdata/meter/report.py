@@ -460,8 +460,8 @@ def _suggestions(verdict: str, cause: str, sysf: dict[str, Any], stages: dict[st
         if loader.progressive:
             out.append(f"the dataset stores {loader.progressive:,} progressive JPEGs, which the GPU's hardware JPEG "
                        "engines do not take: re-convert with `--jpeg-layout baseline` (lossless), or decode them in "
-                       "the workers with `decode=fastdata.DeviceDecode(progressive=\"workers\")`; either way the "
-                       "device decoder then gets baseline JPEGs only, which the default `backends=\"auto\"` gives "
+                       "the workers with `decode=fastdata.DeviceDecodeOptions(progressive=\"workers\")`; either way "
+                       "the device decoder then gets baseline JPEGs only, which the default `backends=\"auto\"` gives "
                        "to the engines alone")
         feeder = (stages or {}).get("feeder_ms") or {}
         decode_ms, resize_ms = feeder.get("decode", 0.0) + feeder.get("other", 0.0), feeder.get("resize", 0.0)

@@ -1,10 +1,9 @@
 """Background system sampler for the meter: CPU (total, per core, iowait), disk reads, memory (this process's RSS
-plus its workers' USS, `rss_mb`: never a sum of forked processes' RSS) and CPU of this
-process and its workers (psutil), the CPU every other process on the machine took meanwhile (busy cores less
-ours: a job slowed by another one is told apart from one slowed by its own work), GPU utilisation and memory
-(NVML). One sample per `interval` on a daemon
-thread, plus one at stop, so even a short run has figures. A figure that cannot be had is `None`, and
-`unavailable` says why."""
+plus its workers' USS, `rss_mb`: never a sum of forked processes' RSS) and CPU of this process and its workers
+(psutil), the CPU every other process on the machine took meanwhile (busy cores less ours: a job slowed by another
+one is told apart from one slowed by its own work), GPU utilisation and memory (NVML). One sample per `interval` on
+a `fastdata.background.Background` thread, plus one at stop, so even a short run has figures. A figure that cannot
+be had is `None`, and `unavailable` says why."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastdata.background import Background
 from fastdata.config import available_cores
 
 FIGURES = ("cpu_percent", "cpu_per_core_percent", "iowait_percent", "disk_read_mb_s", "rss_mb", "workers",
@@ -57,8 +57,7 @@ class SystemSampler:
         self.on_sample = on_sample  # called with (interval start, time.monotonic s; its figures) after each sample
         self._want_gpu = gpu
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Background | None = None
         self._unavailable: dict[str, str] = {}
         self._means: dict[str, _Mean] = {}
         self._per_core: list[_Mean] = []
@@ -78,24 +77,23 @@ class SystemSampler:
         """Take the first reading and start the background thread (no-op if already running)."""
         if self._thread is not None:
             return
-        self._stop.clear()
         self._readings = 0  # workers may have come or gone between passes
         self._open()
         self._prev = self._read()
-        self._thread = threading.Thread(target=self._run, name="fastdata-meter-sampler", daemon=True)
-        self._thread.start()
+        self._thread = Background(self._run, "fastdata-meter-sampler").start()
 
     def stop(self) -> None:
         """Take a last reading and stop the thread."""
         if self._thread is None:
             return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
-        self._tick()
-        if self._nvml is not None:
-            self._nvml.close()
-            self._nvml = None
+        thread, self._thread = self._thread, None
+        try:
+            thread.close()
+        finally:
+            self._tick()
+            if self._nvml is not None:
+                self._nvml.close()
+                self._nvml = None
 
     @property
     def running(self) -> bool:
@@ -148,8 +146,8 @@ class SystemSampler:
                          "gpu_jpeg_util_percent"):
                 self._unavailable[name] = reason
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+    def _run(self, stopping: threading.Event) -> None:
+        while not stopping.wait(self.interval):
             self._tick()
 
     def _tick(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fastdata.converters.imagefolder import convert_imagefolder
+from fastdata.converters.imagefolder import ImageFolderOptions, convert_imagefolder
 from fastdata.tools.bench import BenchConfig, busy_machine_note, format_table, run_bench
 from fastdata.tools.sample import make_sample_imagefolder, photo_paths
 
@@ -44,7 +44,7 @@ def run_demo(directory: Path, images: int = 1200, epochs: int = 2, batch_size: i
             shutil.rmtree(src)
         make_sample_imagefolder(src, images=images, workers=workers)
     echo(f"\n$ fastdata convert imagefolder {src} {out}")
-    echo(str(convert_imagefolder(src, out, overwrite=True, workers=workers)))
+    echo(str(convert_imagefolder(src, out, ImageFolderOptions(overwrite=True, workers=workers))))
     echo(f"\n$ fastdata bench {out} --baseline-imagefolder {src}")
     config = BenchConfig(epochs=epochs, batch_size=batch_size, workers=workers, repeats=1)  # a quick look
     results = run_bench(out, config, baseline_imagefolder=src, progress=echo)

@@ -265,13 +265,14 @@ def measure_point(path: str | os.PathLike[str], point: Point, config: TuneConfig
 def _measure_point(path: str | os.PathLike[str], point: Point, config: TuneConfig, step: Step,
                    warmup: int | None) -> Measured:
     from fastdata.loader import loader
+    from fastdata.loader.options import OutputOptions
     from fastdata.meter.loop import meter
 
     started = time.perf_counter()
     before = {p.pid for p in multiprocessing.active_children()}
     built = loader(path, batch_size=config.batch_size, augment=config.augment, image_size=config.image_size,
                    num_workers=point.num_workers, prefetch_factor=point.prefetch_factor, persistent_workers=True,
-                   device=config.device, decode=point.decode, dtype=config.dtype)
+                   device=config.device, decode=point.decode, output=OutputOptions(dtype=config.dtype))
     warm = point.num_workers + 1 if warmup is None else warmup
     timed = meter(built, warmup_steps=warm, system=False)
     steps, window_start, images = 0, 0.0, 0

@@ -38,7 +38,9 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def converted(tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("baseline_out") / "b.lmdb"
-    summary = fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False, jpeg_layout="baseline")
+    summary = fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout="baseline")
+    )
     return out, summary
 
 
@@ -88,7 +90,7 @@ def test_the_manifest_summary_and_info_count_the_rewritten_and_the_refused(tree,
 
 def test_the_original_layouts_info_line_points_at_the_baseline_layout(tree, tmp_path):
     out = tmp_path / "o.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     assert "`--jpeg-layout baseline` at conversion stores them baseline" in fastdata.tools.info.describe(out)
 
 
@@ -114,7 +116,9 @@ def test_verify_decode_compares_the_rewritten_jpegs_with_their_sources(tree, con
 
 def test_verify_names_a_progressive_jpeg_the_manifest_does_not_account_for(tree, tmp_path):
     out = tmp_path / "b.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False, jpeg_layout="baseline")
+    fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout="baseline")
+    )
     manifest_path = out / MANIFEST_NAME
     data = json.loads(manifest_path.read_text())
     assert len(data["stats"]["jpeg_layout"]["kept_original"]) == 1

@@ -29,7 +29,8 @@ def convert_in_subprocess(src, out) -> tuple[int, list, int]:
     """(images, rejected, peak RSS in KB) of a conversion run in a fresh process."""
     code = textwrap.dedent(f"""
         import json, resource, fastdata
-        summary = fastdata.convert_imagefolder({str(src)!r}, {str(out)!r}, workers=1, progress=False)
+        summary = fastdata.convert_imagefolder({str(src)!r}, {str(out)!r},
+                                               fastdata.ImageFolderOptions(workers=1, progress=False))
         print(json.dumps([summary.images, summary.rejected, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))
     """)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
@@ -57,8 +58,11 @@ def test_max_pixels_is_configurable(small_solid_tree, tmp_path):
 
     with pytest.raises(SourceError, match=f"no images kept: all {len(small_solid_tree.images)} were rejected.*"
                                           "refused: .* exceeds the limit of 100 \\(--max-pixels\\)"):
-        fastdata.convert_imagefolder(small_solid_tree.root, tmp_path / "o.lmdb", max_pixels=100, workers=1,
-                                     progress=False)
+        fastdata.convert_imagefolder(
+            small_solid_tree.root,
+            tmp_path / "o.lmdb",
+            fastdata.ImageFolderOptions(max_pixels=100, workers=1, progress=False),
+        )
     assert not (tmp_path / "o.lmdb").exists()
 
 

@@ -30,8 +30,11 @@ def test_two_conversions_of_a_bad_tree_reject_with_identical_reasons(tmp_path, f
     (tree.root / "more/noise.tif").write_bytes(b"II*\x00" + bytes(range(40)))
     outs = [tmp_path / f"a.{fmt}", tmp_path / f"b.{fmt}"]
     for out, workers in zip(outs, (1, 2), strict=True):  # in this process, then in pool workers
-        fastdata.convert_imagefolder(tree.root, out, format=fmt, workers=workers, progress=False,
-                                     max_rejected="100%")  # most of the tree is bad, on purpose
+        fastdata.convert_imagefolder(
+            tree.root,
+            out,
+            fastdata.ImageFolderOptions(format=fmt, workers=workers, progress=False, max_rejected="100%"),
+        )  # most of the tree is bad, on purpose
     first, second = (rejected_json(out) for out in outs)
     assert first == second
     reasons = {r["path"]: r["reason"] for r in json.loads(first)}
@@ -60,7 +63,9 @@ def last_rejected_count(progress_output: str) -> int:
 
 def test_the_progress_bar_ends_with_the_summarys_rejected_count(tmp_path, capsys):
     tree = build_bad_tree(tmp_path / "src")
-    summary = fastdata.convert_imagefolder(tree.root, tmp_path / "out.lmdb", workers=1, progress=True)
+    summary = fastdata.convert_imagefolder(
+        tree.root, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=True)
+    )
     err = capsys.readouterr().err
     assert len(summary.rejected) == len(BAD_FILES)
     assert last_rejected_count(err) == len(summary.rejected)
@@ -72,7 +77,12 @@ def test_the_text_progress_bar_ends_with_the_summarys_rejected_count(tmp_path, c
     src = write_jsonl(tmp_path / "corpus.jsonl", corpus)
     with src.open("a") as f:
         f.write("not json\n{\"body\": \"no text field\"}\n")
-    summary = fastdata.convert_text(src, tmp_path / "out.lmdb", tokenizer=tokenizer, progress=True)
+    summary = fastdata.convert_text(
+        src,
+        tmp_path / "out.lmdb",
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(progress=True),
+    )
     err = capsys.readouterr().err
     assert summary.rejected_count == 2
     assert last_rejected_count(err) == summary.rejected_count

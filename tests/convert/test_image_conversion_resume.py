@@ -45,8 +45,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
     elif where == "manifest":    # data complete, manifest not yet written
         import fastdata.formats.manifest as M
         kill_when(M.Manifest, "write", lambda self: True)
-    fastdata.convert_imagefolder(src, out, format=None if fmt == "lmdb" else "wds", shard_size="3KB",
-                                 workers=workers, commit_every=4, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(
+        format=None if fmt == "lmdb" else "wds", shard_size="3KB", workers=workers, commit_every=4, progress=False))
 """)
 
 
@@ -81,8 +81,13 @@ def reference(tree, tmp_path_factory):
     refs = {}
     for fmt, name in (("lmdb", "ref.lmdb"), ("wds", "ref-shards")):
         out = root / name
-        fastdata.convert_imagefolder(tree.root, out, format=None if fmt == "lmdb" else "wds", shard_size="3KB",
-                                     workers=1, commit_every=4, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root,
+            out,
+            fastdata.ImageFolderOptions(
+                format=None if fmt == "lmdb" else "wds", shard_size="3KB", workers=1, commit_every=4, progress=False
+            ),
+        )
         refs[fmt] = out
     return refs
 
@@ -99,8 +104,13 @@ def test_sigkill_then_rerun_resumes_to_the_same_dataset(tree, reference, tmp_pat
     with pytest.raises(IncompleteDatasetError, match="rerun the same convert command"):
         fastdata.dataset(out)
 
-    summary = fastdata.convert_imagefolder(tree.root, out, format=None if fmt == "lmdb" else "wds",
-                                           shard_size="3KB", workers=1, commit_every=4, progress=False)
+    summary = fastdata.convert_imagefolder(
+        tree.root,
+        out,
+        fastdata.ImageFolderOptions(
+            format=None if fmt == "lmdb" else "wds", shard_size="3KB", workers=1, commit_every=4, progress=False
+        ),
+    )
     assert summary.images == COUNT
     if where in ("checkpoint", "close", "manifest") or (where == "add" and at > 4):
         assert summary.resumed_at, "a checkpoint was passed before the kill, so the rerun must resume"
@@ -125,8 +135,11 @@ def test_shards_hashed_elsewhere_resume_to_the_same_shards(tree, reference, tmp_
     progress = partial_path(out) / "progress.json"
     if progress.exists():
         assert "pending-sha256:" not in progress.read_text()
-    summary = fastdata.convert_imagefolder(tree.root, out, format="wds", shard_size="3KB", workers=2, commit_every=4,
-                                           progress=False)
+    summary = fastdata.convert_imagefolder(
+        tree.root,
+        out,
+        fastdata.ImageFolderOptions(format="wds", shard_size="3KB", workers=2, commit_every=4, progress=False),
+    )
     assert summary.images == COUNT
     manifest, ref_manifest = fastdata.info(out), fastdata.info(reference["wds"])
     assert len(manifest.files) > 4
@@ -137,8 +150,8 @@ def test_shards_hashed_elsewhere_resume_to_the_same_shards(tree, reference, tmp_
 
 
 # An uninterrupted conversion in a child process, without any injection: what the random-time kills interrupt.
-CONVERT = "import sys, fastdata; fastdata.convert_imagefolder(sys.argv[1], sys.argv[2], workers=1, commit_every=4, " \
-          "progress=False)"
+CONVERT = "import sys, fastdata; fastdata.convert_imagefolder(sys.argv[1], sys.argv[2], " \
+          "fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False))"
 
 
 def start_conversion(src: Path, out: Path) -> tuple[subprocess.Popen, float | None]:
@@ -170,7 +183,9 @@ def large(tmp_path_factory) -> tuple[Tree, Path]:
     """A tree slow enough to convert (about 0.1 s or more) to be killed in its middle, and its reference LMDB."""
     root = tmp_path_factory.mktemp("large")
     tree = build_large_tree(root / "src", LARGE_COUNT)
-    fastdata.convert_imagefolder(tree.root, root / "ref.lmdb", workers=1, commit_every=4, progress=False)
+    fastdata.convert_imagefolder(
+        tree.root, root / "ref.lmdb", fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False)
+    )
     return tree, root / "ref.lmdb"
 
 
@@ -200,7 +215,9 @@ def test_sigkill_at_random_times(large, tmp_path):
         assert partial_path(out).is_dir()
         with pytest.raises(IncompleteDatasetError, match="rerun the same convert command"):
             fastdata.dataset(out)
-        summary = fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False)
+        summary = fastdata.convert_imagefolder(
+            tree.root, out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False)
+        )
         assert summary.images == LARGE_COUNT
         assert contents(out) == expected
         assert not partial_path(out).exists()
@@ -210,17 +227,21 @@ def test_resume_with_other_options_or_source_is_refused(tree, tmp_path):
     out = tmp_path / "out.lmdb"
     killed_conversion(tree.root, out, "lmdb", "add", 9)
     with pytest.raises(OutputExistsError, match=r"max_size None -> 16"):
-        fastdata.convert_imagefolder(tree.root, out, max_size=16, workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root, out, fastdata.ImageFolderOptions(max_size=16, workers=1, progress=False)
+        )
     extra = tree.root / tree.images[0]
     copy = extra.with_name("extra-" + extra.name)
     copy.write_bytes(extra.read_bytes())
     try:
         with pytest.raises(OutputExistsError, match="source files changed"):
-            fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+            fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     finally:
         copy.unlink()
     # --overwrite starts again instead
-    summary = fastdata.convert_imagefolder(tree.root, out, max_size=16, overwrite=True, workers=1, progress=False)
+    summary = fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(max_size=16, overwrite=True, workers=1, progress=False)
+    )
     assert summary.images == COUNT and not summary.resumed_at
 
 
@@ -234,13 +255,16 @@ def test_leftovers_that_cannot_be_reopened_are_an_error_never_a_silent_restart(t
     data.write_bytes(b"\xff" * 8192 + raw[8192:])  # both LMDB meta pages overwritten
     with pytest.raises(StagingDamagedError, match=r"out\.lmdb\.partial: an interrupted conversion whose data cannot "
                                                   r"be reopened \(.+\); .*pass --overwrite to start it again"):
-        fastdata.convert_imagefolder(tree.root, lmdb_out, workers=1, commit_every=4, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root, lmdb_out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False)
+        )
     assert data.read_bytes()[8192:] == raw[8192:]  # left as it was
     code, _, err = cli(capsys, "convert", "imagefolder", tree.root, lmdb_out, "-q")
     assert code == 2
     assert_one_line_error(err, "cannot be reopened", "--overwrite")
-    summary = fastdata.convert_imagefolder(tree.root, lmdb_out, workers=1, commit_every=4, progress=False,
-                                           overwrite=True)
+    summary = fastdata.convert_imagefolder(
+        tree.root, lmdb_out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False, overwrite=True)
+    )
     assert summary.resumed_at is None and contents(lmdb_out) == contents(reference["lmdb"])
 
     wds_out = tmp_path / "shards"
@@ -250,16 +274,22 @@ def test_leftovers_that_cannot_be_reopened_are_an_error_never_a_silent_restart(t
     progress.write_bytes(saved[: len(saved) // 2])  # cut short
     with pytest.raises(StagingDamagedError, match=r"the progress record of an interrupted conversion cannot be "
                                                   r"read \(ValueError: not JSON .+\); .*--overwrite"):
-        fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
-                                     commit_every=4, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root,
+            wds_out,
+            fastdata.ImageFolderOptions(format="wds", shard_size="3KB", workers=1, commit_every=4, progress=False),
+        )
     progress.write_bytes(saved)
     finished = json.loads(saved)["files"]
     assert finished, "the kill came after a shard was recorded as finished"
     (partial_path(wds_out) / finished[0]["name"]).unlink()
     with pytest.raises(StagingDamagedError, match=rf"{finished[0]['name']}: a finished shard of the last "
                                                   "checkpoint is missing; .*--overwrite"):
-        fastdata.convert_imagefolder(tree.root, wds_out, format="wds", shard_size="3KB", workers=1,
-                                     commit_every=4, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root,
+            wds_out,
+            fastdata.ImageFolderOptions(format="wds", shard_size="3KB", workers=1, commit_every=4, progress=False),
+        )
     assert progress.read_bytes() == saved  # nothing discarded
 
 

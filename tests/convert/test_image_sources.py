@@ -23,6 +23,7 @@ from builders.sources import ZipReader, multi_labels, solid_metadata, write_zip,
 
 import fastdata
 from fastdata.convert.images import convert_images
+from fastdata.convert.options import ImageConversionOptions
 from fastdata.convert.sources import ImageSource
 from fastdata.errors import OutputExistsError, RejectedFileError, SourceError
 from fastdata.tools.verify import verify
@@ -37,8 +38,8 @@ def tree(tmp_path_factory):
 
 
 def convert(listing: ImageSource, out: Path, fmt: str, **options):
-    return convert_images(lambda: listing, out, format=fmt, shard_size="6KB", progress=False,
-                          **{"workers": 1, **options})
+    return convert_images(lambda: listing, out, ImageConversionOptions(format=fmt, shard_size="6KB", progress=False,
+                                                                   **{"workers": 1, **options}))
 
 
 def stored(out: Path) -> list:
@@ -188,13 +189,15 @@ KILLER = KILL_WHEN + textwrap.dedent("""
     from builders.images import Tree
     from builders.sources import zip_source
     from fastdata.convert.images import convert_images
+    from fastdata.convert.options import ImageConversionOptions
     from fastdata.formats import lmdb as L, wds as W
 
     root, images, archive, out, fmt, at = sys.argv[2:8]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == int(at))
     tree = Tree(Path(root), json.loads(images))
     listing = zip_source(tree, Path(archive), multi=True, metadata=True)
-    convert_images(lambda: listing, out, format=fmt, shard_size="6KB", workers=1, commit_every=4, progress=False)
+    convert_images(lambda: listing, out, ImageConversionOptions(format=fmt, shard_size="6KB", workers=1, commit_every=4,
+                                                                progress=False))
 """)
 
 

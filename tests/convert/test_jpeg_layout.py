@@ -36,9 +36,14 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def converted(tree, tmp_path_factory):
     root = tmp_path_factory.mktemp("layout_out")
-    summaries = {layout: fastdata.convert_imagefolder(tree.root, root / f"{layout}.lmdb", workers=1, progress=False,
-                                                      jpeg_layout=layout)
-                 for layout in ("original", "restart")}
+    summaries = {
+        layout: fastdata.convert_imagefolder(
+            tree.root,
+            root / f"{layout}.lmdb",
+            fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout=layout),
+        )
+        for layout in ("original", "restart")
+    }
     return root, summaries
 
 
@@ -134,14 +139,19 @@ def test_wds_and_the_command_line_take_the_layout(tree, tmp_path, capsys, layout
 
 def test_an_unknown_layout_is_refused_before_any_work(tree, tmp_path):
     with pytest.raises(ConfigError, match="--jpeg-layout must be one of original, restart"):
-        fastdata.convert_imagefolder(tree.root, tmp_path / "x.lmdb", progress=False, jpeg_layout="jpegtran")
+        fastdata.convert_imagefolder(
+            tree.root, tmp_path / "x.lmdb", fastdata.ImageFolderOptions(progress=False, jpeg_layout="jpegtran")
+        )
     assert not (tmp_path / "x.lmdb").exists()
 
 
 @pytest.mark.region_extension
 def test_max_size_images_are_rewritten_after_their_reencode(tree, tmp_path):
-    summary = fastdata.convert_imagefolder(tree.root, tmp_path / "small.lmdb", workers=1, progress=False,
-                                           max_size=128, jpeg_layout="restart")
+    summary = fastdata.convert_imagefolder(
+        tree.root,
+        tmp_path / "small.lmdb",
+        fastdata.ImageFolderOptions(workers=1, progress=False, max_size=128, jpeg_layout="restart"),
+    )
     records = stored(tmp_path / "small.lmdb")
     for key, (data, codec) in records.items():
         if codec == CODEC_CV_JPEG and key != "b/cut.jpg":
@@ -156,7 +166,8 @@ KILLED_RESTART = KILL_WHEN + textwrap.dedent("""
 
     src, out = sys.argv[1:3]
     kill_when(L.LmdbWriter, "add", lambda self: self.count == 6)  # after the checkpoint of the first 4
-    fastdata.convert_imagefolder(src, out, workers=1, commit_every=4, progress=False, jpeg_layout="restart")
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False,
+                                                                         jpeg_layout="restart"))
 """)
 
 
@@ -167,9 +178,12 @@ def test_a_resumed_restart_conversion_counts_what_an_uninterrupted_one_does(tree
     proc = run_python(KILLED_RESTART, tree.root, out)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     with pytest.raises(OutputExistsError, match="jpeg_layout restart -> original"):  # not resumed so
-        fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False)
-    summary = fastdata.convert_imagefolder(tree.root, out, workers=1, commit_every=4, progress=False,
-                                           jpeg_layout="restart")
+        fastdata.convert_imagefolder(
+            tree.root, out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False)
+        )
+    summary = fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(workers=1, commit_every=4, progress=False, jpeg_layout="restart")
+    )
     assert summary.resumed_at == 4
     reference = read_manifest(root / "restart.lmdb").stats["jpeg_layout"]
     assert read_manifest(out).stats["jpeg_layout"] == reference

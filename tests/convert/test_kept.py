@@ -50,12 +50,17 @@ def test_a_conversion_that_rejects_most_of_its_input_fails_and_keeps_its_work(li
     out = tmp_path / "out.lmdb"
     with pytest.raises(TooManyRejectedError, match=r"4 of 6 images \(67%\) were rejected, more than --max-rejected "
                                                    r"50% allows, looking for files under") as caught:
-        fastdata.convert_list(listed / "list.csv", out, root=listed / "images", workers=1, progress=False)
+        fastdata.convert_list(
+            listed / "list.csv", out, fastdata.FileListOptions(root=listed / "images", workers=1, progress=False)
+        )
     assert str((listed / "images").resolve()) in str(caught.value) and "--max-rejected 100%" in str(caught.value)
     assert not out.exists() and (tmp_path / "out.lmdb.partial").is_dir()
     with pytest.warns(UserWarning, match=r"4 of 6 images \(67%\) were rejected, looking for files under"):
-        summary = fastdata.convert_list(listed / "list.csv", out, root=listed / "images", workers=1,
-                                        progress=False, max_rejected="100%")
+        summary = fastdata.convert_list(
+            listed / "list.csv",
+            out,
+            fastdata.FileListOptions(root=listed / "images", workers=1, progress=False, max_rejected="100%"),
+        )
     first = str(summary).splitlines()[0]
     assert first.startswith("WARNING: 4 of 6 images") and str((listed / "images").resolve()) in first
     assert summary.images == 2 and (out / "manifest.json").exists()
@@ -66,8 +71,9 @@ def test_a_conversion_that_rejects_most_of_its_input_fails_and_keeps_its_work(li
                                               ("50%", False)])
 def test_max_rejected_is_a_count_or_a_share_of_the_input(listed, tmp_path, limit, fails):
     (listed / "images" / "img0.jpg").unlink()  # 1 of 6 rejected (17%)
-    convert = lambda: fastdata.convert_list(listed / "list.csv", tmp_path / "out.lmdb",  # noqa: E731
-                                            root=listed / "images", workers=1, progress=False, max_rejected=limit)
+    convert = lambda: fastdata.convert_list(  # noqa: E731
+        listed / "list.csv", tmp_path / "out.lmdb",
+        fastdata.FileListOptions(root=listed / "images", workers=1, progress=False, max_rejected=limit))
     if fails:
         with pytest.raises(TooManyRejectedError, match=f"1 of 6 images \\(17%\\) were rejected, more than "
                                                        f"--max-rejected {limit} allows"):
@@ -79,8 +85,11 @@ def test_max_rejected_is_a_count_or_a_share_of_the_input(listed, tmp_path, limit
 @pytest.mark.parametrize("value", ["half", "-1", "101%", "5 %%", True])
 def test_a_max_rejected_that_is_neither_count_nor_share_is_refused_before_any_work(listed, tmp_path, value):
     with pytest.raises(ConfigError, match="--max-rejected"):
-        fastdata.convert_list(listed / "list.csv", tmp_path / "out.lmdb", root=listed / "images", workers=1,
-                              progress=False, max_rejected=value)
+        fastdata.convert_list(
+            listed / "list.csv",
+            tmp_path / "out.lmdb",
+            fastdata.FileListOptions(root=listed / "images", workers=1, progress=False, max_rejected=value),
+        )
     assert not any(p.name.startswith("out.lmdb") for p in tmp_path.iterdir())
 
 
@@ -88,8 +97,11 @@ def test_a_few_rejections_are_no_warning(listed, tmp_path):
     (listed / "images" / "img0.jpg").unlink()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "out.lmdb", root=listed / "images",
-                                        workers=1, progress=False)
+        summary = fastdata.convert_list(
+            listed / "list.csv",
+            tmp_path / "out.lmdb",
+            fastdata.FileListOptions(root=listed / "images", workers=1, progress=False),
+        )
     assert summary.images == 5 and not str(summary).startswith("WARNING")
 
 
@@ -107,8 +119,9 @@ def test_coco_with_a_wrong_images_folder_fails(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SourceError, match="no images kept: all 3 were rejected") as caught:
-        fastdata.convert_coco(tmp_path / "instances.json", empty, tmp_path / "coco.lmdb", workers=1,
-                              progress=False)
+        fastdata.convert_coco(
+            tmp_path / "instances.json", empty, tmp_path / "coco.lmdb", fastdata.CocoOptions(workers=1, progress=False)
+        )
     assert str(empty.resolve()) in str(caught.value) and not (tmp_path / "coco.lmdb").exists()
 
 
@@ -120,14 +133,27 @@ def test_text_with_a_wrong_field_fails_naming_the_field(tmp_path):
     corpus.write_text("\n".join(lines) + "\n")
     with pytest.raises(TooManyRejectedError, match=r"10 of 11 documents \(91%\) were rejected, more than "
                                                    r"--max-rejected 50% allows, looking in field 'body'"):
-        fastdata.convert_text(corpus, tmp_path / "c.lmdb", tokenizer=tokenizer_json, field="body", progress=False)
+        fastdata.convert_text(
+            corpus,
+            tmp_path / "c.lmdb",
+            tokenizer=tokenizer_json,
+            options=fastdata.TextConversionOptions(field="body", progress=False),
+        )
     with pytest.warns(UserWarning, match=r"10 of 11 documents \(91%\) were rejected, looking in field 'body'"):
-        summary = fastdata.convert_text(corpus, tmp_path / "c.lmdb", tokenizer=tokenizer_json, field="body",
-                                        progress=False, max_rejected="100%")
+        summary = fastdata.convert_text(
+            corpus,
+            tmp_path / "c.lmdb",
+            tokenizer=tokenizer_json,
+            options=fastdata.TextConversionOptions(field="body", progress=False, max_rejected="100%"),
+        )
     assert str(summary).startswith("WARNING: 10 of 11 documents")
     with pytest.raises(SourceError, match="no documents kept"):
-        fastdata.convert_text(corpus, tmp_path / "d.lmdb", tokenizer=tokenizer_json, field="title", progress=False,
-                              max_rejected="100%")
+        fastdata.convert_text(
+            corpus,
+            tmp_path / "d.lmdb",
+            tokenizer=tokenizer_json,
+            options=fastdata.TextConversionOptions(field="title", progress=False, max_rejected="100%"),
+        )
     assert not (tmp_path / "d.lmdb").exists()
 
 
@@ -184,8 +210,11 @@ def test_options_that_do_not_apply_are_not_offered_or_are_refused(listed, tmp_pa
                  "--root", str(listed / "images"), "--workers", "1"])
     assert code == 0 and "note: --shard-size 64MB applies to WebDataset shards" in capsys.readouterr().err
     with pytest.warns(UserWarning) as caught:
-        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "shards", root=listed / "images",
-                                        format="wds", shard_size=256, workers=1, progress=False)
+        summary = fastdata.convert_list(
+            listed / "list.csv",
+            tmp_path / "shards",
+            fastdata.FileListOptions(root=listed / "images", format="wds", shard_size=256, workers=1, progress=False),
+        )
     assert len(summary.files) == 6
     assert [str(w.message) for w in caught] == [
         "--shard-size 256 has no unit: it is read as 256 bytes; sizes take a unit, e.g. 256MB",
@@ -202,11 +231,17 @@ def test_a_small_shard_size_warns_only_when_the_shards_hold_a_sample_or_so(liste
     two = f"{2 * (max(sizes) + 3 * 1024)}B"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "few", root=listed / "images",
-                                        format="wds", shard_size=two, workers=1, progress=False)
+        summary = fastdata.convert_list(
+            listed / "list.csv",
+            tmp_path / "few",
+            fastdata.FileListOptions(root=listed / "images", format="wds", shard_size=two, workers=1, progress=False),
+        )
     assert 2 <= len(summary.files) <= 3  # a few shards of a few samples each: nothing said
     one = f"{min(sizes) // 2}B"  # smaller than any sample: each sample closes its shard
     with pytest.warns(UserWarning, match=r"--shard-size \d+B made 6 shards for 6 samples \(1.0 per shard\)"):
-        summary = fastdata.convert_list(listed / "list.csv", tmp_path / "one", root=listed / "images",
-                                        format="wds", shard_size=one, workers=1, progress=False)
+        summary = fastdata.convert_list(
+            listed / "list.csv",
+            tmp_path / "one",
+            fastdata.FileListOptions(root=listed / "images", format="wds", shard_size=one, workers=1, progress=False),
+        )
     assert len(summary.files) == 6

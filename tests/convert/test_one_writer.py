@@ -96,8 +96,10 @@ def tree(tmp_path_factory):
 def references(tree, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("one_writer_ref")
     refs = {"lmdb": root / "ref.lmdb", "wds": root / "ref-shards"}
-    fastdata.convert_imagefolder(tree.root, refs["lmdb"], workers=1, progress=False)
-    fastdata.convert_imagefolder(tree.root, refs["wds"], format="wds", shard_size="3KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, refs["lmdb"], fastdata.ImageFolderOptions(workers=1, progress=False))
+    fastdata.convert_imagefolder(
+        tree.root, refs["wds"], fastdata.ImageFolderOptions(format="wds", shard_size="3KB", workers=1, progress=False)
+    )
     return refs
 
 
@@ -161,8 +163,8 @@ def test_a_conversion_killed_with_sigkill_holds_nothing_and_its_rerun_resumes(tr
     with pytest.raises(IncompleteDatasetError, match="interrupted: no conversion is running; rerun the same "
                                                      "convert command to resume it"):
         fastdata.dataset(out)
-    summary = fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False,
-                                           **({} if fmt == "lmdb" else {"format": "wds", "shard_size": "3KB"}))
+    summary = fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False,
+                                           **({} if fmt == "lmdb" else {"format": "wds", "shard_size": "3KB"})))
     assert summary.resumed_at is not None  # the leftovers were resumed, not discarded
     assert verify(out).ok, str(verify(out))
     assert stored(out) == stored(references[fmt])
@@ -181,14 +183,16 @@ def test_a_second_staging_in_this_process_is_refused(tree, tmp_path):
         with pytest.raises(OutputBusyError, match=f"pid {os.getpid()}"), Staging(out).owned(overwrite=True):
             pass
         with pytest.raises(OutputBusyError, match="another conversion is writing it"):
-            fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+            fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out.lmdb.lock", "out.lmdb.partial"]
         with pytest.raises(IncompleteDatasetError, match=f"a conversion is writing it now: pid {os.getpid()}"):
             fastdata.info(out)
     assert not lock_path(out).exists()
     with pytest.raises(IncompleteDatasetError, match="interrupted: no conversion is running"):
         fastdata.info(out)
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)  # the lock is free again
+    fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False)
+    )  # the lock is free again
     assert fastdata.info(out).num_samples == COUNT
 
 
@@ -210,19 +214,36 @@ def test_every_converter_and_engine_takes_the_lock(tree, hf_sources, tmp_path):
     write_jsonl(tmp_path / "corpus.jsonl", corpus)
     out = tmp_path / "held" / "out.lmdb"
     conversions = {
-        "imagefolder": lambda: fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False),
-        "imagefolder wds": lambda: fastdata.convert_imagefolder(tree.root, out, format="wds", workers=2,
-                                                                progress=False),
-        "list": lambda: fastdata.convert_list(listed, out, root=tree.root, workers=1, progress=False),
-        "pairs": lambda: fastdata.convert_pairs(pairs, out, root=tree.root, workers=1, progress=False),
-        "webdataset": lambda: fastdata.convert_webdataset(shards, out, workers=1, progress=False),
-        "coco": lambda: fastdata.convert_coco(coco.annotations, coco.images, out, workers=1, progress=False),
-        "hf": lambda: fastdata.convert_hf(hf_sources.saved, out, workers=1, progress=False),
-        "text": lambda: fastdata.convert_text(tmp_path / "corpus.jsonl", out, tokenizer=tokenizer, progress=False),
+        "imagefolder": lambda: fastdata.convert_imagefolder(
+            tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False)
+        ),
+        "imagefolder wds": lambda: fastdata.convert_imagefolder(
+            tree.root, out, fastdata.ImageFolderOptions(format="wds", workers=2, progress=False)
+        ),
+        "list": lambda: fastdata.convert_list(
+            listed, out, fastdata.FileListOptions(root=tree.root, workers=1, progress=False)
+        ),
+        "pairs": lambda: fastdata.convert_pairs(
+            pairs, out, fastdata.PairsOptions(root=tree.root, workers=1, progress=False)
+        ),
+        "webdataset": lambda: fastdata.convert_webdataset(
+            shards, out, fastdata.WebDatasetOptions(workers=1, progress=False)
+        ),
+        "coco": lambda: fastdata.convert_coco(
+            coco.annotations, coco.images, out, fastdata.CocoOptions(workers=1, progress=False)
+        ),
+        "hf": lambda: fastdata.convert_hf(hf_sources.saved, out, fastdata.HfOptions(workers=1, progress=False)),
+        "text": lambda: fastdata.convert_text(
+            tmp_path / "corpus.jsonl",
+            out,
+            tokenizer=tokenizer,
+            options=fastdata.TextConversionOptions(progress=False),
+        ),
     }
     if _has_ray():
-        conversions["ray"] = lambda: fastdata.convert_imagefolder(tree.root, out, engine="ray", workers=1,
-                                                                  progress=False)
+        conversions["ray"] = lambda: fastdata.convert_imagefolder(
+            tree.root, out, fastdata.ImageFolderOptions(engine="ray", workers=1, progress=False)
+        )
     with OutputLock(out):
         for name, convert in conversions.items():
             with pytest.raises(OutputBusyError, match=f"pid {os.getpid()}"):
@@ -309,7 +330,7 @@ def test_a_conversion_into_a_held_output_stops_before_it_lists_its_source(tree, 
     monkeypatch.setattr(imagefolder, "scan", listed)
     out = tmp_path / "out.lmdb"
     with OutputLock(out), pytest.raises(OutputBusyError, match="another conversion is writing it"):
-        fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+        fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
 
 
 def test_a_stale_lock_file_naming_a_reused_pid_is_no_running_conversion(tmp_path):

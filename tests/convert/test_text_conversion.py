@@ -56,7 +56,12 @@ def converted(request, tmp_path_factory, corpus, bpe) -> Path:
     root = tmp_path_factory.mktemp(f"text_{request.param}")
     src = write_jsonl(root / "corpus.jsonl", corpus)
     out = root / ("out.lmdb" if request.param == "lmdb" else "out")
-    fastdata.convert_text(src, out, tokenizer=bpe, format=request.param, shard_size="3KB", progress=False)
+    fastdata.convert_text(
+        src,
+        out,
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(format=request.param, shard_size="3KB", progress=False),
+    )
     return out
 
 
@@ -126,7 +131,12 @@ def _length_of_doc(args: tuple[Path, int]) -> int:
 def test_any_tokenizer_ids_exact_special_tokens_truncation_and_padding_off(tmp_path, corpus):
     tokenizer = train_wordpiece(tmp_path / "wp.json", corpus)
     src = write_jsonl(tmp_path / "c.jsonl", corpus[:40])
-    fastdata.convert_text(src, tmp_path / "wp.lmdb", tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(
+        src,
+        tmp_path / "wp.lmdb",
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     ds = fastdata.dataset(tmp_path / "wp.lmdb")
     for i, text in enumerate(corpus[:40]):
         assert ds[i]["input_ids"].tolist() == reference_ids(tokenizer, text)
@@ -146,14 +156,19 @@ def test_uint32_when_the_vocabulary_exceeds_65536(tmp_path):
     tok.add_special_tokens(["</s>"])
     tok.save(str(tmp_path / "big.json"))
     docs = ["w1 w65535 w65536 w69999", "w0 nope w70000", ""]
-    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", docs), tmp_path / "big.lmdb",
-                          tokenizer=tmp_path / "big.json", progress=False)
+    fastdata.convert_text(
+        write_jsonl(tmp_path / "c.jsonl", docs),
+        tmp_path / "big.lmdb",
+        tokenizer=tmp_path / "big.json",
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     ds = fastdata.dataset(tmp_path / "big.lmdb")
     assert read_manifest(tmp_path / "big.lmdb").text["dtype"] == "uint32"
     assert ds[0]["input_ids"].tolist() == [1, 65535, 65536, 69999]
     assert ds[1]["input_ids"].tolist() == [0, 70_000, 70_000]
     assert ds[2]["input_ids"].tolist() == []
-    blocks = fastdata.loader(tmp_path / "big.lmdb", seq_len=3, batch_size=2, shuffle=False, num_workers=0)
+    blocks = fastdata.loader(tmp_path / "big.lmdb", batch_size=2, shuffle=False, num_workers=0,
+                             text=fastdata.TextOptions(seq_len=3))
     assert next(iter(blocks))["input_ids"][0].tolist() == [1, 65535, 65536]
 
 
@@ -162,7 +177,7 @@ def test_single_huge_document_spans_many_chunks(tmp_path, bpe):
     huge = " ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 270_000)) + " 🎉"
     docs = ["before", huge, "after"]
     fastdata.convert_text(write_jsonl(tmp_path / "h.jsonl", docs), tmp_path / "h.lmdb", tokenizer=bpe,
-                          progress=False)
+                          options=fastdata.TextConversionOptions(progress=False))
     ds = fastdata.dataset(tmp_path / "h.lmdb")
     expected = reference_ids(bpe, huge)
     assert len(expected) > read_manifest(tmp_path / "h.lmdb").text["chunk_tokens"]
@@ -213,13 +228,22 @@ def test_sources_in_sorted_order_all_kinds(tmp_path, bpe, corpus):
     (src / "f.txt").write_text("first line ünïcode\n\nsecond paragraph\n", encoding="utf-8")
     (src / "notes.md").write_text("ignored")
     expected = [*corpus[:15], "first line ünïcode\n\nsecond paragraph\n"]
-    summary = fastdata.convert_text(src, tmp_path / "all.lmdb", tokenizer=bpe, progress=False)
+    summary = fastdata.convert_text(
+        src,
+        tmp_path / "all.lmdb",
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     assert summary.documents == len(expected) and summary.source_files == 5
     ds = fastdata.dataset(tmp_path / "all.lmdb")
     assert [ds.tokenizer.decode(ds[i]["input_ids"].tolist()) for i in range(len(ds))] == expected
 
-    fastdata.convert_text(str(src / "*.txt"), tmp_path / "lines.lmdb", tokenizer=bpe, txt_mode="line",
-                          progress=False)
+    fastdata.convert_text(
+        str(src / "*.txt"),
+        tmp_path / "lines.lmdb",
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(txt_mode="line", progress=False),
+    )
     lines = fastdata.dataset(tmp_path / "lines.lmdb")
     assert [lines.tokenizer.decode(lines[i]["input_ids"].tolist()) for i in range(len(lines))] == \
         ["first line ünïcode", "second paragraph"]
@@ -238,8 +262,12 @@ def test_invalid_records_are_reported_with_file_and_line(tmp_path, bpe):
     (src / "b.txt").write_bytes(b"fine line\nbad \xff byte\n")
     pq.write_table(pa.table({"text": ["p1", None, "p3"]}), src / "c.parquet")
     pq.write_table(pa.table({"other": ["x"]}), src / "d.parquet")
-    summary = fastdata.convert_text(src, tmp_path / "out.lmdb", tokenizer=bpe, progress=False,
-                                    max_rejected="100%")  # most records are bad, on purpose
+    summary = fastdata.convert_text(
+        src,
+        tmp_path / "out.lmdb",
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(progress=False, max_rejected="100%"),
+    )  # most records are bad, on purpose
     where = {(Path(r.source).name, r.line): r.reason for r in summary.rejected}
     assert "not valid JSON" in where[("a.jsonl", 2)]
     assert "no field 'text'" in where[("a.jsonl", 3)]
@@ -274,7 +302,12 @@ def test_damaged_compressed_files_are_reported_and_skipped(tmp_path, bpe):
     zst[len(zst) // 2:len(zst) // 2 + 16] = b"\xff" * 16  # corrupted
     (src / "b.jsonl.zst").write_bytes(bytes(zst))
     write_jsonl(src / "c.jsonl", ["after"])
-    summary = fastdata.convert_text(src, tmp_path / "o.lmdb", tokenizer=bpe, progress=False)
+    summary = fastdata.convert_text(
+        src,
+        tmp_path / "o.lmdb",
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     reasons = {Path(r.source).name: r.reason for r in summary.rejected}
     assert set(reasons) == {"a.jsonl.gz", "b.jsonl.zst"}
     assert all("damaged compressed file" in reason for reason in reasons.values())
@@ -288,7 +321,12 @@ def test_strict_stops_at_first_rejection_and_writes_nothing(tmp_path, bpe):
     src.write_text('{"text": "ok"}\n{"text": null}\n')
     out = tmp_path / "out.lmdb"
     with pytest.raises(RejectedFileError, match=r"a\.jsonl:2: field 'text' is NoneType"):
-        fastdata.convert_text(src, out, tokenizer=bpe, strict=True, progress=False)
+        fastdata.convert_text(
+            src,
+            out,
+            tokenizer=bpe,
+            options=fastdata.TextConversionOptions(strict=True, progress=False),
+        )
     assert not out.exists() and not partial_path(out).exists()
 
 
@@ -304,31 +342,47 @@ def test_source_and_option_errors(tmp_path, bpe):
         (ConfigError, "tokenizer file not found", dict(tokenizer=tmp_path / "nope.json")),
         (ConfigError, "not a `tokenizers`", dict(tokenizer=good)),
         (ConfigError, "not in the tokenizer's vocabulary", dict(eos_token="<|nope|>")),
-        (ConfigError, "txt_mode", dict(txt_mode="para")),
+        (ConfigError, "--txt-mode must be one of file, line", dict(txt_mode="para")),
         (ConfigError, "cannot tell the output format", dict(out=tmp_path / "out")),
     ]
     for error, message, change in cases:
         args = {"src": good, "out": tmp_path / "o.lmdb", "tokenizer": bpe, **change}
         with pytest.raises(error, match=message):
-            fastdata.convert_text(args.pop("src"), args.pop("out"), progress=False, **args)
+            fastdata.convert_text(args.pop("src"), args.pop("out"), tokenizer=args.pop("tokenizer"),
+                                  options=fastdata.TextConversionOptions(progress=False, **args))
         assert not (tmp_path / "o.lmdb").exists()
 
 
 def test_existing_output_needs_overwrite(tmp_path, bpe):
     src = write_jsonl(tmp_path / "a.jsonl", ["one", "two"])
     out = tmp_path / "o.lmdb"
-    fastdata.convert_text(src, out, tokenizer=bpe, progress=False)
+    fastdata.convert_text(
+        src,
+        out,
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     with pytest.raises(Exception, match="--overwrite"):
-        fastdata.convert_text(src, out, tokenizer=bpe, progress=False)
+        fastdata.convert_text(
+            src,
+            out,
+            tokenizer=bpe,
+            options=fastdata.TextConversionOptions(progress=False),
+        )
     write_jsonl(src, ["three"])
-    fastdata.convert_text(src, out, tokenizer=bpe, overwrite=True, progress=False)
+    fastdata.convert_text(
+        src,
+        out,
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(overwrite=True, progress=False),
+    )
     assert len(fastdata.dataset(out)) == 1
 
 
 def test_image_paths_unchanged_and_kinds_kept_apart(solid_lmdb):
     assert read_manifest(solid_lmdb).text is None
     with pytest.raises(ConfigError, match="seq_len: for text datasets only"):
-        fastdata.loader(solid_lmdb, seq_len=16, num_workers=0)
+        fastdata.loader(solid_lmdb, num_workers=0, text=fastdata.TextOptions(seq_len=16))
     images, labels = next(iter(fastdata.loader(solid_lmdb, batch_size=8, num_workers=0)))
     assert images.shape == (8, 3, 224, 224) and labels.shape == (8,)
 
@@ -337,8 +391,12 @@ def test_webdataset_library_reads_text_shards(tmp_path, corpus, bpe):
     import webdataset as wds
 
     out = tmp_path / "shards"
-    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus), out, tokenizer=bpe, format="wds",
-                          shard_size="4KB", progress=False)
+    fastdata.convert_text(
+        write_jsonl(tmp_path / "c.jsonl", corpus),
+        out,
+        tokenizer=bpe,
+        options=fastdata.TextConversionOptions(format="wds", shard_size="4KB", progress=False),
+    )
     m = read_manifest(out)
     urls = [str(out / f.name) for f in m.files]
     samples = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))

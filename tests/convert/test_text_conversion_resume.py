@@ -52,12 +52,15 @@ KILLER = KILL_WHEN + textwrap.dedent("""
         kill_when(writer, "close", lambda self: True)
     elif where == "manifest":    # data complete, manifest not yet written
         kill_when(Manifest, "write", lambda self: True)
-    fastdata.convert_text(sources, out, format=fmt, **settings)
+    tokenizer = settings.pop("tokenizer")
+    fastdata.convert_text(sources, out, fastdata.TextConversionOptions(format=fmt, **settings), tokenizer=tokenizer)
 """)
 
 
-def convert(sources: list[Path], out: Path, fmt: str, **overrides) -> TextConversionSummary:
-    return fastdata.convert_text([str(s) for s in sources], out, format=fmt, **{**SETTINGS, **overrides})
+def convert(sources: list[Path], out: Path, fmt: str, tokenizer: Path, **overrides) -> TextConversionSummary:
+    return fastdata.convert_text([str(s) for s in sources], out,
+                                 fastdata.TextConversionOptions(format=fmt, **{**SETTINGS, **overrides}),
+                                 tokenizer=tokenizer)
 
 
 def killed_conversion(sources: list[Path], out: Path, fmt: str, where: str, at: int, tokenizer: Path,
@@ -265,8 +268,8 @@ def test_checkpoints_follow_the_source_read_and_the_rerun_says_how_many_document
     gives what an uninterrupted conversion gives (WebDataset: the same shard bytes, the unfinished shard
     continued where its last checkpoint left it)."""
     sources, tokenizer = corpus_files
-    reference = fastdata.convert_text([str(s) for s in sources], tmp_path / "ref", tokenizer=tokenizer,
-                                      format=fmt, **CADENCE)
+    reference = fastdata.convert_text([str(s) for s in sources], tmp_path / "ref",
+                                      fastdata.TextConversionOptions(format=fmt, **CADENCE), tokenizer=tokenizer)
     assert len(reference.files) == 1  # no shard was finished, no chunk group filled: no other checkpoint
     out = tmp_path / ("out.lmdb" if fmt == "lmdb" else "shards")
     args = json.dumps([[str(s) for s in sources], str(out), fmt, "checkpoint", 4,

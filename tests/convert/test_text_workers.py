@@ -40,8 +40,14 @@ def test_workers_give_the_same_dataset_byte_for_byte(corpus, tmp_path, monkeypat
     digests = {}
     for workers in (0, None, 1, 2, 4):  # 0: in this process; None: the default, a worker per core
         out = tmp_path / f"w{workers}" / ("out.lmdb" if fmt == "lmdb" else "out")
-        summary = fastdata.convert_text(root / "corpus.jsonl", out, tokenizer=tokenizer, format=fmt,
-                                        shard_size="16KB", batch_size="8KB", workers=workers, progress=False)
+        summary = fastdata.convert_text(
+            root / "corpus.jsonl",
+            out,
+            tokenizer=tokenizer,
+            options=fastdata.TextConversionOptions(
+                format=fmt, shard_size="16KB", batch_size="8KB", workers=workers, progress=False
+            ),
+        )
         assert summary.documents == len(docs) and summary.rejected_count == 1
         assert "cannot be tokenized" in summary.rejected[0].reason
         files = fastdata.info(out).files
@@ -69,7 +75,12 @@ def test_workers_option(corpus, tmp_path, capsys):
     assert code == 0, err
     assert "the writer waited for the workers" in out
     with pytest.raises(ConfigError, match="--workers must be 0 \\(this process\\) or more"):
-        fastdata.convert_text(root / "corpus.jsonl", tmp_path / "x.lmdb", tokenizer=tokenizer, workers=-1)
+        fastdata.convert_text(
+            root / "corpus.jsonl",
+            tmp_path / "x.lmdb",
+            tokenizer=tokenizer,
+            options=fastdata.TextConversionOptions(workers=-1),
+        )
     # by default the cores tokenize, in worker processes, as an image conversion uses them
     code, out, err = cli(capsys, "convert", "text", root / "corpus.jsonl", tmp_path / "d.lmdb", "--tokenizer",
                          tokenizer, "-q")
@@ -90,8 +101,12 @@ def test_one_big_text_file_is_tokenized_on_every_worker_into_the_ids_of_the_whol
     tokenizer = train_tokenizer(tmp_path / "tokenizer.json", [tricky_text(400, s) for s in range(20)], kind)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        summary = fastdata.convert_text(source, tmp_path / "out.lmdb", tokenizer=tokenizer, workers=workers,
-                                        progress=False)
+        summary = fastdata.convert_text(
+            source,
+            tmp_path / "out.lmdb",
+            tokenizer=tokenizer,
+            options=fastdata.TextConversionOptions(workers=workers, progress=False),
+        )
     stored = fastdata.dataset(tmp_path / "out.lmdb")[0]["input_ids"].numpy()
     np.testing.assert_array_equal(stored, reference_ids(tokenizer, text))
     said = [note for note in summary.notes if "long document" in note or "tokenized whole" in note]
@@ -112,8 +127,12 @@ def test_split_documents_false_keeps_documents_whole(tmp_path, monkeypatch):
     text = tricky_text(20_000, seed=12)
     (tmp_path / "input.txt").write_text(text, encoding="utf-8")
     tokenizer = train_tokenizer(tmp_path / "tokenizer.json", [tricky_text(400, s) for s in range(20)], "bytelevel")
-    summary = fastdata.convert_text(tmp_path / "input.txt", tmp_path / "out.lmdb", tokenizer=tokenizer, workers=2,
-                                    progress=False, split_documents=False)
+    summary = fastdata.convert_text(
+        tmp_path / "input.txt",
+        tmp_path / "out.lmdb",
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(workers=2, progress=False, split_documents=False),
+    )
     assert not [note for note in summary.notes if "long document" in note]
     np.testing.assert_array_equal(fastdata.dataset(tmp_path / "out.lmdb")[0]["input_ids"].numpy(),
                                   reference_ids(tokenizer, text))

@@ -44,7 +44,9 @@ def reference(source):
 
 
 def convert(source, out, **options):
-    return fastdata.convert_coco(source.annotations, source.images, out, workers=1, progress=False, **options)
+    return fastdata.convert_coco(
+        source.annotations, source.images, out, fastdata.CocoOptions(workers=1, progress=False, **options)
+    )
 
 
 def samples_by_image(path, masks=False) -> dict[int, tuple[torch.Tensor, dict]]:
@@ -305,7 +307,9 @@ def test_max_size_is_refused(source, tmp_path, capsys):
                        "--max-size", "32")
     assert code == 2 and "No such option '--max-size'" in err
     with pytest.raises(ConfigError, match=r"--max-size.*source pixels"):
-        fastdata.convert_coco(source.annotations, source.images, tmp_path / "o.lmdb", max_size=32, progress=False)
+        fastdata.convert_coco(
+            source.annotations, source.images, tmp_path / "o.lmdb", fastdata.CocoOptions(max_size=32, progress=False)
+        )
 
 
 # ------------------------------------------------------------------------------------------- resuming
@@ -317,8 +321,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     annotations, images, out, fmt = sys.argv[1:5]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == 3)
-    fastdata.convert_coco(annotations, images, out, format=None if fmt == "lmdb" else "wds", shard_size="8KB",
-                          seed=1, workers=1, commit_every=2, progress=False)
+    fastdata.convert_coco(annotations, images, out, fastdata.CocoOptions(
+        format=None if fmt == "lmdb" else "wds", shard_size="8KB", seed=1, workers=1, commit_every=2, progress=False))
 """)
 
 

@@ -47,7 +47,7 @@ def convert(list_path, out: Path, **options):
         settings.pop("shard_size")
     else:
         settings.setdefault("format", "wds")
-    return fastdata.convert_list(list_path, out, **settings)
+    return fastdata.convert_list(list_path, out, fastdata.FileListOptions(**settings))
 
 
 def stored_samples(out: Path) -> dict[str, tuple]:
@@ -154,7 +154,9 @@ def test_a_list_of_an_imagefolder_converts_as_the_imagefolder_does(tree, tmp_pat
     frame = pd.DataFrame({"path": [Path(p).relative_to(tree.root).as_posix() for p, _ in folder_view.samples],
                           "label": [folder_view.classes[label] for _, label in folder_view.samples]})
     convert(write_list(frame, tmp_path / "folder.csv"), tmp_path / "list.lmdb", root=tree.root)
-    fastdata.convert_imagefolder(tree.root, tmp_path / "folder.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        tree.root, tmp_path / "folder.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+    )
     listed, folder = fastdata.dataset(tmp_path / "list.lmdb"), fastdata.dataset(tmp_path / "folder.lmdb")
     assert listed.classes == folder.classes and listed.samples == folder.samples
     assert all(listed.reader.read(i) == folder.reader.read(i) for i in range(len(folder)))
@@ -372,8 +374,9 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     list_path, root, out, fmt, at = sys.argv[1:6]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == int(at))
-    fastdata.convert_list(list_path, out, root=root, format=None if fmt == "lmdb" else "wds", shard_size="8KB",
-                          workers=1, commit_every=4, progress=False)
+    fastdata.convert_list(list_path, out, fastdata.FileListOptions(
+        root=root, format=None if fmt == "lmdb" else "wds", shard_size="8KB", workers=1, commit_every=4,
+        progress=False))
 """)
 
 
@@ -456,8 +459,9 @@ def test_labels_joined_by_a_separator_warn_and_a_json_list_is_multi_label(tmp_pa
         rows.append(f'{i}.jpg,"{label}"')
     (src / "joined.csv").write_text("\n".join(rows) + "\n")
     with pytest.warns(UserWarning, match=r"row 3.*'a;b'.*joined by ';'.*\[\"a\", \"b\"\]"):
-        summary = fastdata.convert_list(src / "joined.csv", tmp_path / "out" / "joined.lmdb", workers=1,
-                                        progress=False)
+        summary = fastdata.convert_list(
+            src / "joined.csv", tmp_path / "out" / "joined.lmdb", fastdata.FileListOptions(workers=1, progress=False)
+        )
     assert summary.classes == 5  # a, a;b, b, b;c, c
     import csv
 
@@ -467,8 +471,9 @@ def test_labels_joined_by_a_separator_warn_and_a_json_list_is_multi_label(tmp_pa
         writer.writerows([f"{i}.jpg", json.dumps(label.split(";"))] for i, label in enumerate(labels))
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        multi = fastdata.convert_list(src / "lists.csv", tmp_path / "out" / "lists.lmdb", workers=1,
-                                      progress=False)
+        multi = fastdata.convert_list(
+            src / "lists.csv", tmp_path / "out" / "lists.lmdb", fastdata.FileListOptions(workers=1, progress=False)
+        )
     assert multi.classes == 3 and fastdata.dataset(tmp_path / "out" / "lists.lmdb").multi_label
 
 

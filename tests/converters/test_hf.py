@@ -59,7 +59,9 @@ def datasets_view(sources, kind: str, monkeypatch):
 
 
 def convert(src, out: Path, fmt: str = "lmdb", **options):
-    return fastdata.convert_hf(src, out, format=fmt, shard_size="6KB", progress=False, **{"workers": 1, **options})
+    return fastdata.convert_hf(
+        src, out, fastdata.HfOptions(format=fmt, shard_size="6KB", progress=False, **{"workers": 1, **options})
+    )
 
 
 def stored(out: Path) -> list[tuple]:
@@ -306,7 +308,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     src, out, fmt, at = sys.argv[1:5]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == int(at))
-    fastdata.convert_hf(src, out, format=fmt, shard_size="6KB", workers=1, commit_every=4, progress=False)
+    fastdata.convert_hf(src, out, fastdata.HfOptions(format=fmt, shard_size="6KB", workers=1, commit_every=4,
+                                                     progress=False))
 """)
 
 
@@ -423,8 +426,12 @@ def test_a_saved_text_dataset_is_a_text_source(tmp_path, capsys):
     assert_one_line_error(err, "a saved DatasetDict (splits: train, test)", str(tmp_path / "dict" / "train"))
 
     Dataset.from_dict({"text": ["first", None, "third"]}).save_to_disk(str(tmp_path / "nulls"))
-    summary = fastdata.convert_text(tmp_path / "nulls" / "data-00000-of-00001.arrow", tmp_path / "n.lmdb",
-                                    tokenizer=tokenizer, progress=False)
+    summary = fastdata.convert_text(
+        tmp_path / "nulls" / "data-00000-of-00001.arrow",
+        tmp_path / "n.lmdb",
+        tokenizer=tokenizer,
+        options=fastdata.TextConversionOptions(progress=False),
+    )
     assert summary.documents == 2
     assert [str(r) for r in summary.rejected] == [
         f"{tmp_path / 'nulls' / 'data-00000-of-00001.arrow'}:2: row 2: column 'text' is null"]

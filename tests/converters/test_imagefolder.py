@@ -76,7 +76,9 @@ def test_classes_labels_and_order_match_torchvision(tricky_tree, tricky_lmdb):
 
 
 def test_summary_counts_ignored_files(tricky_tree, tmp_path):
-    summary = fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out.lmdb", workers=1, progress=False)
+    summary = fastdata.convert_imagefolder(
+        tricky_tree.root, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+    )
     assert summary.ignored == len(tricky_tree.ignored) == 5
     assert summary.images == len(tricky_tree.images)
     assert summary.classes == 3
@@ -113,7 +115,9 @@ def test_stored_bytes_are_the_source_file_bytes(tricky_tree, tricky_lmdb):
 
 def test_max_size_reencodes_only_larger_images(tricky_tree, tmp_path):
     out = tmp_path / "small.lmdb"
-    fastdata.convert_imagefolder(tricky_tree.root, out, max_size=40, quality=95, workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        tricky_tree.root, out, fastdata.ImageFolderOptions(max_size=40, quality=95, workers=1, progress=False)
+    )
     ds = fastdata.dataset(out)
     assert fastdata.info(out).options["max_size"] == 40
     reencoded = 0
@@ -146,7 +150,7 @@ def test_max_size_reencodes_only_larger_images(tricky_tree, tmp_path):
 
 def test_conversion_with_workers_gives_the_same_dataset(tricky_tree, tricky_lmdb, tmp_path):
     out = tmp_path / "parallel.lmdb"
-    fastdata.convert_imagefolder(tricky_tree.root, out, workers=2, progress=False)
+    fastdata.convert_imagefolder(tricky_tree.root, out, fastdata.ImageFolderOptions(workers=2, progress=False))
     one, two = fastdata.dataset(tricky_lmdb), fastdata.dataset(out)
     assert one.samples == two.samples
     for i in range(len(one)):
@@ -159,7 +163,9 @@ def test_conversion_with_workers_gives_the_same_dataset(tricky_tree, tricky_lmdb
 def test_missing_source_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(SourceError, match="does not exist") as info:
-        fastdata.convert_imagefolder(missing, tmp_path / "out.lmdb", workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            missing, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+        )
     assert str(missing) in str(info.value)
     assert not (tmp_path / "out.lmdb").exists()
 
@@ -168,7 +174,9 @@ def test_empty_source_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SourceError, match="empty") as info:
-        fastdata.convert_imagefolder(empty, tmp_path / "out.lmdb", workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            empty, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+        )
     assert str(empty) in str(info.value)
 
 
@@ -178,7 +186,9 @@ def test_source_with_files_but_no_class_folders(tmp_path):
     write_image(flat / "a.png", pattern(0, 21, 23), "png")
     write_image(flat / "b.jpg", pattern(1, 21, 23), "jpeg")
     with pytest.raises(SourceError, match="class folder") as info:
-        fastdata.convert_imagefolder(flat, tmp_path / "out.lmdb", workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            flat, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+        )
     assert str(flat) in str(info.value)
     assert not (tmp_path / "out.lmdb").exists()
 
@@ -188,7 +198,7 @@ def test_source_with_class_folders_but_no_images(tmp_path):
     (src / "a").mkdir(parents=True)
     (src / "a" / "notes.txt").write_text("x")
     with pytest.raises(SourceError, match="no image files") as info:
-        fastdata.convert_imagefolder(src, tmp_path / "out.lmdb", workers=1, progress=False)
+        fastdata.convert_imagefolder(src, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     assert str(src) in str(info.value)
 
 
@@ -196,27 +206,37 @@ def test_source_that_is_a_file(tmp_path):
     src = tmp_path / "file.png"
     write_image(src, pattern(0, 21, 21), "png")
     with pytest.raises(SourceError, match="not a folder"):
-        fastdata.convert_imagefolder(src, tmp_path / "out.lmdb", workers=1, progress=False)
+        fastdata.convert_imagefolder(src, tmp_path / "out.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
 
 
 def test_output_format_must_be_known(tricky_tree, tmp_path):
     with pytest.raises(ConfigError, match=r"\.lmdb") as info:
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out", workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root, tmp_path / "out", fastdata.ImageFolderOptions(workers=1, progress=False)
+        )
     assert str(tmp_path / "out") in str(info.value)
     with pytest.raises(ConfigError, match="unknown format"):
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out", format="zip", workers=1,
-                                     progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root, tmp_path / "out", fastdata.ImageFolderOptions(format="zip", workers=1, progress=False)
+        )
     with pytest.raises(ConfigError):
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "out", format="wds", shard_size="lots",
-                                     workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root,
+            tmp_path / "out",
+            fastdata.ImageFolderOptions(format="wds", shard_size="lots", workers=1, progress=False),
+        )
     with pytest.raises(ConfigError):
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", workers=0, progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(workers=0, progress=False)
+        )
     with pytest.raises(ConfigError):
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", quality=0, workers=1,
-                                     progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(quality=0, workers=1, progress=False)
+        )
     with pytest.raises(ConfigError):
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", max_size=0, workers=1,
-                                     progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(max_size=0, workers=1, progress=False)
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -235,12 +255,14 @@ def test_existing_dataset_is_refused_and_overwrite_replaces_it(tmp_path):
     small = build_solid_tree(tmp_path / "small", count=6)
     large = build_solid_tree(tmp_path / "large", count=9)
     out = tmp_path / "out.lmdb"
-    fastdata.convert_imagefolder(small.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(small.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     with pytest.raises(OutputExistsError, match="overwrite") as info:
-        fastdata.convert_imagefolder(large.root, out, workers=1, progress=False)
+        fastdata.convert_imagefolder(large.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     assert str(out) in str(info.value)
     assert fastdata.info(out).num_samples == 6  # untouched
-    fastdata.convert_imagefolder(large.root, out, overwrite=True, workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        large.root, out, fastdata.ImageFolderOptions(overwrite=True, workers=1, progress=False)
+    )
     assert fastdata.info(out).num_samples == 9
     assert len(fastdata.dataset(out)) == 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["large", "out.lmdb", "small"]  # no .old / .partial
@@ -255,8 +277,11 @@ def test_existing_non_dataset_is_refused_even_with_overwrite(tricky_tree, tmp_pa
     for target in (out, file_out):
         for overwrite in (False, True):
             with pytest.raises(OutputExistsError, match="not a fastdata dataset") as info:
-                fastdata.convert_imagefolder(tricky_tree.root, target, overwrite=overwrite, workers=1,
-                                             progress=False)
+                fastdata.convert_imagefolder(
+                    tricky_tree.root,
+                    target,
+                    fastdata.ImageFolderOptions(overwrite=overwrite, workers=1, progress=False),
+                )
             assert str(target) in str(info.value)
     assert (out / "thesis.tex").read_text() == "do not delete"
     assert file_out.read_text() == "a file"
@@ -267,7 +292,7 @@ def test_empty_existing_directory_is_used(tmp_path):
     src = build_solid_tree(tmp_path / "src", count=4)
     out = tmp_path / "out.lmdb"
     out.mkdir()
-    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     assert len(fastdata.dataset(out)) == 4
 
 
@@ -284,9 +309,9 @@ def test_partial_leftovers_are_reported_and_unusable_ones_are_replaced_only_with
         fastdata.info(out)
     # they cannot be reopened: the same command says so, and discards nothing until --overwrite
     with pytest.raises(StagingDamagedError, match=r"data cannot be reopened .*MDB_INVALID.*--overwrite"):
-        fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+        fastdata.convert_imagefolder(src.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     assert (partial / "data.mdb").read_bytes() == b"half a database"
-    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False, overwrite=True)
+    fastdata.convert_imagefolder(src.root, out, fastdata.ImageFolderOptions(workers=1, progress=False, overwrite=True))
     assert not partial.exists()
     assert len(fastdata.dataset(out)) == 5
 
@@ -294,8 +319,9 @@ def test_partial_leftovers_are_reported_and_unusable_ones_are_replaced_only_with
 def test_successful_conversion_leaves_no_partial(tricky_tree, tmp_path):
     for name, fmt in (("a.lmdb", None), ("shards", "wds")):
         out = tmp_path / name
-        fastdata.convert_imagefolder(tricky_tree.root, out, format=fmt, shard_size="8KB", workers=1,
-                                     progress=False)
+        fastdata.convert_imagefolder(
+            tricky_tree.root, out, fastdata.ImageFolderOptions(format=fmt, shard_size="8KB", workers=1, progress=False)
+        )
         assert (out / "manifest.json").is_file()
         assert not (tmp_path / f"{name}.partial").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lmdb", "shards"]
@@ -321,7 +347,7 @@ def test_an_output_that_cannot_be_made_is_refused_before_anything_is_written(tri
     (tmp_path / "notes.txt").write_text("mine")
     out = Path(place.format(tmp=tmp_path))
     with pytest.raises(OutputError) as info:
-        fastdata.convert_imagefolder(tricky_tree.root, out, workers=1, progress=False)
+        fastdata.convert_imagefolder(tricky_tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     assert str(info.value) == f"{out}: cannot be created: {reason.format(tmp=tmp_path)}; choose another OUT"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
@@ -333,7 +359,7 @@ def test_an_output_inside_the_source_is_refused_before_anything_is_written(tmp_p
     before = sorted(p.relative_to(src) for p in src.rglob("*"))
     out = src / inside
     with pytest.raises(OutputError) as info:
-        fastdata.convert_imagefolder(src, out, format="wds", workers=1, progress=False)
+        fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(format="wds", workers=1, progress=False))
     assert str(info.value) == (f"{out}: is inside the source folder {src}; the next conversion of {src} would take "
                                "it in as data: choose an OUT outside the source")
     assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
@@ -344,11 +370,13 @@ def test_an_output_inside_the_source_is_refused_before_anything_is_written(tmp_p
     ("workers", 2.0, "workers must be an int, got 2.0 (float)"),
     ("seed", True, "seed must be an int, got True (bool)"),
     ("overwrite", 1, "overwrite must be True or False, got 1 (int)"),
-    ("shard_size", [1], "cannot read [1] (list) as a size: use e.g. 256MB, 64KB, 1GiB or a byte count"),
+    ("shard_size", [1], "shard_size: cannot read [1] (list) as a size: use e.g. 256MB, 64KB, 1GiB or a byte count"),
 ])
 def test_conversion_options_of_the_wrong_type_are_config_errors(tricky_tree, tmp_path, option, value, message):
     with pytest.raises(ConfigError) as info:
-        fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "o.lmdb", progress=False, **{option: value})
+        fastdata.convert_imagefolder(
+            tricky_tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(progress=False, **{option: value})
+        )
     assert str(info.value) == message
     assert list(tmp_path.iterdir()) == []
 
@@ -363,7 +391,9 @@ def test_file_names_that_are_not_utf8_are_kept_exactly(tmp_path, fmt):
     the file names' own bytes, the manifest stays valid UTF-8, and verify against the source passes."""
     tree = build_non_utf8_tree(tmp_path / "src")
     out = tmp_path / ("d.lmdb" if fmt == "lmdb" else "shards")
-    summary = fastdata.convert_imagefolder(tree.root, out, format=fmt, workers=2, progress=False)
+    summary = fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(format=fmt, workers=2, progress=False)
+    )
     assert (summary.images, summary.rejected) == (len(NON_UTF8_LAYOUT), [])
     classes, _, samples = torchvision_view(tree.root)
     assert classes == ["caf\udce9", "plain"]
@@ -393,7 +423,9 @@ def test_file_names_that_are_not_utf8_are_kept_exactly(tmp_path, fmt):
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_unusable_files_are_rejected_and_the_rest_is_written(bad_tree, tmp_path, fmt):
     out = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
-    summary = fastdata.convert_imagefolder(bad_tree.root, out, format=fmt, workers=2, progress=False)
+    summary = fastdata.convert_imagefolder(
+        bad_tree.root, out, fastdata.ImageFolderOptions(format=fmt, workers=2, progress=False)
+    )
     rejected = {r["path"]: r["reason"] for r in summary.rejected}
     assert sorted(rejected) == sorted(BAD_FILES)
     assert all(reason.strip() for reason in rejected.values())
@@ -422,7 +454,9 @@ def test_unusable_files_are_rejected_and_the_rest_is_written(bad_tree, tmp_path,
 def test_strict_stops_at_the_first_rejected_file_and_writes_nothing(bad_tree, tmp_path, workers):
     out = tmp_path / "out.lmdb"
     with pytest.raises(RejectedFileError) as info:
-        fastdata.convert_imagefolder(bad_tree.root, out, strict=True, workers=workers, progress=False)
+        fastdata.convert_imagefolder(
+            bad_tree.root, out, fastdata.ImageFolderOptions(strict=True, workers=workers, progress=False)
+        )
     message = str(info.value)
     assert any(str(bad_tree.path(p)) in message for p in BAD_FILES), message
     assert not out.exists()
@@ -433,17 +467,19 @@ def test_strict_stops_at_the_first_rejected_file_and_writes_nothing(bad_tree, tm
 def test_strict_failure_keeps_an_existing_dataset(bad_tree, tmp_path):
     good = build_solid_tree(tmp_path / "good", count=5)
     out = tmp_path / "out.lmdb"
-    fastdata.convert_imagefolder(good.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(good.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     with pytest.raises(RejectedFileError):
-        fastdata.convert_imagefolder(bad_tree.root, out, strict=True, overwrite=True, workers=1,
-                                     progress=False)
+        fastdata.convert_imagefolder(
+            bad_tree.root, out, fastdata.ImageFolderOptions(strict=True, overwrite=True, workers=1, progress=False)
+        )
     assert len(fastdata.dataset(out)) == 5
     assert not (tmp_path / "out.lmdb.partial").exists()
 
 
 def test_strict_conversion_of_a_clean_tree_succeeds(tricky_tree, tmp_path):
-    summary = fastdata.convert_imagefolder(tricky_tree.root, tmp_path / "x.lmdb", strict=True, workers=1,
-                                           progress=False)
+    summary = fastdata.convert_imagefolder(
+        tricky_tree.root, tmp_path / "x.lmdb", fastdata.ImageFolderOptions(strict=True, workers=1, progress=False)
+    )
     assert summary.images == len(tricky_tree.images)
     manifest = json.loads((tmp_path / "x.lmdb" / "manifest.json").read_text())
     assert manifest["options"]["strict"] is True
@@ -464,9 +500,13 @@ def test_a_class_folder_without_images_is_refused_as_torchvision_refuses_it(tmp_
     with pytest.raises(FileNotFoundError):
         ImageFolder(str(tree.root))
     with pytest.raises(SourceError, match=r"class folder old\.lmdb holds files but no image file.*not a class"):
-        fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+        )
     (stray / "data.mdb").unlink()  # a folder with nothing in it: an empty class, as allow_empty=True has it
-    summary = fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+    summary = fastdata.convert_imagefolder(
+        tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+    )
     assert summary.empty_classes == ["old.lmdb"] and "classes with no images: old.lmdb" in str(summary)
 
 

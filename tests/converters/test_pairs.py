@@ -56,7 +56,7 @@ def test_each_caption_comes_with_its_image_shuffled_on_any_worker_count(pairs, w
 def test_token_rows_equal_the_tokenizers_own_truncation_and_padding(pairs, pair_tokenizer):
     """max_length 9 truncates the long captions (keeping <|endoftext|> last, as `tokenizers` does) and pads the
     short ones with <|endoftext|>: row for row what the tokenizer itself gives."""
-    loader = seeded_loader(pairs, max_length=9, shuffle=False)
+    loader = seeded_loader(pairs, shuffle=False, text=fastdata.TextOptions(max_length=9))
     truncated = 0
     for batch in loader:
         ids, mask = reference_rows(pair_tokenizer, batch["captions"], 9)
@@ -79,21 +79,22 @@ def test_captions_without_a_tokenizer_are_text(pairs_from_shards):
     assert set(batch) == {"images", "captions"}
     assert sorted(_epoch_ids(loader)) == list(range(COUNT))
     with pytest.raises(ConfigError, match="max_length applies to pairs stored with token ids"):
-        fastdata.loader(pairs_from_shards, max_length=16)
+        fastdata.loader(pairs_from_shards, text=fastdata.TextOptions(max_length=16))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resumes_exactly_mid_epoch(pairs, workers):
-    check_resumes(lambda w: seeded_loader(pairs, num_workers=w, max_length=12), lambda n: [2, n - 1], workers)
+    check_resumes(lambda w: seeded_loader(pairs, num_workers=w, text=fastdata.TextOptions(max_length=12)),
+                  lambda n: [2, n - 1], workers)
 
 
 def test_resume_refuses_another_max_length(pairs_lmdb):
-    loader = seeded_loader(pairs_lmdb, max_length=12)
+    loader = seeded_loader(pairs_lmdb, text=fastdata.TextOptions(max_length=12))
     iterator = iter(loader)
     next(iterator)
     state = loader.state_dict()
     with pytest.raises(ResumeError, match="max_length"):
-        seeded_loader(pairs_lmdb, max_length=20).load_state_dict(state)
+        seeded_loader(pairs_lmdb, text=fastdata.TextOptions(max_length=20)).load_state_dict(state)
 
 
 def test_two_ranks_split_the_pairs(pairs):
@@ -127,7 +128,7 @@ def test_dataset_gives_image_and_caption(pairs_lmdb, pairs_from_shards):
     for index in (0, 7, COUNT - 1):
         image, caption = ds[index]
         assert isinstance(caption, str) and sample_id_of(image) == caption_id(caption)
-    tokens = fastdata.dataset(pairs_lmdb, max_length=10)
+    tokens = fastdata.dataset(pairs_lmdb, text=fastdata.TextOptions(max_length=10))
     image, target = tokens[3]
     assert sample_id_of(image) == caption_id(target["caption"])
     assert target["input_ids"].shape == target["attention_mask"].shape == (10,)
@@ -181,7 +182,9 @@ def test_empty_caption_is_kept_and_counted(solid_tree, tmp_path):
     frame.loc[3, "caption"] = ""
     listed = write_list(frame, tmp_path / "pairs.csv")
     with pytest.warns(UserWarning, match=r"1 empty caption\(s\) kept \(the first: .*pairs.csv row 4\)"):
-        fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False)
+        fastdata.convert_pairs(
+            listed, tmp_path / "out.lmdb", fastdata.PairsOptions(root=solid_tree.root, workers=1, progress=False)
+        )
     assert fastdata.info(tmp_path / "out.lmdb").pairs["empty_captions"] == 1
     captions = [fastdata.dataset(tmp_path / "out.lmdb")[i][1] for i in range(COUNT)]
     assert captions.count("") == 1
@@ -198,8 +201,11 @@ def test_the_empty_caption_note_is_said_once_by_the_conversion_not_again_by_veri
     frame.loc[3, "caption"] = ""
     listed = write_list(frame, tmp_path / "pairs.csv")
     with pytest.warns(UserWarning, match="1 empty caption"):
-        fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False,
-                               jpeg_layout="baseline")
+        fastdata.convert_pairs(
+            listed,
+            tmp_path / "out.lmdb",
+            fastdata.PairsOptions(root=solid_tree.root, workers=1, progress=False, jpeg_layout="baseline"),
+        )
     run = subprocess.run([sys.executable, "-m", "fastdata", "verify", str(tmp_path / "out.lmdb"), "--source",
                           str(listed), "--decode"], capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0 and run.stdout.startswith("OK:"), run.stdout + run.stderr
@@ -211,7 +217,9 @@ def test_csv_cells_are_captions_as_written(solid_tree, tmp_path):
     frame = pairs_frame(solid_tree).iloc[:4].copy()
     frame["caption"] = ["NA", "null", "nan", "a photo"]
     listed = write_list(frame, tmp_path / "pairs.csv")
-    fastdata.convert_pairs(listed, tmp_path / "out.lmdb", root=solid_tree.root, workers=1, progress=False)
+    fastdata.convert_pairs(
+        listed, tmp_path / "out.lmdb", fastdata.PairsOptions(root=solid_tree.root, workers=1, progress=False)
+    )
     assert sorted(fastdata.dataset(tmp_path / "out.lmdb")[i][1] for i in range(4)) == ["NA", "a photo", "nan",
                                                                                       "null"]
 

@@ -40,7 +40,7 @@ FORMATS = {"lmdb": ("out.lmdb", {}), "wds": ("out", {"format": "wds", "shard_siz
 
 def convert(listed, out, **options):
     options.setdefault("workers", 1)
-    return fastdata.convert_list(listed, out, mask_column="mask", progress=False, **options)
+    return fastdata.convert_list(listed, out, fastdata.FileListOptions(mask_column="mask", progress=False, **options))
 
 
 def sample_id(key: str) -> int:
@@ -220,8 +220,9 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     listed, out, fmt = sys.argv[1:4]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == 5)
-    fastdata.convert_list(listed, out, mask_column="mask", format=None if fmt == "lmdb" else "wds",
-                          shard_size="4KB", workers=1, commit_every=2, progress=False)
+    fastdata.convert_list(listed, out, fastdata.FileListOptions(
+        mask_column="mask", format=None if fmt == "lmdb" else "wds", shard_size="4KB", workers=1, commit_every=2,
+        progress=False))
 """)
 
 

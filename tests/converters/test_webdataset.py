@@ -49,7 +49,9 @@ def shards_of(tree, directory: Path, labels: str | None, **options) -> list[Path
 
 
 def convert(src, out: Path, **options):
-    return fastdata.convert_webdataset(src, out, progress=False, **{"workers": 1, **options})
+    return fastdata.convert_webdataset(
+        src, out, fastdata.WebDatasetOptions(progress=False, **{"workers": 1, **options})
+    )
 
 
 def image_ext(sample: dict) -> str:
@@ -479,7 +481,8 @@ KILLER = KILL_WHEN + textwrap.dedent("""
 
     src, out, fmt, at = sys.argv[1:5]
     kill_when(L.LmdbWriter if fmt == "lmdb" else W.WdsWriter, "add", lambda self: self.count == int(at))
-    fastdata.convert_webdataset(src, out, format=fmt, shard_size="6KB", workers=1, commit_every=4, progress=False)
+    fastdata.convert_webdataset(src, out, fastdata.WebDatasetOptions(format=fmt, shard_size="6KB", workers=1,
+                                                                     commit_every=4, progress=False))
 """)
 
 

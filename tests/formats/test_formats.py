@@ -226,8 +226,11 @@ def test_wds_stored_order_is_a_seeded_shuffle(tricky_tree, tricky_wds, tmp_path)
     assert reference != imagefolder_order  # classes are spread over the shards
 
     same = tmp_path / "same"  # same seed (and another worker count): the very same shards
-    fastdata.convert_imagefolder(tricky_tree.root, same, format="wds", shard_size="4KB", seed=3, workers=1,
-                                 progress=False)
+    fastdata.convert_imagefolder(
+        tricky_tree.root,
+        same,
+        fastdata.ImageFolderOptions(format="wds", shard_size="4KB", seed=3, workers=1, progress=False),
+    )
     assert stored_paths(same) == reference
     ours, theirs = fastdata.info(tricky_wds).files, fastdata.info(same).files
     assert [(f.name, f.sha256, f.samples) for f in ours] == [(f.name, f.sha256, f.samples) for f in theirs]
@@ -235,8 +238,11 @@ def test_wds_stored_order_is_a_seeded_shuffle(tricky_tree, tricky_wds, tmp_path)
         assert (same / entry.name).read_bytes() == (tricky_wds / entry.name).read_bytes()
 
     other = tmp_path / "other"
-    fastdata.convert_imagefolder(tricky_tree.root, other, format="wds", shard_size="4KB", seed=4, workers=1,
-                                 progress=False)
+    fastdata.convert_imagefolder(
+        tricky_tree.root,
+        other,
+        fastdata.ImageFolderOptions(format="wds", shard_size="4KB", seed=4, workers=1, progress=False),
+    )
     other_order = stored_paths(other)
     assert sorted(other_order) == sorted(reference)
     assert other_order != reference

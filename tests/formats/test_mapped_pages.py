@@ -68,7 +68,7 @@ def test_reading_every_sample_leaves_nothing_mapped(written, monkeypatch, releas
 
 def test_a_batch_read_by_a_dataset_leaves_nothing_mapped(tmp_path):
     tree = build_photo_tree(tmp_path / "src")
-    fastdata.convert_imagefolder(tree.root, tmp_path / "d.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, tmp_path / "d.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     dataset = fastdata.dataset(tmp_path / "d.lmdb", augment="val")
     batch = dataset.get_batch(np.arange(len(dataset)), epoch=0)
     assert len(batch.labels) == len(dataset)

@@ -108,14 +108,15 @@ def test_cache_downloads_each_shard_once_and_holds_only_verified_shards(server, 
     names = shard_names(solid_wds)
     before = Counter({name: server.requests[name] for name in names})
     cache = tmp_path / "cache"
-    remote = epochs(server.url("ds"), num_workers=2, cache_dir=cache)
+    remote = epochs(server.url("ds"), num_workers=2, remote=fastdata.RemoteOptions(cache_dir=cache))
     assert_same(remote, epochs(solid_wds))
     assert all(server.requests[name] - before[name] == 1 for name in names), server.requests
     entries = cache_files(cache)
     assert entries == sorted(f"{f.sha256}.shard" for f in fastdata.info(solid_wds).files)
     for entry in entries:
         assert hashlib.sha256((cache / entry).read_bytes()).hexdigest() == entry.split(".")[0]
-    again = epochs(server.url("ds"), epochs_count=1, cache_dir=cache)  # another process: from the cache
+    again = epochs(server.url("ds"), epochs_count=1,
+                   remote=fastdata.RemoteOptions(cache_dir=cache))  # another process: from the cache
     assert_same(again, remote[:1])
     assert all(server.requests[name] - before[name] == 1 for name in names)
 
@@ -124,10 +125,12 @@ def test_cache_stays_under_its_bound(server, solid_wds, tmp_path):
     files = fastdata.info(solid_wds).files
     bound = max(f.bytes for f in files) + min(f.bytes for f in files)
     cache = tmp_path / "cache"
-    assert_same(epochs(server.url("ds"), cache_dir=cache, cache_max_bytes=bound), epochs(solid_wds))
+    assert_same(epochs(server.url("ds"), remote=fastdata.RemoteOptions(cache_dir=cache, cache_max_bytes=bound)),
+                epochs(solid_wds))
     assert 0 < sum((cache / name).stat().st_size for name in cache_files(cache)) <= bound
     with pytest.raises(ConfigError, match="largest shard"):
-        fastdata.loader(server.url("ds"), cache_dir=cache, cache_max_bytes=bound // 4, num_workers=0)
+        fastdata.loader(server.url("ds"), num_workers=0, remote=fastdata.RemoteOptions(cache_dir=cache,
+                                                                                       cache_max_bytes=bound // 4))
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -139,7 +142,7 @@ def test_a_shard_altered_on_the_server_is_an_error(server, solid_wds, tmp_path, 
     data[len(data) // 2] ^= 0xFF  # one byte inside a stored image: same size, other content
     (altered / name).write_bytes(bytes(data))
     cache = tmp_path / "cache"
-    options = {"cache_dir": cache} if cached else {}
+    options = {"remote": fastdata.RemoteOptions(cache_dir=cache)} if cached else {}
     with pytest.raises(CorruptSampleError, match=rf"{name}.*changed on the server"):
         epochs(server.url(altered.name), epochs_count=1, shuffle=False, **options)
     if cached:
@@ -153,10 +156,11 @@ def test_an_interrupted_download_never_leaves_a_corrupt_cache_entry(server, soli
     cache = tmp_path / "cache"
     server.cut[name] = 100  # every response cut half-way
     with pytest.raises(RemoteError, match=rf"{name}: download failed 3 times.*"):
-        epochs(server.url("ds"), epochs_count=1, shuffle=False, cache_dir=cache)
+        epochs(server.url("ds"), epochs_count=1, shuffle=False, remote=fastdata.RemoteOptions(cache_dir=cache))
     assert cache_files(cache) == [], "a cut download left a file in the cache"
     server.cut[name] = 1  # the next response is cut, the retry gets the whole shard
-    assert_same(epochs(server.url("ds"), shuffle=False, cache_dir=cache), epochs(solid_wds, shuffle=False))
+    assert_same(epochs(server.url("ds"), shuffle=False, remote=fastdata.RemoteOptions(cache_dir=cache)),
+                epochs(solid_wds, shuffle=False))
     assert server.cut[name] == 0
     assert hashlib.sha256((cache / f"{sha}.shard").read_bytes()).hexdigest() == sha
 
@@ -170,9 +174,9 @@ def test_remote_errors_are_clear(server, tricky_lmdb, tmp_path, solid_wds):
     with pytest.raises(ConfigError, match="unsupported URL scheme 'ftp'"):
         fastdata.dataset("ftp://127.0.0.1/ds")
     with pytest.raises(ConfigError, match="apply to remote URLs"):
-        fastdata.dataset(solid_wds, cache_dir=tmp_path)
+        fastdata.dataset(solid_wds, remote=fastdata.RemoteOptions(cache_dir=tmp_path))
     with pytest.raises(ConfigError, match="give cache_dir as well"):
-        fastdata.dataset(server.url("ds"), cache_max_bytes="1GB")
+        fastdata.dataset(server.url("ds"), remote=fastdata.RemoteOptions(cache_max_bytes="1GB"))
 
 
 @pytest.fixture(scope="module")
@@ -196,10 +200,11 @@ def s3(solid_wds):
 
 def test_s3_batches_equal_local_ones(s3, solid_wds, tmp_path):
     local = epochs(solid_wds, num_workers=2)
-    assert_same(epochs("s3://data/solid", num_workers=2, storage_options=s3), local)
-    assert_same(epochs("s3://data/solid", storage_options=s3, cache_dir=tmp_path / "c"), local)
+    assert_same(epochs("s3://data/solid", num_workers=2, remote=fastdata.RemoteOptions(storage_options=s3)), local)
+    assert_same(epochs("s3://data/solid", remote=fastdata.RemoteOptions(storage_options=s3, cache_dir=tmp_path / "c")),
+                local)
     with pytest.raises(NotADatasetError, match="missing"):
-        fastdata.dataset("s3://data/elsewhere", storage_options=s3)
+        fastdata.dataset("s3://data/elsewhere", remote=fastdata.RemoteOptions(storage_options=s3))
 
 
 def _open_shared(directory: str, sha: str, out: str) -> None:
@@ -259,7 +264,8 @@ def test_detection_shards_load_remotely_as_locally(rect_wds, tmp_path):
     try:
         def run(path):
             loader = fastdata.loader(path, batch_size=5, image_size=24, num_workers=0, seed=2, masks=True,
-                                     cache_dir=tmp_path / "cache" if "://" in str(path) else None)
+                                     remote=fastdata.RemoteOptions(
+                                         cache_dir=tmp_path / "cache" if "://" in str(path) else None))
             return [clone(batch) for batch in loader]
 
         remote, local = run(served.url("rects")), run(rect_wds)

@@ -146,7 +146,9 @@ def member(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
 @pytest.mark.parametrize("case", ["pickle", "object-npy", "dotdot", "symlink", "absolute"])
 def test_unsafe_shard_members_are_refused_by_name(small_solid_tree, tmp_path, case):
     out = tmp_path / "shards"
-    fastdata.convert_imagefolder(small_solid_tree.root, out, format="wds", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        small_solid_tree.root, out, fastdata.ImageFolderOptions(format="wds", workers=1, progress=False)
+    )
     shard = out / fastdata.info(out).files[0].name
     with tarfile.open(shard) as tar:
         key = tar.getnames()[0].split(".")[0]
@@ -172,7 +174,9 @@ def test_unsafe_shard_members_are_refused_by_name(small_solid_tree, tmp_path, ca
 
 def test_harmless_unknown_members_are_skipped(small_solid_tree, tmp_path):
     out = tmp_path / "shards"
-    fastdata.convert_imagefolder(small_solid_tree.root, out, format="wds", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        small_solid_tree.root, out, fastdata.ImageFolderOptions(format="wds", workers=1, progress=False)
+    )
     shard = out / fastdata.info(out).files[0].name
     with tarfile.open(shard) as tar:
         key = tar.getnames()[0].split(".")[0]

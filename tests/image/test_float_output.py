@@ -33,7 +33,7 @@ def by_hand(uint8: torch.Tensor, dtype: torch.dtype, mean=IMAGENET_MEAN, std=IMA
 @pytest.mark.parametrize("normalisation", [{}, {"mean": MEAN, "std": STD}])
 def test_float_batches_are_the_uint8_batches_normalised(photo_lmdb, augment, dtype, normalisation):
     uint8 = batches(photo_lmdb, augment=augment)
-    floats = batches(photo_lmdb, augment=augment, dtype=dtype, **normalisation)
+    floats = batches(photo_lmdb, augment=augment, output=fastdata.OutputOptions(dtype=dtype, **normalisation))
     assert len(floats) == len(uint8) == 3
     for ours, pixels in zip(floats, uint8, strict=True):
         assert ours.dtype == dtype and ours.shape == pixels.shape == (pixels.shape[0], 3, 24, 40)
@@ -43,7 +43,7 @@ def test_float_batches_are_the_uint8_batches_normalised(photo_lmdb, augment, dty
 def test_workers_and_the_device_path_give_the_same_floats(photo_lmdb):
     """One normalisation for all: workers (floats in reused shared-memory slots, two passes) and the main process
     give the same bits, and so does the device path (device="cpu": uint8 from the workers, normalised there)."""
-    options = dict(dtype=torch.bfloat16, mean=MEAN, std=STD, augment="train")
+    options = dict(output=fastdata.OutputOptions(dtype=torch.bfloat16, mean=MEAN, std=STD), augment="train")
     serial = batches(photo_lmdb, **options)
     loader = fastdata.loader(photo_lmdb, batch_size=5, image_size=(24, 40), shuffle=False, num_workers=2, seed=3,
                              **options)
@@ -63,7 +63,7 @@ def test_a_borrowed_batch_is_normalised_as_the_others(solid_lmdb, tmp_path):
     with pytest.warns(UserWarning, match="borrowed"):
         uint8 = batches(path, **options)
     with pytest.warns(UserWarning, match="borrowed"):
-        floats = batches(path, dtype=torch.float16, **options)
+        floats = batches(path, output=fastdata.OutputOptions(dtype=torch.float16), **options)
     assert all(f.dtype == torch.float16 for f in floats)
     torch.testing.assert_close(floats[7], by_hand(uint8[7], torch.float16))
 
@@ -79,19 +79,20 @@ def test_a_borrowed_batch_is_normalised_as_the_others(solid_lmdb, tmp_path):
 ])
 def test_output_options_are_checked(photo_lmdb, options, message):
     with pytest.raises(ConfigError, match=message):
-        fastdata.loader(photo_lmdb, augment="val", num_workers=0, **options)
+        fastdata.loader(photo_lmdb, augment="val", num_workers=0, output=fastdata.OutputOptions(**options))
 
 
 def test_a_resume_state_keeps_the_output_format(photo_lmdb):
     options = dict(batch_size=5, augment="val", image_size=16, num_workers=0)
-    loader = fastdata.loader(photo_lmdb, dtype=torch.float32, **options)
+    loader = fastdata.loader(photo_lmdb, output=fastdata.OutputOptions(dtype=torch.float32), **options)
     next(iter(loader))
     state = loader.state_dict()
-    fastdata.loader(photo_lmdb, dtype=torch.float32, **options).load_state_dict(state)
+    fastdata.loader(photo_lmdb, output=fastdata.OutputOptions(dtype=torch.float32), **options).load_state_dict(state)
     with pytest.raises(ResumeError, match=r"output='torch.float32, mean=.*' in the state, None here"):
         fastdata.loader(photo_lmdb, **options).load_state_dict(state)
     with pytest.raises(ResumeError, match=r"output=.* in the state, 'torch.float32, mean=\(0.5, 0.5, 0.5\)"):
-        fastdata.loader(photo_lmdb, dtype=torch.float32, mean=(0.5,) * 3, **options).load_state_dict(state)
+        fastdata.loader(photo_lmdb, output=fastdata.OutputOptions(dtype=torch.float32, mean=(0.5,) * 3),
+                        **options).load_state_dict(state)
 
 
 def test_mean_and_std_in_0_255_units_are_refused_in_one_line():

@@ -23,6 +23,7 @@ from torchvision.transforms.v2 import functional as F
 
 import fastdata
 from fastdata.order.epoch import sample_rng
+from fastdata.presets import RandomResizedCrop
 
 #: (median, mean, p99) bounds on the absolute difference in grey levels, per output size
 VAL_TOLERANCE = {32: (1, 2.6, 16), 64: (1, 2.0, 12), 100: (1, 1.9, 14), 224: (0, 0.6, 5)}
@@ -34,10 +35,12 @@ def reference_images(tree, keys) -> list[torch.Tensor]:
 
 
 def preset_batch(path, augment, image_size, decode, seed=0, **options) -> torch.Tensor:
-    """The whole dataset in stored order as one batch of the loader (worker or device path)."""
+    """The whole dataset in stored order as one batch of the loader (worker or device path); `image_size` None for
+    a preset object (it holds its size)."""
     device = {"device": "cpu"} if decode == "device" else {}
-    loader = fastdata.loader(path, batch_size=100, augment=augment, image_size=image_size, shuffle=False,
-                             num_workers=0, seed=seed, decode=decode, **device, **options)
+    size = {} if image_size is None else {"image_size": image_size}
+    loader = fastdata.loader(path, batch_size=100, augment=augment, shuffle=False, num_workers=0, seed=seed,
+                             decode=decode, **size, **device, **options)
     images, _ = next(iter(loader))
     return images
 
@@ -101,7 +104,7 @@ def test_train_is_torchvisions_resized_crop_of_its_box_then_flip(photo_lmdb, pho
     """RandomResizedCrop(size, scale, ratio) semantics, rectangles included: the box drawn for each sample (from
     its seeded RNG, whole pixels as torchvision draws them; its area share within `scale` and its aspect within
     `ratio`) resized to `size` as torchvision's resized_crop does, mirrored when the flip was drawn."""
-    ds = fastdata.dataset(photo_lmdb, "train", image_size=size, seed=4, **crop)
+    ds = fastdata.dataset(photo_lmdb, RandomResizedCrop(size, **crop), seed=4)
     keys = [key for key, _ in ds.samples]
     out_h, out_w = (size, size) if isinstance(size, int) else size
     scale, ratio = crop.get("scale", (0.08, 1.0)), crop.get("ratio", (3 / 4, 4 / 3))
@@ -118,6 +121,6 @@ def test_train_is_torchvisions_resized_crop_of_its_box_then_flip(photo_lmdb, pho
         theirs.append(F.horizontal_flip(crop_image) if p.flip else crop_image)
         flips += p.flip
     assert 0 < flips < len(keys)
-    ours = preset_batch(photo_lmdb, "train", size, decode, seed=4, **crop)
+    ours = preset_batch(photo_lmdb, RandomResizedCrop(size, **crop), None, decode, seed=4)
     assert ours.shape == (len(keys), 3, out_h, out_w)
     assert_within(differences(ours, theirs, keys), (1, 2.6, 16), f"train {size} {crop}, {decode} path")

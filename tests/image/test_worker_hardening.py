@@ -157,7 +157,7 @@ def test_worker_heap_stays_flat_over_epochs(tmp_path):
 
     src = build_solid_tree(tmp_path / "src", count=150)
     out = tmp_path / "m.lmdb"
-    fastdata.convert_imagefolder(src.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     loader = fastdata.loader(out, batch_size=8, augment="train", image_size=32, num_workers=2,
                              multiprocessing_context="fork")
     per_epoch = []

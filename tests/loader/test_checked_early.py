@@ -10,15 +10,16 @@ import pytest
 import torch
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.errors import ConfigError
-from fastdata.options import MixOptions, Output, RemoteOptions, TextOptions
+from fastdata.options import MixOptions, OutputOptions, RemoteOptions, TextOptions
 
 
 @pytest.fixture(scope="module")
 def every_loader(solid_lmdb, solid_wds, pets_lmdb, text_mix):
     """A maker per loader kind: `make(**options)` gives that kind's loader."""
     image = {"image_size": 16, "num_workers": 0, "batch_size": 8}
-    text = {"seq_len": 8, "num_workers": 0, "batch_size": 4}
+    text = {"text": TextOptions(seq_len=8), "num_workers": 0, "batch_size": 4}
     return {
         "image lmdb": lambda **o: fastdata.loader(solid_lmdb, **image, **o),
         "image wds": lambda **o: fastdata.loader(solid_wds, **image, **o),
@@ -77,12 +78,12 @@ def test_set_epoch_of_datasets_and_mixtures_is_checked_too(solid_lmdb, solid_wds
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: Output(dtype="float32"), "dtype must be a torch.dtype (e.g. torch.bfloat16), got 'float32'"),
-    (lambda: Output(dtype=torch.int32), "dtype must be torch.uint8 or a floating dtype"),
-    (lambda: Output(mean=(0.5, 0.5)), "mean must be three finite numbers (one per RGB channel, 0..1 units), got "
+    (lambda: OutputOptions(dtype="float32"), "dtype must be a torch.dtype (e.g. torch.bfloat16), got 'float32'"),
+    (lambda: OutputOptions(dtype=torch.int32), "dtype must be torch.uint8 or a floating dtype"),
+    (lambda: OutputOptions(mean=(0.5, 0.5)), "mean must be three finite numbers (one per RGB channel, 0..1 units), got "
                                       "(0.5, 0.5)"),
-    (lambda: Output(dtype=torch.float32, std=(0.0, 0.2, 0.2)), "std must be positive"),
-    (lambda: Output(channels_last="yes"), "channels_last must be True or False"),
+    (lambda: OutputOptions(dtype=torch.float32, std=(0.0, 0.2, 0.2)), "std must be positive"),
+    (lambda: OutputOptions(channels_last="yes"), "channels_last must be True or False"),
     (lambda: MixOptions(epoch_end="longest"), "epoch_end must be one of ('first', 'last'), got 'longest'"),
     (lambda: MixOptions(exhausted="repeat"), "exhausted must be one of ('cycle', 'stop'), got 'repeat'"),
     (lambda: MixOptions(samples_per_epoch=0), "samples_per_epoch must be at least 1, got 0"),
@@ -100,16 +101,16 @@ def test_option_objects_are_checked_when_they_are_made(make, message):
 
 
 def test_option_objects_that_fit_are_made_as_given():
-    assert Output(dtype=torch.float32, mean=(0.5, 0.5, 0.5)).mean == (0.5, 0.5, 0.5)
+    assert OutputOptions(dtype=torch.float32, mean=(0.5, 0.5, 0.5)).mean == (0.5, 0.5, 0.5)
     assert MixOptions(samples_per_epoch=np.int64(10), epoch_end="last", exhausted="stop").epoch_end == "last"
     assert TextOptions(max_length=64).max_length == 64  # image-text pairs take max_length alone
     assert TextOptions(packing=False, bucketing=True, max_length=64).bucketing
 
 
 def test_dataset_takes_output_as_the_loader_makes_its_batches(solid_lmdb):
-    """`fastdata.dataset(..., output=Output(dtype=...))` gives each image normalised exactly as the loader's batch
-    holds it (the same dtype, mean and std), instead of a TypeError."""
-    out = Output(dtype=torch.float32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
+    """`fastdata.dataset(..., output=OutputOptions(dtype=...))` gives each image normalised exactly as the loader's
+    batch holds it (the same dtype, mean and std), instead of a TypeError."""
+    out = OutputOptions(dtype=torch.float32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
     data = fastdata.dataset(solid_lmdb, augment="val", image_size=16, output=out)
     loader = fastdata.loader(solid_lmdb, augment="val", image_size=16, output=out, batch_size=5, shuffle=False,
                              num_workers=0)
@@ -117,14 +118,15 @@ def test_dataset_takes_output_as_the_loader_makes_its_batches(solid_lmdb):
     for row in range(5):
         image, label = data[row]
         assert image.dtype == torch.float32 and torch.equal(image, images[row]) and label == labels[row]
-    same = fastdata.dataset(solid_lmdb, augment="val", image_size=16, dtype=torch.float32)  # the keyword, too
+    with pytest.warns(FastdataDeprecationWarning, match=r"use fastdata\.dataset\(output=OutputOptions\(dtype="):
+        same = fastdata.dataset(solid_lmdb, augment="val", image_size=16, dtype=torch.float32)  # the old keyword, too
     assert same[0][0].dtype == torch.float32
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"output": Output(dtype=torch.float32)}, "applies to augment='train'/'val'"),
-    ({"augment": "val", "output": Output(mean=(0.5, 0.5, 0.5))}, "mean and std normalise floating batches"),
-    ({"augment": "val", "output": Output(dtype=torch.float32, channels_last=True)}, "channels_last applies to "
+    ({"output": OutputOptions(dtype=torch.float32)}, "applies to augment='train'/'val'"),
+    ({"augment": "val", "output": OutputOptions(mean=(0.5, 0.5, 0.5))}, "mean and std normalise floating batches"),
+    ({"augment": "val", "output": OutputOptions(dtype=torch.float32, channels_last=True)}, "channels_last applies to "
                                                                                     "batches on a device"),
 ])
 def test_dataset_refuses_an_output_that_does_not_apply(solid_lmdb, options, message):
@@ -134,4 +136,4 @@ def test_dataset_refuses_an_output_that_does_not_apply(solid_lmdb, options, mess
 
 def test_dataset_refuses_an_output_for_text(small_text_lmdb):
     with pytest.raises(ConfigError, match=r"^dtype: for image datasets only; .*holds text$"):
-        fastdata.dataset(small_text_lmdb, output=Output(dtype=torch.float32))
+        fastdata.dataset(small_text_lmdb, output=OutputOptions(dtype=torch.float32))

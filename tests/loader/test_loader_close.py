@@ -51,7 +51,7 @@ def test_a_with_block_closes_the_loader_even_after_a_break(jpeg_photos):
 
 def test_text_loaders_close_too(text_mix):
     before = workers_now()
-    with fastdata.loader(text_mix[0], batch_size=4, seq_len=16, num_workers=2) as loader:
+    with fastdata.loader(text_mix[0], batch_size=4, num_workers=2, text=fastdata.TextOptions(seq_len=16)) as loader:
         assert len(list(loader)) == len(loader)
         assert workers_now() - before
     assert workers_now() - before == set()

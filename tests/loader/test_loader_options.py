@@ -4,12 +4,13 @@ TextOptions, RemoteOptions) that the image and text loaders take, instead of two
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import pytest
 import torch
-from builders.text import make_corpus, train_bytelevel, write_jsonl
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.config import LoaderOptions
 from fastdata.errors import ConfigError
 from fastdata.formats.remote import RemoteOptions
@@ -71,17 +72,14 @@ def test_the_image_loader_takes_what_loader_validated(solid_lmdb):
     inner = loader._loader  # the DataLoader it wraps gets exactly those settings
     assert (inner.num_workers, inner.prefetch_factor, inner.timeout, inner.persistent_workers) == (2, 3, 30, True)
     with pytest.raises(ConfigError, match="seq_len: for text datasets only"):
-        fastdata.loader(solid_lmdb, seq_len=16)
+        fastdata.loader(solid_lmdb, text=fastdata.TextOptions(seq_len=16))
     with pytest.raises(ConfigError, match="apply to remote URLs"):
-        fastdata.loader(solid_lmdb, cache_dir="/tmp/x")
+        fastdata.loader(solid_lmdb, remote=fastdata.RemoteOptions(cache_dir="/tmp/x"))
 
 
-def test_the_text_loader_takes_the_same_common_options(tmp_path):
-    corpus = make_corpus(30, seed=1)
-    out = tmp_path / "t.lmdb"
-    fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus), out,
-                          tokenizer=train_bytelevel(tmp_path / "bpe.json", corpus), progress=False)
-    loader = fastdata.loader(out, batch_size=4, seq_len=16, num_workers=1, timeout=20, pin_memory=False)
+def test_the_text_loader_takes_the_same_common_options(small_text_lmdb):
+    loader = fastdata.loader(small_text_lmdb, batch_size=4, num_workers=1, timeout=20, pin_memory=False,
+                             text=fastdata.TextOptions(seq_len=16))
     assert loader.options.timeout == 20 and loader._loader.timeout == 20  # text loaders honour timeout= too
     assert loader.options.batch_size == 4 and len(next(iter(loader))["input_ids"]) == 4
 
@@ -92,6 +90,7 @@ IMAGE_OPTIONS = {"augment": "val", "image_size": 32, "scale": (0.5, 1.0), "ratio
                  "std": (0.2, 0.2, 0.2)}
 #: those that fastdata.dataset takes
 DATASET_IMAGE_OPTIONS = ("augment", "image_size", "scale", "ratio")
+OUTPUT_FIELDS = ("dtype", "channels_last", "mean", "std")  # given as output=OutputOptions(...)
 TEXT_OPTIONS = {"seq_len": 16, "packing": False, "max_length": 32, "bucketing": True, "eos_token": "</s>"}
 
 
@@ -101,15 +100,18 @@ def test_image_options_on_text_are_refused_by_name(small_text_lmdb, option):
     option would need (mean without dtype is refused for being on text, not for the missing dtype)."""
     value = IMAGE_OPTIONS[option]
     opens = [fastdata.loader] + ([fastdata.dataset] if option in DATASET_IMAGE_OPTIONS else [])
+    given = {"output": fastdata.OutputOptions(**{option: value})} if option in OUTPUT_FIELDS else {option: value}
     for open_it in opens:
-        with pytest.raises(ConfigError, match=rf"^{option}: for image datasets only; .*text.lmdb holds text$"):
-            open_it(small_text_lmdb, **{option: value})
+        old = pytest.warns(FastdataDeprecationWarning) if option in ("scale", "ratio") else nullcontext()
+        with pytest.raises(ConfigError, match=rf"^{option}: for image datasets only; .*text.lmdb holds text$"), old:
+            open_it(small_text_lmdb, **given)
 
 
 def test_no_augmentation_fits_text(small_text_lmdb):
     """augment=None asks for nothing, so text takes it (as it takes the loader's default, "train")."""
     for augment in (None, "train"):
-        assert next(iter(fastdata.loader(small_text_lmdb, augment=augment, seq_len=8, num_workers=0)))
+        assert next(iter(fastdata.loader(small_text_lmdb, augment=augment, num_workers=0,
+                                         text=fastdata.TextOptions(seq_len=8))))
     assert len(fastdata.dataset(small_text_lmdb, augment=None)) == 30
 
 
@@ -117,4 +119,4 @@ def test_no_augmentation_fits_text(small_text_lmdb):
 def test_text_options_on_images_are_refused_by_name(solid_lmdb, option):
     pairs = " and image-text pairs" if option == "max_length" else ""  # pairs take max_length (their token rows)
     with pytest.raises(ConfigError, match=rf"^{option}: for text datasets{pairs} only; .* holds images$"):
-        fastdata.loader(solid_lmdb, **{option: TEXT_OPTIONS[option]})
+        fastdata.loader(solid_lmdb, text=TextOptions(**{option: TEXT_OPTIONS[option]}))

@@ -25,9 +25,19 @@ from fastdata.errors import ConfigError, CorruptSampleError, ResumeError
 UNION = ["solid/alpha", "solid/beta", "solid/gamma", "pets/cat", "pets/dog", "pets/eel"]
 
 
+#: the fields of MixOptions these tests give the helpers below by name
+MIXING = ("samples_per_epoch", "epoch_end", "exhausted")
+
+
+def with_mixing(options: dict) -> dict:
+    """`options` with its MixOptions fields given as `mixing=MixOptions(...)`."""
+    rule = {name: options.pop(name) for name in MIXING if name in options}
+    return {**options, "mixing": fastdata.MixOptions(**rule)} if rule else options
+
+
 def mixed(solid_lmdb, pets_lmdb, **options):
     settings = dict(weights=[0.7, 0.3], batch_size=10, augment="val")
-    settings.update(options)
+    settings.update(with_mixing(options))
     return seeded_loader([solid_lmdb, pets_lmdb], **settings)
 
 
@@ -167,11 +177,11 @@ def test_mix_for_your_own_dataloader(solid_lmdb, pets_lmdb):
 @pytest.mark.parametrize("packing", [True, False])
 def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
     a, b, _ = text_mix
-    options = {"seq_len": 16} if packing else {"packing": False, "max_length": 24}
+    text = fastdata.TextOptions(seq_len=16) if packing else fastdata.TextOptions(packing=False, max_length=24)
 
     def make(workers, **more):
         return seeded_loader([a, b], weights=[0.5, 0.5], batch_size=4, augment=None, num_workers=workers,
-                             epoch_end="last", **options, **more)
+                             mixing=fastdata.MixOptions(epoch_end="last"), text=text, **more)
 
     check_resumes(make, mixture_interrupts, 0)
     ranks = [make(0, rank=r, world_size=2) for r in range(2)]
@@ -182,7 +192,8 @@ def test_text_mixture_resumes_and_splits_evenly(text_mix, packing):
 
 def test_text_mixture_documents_keep_their_ids(text_mix):
     a, b, _ = text_mix
-    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, epoch_end="last", exhausted="stop", seed=1)
+    mixture = fastdata.mix([a, b], weights=[1, 3], batch_size=4, seed=1, mixing=fastdata.MixOptions(epoch_end="last",
+                                                                                                    exhausted="stop"))
     docs = {len(fastdata.dataset(a)) + i: fastdata.dataset(b)[i]["input_ids"] for i in range(3)}
     for index, ids in docs.items():
         assert torch.equal(mixture.dataset[index]["input_ids"], ids)
@@ -193,7 +204,7 @@ def test_text_mixture_documents_keep_their_ids(text_mix):
 def test_text_mixtures_share_one_tokenizer(text_mix):
     a, _, c = text_mix
     with pytest.raises(ConfigError, match=r"a\.lmdb and .*c\.lmdb were tokenized with different tokenizers"):
-        seeded_loader([a, c], augment=None, seq_len=16)
+        seeded_loader([a, c], augment=None, text=fastdata.TextOptions(seq_len=16))
 
 
 def test_sources_that_cannot_be_mixed_are_refused(solid_lmdb, multi_label_lmdb, text_mix, pets_lmdb):
@@ -307,7 +318,7 @@ def test_local_webdataset_shards_mix_with_lmdb(solid_wds, pets_lmdb):
     the first source to run out gives each sample once, and two workers give the batches one gives."""
     def make(workers: int = 0, **options):
         settings = dict(weights=[0.7, 0.3], batch_size=10, augment="val", num_workers=workers)
-        return seeded_loader([solid_wds, pets_lmdb], **{**settings, **options})
+        return seeded_loader([solid_wds, pets_lmdb], **{**settings, **with_mixing(options)})
 
     loader = make()
     assert loader.classes == WDS_UNION

@@ -1,6 +1,6 @@
 """Option objects (`fastdata.options`, `fastdata.presets`): the options that apply to some datasets only travel as
-one object each, and the keywords they group still work: either spelling gives the same batches; both at once,
-or a keyword a function does not take, is refused; `loader()` has at most 28 named parameters."""
+one object each, and the keywords they group still work (deprecated: they warn): either spelling gives the same
+batches; both at once, or a keyword a function does not take, is refused; `loader()` has at most 28 named parameters."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.errors import ConfigError
-from fastdata.options import MixOptions, Output, RemoteOptions, TextOptions
+from fastdata.options import MixOptions, OutputOptions, RemoteOptions, TextOptions
 from fastdata.presets import RandomResizedCrop, ResizeCenterCrop, ScaleJitterCrop
 
 
@@ -46,10 +47,11 @@ def test_loader_has_at_most_28_named_parameters_and_the_functions_share_the_obje
 
 def test_output_and_the_crop_preset_give_what_their_keywords_give(solid_lmdb):
     common = {"batch_size": 8, "num_workers": 0, "seed": 3}
-    old = fastdata.loader(solid_lmdb, augment="train", image_size=16, scale=(0.5, 1.0), ratio=(0.9, 1.1),
-                          dtype=torch.float32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), **common)
+    with pytest.warns(FastdataDeprecationWarning):  # the old keywords: deprecated, still working
+        old = fastdata.loader(solid_lmdb, augment="train", image_size=16, scale=(0.5, 1.0), ratio=(0.9, 1.1),
+                              dtype=torch.float32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), **common)
     new = fastdata.loader(solid_lmdb, augment=RandomResizedCrop(16, scale=(0.5, 1.0), ratio=(0.9, 1.1)),
-                          output=Output(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
+                          output=OutputOptions(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
     got = batches(new)
     assert got[0][0].dtype == torch.float32 and got[0][0].shape[-2:] == (16, 16)
     assert same(batches(old), got)
@@ -58,12 +60,13 @@ def test_output_and_the_crop_preset_give_what_their_keywords_give(solid_lmdb):
     assert same(batches(val_old), batches(val_new))
     # a different crop range draws different crops: the preset's fields are used, not dropped
     other = fastdata.loader(solid_lmdb, augment=RandomResizedCrop(16, scale=(0.08, 0.2)),
-                            output=Output(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
+                            output=OutputOptions(torch.float32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), **common)
     assert not same(batches(other), got)
 
 
 def test_dataset_takes_the_presets_and_the_old_keywords(solid_lmdb):
-    old = fastdata.dataset(solid_lmdb, "train", image_size=12, scale=(0.3, 0.6), seed=2)
+    with pytest.warns(FastdataDeprecationWarning, match=r"fastdata\.dataset\(scale=\.\.\.\) is deprecated"):
+        old = fastdata.dataset(solid_lmdb, "train", image_size=12, scale=(0.3, 0.6), seed=2)
     new = fastdata.dataset(solid_lmdb, RandomResizedCrop(12, scale=(0.3, 0.6)), seed=2)
     assert all(torch.equal(old[i][0], new[i][0]) for i in range(5))
 
@@ -73,27 +76,30 @@ def test_text_options_give_what_their_keywords_give(small_text_lmdb):
     for keywords, options in (({"seq_len": 16}, TextOptions(seq_len=16)),
                               ({"packing": False, "max_length": 20, "bucketing": True},
                                TextOptions(packing=False, max_length=20, bucketing=True))):
-        old = batches(fastdata.loader(small_text_lmdb, **keywords, **common))
+        with pytest.warns(FastdataDeprecationWarning):
+            old = batches(fastdata.loader(small_text_lmdb, **keywords, **common))
         new = batches(fastdata.loader(small_text_lmdb, text=options, **common))
         assert same(old, new) and old
 
 
 def test_mix_options_give_what_their_keywords_give(text_mix):
     a, b, _ = text_mix
-    old = fastdata.loader([a, b], weights=[0.5, 0.5], samples_per_epoch=40, exhausted="stop", batch_size=4,
-                          num_workers=0, text=TextOptions(seq_len=8))
+    with pytest.warns(FastdataDeprecationWarning):
+        old = fastdata.loader([a, b], weights=[0.5, 0.5], samples_per_epoch=40, exhausted="stop", batch_size=4,
+                              num_workers=0, text=TextOptions(seq_len=8))
     new = fastdata.loader([a, b], weights=[0.5, 0.5], mixing=MixOptions(samples_per_epoch=40, exhausted="stop"),
                           batch_size=4, num_workers=0, text=TextOptions(seq_len=8))
     assert len(old) == len(new) == 10
     assert same(batches(old, 10), batches(new, 10))
-    mixture_old = fastdata.mix([a, b], epoch_end="last", batch_size=4)
+    with pytest.warns(FastdataDeprecationWarning):
+        mixture_old = fastdata.mix([a, b], epoch_end="last", batch_size=4)
     mixture_new = fastdata.mix([a, b], mixing=MixOptions(epoch_end="last"), batch_size=4)
     assert len(mixture_old) == len(mixture_new)
 
 
 def test_both_spellings_at_once_or_a_keyword_not_taken_are_refused(solid_lmdb, small_text_lmdb):
-    with pytest.raises(ConfigError, match=r"either output=Output\(\.\.\.\) or dtype"):
-        fastdata.loader(solid_lmdb, output=Output(torch.float32), dtype=torch.float16)
+    with pytest.raises(ConfigError, match=r"either output=OutputOptions\(\.\.\.\) or dtype"):
+        fastdata.loader(solid_lmdb, output=OutputOptions(torch.float32), dtype=torch.float16)
     with pytest.raises(ConfigError, match=r"either text=TextOptions\(\.\.\.\) or seq_len"):
         fastdata.loader(small_text_lmdb, text=TextOptions(seq_len=8), seq_len=16)
     with pytest.raises(ConfigError, match="image_size: already set by augment"):
@@ -102,7 +108,7 @@ def test_both_spellings_at_once_or_a_keyword_not_taken_are_refused(solid_lmdb, s
         fastdata.dataset(solid_lmdb, seq_len=8)  # a text loader's option: dataset() has none
     with pytest.raises(TypeError, match="unexpected keyword argument 'sequence_length'"):
         fastdata.loader(solid_lmdb, sequence_length=8)
-    with pytest.raises(ConfigError, match=r"must be a fastdata\.options\.Output"):
+    with pytest.raises(ConfigError, match=r"must be a fastdata\.options\.OutputOptions"):
         fastdata.loader(solid_lmdb, output={"dtype": torch.float32})
     with pytest.raises(ConfigError, match="apply to remote URLs"):
         fastdata.loader(solid_lmdb, remote=RemoteOptions(cache_dir="/tmp/cache"))

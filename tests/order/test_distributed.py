@@ -22,8 +22,11 @@ WORKERS = 2
 @pytest.fixture(scope="module")
 def few_shards(solid_tree, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp") / "shards"
-    fastdata.convert_imagefolder(solid_tree.root, out, format="wds", shard_size="60KB", seed=0, workers=1,
-                                 progress=False)
+    fastdata.convert_imagefolder(
+        solid_tree.root,
+        out,
+        fastdata.ImageFolderOptions(format="wds", shard_size="60KB", seed=0, workers=1, progress=False),
+    )
     return out
 
 

@@ -14,7 +14,8 @@ import fastdata
 from fastdata.errors import ConfigError
 
 IMAGE = {"image_size": 16, "batch_size": 8, "num_workers": 0, "seed": 3}
-TEXT = {"seq_len": 8, "batch_size": 16, "num_workers": 0, "seed": 3}
+TEXT = {"batch_size": 16, "num_workers": 0, "seed": 3}
+SEQ = fastdata.TextOptions(seq_len=8)
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +23,12 @@ def makers(solid_lmdb, solid_wds, pets_lmdb, text_mix):
     return {
         "image lmdb": lambda: fastdata.loader(solid_lmdb, **IMAGE),
         "image wds": lambda: fastdata.loader(solid_wds, **IMAGE),
-        "text lmdb": lambda: fastdata.loader(text_mix[0], **TEXT),
-        "text wds": lambda: fastdata.loader(text_mix[1], **TEXT),
+        "text lmdb": lambda: fastdata.loader(text_mix[0], text=SEQ, **TEXT),
+        "text wds": lambda: fastdata.loader(text_mix[1], text=SEQ, **TEXT),
         "image mixture": lambda: fastdata.loader([solid_lmdb, pets_lmdb], **IMAGE),
-        "text mixture": lambda: fastdata.loader(list(text_mix[:2]), **TEXT),
-        "text best-fit": lambda: fastdata.loader(text_mix[0], packing="best-fit", boundaries=True, **TEXT),
+        "text mixture": lambda: fastdata.loader(list(text_mix[:2]), text=SEQ, **TEXT),
+        "text best-fit": lambda: fastdata.loader(text_mix[0], text=fastdata.TextOptions(seq_len=8, packing="best-fit",
+                                                                                        boundaries=True), **TEXT),
     }
 
 

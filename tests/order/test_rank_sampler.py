@@ -16,7 +16,7 @@ import fastdata
 from fastdata.errors import ConfigError
 
 IMAGE = {"image_size": 16, "batch_size": 4, "num_workers": 0, "augment": "val"}
-TEXT = {"seq_len": 8, "batch_size": 4, "num_workers": 0}
+TEXT = {"text": fastdata.TextOptions(seq_len=8), "batch_size": 4, "num_workers": 0}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_sampler_set_epoch_is_the_loaders(makers, kind):
 def test_the_samplers_indices_give_the_batches_samples(makers, kind, dtype):
     """`loader.dataset[i]` for the sampler's i, in order, is what the batches hold: the same augmentation, and
     the loader's dtype and normalisation (uint8, or normalised floats), not the stored uint8 image."""
-    loader = makers[kind](dtype=dtype, seed=5)
+    loader = makers[kind](output=fastdata.OutputOptions(dtype=dtype), seed=5)
     loader.set_epoch(2)
     order = list(loader.sampler)
     rows = [(image, label) for images, labels in loader for image, label in zip(images, labels, strict=True)]
@@ -107,8 +107,8 @@ def test_imagenet_examples_ddp_validation_sees_every_sample_once(solid_lmdb, une
     plain DataLoader. Every sample is evaluated once (pad: the padding repeats fewer than world_size), and the
     rest comes as the normalised floats the loader gives (the model would see uint8 otherwise)."""
     world = 4
-    options = dict(batch_size=5, augment="val", image_size=16, shuffle=False, num_workers=0, dtype=torch.float32,
-                   world_size=world, uneven=uneven)
+    options = dict(batch_size=5, augment="val", image_size=16, shuffle=False, num_workers=0,
+                   output=fastdata.OutputOptions(dtype=torch.float32), world_size=world, uneven=uneven)
 
     def sample_id(image):  # the solid id its green channel encodes, the normalisation undone
         green = (image[1] * 0.224 + 0.456) * 255

@@ -47,7 +47,8 @@ def segments_of(batches: list[dict]) -> list[tuple[tuple[int, ...], int]]:
 
 @pytest.mark.parametrize("seq_len", [SEQ_LEN, 9])
 def test_every_document_is_whole_once_per_epoch_and_only_long_ones_are_cut(loader_text, loader_documents, seq_len):
-    loader = fastdata.loader(loader_text, packing="best-fit", seq_len=seq_len, batch_size=6, num_workers=2, seed=4)
+    loader = fastdata.loader(loader_text, batch_size=6, num_workers=2, seed=4,
+                             text=fastdata.TextOptions(packing="best-fit", seq_len=seq_len))
     batches = [clone(b) for b in loader]
     assert len(batches) == len(loader)
     assert all(set(b) == {"input_ids", "attention_mask", "labels"} for b in batches)
@@ -61,7 +62,8 @@ def test_every_document_is_whole_once_per_epoch_and_only_long_ones_are_cut(loade
 
 
 def test_labels_are_the_next_token_of_the_row_and_padding_is_ignored(loader_text, loader_documents):
-    loader = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0, seed=4)
+    loader = fastdata.loader(loader_text, batch_size=6, num_workers=0, seed=4,
+                             text=fastdata.TextOptions(packing="best-fit", seq_len=SEQ_LEN))
     following = {}  # a cut piece -> its document's next token
     for doc in loader_documents:
         sequence = [*doc, EOS]
@@ -83,7 +85,8 @@ def test_labels_are_the_next_token_of_the_row_and_padding_is_ignored(loader_text
 
 
 def test_padding_is_what_the_rows_hold_and_less_than_next_fit(loader_text, loader_documents):
-    loader = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0, seed=4)
+    loader = fastdata.loader(loader_text, batch_size=6, num_workers=0, seed=4,
+                             text=fastdata.TextOptions(packing="best-fit", seq_len=SEQ_LEN))
     pads = positions = 0
     for batch in loader:
         pads += int((batch["attention_mask"] == 0).sum())
@@ -97,13 +100,13 @@ def test_padding_is_what_the_rows_hold_and_less_than_next_fit(loader_text, loade
         room -= size
     next_fit = 1 - sum(len(doc) + 1 for doc in loader_documents) / (rows * SEQ_LEN)
     assert loader.padding < 0.02 < next_fit / 5
-    assert fastdata.loader(loader_text, seq_len=SEQ_LEN, num_workers=0).padding == 0.0
+    assert fastdata.loader(loader_text, num_workers=0, text=fastdata.TextOptions(seq_len=SEQ_LEN)).padding == 0.0
 
 
 def test_order_depends_on_seed_and_epoch_only(loader_text):
     def epochs(workers: int, seed: int = 7) -> list[list[dict]]:
-        loader = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=5, num_workers=workers,
-                                 seed=seed)
+        loader = fastdata.loader(loader_text, batch_size=5, num_workers=workers,
+                                 seed=seed, text=fastdata.TextOptions(packing="best-fit", seq_len=SEQ_LEN))
         return [[clone(b) for b in loader] for _ in range(2)]
 
     serial, parallel = epochs(0), epochs(2)
@@ -112,8 +115,8 @@ def test_order_depends_on_seed_and_epoch_only(loader_text):
     assert not torch.equal(serial[0][0]["input_ids"], serial[1][0]["input_ids"])  # the next pass: the next epoch
     assert not torch.equal(epochs(0, seed=8)[0][0]["input_ids"], serial[0][0]["input_ids"])
     rows = [tuple(r.tolist()) for b in serial[0] for r in b["input_ids"]]
-    unshuffled = fastdata.loader(loader_text, packing="best-fit", seq_len=SEQ_LEN, batch_size=5, num_workers=0,
-                                 shuffle=False)
+    unshuffled = fastdata.loader(loader_text, batch_size=5, num_workers=0,
+                                 shuffle=False, text=fastdata.TextOptions(packing="best-fit", seq_len=SEQ_LEN))
     again = [tuple(r.tolist()) for b in unshuffled for r in b["input_ids"]]
     assert sorted(again) != again or sorted(rows) != rows  # shuffled rows, or at least not both sorted
     assert again == [tuple(r.tolist()) for b in unshuffled for r in b["input_ids"]]  # unshuffled: every epoch alike
@@ -121,11 +124,12 @@ def test_order_depends_on_seed_and_epoch_only(loader_text):
 
 def test_best_fit_options(loader_text):
     with pytest.raises(ConfigError, match="max_length: for padded batches"):
-        fastdata.loader(loader_text, packing="best-fit", max_length=8, num_workers=0)
+        fastdata.loader(loader_text, num_workers=0, text=fastdata.TextOptions(packing="best-fit", max_length=8))
     with pytest.raises(ConfigError, match="packing must be True, False or 'best-fit'"):
-        fastdata.loader(loader_text, packing="best", num_workers=0)
+        fastdata.loader(loader_text, num_workers=0, text=fastdata.TextOptions(packing="best"))
     with pytest.raises(ConfigError, match="mixture"):
-        fastdata.loader([loader_text, loader_text], weights=[1, 1], packing="best-fit", num_workers=0)
+        fastdata.loader([loader_text, loader_text], weights=[1, 1], num_workers=0,
+                        text=fastdata.TextOptions(packing="best-fit"))
 
 
 def test_rows_are_planned_without_reading_a_token(tmp_path, loader_corpus, loader_tokenizer):
@@ -133,10 +137,11 @@ def test_rows_are_planned_without_reading_a_token(tmp_path, loader_corpus, loade
     (their indexes kept), the loader plans its epoch (len, padding); only building a batch reads tokens."""
     out = tmp_path / "d"
     fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", loader_corpus), out, tokenizer=loader_tokenizer,
-                          format="wds", shard_size="2KB", progress=False)
+                          options=fastdata.TextConversionOptions(format="wds", shard_size="2KB", progress=False))
     for shard in out.glob("*.tar"):
         shard.write_bytes(b"")
-    loader = fastdata.loader(out, packing="best-fit", seq_len=SEQ_LEN, batch_size=6, num_workers=0)
+    loader = fastdata.loader(out, batch_size=6, num_workers=0, text=fastdata.TextOptions(packing="best-fit",
+                                                                                         seq_len=SEQ_LEN))
     assert len(loader) > 0 and 0 < loader.padding < 0.05
     with pytest.raises(CorruptSampleError, match="truncated"):
         next(iter(loader))
@@ -145,8 +150,9 @@ def test_rows_are_planned_without_reading_a_token(tmp_path, loader_corpus, loade
 def test_loader_dataset_and_sampler_are_the_epochs_rows(loader_text):
     """As a DataLoader has them: `loader.dataset` the rows of the epoch (row i as a batch holds it, its boundaries
     too), `loader.sampler` this rank's rows of the epoch, in the order the batches take them."""
-    loader = fastdata.loader(loader_text, packing="best-fit", boundaries=True, seq_len=SEQ_LEN, batch_size=6,
-                             num_workers=0, seed=4)
+    loader = fastdata.loader(loader_text, batch_size=6,
+                             num_workers=0, seed=4, text=fastdata.TextOptions(packing="best-fit", boundaries=True,
+                                                                              seq_len=SEQ_LEN))
     loader.set_epoch(1)
     rows = [row for batch in loader for row in zip(batch["input_ids"], batch["position_ids"], strict=True)]
     loader.set_epoch(1)

@@ -46,9 +46,12 @@ def reference(input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tupl
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("packing", [True, "best-fit"])
 def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, workers):
-    options = dict(seq_len=24, batch_size=5, seed=1, packing=packing)
-    plain = [clone(b) for b in fastdata.loader(data, num_workers=0, **options)]
-    loader = fastdata.loader(data, num_workers=workers, boundaries=True, **options)
+    options = dict(batch_size=5, seed=1)
+    plain = [clone(b) for b in fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(seq_len=24,
+                                                                                              packing=packing),
+                                               **options)]
+    loader = fastdata.loader(data, num_workers=workers,
+                             text=fastdata.TextOptions(seq_len=24, packing=packing, boundaries=True), **options)
     batches = [clone(b) for b in loader]
     assert len(batches) == len(plain) == len(loader)
     segments = 0
@@ -65,9 +68,10 @@ def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, wo
 
 
 def test_mask_cross_document_drops_exactly_the_labels_at_end_of_text_tokens(data):
-    options = dict(seq_len=24, batch_size=5, num_workers=2, seed=1)
-    plain = [clone(b) for b in fastdata.loader(data, **options)]
-    masked = [clone(b) for b in fastdata.loader(data, mask_cross_document=True, **options)]
+    options = dict(batch_size=5, num_workers=2, seed=1)
+    plain = [clone(b) for b in fastdata.loader(data, text=fastdata.TextOptions(seq_len=24), **options)]
+    masked = [clone(b) for b in fastdata.loader(data, text=fastdata.TextOptions(seq_len=24, mask_cross_document=True),
+                                                **options)]
     for a, b in zip(plain, masked, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"])
         at_eos = a["input_ids"] == EOS
@@ -78,12 +82,12 @@ def test_mask_cross_document_drops_exactly_the_labels_at_end_of_text_tokens(data
 
 def test_boundaries_apply_to_packed_rows_only(data):
     with pytest.raises(fastdata.errors.ConfigError, match="packed rows"):
-        fastdata.loader(data, packing=False, boundaries=True, num_workers=0)
+        fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(packing=False, boundaries=True))
 
 
 def test_a_mixture_of_packed_datasets_carries_boundaries(data):
-    loader = fastdata.loader([data, data], weights=[1, 1], seq_len=16, batch_size=4, num_workers=0, boundaries=True,
-                             mask_cross_document=True)
+    loader = fastdata.loader([data, data], weights=[1, 1], batch_size=4, num_workers=0,
+                             text=fastdata.TextOptions(seq_len=16, boundaries=True, mask_cross_document=True))
     for batch in loader:
         positions, bounds, longest = reference(batch["input_ids"])
         assert batch["position_ids"].tolist() == positions and batch["cu_seqlens"].tolist() == bounds
@@ -96,7 +100,8 @@ def test_flex_attention_document_mask_from_a_batch_keeps_each_document_to_itself
     and causal), equal to causal attention computed separately over each segment cu_seqlens names."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    batch = next(iter(fastdata.loader(data, seq_len=64, batch_size=2, num_workers=0, boundaries=True)))
+    batch = next(iter(fastdata.loader(data, batch_size=2, num_workers=0, text=fastdata.TextOptions(seq_len=64,
+                                                                                                   boundaries=True))))
     rows, width = batch["input_ids"].shape
     document = (batch["position_ids"] == 0).cumsum(-1)
 

@@ -36,7 +36,7 @@ def same(a: list[dict], b: list[dict]) -> bool:
 def test_kept_batches_are_never_overwritten_by_later_items(data, kind):
     """Every batch of three epochs kept (not cloned) while the workers go on writing into the few slots (one
     prefetched item per worker: three slots for many items) equals the same epochs made in this process."""
-    options = dict(seq_len=16, batch_size=3, seed=2, **OPTIONS[kind])
+    options = dict(batch_size=3, seed=2, text=fastdata.TextOptions(seq_len=16, **OPTIONS[kind]))
     expected = [clone(b) for b in epochs(fastdata.loader(data, num_workers=0, **options), 3)]
     loader = fastdata.loader(data, num_workers=2, prefetch_factor=1, persistent_workers=True, **options)
     kept = epochs(loader, 3)
@@ -49,7 +49,8 @@ def test_kept_batches_are_never_overwritten_by_later_items(data, kind):
 def test_no_tensor_travels_per_item(data):
     """What a worker hands over for an item is its slot's number and the batches' shapes: no shared-memory tensor
     (each of which would cost a segment and a file-descriptor handshake)."""
-    loader = fastdata.loader(data, seq_len=16, batch_size=3, seed=2, num_workers=2, boundaries=True)
+    loader = fastdata.loader(data, batch_size=3, seed=2, num_workers=2, text=fastdata.TextOptions(seq_len=16,
+                                                                                                  boundaries=True))
     loader._prepare_hand_over()
     handover, items = loader._batches.handover, []
     for handed, layouts in loader._loader:  # the DataLoader's own items, each copied out as the loader does
@@ -65,7 +66,7 @@ def test_no_tensor_travels_per_item(data):
 def test_passes_left_early_leave_the_next_pass_exact(data, persistent):
     """A pass left after two batches (its items in flight dropped, or its workers replaced) and the next pass:
     the batches are those a loader without workers gives."""
-    options = dict(seq_len=16, batch_size=3, seed=5, packing="best-fit")
+    options = dict(batch_size=3, seed=5, text=fastdata.TextOptions(seq_len=16, packing="best-fit"))
     reference = fastdata.loader(data, num_workers=0, **options)
     loader = fastdata.loader(data, num_workers=2, prefetch_factor=1, persistent_workers=persistent, **options)
     for _ in range(3):

@@ -49,7 +49,7 @@ def rows(loader) -> list[dict[str, torch.Tensor]]:
 def test_packed_blocks_cover_the_stream_exactly_once_per_epoch(data, documents, seq_len):
     stream = stream_of(documents)
     blocks = (len(stream) - 1) // seq_len
-    loader = fastdata.loader(data, seq_len=seq_len, batch_size=5, num_workers=0, seed=1)
+    loader = fastdata.loader(data, batch_size=5, num_workers=0, seed=1, text=fastdata.TextOptions(seq_len=seq_len))
     assert len(loader) == -(-blocks // 5)
     batches = rows(loader)
     assert len(batches) == len(loader)
@@ -67,7 +67,8 @@ def test_packed_blocks_cover_the_stream_exactly_once_per_epoch(data, documents, 
 
 def test_unshuffled_blocks_are_the_stream_in_order(data, documents):
     stream = stream_of(documents)
-    loader = fastdata.loader(data, seq_len=16, batch_size=4, shuffle=False, num_workers=0, drop_last=True)
+    loader = fastdata.loader(data, batch_size=4, shuffle=False, num_workers=0, drop_last=True,
+                             text=fastdata.TextOptions(seq_len=16))
     inputs = torch.cat([b["input_ids"] for b in loader]).numpy()
     assert len(inputs) == ((len(stream) - 1) // 16) // 4 * 4
     np.testing.assert_array_equal(inputs.ravel(), stream[:inputs.size])
@@ -75,7 +76,8 @@ def test_unshuffled_blocks_are_the_stream_in_order(data, documents):
 
 def test_order_depends_on_seed_and_epoch_only(data):
     def epochs(num_workers: int, passes: int = 2, **kw) -> list[list[torch.Tensor]]:
-        loader = fastdata.loader(data, seq_len=8, batch_size=6, num_workers=num_workers, seed=7, **kw)
+        loader = fastdata.loader(data, batch_size=6, num_workers=num_workers, seed=7,
+                                 text=fastdata.TextOptions(seq_len=8), **kw)
         return [[b["input_ids"] for b in loader] for _ in range(passes)]
 
     serial, parallel = epochs(0), epochs(2)
@@ -83,17 +85,18 @@ def test_order_depends_on_seed_and_epoch_only(data):
         assert len(a) == len(b)
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(serial[0], serial[1], strict=True))  # next pass, next epoch
-    loader = fastdata.loader(data, seq_len=8, batch_size=6, num_workers=0, seed=7)
+    loader = fastdata.loader(data, batch_size=6, num_workers=0, seed=7, text=fastdata.TextOptions(seq_len=8))
     loader.set_epoch(1)
     assert loader.epoch == 1
     assert all(torch.equal(x, y) for x, y in zip([b["input_ids"] for b in loader], serial[1], strict=True))
-    other_seed = fastdata.loader(data, seq_len=8, batch_size=6, num_workers=0, seed=8)
+    other_seed = fastdata.loader(data, batch_size=6, num_workers=0, seed=8, text=fastdata.TextOptions(seq_len=8))
     assert not torch.equal(next(iter(other_seed))["input_ids"], serial[0][0])
 
 
 def test_padded_rows_masks_and_labels(data, documents):
     max_length = 12
-    loader = fastdata.loader(data, packing=False, max_length=max_length, batch_size=8, num_workers=2, seed=0)
+    loader = fastdata.loader(data, batch_size=8, num_workers=2, seed=0, text=fastdata.TextOptions(packing=False,
+                                                                                                  max_length=max_length))
     assert len(loader) == -(-len(documents) // 8)
     expected = Counter()
     for doc in documents:
@@ -115,8 +118,9 @@ def test_padded_rows_masks_and_labels(data, documents):
 
 
 def test_length_bucketing_cuts_padding_and_keeps_every_document(data, documents):
-    def padding(**kw) -> tuple[int, Counter]:
-        loader = fastdata.loader(data, packing=False, max_length=64, batch_size=8, num_workers=0, seed=2, **kw)
+    def padding(bucketing: bool | None = None) -> tuple[int, Counter]:
+        loader = fastdata.loader(data, batch_size=8, num_workers=0, seed=2,
+                                 text=fastdata.TextOptions(packing=False, max_length=64, bucketing=bucketing))
         pads, seen = 0, Counter()
         for batch in loader:
             pads += int((batch["attention_mask"] == 0).sum())
@@ -128,8 +132,10 @@ def test_length_bucketing_cuts_padding_and_keeps_every_document(data, documents)
     bucket_pads, bucket_seen = padding(bucketing=True)
     assert bucket_seen == plain_seen
     assert bucket_pads < plain_pads / 2
-    a = [b["input_ids"] for b in fastdata.loader(data, packing=False, bucketing=True, batch_size=8, num_workers=2)]
-    b = [b["input_ids"] for b in fastdata.loader(data, packing=False, bucketing=True, batch_size=8, num_workers=0)]
+    a = [b["input_ids"] for b in fastdata.loader(data, batch_size=8, num_workers=2,
+                                                 text=fastdata.TextOptions(packing=False, bucketing=True))]
+    b = [b["input_ids"] for b in fastdata.loader(data, batch_size=8, num_workers=0,
+                                                 text=fastdata.TextOptions(packing=False, bucketing=True))]
     assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
@@ -137,32 +143,33 @@ def test_no_end_of_text_token(tmp_path, corpus):
     tokenizer = train_bytelevel(tmp_path / "t.json", corpus, vocab=300, specials=("<unk>",))
     out = tmp_path / "n.lmdb"
     summary = fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus[:20]), out, tokenizer=tokenizer,
-                                    progress=False)
+                                    options=fastdata.TextConversionOptions(progress=False))
     assert summary.eos is None and "packed loading needs --eos-token" in str(summary)
     with pytest.raises(ConfigError, match="--eos-token"):
-        fastdata.loader(out, seq_len=8, num_workers=0)
-    padded = next(iter(fastdata.loader(out, packing=False, max_length=8, batch_size=4, num_workers=0,
-                                       shuffle=False)))
+        fastdata.loader(out, num_workers=0, text=fastdata.TextOptions(seq_len=8))
+    padded = next(iter(fastdata.loader(out, batch_size=4, num_workers=0,
+                                       shuffle=False, text=fastdata.TextOptions(packing=False, max_length=8))))
     assert padded["labels"][0, int(padded["attention_mask"][0].sum()) - 1] != IGNORE_INDEX
-    packed = fastdata.loader(out, seq_len=8, batch_size=4, num_workers=0, eos_token="<unk>", shuffle=False)
+    packed = fastdata.loader(out, batch_size=4, num_workers=0, shuffle=False, text=fastdata.TextOptions(seq_len=8,
+                                                                                                        eos_token="<unk>"))
     first = next(iter(packed))["input_ids"][0].tolist()
     assert first[:len(reference_ids(tokenizer, corpus[0]))] == reference_ids(tokenizer, corpus[0])[:8]
 
     given = tmp_path / "g.lmdb"
     fastdata.convert_text(write_jsonl(tmp_path / "c.jsonl", corpus[:20]), given, tokenizer=tokenizer,
-                          eos_token="<unk>", progress=False)
+                          options=fastdata.TextConversionOptions(eos_token="<unk>", progress=False))
     assert fastdata.dataset(given).eos_token_id == 0
 
 
 def test_text_loader_option_errors(data):
     with pytest.raises(ConfigError, match="packing=False"):
-        fastdata.loader(data, max_length=8, num_workers=0)
+        fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(max_length=8))
     with pytest.raises(ConfigError, match="max_length"):
-        fastdata.loader(data, packing=False, seq_len=8, num_workers=0)
+        fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(packing=False, seq_len=8))
     with pytest.raises(ConfigError, match="no whole block"):
-        fastdata.loader(data, seq_len=10**9, num_workers=0)
+        fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(seq_len=10**9))
     with pytest.raises(ConfigError, match="seq_len must be at least 1"):
-        fastdata.loader(data, seq_len=0, num_workers=0)
+        fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(seq_len=0))
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
@@ -187,7 +194,8 @@ def test_damaged_tokens_met_by_a_worker_raise_their_own_message(data, tmp_path):
     raised = {}
     for workers in (0, 2):
         with pytest.raises(CorruptSampleError) as info:
-            for _ in fastdata.loader(damaged, seq_len=16, batch_size=4, shuffle=False, num_workers=workers):
+            for _ in fastdata.loader(damaged, batch_size=4, shuffle=False, num_workers=workers,
+                                     text=fastdata.TextOptions(seq_len=16)):
                 pass
         raised[workers] = str(info.value)
     assert raised[2] == raised[0]
@@ -199,19 +207,25 @@ def test_a_text_loader_replaced_after_it_raised_leaves_no_noise(data, tmp_path):
     nothing on stderr (no "Exception ignored in ... can only test a child process" from the failed loader's
     workers)."""
     damaged, _ = damaged_text_copy(data, tmp_path)
-    options = {"seq_len": 16, "batch_size": 4, "shuffle": False, "num_workers": 2}
+    options = {"batch_size": 4, "shuffle": False, "num_workers": 2}
+    text = fastdata.TextOptions(seq_len=16)
     with pytest.raises(CorruptSampleError) as info:
-        for _ in fastdata.loader(damaged, **{**options, "num_workers": 0}):
+        for _ in fastdata.loader(damaged, text=text, **{**options, "num_workers": 0}):
             pass
-    batches = len(fastdata.loader(data, **options))
-    result = run_python(REPLACE_AFTER_ERROR, damaged, data, json.dumps(options))
+    batches = len(fastdata.loader(data, text=text, **options))
+    # the user's script, its options from JSON with the text options as their object
+    made = "json.loads(sys.argv[3])\noptions['text'] = fastdata.TextOptions(**options['text'])\n"
+    script = REPLACE_AFTER_ERROR.replace("json.loads(sys.argv[3])\n", made)
+    assert script != REPLACE_AFTER_ERROR
+    result = run_python(script, damaged, data, json.dumps({**options, "text": {"seq_len": 16}}))
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.splitlines() == [f"raised: {info.value}", f"pass 0 {batches}", f"pass 1 {batches}"]
 
 
 def test_spawned_workers_give_the_same_batches(data):
-    spawned = fastdata.loader(data, seq_len=16, batch_size=8, num_workers=1, seed=4, multiprocessing_context="spawn")
-    serial = fastdata.loader(data, seq_len=16, batch_size=8, num_workers=0, seed=4)
+    spawned = fastdata.loader(data, batch_size=8, num_workers=1, seed=4, multiprocessing_context="spawn",
+                              text=fastdata.TextOptions(seq_len=16))
+    serial = fastdata.loader(data, batch_size=8, num_workers=0, seed=4, text=fastdata.TextOptions(seq_len=16))
     a, b = list(spawned), list(serial)
     assert len(a) == len(b) == len(serial)
     for x, y in zip(a, b, strict=True):

@@ -11,6 +11,7 @@ from contracts import check_checkpoint_loop, check_resumes, clone, same
 from fastdata.converters.text import convert_text
 
 from fastdata.errors import ResumeError
+from fastdata.options import TextConversionOptions, TextOptions
 
 
 @pytest.fixture(scope="module", params=["lmdb", "wds"])
@@ -19,17 +20,17 @@ def text_data(request, tmp_path_factory):
     corpus = make_corpus(60, seed=5)
     tokenizer = train_bytelevel(root / "bpe.json", corpus)
     out = root / ("d.lmdb" if request.param == "lmdb" else "d")
-    convert_text(write_jsonl(root / "c.jsonl", corpus), out, tokenizer=tokenizer, format=request.param,
-                 shard_size="2KB", progress=False)
+    convert_text(write_jsonl(root / "c.jsonl", corpus), out,
+                 TextConversionOptions(format=request.param, shard_size="2KB", progress=False), tokenizer=tokenizer)
     return out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("mode", ["packed", "packed-unshuffled", "bucketed", "best-fit"])
 def test_text_resume_grid(text_data, mode, workers):
-    options = {"seq_len": 16, "shuffle": mode != "packed-unshuffled"} if mode.startswith("packed") else \
-        {"packing": False, "max_length": 24, "bucketing": True} if mode == "bucketed" else \
-        {"packing": "best-fit", "seq_len": 16, "boundaries": True}
+    options = {"text": TextOptions(seq_len=16), "shuffle": mode != "packed-unshuffled"} if mode.startswith("packed") \
+        else {"text": TextOptions(packing=False, max_length=24, bucketing=True)} if mode == "bucketed" else \
+        {"text": TextOptions(packing="best-fit", seq_len=16, boundaries=True)}
     check_resumes(lambda w: seeded_loader(text_data, num_workers=w, batch_size=4, augment=None, **options),
                   lambda n: [0, 1, n // 2, n], workers)
 
@@ -38,15 +39,16 @@ def test_text_resume_grid(text_data, mode, workers):
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("packing", [True, "best-fit"])
 def test_text_checkpoint_loop_sees_exactly_the_uninterrupted_run(text_data, workers, packing):
-    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, num_workers=w,
-                                                  packing=packing), workers)
+    check_checkpoint_loop(lambda w: seeded_loader(text_data, batch_size=4, augment=None, num_workers=w,
+                                                  text=TextOptions(seq_len=16, packing=packing)), workers)
 
 
 def test_best_fit_epochs_have_their_own_length_and_resume_into_it(text_data):
     """Each epoch's rows are planned anew, so an epoch's number of batches is its own: `len()` is that of the epoch
     under way (else the next one), and a state restored mid-epoch continues that epoch's plan to its end."""
     def make():
-        return seeded_loader(text_data, batch_size=2, augment=None, seq_len=16, packing="best-fit")
+        return seeded_loader(text_data, batch_size=2, augment=None, text=TextOptions(seq_len=16,
+                                                                                              packing="best-fit"))
 
     loader = make()
     lengths = []
@@ -68,17 +70,20 @@ def test_best_fit_epochs_have_their_own_length_and_resume_into_it(text_data):
 
 
 def test_best_fit_state_is_refused_by_a_packed_loader(text_data):
-    state = seeded_loader(text_data, batch_size=4, augment=None, seq_len=16, packing="best-fit").state_dict()
+    state = seeded_loader(text_data, batch_size=4, augment=None, text=TextOptions(seq_len=16,
+                                                                                           packing="best-fit")).state_dict()
     with pytest.raises(ResumeError, match="packing='best-fit' in the state, True here"):
-        seeded_loader(text_data, batch_size=4, augment=None, seq_len=16).load_state_dict(state)
+        seeded_loader(text_data, batch_size=4, augment=None,
+                      text=TextOptions(seq_len=16)).load_state_dict(state)
 
 
 @pytest.mark.parametrize("mode", ["packed", "bucketing", "best-fit"])
 def test_text_ranks_split_every_epoch_evenly(text_data, mode):
     """Text: each of 3 ranks gets its own part of the epoch, the same number of batches, together every block
     (or document, or best-fit row) once plus the documented padding; order the same for any number of workers."""
-    options = {"packing": False, "max_length": 24, "bucketing": True} if mode == "bucketing" else \
-        {"seq_len": 16, "packing": "best-fit"} if mode == "best-fit" else {"seq_len": 16}
+    text = TextOptions(packing=False, max_length=24, bucketing=True) if mode == "bucketing" else \
+        TextOptions(seq_len=16, packing="best-fit") if mode == "best-fit" else TextOptions(seq_len=16)
+    options = {"text": text}
 
     def rows_of(batches):  # padded rows trimmed to their real tokens (padding width depends on the batch)
         return [tuple(row[:int(mask.sum())].tolist()) if mode == "bucketing" else tuple(row.tolist())

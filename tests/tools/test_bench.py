@@ -50,9 +50,12 @@ RATIO = re.compile(r"\d+\.\d\dx\s*$")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     tree = build_solid_tree(root / "src", count=COUNT)
-    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", workers=1, progress=False)
-    fastdata.convert_imagefolder(tree.root, root / "tiny_wds", format="wds", shard_size="8KB", workers=1,
-                                 progress=False)
+    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
+    fastdata.convert_imagefolder(
+        tree.root,
+        root / "tiny_wds",
+        fastdata.ImageFolderOptions(format="wds", shard_size="8KB", workers=1, progress=False),
+    )
     return tree.root, root / "tiny.lmdb", root / "tiny_wds"
 
 
@@ -63,9 +66,14 @@ def resized(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench_resized")
     tree = build_tricky_tree(root / "src")
     (tree.root / "Aardvark").mkdir()  # empty: every other class's label depends on it being exported too
-    fastdata.convert_imagefolder(tree.root, root / "small.lmdb", workers=1, progress=False, max_size=32)
-    fastdata.convert_imagefolder(tree.root, root / "small_wds", format="wds", shard_size="8KB", workers=1,
-                                 progress=False, max_size=32)
+    fastdata.convert_imagefolder(
+        tree.root, root / "small.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False, max_size=32)
+    )
+    fastdata.convert_imagefolder(
+        tree.root,
+        root / "small_wds",
+        fastdata.ImageFolderOptions(format="wds", shard_size="8KB", workers=1, progress=False, max_size=32),
+    )
     return tree.root, root / "small.lmdb", root / "small_wds"
 
 
@@ -221,7 +229,7 @@ def test_cold_page_cache_and_no_warmup_run(tiny):
 def test_bench_leaves_out_the_files_the_conversion_rejected(tmp_path, capsys):
     tree = build_bad_tree(tmp_path / "src")
     out = tmp_path / "bad.lmdb"
-    summary = fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    summary = fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     assert sorted(r["path"] for r in summary.rejected) == sorted(BAD_FILES)
     code = main(["bench", str(out), "--baseline-imagefolder", str(tree.root), "--epochs", "1", "--batch-size", "2",
                  "--workers", "0", "--image-size", "16", "--repeats", "1", "--no-upper-bound", "--step", "none"])
@@ -238,7 +246,7 @@ def test_bench_leaves_out_the_files_the_conversion_rejected(tmp_path, capsys):
 def test_baseline_reads_exactly_the_accepted_files(tmp_path):
     tree = build_bad_tree(tmp_path / "src")
     out = tmp_path / "bad.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     config = BenchConfig(epochs=1, batch_size=2, image_size=16, workers=0, repeats=1)
     results = run_bench(out, config, baseline_imagefolder=tree.root)
     assert [r.runs[0].images for r in results] == [len(tree.images), len(tree.images)]

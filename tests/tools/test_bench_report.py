@@ -35,7 +35,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench_report")
     tree = build_solid_tree(root / "src", count=COUNT)
-    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     return tree.root, root / "tiny.lmdb"
 
 

@@ -21,11 +21,14 @@ WDS_COUNT = 10
 def converted(hf_sources, tmp_path_factory):
     """The saved HF dataset converted to LMDB, and WebDataset shards (multi-label) converted to WebDataset shards."""
     root = tmp_path_factory.mktemp("bench_sources")
-    fastdata.convert_hf(hf_sources.saved, root / "hf.lmdb", workers=1, progress=False)
+    fastdata.convert_hf(hf_sources.saved, root / "hf.lmdb", fastdata.HfOptions(workers=1, progress=False))
     tree = build_solid_tree(root / "tree", count=WDS_COUNT)
     shards = write_wds_shards(root / "shards", [wds_sample(tree, r, "multi") for r in tree.images])
-    fastdata.convert_webdataset(shards[0].parent, root / "wds_out", format="wds", label_key="label",
-                                shard_size="8KB", workers=1, progress=False)
+    fastdata.convert_webdataset(
+        shards[0].parent,
+        root / "wds_out",
+        fastdata.WebDatasetOptions(format="wds", label_key="label", shard_size="8KB", workers=1, progress=False),
+    )
     return {"hf": (hf_sources.saved, root / "hf.lmdb"), "webdataset": (shards[0].parent, root / "wds_out")}
 
 

@@ -18,7 +18,7 @@ from fastdata.tools.bench_fair import BenchConfig
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench_trace")
     tree = build_solid_tree(root / "src", count=10)
-    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     return tree.root, root / "tiny.lmdb"
 
 

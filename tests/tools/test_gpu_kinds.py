@@ -44,9 +44,14 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def converted(tree, tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu_kinds_out")
-    fastdata.convert_imagefolder(tree.root, root / "original.lmdb", workers=2, progress=False)
-    fastdata.convert_imagefolder(tree.root, root / "restart.tar", format="wds", workers=2, progress=False,
-                                 jpeg_layout="restart")
+    fastdata.convert_imagefolder(
+        tree.root, root / "original.lmdb", fastdata.ImageFolderOptions(workers=2, progress=False)
+    )
+    fastdata.convert_imagefolder(
+        tree.root,
+        root / "restart.tar",
+        fastdata.ImageFolderOptions(format="wds", workers=2, progress=False, jpeg_layout="restart"),
+    )
     return root
 
 
@@ -130,7 +135,7 @@ def whole_images(path) -> list[np.ndarray]:
 def test_non_jpeg_jpeg_stores_every_other_image_as_a_jpeg_of_the_pixels_the_loader_decodes(mixed_tree, tmp_path,
                                                                                           capsys):
     kept, as_jpeg = tmp_path / "kept.lmdb", tmp_path / "as_jpeg.lmdb"
-    fastdata.convert_imagefolder(mixed_tree, kept, workers=1, progress=False)
+    fastdata.convert_imagefolder(mixed_tree, kept, fastdata.ImageFolderOptions(workers=1, progress=False))
     code, out, _ = cli(capsys, "convert", "imagefolder", mixed_tree, as_jpeg, "--non-jpeg", "jpeg", "--quality", "95",
                        "--workers", "1", "--quiet")
     assert code == 0 and "non-JPEG  images that were not JPEGs stored as JPEGs at quality 95" in out
@@ -153,7 +158,9 @@ def test_non_jpeg_jpeg_stores_every_other_image_as_a_jpeg_of_the_pixels_the_load
 
 def test_non_jpeg_jpeg_in_webdataset_shards_stores_jpg_members(mixed_tree, tmp_path):
     shards = tmp_path / "shards"
-    fastdata.convert_imagefolder(mixed_tree, shards, format="wds", workers=1, progress=False, non_jpeg="jpeg")
+    fastdata.convert_imagefolder(
+        mixed_tree, shards, fastdata.ImageFolderOptions(format="wds", workers=1, progress=False, non_jpeg="jpeg")
+    )
     manifest = read_manifest(shards)
     samples = webdataset_reading([shards / f.name for f in manifest.files])
     assert [sorted(name for name in sample if name in ("jpg", "png", "webp")) for sample in samples] == [["jpg"]] * 5
@@ -166,7 +173,9 @@ def test_non_jpeg_jpeg_with_the_restart_layout_rewrites_the_new_jpegs_too(mixed_
     """The images stored as JPEGs are JPEG records like the others: the restart layout rewrites them too, so that
     every crop of the dataset can go to the device as a sub-JPEG."""
     out = tmp_path / "restart.lmdb"
-    fastdata.convert_imagefolder(mixed_tree, out, workers=1, progress=False, jpeg_layout="restart", non_jpeg="jpeg")
+    fastdata.convert_imagefolder(
+        mixed_tree, out, fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout="restart", non_jpeg="jpeg")
+    )
     stats = read_manifest(out).stats
     assert stats["jpeg_layout"]["rewritten"] == 5 and stats["gpu_kinds"] == counts(["baseline"] * 5)
 
@@ -175,4 +184,6 @@ def test_non_jpeg_takes_keep_or_jpeg(mixed_tree, tmp_path):
     from fastdata.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--non-jpeg must be one of keep, jpeg"):
-        fastdata.convert_imagefolder(mixed_tree, tmp_path / "x.lmdb", non_jpeg="png", progress=False)
+        fastdata.convert_imagefolder(
+            mixed_tree, tmp_path / "x.lmdb", fastdata.ImageFolderOptions(non_jpeg="png", progress=False)
+        )

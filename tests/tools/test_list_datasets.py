@@ -30,8 +30,10 @@ def listed(tmp_path_factory):
     frame = pd.concat([list_frame(tree, labels="name-sets"),
                        pd.DataFrame([{"path": "beta/gone.png", "label": ["beta"]}])], ignore_index=True)
     list_path = write_list(frame, tree.root / "train.jsonl")
-    fastdata.convert_list(list_path, root / "multi.lmdb", workers=1, progress=False)
-    fastdata.convert_list(list_path, root / "small.lmdb", workers=1, progress=False, max_size=16)
+    fastdata.convert_list(list_path, root / "multi.lmdb", fastdata.FileListOptions(workers=1, progress=False))
+    fastdata.convert_list(
+        list_path, root / "small.lmdb", fastdata.FileListOptions(workers=1, progress=False, max_size=16)
+    )
     return tree, frame, list_path, root / "multi.lmdb", root / "small.lmdb"
 
 

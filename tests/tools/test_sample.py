@@ -35,7 +35,9 @@ def test_sample_is_a_valid_imagefolder_that_converts(tmp_path):
     assert "JPEG" in formats
 
     out = tmp_path / "sample.lmdb"
-    summary = fastdata.convert_imagefolder(root, out, strict=True, workers=1, progress=False)
+    summary = fastdata.convert_imagefolder(
+        root, out, fastdata.ImageFolderOptions(strict=True, workers=1, progress=False)
+    )
     assert summary.images == 12 and summary.rejected == [] and summary.ignored == 0
     ds = fastdata.dataset(out)
     assert ds.samples == [(Path(p).relative_to(root).as_posix(), label) for p, label in folder.samples]

@@ -31,9 +31,11 @@ TINY = {"batch_size": 4, "image_size": 16}
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
     tree = build_solid_tree(root / "src", count=COUNT)
-    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, root / "tiny.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     other = build_solid_tree(root / "src2", count=COUNT + 3)
-    fastdata.convert_imagefolder(other.root, root / "other.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        other.root, root / "other.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+    )
     return root / "tiny.lmdb", root / "other.lmdb"
 
 
@@ -291,14 +293,17 @@ def test_cli_tune_over_text_is_refused_in_one_line(capsys, text_mix):
 
 def test_auto_over_text_warns_and_uses_the_default(small_text_lmdb):
     with pytest.warns(RuntimeWarning, match="fastdata tune measures image datasets; give a text loader its"):
-        loader = fastdata.loader(small_text_lmdb, num_workers="auto", batch_size=2, seq_len=16)
+        loader = fastdata.loader(small_text_lmdb, num_workers="auto", batch_size=2,
+                                 text=fastdata.TextOptions(seq_len=16))
     assert (loader.num_workers, loader.tuned.source) == (default_workers(), "default")
 
 
 def test_webdataset_shards_are_tuned_and_reused_too(tiny, tmp_path):
     src = build_solid_tree(tmp_path / "src", count=COUNT).root
     shards = tmp_path / "shards"
-    fastdata.convert_imagefolder(src, shards, format="wds", shard_size="8KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        src, shards, fastdata.ImageFolderOptions(format="wds", shard_size="8KB", workers=1, progress=False)
+    )
     measure, _ = table(full({1: 100, 2: 300, 3: 90}))
     assert run_tune(shards, TuneConfig(max_workers=3, **TINY), measure=measure).stored == shards / TUNE_FILE
     loader = fastdata.loader(shards, num_workers="auto", **TINY)

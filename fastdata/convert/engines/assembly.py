@@ -19,19 +19,20 @@ digest is in.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import mmap
 import multiprocessing
 import os
 import signal
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
+from fastdata.background import Background
 from fastdata.convert.engines.messages import SharedMemory
 from fastdata.convert.engines.pool import start_method
 from fastdata.errors import WorkerError
@@ -240,7 +241,12 @@ def _serve(connection: Connection, parent_end: Connection, parent: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if start_method() == "fork":
         parent_end.close()  # held here, a killed parent's end would never close
-    _watch_parent(parent)
+    with Background(functools.partial(_watch_parent, parent), "fastdata-parent-watch"):
+        _answer_all(connection, parent)
+
+
+def _answer_all(connection: Connection, parent: int) -> None:
+    """Answer the parent's messages until it says it is done (None), goes away, or this pipe closes."""
     hashes: dict[str, _ShardHash] = {}  # the shards this assembler hashes -> their hash so far
     while True:
         try:
@@ -268,15 +274,13 @@ def _serve(connection: Connection, parent_end: Connection, parent: int) -> None:
         connection.send(({"write": "written", "hash": "hashed"}.get(kind, "digest"), path, answer))
 
 
-def _watch_parent(parent: int) -> None:
-    """End this process when the conversion's parent is gone (it holds no end of the parent's that would close)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="fastdata-parent-watch", daemon=True).start()
+def _watch_parent(parent: int, stopping: threading.Event) -> None:
+    """(an assembler's `Background` loop) End this process when the conversion's parent is gone (it holds no end of
+    the parent's that would close), looking every half second until the assembler stops it."""
+    while os.getppid() == parent:
+        if stopping.wait(0.5):
+            return
+    os._exit(0)
 
 
 def _write_runs(tmp: str, at: int, pieces: list[Piece], memory: int | None) -> None:

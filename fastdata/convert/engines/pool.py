@@ -2,9 +2,10 @@
 inheriting the job instead of unpickling it, and import nothing the parent has not), each sent ranges of
 positions ("chunks") whose size follows the measured cost per item, their results handed back in position order.
 
-Each worker keeps two chunks in hand (one in work, one queued) and sends its results from a thread of its own, so it
-never waits for the parent; the parent only reads results and gives out the next chunk, and measures how long it
-waited for the next result in order (`PoolStats.waited`): the share of the run its writer stood idle.
+Each worker keeps two chunks in hand (one in work, one queued) and runs them on a thread of its own while its main
+thread sends the results, so it never waits for the parent; the parent only reads results and gives out the next
+chunk, and measures how long it waited for the next result in order (`PoolStats.waited`): the share of the run its
+writer stood idle.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import pickle
-import queue
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections import deque
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Protocol
 
+from fastdata.background import Ahead
 from fastdata.convert.engines.messages import out_of_band, receive, send
 from fastdata.errors import WorkerError
 from fastdata.processes import exit_description, stop_processes
@@ -134,8 +134,8 @@ class _Failure:
 
 
 def _serve(job: TaskJob, conn: Any, worker_init: Callable[[], None] | None, parent_end: Any = None) -> None:
-    """A worker's loop: run each chunk it is sent; a thread sends the results, so the next chunk starts while the
-    parent has not read the last one yet."""
+    """A worker's loop: run each chunk it is sent, on a thread (`fastdata.background.Ahead`) up to two chunks ahead
+    of this one, which sends the results, so the next chunk runs while the parent has not read the last one yet."""
     # Ctrl-C reaches every process of the terminal's process group: the parent handles it (it stops the workers and
     # says how to resume); a worker left to it would print its own traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -144,35 +144,33 @@ def _serve(job: TaskJob, conn: Any, worker_init: Callable[[], None] | None, pare
         parent_end.close()      # parent's end would never close, and the worker would wait for it forever
     if worker_init is not None:
         worker_init()
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def send_all() -> None:
-        while (message := outbox.get()) is not None:
-            result = message[1]
-            if isinstance(getattr(result, "results", None), list):  # the large byte strings go out of band
-                result.results = out_of_band(result.results)
-            send(conn, message)
+    def tasks() -> Iterator[tuple[int, tuple]]:
+        while (message := receive(conn)) is not None:  # None: the parent has no more
+            yield message
 
-    sender = threading.Thread(target=send_all, daemon=True)
-    sender.start()
-    try:
-        while (message := receive(conn)) is not None:
-            sequence, task = message
+    def run(message: tuple[int, tuple]) -> tuple[int, Any]:
+        sequence, task = message
+        try:
+            result = job.run_chunk(*task)
+        except BaseException as exc:  # handed to the parent, which raises it
+            text = traceback.format_exc()
+            error: BaseException | None = exc
             try:
-                outbox.put((sequence, job.run_chunk(*task)))
-            except BaseException as exc:  # handed to the parent, which raises it
-                text = traceback.format_exc()
-                error: BaseException | None = exc
-                try:
-                    pickle.dumps(exc)
-                except Exception:
-                    error = None
-                outbox.put((sequence, _Failure(error, text)))
-    except (EOFError, OSError):  # the parent went away
-        pass
-    finally:
-        outbox.put(None)
-        sender.join()
+                pickle.dumps(exc)
+            except Exception:
+                error = None
+            return sequence, _Failure(error, text)
+        if isinstance(getattr(result, "results", None), list):  # the large byte strings go out of band
+            result.results = out_of_band(result.results)
+        return sequence, result
+
+    with Ahead(tasks(), run, depth=2, name="fastdata-chunk-runner") as results:
+        try:
+            for message in results:
+                send(conn, message)
+        except (EOFError, OSError):  # the parent went away
+            pass
 
 
 class Workers:

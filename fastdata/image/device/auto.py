@@ -9,9 +9,9 @@
   transforms, recipes with per-crop operations).
 - `ships_progressive`: where progressive JPEGs are decoded: on the device, unless `progressive="workers"` or the
   backends asked for are the hardware engines alone (which refuse them): then the workers keep them.
-- `make_decoder`: `DeviceDecode(decoder="auto")`: nvImageCodec on CUDA when it imports, torchvision's otherwise
+- `make_decoder`: `DeviceDecodeOptions(decoder="auto")`: nvImageCodec on CUDA when it imports, torchvision's otherwise
   (said once on CUDA); on the CPU torchvision's.
-- `device_decoder`: `DeviceDecode(backends="auto")` for the dataset and the GPU. The GPU's hardware JPEG engines
+- `device_decoder`: `DeviceDecodeOptions(backends="auto")` for the dataset and the GPU. The GPU's hardware JPEG engines
   take baseline JPEGs only; nvImageCodec's hybrid decoder takes progressive ones too, with its Huffman decoding on
   CPU threads and the rest on the GPU's SMs, beside the training step. Measured on an H200 (benchmarks/README.md,
   "GPU decode", decode only, the same 5,927 sample JPEGs): the engines alone decoded 14,749 img/s (refusing the 19
@@ -50,7 +50,7 @@ from fastdata.formats.records import CODEC_CV_JPEG
 from fastdata.image.decode import decode_rgb
 from fastdata.image.device.decoders import BatchDecoder, TorchvisionDecoder, decode_now, nvimgcodec_missing
 from fastdata.image.device.nvimgcodec import DecoderHints
-from fastdata.image.device.options import AUTO, ENGINES_ALONE, DeviceDecode
+from fastdata.image.device.options import AUTO, ENGINES_ALONE, DeviceDecodeOptions
 from fastdata.image.device.ship import DECODE_MODES
 from fastdata.image.jpeg.region import region_decoder, unavailable_reason
 from fastdata.image.jpeg.restart import edge_regions, rewrite, sub_jpeg_for
@@ -100,7 +100,7 @@ def placement(decode: str, target_kind: str, preset: Any, per_sample: Any = ()) 
     return "worker" if decode == "auto" else decode
 
 
-def ships_progressive(options: DeviceDecode) -> bool:
+def ships_progressive(options: DeviceDecodeOptions) -> bool:
     """Whether the workers ship progressive JPEGs to the device (see the module's docstring)."""
     return options.progressive == "device" and options.backends != ENGINES_ALONE
 
@@ -114,7 +114,7 @@ def decoder_hints(batch_size: int, widths: np.ndarray | None = None, heights: np
     return DecoderHints(batch_size, int(np.percentile(widths, 95)), int(np.percentile(heights, 95)))
 
 
-def baseline_only(options: DeviceDecode, recorded_kinds: Mapping[str, int] | None) -> bool:
+def baseline_only(options: DeviceDecodeOptions, recorded_kinds: Mapping[str, int] | None) -> bool:
     """Whether the device decoder is sent baseline JPEGs only: progressive ones stay in the workers
     (`progressive="workers"`), or the conversion's count of stored images by GPU kind (the manifest's
     `stats["gpu_kinds"]`; None for an older dataset: not known) has none. The other kinds (PNG, CMYK, ...) are
@@ -124,7 +124,7 @@ def baseline_only(options: DeviceDecode, recorded_kinds: Mapping[str, int] | Non
     return recorded_kinds is not None and int(recorded_kinds.get("progressive", 1)) == 0
 
 
-def device_decoder(device: torch.device, options: DeviceDecode, baseline_only: bool,
+def device_decoder(device: torch.device, options: DeviceDecodeOptions, baseline_only: bool,
                    make: Callable[..., BatchDecoder] | None = None, hints: DecoderHints | None = None
                    ) -> BatchDecoder:
     """`make(device, options)` with `backends="auto"` resolved (see the module's docstring); a decoder without
@@ -151,7 +151,7 @@ def device_decoder(device: torch.device, options: DeviceDecode, baseline_only: b
 def _say_engines_failed(device: str, failure: str) -> None:
     warnings.warn(f"fastdata: decode='device' on {device}: the GPU's JPEG engines alone are not used for this "
                   f"dataset's baseline JPEGs ({failure}); nvImageCodec's hardware + hybrid decoder is "
-                  "(DeviceDecode(backends='auto'); said once)", RuntimeWarning, stacklevel=4)
+                  "(DeviceDecodeOptions(backends='auto'); said once)", RuntimeWarning, stacklevel=4)
 
 
 @functools.cache
@@ -162,13 +162,13 @@ def _say_torchvision_once(reason: str) -> None:
                   stacklevel=3)
 
 
-def make_decoder(device: torch.device, options: DeviceDecode, hints: DecoderHints | None = None) -> BatchDecoder:
+def make_decoder(device: torch.device, options: DeviceDecodeOptions, hints: DecoderHints | None = None) -> BatchDecoder:
     """The decoder `options` asks for on `device`. "auto": nvImageCodec on CUDA when it imports, torchvision's
     otherwise (said once on CUDA); on the CPU always torchvision's (nvImageCodec needs an NVIDIA driver even for
     its CPU backend)."""
     if device.type != "cuda":
         if options.decoder == "nvimgcodec":
-            raise ConfigError(f"DeviceDecode(decoder='nvimgcodec') needs a CUDA device, not {device}")
+            raise ConfigError(f"DeviceDecodeOptions(decoder='nvimgcodec') needs a CUDA device, not {device}")
         return TorchvisionDecoder(device)
     if options.decoder == "torchvision":
         return TorchvisionDecoder(device)
@@ -178,7 +178,7 @@ def make_decoder(device: torch.device, options: DeviceDecode, hints: DecoderHint
 
         return NvImageCodecDecoder(device, options, hints)
     if options.decoder == "nvimgcodec":
-        raise ConfigError(f"DeviceDecode(decoder='nvimgcodec'): nvImageCodec is not usable here ({missing}); "
+        raise ConfigError(f"DeviceDecodeOptions(decoder='nvimgcodec'): nvImageCodec is not usable here ({missing}); "
                           "pip install 'fastdata[gpu-cu13]' (or gpu-cu12)")
     _say_torchvision_once(missing)
     return TorchvisionDecoder(device)

@@ -11,7 +11,7 @@
     training thread `next()`: take a ready slot (its stream waits for "ready"): O(1) Python, no host
                     synchronisation
 
-Both threads are `Ahead`s (fastdata.image.device.ahead), whose invariant (order, bound, errors in order, ending)
+Both threads are `Ahead`s (fastdata.background), whose invariant (order, bound, errors in order, ending)
 is what the feeder relies on. Nothing touches the device before the workers have forked: the decode thread opens
 the first pass (forking the workers), then makes its stream and the decoder (`setup`); the resize thread makes its
 stream and the slots when its first decoded batch comes.
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastdata.image.device.ahead import Ahead
+from fastdata.background import Ahead
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DecodedBatch, DeviceBatch, DeviceStage
 from fastdata.image.device.streams import CudaStreams
@@ -123,7 +123,7 @@ class DeviceFeeder:
             yield result
 
     def threads(self) -> dict[str, Ahead]:
-        """The feeder's two threads (their busy and waiting seconds: fastdata.image.device.ahead)."""
+        """The feeder's two threads (their busy and waiting seconds: fastdata.background)."""
         return {"decode": self._decoded, "resize": self._made}
 
     def _passes(self, first: PassKey) -> Iterator[tuple[str, PassKey, Any]]:
@@ -219,10 +219,12 @@ class DeviceFeeder:
         self.ring.stop()
         if self._made.on_its_thread() or self._decoded.on_its_thread():
             return
-        self._made.close()  # the resize thread closes the decode thread (its source) as it ends
-        self._decoded.close()
-        self._upcoming.clear()
-        atexit.unregister(self._closer)
+        try:  # an error either thread hit after the stop is raised here (fastdata.background, 3)
+            self._made.close()  # the resize thread closes the decode thread (its source) as it ends
+            self._decoded.close()
+        finally:
+            self._upcoming.clear()
+            atexit.unregister(self._closer)
 
 
 def strong(target: Any) -> Callable[[], Any]:

@@ -13,7 +13,7 @@ DLPack (`torch.from_dlpack`, which orders the streams; never `__cuda_array_inter
 orientation is not applied: crop boxes are drawn in the stored frame, as on the CPU path. Region decoding
 (`regions`) is offered, but nvImageCodec 0.9's hardware and hybrid backends return nothing for regions of these
 files and its CPU backend decodes them slower than whole images (7,041 against 11,272 img/s), so
-`DeviceDecode(regions=False)` is the default.
+`DeviceDecodeOptions(regions=False)` is the default.
 
 Options, as DALI's nvImageCodec decoder sets them (dali/operators/imgcodec/image_decoder.h): the hardware decoder
 preallocates for the loader's batch (`nvjpeg_hw_decoder:preallocate_batch_size`) and, where the dataset's image
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.image.device.options import AUTO, ENGINES_ALONE, MIXED, DeviceDecode
+from fastdata.image.device.options import AUTO, ENGINES_ALONE, MIXED, DeviceDecodeOptions
 
 _BACKEND_KINDS = {"hardware": "HW_GPU_ONLY", "hybrid": "HYBRID_CPU_GPU", "gpu": "GPU_ONLY", "cpu": "CPU_ONLY"}
 
@@ -69,7 +69,7 @@ class NvImageCodecDecoder:
 
     regions = True
 
-    def __init__(self, device: torch.device, options: DeviceDecode, hints: DecoderHints | None = None) -> None:
+    def __init__(self, device: torch.device, options: DeviceDecodeOptions, hints: DecoderHints | None = None) -> None:
         from nvidia import nvimgcodec
 
         self._codec = nvimgcodec
@@ -95,7 +95,7 @@ class NvImageCodecDecoder:
         self.name = (f"nvimgcodec {getattr(nvimgcodec, '__version__', '?')} ({', '.join(self.backends)}{load}; "
                      f"{options.cpu_threads} CPU threads)")
         # what the device path's warning about a refused image adds (fastdata.image.device.failures)
-        self.refused_hint = ("the GPU's JPEG engines alone decode here; DeviceDecode(backends=('hardware', "
+        self.refused_hint = ("the GPU's JPEG engines alone decode here; DeviceDecodeOptions(backends=('hardware', "
                              "'hybrid')) gives what they refuse to the hybrid decoder instead"
                              if self.backends == ENGINES_ALONE else "")
         self.reuse = True  # pass a finished batch's Images back for their buffers (`images=`)

@@ -1,18 +1,20 @@
 """`DevicePath`: `decode="device"` for one image loader, the one object the loader talks to.
 
-It tells the workers what to ship (before they fork: JPEG bytes and crop parameters; progressive JPEGs or not;
-sub-JPEGs once proved), owns the device stage (fastdata.image.device.stage), the output slots
-(fastdata.image.device.ring) and the feeder of the pass being read (fastdata.image.device.feeder), makes the decoder
-on the feeder's decode thread once the workers have forked (`setup`), and counts what the device did not decode.
+It says what the workers ship (`shipping`, part of the pipeline's one configuration, given before they fork: JPEG
+bytes and crop parameters; progressive JPEGs or not; sub-JPEGs once proved), owns the device stage
+(fastdata.image.device.stage), the output slots (fastdata.image.device.ring) and the feeder of the pass being read
+(fastdata.image.device.feeder), makes the decoder on the feeder's decode thread once the workers have forked
+(`setup`), and counts what the device did not decode.
 It holds no reference to the loader, whose passes it is given as a weak reference, so that a loader its user drops
 is collected and its feeder stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,12 +28,15 @@ from fastdata.image.device.auto import (
     warn_whole_files,
 )
 from fastdata.image.device.feeder import DeviceFeeder, PassKey, Reference, strong
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.ship import SubJpegSwitch
 from fastdata.image.device.stage import DeviceBatch, DeviceStage
 from fastdata.image.device.streams import CudaStreams, streams_for
 from fastdata.image.output import OutputFormat
+
+if TYPE_CHECKING:
+    from fastdata.image.pipeline import PipelineConfig
 
 
 class DevicePath:
@@ -41,11 +46,11 @@ class DevicePath:
     have forked; `streams`: the device's (tests give an emulation)."""
 
     def __init__(self, device: torch.device, pipeline: Any, source: str, batch_size: int, *,
-                 output: OutputFormat, channels_last: bool, on_error: str, options: DeviceDecode | None = None,
+                 output: OutputFormat, channels_last: bool, on_error: str, options: DeviceDecodeOptions | None = None,
                  gpu_kinds: Mapping[str, int] | None = None,
                  sizes: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None,
                  streams: CudaStreams | None = None) -> None:
-        self.options = options or DeviceDecode()
+        self.options = options or DeviceDecodeOptions()
         self.streams = streams or streams_for(device)
         self.stage = DeviceStage(device, pipeline.output_size, source, output=output, channels_last=channels_last,
                                  on_error=on_error, max_pixels=pipeline.max_pixels, regions=self.options.regions,
@@ -54,12 +59,17 @@ class DevicePath:
         self._pipeline = pipeline
         self._gpu_kinds = gpu_kinds
         self._sizes = sizes
-        pipeline.ship_encoded = True  # the workers ship JPEG bytes (set before they fork)
-        pipeline.ship_sub_jpegs = SubJpegSwitch()  # on once `setup` proved the decoder takes them
-        pipeline.ship_progressive = ships_progressive(self.options)
+        self.sub_jpegs = SubJpegSwitch()  # on once `setup` proved the decoder takes them (shared with the workers)
         self._ring: SlotRing | None = None
         self._feeder: DeviceFeeder | None = None
         self._closer: weakref.finalize | None = None
+
+    def shipping(self, config: PipelineConfig) -> PipelineConfig:
+        """The workers' configuration `config` with what this path has them ship: JPEG bytes and crop parameters,
+        progressive JPEGs unless the decoder refuses them, sub-JPEGs once proved (the loader configures the
+        pipeline with it once, before the workers fork)."""
+        return dataclasses.replace(config, ship_encoded=True, ship_progressive=ships_progressive(self.options),
+                                   sub_jpegs=self.sub_jpegs)
 
     def set_image_size(self, size: tuple[int, int]) -> None:
         """The batches' (height, width) from the next pass on (progressive resizing): a new size stops the feeder
@@ -101,7 +111,7 @@ class DevicePath:
             failure = sub_jpeg_failure(self.stage.decoder)
             if failure:
                 warn_whole_files(str(self.stage.device), failure)
-            self._pipeline.ship_sub_jpegs.enable(not failure)
+            self.sub_jpegs.enable(not failure)
 
     def close(self) -> None:
         """Stop the feeder's threads, if a feeder runs (the next pass starts another)."""

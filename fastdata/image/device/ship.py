@@ -138,7 +138,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
         raise ConfigError("decode='device' needs augment='train' or 'val' (custom transforms run on the CPU "
                           "path: decode='worker')")
     preset = pipeline.preset_for(epoch)  # at the epoch's size (progressive resizing)
-    takes = [device_takes(s, pipeline.max_pixels, pipeline.ship_progressive) for s in samples]
+    takes = [device_takes(s, pipeline.max_pixels, pipeline.config.ship_progressive) for s in samples]
     elsewhere = [s for s, t in zip(samples, takes, strict=True) if not t]
     if elsewhere:
         decoded = pipeline.batch(elsewhere, epoch, on_error)
@@ -154,7 +154,7 @@ def pack_encoded(pipeline: SamplePipeline, samples: list[EncodedSample], epoch: 
     flips = np.zeros(len(kept), bool)
     sizes = np.array([(s.width, s.height) for s, _ in kept], np.int64).reshape(-1, 2)
     payloads: list[bytes] = []
-    sub_jpegs = pipeline.jpeg_layout == "restart" and bool(pipeline.ship_sub_jpegs)
+    sub_jpegs = pipeline.jpeg_layout == "restart" and bool(pipeline.config.sub_jpegs)
     for i, (sample, take) in enumerate(kept):
         if take:
             params = preset.params(sample.width, sample.height, sample_rng(pipeline.seed, epoch, *sample.position))

@@ -2,7 +2,7 @@
 draws it), run on the crop where the batch is built.
 
 `value` is in the units of the batches the loader delivers, as torchvision's RandomErasing placed last in a
-transform: grey levels (0..255) for uint8 batches; normalised units for floating batches (`Output(dtype=...)`),
+transform: grey levels (0..255) for uint8 batches; normalised units for floating batches (`OutputOptions(dtype=...)`),
 where 0 is the mean colour, as in torchvision's reference recipe (RandomErasing after Normalize), and "random" is
 standard normal noise. The crop is uint8 until the batch is made, so a normalised value is written as the nearest
 grey level (at most half a level, 1/510 of the range, off; noise beyond the grey range is clipped to it).
@@ -64,14 +64,14 @@ class RandomErasing:
         if self.value == "random":
             if not output.floating:
                 raise ConfigError("RandomErasing(value='random') fills with normal noise in normalised units: it "
-                                  "needs floating batches (output=Output(dtype=torch.float32), or bfloat16)")
+                                  "needs floating batches (output=OutputOptions(dtype=torch.float32), or bfloat16)")
             return None
         values = (self.value,) * 3 if isinstance(self.value, float) else self.value
         if output.floating:  # normalised units -> the grey level nearest to it
             values = tuple((v * s + m) * 255 for v, m, s in zip(values, output.mean, output.std, strict=True))
         elif not all(0 <= v <= 255 for v in values):
             raise ConfigError(f"RandomErasing(value={self.value!r}): uint8 batches hold grey levels 0..255; a value "
-                              "in normalised units needs floating batches (output=Output(dtype=torch.float32))")
+                              "in normalised units needs floating batches (output=OutputOptions(dtype=torch.float32))")
         return tuple(min(max(round(v), 0), 255) for v in values)  # type: ignore[return-value]
 
     def box(self, rng: np.random.Generator, height: int, width: int) -> tuple[int, int, int, int] | None:

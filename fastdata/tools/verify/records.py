@@ -31,6 +31,7 @@ from fastdata.formats.lmdb import (
 from fastdata.formats.manifest import Manifest
 from fastdata.formats.records import key_from_bytes
 from fastdata.formats.wds import DIGEST_BYTES, digests_name, split_member_name
+from fastdata.workers import worker_ignores_ctrl_c
 
 CHUNK = 4096  # records a pool task checks
 
@@ -103,18 +104,21 @@ def check_records(root: Path, manifest: Manifest, problems: list[str], progress:
     results: Iterator[list[tuple[int, str | None, str]]]
     if workers == 1:
         results = map(_check_range, tasks)
-    else:
-        pool = multiprocessing.get_context("fork").Pool(workers)
+    else:  # the workers leave Ctrl-C to this process, which stops them
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_ignores_ctrl_c)
         results = pool.imap(_check_range, tasks)
     try:
         for done, found in enumerate(results, start=1):
             damaged += found
             if progress:
                 progress(f"checked {min(done * CHUNK, count):,} of {count:,} records")
-    finally:
-        if workers > 1:
-            pool.close()
-            pool.join()
+    except BaseException:
+        if workers > 1:  # the checks are not wanted any more: the workers are stopped at once (a close() and join()
+            pool.terminate()  # would wait for every task, for good where one was lost with a worker that died)
+        raise
+    if workers > 1:
+        pool.close()
+        pool.join()
     source = manifest.source.get("root") or manifest.source.get("path")
     for index, key, what in damaged:
         where = "" if key is None or not source else f", source file {os.path.join(str(source), key)}"

@@ -158,8 +158,11 @@ def test_conversion_with_workers_gives_the_shards_of_one_worker(tmp_path):
     results = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        summary = fastdata.convert_imagefolder(tree.root, out, format="wds", shard_size="64KB", workers=workers,
-                                               progress=False)
+        summary = fastdata.convert_imagefolder(
+            tree.root,
+            out,
+            fastdata.ImageFolderOptions(format="wds", shard_size="64KB", workers=workers, progress=False),
+        )
         results[workers] = [(f.name, f.bytes, f.sha256, f.samples) for f in fastdata.info(out).files]
         assert summary.images == sum(f[3] for f in results[workers]) == len(tree.images) + 3
     assert len(results[1]) > 3

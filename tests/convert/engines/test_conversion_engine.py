@@ -19,6 +19,7 @@ from torchvision.datasets.folder import find_classes, make_dataset
 
 from fastdata.convert.engines.pool import ChunkSizer
 from fastdata.convert.images import convert_images
+from fastdata.convert.options import ImageConversionOptions
 from fastdata.convert.sources import FileReader
 from fastdata.errors import WorkerError
 from fastdata.formats.records import IMAGE_EXTENSIONS, ImageRecord
@@ -45,7 +46,8 @@ def test_conversion_workers_and_their_parent_never_import_torch(tmp_path):
         listing = imagefolder.scan(sys.argv[1])
         listing.reader = Spy(listing.root)
         from fastdata.convert.images import convert_images
-        convert_images(lambda: listing, sys.argv[3], workers=2, progress=False)
+        from fastdata.convert.options import ImageConversionOptions
+        convert_images(lambda: listing, sys.argv[3], ImageConversionOptions(workers=2, progress=False))
         print("parent", os.getpid(), "torch" in sys.modules, "torchvision" in sys.modules)
     """)
     log = tmp_path / "modules.log"
@@ -177,14 +179,15 @@ def test_a_worker_that_dies_or_raises_ends_the_conversion_with_the_reason(tmp_pa
     listing.reader = _DyingReader(tree.root, victim)
     with pytest.raises(WorkerError, match=r"conversion worker \(pid \d+\) died \(killed by signal 9\) while working "
                                           r"on write positions \d+\.\.\d+"):
-        convert_images(lambda: listing, tmp_path / "dead.lmdb", workers=2, progress=False)
+        convert_images(lambda: listing, tmp_path / "dead.lmdb", ImageConversionOptions(workers=2, progress=False))
     listing.reader = _BrokenReader(tree.root, victim)
     with pytest.raises(KeyError, match="no row for"):  # the worker's own exception, raised in the parent
-        convert_images(lambda: listing, tmp_path / "broken.lmdb", workers=2, progress=False)
+        convert_images(lambda: listing, tmp_path / "broken.lmdb", ImageConversionOptions(workers=2, progress=False))
 
 
 def test_the_summary_reports_rates_and_the_writers_wait(tmp_path):
     tree = build_solid_tree(tmp_path / "src", count=10)
-    summary = convert_images(lambda: scan(tree.root), tmp_path / "o.lmdb", workers=2, progress=False)
+    summary = convert_images(lambda: scan(tree.root), tmp_path / "o.lmdb",
+                             ImageConversionOptions(workers=2, progress=False))
     assert 0 <= summary.writer_waited <= 1 and "of the writing time" in str(summary)
     assert "images/s" in str(summary) and "MB/s, the writer waited for the workers" in str(summary)

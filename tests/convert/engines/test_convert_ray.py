@@ -50,10 +50,16 @@ def facts(path):
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_ray_engine_makes_the_same_dataset(fmt, ray_instance, tree, tmp_path):
     name = "out" if fmt == "wds" else "out.lmdb"
-    local = fastdata.convert_imagefolder(tree, tmp_path / "local" / name, format=fmt, shard_size="8KB",
-                                         workers=2, progress=False)
-    distributed = fastdata.convert_imagefolder(tree, tmp_path / "ray" / name, format=fmt, shard_size="8KB",
-                                               workers=2, progress=False, engine="ray")
+    local = fastdata.convert_imagefolder(
+        tree,
+        tmp_path / "local" / name,
+        fastdata.ImageFolderOptions(format=fmt, shard_size="8KB", workers=2, progress=False),
+    )
+    distributed = fastdata.convert_imagefolder(
+        tree,
+        tmp_path / "ray" / name,
+        fastdata.ImageFolderOptions(format=fmt, shard_size="8KB", workers=2, progress=False, engine="ray"),
+    )
     assert distributed.images == local.images and len(distributed.rejected) == len(BAD_FILES)
     assert facts(tmp_path / "ray" / name) == facts(tmp_path / "local" / name)
     # the work went through Ray: each source file was handled inside a Ray actor (pool worker), in Ray tasks of
@@ -74,9 +80,13 @@ def test_cli_engine_ray_and_errors(ray_instance, tree, tmp_path, capsys):
     assert re.search(r"engine    ray: [1-9]\d* Ray tasks on [12] Ray workers", out), out
     assert fastdata.info(tmp_path / "o").num_samples == fastdata.dataset(tmp_path / "o").manifest.num_samples > 0
     with pytest.raises(ConfigError, match="unknown engine 'spark'"):
-        fastdata.convert_imagefolder(tree, tmp_path / "x.lmdb", engine="spark", progress=False)
+        fastdata.convert_imagefolder(
+            tree, tmp_path / "x.lmdb", fastdata.ImageFolderOptions(engine="spark", progress=False)
+        )
     with pytest.raises(ConfigError, match="--ray-address applies to --engine ray"):
-        fastdata.convert_imagefolder(tree, tmp_path / "y.lmdb", ray_address="10.0.0.1:6379", progress=False)
+        fastdata.convert_imagefolder(
+            tree, tmp_path / "y.lmdb", fastdata.ImageFolderOptions(ray_address="10.0.0.1:6379", progress=False)
+        )
 
 
 def test_a_ray_conversion_interrupted_resumes_locally(ray_instance, tree, tmp_path, monkeypatch):
@@ -94,12 +104,20 @@ def test_a_ray_conversion_interrupted_resumes_locally(ray_instance, tree, tmp_pa
     with monkeypatch.context() as patch:
         patch.setattr(WdsWriter, "add", add_until_interrupted)
         with pytest.raises(KeyboardInterrupt):
-            fastdata.convert_imagefolder(tree, out, format="wds", shard_size="8KB", workers=2, progress=False,
-                                         engine="ray")
-    resumed = fastdata.convert_imagefolder(tree, out, format="wds", shard_size="8KB", workers=2, progress=False)
+            fastdata.convert_imagefolder(
+                tree,
+                out,
+                fastdata.ImageFolderOptions(format="wds", shard_size="8KB", workers=2, progress=False, engine="ray"),
+            )
+    resumed = fastdata.convert_imagefolder(
+        tree, out, fastdata.ImageFolderOptions(format="wds", shard_size="8KB", workers=2, progress=False)
+    )
     assert resumed.resumed_at and resumed.resumed_at > 0
-    fastdata.convert_imagefolder(tree, tmp_path / "reference", format="wds", shard_size="8KB", workers=1,
-                                 progress=False)
+    fastdata.convert_imagefolder(
+        tree,
+        tmp_path / "reference",
+        fastdata.ImageFolderOptions(format="wds", shard_size="8KB", workers=1, progress=False),
+    )
     assert facts(out) == facts(tmp_path / "reference")
 
 
@@ -111,8 +129,8 @@ def test_ray_engine_converts_a_file_list_alike(ray_instance, tmp_path):
     frame.loc[3, "path"] = "alpha/missing.png"
     list_path = write_list(frame, tree.root / "train.jsonl")
     options = dict(format="wds", shard_size="8KB", workers=2, progress=False)
-    local = fastdata.convert_list(list_path, tmp_path / "local", **options)
-    distributed = fastdata.convert_list(list_path, tmp_path / "ray", engine="ray", **options)
+    local = fastdata.convert_list(list_path, tmp_path / "local", fastdata.FileListOptions(**options))
+    distributed = fastdata.convert_list(list_path, tmp_path / "ray", fastdata.FileListOptions(engine="ray", **options))
     assert distributed.engine == "ray" and distributed.ray.outside_ray == 0 and distributed.ray.actor_ids
     assert distributed.rejected == local.rejected and [r["row"] for r in local.rejected] == [4]
     assert [(f.name, f.sha256) for f in fastdata.info(tmp_path / "ray").files] == \
@@ -123,9 +141,14 @@ def test_ray_engine_converts_webdataset_shards_alike(ray_instance, tmp_path):
     """The shards' reader (a table of where each member is) goes to the Ray workers and reads there."""
     solid = build_solid_tree(tmp_path / "src", count=12)
     write_wds_shards(tmp_path / "shards", [wds_sample(solid, relative) for relative in solid.images], maxcount=5)
-    summaries = {engine: fastdata.convert_webdataset(tmp_path / "shards", tmp_path / engine, format="wds",
-                                                     shard_size="8KB", workers=2, progress=False, engine=engine)
-                 for engine in ("local", "ray")}
+    summaries = {
+        engine: fastdata.convert_webdataset(
+            tmp_path / "shards",
+            tmp_path / engine,
+            fastdata.WebDatasetOptions(format="wds", shard_size="8KB", workers=2, progress=False, engine=engine),
+        )
+        for engine in ("local", "ray")
+    }
     assert summaries["ray"].images == 12 and summaries["ray"].ray.outside_ray == 0
     assert len(summaries["ray"].ray.task_ids) == -(-12 // ray_chunk(12, 2)) > 1  # one Ray task per chunk
     assert facts(tmp_path / "ray") == facts(tmp_path / "local")
@@ -137,8 +160,10 @@ def test_ray_engine_converts_coco_alike(ray_instance, tmp_path):
     files = write_coco(tmp_path / "coco")
     (files.images / COCO_IMAGES[1][1]).unlink()
     options = dict(format="wds", shard_size="8KB", workers=2, progress=False)
-    local = fastdata.convert_coco(files.annotations, files.images, tmp_path / "local", **options)
-    distributed = fastdata.convert_coco(files.annotations, files.images, tmp_path / "ray", engine="ray", **options)
+    local = fastdata.convert_coco(files.annotations, files.images, tmp_path / "local", fastdata.CocoOptions(**options))
+    distributed = fastdata.convert_coco(
+        files.annotations, files.images, tmp_path / "ray", fastdata.CocoOptions(engine="ray", **options)
+    )
     assert distributed.engine == "ray" and distributed.ray.outside_ray == 0
     assert distributed.rejected == local.rejected and [r["image_id"] for r in local.rejected] == [COCO_IMAGES[1][0]]
     assert [(f.name, f.sha256) for f in fastdata.info(tmp_path / "ray").files] == \
@@ -151,8 +176,8 @@ def test_ray_engine_converts_a_segmentation_list_alike(ray_instance, tmp_path):
     and the same class ids counted."""
     listed, _ = build_segmentation_list(tmp_path / "seg")
     options = dict(format="wds", shard_size="4KB", workers=2, progress=False, mask_column="mask")
-    fastdata.convert_list(listed, tmp_path / "local", **options)
-    distributed = fastdata.convert_list(listed, tmp_path / "ray", engine="ray", **options)
+    fastdata.convert_list(listed, tmp_path / "local", fastdata.FileListOptions(**options))
+    distributed = fastdata.convert_list(listed, tmp_path / "ray", fastdata.FileListOptions(engine="ray", **options))
     assert distributed.engine == "ray" and distributed.images == SEG_COUNT
     local, ray = fastdata.info(tmp_path / "local"), fastdata.info(tmp_path / "ray")
     assert ray.target_kind == "segmentation" and ray.targets == local.targets
@@ -170,5 +195,7 @@ def test_without_ray_the_engine_is_refused_before_anything_is_written(tmp_path, 
     tree = build_solid_tree(tmp_path / "src", count=4)
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     with pytest.raises(ConfigError, match=r"--engine ray needs Ray: pip install 'fastdata\[ray\]'"):
-        fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", engine="ray", workers=1, progress=False)
+        fastdata.convert_imagefolder(
+            tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(engine="ray", workers=1, progress=False)
+        )
     assert not (tmp_path / "o.lmdb").exists() and not (tmp_path / "o.lmdb.partial").exists()

@@ -12,7 +12,7 @@ import torch
 import fastdata
 from fastdata.errors import DeviceDecodeError
 from fastdata.image.device.decoders import TorchvisionDecoder, nvimgcodec_missing
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 
@@ -32,8 +32,8 @@ def decoders() -> list[str]:
 @pytest.mark.parametrize("decoder", decoders())
 def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
     loader = fastdata.loader(photos[0], batch_size=8, image_size=64, num_workers=2, device="cuda",
-                             decode=DeviceDecode(decoder=decoder), dtype=torch.bfloat16,
-                             channels_last=True, drop_last=True)
+                             decode=DeviceDecodeOptions(decoder=decoder), drop_last=True,
+                             output=fastdata.OutputOptions(dtype=torch.bfloat16, channels_last=True))
     for _ in loader:  # warm-up: the decoder, the slots, cuDNN-free allocations
         pass
     torch.cuda.synchronize()
@@ -56,7 +56,7 @@ def test_a_steady_pass_never_synchronises_the_host(photos, decoder):
 def test_cuda_batches_match_the_cpu_paths(photos, decoder, augment):
     options = dict(batch_size=8, image_size=224, num_workers=0, seed=3, shuffle=False, augment=augment)
     cpu = list(fastdata.loader(photos[0], decode="device", device="cpu", **options))
-    loader = fastdata.loader(photos[0], decode=DeviceDecode(decoder=decoder), device="cuda", **options)
+    loader = fastdata.loader(photos[0], decode=DeviceDecodeOptions(decoder=decoder), device="cuda", **options)
     gpu = list(loader)
     assert decoder.split()[0] in loader.device_decoder
     for (ci, cl), (gi, gl) in zip(cpu, gpu, strict=True):
@@ -88,7 +88,8 @@ def test_damaged_jpegs_on_the_gpu_follow_on_error(photos, decoder):
     packed = pack_encoded(ds.pipeline, samples, 0, on_error="skip")
     from fastdata.image.device.auto import make_decoder
 
-    stage = DeviceStage("cuda", 32, "photos", decoder=make_decoder(torch.device("cuda"), DeviceDecode(decoder=decoder)),
+    stage = DeviceStage("cuda", 32, "photos",
+                        decoder=make_decoder(torch.device("cuda"), DeviceDecodeOptions(decoder=decoder)),
                         on_error="skip")
     made = stage(packed)
     assert [key for key, _ in made.skipped + packed.skipped] == [victim.key] and len(made.images) == 7
@@ -119,13 +120,13 @@ def test_cuda_resize_in_float16_stays_within_a_tenth_of_a_grey_level_of_the_cpus
 
 @pytest.mark.skipif(bool(nvimgcodec_missing()), reason="needs nvImageCodec: pip install 'fastdata[gpu-cu13]'")
 def test_auto_backends_on_this_gpu_decode_baseline_jpegs_with_the_engines_or_say_why_not(photos):
-    """DeviceDecode(backends="auto") with progressive JPEGs kept in the workers: the decoder is sent baseline JPEGs
-    only, so it is the JPEG engines alone where this GPU's engines decode the probes (else hardware + hybrid, said
+    """DeviceDecodeOptions(backends="auto") with progressive JPEGs kept in the workers: the decoder is sent baseline
+    JPEGs only, so it is the JPEG engines alone where this GPU's engines decode the probes (else hardware + hybrid, said
     once); either way the batches stay within nvImageCodec's tolerance of the CPU's and nothing is refused."""
     import warnings
 
     options = dict(batch_size=8, image_size=224, num_workers=0, seed=3, shuffle=False, augment="val",
-                   decode=DeviceDecode(progressive="workers"))
+                   decode=DeviceDecodeOptions(progressive="workers"))
     cpu = list(fastdata.loader(photos[0], device="cpu", **options))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -153,7 +154,9 @@ def id_jpegs(tmp_path_factory):
         path = root / "src" / SOLID_CLASSES[solid_label(i)] / f"s{i:03d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(encode(solid_pattern(i, width, height), "JPEG", quality=100, subsampling=0))
-    fastdata.convert_imagefolder(root / "src", root / "ids.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        root / "src", root / "ids.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False)
+    )
     return root / "ids.lmdb"
 
 
@@ -166,7 +169,7 @@ def test_with_the_training_stream_delayed_no_label_is_wrong_and_no_batch_corrupt
     from builders.images import GREEN_STEP, SOLID_CLASSES
 
     options = dict(batch_size=8, image_size=32, augment="val", num_workers=2, device="cuda", seed=1,
-                   drop_last=True, decode=DeviceDecode(decoder=decoder))
+                   drop_last=True, decode=DeviceDecodeOptions(decoder=decoder))
 
     def batches(delay: bool):
         loader = fastdata.loader(id_jpegs, **options)

@@ -18,6 +18,7 @@ from fastdata.image.device.failures import MAX_CONSECUTIVE_DEVICE_ERRORS
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from fastdata.image.output import IMAGENET_MEAN, IMAGENET_STD
+from fastdata.image.pipeline import PipelineConfig
 
 
 def batches(path, decode, **kwargs):
@@ -81,7 +82,8 @@ def test_workers_ship_jpeg_bytes_and_decode_the_rest(photos):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_normalised_output_dtypes_and_channels_last(photos, dtype):
     raw = batches(photos[0], "device", device="cpu", shuffle=False)[0][0]
-    out = batches(photos[0], "device", device="cpu", shuffle=False, dtype=dtype, channels_last=True)[0][0]
+    out = batches(photos[0], "device", device="cpu", shuffle=False,
+                  output=fastdata.OutputOptions(dtype=dtype, channels_last=True))[0][0]
     assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
@@ -91,15 +93,16 @@ def test_normalised_output_dtypes_and_channels_last(photos, dtype):
 
 def test_worker_path_with_a_device_normalises_there_too(photos):
     raw = batches(photos[0], "worker", shuffle=False)[0][0]
-    out = batches(photos[0], "worker", device="cpu", dtype=torch.float32, shuffle=False)[0][0]
+    out = batches(photos[0], "worker", device="cpu", shuffle=False,
+                  output=fastdata.OutputOptions(dtype=torch.float32))[0][0]
     expected = (raw.float() - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255) / (
         torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255)
     assert torch.allclose(out, expected, atol=1e-4)
 
 
 def test_images_the_device_decoder_cannot_take_are_decoded_in_the_workers(tricky_lmdb):
-    """PNG (RGB, L, P, RGBA, LA), BMP and CMYK JPEGs are decoded in the worker processes, pixel for pixel as on
-    the worker path, and counted as fallbacks; the main process decodes nothing on the CPU (no device errors)."""
+    """PNG (RGB, L, P, RGBA, LA), BMP and CMYK JPEGs are decoded in the worker processes, pixel for pixel as
+    on the worker path, and counted as fallbacks; the main process decodes nothing on the CPU (no device errors)."""
     options = dict(batch_size=9, augment="val", image_size=16, shuffle=False, num_workers=2)
     worker = list(fastdata.loader(tricky_lmdb, **options))
     device = fastdata.loader(tricky_lmdb, decode="device", device="cpu", **options)
@@ -118,8 +121,8 @@ def test_images_the_device_decoder_cannot_take_are_decoded_in_the_workers(tricky
 
 
 def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
-    """DeviceDecode(progressive="workers"): the progressive JPEGs are decoded in the workers, pixel for pixel as on
-    the worker path, so that the device decoder gets baseline files only; the rest of the batch is as before."""
+    """DeviceDecodeOptions(progressive="workers"): the progressive JPEGs are decoded in the workers, pixel for pixel as
+    on the worker path, so that the device decoder gets baseline files only; the rest of the batch is as before."""
     from fastdata.image.jpeg.header import progressive
 
     ds = fastdata.dataset(tricky_lmdb)
@@ -128,12 +131,13 @@ def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
     options = dict(batch_size=len(ds), augment="val", image_size=16, shuffle=False, num_workers=0)
     [(worker, _)] = list(fastdata.loader(tricky_lmdb, **options))
     [(device, _)] = list(fastdata.loader(tricky_lmdb, decode="device", device="cpu", **options))
-    routed = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(progressive="workers"), device="cpu", **options)
+    routed = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecodeOptions(progressive="workers"), device="cpu",
+                             **options)
     [(workers, _)] = list(routed)
     routed.close()
     _, others = jpeg_and_other_rows(tricky_lmdb)
     pipeline = fastdata.dataset(tricky_lmdb, "val", image_size=16).pipeline
-    pipeline.ship_progressive = False  # as the loader sets it
+    pipeline.configure(PipelineConfig(ship_encoded=True, ship_progressive=False))  # as the loader sets it
     packed = pack_encoded(pipeline, [ds.encoded(i) for i in range(len(ds))], 0)
     assert np.flatnonzero(packed.worker_decoded.numpy()).tolist() == sorted([*others, *rows])
     for row in range(len(ds)):
@@ -142,7 +146,7 @@ def test_progressive_jpegs_go_to_the_workers_when_asked(tricky_lmdb):
         else:
             assert torch.equal(workers[row], device[row]), row
     with pytest.raises(ConfigError, match=r"progressive=.*must be one of"):
-        fastdata.DeviceDecode(progressive="cpu")
+        fastdata.DeviceDecodeOptions(progressive="cpu")
 
 
 def corrupt_record(path, index: int) -> str:
@@ -156,13 +160,14 @@ def corrupt_record(path, index: int) -> str:
 
 
 def test_the_workers_keep_progressive_jpegs_from_a_decoder_of_the_jpeg_engines_alone(tricky_lmdb):
-    """DeviceDecode(backends=("hardware",)): the engines refuse progressive files, so the workers keep them (decoded
-    there, as with progressive="workers") rather than ship them to be refused and decoded in the main process."""
+    """DeviceDecodeOptions(backends=("hardware",)): the engines refuse progressive files, so the workers keep them
+    (decoded there, as with progressive="workers") rather than ship them to be refused and decoded in the main
+    process."""
     from fastdata.image.jpeg.header import progressive
 
-    loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecode(backends=("hardware",)), device="cpu",
+    loader = fastdata.loader(tricky_lmdb, decode=fastdata.DeviceDecodeOptions(backends=("hardware",)), device="cpu",
                              batch_size=9, augment="val", image_size=16, num_workers=0)
-    assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.ship_progressive is True
+    assert fastdata.loader(tricky_lmdb, decode="device", device="cpu").dataset.pipeline.config.ship_progressive is True
     ds = loader.dataset
     samples = [ds.encoded(i) for i in range(len(ds))]
     rows = [i for i, sample in enumerate(samples) if progressive(sample.data)]
@@ -465,7 +470,7 @@ def test_device_path_options_are_checked(photos):
     with pytest.raises(ConfigError, match="decode must be"):
         fastdata.loader(photos[0], decode="gpu")
     with pytest.raises(ConfigError, match="pass device="):
-        fastdata.loader(photos[0], channels_last=True)
+        fastdata.loader(photos[0], output=fastdata.OutputOptions(channels_last=True))
     assert fastdata.loader(photos[0], device="cpu").decode == "worker"  # "auto" without a measurement: workers
 
 

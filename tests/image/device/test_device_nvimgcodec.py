@@ -13,7 +13,7 @@ import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.image.device.auto import ENGINE_PROBE_KINDS, baseline_only, device_decoder, make_decoder
 from fastdata.image.device.decoders import TorchvisionDecoder, decode_now
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ship import pack_encoded
 from fastdata.image.device.stage import DeviceStage
 from tests.image.device import nvimgcodec_standin
@@ -34,7 +34,7 @@ def packed(jpeg_photos):
 
 
 def test_the_options_reach_the_library(standin):
-    decoder = standin(torch.device("cpu"), DeviceDecode(backends=("hardware", "hybrid"), hardware_load=0.7,
+    decoder = standin(torch.device("cpu"), DeviceDecodeOptions(backends=("hardware", "hybrid"), hardware_load=0.7,
                                                          cpu_threads=3))
     made = nvimgcodec_standin.Decoder.created[-1]
     assert made.max_num_cpu_threads == 3
@@ -50,7 +50,7 @@ def test_the_hardware_decoder_preallocates_as_dali_has_it(standin):
     from fastdata.image.device.auto import decoder_hints
 
     widths, heights = np.array([500] * 90 + [4000] * 10), np.array([375] * 90 + [3000] * 10)
-    standin(torch.device("cpu"), DeviceDecode(), decoder_hints(256, widths, heights))
+    standin(torch.device("cpu"), DeviceDecodeOptions(), decoder_hints(256, widths, heights))
     options = nvimgcodec_standin.Decoder.created[-1].options.split()
     assert options[0] == ":fancy_upsampling=0"
     assert "nvjpeg_hw_decoder:preallocate_batch_size=256" in options
@@ -61,7 +61,7 @@ def test_the_hardware_decoder_preallocates_as_dali_has_it(standin):
 
 def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):
     """Each crop decoded by region (only its covering pixels) gives the batch that whole-image decoding gives."""
-    library = standin(torch.device("cpu"), DeviceDecode(backends=("hybrid",)))
+    library = standin(torch.device("cpu"), DeviceDecodeOptions(backends=("hybrid",)))
     by_region = DeviceStage("cpu", 48, "photos", decoder=library, regions=True)
     whole = DeviceStage("cpu", 48, "photos", decoder=TorchvisionDecoder(torch.device("cpu")))
     for batch in packed:
@@ -74,7 +74,7 @@ def test_region_decode_gives_the_whole_image_decodes_batch(standin, packed):
 def test_none_from_the_library_follows_the_device_paths_rules(standin, packed):
     """None for bytes the CPU decodes: decoded on the CPU, counted as rejected; None for bytes nothing decodes:
     on_error."""
-    library = standin(torch.device("cpu"), DeviceDecode(backends=("hybrid",)))
+    library = standin(torch.device("cpu"), DeviceDecodeOptions(backends=("hybrid",)))
     batch = packed[0]
     first = bytes(batch.data[batch.offsets[0]:batch.offsets[1]].numpy())
     nvimgcodec_standin.Decoder.created[-1].rejects = lambda data: data == first
@@ -96,14 +96,14 @@ def test_none_from_the_library_follows_the_device_paths_rules(standin, packed):
 
 def test_nvimgcodec_is_for_cuda_devices():
     with pytest.raises(ConfigError, match="needs a CUDA device"):
-        make_decoder(torch.device("cpu"), DeviceDecode(decoder="nvimgcodec"))
-    assert isinstance(make_decoder(torch.device("cpu"), DeviceDecode()), TorchvisionDecoder)
+        make_decoder(torch.device("cpu"), DeviceDecodeOptions(decoder="nvimgcodec"))
+    assert isinstance(make_decoder(torch.device("cpu"), DeviceDecodeOptions()), TorchvisionDecoder)
     with pytest.raises(ConfigError, match="backends"):
-        DeviceDecode(backends=("fast",))
+        DeviceDecodeOptions(backends=("fast",))
 
 
 def test_a_jpeg_the_library_cannot_decode_by_region_is_decoded_whole_on_the_device(standin, packed):
-    library = standin(torch.device("cpu"), DeviceDecode(backends=("hybrid",)))
+    library = standin(torch.device("cpu"), DeviceDecodeOptions(backends=("hybrid",)))
     made_by = nvimgcodec_standin.Decoder.created[-1]
     original = made_by._one
     made_by._one = lambda src, params: None if src.region is not None and made_by.calls == [6] else original(
@@ -121,13 +121,13 @@ def test_decode_now_hands_the_buffers_back_for_the_next_call(standin, packed):
     by its next call; plain `decode` calls without the feeder's hand-back never reuse them (they would pile up)."""
     batch = packed[0]
     payloads = [batch.data[batch.offsets[i]:batch.offsets[i + 1]].numpy() for i in range(len(batch))]
-    library = standin(torch.device("cpu"), DeviceDecode())
+    library = standin(torch.device("cpu"), DeviceDecodeOptions())
     made = nvimgcodec_standin.Decoder.created[-1]
     first = decode_now(library, payloads)
     second = decode_now(library, payloads)
     assert made.given == [0, len(payloads)]
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
-    plain = standin(torch.device("cpu"), DeviceDecode())
+    plain = standin(torch.device("cpu"), DeviceDecodeOptions())
     for _ in range(3):
         plain.decode(payloads)
     assert nvimgcodec_standin.Decoder.created[-1].given == [0, 0, 0]
@@ -135,10 +135,10 @@ def test_decode_now_hands_the_buffers_back_for_the_next_call(standin, packed):
 
 
 def test_auto_backends_take_the_engines_alone_where_the_decoder_gets_baseline_jpegs_only(standin, packed):
-    """DeviceDecode(backends="auto"), the default: the hardware backend alone when the decoder is sent baseline
+    """DeviceDecodeOptions(backends="auto"), the default: the hardware backend alone when the decoder is sent baseline
     JPEGs only and the engines decode the probes; its batches are the whole-image decode's."""
     cpu = torch.device("cpu")
-    decoder = device_decoder(cpu, DeviceDecode(), baseline_only=True, make=standin)
+    decoder = device_decoder(cpu, DeviceDecodeOptions(), baseline_only=True, make=standin)
     created = nvimgcodec_standin.Decoder.created
     assert decoder.backends == ("hardware",) and "(hardware;" in decoder.name
     assert [b.backend_kind.name for b in created[-1].backends] == ["HW_GPU_ONLY"]
@@ -147,12 +147,13 @@ def test_auto_backends_take_the_engines_alone_where_the_decoder_gets_baseline_jp
     got = DeviceStage("cpu", 48, "photos", decoder=decoder)(packed[0])
     assert (got.images.int() - expected.images.int()).abs().max() <= 1
     # progressive files may reach the decoder, or nothing is known: hardware + hybrid, no probe
-    for options, only_baseline in ((DeviceDecode(), False), (DeviceDecode(backends=("hybrid",)), True)):
+    for options, only_baseline in ((DeviceDecodeOptions(), False), (DeviceDecodeOptions(backends=("hybrid",)), True)):
         before = len(created)
         chosen = device_decoder(cpu, options, baseline_only=only_baseline, make=standin)
         assert len(created) == before + 1 and created[-1].calls == []
         assert chosen.backends == (("hardware", "hybrid") if options.backends == "auto" else ("hybrid",))
-    assert isinstance(device_decoder(cpu, DeviceDecode(), baseline_only=True), TorchvisionDecoder)  # CPU: libjpeg
+    assert isinstance(device_decoder(cpu, DeviceDecodeOptions(), baseline_only=True),
+                      TorchvisionDecoder)  # CPU: libjpeg
 
 
 @pytest.mark.parametrize("no_engines, said", [("engines", "returned nothing for the 4:2:0"),
@@ -162,7 +163,7 @@ def test_auto_backends_keep_the_hybrid_decoder_on_a_gpu_whose_engines_fail_the_p
     """A GPU without JPEG engines: the library's decoder of the engines alone decodes nothing, or cannot be made."""
     monkeypatch.setattr(nvimgcodec_standin.Decoder, no_engines, no_engines == "refuse_engines_alone")
     with pytest.warns(RuntimeWarning, match=f"JPEG engines alone are not used.*{said}"):
-        decoder = device_decoder(torch.device("cpu"), DeviceDecode(), baseline_only=True, make=standin)
+        decoder = device_decoder(torch.device("cpu"), DeviceDecodeOptions(), baseline_only=True, make=standin)
     assert decoder.backends == ("hardware", "hybrid")
     assert [b.backend_kind.name for b in nvimgcodec_standin.Decoder.created[-1].backends] == ["HW_GPU_ONLY",
                                                                                              "HYBRID_CPU_GPU"]
@@ -178,7 +179,7 @@ def test_a_progressive_jpeg_refused_by_the_engines_alone_is_decoded_on_the_cpu_a
     batch = pack_encoded(ds.pipeline, [ds.encoded(i) for i in rows], 0)
     assert not batch.worker_decoded.any()
     cpu = torch.device("cpu")
-    engines = standin(cpu, DeviceDecode(backends=("hardware",)))
+    engines = standin(cpu, DeviceDecodeOptions(backends=("hardware",)))
     stage = DeviceStage("cpu", 16, "tricky", decoder=engines)
     with pytest.warns(RuntimeWarning, match=r"could not decode sample.*backends=\('hardware', 'hybrid'\)"):
         made = stage(batch)
@@ -195,10 +196,12 @@ def test_the_decoder_gets_baseline_jpegs_only_when_the_conversion_recorded_no_pr
     from fastdata.formats.manifest import read_manifest
 
     baseline = tmp_path / "baseline.lmdb"
-    fastdata.convert_imagefolder(tricky_tree.root, baseline, workers=1, progress=False, jpeg_layout="baseline")
+    fastdata.convert_imagefolder(
+        tricky_tree.root, baseline, fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout="baseline")
+    )
     original_kinds = read_manifest(tricky_lmdb).stats["gpu_kinds"]
     assert original_kinds["progressive"] == 1
-    assert not baseline_only(DeviceDecode(), original_kinds)
-    assert baseline_only(DeviceDecode(progressive="workers"), original_kinds)
-    assert baseline_only(DeviceDecode(), read_manifest(baseline).stats["gpu_kinds"])
-    assert not baseline_only(DeviceDecode(), None)
+    assert not baseline_only(DeviceDecodeOptions(), original_kinds)
+    assert baseline_only(DeviceDecodeOptions(progressive="workers"), original_kinds)
+    assert baseline_only(DeviceDecodeOptions(), read_manifest(baseline).stats["gpu_kinds"])
+    assert not baseline_only(DeviceDecodeOptions(), None)

@@ -16,7 +16,7 @@ import torch
 import fastdata
 from fastdata.image.device.decoders import TorchvisionDecoder
 from fastdata.image.device.feeder import DECODED_AHEAD, DeviceFeeder, PassKey, strong
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DeviceStage
 from tests.image.device import nvimgcodec_standin
@@ -107,7 +107,7 @@ def test_two_decoded_batches_wait_for_the_resize_thread_and_six_slots_for_the_lo
     """A training loop that takes nothing: the resize thread fills the default 6 slots and waits for a seventh
     with the next decoded batch in hand; 2 decoded batches wait in the queue, and the decode thread holds one more
     it cannot put: 6 + 1 + 2 + 1 decoder calls, and then none (the threads are stuck, not slow)."""
-    slots = DeviceDecode().slots
+    slots = DeviceDecodeOptions().slots
     assert (slots, DECODED_AHEAD) == (6, 2)
     decoder = CountingDecoder()
     stage = DeviceStage("cpu", 32, "photos", decoder=decoder)
@@ -146,7 +146,7 @@ def test_loaders_give_the_same_batches_over_epochs_and_leave_no_thread(jpeg_phot
 
 def test_decode_ahead_is_deprecated_and_changes_nothing(jpeg_photos):
     with pytest.warns(FutureWarning, match=r"decode_ahead=\.\.\.\) is deprecated and ignored.*remove the argument"):
-        options = DeviceDecode(decode_ahead=False)
+        options = DeviceDecodeOptions(decode_ahead=False)
     loader = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=0, device="cpu",
                              decode=options)
     reference = fastdata.loader(jpeg_photos[0], batch_size=4, image_size=32, num_workers=0, device="cpu",
@@ -175,7 +175,7 @@ def library(monkeypatch):
     nvimgcodec_standin.install(monkeypatch)
     from fastdata.image.device.nvimgcodec import NvImageCodecDecoder
 
-    return NvImageCodecDecoder(torch.device("cpu"), DeviceDecode())
+    return NvImageCodecDecoder(torch.device("cpu"), DeviceDecodeOptions())
 
 
 def payloads_of(batch) -> list[np.ndarray]:

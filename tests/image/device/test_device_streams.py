@@ -19,7 +19,7 @@ import fastdata
 import fastdata.image.device.stage as stage_module
 from fastdata.image.device.decoders import TorchvisionDecoder
 from fastdata.image.device.feeder import DeviceFeeder, PassKey, strong
-from fastdata.image.device.options import DeviceDecode
+from fastdata.image.device.options import DeviceDecodeOptions
 from fastdata.image.device.ring import SlotRing
 from fastdata.image.device.stage import DeviceStage
 from tests.image.device import nvimgcodec_standin
@@ -159,7 +159,7 @@ def test_with_the_training_stream_held_back_no_decode_overwrites_a_buffer_before
     streams = FakeStreams()
     gates = [threading.Event() for _ in range(BATCHES)]
 
-    steps = run(jpeg_photos[0], streams, NvImageCodecDecoder(torch.device("cpu"), DeviceDecode()), gates=gates)
+    steps = run(jpeg_photos[0], streams, NvImageCodecDecoder(torch.device("cpu"), DeviceDecodeOptions()), gates=gates)
     assert not streams.ran(steps[0]) and not streams.ran(crops[6])  # held back to the end
     assert ReusingLibrary.reuses > 0
     for gate in gates:
@@ -176,7 +176,7 @@ def test_a_replacement_feeder_writes_no_slot_before_the_old_ones_last_write(jpeg
     _STREAMS[:] = [streams]
     ds = fastdata.dataset(jpeg_photos[0], "train", image_size=32)
     path = DevicePath(torch.device("cpu"), ds.pipeline, "photos", 4, output=ds.pipeline.output,
-                      channels_last=False, on_error="raise", options=DeviceDecode(slots=3), streams=streams)
+                      channels_last=False, on_error="raise", options=DeviceDecodeOptions(slots=3), streams=streams)
     path.stage.decoder = EngineDecoder(streams)
     batches = packed_batches(jpeg_photos[0], 6)
 

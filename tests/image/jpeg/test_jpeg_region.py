@@ -243,7 +243,7 @@ def test_workers_fork_cleanly_after_decoding_in_the_main_process(tmp_path):
     from fastdata.tools.sample import make_sample_imagefolder
 
     src = make_sample_imagefolder(tmp_path / "src", images=24, classes=3, workers=1)
-    fastdata.convert_imagefolder(src, tmp_path / "p.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(src, tmp_path / "p.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     script = textwrap.dedent(f"""
         import fastdata
         path = {str(tmp_path / "p.lmdb")!r}

@@ -27,9 +27,16 @@ def datasets(tmp_path_factory):
     for layout in ("original", "restart"):
         made["lmdb", layout] = root / f"{layout}.lmdb"
         made["wds", layout] = root / f"{layout}-shards"
-        fastdata.convert_imagefolder(tree.root, made["lmdb", layout], workers=1, progress=False, jpeg_layout=layout)
-        fastdata.convert_imagefolder(tree.root, made["wds", layout], format="wds", shard_size="64KB", seed=2,
-                                     workers=1, progress=False, jpeg_layout=layout)
+        fastdata.convert_imagefolder(
+            tree.root, made["lmdb", layout], fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout=layout)
+        )
+        fastdata.convert_imagefolder(
+            tree.root,
+            made["wds", layout],
+            fastdata.ImageFolderOptions(
+                format="wds", shard_size="64KB", seed=2, workers=1, progress=False, jpeg_layout=layout
+            ),
+        )
     return made
 
 
@@ -105,7 +112,7 @@ def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets,
         assert len(got) == len(expected) == 6
         proved = seeded_loader(datasets[fmt, "restart"], batch_size=4, **options)
         list(proved)
-        assert proved.dataset.pipeline.ship_sub_jpegs  # the feeder's probe passed: the workers ship sub-JPEGs
+        assert proved.dataset.pipeline.config.sub_jpegs  # the feeder's probe passed: the workers ship sub-JPEGs
         for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
             assert np.array_equal(labels, want_labels)
             assert np.array_equal(images, want_images), (fmt, augment, seed)
@@ -114,12 +121,13 @@ def test_device_decode_of_sub_jpegs_gives_the_original_layouts_batches(datasets,
 def test_the_device_gets_the_crops_sub_jpeg_not_the_whole_file(datasets):
     """The bytes a worker ships for the device: a train crop's sub-JPEG holds fewer bytes than the file."""
     from fastdata.image.device.ship import SubJpegSwitch, pack_encoded
+    from fastdata.image.pipeline import PipelineConfig
 
     shipped = {}
     for layout in ("original", "restart"):
         ds = fastdata.dataset(datasets["lmdb", layout], augment="train", image_size=48)
-        ds.pipeline.ship_encoded = True
-        ds.pipeline.ship_sub_jpegs = switch = SubJpegSwitch()
+        switch = SubJpegSwitch()
+        ds.pipeline.configure(PipelineConfig(ship_encoded=True, sub_jpegs=switch))
         switch.enable()
         samples = [ds.encoded(i) for i in range(len(ds))]
         batch = pack_encoded(ds.pipeline, samples, 0)
@@ -158,9 +166,9 @@ def test_device_sub_jpegs_give_the_rewritten_whole_files_batches(datasets, decod
     batches the rewritten whole files give on the same decoder (if the decoder fails the probe check, whole files
     go, with a warning: the same batches again)."""
     options = dict(augment="train", image_size=48, device="cuda")
-    whole = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecode(decoder=decoder, sub_jpegs=False),
+    whole = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecodeOptions(decoder=decoder, sub_jpegs=False),
                     **options)
-    subs = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecode(decoder=decoder), **options)
+    subs = batches(datasets["lmdb", "restart"], decode=fastdata.DeviceDecodeOptions(decoder=decoder), **options)
     assert len(subs) == len(whole) == 6
     for (images, labels), (want_images, want_labels) in zip(subs, whole, strict=True):
         assert np.array_equal(labels, want_labels) and np.array_equal(images, want_images)

@@ -37,7 +37,7 @@ def _hf_conversion(tree, out, names):
                               "label": labels},
                              features=Features({"image": Image(), "label": ClassLabel(names=list(names))}))
     data.save_to_disk(str(out.parent / f"{out.stem}-saved"))
-    fastdata.convert_hf(str(out.parent / f"{out.stem}-saved"), out, workers=1, progress=False)
+    fastdata.convert_hf(str(out.parent / f"{out.stem}-saved"), out, fastdata.HfOptions(workers=1, progress=False))
     return out
 
 
@@ -47,11 +47,11 @@ def sources(tmp_path_factory, small_solid_tree):
     (HF ClassLabel: alpha, beta, delta: shares two names)."""
     root = tmp_path_factory.mktemp("mixed_classes")
     folder = root / "folder.lmdb"
-    fastdata.convert_imagefolder(small_solid_tree.root, folder, workers=1, progress=False)
+    fastdata.convert_imagefolder(small_solid_tree.root, folder, fastdata.ImageFolderOptions(workers=1, progress=False))
     hf = _hf_conversion(small_solid_tree, root / "hf.lmdb", HF_ORDER)
     other = build_solid_tree(root / "other", count=SMALL_SOLID_COUNT, classes=("alpha", "beta", "delta"))
     partial = root / "partial.lmdb"
-    fastdata.convert_imagefolder(other.root, partial, workers=1, progress=False)
+    fastdata.convert_imagefolder(other.root, partial, fastdata.ImageFolderOptions(workers=1, progress=False))
     return {"folder": folder, "hf": hf, "partial": partial}
 
 
@@ -124,7 +124,8 @@ def test_a_state_of_another_label_space_is_refused(sources):
 
 def test_classes_is_for_image_mixtures(solid_lmdb, text_mix):
     with pytest.raises(ConfigError, match="classes: for image datasets only; the mixture holds text"):
-        fastdata.loader(list(text_mix[:2]), seq_len=8, num_workers=0, mixing=MixOptions(classes="by_name"))
+        fastdata.loader(list(text_mix[:2]), num_workers=0, mixing=MixOptions(classes="by_name"),
+                        text=fastdata.TextOptions(seq_len=8))
     with pytest.raises(ConfigError, match="apply to a mixture"):
         fastdata.loader(solid_lmdb, mixing=MixOptions(classes="by_name"))
     with pytest.raises(ConfigError, match=r"classes must be one of \('auto', 'by_name', 'per_dataset'\)"):

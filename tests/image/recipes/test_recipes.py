@@ -19,7 +19,7 @@ from fastdata.errors import ConfigError, ResumeError
 from fastdata.image.augment import RandomResizedCropFlip
 from fastdata.image.output import OutputFormat
 from fastdata.image.recipes.mixing import batch_rng
-from fastdata.options import Output
+from fastdata.options import OutputOptions
 from fastdata.order.epoch import sample_rng
 from fastdata.presets import (
     AutoAugment,
@@ -124,7 +124,7 @@ class _GivenCutMix(v2.CutMix):
 def test_batch_presets_are_torchvisions_mixup_and_cutmix(solid_lmdb, batch_preset):
     """Float batches (normalised in the workers) mixed by fastdata equal torchvision v2's MixUp / CutMix of the
     unmixed batch with the same draw; labels float32 [B, num_classes], rows summing to 1."""
-    options = dict(shuffle=False, output=Output(dtype=torch.float32))
+    options = dict(shuffle=False, output=OutputOptions(dtype=torch.float32))
     plain = every_batch(seeded_loader(solid_lmdb, augment=RandomResizedCrop(SIZE), **options))
     mixed = every_batch(seeded_loader(solid_lmdb, augment=[RandomResizedCrop(SIZE), batch_preset], **options))
     classes = batch_preset.num_classes or len(SOLID_CLASSES)
@@ -173,7 +173,7 @@ def test_random_erasing_fills_in_the_batches_units(photos):
     assert len(rectangles) >= len(plain) * 0.8  # (10 tries can all miss)
     for pixels, _ in rectangles:
         assert (pixels == torch.tensor([[10], [20], [30]], dtype=torch.uint8)).all()
-    floating = Output(dtype=torch.float32)
+    floating = OutputOptions(dtype=torch.float32)
     plain_f, _ = next(iter(fastdata.loader(path, augment=RandomResizedCrop(SIZE), output=floating, **common)))
     recipe = [RandomResizedCrop(SIZE), RandomErasing(p=1.0)]
     got_f, _ = next(iter(fastdata.loader(path, augment=recipe, output=floating, **common)))

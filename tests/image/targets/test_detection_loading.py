@@ -5,6 +5,7 @@ and every image's target travels with it through workers, shuffling, resumption,
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from builders.runs import assert_one_line_error
 from contracts import check_resumes, clone, same
 
 import fastdata
+from fastdata import FastdataDeprecationWarning
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.image.detection_presets import iou_crop
 from fastdata.order.epoch import sample_rng
@@ -223,7 +225,9 @@ def test_a_skipped_image_drops_its_target(rect_lmdb, tmp_path):
 def test_masks_are_refused_where_none_are_stored(tmp_path):
     root = tmp_path / "src"
     source = write_coco(root, _without_segmentation())
-    fastdata.convert_coco(source.annotations, source.images, tmp_path / "boxes.lmdb", workers=1, progress=False)
+    fastdata.convert_coco(
+        source.annotations, source.images, tmp_path / "boxes.lmdb", fastdata.CocoOptions(workers=1, progress=False)
+    )
     with pytest.raises(ConfigError, match="holds no masks"):
         fastdata.loader(tmp_path / "boxes.lmdb", image_size=SIZE, masks=True, num_workers=0)
 
@@ -238,7 +242,8 @@ def test_refusals_are_one_line(rect_lmdb, capsys):
     for options, needle in (({"decode": "device", "device": "cpu"}, "detection datasets decode in the workers"),
                             ({"augment": lambda image: image}, "augment for a detection dataset must be"),
                             ({"augment": "val", "scale": (0.5, 2.0)}, "scale is the train preset's")):
-        with pytest.raises(ConfigError, match=needle) as raised:
+        old = pytest.warns(FastdataDeprecationWarning) if "scale" in options else nullcontext()  # (the old keyword)
+        with pytest.raises(ConfigError, match=needle) as raised, old:
             fastdata.loader(rect_lmdb, num_workers=0, **options)
         assert_one_line_error(str(raised.value), needle)
 

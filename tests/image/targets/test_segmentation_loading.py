@@ -18,7 +18,7 @@ from contracts import check_resumes, clone, same
 import fastdata
 from fastdata.errors import ConfigError, CorruptSampleError
 from fastdata.order.epoch import sample_rng
-from fastdata.presets import ResizeLongerPad
+from fastdata.presets import ResizeLongerPad, ScaleJitterCrop
 
 v2 = pytest.importorskip("torchvision.transforms.v2")
 from torchvision import tv_tensors  # noqa: E402
@@ -76,7 +76,7 @@ def test_masks_equal_torchvision_nearest_exact_for_the_same_geometry(seg_rect_lm
 def test_sixteen_bit_label_maps_load_as_int64_through_the_same_geometry(tmp_path):
     listed, _ = build_segmentation_list(tmp_path / "src", wide=True)
     out = tmp_path / "wide.lmdb"
-    fastdata.convert_list(listed, out, mask_column="mask", workers=1, progress=False)
+    fastdata.convert_list(listed, out, fastdata.FileListOptions(mask_column="mask", workers=1, progress=False))
     _compare_with_torchvision(out, "train", torch.int64, seeds=2)
     _, masks = next(iter(fastdata.loader(out, batch_size=4, image_size=SIZE, num_workers=0)))
     assert masks.dtype == torch.int64 and masks.shape == (4, SIZE, SIZE) and int(masks[masks != IGNORE].max()) > 255
@@ -165,7 +165,8 @@ def _check_masks_match_images(batches) -> list[int]:
 
 
 def _loader(path, workers: int, **options):
-    return fastdata.loader(path, batch_size=4, image_size=SIZE, scale=(0.5, 2.0), num_workers=workers, **options)
+    return fastdata.loader(path, batch_size=4, augment=ScaleJitterCrop(SIZE, scale_range=(0.5, 2.0)),
+                           num_workers=workers, **options)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -23,7 +23,7 @@ def hf_lmdb(solid_tree, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hf_verify")
     hf_dataset(solid_tree).save_to_disk(str(root / "saved"))
-    fastdata.convert_hf(root / "saved", root / "hf.lmdb", workers=1, progress=False)
+    fastdata.convert_hf(root / "saved", root / "hf.lmdb", fastdata.HfOptions(workers=1, progress=False))
     return root / "hf.lmdb"
 
 
@@ -41,7 +41,7 @@ def test_a_fresh_dataset_verifies_before_and_after_a_loader_read_it(dataset):
     report = verify(dataset)
     assert report.ok, report.problems
     manifest = fastdata.info(dataset)
-    options = {"seq_len": 8} if manifest.kind == "text" else {"image_size": 16}
+    options = {"text": fastdata.TextOptions(seq_len=8)} if manifest.kind == "text" else {"image_size": 16}
     for _ in fastdata.loader(dataset, batch_size=4, num_workers=2, **options):
         pass
     report = verify(dataset, decode=manifest.kind == "image")

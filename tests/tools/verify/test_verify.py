@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import struct
+import threading
 
 import lmdb
 import pytest
@@ -18,6 +21,8 @@ from fastdata.formats.lmdb import release_environments
 from fastdata.formats.manifest import CHECKSUM_FIELD, content_checksum, sha256_file
 from fastdata.tools.verify import verify
 
+HUNG_S = 120  # only a hang waits this long
+
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
@@ -27,14 +32,16 @@ def tree(tmp_path_factory):
 @pytest.fixture
 def lmdb_copy(tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("v") / "d.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     return out
 
 
 @pytest.fixture
 def wds_copy(tree, tmp_path_factory):
     out = tmp_path_factory.mktemp("v") / "shards"
-    fastdata.convert_imagefolder(tree.root, out, format="wds", shard_size="4KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(format="wds", shard_size="4KB", workers=1, progress=False)
+    )
     return out
 
 
@@ -199,7 +206,9 @@ def test_text_verify_checks_the_source_it_is_given(tmp_path):
     corpus = make_corpus(30)
     source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
     tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
-    fastdata.convert_text(source, tmp_path / "c.lmdb", tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(
+        source, tmp_path / "c.lmdb", tokenizer=tokenizer, options=fastdata.TextConversionOptions(progress=False)
+    )
     assert verify(tmp_path / "c.lmdb", source=source).ok
     other = write_jsonl(tmp_path / "other.jsonl", corpus[:-1])
     for wrong in (other, tmp_path / "missing.jsonl"):
@@ -220,7 +229,7 @@ def test_text_verify_compares_the_content_of_the_source(tmp_path, capsys):
     source = write_jsonl(tmp_path / "corpus.jsonl", corpus)
     tokenizer = train_bytelevel(tmp_path / "bpe.json", corpus)
     out = tmp_path / "c.lmdb"
-    fastdata.convert_text(source, out, tokenizer=tokenizer, progress=False)
+    fastdata.convert_text(source, out, tokenizer=tokenizer, options=fastdata.TextConversionOptions(progress=False))
     manifest = fastdata.info(out)
     assert manifest.source["files"] == [{"name": str(source), "bytes": source.stat().st_size,
                                          "sha256": sha256_file(source)}]
@@ -251,7 +260,7 @@ def test_verify_names_each_damaged_record_by_its_digest(tmp_path, capsys):
 
     src = make_sample_imagefolder(tmp_path / "src", images=24, classes=3, workers=1)
     out = tmp_path / "o.lmdb"
-    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     manifest = fastdata.info(out)
     assert manifest.record_digests["records"] == 24 and manifest.files[0].sha256 == ""
     assert verify(out).ok
@@ -282,7 +291,7 @@ def test_a_dataset_with_the_whole_files_digest_verifies_as_before(tmp_path):
 
     src = make_sample_imagefolder(tmp_path / "src", images=6, classes=2, workers=1)
     out = tmp_path / "o.lmdb"
-    fastdata.convert_imagefolder(src, out, workers=1, progress=False)
+    fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(workers=1, progress=False))
     data = json.loads((out / "manifest.json").read_text())
     del data["record_digests"]
     data["files"][0]["sha256"] = sha256_file(out / DATA_FILE)
@@ -299,7 +308,7 @@ def test_info_says_an_lmdb_dataset_has_a_digest_per_record(tmp_path):
     from fastdata.tools.info import describe
 
     tree = build_solid_tree(tmp_path / "src", count=6)
-    fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, tmp_path / "o.lmdb", fastdata.ImageFolderOptions(workers=1, progress=False))
     line = next(line for line in describe(tmp_path / "o.lmdb").splitlines() if "data.mdb" in line)
     root = fastdata.info(tmp_path / "o.lmdb").record_digests["root"]
     assert f"a sha256 per record (root {root[:16]}" in line
@@ -314,7 +323,9 @@ def photo_shards(tmp_path_factory):
     for i in range(9):
         write_image(root / "src" / f"c{i % 3}" / f"p{i}.jpg", photo_like(i, 64, 48), "jpeg")
     out = root / "shards"
-    fastdata.convert_imagefolder(root / "src", out, format="wds", shard_size="16KB", workers=1, progress=False)
+    fastdata.convert_imagefolder(
+        root / "src", out, fastdata.ImageFolderOptions(format="wds", shard_size="16KB", workers=1, progress=False)
+    )
     return out
 
 
@@ -386,3 +397,37 @@ def test_a_webdataset_dataset_from_before_record_digests_still_loads_and_verifie
     report = verify(copy, decode=True)
     assert report.ok, report.problems
     assert any(item.startswith("no record digests (converted by an older fastdata") for item in report.checked)
+
+
+def _dies_on_a_later_range(task):
+    """A record check whose worker dies (as one killed for memory would) on every range but the first."""
+    if task[1] > 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return []
+
+
+def test_an_error_while_records_are_checked_stops_the_workers_at_once(lmdb_copy, monkeypatch):
+    """The checks that are left are not waited for: a pool closed and joined instead would wait for good for the
+    range its dead worker took with it."""
+    from fastdata.formats.manifest import read_manifest
+    from fastdata.tools.verify import records
+
+    monkeypatch.setattr(records, "CHUNK", 2)
+    monkeypatch.setattr(records, "_check_range", _dies_on_a_later_range)
+
+    def stop_at_the_first_progress(_line):
+        raise KeyboardInterrupt  # as Ctrl-C would, once the first range is in
+
+    raised = []
+
+    def check():
+        try:
+            records.check_records(lmdb_copy, read_manifest(lmdb_copy), [], stop_at_the_first_progress, workers=2)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=check, daemon=True)
+    thread.start()
+    thread.join(HUNG_S)  # only a pool that waits for the lost range waits this long: the test then fails
+    assert not thread.is_alive(), "check_records waited for the workers after the error"
+    assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)

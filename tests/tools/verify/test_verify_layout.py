@@ -24,7 +24,9 @@ def restart_dataset(tmp_path_factory):
     tree = build_sampling_tree(root / "src")
     (tree.root / "b" / "cut.jpg").write_bytes(damaged_entropy_jpeg(photo_like(3, 96, 80)))
     out = root / "d.lmdb"
-    fastdata.convert_imagefolder(tree.root, out, workers=1, progress=False, jpeg_layout="restart")
+    fastdata.convert_imagefolder(
+        tree.root, out, fastdata.ImageFolderOptions(workers=1, progress=False, jpeg_layout="restart")
+    )
     return tree, out
 
 
