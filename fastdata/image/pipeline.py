@@ -43,6 +43,9 @@ from fastdata.meter.stages import StageTimes
 from fastdata.order.epoch import sample_rng, sample_seed
 
 ON_ERROR = ("raise", "skip")
+#: how many bytes of crops wait for a recipe's per-sample presets at most (the batch's rows are filled in such
+#: chunks; ~10 MB per worker thread: 66 crops of 224 x 224, at least one crop)
+RECIPE_CHUNK_BYTES = 10 << 20
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,8 @@ class SamplePipeline:
                               "custom transforms take none")
         self._custom: Callable[..., Any] | None = None
         self._local: threading.local | None = None  # per-thread scratch buffers (see _scratch)
+        if self.recipe.per_sample:  # the policies' tables now, before the workers fork
+            self.recipe.warm(*self.preset.out_size)
 
     def configure(self, config: PipelineConfig) -> None:
         """Take the loader's configuration (before the workers fork: they get it with the pipeline)."""
@@ -148,6 +153,17 @@ class SamplePipeline:
             buffer = np.empty(shape, np.uint8)
             setattr(self._local, name, buffer)
         return buffer
+
+    def _crops(self, count: int, size: tuple[int, int]) -> np.ndarray:
+        """`count` H x W x 3 images, a batch's crops before the recipe's per-sample presets, kept between batches
+        (one per thread; grown, never shrunk)."""
+        if self._local is None:
+            self._local = threading.local()
+        buffer = getattr(self._local, "crops", None)
+        if buffer is None or buffer.shape[1:3] != size or len(buffer) < count:
+            buffer = np.empty((count, *size, 3), np.uint8)
+            self._local.crops = buffer
+        return buffer[:count]
 
     @property
     def output_size(self) -> tuple[int, int] | None:
@@ -254,10 +270,13 @@ class SamplePipeline:
             raise CorruptSampleError(f"{self._where(sample)}: sample {sample.key!r}: {exc}") from exc
 
     def process(self, sample: EncodedSample, epoch: int, out: np.ndarray | None = None,
-                times: StageTimes | None = None) -> np.ndarray | torch.Tensor:
+                times: StageTimes | None = None,
+                deferred: list[np.random.Generator] | None = None) -> np.ndarray | torch.Tensor:
         """Decode and augment `sample` for `epoch`: with a preset or none, a uint8 HWC array (BGR order when
         `self.bgr`; with a preset, written into `out` (H x W x 3) if given); with a custom transform, its result
-        as a CHW tensor (`as_chw`). Adds the decode and augment seconds to `times` if given."""
+        as a CHW tensor (`as_chw`). Adds the decode and augment seconds to `times` if given. `deferred`: the
+        recipe's per-sample presets are left to the caller, who gets the sample's RNG (after the crop's draw)
+        appended to it (`batch` applies them to the whole batch's crops at once)."""
         started = perf_counter()
         result: np.ndarray | torch.Tensor
         record = self.spatial.record(sample, self._name(sample)) if self.spatial is not None else None
@@ -288,7 +307,9 @@ class SamplePipeline:
                 image = self._decode(sample, reduce)
                 decode_s = perf_counter() - decode_started
                 apply_crop(image, params, out, scale=reduce)  # DCT scaling maps source pixel x to x / reduce
-            if self.recipe.per_sample:  # policies, erasing: on the crop, drawn after it from the sample's RNG
+            if deferred is not None:
+                deferred.append(rng)
+            elif self.recipe.per_sample:  # policies, erasing: on the crop, drawn after it from the sample's RNG
                 self.recipe.apply(out, rng, self._op_context(), self.config.delivered)
             if self.spatial is not None and record is not None:
                 sample.made = self.spatial.placed(record, placement, canvas)
@@ -334,12 +355,18 @@ class SamplePipeline:
         size = self.output_size_for(epoch)
         times = StageTimes()
         tensor: torch.Tensor | list[torch.Tensor]
+        rngs: list[np.random.Generator] = []
         if size:  # every image resized into one scratch image, its planes then copied into the batch tensor
             import cv2
 
             floating = self.output.floating
             tensor, slot = batch_tensor((len(samples), 3, *size), buffers, self.output.batch_dtype)
             image = self._scratch(size)
+            # a recipe's per-sample presets run on a chunk of crops at a time (RECIPE_CHUNK_BYTES), each operation on
+            # every crop that drew it in turn (`Recipe.apply_batch`), not between one sample's decode and the next:
+            # their code and tables stay in cache; the crops wait in `crops` with their samples' RNGs in `rngs`
+            chunk = max(1, min(len(samples), RECIPE_CHUNK_BYTES // (size[0] * size[1] * 3)))
+            crops = self._crops(chunk, size) if self.recipe.per_sample else None
             order = (2, 1, 0) if self.bgr else (0, 1, 2)
             if floating:  # uint8 planes of one image, then normalised into its row of the batch
                 planes = self._scratch(size, "planes")
@@ -349,10 +376,34 @@ class SamplePipeline:
         else:
             images: list[torch.Tensor] = []
             kept: list[EncodedSample] = []  # the samples behind `images` (skipped ones left out)
-            slot = None
+            slot = crops = None
+
+        def to_row(pixels: np.ndarray, row: int) -> None:
+            """HWC -> the three planes of batch row `row` (and BGR -> RGB for free): OpenCV's SIMD split, measured
+            5x faster than numpy's strided copy of the whole batch."""
+            started = perf_counter()
+            if floating:
+                cv2.split(pixels, [planes[channel] for channel in order])
+                self.output.normalise(uint8_planes, out=tensor[row])
+            else:
+                cv2.split(pixels, [planes[row, channel] for channel in order])
+            times.collate += perf_counter() - started
+
+        def finish_crops() -> None:
+            """The recipe on the crops waiting in `crops`, then each into its row (the last rows so far)."""
+            assert crops is not None
+            started, first = perf_counter(), len(labels) - len(rngs)
+            self.recipe.apply_batch(crops[:len(rngs)], rngs, self._op_context(), self.config.delivered)
+            times.augment += perf_counter() - started
+            for offset in range(len(rngs)):
+                to_row(crops[offset], first + offset)
+            rngs.clear()
+
         for sample in samples:
             try:
-                if size:
+                if crops is not None:
+                    self.process(sample, epoch, crops[len(rngs)], times, deferred=rngs)
+                elif size:
                     self.process(sample, epoch, image, times=times)
                 else:
                     images.append(self.to_chw_view(self.process(sample, epoch, times=times)))
@@ -366,17 +417,13 @@ class SamplePipeline:
                 if hasattr(exc, "add_note"):  # Python 3.11+
                     exc.add_note(f"fastdata: while decoding sample {sample.key!r} of {self.source}")
                 raise
-            if size:
-                started = perf_counter()
-                # HWC -> the three planes of this image's slot (and BGR -> RGB for free): OpenCV's SIMD split,
-                # measured 5x faster than numpy's strided copy of the whole batch
-                if floating:
-                    cv2.split(image, [planes[channel] for channel in order])
-                    self.output.normalise(uint8_planes, out=tensor[len(labels)])
-                else:
-                    cv2.split(image, [planes[len(labels), channel] for channel in order])
-                times.collate += perf_counter() - started
+            if size and crops is None:
+                to_row(image, len(labels))
             labels.append(self.target_of(sample))
+            if crops is not None and len(rngs) == len(crops):
+                finish_crops()
+        if rngs:
+            finish_crops()
         collate_started = perf_counter()
         if size:
             tensor = tensor[: len(labels)]

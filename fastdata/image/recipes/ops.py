@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,18 +32,30 @@ INTERPOLATIONS = ("nearest", "bilinear")
 class OpContext:
     """What an operation needs besides the crop and its magnitude: the crop's channel order, the interpolation of
     the geometric operations and their fill (per channel of the crop, RGB order given), and a scratch image of the
-    crop's shape for the operations that cannot write in place."""
+    crop's shape for the operations that cannot write in place, and the float images they compute in (kept between
+    samples: a fresh array of a crop's size per operation costs more than the operation, in page faults)."""
 
     bgr: bool = False
     interpolation: str = "nearest"
     fill: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    scratch: np.ndarray | None = None
+    buffers: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
+        """The scratch array `name` of `shape` and `dtype` (kept between calls; its contents are left over)."""
+        found = self.buffers.get(name)
+        if found is None or found.shape != shape or found.dtype != dtype:
+            found = self.buffers[name] = np.empty(shape, dtype)
+        return found
 
     def spare(self, image: np.ndarray) -> np.ndarray:
-        """A scratch array of `image`'s shape (kept between calls)."""
-        if self.scratch is None or self.scratch.shape != image.shape:
-            self.scratch = np.empty_like(image)
-        return self.scratch
+        """A scratch array of `image`'s shape and dtype (kept between calls)."""
+        return self.buffer("spare", image.shape, image.dtype.type)
+
+    def floats(self, image: np.ndarray, name: str = "pixels") -> np.ndarray:
+        """`image` as float32, in the scratch array `name`."""
+        pixels = self.buffer(name, image.shape)
+        np.copyto(pixels, image)
+        return pixels
 
     @property
     def weights(self) -> tuple[float, float, float]:
@@ -89,11 +101,18 @@ def posterize_lut(bits: int) -> np.ndarray:
     return _table(levels if bits >= 8 else levels & (((1 << bits) - 1) << (8 - bits)))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def solarize_lut(threshold: float) -> np.ndarray:
     """torchvision's solarize: levels at or above `threshold` inverted."""
     levels = _ramp()
     return _table(torch.where(levels >= threshold, levels.bitwise_not(), levels))
+
+
+@functools.lru_cache(maxsize=256)
+def solarize_first(threshold: float) -> int:
+    """The lowest level solarize inverts at `threshold` (256: none), as torch compares the levels with it."""
+    inverted = solarize_lut(threshold) != _ramp().numpy()
+    return int(np.argmax(inverted)) if inverted.any() else 256
 
 
 def contrast_lut(factor: float, mean: float) -> np.ndarray:
@@ -115,13 +134,29 @@ def _grey(image: np.ndarray, context: OpContext, pixels: np.ndarray | None = Non
     point) is a level off for 1 pixel in 200."""
     import cv2
 
-    source = image.astype(np.float32) if pixels is None else pixels
-    grey = cv2.transform(source, np.array([context.weights], np.float32))
+    source = context.floats(image) if pixels is None else pixels
+    grey = cv2.transform(source, _weights(context.bgr), dst=context.buffer("grey", image.shape[:2]))
     return np.floor(grey, out=grey)
 
 
+@functools.cache
+def _weights(bgr: bool) -> np.ndarray:
+    """The grey weights in a crop's channel order, as `cv2.transform`'s 1 x 3 matrix (never written to)."""
+    return np.array([GREY_WEIGHTS[::-1] if bgr else GREY_WEIGHTS], np.float32)
+
+
+def _to_levels(pixels: np.ndarray, image: np.ndarray, clamp: bool = True) -> None:
+    """float32 `pixels` clamped to 0..255 and truncated into the uint8 `image` (torchvision's `.to(uint8)`).
+    `clamp=False`: the pixels are known to lie in 0..255 already (a blend with a weight in 0..1 of two images in
+    0..255 stays between them, and rounds no further than to 0 or 255)."""
+    if clamp:
+        np.clip(pixels, 0, 255, out=pixels)
+    np.copyto(image, pixels, casting="unsafe")
+
+
 def brightness(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _lut(image, brightness_lut(1.0 + magnitude))
+    if magnitude != 0:  # (x * 1: the image as it is)
+        _lut(image, brightness_lut(1.0 + magnitude))
 
 
 def color(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -130,16 +165,20 @@ def color(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     import cv2
 
     factor = 1.0 + magnitude
-    pixels = image.astype(np.float32)
+    if factor == 1.0:  # x * 1 + grey * 0: the image as it is
+        return
+    pixels = context.floats(image)
     grey = _grey(image, context, pixels)
-    pixels *= np.float32(factor)
-    blended = cv2.scaleAdd(cv2.merge([grey, grey, grey]), 1.0 - factor, pixels)
-    np.copyto(image, np.clip(blended, 0, 255, out=blended), casting="unsafe")
+    np.multiply(pixels, np.float32(factor), out=pixels)
+    greys = cv2.merge([grey, grey, grey], dst=context.buffer("greys", image.shape))
+    _to_levels(cv2.scaleAdd(greys, 1.0 - factor, pixels, dst=pixels), image, clamp=factor > 1)
 
 
 def contrast(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     import cv2
 
+    if magnitude == 0:  # x * 1 + mean * 0: the image as it is
+        return
     mean = float(np.float32(cv2.mean(_grey(image, context))[0]))
     _lut(image, contrast_lut(1.0 + magnitude, mean))
 
@@ -154,24 +193,60 @@ def sharpness(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     are."""
     import cv2
 
-    if image.shape[0] <= 2 or image.shape[1] <= 2:
+    if image.shape[0] <= 2 or image.shape[1] <= 2 or magnitude == 0:
         return
     factor = 1.0 + magnitude
-    blurred = cv2.filter2D(image, -1, _SHARPNESS_KERNEL, dst=context.spare(image))
+    blurred = _blur(image, context)[1:-1, 1:-1]
     inner = image[1:-1, 1:-1]
-    pixels = inner.astype(np.float32)
-    change = blurred[1:-1, 1:-1].astype(np.float32)
-    change -= pixels
-    blended = cv2.scaleAdd(change, 1.0 - factor, pixels)
-    np.copyto(inner, np.clip(blended, 0, 255, out=blended), casting="unsafe")
+    pixels = context.floats(inner, "inner")  # (not "pixels": a buffer of another shape is not reallocated)
+    change = cv2.subtract(blurred, inner, dst=context.buffer("change", inner.shape), dtype=cv2.CV_32F)
+    _to_levels(cv2.scaleAdd(change, 1.0 - factor, pixels, dst=pixels), inner, clamp=factor > 1)
+
+
+def _blur(image: np.ndarray, context: OpContext) -> np.ndarray:
+    """torchvision's sharpness blur (the 3 x 3 kernel, rounded), in the scratch image: the kernel's sum in integers
+    (the 3 x 3 box sum plus 4 times the centre) divided by 13 and rounded, in one weighted sum (`sum / 13 + x * 4 /
+    13`: its float error is far below the 1/26 by which a thirteenth misses a tie), the same levels as torch's
+    float32 convolution rounded, at two thirds of `filter2D`'s cost (edges: not used)."""
+    import cv2
+
+    sums = cv2.boxFilter(image, cv2.CV_16U, (3, 3), dst=context.buffer("sums", image.shape, np.uint16),
+                         normalize=False, borderType=cv2.BORDER_REPLICATE)
+    blurred = context.spare(image)
+    cv2.addWeighted(_flat(sums), 1.0 / 13, _flat(image), 4.0 / 13, 0.0, dst=_flat(blurred), dtype=cv2.CV_8U)
+    return blurred
+
+
+def _flat(image: np.ndarray) -> np.ndarray:
+    """`image` (H x W x 3, contiguous) as one channel of H x 3W: a scalar then applies to every channel alike."""
+    return image.reshape(image.shape[0], -1)
 
 
 def posterize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _lut(image, posterize_lut(int(magnitude)))
+    """torchvision's posterize (`x & mask`) as one SIMD `bitwise_and`."""
+    import cv2
+
+    bits = int(magnitude)
+    if bits < 8:
+        flat = _flat(image)  # (a number is OpenCV's scalar operand; its stubs only know arrays)
+        cv2.bitwise_and(flat, (((1 << bits) - 1) << (8 - bits)) & 0xFF, dst=flat)  # type: ignore[call-overload]
 
 
 def solarize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _lut(image, solarize_lut(255.0 * magnitude))
+    """torchvision's solarize (levels at or above the threshold inverted) as a comparison and an exclusive or with
+    its mask (255: inverted, 0: kept), two SIMD passes instead of a table lookup."""
+    import cv2
+
+    first = solarize_first(255.0 * magnitude)
+    if first > 255:
+        return
+    flat = _flat(image)
+    if first <= 0:
+        cv2.bitwise_not(flat, dst=flat)
+        return
+    mask = context.buffer("mask", flat.shape, np.uint8)
+    cv2.compare(flat, first, cv2.CMP_GE, dst=mask)  # type: ignore[call-overload]  # (as in posterize)
+    cv2.bitwise_xor(flat, mask, dst=flat)
 
 
 def invert(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -184,31 +259,50 @@ def autocontrast(image: np.ndarray, magnitude: float, context: OpContext) -> Non
     """Each channel stretched from its min..max to 0..255 (torchvision's float32 arithmetic, as a table)."""
     import cv2
 
-    limits = np.array([cv2.minMaxLoc(channel)[:2] for channel in cv2.split(image)], np.float32)
+    planes = _planes(image, context)
+    limits = np.array([cv2.minMaxLoc(plane)[:2] for plane in planes], np.float32)
     low, high = limits[:, 0], limits[:, 1]
     same = high == low
     scale = (high - low) * np.float32(1.0 / 255)
     low[same], scale[same] = 0.0, 1.0
     table = np.clip((_LEVELS[:, None] - low) / scale, 0, 255)
-    _lut(image, table.astype(np.uint8).reshape(256, 1, 3))
+    _lut_planes(image, planes, table.astype(np.uint8).T)
 
 
 def equalize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     """Each channel's histogram equalised with torchvision's (Pillow's) table, in integers."""
     import cv2
 
-    tables = np.empty((256, 1, 3), np.uint8)
-    pixels = image.shape[0] * image.shape[1]
-    for channel in range(3):
-        hist = cv2.calcHist([image], [channel], None, [256], [0, 256]).reshape(256).astype(np.int64)
-        cumulative = np.cumsum(hist)
-        step = (pixels - int(hist[int(np.argmax(cumulative))])) // 255
-        if step == 0:
-            tables[:, 0, channel] = np.arange(256)
-            continue
-        tables[0, 0, channel] = 0
-        tables[1:, 0, channel] = np.clip((cumulative[:-1] + step // 2) // step, 0, 255)
-    _lut(image, tables)
+    planes = _planes(image, context)
+    hist = np.stack([cv2.calcHist([plane], [0], None, [256], [0, 256]).reshape(256) for plane in planes]
+                    ).astype(np.int64)  # 3 x 256
+    cumulative = np.cumsum(hist, axis=1)
+    last = hist[np.arange(3), np.argmax(cumulative, axis=1)]  # the count of each channel's highest level
+    step = (image.shape[0] * image.shape[1] - last) // 255
+    tables = np.empty((3, 256), np.uint8)
+    tables[:, 0] = 0
+    tables[:, 1:] = np.clip((cumulative[:, :-1] + step[:, None] // 2) // np.maximum(step, 1)[:, None], 0, 255)
+    tables[step == 0] = np.arange(256)
+    _lut_planes(image, planes, tables)
+
+
+def _planes(image: np.ndarray, context: OpContext) -> list[np.ndarray]:
+    """The three channels of `image` split into scratch planes."""
+    import cv2
+
+    planes = [context.buffer(f"plane{channel}", image.shape[:2], np.uint8) for channel in range(3)]
+    cv2.split(image, planes)
+    return planes
+
+
+def _lut_planes(image: np.ndarray, planes: list[np.ndarray], tables: np.ndarray) -> None:
+    """Each of `planes` (`image`'s channels) through its row of `tables` (3 x 256), merged back into `image`: a
+    one-channel lookup per plane, twice as fast as OpenCV's lookup with a table per channel."""
+    import cv2
+
+    for plane, table in zip(planes, tables, strict=True):
+        cv2.LUT(plane, table, dst=plane)
+    cv2.merge(planes, dst=image)
 
 
 def inverse_affine(center: tuple[float, float], angle: float, translate: tuple[float, float],
@@ -249,19 +343,25 @@ def _corner(image: np.ndarray) -> tuple[float, float]:
 
 
 def shear_x(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _warp(image, inverse_affine(_corner(image), 0.0, (0.0, 0.0), (math.degrees(math.atan(magnitude)), 0.0)), context)
+    if magnitude != 0:  # (the identity map: the image as it is)
+        shear = (math.degrees(math.atan(magnitude)), 0.0)
+        _warp(image, inverse_affine(_corner(image), 0.0, (0.0, 0.0), shear), context)
 
 
 def shear_y(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _warp(image, inverse_affine(_corner(image), 0.0, (0.0, 0.0), (0.0, math.degrees(math.atan(magnitude)))), context)
+    if magnitude != 0:
+        shear = (0.0, math.degrees(math.atan(magnitude)))
+        _warp(image, inverse_affine(_corner(image), 0.0, (0.0, 0.0), shear), context)
 
 
 def translate_x(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _warp(image, inverse_affine((0.0, 0.0), 0.0, (float(int(magnitude)), 0.0), (0.0, 0.0)), context)
+    if int(magnitude) != 0:
+        _warp(image, inverse_affine((0.0, 0.0), 0.0, (float(int(magnitude)), 0.0), (0.0, 0.0)), context)
 
 
 def translate_y(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    _warp(image, inverse_affine((0.0, 0.0), 0.0, (0.0, float(int(magnitude))), (0.0, 0.0)), context)
+    if int(magnitude) != 0:
+        _warp(image, inverse_affine((0.0, 0.0), 0.0, (0.0, float(int(magnitude))), (0.0, 0.0)), context)
 
 
 def rotate(image: np.ndarray, magnitude: float, context: OpContext) -> None:
@@ -270,15 +370,25 @@ def rotate(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     if angle == 0:
         return
     if angle == 180 or (angle in (90, 270) and image.shape[0] == image.shape[1]):  # torchvision's exact rot90
-        turned, spare = np.rot90(image, k=int(angle // 90)), context.spare(image)
-        np.copyto(spare, turned)
-        np.copyto(image, spare)
+        import cv2
+
+        turn = {90: cv2.ROTATE_90_COUNTERCLOCKWISE, 180: cv2.ROTATE_180, 270: cv2.ROTATE_90_CLOCKWISE}[int(angle)]
+        np.copyto(image, cv2.rotate(image, turn, dst=context.spare(image)))
         return
     _warp(image, inverse_affine((0.0, 0.0), -angle, (0.0, 0.0), (0.0, 0.0)), context)
 
 
 def identity(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     return None
+
+
+def warm(name: str, magnitude: float) -> None:
+    """Work out the tables operation `name` keeps for `magnitude` (torch computes them: ~50 us each) now, so that a
+    worker forked later has them instead of computing them in its first epoch."""
+    if name == "Brightness" and magnitude != 0:
+        brightness_lut(1.0 + magnitude)
+    elif name == "Solarize":
+        solarize_first(255.0 * magnitude)
 
 
 Operation = Callable[[np.ndarray, float, OpContext], None]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastdata.errors import ConfigError
-from fastdata.image.recipes.ops import INTERPOLATIONS, OPERATIONS, OpContext
+from fastdata.image.recipes.ops import INTERPOLATIONS, OPERATIONS, OpContext, warm
 
 #: an operation's magnitudes: (first, last) of a linspace over the bins, "posterize" (8 - bins / ((n - 1) / span)
 #: rounded), or None (no magnitude); and whether the magnitude is signed (negated with probability 1/2)
@@ -37,6 +37,7 @@ _STANDARD: Space = {
     "Invert": (None, False),
 }
 _RAND_OPS = tuple(name for name in _STANDARD if name != "Invert")
+_WIDE_OPS = tuple(_WIDE)
 
 
 def space(wide: bool) -> Space:
@@ -126,6 +127,19 @@ class _Policy:
         """The operations (name, signed magnitude) for one crop."""
         raise NotImplementedError
 
+    def warm(self, height: int, width: int) -> None:
+        """Work out the magnitudes and tables of every operation at every bin and sign for `height` x `width` crops
+        now (see `ops.warm`)."""
+        wide, bins = self._space()
+        for name, (_, signed) in (_WIDE if wide else _STANDARD).items():
+            for value in magnitudes(wide, name, bins, height, width) or ():
+                for sign in (1, -1) if signed else (1,):
+                    warm(name, sign * value)
+
+    def _space(self) -> tuple[bool, int]:
+        """Whether the policy draws from TrivialAugmentWide's space, and its number of magnitude bins."""
+        raise NotImplementedError
+
     def apply(self, image: np.ndarray, rng: np.random.Generator, context: OpContext) -> None:
         """Draw and apply the operations to `image` (H x W x 3 uint8) in place."""
         for name, magnitude in self.draw(rng, image.shape[0], image.shape[1]):
@@ -154,8 +168,11 @@ class TrivialAugmentWide(_Policy):
         if not isinstance(self.num_magnitude_bins, int) or self.num_magnitude_bins < 2:
             raise ConfigError(f"num_magnitude_bins must be an int >= 2, got {self.num_magnitude_bins!r}")
 
+    def _space(self) -> tuple[bool, int]:
+        return True, self.num_magnitude_bins
+
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
-        name = tuple(_WIDE)[int(rng.integers(len(_WIDE)))]
+        name = _WIDE_OPS[int(rng.integers(len(_WIDE_OPS)))]
         index = int(rng.integers(self.num_magnitude_bins))
         return [(name, _magnitude(True, name, self.num_magnitude_bins, index, rng, height, width))]
 
@@ -178,6 +195,9 @@ class RandAugment(_Policy):
         if not isinstance(self.magnitude, int) or not 0 <= self.magnitude < self.num_magnitude_bins:
             raise ConfigError(f"magnitude must be a bin in 0..{self.num_magnitude_bins - 1}, got "
                               f"{self.magnitude!r}")
+
+    def _space(self) -> tuple[bool, int]:
+        return False, self.num_magnitude_bins
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
         drawn = []
@@ -202,6 +222,9 @@ class AutoAugment(_Policy):
         if name != "imagenet":
             raise ConfigError(f"AutoAugment's preset has torchvision's ImageNet policy only, got {self.policy!r}")
         object.__setattr__(self, "policy", name)
+
+    def _space(self) -> tuple[bool, int]:
+        return False, 10
 
     def draw(self, rng: np.random.Generator, height: int, width: int) -> list[tuple[str, float]]:
         drawn = []

@@ -6,6 +6,7 @@ or a RandomChoice of them) on each batch. The crop preset itself (the first item
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from fastdata.errors import ConfigError
 from fastdata.image.output import OutputFormat
 from fastdata.image.recipes.erasing import RandomErasing
 from fastdata.image.recipes.mixing import BatchPreset, CutMix, MixUp, RandomChoice, batch_rng, mix_images, mix_labels
-from fastdata.image.recipes.ops import OpContext
+from fastdata.image.recipes.ops import OPERATIONS, OpContext
 from fastdata.image.recipes.policies import AutoAugment, Policy, RandAugment, TrivialAugmentWide
 
 SamplePreset = Policy | RandomErasing
@@ -86,13 +87,45 @@ class Recipe:
                               f"num_classes must be {what} that (or None: the dataset's)")
         return given
 
+    def warm(self, height: int, width: int) -> None:
+        """Work out the policies' magnitudes and tables for `height` x `width` crops now (before the workers fork,
+        which then have them from the start)."""
+        for preset in self.per_sample:
+            if not isinstance(preset, RandomErasing):
+                preset.warm(height, width)
+
     def apply(self, image: np.ndarray, rng: np.random.Generator, context: OpContext, output: OutputFormat) -> None:
         """The per-sample presets, in turn, on `image` (H x W x 3 uint8, BGR if `context.bgr`) in place."""
         for preset in self.per_sample:
             if isinstance(preset, RandomErasing):
-                preset.apply(image, rng, preset.levels(output), output, context.bgr)
+                preset.apply(image, rng, _erasing_levels(preset, output), output, context.bgr)
             else:
                 preset.apply(image, rng, _policy_context(context, preset))
+
+    def apply_batch(self, images: np.ndarray, rngs: Sequence[np.random.Generator], context: OpContext,
+                    output: OutputFormat) -> None:
+        """`apply` on each of `images` (N x H x W x 3) with its sample's RNG, the same pixels, with each operation
+        run on every image that drew it in turn (its code and tables stay in cache) instead of image by image.
+        The draws do not depend on pixels, so each sample's RNG is drawn in the same order as by `apply`."""
+        height, width = images.shape[1:3]
+        for preset in self.per_sample:
+            if isinstance(preset, RandomErasing):
+                levels = _erasing_levels(preset, output)
+                for image, rng in zip(images, rngs, strict=True):
+                    preset.apply(image, rng, levels, output, context.bgr)
+                continue
+            context = _policy_context(context, preset)
+            drawn = [preset.draw(rng, height, width) for rng in rngs]
+            for step in range(max(map(len, drawn), default=0)):  # each image's operations in their order
+                by_name: dict[str, list[tuple[int, float]]] = {}
+                for index, operations in enumerate(drawn):
+                    if step < len(operations):
+                        name, magnitude = operations[step]
+                        by_name.setdefault(name, []).append((index, magnitude))
+                for name, uses in by_name.items():
+                    operation = OPERATIONS[name]
+                    for index, magnitude in uses:
+                        operation(images[index], magnitude, context)
 
     def mix(self, images: torch.Tensor, labels: torch.Tensor, seed: int, epoch: int, key: tuple[int, ...],
             num_classes: int) -> torch.Tensor:
@@ -102,6 +135,12 @@ class Recipe:
         mixed = self.batch.draw(batch_rng(seed, epoch, *key), images.shape[-2], images.shape[-1])
         mix_images(images, mixed)
         return mix_labels(labels, mixed, num_classes)
+
+
+@functools.lru_cache(maxsize=64)
+def _erasing_levels(preset: RandomErasing, output: OutputFormat) -> tuple[int, int, int] | None:
+    """`preset.levels(output)`, worked out once, not per sample."""
+    return preset.levels(output)
 
 
 def _policy_context(context: OpContext, policy: Policy) -> OpContext:

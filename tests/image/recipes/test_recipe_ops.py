@@ -125,3 +125,67 @@ def test_contrast_table_is_torchvisions_for_any_mean():
             levels = torch.arange(256, dtype=torch.uint8).view(1, 1, 256)
             want = _blend(levels, torch.full((1, 1, 1), float(mean)), factor)  # torchvision's adjust_contrast blend
             assert np.array_equal(contrast_lut(factor, float(mean)), want.numpy().ravel())
+
+
+def test_a_context_kept_across_operations_and_sizes_gives_a_fresh_ones_pixels():
+    """The operations compute in scratch arrays kept in the context (one per worker thread, over every sample and
+    epoch size): every operation at a few magnitudes, in turn on crops of other sizes and channel orders with one
+    context, gives what it gives with a fresh context each time."""
+    kept = OpContext()
+    rng = np.random.default_rng(5)
+    for size in [(64, 64), (48, 80), (3, 2), (64, 64)]:
+        for image in crops(size) if min(size) > 8 else [rng.integers(0, 256, (*size, 3), dtype=np.uint8)]:
+            for name in OPERATIONS:
+                for magnitude in bins(name in _WIDE, name, size)[::7]:
+                    for bgr in (False, True):
+                        kept.bgr = bgr
+                        got, want = image.copy(), image.copy()
+                        OPERATIONS[name](got, magnitude, kept)
+                        OPERATIONS[name](want, magnitude, OpContext(bgr))
+                        assert np.array_equal(got, want), (name, magnitude, size, bgr)
+
+
+def test_erasing_a_colour_fills_exactly_its_rectangle():
+    """A colour (three levels, written with cv2.rectangle) and one level (written as bytes) erase the drawn
+    rectangle, every pixel of it and no other."""
+    from fastdata.image.output import OutputFormat
+    from fastdata.image.recipes.erasing import RandomErasing
+
+    image = photo_like(3, 40, 30).copy()
+    for value, bgr in [((10, 20, 30), False), ((10, 20, 30), True), ((7, 7, 7), False)]:
+        erasing = RandomErasing(p=1.0, value=value)
+        for seed in range(30):
+            box = erasing.box(np.random.default_rng(seed), *image.shape[:2])
+            got = image.copy()
+            erasing.apply(got, np.random.default_rng(seed), value, OutputFormat(), bgr)
+            want = image.copy()
+            if box is not None:
+                top, left, h, w = box
+                want[top:top + h, left:left + w] = value[::-1] if bgr else value
+            assert np.array_equal(got, want), (value, bgr, seed, box)
+
+
+def test_the_policies_tables_are_made_before_the_workers_fork(photos):
+    """Building the loader works out the tables of every magnitude (workers forked from it have them)."""
+    import fastdata
+    from fastdata.image.recipes import ops
+    from fastdata.presets import RandomResizedCrop, TrivialAugmentWide
+
+    ops.brightness_lut.cache_clear()
+    ops.solarize_first.cache_clear()
+    fastdata.loader(photos[0], batch_size=4, augment=[RandomResizedCrop(24), TrivialAugmentWide()], num_workers=0)
+    assert ops.brightness_lut.cache_info().currsize == 60  # 31 bins, both signs, less the magnitude 0
+    assert ops.solarize_first.cache_info().currsize == 31
+
+
+@pytest.mark.parametrize("name", ["Brightness", "Color", "Contrast", "Sharpness"])
+def test_blends_at_the_extreme_levels_are_torchvisions(name):
+    """The blends skip their clamp where the weight keeps them between two images' levels: on a crop of mostly
+    0 and 255 (where a rounding past the range would show) every magnitude still gives torchvision's pixels."""
+    rng = np.random.default_rng(7)
+    image = rng.choice(np.array([0, 1, 254, 255, 128], np.uint8), size=(40, 48, 3), p=[0.3, 0.1, 0.1, 0.4, 0.1])
+    policy = v2.TrivialAugmentWide()
+    for magnitude in bins(True, name, (40, 48)):
+        want = reference(policy, image, name, magnitude, "nearest")
+        check(ours(image, name, magnitude), want, name, "nearest", f"{name} {magnitude:g}")
+        check(ours(image, name, magnitude, bgr=True), want, name, "nearest", f"{name} {magnitude:g}, BGR")

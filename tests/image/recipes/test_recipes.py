@@ -273,3 +273,47 @@ def test_a_borrowed_batch_gets_the_batch_presets_labels(solid_lmdb, tmp_path):
     for _, labels in batches:
         assert labels.dtype == torch.float32 and labels.shape == (1, len(SOLID_CLASSES))
         assert torch.allclose(labels.sum(1), torch.ones(1))
+
+
+def test_crops_wait_for_the_recipe_in_chunks_and_keep_their_rows(solid_lmdb, tmp_path, monkeypatch):
+    """The workers apply the per-sample presets to chunks of crops (`RECIPE_CHUNK_BYTES`), not one by one: every
+    row is still its own sample's crop with its own operations (`ds[i]`, which applies them sample by sample), with
+    chunks ending mid-batch and a skipped sample shifting the rows after it; floating batches are the same in
+    chunks of any size."""
+    from fastdata.image import pipeline
+
+    path, _ = corrupt_copy(solid_lmdb, tmp_path, 4, b"not an image")
+    recipe = [RandomResizedCrop(SIZE), RandAugment(2, 15), RandomErasing(p=0.7, value=(9, 99, 199))]
+    common = dict(batch_size=8, augment=recipe, shuffle=False, num_workers=0, on_error="skip")
+    floating = OutputOptions(dtype=torch.float32)
+    whole, _ = next(iter(fastdata.loader(path, output=floating, **common)))
+    monkeypatch.setattr(pipeline, "RECIPE_CHUNK_BYTES", 3 * SIZE * SIZE * 3 + 5)  # 3 crops
+    images, _ = next(iter(fastdata.loader(path, **common)))
+    ds = fastdata.dataset(path, augment=recipe)
+    ds.set_epoch(0)
+    rows = [0, 1, 2, 3, 5, 6, 7]  # sample 4 is skipped
+    assert len(images) == len(rows)
+    for row, index in enumerate(rows):
+        assert torch.equal(ds[index][0], images[row]), (row, index)
+    chunked, _ = next(iter(fastdata.loader(path, output=floating, **common)))
+    assert torch.equal(chunked, whole)
+
+
+def test_a_recipe_on_a_batch_is_the_recipe_on_each_image():
+    """`Recipe.apply_batch` (each operation on every image that drew it in turn) gives `apply`'s pixels image by
+    image, and leaves each sample's RNG where `apply` leaves it (erasing's noise drawn last)."""
+    from fastdata.image.recipes.ops import OpContext
+    from fastdata.image.recipes.recipe import Recipe
+
+    recipe = Recipe.of([RandAugment(3, 20, fill=(5, 6, 7)), RandomErasing(p=0.8, value="random"), AutoAugment()])
+    output = OutputFormat(dtype=torch.float32)
+    images = np.random.default_rng(0).integers(0, 256, (9, 20, 28, 3), dtype=np.uint8)
+    for bgr in (False, True):
+        one_by_one, batched = images.copy(), images.copy()
+        rngs = [sample_rng(1, 2, index) for index in range(len(images))]
+        for image, rng in zip(one_by_one, rngs, strict=True):
+            recipe.apply(image, rng, OpContext(bgr), output)
+        batch_rngs = [sample_rng(1, 2, index) for index in range(len(images))]
+        recipe.apply_batch(batched, batch_rngs, OpContext(bgr), output)
+        assert np.array_equal(batched, one_by_one)
+        assert [r.random() for r in rngs] == [r.random() for r in batch_rngs]
