@@ -44,15 +44,18 @@ def reference(input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tupl
     return positions, bounds, max(b - a for a, b in itertools.pairwise(bounds))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "kernel"), [(0, True), (2, True), (2, False)])
 @pytest.mark.parametrize("packing", [True, "best-fit"])
-def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, workers):
+def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, workers, kernel):
+    """kernel=False: numpy makes the batches (where the C extension was not built), the workers find the
+    segments and hand over their starts."""
     options = dict(batch_size=5, seed=1)
     plain = [clone(b) for b in fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(seq_len=24,
                                                                                               packing=packing),
                                                **options)]
     loader = fastdata.loader(data, num_workers=workers,
                              text=fastdata.TextOptions(seq_len=24, packing=packing, boundaries=True), **options)
+    loader.batcher.form = dataclasses.replace(loader.batcher.form, kernel=kernel)
     batches = [clone(b) for b in loader]
     assert len(batches) == len(plain) == len(loader)
     segments = 0
