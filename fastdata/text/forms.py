@@ -92,7 +92,7 @@ class RowsForm:
         `parts` (int32 views into the transferred memory) and what travelled beside it (`fill`)."""
         rows = parts[0]
         kernel = self._kernel()
-        if kernel is not None and rows.flags.c_contiguous:
+        if kernel is not None and rows.dtype == np.int32 and rows.flags.c_contiguous:
             return self._batch_in_one_pass(kernel, rows)
         return self._batch_numpy(rows, bounds)
 
