@@ -83,7 +83,8 @@ def main() -> None:
         def convert(layout: str, round_: int) -> None:
             out = Path(scratch) / f"{layout}-{round_}.lmdb"
             begun = time.perf_counter()
-            fastdata.convert_imagefolder(src, out, progress=False, workers=args.workers, jpeg_layout=layout)
+            fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(progress=False, workers=args.workers,
+                                                                             jpeg_layout=layout))
             seconds[layout].append(time.perf_counter() - begun)
             stats[layout] = read_manifest(out).stats
             shutil.rmtree(out)

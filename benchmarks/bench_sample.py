@@ -28,7 +28,7 @@ def bench_command(epochs: int, batch_size: int, repeats: int) -> list[str]:
 
 def main() -> None:
     args = arguments(__doc__, images=1200, repeats=3, epochs=2, batch_size=128).parse_args()
-    from fastdata.converters.imagefolder import convert_imagefolder
+    from fastdata.converters.imagefolder import ImageFolderOptions, convert_imagefolder
 
     from fastdata.tools.sample import make_sample_imagefolder
 
@@ -37,7 +37,7 @@ def main() -> None:
     if not out.exists():
         shutil.rmtree(work, ignore_errors=True)
         make_sample_imagefolder(train, images=args.images)
-        convert_imagefolder(train, out, progress=False)
+        convert_imagefolder(train, out, ImageFolderOptions(progress=False))
     command = bench_command(args.epochs, args.batch_size, args.repeats)
     print(f"$ {' '.join(command)}", flush=True)
     done = subprocess.run([sys.executable, "-m", "fastdata", *command[1:]], cwd=work, capture_output=True,

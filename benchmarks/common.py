@@ -118,7 +118,8 @@ def dataset_for(data: Path, images: int, jpeg_layout: str = "original", non_jpeg
     if not out.exists():
         import fastdata
 
-        fastdata.convert_imagefolder(src, out, progress=False, jpeg_layout=jpeg_layout, non_jpeg=non_jpeg)
+        fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(progress=False, jpeg_layout=jpeg_layout,
+                                                                            non_jpeg=non_jpeg))
     return out
 
 

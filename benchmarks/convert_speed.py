@@ -212,7 +212,8 @@ def text_contenders(corpus: Path, tokenizer: Path, workers: int, out: Path) -> d
         target = out / "text.lmdb"
         shutil.rmtree(target, ignore_errors=True)
         started = time.perf_counter()
-        fastdata.convert_text(corpus, target, tokenizer=tokenizer, workers=workers, progress=False)
+        fastdata.convert_text(corpus, target, fastdata.TextConversionOptions(workers=workers, progress=False),
+                              tokenizer=tokenizer)
         return time.perf_counter() - started
 
     contenders = {"encode_batch_fast, one process": encode_batch_fast,

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-from fastdata.converters.imagefolder import convert_imagefolder
+from fastdata.converters.imagefolder import ImageFolderOptions, convert_imagefolder
 
 from benchmarks import report
 from benchmarks.common import arguments, cached_sample_imagefolder
@@ -249,8 +249,8 @@ def main() -> None:
     for out, max_size, layout in ((full, None, "original"), (small, 256, "original"),
                                   (full_restart, None, "restart"), (small_restart, 256, "restart")):
         if not out.exists():
-            convert_imagefolder(src, out, progress=False, max_size=max_size, quality=90, jpeg_layout=layout,
-                                workers=args.workers)
+            convert_imagefolder(src, out, ImageFolderOptions(progress=False, max_size=max_size, quality=90,
+                                                             jpeg_layout=layout, workers=args.workers))
     report.table("the restart layout (`--jpeg-layout restart`) against the original: JPEGs rewritten, the JPEG bytes' "
                  "size ratio, and each conversion's time (timed when it was made: a cached dataset keeps its time)",
                  ["stored", "JPEGs rewritten", "kept original", "JPEG bytes", "restart conversion s",

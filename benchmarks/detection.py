@@ -161,8 +161,8 @@ def main() -> None:
     here.mkdir(parents=True, exist_ok=True)
     annotations = write_annotations(src, here / "instances.json")
     outputs = {"lmdb": here / "coco.lmdb", "wds": here / "coco-wds"}
-    convert_once(outputs, lambda fmt, out: fastdata.convert_coco(annotations, src, out, format=fmt,
-                                                                 workers=args.workers, progress=False))
+    convert_once(outputs, lambda fmt, out: fastdata.convert_coco(
+        annotations, src, out, fastdata.CocoOptions(format=fmt, workers=args.workers, progress=False)))
     count = read_manifest(outputs["lmdb"]).num_samples
 
     print(f"\nDataLoader settings for every loader (fastdata.loader given the same): {config.settings}")

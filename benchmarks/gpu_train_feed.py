@@ -135,7 +135,7 @@ def datasets(data: Path, images: int, copies: int) -> dict[str, Path]:
     for name, layout in (("original", {}), ("baseline", {"jpeg_layout": "baseline", "non_jpeg": "jpeg"})):
         out = data / f"imagefolder-{images}-x{copies}-{name}.lmdb"
         if not out.exists():
-            fastdata.convert_imagefolder(tree, out, progress=False, **layout)
+            fastdata.convert_imagefolder(tree, out, fastdata.ImageFolderOptions(progress=False, **layout))
         found[name] = out
     return found
 

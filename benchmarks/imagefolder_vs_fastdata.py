@@ -24,7 +24,7 @@ from __future__ import annotations
 import shutil
 import time
 
-from fastdata.converters.imagefolder import convert_imagefolder
+from fastdata.converters.imagefolder import ImageFolderOptions, convert_imagefolder
 
 from benchmarks import report
 from benchmarks.common import arguments, cached_sample_imagefolder, loading_table, per_run_ratios_text
@@ -51,8 +51,8 @@ def main() -> None:
         if out.exists():
             shutil.rmtree(out)
         started = time.perf_counter()
-        summary = convert_imagefolder(src, out, format=name.split()[0], progress=False,
-                                      max_size=256 if "max-size" in name else None, shard_size="64MB")
+        summary = convert_imagefolder(src, out, ImageFolderOptions(
+            format=name.split()[0], progress=False, max_size=256 if "max-size" in name else None, shard_size="64MB"))
         seconds = time.perf_counter() - started
         rows.append([name, f"{seconds:.1f}", f"{summary.images / seconds:,.0f}", f"{summary.bytes_in / 1e6:.1f}",
                      f"{summary.bytes_out / 1e6:.1f}", f"{summary.bytes_out / summary.bytes_in:.2f}"])

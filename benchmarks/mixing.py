@@ -67,7 +67,7 @@ def loading(images: int, repeats: int, workers: int, batch_size: int) -> tuple[f
         a_tree, b_tree = split_tree(tree, root, 0.7)
         whole, a, b = root / "whole.lmdb", root / "a.lmdb", root / "b.lmdb"
         for src, out in ((tree, whole), (a_tree, a), (b_tree, b)):
-            fastdata.convert_imagefolder(src, out, progress=False)
+            fastdata.convert_imagefolder(src, out, fastdata.ImageFolderOptions(progress=False))
         options = dict(batch_size=batch_size, num_workers=workers, image_size=160, seed=0)
         loaders = {"plain": fastdata.loader(whole, **options),
                    "mixed": fastdata.loader([a, b], weights=[0.7, 0.3], mixing=fastdata.MixOptions(epoch_end="last"),

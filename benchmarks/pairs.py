@@ -179,8 +179,8 @@ def main() -> None:
     captions = [caption_of(n, name) for n, (_, name) in enumerate(photos(src))]
     tokenizer = clip_like_tokenizer(here / "tokenizer.json", captions)
     outputs = {"lmdb": here / "pairs.lmdb", "wds": here / "pairs-wds"}
-    convert_once(outputs, lambda fmt, out: fastdata.convert_pairs(shards[0].parent, out, tokenizer=tokenizer,
-                                                                  format=fmt, workers=args.workers, progress=False))
+    convert_once(outputs, lambda fmt, out: fastdata.convert_pairs(shards[0].parent, out, fastdata.PairsOptions(
+        tokenizer=tokenizer, format=fmt, workers=args.workers, progress=False)))
     for out in outputs.values():
         pairs = json.loads((out / "manifest.json").read_text())["pairs"]
         print(f"  {out.name}: {pairs['captions']:,} pairs, token dtype {pairs['dtype']}, longest caption "

@@ -67,7 +67,8 @@ def main() -> None:
     src = cached_sample_imagefolder(args.data, args.images)
     shards = args.data / f"remote-{args.images}-{args.shard_size}.wds"
     if not shards.exists():
-        fastdata.convert_imagefolder(src, shards, format="wds", shard_size=args.shard_size, progress=False)
+        fastdata.convert_imagefolder(src, shards, fastdata.ImageFolderOptions(format="wds", shard_size=args.shard_size,
+                                                                              progress=False))
     files = fastdata.info(shards).files
     setup = (f"{len(files)} shards, {sum(f.bytes for f in files) / 1e6:.1f} MB, {args.images} images; "
              f"{args.workers} workers, batch {args.batch_size}, {args.epochs} epoch(s) per run")

@@ -80,7 +80,7 @@ def main() -> None:
     source = cached_sample_imagefolder(data, args.images, jpeg_only=True)
     lmdb = data / f"rss-split-{args.images}.lmdb"
     if not lmdb.exists():
-        fastdata.convert_imagefolder(source, lmdb, progress=False)
+        fastdata.convert_imagefolder(source, lmdb, fastdata.ImageFolderOptions(progress=False))
     runs: dict[str, list[dict[str, float]]] = {"torchvision ImageFolder + PIL": [], "fastdata": []}
     for _ in range(args.repeats):  # alternating
         for label, kind, path in (("torchvision ImageFolder + PIL", "torchvision", source),

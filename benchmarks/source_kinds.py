@@ -211,9 +211,9 @@ def main() -> None:
     options = {"workers": args.workers, "progress": False, "overwrite": True}
     conversions = {
         "`fastdata.convert_list` (CSV list) -> LMDB":
-            lambda: fastdata.convert_list(csv, list_lmdb, root=src, **options),
+            lambda: fastdata.convert_list(csv, list_lmdb, fastdata.FileListOptions(root=src, **options)),
         "`fastdata.convert_hf` (saved HF dataset) -> LMDB":
-            lambda: fastdata.convert_hf(saved, hf_lmdb, **options),
+            lambda: fastdata.convert_hf(saved, hf_lmdb, fastdata.HfOptions(**options)),
     }
     if args.skip_conversion:
         for (name, convert), out in zip(conversions.items(), (list_lmdb, hf_lmdb), strict=True):

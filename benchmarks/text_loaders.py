@@ -54,7 +54,8 @@ def fastdata_convert(corpus: str, tokenizer: str, out: str, fmt: str) -> dict:
         shutil.rmtree(out)
     base = rss_mb()
     started = time.perf_counter()
-    summary = fastdata.convert_text(corpus, out, tokenizer=tokenizer, format=fmt, progress=False)
+    summary = fastdata.convert_text(corpus, out, fastdata.TextConversionOptions(format=fmt, progress=False),
+                                    tokenizer=tokenizer)
     seconds = time.perf_counter() - started
     return {"tokens": summary.tokens, "seconds": seconds, "bytes": summary.bytes_in, "rss_mb": peak_rss_mb() - base,
             "documents": summary.documents}

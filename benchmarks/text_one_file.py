@@ -47,8 +47,8 @@ def _convert(source: str, tokenizer: str, out: str, workers: int, split: bool) -
 
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    summary = fastdata.convert_text(source, out, tokenizer=tokenizer, workers=workers, split_documents=split,
-                                    progress=False)
+    summary = fastdata.convert_text(source, out, fastdata.TextConversionOptions(workers=workers, split_documents=split,
+                                                                          progress=False), tokenizer=tokenizer)
     return {"seconds": time.perf_counter() - started, "tokens": summary.tokens, "notes": summary.notes}
 
 

@@ -300,7 +300,7 @@ class Conversion:
 def _imagefolder(tree: str) -> Convert:
     """Convert the ImageFolder tree of fixture `tree` (`fastdata.convert_imagefolder`)."""
     def convert(fixture, out: Path, **options) -> Path:
-        fastdata.convert_imagefolder(fixture(tree).root, out, progress=False, **options)
+        fastdata.convert_imagefolder(fixture(tree).root, out, fastdata.ImageFolderOptions(progress=False, **options))
         return out
 
     convert.__doc__ = f"the ImageFolder tree `{tree}`."
@@ -311,30 +311,33 @@ def _multi_label(fixture, out: Path, **options) -> Path:
     """the solid tree as a multi-label dataset with metadata (`builders.sources.multi_labels`,
     `builders.sources.solid_metadata`), its bytes read from a zip archive: a source whose samples are not files."""
     from fastdata.convert.images import convert_images
+    from fastdata.convert.options import ImageConversionOptions
 
     solid_tree = fixture("solid_tree")
     listing = zip_source(solid_tree, write_zip(solid_tree, out.parent / "images.zip"), multi=True, metadata=True)
-    convert_images(lambda: listing, out, workers=1, progress=False, **options)
+    convert_images(lambda: listing, out, ImageConversionOptions(workers=1, progress=False, **options))
     return out
 
 
 def _loader_text(fixture, out: Path, **options) -> Path:
     """the loader corpus, as JSONL beside `out`, tokenized with the loader tokenizer."""
     source = write_jsonl(out.parent / "c.jsonl", fixture("loader_corpus"))
-    fastdata.convert_text(source, out, tokenizer=fixture("loader_tokenizer"), progress=False, **options)
+    fastdata.convert_text(source, out, fastdata.TextConversionOptions(progress=False, **options),
+                          tokenizer=fixture("loader_tokenizer"))
     return out
 
 
 def _pairs(fixture, out: Path, **options) -> Path:
     """the solid pairs list (`pairs_csv`) with token ids (`pair_tokenizer`)."""
-    fastdata.convert_pairs(fixture("pairs_csv"), out, root=fixture("solid_tree").root,
-                           tokenizer=fixture("pair_tokenizer"), workers=1, progress=False, **options)
+    fastdata.convert_pairs(fixture("pairs_csv"), out, fastdata.PairsOptions(
+        root=fixture("solid_tree").root, tokenizer=fixture("pair_tokenizer"), workers=1, progress=False, **options))
     return out
 
 
 def _seg_rects(fixture, out: Path, **options) -> Path:
     """the segmentation rectangles source (`seg_rect_list`) with its label maps."""
-    fastdata.convert_list(fixture("seg_rect_list"), out, mask_column="mask", workers=1, progress=False, **options)
+    fastdata.convert_list(fixture("seg_rect_list"), out,
+                          fastdata.FileListOptions(mask_column="mask", workers=1, progress=False, **options))
     return out
 
 

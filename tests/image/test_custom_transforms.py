@@ -7,6 +7,8 @@ dtype."""
 
 from __future__ import annotations
 
+import contextlib
+
 import albumentations as A
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 import fastdata
+from fastdata.deprecations import FastdataDeprecationWarning
 from fastdata.errors import ConfigError
 from fastdata.order.epoch import sample_seed
 
@@ -114,12 +117,12 @@ def test_with_a_device_a_transforms_uint8_batches_are_normalised_and_its_floats_
     torchvision's ToDtype(scale=True) + Normalize would; a transform's own floats are only cast."""
     crop = A.CenterCrop(CROP, CROP)
     uint8 = one_batch(photo_lmdb, crop)
-    floats = one_batch(photo_lmdb, crop, device="cpu", dtype=torch.float32)
+    floats = one_batch(photo_lmdb, crop, device="cpu", output=fastdata.OutputOptions(dtype=torch.float32))
     reference = v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])(v2.ToDtype(torch.float32, scale=True)(uint8))
     assert floats.dtype == torch.float32
     torch.testing.assert_close(floats, reference)
     normalised = PIPELINES["albumentations Normalize + ToTensorV2"][0]
-    half = one_batch(photo_lmdb, normalised, device="cpu", dtype=torch.float16)
+    half = one_batch(photo_lmdb, normalised, device="cpu", output=fastdata.OutputOptions(dtype=torch.float16))
     assert half.dtype == torch.float16 and torch.equal(half, one_batch(photo_lmdb, normalised).half())
 
 
@@ -133,8 +136,10 @@ CUSTOM = {"albumentations": A.CenterCrop(CROP, CROP), "torchvision": v2.CenterCr
 def test_preset_geometry_with_a_custom_transform_is_refused(photo_lmdb, augment, option, value):
     """A transform of one's own (or None: whole images) sets its own size and crop: the presets' geometry is
     refused with it, never silently ignored, by the loader and by the dataset alike."""
+    deprecated = option in ("scale", "ratio")  # the old flat spelling of the crop preset's own options
     for open_it in (fastdata.loader, fastdata.dataset):
-        with pytest.raises(ConfigError, match=rf"^{option} applies to augment='train'/'val' only; .*leave it out$"):
+        with (pytest.warns(FastdataDeprecationWarning) if deprecated else contextlib.nullcontext()), \
+                pytest.raises(ConfigError, match=rf"^{option} applies to augment='train'/'val' only; .*leave it out$"):
             open_it(photo_lmdb, augment=CUSTOM[augment], **{option: value})
 
 

@@ -35,10 +35,12 @@ def reference_images(tree, keys) -> list[torch.Tensor]:
 
 
 def preset_batch(path, augment, image_size, decode, seed=0, **options) -> torch.Tensor:
-    """The whole dataset in stored order as one batch of the loader (worker or device path)."""
+    """The whole dataset in stored order as one batch of the loader (worker or device path); `image_size` None for
+    a preset object (it holds its size)."""
     device = {"device": "cpu"} if decode == "device" else {}
-    loader = fastdata.loader(path, batch_size=100, augment=augment, image_size=image_size, shuffle=False,
-                             num_workers=0, seed=seed, decode=decode, **device, **options)
+    size = {} if image_size is None else {"image_size": image_size}
+    loader = fastdata.loader(path, batch_size=100, augment=augment, shuffle=False, num_workers=0, seed=seed,
+                             decode=decode, **size, **device, **options)
     images, _ = next(iter(loader))
     return images
 
@@ -119,6 +121,6 @@ def test_train_is_torchvisions_resized_crop_of_its_box_then_flip(photo_lmdb, pho
         theirs.append(F.horizontal_flip(crop_image) if p.flip else crop_image)
         flips += p.flip
     assert 0 < flips < len(keys)
-    ours = preset_batch(photo_lmdb, "train", size, decode, seed=4, **crop)
+    ours = preset_batch(photo_lmdb, RandomResizedCrop(size, **crop), None, decode, seed=4)
     assert ours.shape == (len(keys), 3, out_h, out_w)
     assert_within(differences(ours, theirs, keys), (1, 2.6, 16), f"train {size} {crop}, {decode} path")

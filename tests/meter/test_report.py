@@ -244,8 +244,9 @@ def sized(tmp_path_factory, solid_lmdb, solid_wds):
     root = tmp_path_factory.mktemp("sized")
     tree = build_large_tree(root / "src", count=3)
     large, bounded = root / "large.lmdb", root / "bounded"
-    fastdata.convert_imagefolder(tree.root, large, workers=1, progress=False)
-    fastdata.convert_imagefolder(tree.root, bounded, format="wds", max_size=512, workers=1, progress=False)
+    fastdata.convert_imagefolder(tree.root, large, fastdata.ImageFolderOptions(workers=1, progress=False))
+    fastdata.convert_imagefolder(tree.root, bounded,
+                                 fastdata.ImageFolderOptions(format="wds", max_size=512, workers=1, progress=False))
     return {"small": solid_lmdb, "large": large, "bounded": bounded, "unknown": solid_wds}
 
 

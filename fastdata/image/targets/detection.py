@@ -10,7 +10,7 @@ into a `DetectionBatch` of a few concatenated tensors (cheap to hand over from a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,6 +64,13 @@ def mask_array(record: DetectionRecord) -> np.ndarray:
     return np.ascontiguousarray(decoded.transpose(2, 0, 1))
 
 
+#: Each annotation's fields, as targets and batches name them, in their order: name -> (the stored record's
+#: attribute, dtype, the shape of one annotation's value). Everything that goes over them goes over this table.
+ANNOTATION_FIELDS: dict[str, tuple[str, type, tuple[int, ...]]] = {
+    "boxes": ("boxes", np.float32, (4,)), "labels": ("labels", np.int64, ()), "iscrowd": ("iscrowd", np.int64, ()),
+    "area": ("areas", np.float32, ()), "annotation_ids": ("ids", np.int64, ())}
+
+
 @dataclass
 class DetectionTarget:
     """One sample's target as the pipeline made it (output pixels): `boxes` float32 [N, 4] xyxy, `labels`,
@@ -82,15 +89,13 @@ class DetectionTarget:
 
     def keep(self, rows: np.ndarray) -> DetectionTarget:
         """The annotations at `rows` (a bool mask or indices) only."""
-        return replace(self, boxes=self.boxes[rows], labels=self.labels[rows], iscrowd=self.iscrowd[rows],
-                       area=self.area[rows], annotation_ids=self.annotation_ids[rows],
+        return replace(self, **{name: getattr(self, name)[rows] for name in ANNOTATION_FIELDS},
                        masks=None if self.masks is None else self.masks[rows])
 
     def as_dict(self) -> dict[str, Any]:
         """The dict torchvision's detection references use (tensors; `image_id` an int)."""
-        out: dict[str, Any] = {"boxes": torch.from_numpy(self.boxes), "labels": torch.from_numpy(self.labels),
-                               "iscrowd": torch.from_numpy(self.iscrowd), "area": torch.from_numpy(self.area),
-                               "annotation_ids": torch.from_numpy(self.annotation_ids), "image_id": self.image_id}
+        out: dict[str, Any] = {name: torch.from_numpy(getattr(self, name)) for name in ANNOTATION_FIELDS}
+        out["image_id"] = self.image_id
         if self.masks is not None:
             out["masks"] = torch.from_numpy(self.masks)
         return out
@@ -98,12 +103,12 @@ class DetectionTarget:
 
 def _of_record(record: DetectionRecord) -> DetectionTarget:
     """The record's annotations as stored (source pixels), copied (a record's arrays are read-only)."""
-    return DetectionTarget(int(record.image_id), record.boxes.astype(np.float32).reshape(-1, 4),
-                           record.labels.astype(np.int64), record.iscrowd.astype(np.int64),
-                           record.areas.astype(np.float32), record.ids.astype(np.int64))
+    return DetectionTarget(int(record.image_id), **{
+        name: getattr(record, stored).astype(dtype).reshape(-1, *shape)
+        for name, (stored, dtype, shape) in ANNOTATION_FIELDS.items()})
 
 
-_TENSORS = ("boxes", "labels", "iscrowd", "area", "annotation_ids", "image_ids", "counts", "masks")
+_TENSORS = (*ANNOTATION_FIELDS, "image_ids", "counts", "masks")
 
 
 @dataclass
@@ -149,8 +154,7 @@ class DetectionBatch:
         """One target dict per image (views of the batch's tensors): `boxes`, `labels`, `iscrowd`, `area`,
         `annotation_ids`, `image_id` (int), and `masks` when the batch has them."""
         counts = self.counts.tolist()
-        names = [f.name for f in fields(self) if f.name not in ("image_ids", "counts", "masks")]
-        parts = {name: getattr(self, name).split(counts) for name in names}
+        parts = {name: getattr(self, name).split(counts) for name in ANNOTATION_FIELDS}
         if self.masks is not None:
             parts["masks"] = self.masks if isinstance(self.masks, list) else self.masks.split(counts)
         image_ids = self.image_ids.tolist()
@@ -232,9 +236,9 @@ class DetectionCodec:
         return target
 
     def batch(self, targets: Sequence[DetectionTarget]) -> DetectionBatch:
-        def cat(name: str, shape: tuple[int, ...], dtype: Any) -> torch.Tensor:
+        def cat(name: str, dtype: Any, shape: tuple[int, ...]) -> torch.Tensor:
             arrays = [getattr(t, name) for t in targets]
-            return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros(shape, dtype))
+            return torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros((0, *shape), dtype))
 
         masks: torch.Tensor | list[torch.Tensor] | None = None
         if self.masks and len({t.masks.shape[1:] for t in targets if t.masks is not None}) > 1:
@@ -246,11 +250,10 @@ class DetectionCodec:
             arrays = [t.masks if t.masks is not None and len(t.masks) else np.zeros((0, *size), np.uint8)
                       for t in targets]
             masks = torch.from_numpy(np.concatenate(arrays) if arrays else np.zeros((0, *size), np.uint8))
-        return DetectionBatch(cat("boxes", (0, 4), np.float32), cat("labels", (0,), np.int64),
-                              cat("iscrowd", (0,), np.int64), cat("area", (0,), np.float32),
-                              cat("annotation_ids", (0,), np.int64),
-                              torch.tensor([t.image_id for t in targets], dtype=torch.int64),
-                              torch.tensor([len(t) for t in targets], dtype=torch.int64), masks)
+        annotations = {name: cat(name, dtype, shape) for name, (_, dtype, shape) in ANNOTATION_FIELDS.items()}
+        return DetectionBatch(**annotations,
+                              image_ids=torch.tensor([t.image_id for t in targets], dtype=torch.int64),
+                              counts=torch.tensor([len(t) for t in targets], dtype=torch.int64), masks=masks)
 
     def one(self, target: DetectionTarget) -> dict[str, Any]:
         """One sample's target dict (`DetectionTarget.as_dict`)."""
