@@ -43,6 +43,11 @@ class RowsForm:
     kernel: bool = True  # the C extension where it was built (False: numpy, the reference)
     _arrays: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # `_scratch`, reused
 
+    def __post_init__(self) -> None:
+        """Whether the extension loads is asked where the form is made (the main process, which says once when it
+        does not): the workers get the answer with the form, and do not say it again."""
+        object.__setattr__(self, "kernel", self.kernel and rows_kernel() is not None)
+
     @property
     def padded(self) -> bool:
         return self.pad_id is not None
