@@ -1,9 +1,12 @@
-"""Build the optional C extension `fastdata.image._jpeg_region` (everything else is in pyproject.toml).
+"""Build the optional C extensions `fastdata.image._jpeg_region` and `fastdata.text._rows` (everything else is in
+pyproject.toml).
 
 It needs only a C compiler and Python's headers: libjpeg-turbo's headers are vendored in csrc/libjpeg-turbo and
 the library itself is found at run time (Pillow's wheels ship one). Where it cannot be built, installation still
 succeeds, says once what was not built and what to install (fastdata/image/jpeg/extension.py), and fastdata
-decodes with OpenCV instead (`fastdata doctor` and `fastdata demo` say so too). Wheel builds (cibuildwheel, see
+decodes with OpenCV instead (`fastdata doctor` and `fastdata demo` say so too). `fastdata.text._rows` (csrc/text_rows.c)
+needs nothing but Python's headers; without it packed text batches are made with numpy, the same batches, slower
+(fastdata/text/kernel.py says so once). Wheel builds (cibuildwheel, see
 pyproject.toml) set FASTDATA_REQUIRE_EXTENSION=1, so that a wheel never ships without it.
 """
 
@@ -30,10 +33,11 @@ class OptionalBuildExt(build_ext):
         except (CCompilerError, ExecError, PlatformError) as exc:  # failed, not found, or none for this platform
             if REQUIRED:
                 raise
-            self._not_built(exc)
+            self._not_built(ext, exc)
 
-    def _not_built(self, exc: Exception) -> None:
-        say = runpy.run_path(str(HERE / "fastdata" / "image" / "jpeg" / "extension.py"))["not_built_message"]
+    def _not_built(self, ext: Extension, exc: Exception) -> None:
+        where = ("image", "jpeg", "extension.py") if ext.name.endswith("_jpeg_region") else ("text", "kernel.py")
+        say = runpy.run_path(str(HERE.joinpath("fastdata", *where)))["not_built_message"]
         rule = "=" * 100
         print(f"\n{rule}\nfastdata: {say(' '.join(str(exc).split()), consequence=True)}\n{rule}\n", file=sys.stderr,
               flush=True)
@@ -49,6 +53,12 @@ setup(
             libraries=["dl"] if sys.platform.startswith("linux") else [],
             extra_compile_args=["-O2"] if sys.platform != "win32" else [],
             optional=not REQUIRED,
-        )
+        ),
+        Extension(
+            "fastdata.text._rows",
+            sources=["csrc/text_rows.c"],
+            extra_compile_args=["-O3"] if sys.platform != "win32" else [],
+            optional=not REQUIRED,
+        ),
     ],
 )

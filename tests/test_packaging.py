@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from fastdata.image.jpeg.extension import EXTENSION, HOW_TO_BUILD, NOT_BUILT, WITHOUT_IT, extension_built
+from fastdata.text import kernel as text_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE = "FASTDATA_REQUIRE_EXTENSION"
@@ -28,8 +29,9 @@ NO_COMPILER = {"failing": shutil.which("false") or "/bin/false", "missing": "/no
 
 def source_copy(into: Path) -> Path:
     """What `setup.py build_ext` reads, copied into `into`: setup.py, pyproject.toml and the README it names, the C
-    sources, the version and the extension module's words (setup.py runs it for its message)."""
-    for name in ("setup.py", "pyproject.toml", "README.md", "fastdata/_version.py", "fastdata/image/jpeg/extension.py"):
+    sources, the version and the extension modules' words (setup.py runs them for their messages)."""
+    for name in ("setup.py", "pyproject.toml", "README.md", "fastdata/_version.py", "fastdata/image/jpeg/extension.py",
+                 "fastdata/text/kernel.py"):
         (into / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, into / name)
     shutil.copytree(ROOT / "csrc", into / "csrc")
@@ -52,7 +54,9 @@ def test_without_a_compiler_the_build_succeeds_and_says_once_what_to_install(tmp
     assert code == 0, output
     assert output.count(NOT_BUILT) == 1, output  # said once, with what it changes and what to install
     assert WITHOUT_IT in output and HOW_TO_BUILD in output
+    assert output.count(text_kernel.NOT_BUILT) == 1 and text_kernel.WITHOUT_IT in output, output  # the text kernel's
     assert not [p.name for p in source.rglob("_jpeg_region*") if p.suffix in (".so", ".pyd")]
+    assert not [p.name for p in source.rglob("_rows*") if p.suffix in (".so", ".pyd")]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="CC picks the compiler of distutils' Unix toolchain only")
@@ -75,13 +79,14 @@ def test_the_wheels_are_built_by_cibuildwheel_with_the_extension_required():
 
 
 def test_the_extension_was_built_where_a_compiler_and_pythons_headers_are():
-    """Where the extension could be built it must have been: a broken C build fails here instead of hiding behind
-    the skips of the tests that need it."""
+    """Where the extensions could be built they must have been: a broken C build fails here instead of hiding
+    behind the skips of the tests that need it (or behind numpy, for the text kernel)."""
     compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if shutil.which(compiler) is None or not headers.is_file():
         pytest.skip(f"no C compiler ({compiler}) or no Python headers ({headers}) here: {NOT_BUILT}")
     assert extension_built(), f"{compiler} and {headers} are here, yet {NOT_BUILT}: run the same pip install again"
+    assert text_kernel.extension_built(), f"{compiler} and {headers} are here, yet {text_kernel.NOT_BUILT}"
 
 
 def test_the_tests_that_need_the_extension_are_skipped_saying_what_to_install(tmp_path):

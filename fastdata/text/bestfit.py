@@ -12,6 +12,8 @@ label.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -20,12 +22,32 @@ from fastdata.order.packing import DEFAULT_WINDOW, Pieces, RowPlanner
 from fastdata.text.boundaries import IGNORE_INDEX
 from fastdata.text.forms import RowsForm
 
-#: columns of a batch's pieces: the first token's place in the token stream, tokens read, whether the document's
-#: end-of-text token follows them, and where the piece starts in the batch's rows (row * (L + 1) + column)
+#: rows of a batch's pieces ([4, pieces], each row contiguous): the first token's place in the token stream, tokens
+#: read, whether the document's end-of-text token follows them, and where the piece starts in the batch's rows
+#: (row * (L + 1) + column)
 _START, _COUNT, _EOS, _PLACE = range(4)
 
-#: A batch described for a worker: its pieces (int64 [pieces, 4]) and the positions each row holds (int64 [B])
-Description = tuple[np.ndarray, np.ndarray]
+
+
+class Description(NamedTuple):
+    """A batch described for a worker: its pieces, `pieces[:, piece_from:piece_to]` (int64 [4, pieces]), and the
+    positions each of its rows holds, `held[row_from:row_to]` (int64 [B]). The batches of one worker item share
+    the two arrays, so that the item carries (pickles) them once, not two arrays per batch."""
+
+    pieces: np.ndarray
+    held: np.ndarray
+    piece_from: int
+    piece_to: int
+    row_from: int
+    row_to: int
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """This batch's pieces and its rows' held positions."""
+        return self.pieces[:, self.piece_from:self.piece_to], self.held[self.row_from:self.row_to]
+
+    @property
+    def rows(self) -> int:
+        return self.row_to - self.row_from
 
 
 class BestFitRows:
@@ -66,7 +88,8 @@ class BestFitRows:
         pieces, row_of, row_first = plan.members(np.concatenate(batches))
         docs = self.pieces.document_of[pieces]
         ends = self.pieces.ends
-        length = ends[docs] - np.where(docs > 0, ends[docs - 1], 0)
+        before_doc = np.where(docs > 0, ends[docs - 1], 0)  # the document's first token in the stream
+        length = ends[docs] - before_doc
         start = (pieces - self.pieces.first[docs]) * self.seq_len
         size = np.minimum(self.seq_len, length + 1 - start)
         span = size + (start + size <= length)  # a piece cut off before its end-of-text token: one label more
@@ -74,33 +97,37 @@ class BestFitRows:
         width = self.seq_len + 1
         sizes = [len(rows) for rows in batches]
         row_base = (np.arange(len(row_first)) - np.repeat(np.cumsum(sizes) - sizes, sizes)) * width - before[row_first]
-        out = np.empty((len(pieces), 4), np.int64)
-        out[:, _START] = ends[docs] - length + start
-        out[:, _COUNT] = np.minimum(start + span, length) - start
-        out[:, _EOS] = start + span > length
-        out[:, _PLACE] = row_base[row_of] + before  # ... and in its row of its batch
+        out = np.empty((4, len(pieces)), np.int64)
+        np.add(before_doc, start, out=out[_START])
+        np.subtract(np.minimum(start + span, length, out=out[_COUNT]), start, out=out[_COUNT])
+        np.greater(start + span, length, out=out[_EOS])
+        np.add(row_base[row_of], before, out=out[_PLACE])  # ... and in its row of its batch
         held = np.add.reduceat(span, row_first) if len(row_first) else np.zeros(0, np.int64)
-        cuts = np.cumsum(sizes)[:-1]
-        return list(zip(np.split(out, row_first[cuts]), np.split(held, cuts), strict=True))
+        row_bounds = np.cumsum([0, *sizes]).tolist()
+        piece_bounds = [*row_first[row_bounds[:-1]].tolist(), len(pieces)] if len(row_first) else [0] * len(row_bounds)
+        return [Description(out, held, piece_bounds[k], piece_bounds[k + 1], row_bounds[k], row_bounds[k + 1])
+                for k in range(len(batches))]
 
     def rows(self, description: Description, out: np.ndarray | None = None) -> np.ndarray:
         """The described rows, L + 1 positions each (int32 [B, L + 1], or written into `out`): the pieces' tokens
         (and end-of-text tokens) one after the other, IGNORE_INDEX after them. The pieces' tokens go straight to
-        their places (one `read_into`); then the end-of-text tokens, and the padding of the few rows not full."""
-        pieces, held = description
+        their places (one `read_into`); then the end-of-text tokens, the last label of every row that ends with
+        one (one vectorised step), and the padding of the few rows not full."""
+        pieces, held = description.parts()
         width = self.seq_len + 1
         out = np.empty((len(held), width), np.int32) if out is None else out
         flat = out.reshape(-1)
-        self.store.read_into(flat, pieces[:, _START], pieces[:, _COUNT], pieces[:, _PLACE])
-        eos = pieces[pieces[:, _EOS].astype(bool)]
-        flat[eos[:, _PLACE] + eos[:, _COUNT]] = self.eos_id
-        for row in np.flatnonzero(held < width).tolist():
+        self.store.read_into(flat, pieces[_START], pieces[_COUNT], pieces[_PLACE])
+        eos = pieces[:, pieces[_EOS].astype(bool)]
+        flat[eos[_PLACE] + eos[_COUNT]] = self.eos_id
+        out[held == width - 1, -1] = IGNORE_INDEX  # most rows: full, their last label after an end-of-text token
+        for row in np.flatnonzero(held < width - 1).tolist():  # the few rows with padding
             out[row, int(held[row]):] = IGNORE_INDEX
         return out
 
     def transfer_shapes(self, description: Description) -> list[tuple[int, ...]]:
         """The int32 arrays a described batch hands over (`fastdata.text.forms`)."""
-        return self.form.shapes(len(description[1]))
+        return self.form.shapes(description.rows)
 
     def transfer(self, description: Description, parts: list[np.ndarray]) -> np.ndarray | None:
         """Write a described batch into its hand-over `parts` (int32 views into shared memory: the rows straight

@@ -4,7 +4,7 @@ A worker's item (`fastdata.text.dataset.TextBatches`: a group of batches as int3
 shared memory. A fresh segment per item costs its creation and page faults in the worker, a file-descriptor
 handshake with the worker's resource-sharer thread on both sides, and the mapping and page faults again in the main
 process: per batch of 32 x 1024 tokens more than reading the batch's tokens, and twice as much for a batch twice the
-size (rows with their positions). The main process copies every batch out as it unpacks it (int32 -> int64), so a
+size. The main process copies every batch out as it unpacks it (int32 -> int64), so a
 slot is free again as soon as its item is unpacked: slots made once, written in turn, need none of that, and the
 item that travels names its slot instead of carrying a tensor.
 

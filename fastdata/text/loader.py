@@ -5,6 +5,7 @@ on (seed, epoch) only, never on the number of workers)."""
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,23 @@ def group_size(batch_bytes: int) -> int:
     return max(1, min(MAX_GROUP, GROUP_BYTES // max(1, batch_bytes)))
 
 
+class PassEpoch:
+    """`loader.dataset`'s view of its loader's epoch (the pass under way, else the next one), holding the loader
+    weakly: a loader dropped without `close()` is freed, and its workers end, at once, rather than at the next
+    garbage collection (which may run in a process forked from this one, where the DataLoader's clean-up fails).
+    Once the loader is gone, the epoch it last said."""
+
+    def __init__(self, loader: TextLoader) -> None:
+        self._loader = weakref.ref(loader)
+        self._last = 0
+
+    def __call__(self) -> int:
+        loader = self._loader()
+        if loader is not None:
+            self._last = loader._pass_epoch()
+        return self._last
+
+
 class TextLoader(ClosesWorkers, ResumableLoader):
     """Iterable of batch dicts. Packed: `{"input_ids", "labels"}` [B, seq_len]; best-fit: `{"input_ids",
     "attention_mask", "labels"}` [B, seq_len]; padded: `{"input_ids", "attention_mask", "labels"}` [B, longest
@@ -101,7 +119,7 @@ class TextLoader(ClosesWorkers, ResumableLoader):
                  documents: Any = None) -> None:
         """`documents`: what `loader.dataset.documents` is (default `data`; a mixture's: all its documents)."""
         self._data = data
-        self.dataset = TextRows(batcher, data if documents is None else documents, data, self._pass_epoch)
+        self.dataset = TextRows(batcher, data if documents is None else documents, data, PassEpoch(self))
         self.options = options
         self.batcher = batcher
         self.batch_size = sampler.batch_size

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from builders.text import write_jsonl
@@ -163,3 +164,20 @@ def test_loader_dataset_and_sampler_are_the_epochs_rows(loader_text):
         assert torch.equal(row["input_ids"], rows[index][0]) and torch.equal(row["position_ids"], rows[index][1])
         assert row["cu_seqlens"][0] == 0 and row["cu_seqlens"][-1] == SEQ_LEN and isinstance(row["max_seqlen"], int)
     assert loader.dataset.tokenizer is not None
+
+
+def test_the_batches_of_an_item_carry_their_descriptions_once(loader_text):
+    """The main process describes each worker item's batches in one go; the item carries the descriptions' two
+    arrays once (pickled once), not two arrays per batch, and each batch's part of them is its own."""
+    import pickle
+
+    loader = fastdata.loader(loader_text, batch_size=3, num_workers=0,
+                             text=fastdata.TextOptions(seq_len=SEQ_LEN, packing="best-fit"))
+    batcher = loader.batcher
+    batches = [np.array([7, 2, 5]), np.array([0, 8]), np.array([3, 1, 4, 6])]
+    described = pickle.loads(pickle.dumps(batcher.describe_batches(0, batches)))
+    assert all(d.pieces is described[0].pieces and d.held is described[0].held for d in described)
+    for d, indices in zip(described, batches, strict=True):
+        alone = batcher.describe(0, indices)
+        assert d.rows == len(indices)
+        assert all(np.array_equal(part, own) for part, own in zip(d.parts(), alone.parts(), strict=True))

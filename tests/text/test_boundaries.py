@@ -5,6 +5,7 @@ end-of-text tokens; and FlexAttention's document mask built from the batch gives
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 from pathlib import Path
@@ -43,15 +44,18 @@ def reference(input_ids: torch.Tensor, mask: torch.Tensor | None = None) -> tupl
     return positions, bounds, max(b - a for a, b in itertools.pairwise(bounds))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "kernel"), [(0, True), (2, True), (2, False)])
 @pytest.mark.parametrize("packing", [True, "best-fit"])
-def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, workers):
+def test_boundaries_match_a_reference_built_from_the_input_ids(data, packing, workers, kernel):
+    """kernel=False: numpy makes the batches (where the C extension was not built), the workers find the
+    segments and hand over their starts."""
     options = dict(batch_size=5, seed=1)
     plain = [clone(b) for b in fastdata.loader(data, num_workers=0, text=fastdata.TextOptions(seq_len=24,
                                                                                               packing=packing),
                                                **options)]
     loader = fastdata.loader(data, num_workers=workers,
                              text=fastdata.TextOptions(seq_len=24, packing=packing, boundaries=True), **options)
+    loader.batcher.form = dataclasses.replace(loader.batcher.form, kernel=kernel)
     batches = [clone(b) for b in loader]
     assert len(batches) == len(plain) == len(loader)
     segments = 0
@@ -123,25 +127,32 @@ def test_flex_attention_document_mask_from_a_batch_keeps_each_document_to_itself
     torch.testing.assert_close(flat(out), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_the_hand_over_is_compact(data):
-    """Workers hand over int32 in shared memory: the rows of L + 1 tokens and their positions; the segments'
-    bounds (a few int32) travel beside them."""
+@pytest.mark.parametrize("kernel", [True, False])
+def test_the_hand_over_is_compact(data, kernel):
+    """Workers hand over int32 in shared memory: the rows of L + 1 tokens alone, as without boundaries. The main
+    process finds the segments as it makes the batch (the C extension); with numpy the workers find them and
+    their starts (`cu_seqlens`, a few int32) travel beside the rows."""
     from fastdata.text.dataset import TextBatches
+    from fastdata.text.kernel import extension_built
 
     batcher = fastdata.dataset(data).packed(24).shaped(boundaries=True)
+    batcher.form = dataclasses.replace(batcher.form, kernel=kernel)
     flat, layouts = TextBatches(batcher)[(0, [np.arange(5), np.arange(5, 10)])]
-    assert flat.dtype == torch.int32 and flat.numel() == 2 * (5 * 25 + 5 * 24)
-    for shapes, bounds in layouts:
-        assert shapes == [(5, 25), (5, 24)]
-        assert bounds.dtype == np.int32 and 5 + 2 <= len(bounds) < 5 * 24 and bounds[-2] == 5 * 24
+    assert flat.dtype == torch.int32 and flat.numel() == 2 * 5 * 25
+    for shapes, cu_seqlens in layouts:
+        assert shapes == [(5, 25)]
+        if kernel and extension_built():
+            assert cu_seqlens is None
+        else:
+            assert cu_seqlens.dtype == np.int32 and 5 + 1 <= len(cu_seqlens) < 5 * 24 and cu_seqlens[-1] == 5 * 24
 
 
 @pytest.mark.parametrize("seq_len", [1, 2, 7])
 def test_segments_from_rows_match_the_reference_at_every_edge(seq_len):
     """Rows of L + 1 made to hold end-of-text tokens everywhere (first input, last input, the label column,
     several in a row) and best-fit padding (IGNORE_INDEX at the end of a row): the bounds and positions the
-    workers make equal the reference built from the inputs."""
-    from fastdata.text.boundaries import positions, segment_bounds
+    workers find and the positions the main process makes of them equal the reference built from the inputs."""
+    from fastdata.text.boundaries import positions, segment_starts
 
     rng = np.random.default_rng(seq_len)
     for _ in range(50):
@@ -149,9 +160,49 @@ def test_segments_from_rows_match_the_reference_at_every_edge(seq_len):
         held = rng.integers(0, seq_len + 2, len(rows))
         for row, count in zip(rows, held, strict=True):
             row[count:] = IGNORE_INDEX
-        bounds = segment_bounds(rows.astype(np.int32), EOS)
+        cu_seqlens = segment_starts(rows.astype(np.int32), EOS)
         inputs = torch.from_numpy(rows[:, :-1].astype(np.int64))
         expected_positions, expected_bounds, longest = reference(inputs, (inputs != IGNORE_INDEX).long())
-        assert bounds.dtype == np.int32 and bounds[:-1].tolist() == expected_bounds and bounds[-1] == longest
-        out = np.empty((len(rows), seq_len), np.int32)
-        assert positions(bounds, out).tolist() == expected_positions
+        assert cu_seqlens.dtype == np.int32 and cu_seqlens.tolist() == expected_bounds
+        flat, max_seqlen = positions(cu_seqlens)
+        assert flat.dtype == np.int64 and flat.reshape(inputs.shape).tolist() == expected_positions
+        assert max_seqlen == longest
+
+
+@pytest.mark.parametrize("seq_len", [1, 2, 7, 40])
+def test_the_one_pass_kernel_makes_the_numpy_batch_exactly(seq_len):
+    """The C extension's batch (every array in one pass over the rows) equals numpy's, the reference, for packed
+    and best-fit rows (a padding id that is the end-of-text id too), with and without boundaries and
+    cross-document masking, on rows with end-of-text tokens everywhere and padding of every length; and its
+    positions and segments equal the reference built from the inputs."""
+    from fastdata.text.forms import RowsForm
+    from fastdata.text.kernel import extension_built
+
+    if not extension_built():
+        pytest.skip("the C extension fastdata.text._rows was not built here: numpy makes every batch")
+    rng = np.random.default_rng(seq_len)
+    for pad_id, boundaries, mask_cross in itertools.product([None, 3, EOS], [False, True], [False, True]):
+        for _ in range(20):
+            rows = rng.choice([EOS, 5, 6, 7], size=(int(rng.integers(1, 6)), seq_len + 1), p=[0.4, 0.2, 0.2, 0.2])
+            if pad_id is not None:
+                for row, count in zip(rows, rng.integers(0, seq_len + 2, len(rows)), strict=True):
+                    row[count:] = IGNORE_INDEX
+            rows = rows.astype(np.int32)
+            numpy_form = RowsForm(seq_len, EOS, pad_id, boundaries, mask_cross, kernel=False)
+            expected = numpy_form.batch([rows.copy()], numpy_form.fill([rows.copy()]))
+            form = RowsForm(seq_len, EOS, pad_id, boundaries, mask_cross)
+            assert form.fill([rows]) is None  # nothing travels beside the rows
+            batch = form.batch([rows])
+            assert batch.keys() == expected.keys()
+            for key, value in batch.items():
+                if key == "max_seqlen":
+                    assert type(value) is int and value == expected[key]
+                else:
+                    assert value.dtype == expected[key].dtype and value.is_contiguous()
+                    assert torch.equal(value, expected[key]), key
+            if boundaries:
+                mask = batch.get("attention_mask")
+                positions, bounds, longest = reference(batch["input_ids"] if pad_id is None else
+                                                       torch.from_numpy(rows[:, :-1].astype(np.int64)), mask)
+                assert batch["position_ids"].tolist() == positions and batch["cu_seqlens"].tolist() == bounds
+                assert batch["max_seqlen"] == longest

@@ -231,3 +231,25 @@ def test_spawned_workers_give_the_same_batches(data):
     for x, y in zip(a, b, strict=True):
         assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["labels"], y["labels"])
         assert x["input_ids"].is_contiguous() and x["labels"].is_contiguous()
+
+
+@pytest.mark.parametrize("packing", [True, "best-fit"])
+def test_a_loader_dropped_without_close_is_freed_at_once(data, packing):
+    """Nothing of a text loader refers back to it (its `dataset` sees its epoch through a weak reference): dropped
+    without `close()`, it is freed, and its DataLoader ends its workers, at once, not at some later garbage
+    collection (which may run in a process forked from this one). Its dataset outlives it, at the epoch it had."""
+    import gc
+    import weakref
+
+    gc.disable()  # only reference counting frees it
+    try:
+        loader = fastdata.loader(data, num_workers=1, batch_size=4,
+                                 text=fastdata.TextOptions(seq_len=8, packing=packing))
+        for _ in loader:
+            pass
+        rows, dataset, ref = len(loader.dataset), loader.dataset, weakref.ref(loader)
+        del loader
+        assert ref() is None
+        assert len(dataset) == rows and set(dataset[0]) >= {"input_ids", "labels"}
+    finally:
+        gc.enable()
