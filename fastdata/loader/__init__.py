@@ -134,20 +134,25 @@ def dataset(path: str | os.PathLike[str], augment: Any = None, *,
 
 def _sample_output(path: str | os.PathLike[str], data: Any, output: OutputOptions) -> None:
     """`fastdata.dataset(output=...)`: the dataset's images in that dtype and normalisation, or a ConfigError
-    saying why the output does not apply."""
+    saying why the output does not apply. The pipeline is told the format too: a recipe's RandomErasing value is
+    in the units of the images delivered (as the loader's workers are told)."""
     given = [f.name for f in dataclasses.fields(output) if getattr(output, f.name) not in (None, False)]
-    if not given:
-        return
     if isinstance(data, TextDataset):
-        raise ConfigError(f"{', '.join(given)}: for image datasets only; {path} holds text")
-    if output.channels_last:
-        raise ConfigError("channels_last applies to batches on a device (fastdata.loader(..., device=)); "
-                          "fastdata.dataset gives one CPU image at a time")
-    made = ImageOptions(dtype=output.dtype, mean=output.mean, std=output.std).output_format()
-    if made.floating and data.pipeline.preset is None:
-        raise ConfigError(f"dtype={output.dtype} applies to augment='train'/'val'; with augment=None or a transform "
-                          "of your own the images are uint8 (a transform normalises its own output: A.Normalize, "
-                          "v2.Normalize)")
+        if given:
+            raise ConfigError(f"{', '.join(given)}: for image datasets only; {path} holds text")
+        return
+    made = data.output
+    if given:
+        if output.channels_last:
+            raise ConfigError("channels_last applies to batches on a device (fastdata.loader(..., device=)); "
+                              "fastdata.dataset gives one CPU image at a time")
+        made = ImageOptions(dtype=output.dtype, mean=output.mean, std=output.std).output_format()
+        if made.floating and data.pipeline.preset is None:
+            raise ConfigError(f"dtype={output.dtype} applies to augment='train'/'val'; with augment=None or a "
+                              "transform of your own the images are uint8 (a transform normalises its own output: "
+                              "A.Normalize, v2.Normalize)")
+    data.pipeline.recipe.check_output(made)
+    data.pipeline.configure(dataclasses.replace(data.pipeline.config, delivered=made))
     data.output = made
 
 

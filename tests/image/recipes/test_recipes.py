@@ -242,6 +242,27 @@ def test_a_dataset_applies_the_per_sample_presets(solid_lmdb):
     assert all(torch.equal(ds[i][0], images[i]) for i in range(4))
 
 
+def test_a_floating_dataset_erases_in_normalised_units_as_its_loader_does(photos):
+    """fastdata.dataset(output=floating): RandomErasing's value is in normalised units there too (0: the mean
+    colour), so ds[i] is the loader's row i; "random" noise is refused for uint8 images when the dataset is made."""
+    floating = OutputOptions(dtype=torch.float32)
+    recipe = [RandomResizedCrop(SIZE), RandomErasing(p=1.0, value=0)]
+    ds = fastdata.dataset(photos[0], augment=recipe, output=floating)
+    ds.set_epoch(0)
+    images, _ = next(iter(fastdata.loader(photos[0], batch_size=8, augment=recipe, output=floating, shuffle=False,
+                                          num_workers=0)))
+    assert all(torch.equal(ds[i][0], images[i]) for i in range(8))
+    plain = fastdata.dataset(photos[0], augment=RandomResizedCrop(SIZE), output=floating)
+    plain.set_epoch(0)
+    for i in range(8):
+        changed = (ds[i][0] != plain[i][0]).any(0)
+        assert changed.any() and ds[i][0][:, changed].abs().max() <= 0.5 / 255 / 0.224 + 1e-6
+    noise = [RandomResizedCrop(SIZE), RandomErasing(value="random")]
+    assert fastdata.dataset(photos[0], augment=noise, output=floating)[0][0].dtype == torch.float32
+    with pytest.raises(ConfigError, match="floating batches"):
+        fastdata.dataset(photos[0], augment=noise)
+
+
 def test_the_device_path_mixes_on_the_device(photos):
     """decode="device" (here device="cpu"): the batch preset mixes the device's batch; labels float [B, C] rows
     summing to 1; the same for any worker count and after a resume."""
