@@ -33,6 +33,18 @@ def not_built_message(detail: str = "", consequence: bool = False) -> str:
     return f"{NOT_BUILT}{why}{changes}; {HOW_TO_BUILD}"
 
 
+def unavailable_reason() -> str | None:
+    """Why the extension does not load here (`NOT_BUILT` where the install had no compiler), or None where it
+    does (for `fastdata doctor`; nothing is said)."""
+    if not extension_built():
+        return NOT_BUILT
+    try:
+        importlib.import_module(EXTENSION)
+    except ImportError as exc:
+        return f"{EXTENSION} does not load ({exc})"
+    return None
+
+
 @functools.cache
 def rows_kernel() -> ModuleType | None:
     """The extension, or None (said once per process, with the reason) where it does not load."""

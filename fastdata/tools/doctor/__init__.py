@@ -1,9 +1,9 @@
 """`fastdata doctor [PATH]`: check the machine before a long job, with a PASS / INFO / WARN / FAIL row and the fix
 for each: torch and its CUDA build against the driver and each GPU's compute capability, GPUs and their
-interconnect, CPU cores and a recommended `num_workers`, the JPEG decoder in use, RAM, /dev/shm, the open-file
-limit, pinned memory, and the storage and dataset at PATH. Needs no network and no GPU (on a CPU-only machine what
-needs nothing there, such as pinned memory, is INFO); each check is a pure function of the facts it is given, so
-every verdict is tested with made-up facts too."""
+interconnect, CPU cores and a recommended `num_workers`, the JPEG decoder in use, the packed-text kernel, RAM,
+/dev/shm, the open-file limit, pinned memory, and the storage and dataset at PATH. Needs no network and no GPU (on
+a CPU-only machine what needs nothing there, such as pinned memory, is INFO); each check is a pure function of the
+facts it is given, so every verdict is tested with made-up facts too."""
 
 from __future__ import annotations
 
@@ -90,6 +90,16 @@ def check_jpeg_decoder(library: str | None, reason: str, proof: str = "") -> Che
     return Check("JPEG decoder", WARN, f"{whole}: {reason}",
                  "reinstall fastdata where a C compiler and the Python headers are present (pip install .), "
                  "with Pillow from its wheel (it ships libjpeg-turbo)")
+
+
+def check_text_kernel(reason: str | None) -> Check:
+    """Whether packed text batches are made by fastdata's one-pass C kernel (`fastdata.text.kernel`) or with numpy
+    (the same batches, more work per batch); `reason`: why the kernel does not load (None: it does)."""
+    from fastdata.text import kernel
+
+    if reason is None:
+        return Check("text kernel", PASS, f"packed text batches made in one pass ({kernel.EXTENSION})")
+    return Check("text kernel", WARN, f"{kernel.WITHOUT_IT}: {reason}", kernel.HOW_TO_BUILD)
 
 
 def fits_in_page_cache(dataset_bytes: int | None, available: int | None) -> bool:
@@ -285,6 +295,9 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
     decoder = region_decoder()
     checks.append(check_jpeg_decoder(decoder.library if decoder else None, unavailable_reason(),
                                      decoder.proof if decoder else ""))
+    from fastdata.text.kernel import unavailable_reason as text_kernel_reason
+
+    checks.append(check_text_kernel(text_kernel_reason()))
     total, available = _memory()
     target = Path(path) if path is not None else None
     dataset_bytes, packed, scan = _dataset_size(target)

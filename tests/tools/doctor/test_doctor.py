@@ -25,6 +25,7 @@ from fastdata.tools.doctor import (
     check_pinned,
     check_shm,
     check_storage,
+    check_text_kernel,
     recommended_workers,
     run_checks,
 )
@@ -275,6 +276,19 @@ def test_jpeg_decoder_verdicts():
     missing = check_jpeg_decoder(None, "the C extension fastdata._jpeg_region is not built")
     assert missing.status == WARN and "not built" in missing.detail and "compiler" in missing.fix
     assert not re.search(r"\d\s*(x|times|%)", missing.detail + missing.fix)  # no figure the doctor did not measure
+
+
+def test_text_kernel_verdicts_and_the_row_here():
+    """The packed-text kernel: PASS where it loads, WARN with what to install where it was not built; the doctor's
+    own row says what this install has."""
+    from fastdata.text import kernel
+
+    assert check_text_kernel(None).status == PASS
+    missing = check_text_kernel(kernel.NOT_BUILT)
+    assert missing.status == WARN and kernel.NOT_BUILT in missing.detail and "numpy" in missing.detail
+    assert missing.fix == kernel.HOW_TO_BUILD
+    row = next(c for c in run_checks() if c.name == "text kernel")
+    assert (row.status == PASS) == (kernel.unavailable_reason() is None)
 
 
 def test_without_the_extension_the_doctor_says_it_was_not_built_and_what_to_install(without_extension, capsys):
