@@ -130,8 +130,9 @@ def _lut(image: np.ndarray, table: np.ndarray) -> None:
 
 def _grey(image: np.ndarray, context: OpContext, pixels: np.ndarray | None = None) -> np.ndarray:
     """torchvision's grey of a uint8 image (`pixels`: it as float32, if made already), floored (H x W float32 of
-    whole numbers): `cv2.transform` in float32 gives torchvision's value bit for bit, where its uint8 path (fixed
-    point) is a level off for 1 pixel in 200."""
+    whole numbers): `cv2.transform` in float32 gives torchvision's value but for rare colours, where its sum (not
+    torch's chain of fused multiply-adds) floors one level off; its uint8 path (fixed point) is a level off for 1
+    pixel in 200. The exact chain (float64, or OpenCV's general transform path) costs several times as much."""
     import cv2
 
     source = context.floats(image) if pixels is None else pixels
