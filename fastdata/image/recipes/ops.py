@@ -130,8 +130,9 @@ def _lut(image: np.ndarray, table: np.ndarray) -> None:
 
 def _grey(image: np.ndarray, context: OpContext, pixels: np.ndarray | None = None) -> np.ndarray:
     """torchvision's grey of a uint8 image (`pixels`: it as float32, if made already), floored (H x W float32 of
-    whole numbers): `cv2.transform` in float32 gives torchvision's value bit for bit, where its uint8 path (fixed
-    point) is a level off for 1 pixel in 200."""
+    whole numbers): `cv2.transform` in float32 gives torchvision's value but for rare colours, where its sum (not
+    torch's chain of fused multiply-adds) floors one level off; its uint8 path (fixed point) is a level off for 1
+    pixel in 200. The exact chain (float64, or OpenCV's general transform path) costs several times as much."""
     import cv2
 
     source = context.floats(image) if pixels is None else pixels
@@ -170,7 +171,7 @@ def color(image: np.ndarray, magnitude: float, context: OpContext) -> None:
     pixels = context.floats(image)
     grey = _grey(image, context, pixels)
     np.multiply(pixels, np.float32(factor), out=pixels)
-    greys = cv2.merge([grey, grey, grey], dst=context.buffer("greys", image.shape))
+    greys = cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR, dst=context.buffer("greys", image.shape))  # (half merge's cost)
     _to_levels(cv2.scaleAdd(greys, 1.0 - factor, pixels, dst=pixels), image, clamp=factor > 1)
 
 
@@ -270,20 +271,30 @@ def autocontrast(image: np.ndarray, magnitude: float, context: OpContext) -> Non
 
 
 def equalize(image: np.ndarray, magnitude: float, context: OpContext) -> None:
-    """Each channel's histogram equalised with torchvision's (Pillow's) table, in integers."""
+    """Each channel's histogram equalised with torchvision's (Pillow's) table: `(cumulative count + step // 2) //
+    step`, with step the count of all levels but the highest present over 255 (exact in float64: the counts are
+    whole numbers far below 2**53, and a quotient misses a whole number by more than float64 rounds)."""
     import cv2
 
     planes = _planes(image, context)
-    hist = np.stack([cv2.calcHist([plane], [0], None, [256], [0, 256]).reshape(256) for plane in planes]
-                    ).astype(np.int64)  # 3 x 256
-    cumulative = np.cumsum(hist, axis=1)
-    last = hist[np.arange(3), np.argmax(cumulative, axis=1)]  # the count of each channel's highest level
-    step = (image.shape[0] * image.shape[1] - last) // 255
-    tables = np.empty((3, 256), np.uint8)
+    hist = context.buffer("hist", (3, 256, 1))
+    for plane, row in zip(planes, hist, strict=True):
+        cv2.calcHist([plane], [0], None, [256], [0, 256], hist=row)
+    counts = hist.reshape(3, 256)
+    cumulative = np.cumsum(counts, axis=1, dtype=np.float64)
+    last = counts[_CHANNELS, np.argmax(cumulative, axis=1)]  # the count of each channel's highest level
+    step = np.floor((cumulative[:, -1] - last) / 255)
+    levels = np.floor((cumulative[:, :-1] + np.floor(step / 2)[:, None]) / np.maximum(step, 1)[:, None])
+    tables = context.buffer("tables", (3, 256), np.uint8)
     tables[:, 0] = 0
-    tables[:, 1:] = np.clip((cumulative[:, :-1] + step[:, None] // 2) // np.maximum(step, 1)[:, None], 0, 255)
-    tables[step == 0] = np.arange(256)
+    np.copyto(tables[:, 1:], np.minimum(levels, 255, out=levels), casting="unsafe")
+    tables[step == 0] = _RAMP8
     _lut_planes(image, planes, tables)
+
+
+#: the channel indices, and the 256 levels as uint8 (never written to)
+_CHANNELS = np.arange(3)
+_RAMP8 = np.arange(256, dtype=np.uint8)
 
 
 def _planes(image: np.ndarray, context: OpContext) -> list[np.ndarray]:

@@ -189,3 +189,19 @@ def test_blends_at_the_extreme_levels_are_torchvisions(name):
         want = reference(policy, image, name, magnitude, "nearest")
         check(ours(image, name, magnitude), want, name, "nearest", f"{name} {magnitude:g}")
         check(ours(image, name, magnitude, bgr=True), want, name, "nearest", f"{name} {magnitude:g}, BGR")
+
+
+def test_equalize_is_torchvisions_on_few_levels_and_tiny_crops():
+    """Equalize's table (Pillow's, in torchvision): crops of one pixel up, channels of one, two or a few levels
+    (a step of 0, of 1, and a highest level holding most pixels) and full ones, in both channel orders."""
+    rng = np.random.default_rng(11)
+    policy = v2.TrivialAugmentWide()
+    for size in [(1, 1), (1, 2), (2, 3), (5, 5), (16, 17), (40, 33)]:
+        images = [rng.integers(0, 256, (*size, 3), dtype=np.uint8),
+                  rng.choice(np.array([3, 200], np.uint8), size=(*size, 3)),
+                  rng.choice(np.array([0, 9, 77, 255], np.uint8), size=(*size, 3), p=[0.05, 0.05, 0.1, 0.8]),
+                  rng.integers(100, 104, (*size, 3), dtype=np.uint8)]
+        for image in images:
+            want = reference(policy, image, "Equalize", 0.0, "nearest")
+            check(ours(image, "Equalize", 0.0), want, "Equalize", "nearest", f"Equalize at {size}")
+            check(ours(image, "Equalize", 0.0, bgr=True), want, "Equalize", "nearest", f"Equalize at {size}, BGR")
