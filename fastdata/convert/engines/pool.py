@@ -178,8 +178,10 @@ class Workers:
 
     def __init__(self, job: TaskJob, workers: int, worker_init: Callable[[], None] | None = None,
                  describe: Callable[[tuple], str] = lambda task: f"write positions {task[0]}..{task[1] - 1}",
-                 keep_shared: bool = False) -> None:
+                 keep_shared: bool = False, role: str = "conversion",
+                 after_death: str = "Run the same command again to resume") -> None:
         self.describe = describe
+        self.role, self.after_death = role, after_death  # what the workers are, in errors; what to do after one died
         self.keep_shared = keep_shared
         context = multiprocessing.get_context(start_method())
         self.connections: list[Any] = []
@@ -266,7 +268,7 @@ class Workers:
                 if isinstance(message, _Failure):
                     if message.error is not None:
                         raise message.error
-                    raise WorkerError(f"a conversion worker failed:\n{message.text}")
+                    raise WorkerError(f"a {self.role} worker failed:\n{message.text}")
                 in_hand[worker].remove(sequence)
                 _count(stats, None, message, len(message.results))
                 done[sequence] = message
@@ -276,8 +278,8 @@ class Workers:
         process = self.processes[worker]
         how = exit_description(process)
         where = f" while working on {self.describe(in_hand[0])}" if in_hand else ""
-        raise WorkerError(f"a conversion worker (pid {process.pid}) died ({how}){where}; out of memory, or a "
-                          "crash in an image library. Run the same command again to resume")
+        raise WorkerError(f"a {self.role} worker (pid {process.pid}) died ({how}){where}; out of memory, or a "
+                          f"crash in a library. {self.after_death}")
 
     def close(self, graceful: bool = False) -> None:
         """Stop the workers (`fastdata.processes.stop_processes`): asked to end when all went well (stopped if they

@@ -10,14 +10,16 @@ the records against their digests, each damaged one named.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import tarfile
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastdata.config import available_cores
+from fastdata.convert.engines.pool import PoolStats, Workers
 from fastdata.errors import NotADatasetError
 from fastdata.formats.lmdb import (
     DATA_FILE,
@@ -71,6 +73,44 @@ def _check_range(task: tuple[str, int, int]) -> list[tuple[int, str | None, str]
     return damaged
 
 
+@dataclass
+class _Checked:
+    """What a worker hands back for a range of records: the damaged ones (`results`, as the pool counts them) and
+    its seconds."""
+
+    results: list[tuple[int, str | None, str]]
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class _RecordChecks:
+    """The pool's job: `run_chunk(start, stop)` checks records start..stop-1 of the dataset at `root`."""
+
+    root: str
+
+    def run_chunk(self, start: int, stop: int) -> _Checked:
+        began, cpu = time.perf_counter(), time.process_time()
+        damaged = _check_range((self.root, start, stop))
+        return _Checked(damaged, time.perf_counter() - began, time.process_time() - cpu)
+
+
+def _ranges_checked(root: Path, tasks: list[tuple[str, int, int]], workers: int
+                    ) -> Iterator[list[tuple[int, str | None, str]]]:
+    """Each range's damaged records, in order: here (one worker) or on the house's worker pool
+    (`fastdata.convert.engines.pool.Workers`), whose shutdown on an error or Ctrl-C stops every worker at once,
+    SIGKILL after SIGTERM (`fastdata.processes.stop_processes`): never a join that waits for good on a worker
+    that cannot end (one that died with a range in hand, one stuck in a library's exit handler)."""
+    if workers == 1:
+        yield from map(_check_range, tasks)
+        return
+    with Workers(_RecordChecks(str(root)), workers, worker_init=worker_ignores_ctrl_c,
+                 describe=lambda task: f"check records {task[0]}..{task[1] - 1}", role="verify",
+                 after_death="Run verify again") as pool:  # (the workers leave Ctrl-C to this process)
+        for _, checked in pool.results(((start, stop) for _, start, stop in tasks), PoolStats()):
+            yield checked.results
+
+
 def _check_arrays(root: Path, expected: dict[str, str], problems: list[str]) -> None:
     """The per-sample arrays (sizes, codecs, labels: the `meta` sub-database) against their recorded digests."""
     env, dbs = shared_environment(root, ("meta",))
@@ -101,24 +141,14 @@ def check_records(root: Path, manifest: Manifest, problems: list[str], progress:
     tasks = [(str(root), start, min(start + CHUNK, count)) for start in range(0, count, CHUNK)]
     workers = max(1, min(workers or available_cores(), len(tasks)))
     damaged: list[tuple[int, str | None, str]] = []
-    results: Iterator[list[tuple[int, str | None, str]]]
-    if workers == 1:
-        results = map(_check_range, tasks)
-    else:  # the workers leave Ctrl-C to this process, which stops them
-        pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_ignores_ctrl_c)
-        results = pool.imap(_check_range, tasks)
+    results = _ranges_checked(root, tasks, workers)
     try:
         for done, found in enumerate(results, start=1):
             damaged += found
             if progress:
                 progress(f"checked {min(done * CHUNK, count):,} of {count:,} records")
-    except BaseException:
-        if workers > 1:  # the checks are not wanted any more: the workers are stopped at once (a close() and join()
-            pool.terminate()  # would wait for every task, for good where one was lost with a worker that died)
-        raise
-    if workers > 1:
-        pool.close()
-        pool.join()
+    finally:  # an error or Ctrl-C here: the workers are stopped at once, not waited for
+        results.close()
     source = manifest.source.get("root") or manifest.source.get("path")
     for index, key, what in damaged:
         where = "" if key is None or not source else f", source file {os.path.join(str(source), key)}"

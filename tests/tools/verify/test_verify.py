@@ -17,6 +17,7 @@ from builders.runs import cli
 
 import fastdata
 from fastdata.cli import main
+from fastdata.errors import WorkerError
 from fastdata.formats.lmdb import release_environments
 from fastdata.formats.manifest import CHECKSUM_FIELD, content_checksum, sha256_file
 from fastdata.tools.verify import verify
@@ -406,14 +407,23 @@ def _dies_on_a_later_range(task):
     return []
 
 
+def _never_ends_a_later_range(task):
+    """A record check that never ends on every range but the first, and that SIGTERM does not end (a worker stuck
+    in a library's exit handler after a SIGTERM handler it inherited ran)."""
+    if task[1] > 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        threading.Event().wait()
+    return []
+
+
 def test_an_error_while_records_are_checked_stops_the_workers_at_once(lmdb_copy, monkeypatch):
     """The checks that are left are not waited for: a pool closed and joined instead would wait for good for the
-    range its dead worker took with it."""
+    range a stuck worker holds."""
     from fastdata.formats.manifest import read_manifest
     from fastdata.tools.verify import records
 
     monkeypatch.setattr(records, "CHUNK", 2)
-    monkeypatch.setattr(records, "_check_range", _dies_on_a_later_range)
+    monkeypatch.setattr(records, "_check_range", _never_ends_a_later_range)
 
     def stop_at_the_first_progress(_line):
         raise KeyboardInterrupt  # as Ctrl-C would, once the first range is in
@@ -431,3 +441,28 @@ def test_an_error_while_records_are_checked_stops_the_workers_at_once(lmdb_copy,
     thread.join(HUNG_S)  # only a pool that waits for the lost range waits this long: the test then fails
     assert not thread.is_alive(), "check_records waited for the workers after the error"
     assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)
+
+
+def test_a_worker_that_dies_while_records_are_checked_is_named_not_waited_for(lmdb_copy, monkeypatch):
+    """A worker killed mid-check (as one out of memory would) is reported with the records it had in hand, and the
+    others are stopped: a pool that waits for the lost range would wait for good."""
+    from fastdata.formats.manifest import read_manifest
+    from fastdata.tools.verify import records
+
+    monkeypatch.setattr(records, "CHUNK", 2)
+    monkeypatch.setattr(records, "_check_range", _dies_on_a_later_range)
+    raised = []
+
+    def check():
+        try:
+            records.check_records(lmdb_copy, read_manifest(lmdb_copy), [], None, workers=2)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=check, daemon=True)
+    thread.start()
+    thread.join(HUNG_S)  # only a pool that waits for the lost range waits this long: the test then fails
+    assert not thread.is_alive(), "check_records waited for a worker that died"
+    assert len(raised) == 1 and isinstance(raised[0], WorkerError), raised
+    assert re.search(r"^a verify worker \(pid \d+\) died \(killed by signal 9\) while working on check records "
+                     r"\d+\.\.\d+; .*Run verify again$", str(raised[0])), str(raised[0])
