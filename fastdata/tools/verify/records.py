@@ -13,7 +13,7 @@ import hashlib
 import os
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,7 @@ class _RecordChecks:
 
 
 def _ranges_checked(root: Path, tasks: list[tuple[str, int, int]], workers: int
-                    ) -> Iterator[list[tuple[int, str | None, str]]]:
+                    ) -> Generator[list[tuple[int, str | None, str]], None, None]:
     """Each range's damaged records, in order: here (one worker) or on the house's worker pool
     (`fastdata.convert.engines.pool.Workers`), whose shutdown on an error or Ctrl-C stops every worker at once,
     SIGKILL after SIGTERM (`fastdata.processes.stop_processes`): never a join that waits for good on a worker
