@@ -416,53 +416,45 @@ def _never_ends_a_later_range(task):
     return []
 
 
-def test_an_error_while_records_are_checked_stops_the_workers_at_once(lmdb_copy, monkeypatch):
-    """The checks that are left are not waited for: a pool closed and joined instead would wait for good for the
-    range a stuck worker holds."""
+def _records_checked_in_a_thread(lmdb_copy, monkeypatch, check_range, progress) -> list[BaseException]:
+    """check_records over 2 workers, ranges of 2 records checked by `check_range`, in a thread: what it raised.
+    Only a pool that waits for a range it lost waits HUNG_S: the calling test then fails."""
     from fastdata.formats.manifest import read_manifest
     from fastdata.tools.verify import records
 
     monkeypatch.setattr(records, "CHUNK", 2)
-    monkeypatch.setattr(records, "_check_range", _never_ends_a_later_range)
-
-    def stop_at_the_first_progress(_line):
-        raise KeyboardInterrupt  # as Ctrl-C would, once the first range is in
-
-    raised = []
+    monkeypatch.setattr(records, "_check_range", check_range)
+    raised: list[BaseException] = []
 
     def check():
         try:
-            records.check_records(lmdb_copy, read_manifest(lmdb_copy), [], stop_at_the_first_progress, workers=2)
+            records.check_records(lmdb_copy, read_manifest(lmdb_copy), [], progress, workers=2)
         except BaseException as exc:
             raised.append(exc)
 
     thread = threading.Thread(target=check, daemon=True)
     thread.start()
-    thread.join(HUNG_S)  # only a pool that waits for the lost range waits this long: the test then fails
-    assert not thread.is_alive(), "check_records waited for the workers after the error"
+    thread.join(HUNG_S)
+    assert not thread.is_alive(), "check_records waited for its workers"
+    return raised
+
+
+def test_an_error_while_records_are_checked_stops_the_workers_at_once(lmdb_copy, monkeypatch):
+    """The checks that are left are not waited for: a pool closed and joined instead would wait for good for the
+    range a stuck worker holds."""
+
+    def stop_at_the_first_progress(_line):
+        raise KeyboardInterrupt  # as Ctrl-C would, once the first range is in
+
+    raised = _records_checked_in_a_thread(lmdb_copy, monkeypatch, _never_ends_a_later_range,
+                                          stop_at_the_first_progress)
     assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)
 
 
 def test_a_worker_that_dies_while_records_are_checked_is_named_not_waited_for(lmdb_copy, monkeypatch):
     """A worker killed mid-check (as one out of memory would) is reported with the records it had in hand, and the
     others are stopped: a pool that waits for the lost range would wait for good."""
-    from fastdata.formats.manifest import read_manifest
-    from fastdata.tools.verify import records
-
-    monkeypatch.setattr(records, "CHUNK", 2)
-    monkeypatch.setattr(records, "_check_range", _dies_on_a_later_range)
-    raised = []
-
-    def check():
-        try:
-            records.check_records(lmdb_copy, read_manifest(lmdb_copy), [], None, workers=2)
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=check, daemon=True)
-    thread.start()
-    thread.join(HUNG_S)  # only a pool that waits for the lost range waits this long: the test then fails
-    assert not thread.is_alive(), "check_records waited for a worker that died"
+    raised = _records_checked_in_a_thread(lmdb_copy, monkeypatch, _dies_on_a_later_range, None)
     assert len(raised) == 1 and isinstance(raised[0], WorkerError), raised
     assert re.search(r"^a verify worker \(pid \d+\) died \(killed by signal 9\) while working on check records "
                      r"\d+\.\.\d+; .*Run verify again$", str(raised[0])), str(raised[0])
