@@ -35,6 +35,23 @@ def corrupt_copy(solid_lmdb, tmp_path, index: int, payload: bytes):
     return copy, key
 
 
+def rewritten_target_copy(path: Path, copy: Path, index: int, rewrite) -> str:
+    """Copy the LMDB dataset `path` to `copy` with sample `index`'s stored target record replaced by
+    `rewrite(the record's bytes)`; returns the sample's key."""
+    shutil.copytree(path, copy)
+    env = lmdb.open(str(copy), max_dbs=8, subdir=True, map_size=1 << 26)
+    try:
+        targets, keys = env.open_db(b"targets", create=False), env.open_db(b"keys", create=False)
+        with env.begin(write=True) as txn:
+            txn.put(struct.pack(">Q", index), rewrite(bytes(txn.get(struct.pack(">Q", index), db=targets))),
+                    db=targets)
+            key = bytes(txn.get(struct.pack(">Q", index), db=keys)).decode()
+    finally:
+        env.close()
+    (copy / "lock.mdb").unlink(missing_ok=True)
+    return key
+
+
 def corrupt_ids_copy(path, tmp_path, sample_ids: set[int], payload: bytes = b"not an image"):
     """A copy of a solid conversion (LMDB or WebDataset) whose samples with the given ids hold `payload` instead
     of their image bytes (the WebDataset shards are rewritten member by member, in order)."""

@@ -323,25 +323,18 @@ def test_masks_without_pycocotools_are_refused_when_the_loader_is_made(rect_lmdb
 
 def test_a_target_for_an_image_of_another_size_is_named(rect_lmdb, tmp_path):
     """A stored target whose image size is not the image's: an error naming the sample, or a counted skip."""
-    import lmdb
+    from dataclasses import replace
+
+    from builders.damaged import rewritten_target_copy
 
     from fastdata.formats.targets import decode_detection, encode_detection
 
+    def wider(stored: bytes) -> bytes:
+        record = decode_detection(stored, "test")
+        return encode_detection(replace(record, width=record.width + 1))
+
     bad = tmp_path / "missized.lmdb"
-    import shutil
-
-    shutil.copytree(rect_lmdb, bad)
-    env = lmdb.open(str(bad), max_dbs=8, subdir=True, map_size=1 << 26)
-    targets, keys = env.open_db(b"targets", create=False), env.open_db(b"keys", create=False)
-    with env.begin(write=True) as txn:
-        index = (2).to_bytes(8, "big")
-        record = decode_detection(bytes(txn.get(index, db=targets)), "test")
-        from dataclasses import replace
-
-        txn.put(index, encode_detection(replace(record, width=record.width + 1)), db=targets)
-        key = bytes(txn.get(index, db=keys)).decode()
-    env.close()
-    (bad / "lock.mdb").unlink(missing_ok=True)
+    key = rewritten_target_copy(rect_lmdb, bad, 2, wider)
     with pytest.raises(CorruptSampleError, match=f"{key}.*is for a .* image, but the image is"):
         list(fastdata.loader(bad, batch_size=4, image_size=SIZE, num_workers=0))
     ld = fastdata.loader(bad, batch_size=4, image_size=SIZE, num_workers=0, on_error="skip")

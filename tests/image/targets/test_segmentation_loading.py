@@ -5,8 +5,6 @@ travels with it through workers, shuffling, resumption, ranks and skipped images
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from builders.coco import RECT_BACKGROUND_RED, rect_number_of
@@ -214,18 +212,10 @@ def test_a_skipped_image_drops_its_mask(seg_rect_lmdb, tmp_path):
 
 
 def test_a_damaged_label_map_is_named_or_skipped(seg_rect_lmdb, tmp_path):
-    import lmdb
+    from builders.damaged import rewritten_target_copy
 
     bad = tmp_path / "damaged.lmdb"
-    shutil.copytree(seg_rect_lmdb, bad)
-    env = lmdb.open(str(bad), max_dbs=8, subdir=True, map_size=1 << 26)
-    targets, keys = env.open_db(b"targets", create=False), env.open_db(b"keys", create=False)
-    with env.begin(write=True) as txn:
-        index = (2).to_bytes(8, "big")
-        txn.put(index, b"\xff\xd8\xff not a label map", db=targets)
-        key = bytes(txn.get(index, db=keys)).decode()
-    env.close()
-    (bad / "lock.mdb").unlink(missing_ok=True)
+    key = rewritten_target_copy(seg_rect_lmdb, bad, 2, lambda _stored: b"\xff\xd8\xff not a label map")
     with pytest.raises(CorruptSampleError, match=f"{key}.*stored label map is a JPEG"):
         list(_loader(bad, 0))
     ld = _loader(bad, 0, on_error="skip")
