@@ -125,7 +125,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               ("--images", "60", "--repeats", "1", "--epochs", "2", "--batch-size", "8")),
     Benchmark("recipes", "read", "recipes (RandomResizedCrop + flip + TrivialAugmentWide / RandAugment(2, 9) + "
               "RandomErasing, MixUp / CutMix): torchvision ImageFolder + v2 vs fastdata with that v2 transform vs "
-              "fastdata's recipe presets vs the crop preset alone", ("--images", "3000", "--repeats", "5"), _SMOKE_IMAGES),
+              "fastdata's recipe presets vs the crop preset alone", ("--images", "3000", "--repeats", "5"),
+              _SMOKE_IMAGES),
     Benchmark("recipe_agreement", "read", "the recipe presets' operations vs torchvision's at every magnitude bin: "
               "mean / max grey-level difference (deterministic)", ("--images", "16"),
               ("--images", "2", "--bins", "0", "30", "--repeats", "1"), takes_repeats=False),

@@ -182,6 +182,16 @@ def spng_decode(data: bytes | memoryview) -> np.ndarray | None:
     return image
 
 
+def spng_status() -> tuple[str | None, str]:
+    """(pyspng's version, "") where PNGs are decoded by libspng here, else (None, why not), for `fastdata doctor`
+    (nothing is said)."""
+    try:
+        import pyspng
+    except ImportError as exc:
+        return None, str(exc)
+    return str(getattr(pyspng, "__version__", "?")), ""
+
+
 @functools.cache
 def _spng_loader() -> Callable[[bytes, str], np.ndarray] | None:
     """pyspng's `load`, or None (said once per process) where pyspng does not import."""

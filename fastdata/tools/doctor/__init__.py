@@ -1,6 +1,6 @@
 """`fastdata doctor [PATH]`: check the machine before a long job, with a PASS / INFO / WARN / FAIL row and the fix
 for each: torch and its CUDA build against the driver and each GPU's compute capability, GPUs and their
-interconnect, CPU cores and a recommended `num_workers`, the JPEG decoder in use, the packed-text kernel, RAM,
+interconnect, CPU cores and a recommended `num_workers`, the JPEG and PNG decoders in use, the packed-text kernel, RAM,
 /dev/shm, the open-file limit, pinned memory, and the storage and dataset at PATH. Needs no network and no GPU (on
 a CPU-only machine what needs nothing there, such as pinned memory, is INFO); each check is a pure function of the
 facts it is given, so every verdict is tested with made-up facts too."""
@@ -100,6 +100,15 @@ def check_text_kernel(reason: str | None) -> Check:
     if reason is None:
         return Check("text kernel", PASS, f"packed text batches made in one pass ({kernel.EXTENSION})")
     return Check("text kernel", WARN, f"{kernel.WITHOUT_IT}: {reason}", kernel.HOW_TO_BUILD)
+
+
+def check_png_decoder(version: str | None, reason: str) -> Check:
+    """Whether PNGs are decoded by libspng (the pyspng package, `version`) or all by OpenCV's libpng (the same
+    pixels, more decoding time); `reason`: why pyspng does not import."""
+    if version is not None:
+        return Check("PNG decoder", PASS, f"libspng (pyspng {version}), every chunk's CRC checked first")
+    return Check("PNG decoder", WARN, f"OpenCV's libpng (the same pixels, more decoding time): {reason}",
+                 "pip install pyspng")
 
 
 def fits_in_page_cache(dataset_bytes: int | None, available: int | None) -> bool:
@@ -295,6 +304,9 @@ def run_checks(path: str | os.PathLike[str] | None = None) -> list[Check]:
     decoder = region_decoder()
     checks.append(check_jpeg_decoder(decoder.library if decoder else None, unavailable_reason(),
                                      decoder.proof if decoder else ""))
+    from fastdata.image.decode import spng_status
+
+    checks.append(check_png_decoder(*spng_status()))
     from fastdata.text.kernel import unavailable_reason as text_kernel_reason
 
     checks.append(check_text_kernel(text_kernel_reason()))

@@ -23,6 +23,7 @@ from fastdata.tools.doctor import (
     check_memory,
     check_open_files,
     check_pinned,
+    check_png_decoder,
     check_shm,
     check_storage,
     check_text_kernel,
@@ -289,6 +290,22 @@ def test_text_kernel_verdicts_and_the_row_here():
     assert missing.fix == kernel.HOW_TO_BUILD
     row = next(c for c in run_checks() if c.name == "text kernel")
     assert (row.status == PASS) == (kernel.unavailable_reason() is None)
+
+
+def test_png_decoder_verdicts_and_the_row_here(monkeypatch):
+    """libspng: PASS with pyspng's version; OpenCV's libpng where pyspng does not import: WARN with the reason and
+    what to install. The doctor's own row follows what this install has."""
+    import sys
+
+    import pyspng
+
+    assert check_png_decoder("0.1.4", "").status == PASS
+    row = next(c for c in run_checks() if c.name == "PNG decoder")
+    assert row.status == PASS and pyspng.__version__ in row.detail
+    monkeypatch.setitem(sys.modules, "pyspng", None)  # import pyspng raises ImportError
+    row = next(c for c in run_checks() if c.name == "PNG decoder")
+    assert row.status == WARN and "pyspng" in row.detail and row.fix == "pip install pyspng"
+    assert not re.search(r"\d\s*(x|times|%)", row.detail + row.fix)  # no figure the doctor did not measure
 
 
 def test_without_the_extension_the_doctor_says_it_was_not_built_and_what_to_install(without_extension, capsys):
