@@ -79,7 +79,9 @@ def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None, json_file
         args = list(benchmark.cpu_smoke or ()) if on_cpu_instead(benchmark, smoke) else list(benchmark.smoke)
     else:
         args = list(benchmark.args)
-    if repeats is not None and benchmark.takes_repeats:
+    if repeats is not None and benchmark.takes_repeats:  # in place of the registry's own --repeats, if it has one
+        while "--repeats" in args:
+            del args[args.index("--repeats"):args.index("--repeats") + 2]
         args += ["--repeats", str(repeats)]
     if json_file is not None and benchmark.writes_json:
         args += ["--json", str(json_file)]
