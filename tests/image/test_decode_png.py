@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import struct
 import sys
+import warnings
 import zlib
 
 import cv2
@@ -147,37 +148,36 @@ def test_memoryview_bytes_are_decoded_by_libspng():
     assert np.array_equal(spng_decode(memoryview(data)), opencv_decode(data, 1, False))
 
 
-def test_a_png_libspng_refuses_is_decoded_by_opencv_and_said_once(monkeypatch):
+@pytest.fixture
+def fresh_decoder_state():
+    """The once-per-process loader and warnings of fastdata.image.decode forgotten before and after the test."""
+    caches = (decode._spng_loader, decode._warn_refused)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()
+
+
+def test_a_png_libspng_refuses_is_decoded_by_opencv_and_said_once(monkeypatch, fresh_decoder_state):
     import pyspng
 
     def refuse(data, fmt=None):
         raise RuntimeError("pyspng: could not decode image: a reason")
 
     monkeypatch.setattr(pyspng, "load", refuse)
-    decode._spng_loader.cache_clear()
-    decode._warn_refused.cache_clear()
-    try:
-        data = _png("rgba")
-        with pytest.warns(RuntimeWarning, match="libspng refused a PNG .*a reason.*OpenCV decodes it"):
-            first = decode_rgb(data, CODEC_CV_OTHER)
-        assert np.array_equal(first, opencv_decode(data, 1, False))
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert np.array_equal(decode_rgb(data, CODEC_CV_OTHER), first)  # said once
-    finally:
-        decode._spng_loader.cache_clear()
-        decode._warn_refused.cache_clear()
+    data = _png("rgba")
+    with pytest.warns(RuntimeWarning, match="libspng refused a PNG .*a reason.*OpenCV decodes it"):
+        first = decode_rgb(data, CODEC_CV_OTHER)
+    assert np.array_equal(first, opencv_decode(data, 1, False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.array_equal(decode_rgb(data, CODEC_CV_OTHER), first)  # said once
 
 
-def test_without_pyspng_pngs_are_decoded_by_opencv_and_that_is_said(monkeypatch):
+def test_without_pyspng_pngs_are_decoded_by_opencv_and_that_is_said(monkeypatch, fresh_decoder_state):
     monkeypatch.setitem(sys.modules, "pyspng", None)  # import pyspng raises ImportError
-    decode._spng_loader.cache_clear()
-    try:
-        data = _png("p4")
-        with pytest.warns(RuntimeWarning, match="PNGs are decoded with OpenCV, not libspng.*pip install pyspng"):
-            got = decode_rgb(data, CODEC_CV_OTHER)
-        assert np.array_equal(got, opencv_decode(data, 1, False))
-    finally:
-        decode._spng_loader.cache_clear()
+    data = _png("p4")
+    with pytest.warns(RuntimeWarning, match="PNGs are decoded with OpenCV, not libspng.*pip install pyspng"):
+        got = decode_rgb(data, CODEC_CV_OTHER)
+    assert np.array_equal(got, opencv_decode(data, 1, False))
