@@ -199,7 +199,7 @@ def _spng_loader() -> Callable[[bytes, str], np.ndarray] | None:
         import pyspng
     except ImportError as exc:
         warnings.warn(f"fastdata: PNGs are decoded with OpenCV, not libspng ({exc}; pip install pyspng): the same "
-                      "pixels, about 1.5x the decoding time", RuntimeWarning, stacklevel=4)
+                      "pixels, more decoding time", RuntimeWarning, stacklevel=4)
         return None
     return pyspng.load
 
