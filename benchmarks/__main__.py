@@ -81,7 +81,8 @@ def command_of(benchmark: Benchmark, smoke: bool, repeats: int | None, json_file
         args = list(benchmark.args)
     if repeats is not None and benchmark.takes_repeats:  # in place of the registry's own --repeats, if it has one
         while "--repeats" in args:
-            del args[args.index("--repeats"):args.index("--repeats") + 2]
+            at = args.index("--repeats")
+            del args[at:at + 2]
         args += ["--repeats", str(repeats)]
     if json_file is not None and benchmark.writes_json:
         args += ["--json", str(json_file)]

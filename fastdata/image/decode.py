@@ -33,11 +33,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fastdata.formats.masks import PNG_SIGNATURE
 from fastdata.formats.records import CODEC_CV_JPEG, CODEC_CV_OTHER, CODEC_PIL, exception_text, pillow_pixels_checked
 from fastdata.image.jpeg.header import read_frame
 from fastdata.image.opencv import opencv_decode
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
@@ -49,7 +48,7 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
 
 def png_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a PNG's IHDR chunk, or None where the bytes are not a PNG."""
-    if len(data) < 24 or bytes(data[:8]) != _PNG_SIGNATURE or bytes(data[12:16]) != b"IHDR":
+    if len(data) < 24 or bytes(data[:8]) != PNG_SIGNATURE or bytes(data[12:16]) != b"IHDR":
         return None
     width, height = struct.unpack_from(">II", data, 16)
     return width, height
@@ -105,7 +104,7 @@ def decode_rgb(data: bytes | memoryview, codec: int = CODEC_PIL, reduce: int = 1
     header = image_size(data, pillow=codec != CODEC_PIL) if max_pixels is not None else None
     if header is not None:
         check_header_pixels(*header, max_pixels)
-    if codec == CODEC_CV_OTHER and bytes(data[:8]) == _PNG_SIGNATURE:
+    if codec == CODEC_CV_OTHER and bytes(data[:8]) == PNG_SIGNATURE:
         return _decode_png(data, bgr)
     if codec in (CODEC_CV_JPEG, CODEC_CV_OTHER):
         return opencv_decode(data, reduce if codec == CODEC_CV_JPEG else 1, bgr)
@@ -154,7 +153,7 @@ def png_chunks_intact(data: bytes | memoryview) -> bool:
     """Whether every chunk of the PNG `data`, up to and including IEND, is whole and has its CRC: what a decoder
     that checks them (libpng) would find nothing wrong with in the file's structure."""
     view = memoryview(data)
-    at, end = len(_PNG_SIGNATURE), len(view)
+    at, end = len(PNG_SIGNATURE), len(view)
     while at + 12 <= end:
         (length,) = struct.unpack_from(">I", view, at)
         stop = at + 8 + length  # where the chunk's CRC starts
